@@ -1,0 +1,50 @@
+"""The bus, selected by URL scheme; each backend's client loads only when used.
+
+=====================  ==========================================
+``memory://``          in-process (the embedded default)
+``redis://``           Redis Streams (``rediss://`` for TLS)
+``redis+cluster://``   Redis Cluster
+``kafka://h:p[,h:p]``  Kafka (aiokafka)
+=====================  ==========================================
+"""
+
+from __future__ import annotations
+
+import importlib
+from typing import Any
+
+from ..errors import ConfigError
+from .base import Bus, ControlCommand, Consumer, DeadLetter, Delivery, StreamKey, View
+
+BACKENDS: dict[str, str] = {
+    "memory": "pipeline.bus.memory:MemoryBus",
+    "redis": "pipeline.bus.redis:RedisBus",
+    "rediss": "pipeline.bus.redis:RedisBus",
+    "redis+cluster": "pipeline.bus.redis:RedisBus",
+    "kafka": "pipeline.bus.kafka:KafkaBus",
+}
+
+
+def open_bus(url: str, **options: Any) -> Bus:
+    """The bus for ``url`` (not yet connected: ``async with open_bus(url) as bus``)."""
+    scheme = url.split("://", 1)[0] if "://" in url else ""
+    target = BACKENDS.get(scheme)
+    if target is None:
+        known = ", ".join(f"{s}://" for s in BACKENDS)
+        raise ConfigError(f"unsupported bus URL {url!r}; use one of {known}")
+    module, _, attr = target.partition(":")
+    bus: Bus = getattr(importlib.import_module(module), attr)(url, **options)
+    return bus
+
+
+__all__ = [
+    "BACKENDS",
+    "Bus",
+    "Consumer",
+    "ControlCommand",
+    "DeadLetter",
+    "Delivery",
+    "StreamKey",
+    "View",
+    "open_bus",
+]

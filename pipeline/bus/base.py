@@ -1,0 +1,193 @@
+"""The bus interface every backend implements with the same semantics.
+
+Three things travel on the bus:
+
+* **ingest** — envelopes published by agents, partitioned by the run's *root*
+  run id (``root_id or run_id``) into N shards (Redis: N streams; Kafka:
+  partitions of one topic), so one root run — parent and children — lives in
+  one shard and has one serial owner. Consumed in named consumer groups with
+  explicit ack after processing (at-least-once).
+* **delivery** — per-run streams written by workers: view ``raw`` (every
+  event) and ``shaped`` (coalesced, R1). Appends are idempotent on
+  ``(run_id, view, seq)``; readers read after a seq and tail live. Bounded by
+  length and age; older history is in the replay log.
+* **control** — per-run commands from clients to the agent (cancel, pause …).
+
+Heavy clients load only when their scheme is used (see ``open_bus``).
+"""
+
+from __future__ import annotations
+
+from abc import ABC, abstractmethod
+from collections.abc import AsyncIterator, Mapping, Sequence
+from types import TracebackType
+from typing import Any, Literal, Self
+
+import msgspec
+
+from ..envelope import Event
+
+View = Literal["raw", "shaped"]
+StreamKey = tuple[str, View]
+"""A delivery stream: ``(run_id, view)``."""
+
+DEFAULT_SHARDS = 16
+
+
+class Delivery(msgspec.Struct, kw_only=True):
+    """One ingest entry handed to a consumer; ack it after the work is durable."""
+
+    entry_id: str
+    """The backend's position (Redis entry id; Kafka ``partition:offset``)."""
+    shard: int
+    data: bytes
+    """The canonical JSON of one envelope (decode it; it may be poison)."""
+    deliveries: int = 1
+    """How many times this entry has been handed out, this time included."""
+
+
+class ControlCommand(msgspec.Struct, kw_only=True, omit_defaults=True):
+    """A client → agent command on a run's control channel."""
+
+    command: str
+    """cancel, pause, resume, redirect, approve, deny, answer, … (validated by the edge)."""
+    run_id: str
+    id: str = ""
+    ts: str = ""
+    args: dict[str, Any] = {}
+    by: str | None = None
+
+
+class DeadLetter(msgspec.Struct, kw_only=True):
+    entry_id: str
+    shard: int
+    data: bytes
+    reason: str
+    deliveries: int
+    group: str
+
+
+class Consumer(ABC):
+    """A member of a consumer group on the ingest shards.
+
+    ``fetch`` returns, in this order: this consumer's own unacked entries
+    (after a restart), entries of dead consumers idle longer than
+    ``claim_idle_ms`` on shards it owns, then new entries. Entries of one
+    shard come back in shard order; a shard is owned by one live consumer
+    of the group at a time (Redis: leases; Kafka: group assignment).
+    """
+
+    group: str
+    name: str
+
+    @abstractmethod
+    async def fetch(self, max_count: int = 512, block_ms: int = 1000) -> list[Delivery]:
+        """Up to ``max_count`` entries, waiting up to ``block_ms`` when none are ready."""
+
+    @abstractmethod
+    async def ack(self, deliveries: Sequence[Delivery]) -> None:
+        """Mark entries done. Call only after their effects are durable."""
+
+    @abstractmethod
+    async def dead_letter(self, delivery: Delivery, reason: str) -> None:
+        """Move a poison entry to the dead-letter stream/topic with the reason, and ack it."""
+
+    @abstractmethod
+    def owned_shards(self) -> frozenset[int]:
+        """Shards this consumer currently owns (changes on rebalance)."""
+
+    @abstractmethod
+    async def close(self) -> None:
+        """Leave the group; unacked entries stay pending for a successor."""
+
+
+class Bus(ABC):
+    """One bus, selected by URL. Use as ``async with open_bus(url) as bus``."""
+
+    url: str
+    shards: int = DEFAULT_SHARDS
+    max_deliveries: int = 5
+    """Past this many deliveries an entry is poison: dead-letter it."""
+
+    async def __aenter__(self) -> Self:
+        await self.connect()
+        return self
+
+    async def __aexit__(
+        self,
+        exc_type: type[BaseException] | None,
+        exc: BaseException | None,
+        tb: TracebackType | None,
+    ) -> None:
+        await self.close()
+
+    @abstractmethod
+    async def connect(self) -> None:
+        """Connect (and create streams/topics/groups as needed). Raises BusUnavailable."""
+
+    @abstractmethod
+    async def close(self) -> None: ...
+
+    @abstractmethod
+    async def ping(self) -> None:
+        """Raise BusUnavailable unless the bus answers."""
+
+    def shard_of(self, event: Event) -> int:
+        """The ingest shard of an event: by its root run id."""
+        from .keys import shard_for
+
+        return shard_for(event.root_id or event.run_id, self.shards)
+
+    # ---- ingest -------------------------------------------------------
+    @abstractmethod
+    async def publish(self, events: Sequence[Event]) -> None:
+        """Append envelopes to their ingest shards, keeping the given order per run.
+
+        All-or-error: on failure raise BusUnavailable; the caller retries the
+        whole batch (workers dedupe on ``(run_id, seq)``).
+        """
+
+    @abstractmethod
+    def consumer(
+        self, group: str, name: str, *, claim_idle_ms: int = 30_000
+    ) -> Consumer:
+        """Join consumer group ``group`` (created if missing) as ``name``."""
+
+    @abstractmethod
+    async def dead_letters(self, limit: int = 100) -> list[DeadLetter]:
+        """The newest dead-lettered entries, for operators and tests."""
+
+    # ---- delivery ----------------------------------------------------
+    @abstractmethod
+    async def append(self, key: StreamKey, events: Sequence[Event]) -> int:
+        """Append events (their ``seq`` already set, increasing) to a delivery stream.
+
+        Idempotent on seq: events whose seq is not above the stream's last
+        seq are skipped. Returns how many were appended.
+        """
+
+    @abstractmethod
+    async def read(self, key: StreamKey, after: int, limit: int = 1000) -> list[Event]:
+        """Events with seq > ``after``, ascending, from the hot tier (may be trimmed)."""
+
+    @abstractmethod
+    async def bounds(self, key: StreamKey) -> tuple[int, int] | None:
+        """``(first_seq, last_seq)`` still in the hot tier, or None when empty."""
+
+    @abstractmethod
+    async def tail(
+        self, cursors: Mapping[StreamKey, int], block_ms: int = 1000
+    ) -> list[tuple[StreamKey, Event]]:
+        """One multiplexed live read: new events after each cursor, for many streams at once.
+
+        Returns as soon as any stream has events (or after ``block_ms`` with
+        none). One call serves every client of an edge process.
+        """
+
+    # ---- control -----------------------------------------------------
+    @abstractmethod
+    async def send_control(self, command: ControlCommand) -> None: ...
+
+    @abstractmethod
+    def controls(self, run_id: str, *, after: str = "$") -> AsyncIterator[ControlCommand]:
+        """Commands for one run, live (``after="0"`` from the start of the channel)."""

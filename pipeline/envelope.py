@@ -1,0 +1,433 @@
+"""The canonical envelope (seed 003 §2–3) as msgspec Structs.
+
+Every event is one JSON object ``{id, ts, type, run_id, child_id, seq, payload}``.
+Each of the eight core types is a tagged Struct with a typed payload, so one
+decoder reads the tag and validates the matching shape in a single pass.
+
+Extensions (documented in ``docs/protocols.md``):
+
+* ``x.<namespace>.<name>`` types carry events of the other protocol documents
+  that have no core type (``x.loom.node_enter``, ``x.cogency.execute``,
+  ``x.mcp.await_questions`` …). Their payload is a JSON object kept verbatim.
+  ``x.usage`` (token usage) and ``x.gap`` (a publisher seq gap, T2) are
+  runwire's own and typed.
+* ``ext`` (envelope, optional): fields of a source format that have no
+  canonical home, keyed by format name, so that F → koder → F is lossless.
+* ``span`` (envelope, optional): on a shaped event, the raw seq range
+  ``[first, last]`` it covers (R1).
+* ``parent_id`` / ``root_id`` (envelope, optional): set by the publisher SDK on
+  a child run's events so workers can fan them in.
+* ``tenant`` (envelope, optional): the tenant a run belongs to (auth, listing,
+  retention overrides).
+
+Unknown fields are rejected, not dropped: a frame either round-trips exactly
+or fails with ``KAI-STREAM-PROTO-0001`` naming the field.
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Mapping
+from datetime import UTC, datetime
+from typing import Annotated, Any, ClassVar, Literal
+
+import msgspec
+
+from .errors import MalformedFrame, UnknownEventType
+
+MAX_FRAME_BYTES = 1 << 20
+"""Default size limit of one encoded frame (1 MiB)."""
+
+_TS_PATTERN = (
+    r"^\d{4}-\d{2}-\d{2}[Tt ]\d{2}:\d{2}:\d{2}(\.\d{1,9})?([Zz]|[+-]\d{2}:\d{2})$"
+)
+_TS_RE = re.compile(_TS_PATTERN)
+_EXT_TYPE_RE = re.compile(r"^x\.[a-z0-9_-]+(\.[A-Za-z0-9_.-]+)*$")
+
+Timestamp = Annotated[str, msgspec.Meta(pattern=_TS_PATTERN, max_length=40)]
+EventId = Annotated[str, msgspec.Meta(min_length=1, max_length=128)]
+RunId = Annotated[str, msgspec.Meta(min_length=1, max_length=256)]
+Seq = Annotated[int, msgspec.Meta(ge=0)]
+
+LifecycleState = Literal[
+    "planning", "awaiting_approval", "running", "paused", "redirecting", "done", "aborted", "error"
+]
+TERMINAL_STATES: frozenset[str] = frozenset({"done", "aborted", "error"})
+StepKind = Literal["plan", "tool-roundtrip", "text-only", "fan-out", "fan-in", "done"]
+StepIntent = Literal["research", "write", "edit", "execute", "verify", "report", "other"]
+
+
+class _Payload(msgspec.Struct, forbid_unknown_fields=True, omit_defaults=True, kw_only=True):
+    pass
+
+
+class TextPayload(_Payload):
+    text: str
+
+
+class ToolStartPayload(_Payload):
+    call_id: str
+    tool: str
+    input: Any = None
+    skill_id: str | None = None
+
+
+class ToolEndPayload(_Payload):
+    call_id: str
+    ok: bool
+    output: Any = None
+    error: Any = None
+    duration_ms: int | None = None
+    blob_ref: str | None = None
+
+
+class StepBoundaryPayload(_Payload):
+    step_index: int
+    step_kind: StepKind
+    checkpoint_id: str | None = None
+
+
+class ChildSpawnPayload(_Payload):
+    child_id: str
+    prompt: str | None = None
+    tools_allowed: list[str] | None = None
+
+
+class PlanStep(_Payload):
+    id: str
+    title: str
+    intent: StepIntent = "other"
+    est_tools: list[str] | None = None
+    est_cost_usd: float | None = None
+
+
+class Plan(_Payload):
+    id: str
+    steps: list[PlanStep]
+    run_id: str | None = None
+    est_total_cost_usd: float | None = None
+
+
+class PlanProposalPayload(_Payload):
+    plan: Plan
+
+
+class RunLifecyclePayload(_Payload):
+    state: LifecycleState
+    reason: str | None = None
+    dropped_count: int | None = None
+
+
+class UsagePayload(_Payload):
+    input_tokens: int = 0
+    output_tokens: int = 0
+    total_tokens: int = 0
+    model: str | None = None
+
+
+class GapPayload(_Payload):
+    """A publisher's seq jumped: events ``first``..``last`` of ``run_id`` never arrived."""
+
+    run_id: str
+    first: int
+    last: int
+
+
+class Envelope(
+    msgspec.Struct,
+    tag_field="type",
+    forbid_unknown_fields=True,
+    omit_defaults=True,
+    kw_only=True,
+):
+    """Fields every event shares. Concrete classes below fix ``type`` and ``payload``."""
+
+    id: EventId
+    ts: Timestamp
+    run_id: RunId
+    seq: Seq
+    child_id: str | None = None
+    ext: dict[str, Any] | None = None
+    span: tuple[int, int] | None = None
+    parent_id: str | None = None
+    root_id: str | None = None
+    tenant: str | None = None
+
+    type_name: ClassVar[str] = ""
+
+    @property
+    def type(self) -> str:
+        return self.type_name
+
+    def payload_dict(self) -> dict[str, Any]:
+        """The payload as plain JSON-ready data."""
+        return msgspec.to_builtins(self.payload)  # type: ignore[attr-defined, no-any-return]
+
+
+class ReasoningDelta(Envelope, tag="reasoning.delta"):
+    type_name: ClassVar[str] = "reasoning.delta"
+    payload: TextPayload
+
+
+class TextDelta(Envelope, tag="text.delta"):
+    type_name: ClassVar[str] = "text.delta"
+    payload: TextPayload
+
+
+class ToolStart(Envelope, tag="tool.start"):
+    type_name: ClassVar[str] = "tool.start"
+    payload: ToolStartPayload
+
+
+class ToolEnd(Envelope, tag="tool.end"):
+    type_name: ClassVar[str] = "tool.end"
+    payload: ToolEndPayload
+
+
+class StepBoundary(Envelope, tag="step.boundary"):
+    type_name: ClassVar[str] = "step.boundary"
+    payload: StepBoundaryPayload
+
+
+class ChildSpawn(Envelope, tag="child.spawn"):
+    type_name: ClassVar[str] = "child.spawn"
+    payload: ChildSpawnPayload
+
+
+class PlanProposal(Envelope, tag="plan.proposal"):
+    type_name: ClassVar[str] = "plan.proposal"
+    payload: PlanProposalPayload
+
+
+class RunLifecycle(Envelope, tag="run.lifecycle"):
+    type_name: ClassVar[str] = "run.lifecycle"
+    payload: RunLifecyclePayload
+
+
+class Usage(Envelope, tag="x.usage"):
+    type_name: ClassVar[str] = "x.usage"
+    payload: UsagePayload
+
+
+class Gap(Envelope, tag="x.gap"):
+    type_name: ClassVar[str] = "x.gap"
+    payload: GapPayload
+
+
+class Extension(
+    msgspec.Struct, forbid_unknown_fields=True, omit_defaults=True, kw_only=True
+):
+    """An ``x.<namespace>.<name>`` event whose payload is kept verbatim."""
+
+    id: EventId
+    ts: Timestamp
+    type: str
+    run_id: RunId
+    seq: Seq
+    payload: dict[str, Any]
+    child_id: str | None = None
+    ext: dict[str, Any] | None = None
+    span: tuple[int, int] | None = None
+    parent_id: str | None = None
+    root_id: str | None = None
+    tenant: str | None = None
+
+    def payload_dict(self) -> dict[str, Any]:
+        return self.payload
+
+
+CORE_TYPES: tuple[type[Envelope], ...] = (
+    ReasoningDelta,
+    TextDelta,
+    ToolStart,
+    ToolEnd,
+    StepBoundary,
+    ChildSpawn,
+    PlanProposal,
+    RunLifecycle,
+)
+TYPED: tuple[type[Envelope], ...] = (*CORE_TYPES, Usage, Gap)
+EVENT_CLASSES: dict[str, type[Envelope]] = {cls.type_name: cls for cls in TYPED}
+DELTA_TYPES: frozenset[str] = frozenset({"reasoning.delta", "text.delta"})
+
+Event = (
+    ReasoningDelta
+    | TextDelta
+    | ToolStart
+    | ToolEnd
+    | StepBoundary
+    | ChildSpawn
+    | PlanProposal
+    | RunLifecycle
+    | Usage
+    | Gap
+    | Extension
+)
+"""Any event runwire carries."""
+
+_TypedEvent = (
+    ReasoningDelta
+    | TextDelta
+    | ToolStart
+    | ToolEnd
+    | StepBoundary
+    | ChildSpawn
+    | PlanProposal
+    | RunLifecycle
+    | Usage
+    | Gap
+)
+
+_decoder = msgspec.json.Decoder(_TypedEvent)
+_ext_decoder = msgspec.json.Decoder(Extension)
+_many_decoder = msgspec.json.Decoder(list[_TypedEvent])
+_encoder = msgspec.json.Encoder()
+_type_probe = msgspec.json.Decoder(dict[str, Any])
+
+
+def is_extension_type(name: str) -> bool:
+    return name not in EVENT_CLASSES and bool(_EXT_TYPE_RE.match(name))
+
+
+def _field_of(message: str) -> tuple[str, str | None]:
+    # msgspec: "Object missing required field `x` - at `$.payload`"
+    if " - at `" in message:
+        text, _, path = message.rpartition(" - at `")
+        return text, path.rstrip("`")
+    return message, None
+
+
+def decode(frame: bytes | str, *, max_bytes: int = MAX_FRAME_BYTES) -> Event:
+    """Decode and validate one canonical JSON frame.
+
+    Raises ``MalformedFrame`` (KAI-STREAM-PROTO-0001) for bad JSON, a missing
+    or mistyped field, or a frame over ``max_bytes``; ``UnknownEventType``
+    (KAI-STREAM-PROTO-0002) for a type that is neither core nor ``x.*``.
+    """
+    if len(frame) > max_bytes:
+        raise MalformedFrame(f"frame is {len(frame)} bytes, over the {max_bytes}-byte limit")
+    try:
+        return _decoder.decode(frame)
+    except msgspec.ValidationError as exc:
+        text, path = _field_of(str(exc))
+        if path == "$.type" or text.startswith("Object missing required field `type`"):
+            return _decode_extension(frame, text, path)
+        raise MalformedFrame(text, field=path) from None
+    except msgspec.DecodeError as exc:
+        raise MalformedFrame(f"not valid JSON: {exc}") from None
+
+
+def _decode_extension(frame: bytes | str, text: str, path: str | None) -> Extension:
+    try:
+        raw = _type_probe.decode(frame)
+    except msgspec.DecodeError as exc:
+        raise MalformedFrame(f"not valid JSON: {exc}") from None
+    kind = raw.get("type")
+    if not isinstance(kind, str):
+        raise MalformedFrame("missing or non-string `type`", field="$.type")
+    if not is_extension_type(kind):
+        raise UnknownEventType(
+            f"unknown event type {kind!r}; core types are {', '.join(EVENT_CLASSES)}"
+            " and extensions are named x.<namespace>.<name>",
+            field="$.type",
+        )
+    try:
+        return _ext_decoder.decode(frame)
+    except msgspec.ValidationError as exc:
+        text, path = _field_of(str(exc))
+        raise MalformedFrame(text, field=path) from None
+
+
+def encode(event: Event) -> bytes:
+    """Encode one event as canonical JSON bytes."""
+    return _encoder.encode(event)
+
+
+def to_builtins(event: Event) -> dict[str, Any]:
+    """The event as a plain dict (``type`` included)."""
+    out: dict[str, Any] = msgspec.to_builtins(event)
+    return out
+
+
+def from_builtins(data: Mapping[str, Any]) -> Event:
+    """Validate a plain dict (as decoded JSON) into an event."""
+    return decode(_encoder.encode(data))
+
+
+def make(
+    type: str,
+    payload: Mapping[str, Any] | msgspec.Struct,
+    *,
+    id: str,
+    ts: str,
+    run_id: str,
+    seq: int,
+    **envelope: Any,
+) -> Event:
+    """Build an event from a type name and payload, validating the payload.
+
+    Raises the same errors as :func:`decode` for an unknown type or bad payload.
+    """
+    cls = EVENT_CLASSES.get(type)
+    if cls is None:
+        if not is_extension_type(type):
+            raise UnknownEventType(f"unknown event type {type!r}", field="$.type")
+        data = payload if isinstance(payload, Mapping) else msgspec.to_builtins(payload)
+        return Extension(
+            id=id, ts=ts, type=type, run_id=run_id, seq=seq, payload=dict(data), **envelope
+        )
+    payload_cls = _PAYLOAD_CLASSES[type]
+    if not isinstance(payload, payload_cls):
+        try:
+            payload = msgspec.convert(payload, payload_cls)
+        except msgspec.ValidationError as exc:
+            text, path = _field_of(str(exc))
+            raise MalformedFrame(
+                f"{type}: {text}", field=(path or "$").replace("$", "$.payload", 1)
+            ) from None
+    return cls(id=id, ts=ts, run_id=run_id, seq=seq, payload=payload, **envelope)  # type: ignore[call-arg]
+
+
+_PAYLOAD_CLASSES: dict[str, type[msgspec.Struct]] = {
+    "reasoning.delta": TextPayload,
+    "text.delta": TextPayload,
+    "tool.start": ToolStartPayload,
+    "tool.end": ToolEndPayload,
+    "step.boundary": StepBoundaryPayload,
+    "child.spawn": ChildSpawnPayload,
+    "plan.proposal": PlanProposalPayload,
+    "run.lifecycle": RunLifecyclePayload,
+    "x.usage": UsagePayload,
+    "x.gap": GapPayload,
+}
+
+
+def now_ts() -> str:
+    """The current time as RFC 3339 with milliseconds and ``Z``."""
+    return format_ts(datetime.now(UTC))
+
+
+def format_ts(moment: datetime) -> str:
+    return moment.astimezone(UTC).strftime("%Y-%m-%dT%H:%M:%S.") + f"{moment.microsecond // 1000:03d}Z"
+
+
+def parse_ts(ts: str) -> datetime:
+    """Parse an RFC 3339 timestamp into an aware datetime."""
+    if not _TS_RE.match(ts):
+        raise MalformedFrame(f"not an RFC 3339 timestamp: {ts!r}", field="$.ts")
+    return datetime.fromisoformat(ts.replace("z", "Z").replace("t", "T"))
+
+
+def ts_ms(ts: str) -> int:
+    """Milliseconds since the epoch of an RFC 3339 timestamp."""
+    return int(parse_ts(ts).timestamp() * 1000)
+
+
+def is_terminal(event: Event) -> bool:
+    """True for a ``run.lifecycle`` event whose state ends the run."""
+    return isinstance(event, RunLifecycle) and event.payload.state in TERMINAL_STATES
+
+
+def replace(event: Event, **changes: Any) -> Event:
+    """A copy of ``event`` with envelope fields changed."""
+    return msgspec.structs.replace(event, **changes)

@@ -1,0 +1,58 @@
+"""Protocol codecs, selected by name; each loads only when used.
+
+Ingest formats: koder, loom, loom-export, cogency, cogency-wire, loom-mcp.
+Egress formats: koder, loom, loom-export, cogency, loom-mcp, streamweave, agui, ai-sdk.
+See ``docs/protocols.md`` for the mapping table.
+"""
+
+from __future__ import annotations
+
+import importlib
+from typing import Any
+
+from ..errors import ConfigError
+from .base import Egress, Ingest
+
+INGEST: dict[str, str] = {
+    "koder": "pipeline.protocols.koder:KoderIngest",
+    "loom": "pipeline.protocols.loom:LoomIngest",
+    "loom-export": "pipeline.protocols.loom_export:LoomExportIngest",
+    "cogency": "pipeline.protocols.cogency:CogencyIngest",
+    "cogency-wire": "pipeline.protocols.cogency_wire:CogencyWireIngest",
+    "loom-mcp": "pipeline.protocols.loom_mcp:LoomMcpIngest",
+}
+EGRESS: dict[str, str] = {
+    "koder": "pipeline.protocols.koder:KoderEgress",
+    "loom": "pipeline.protocols.loom:LoomEgress",
+    "loom-export": "pipeline.protocols.loom_export:LoomExportEgress",
+    "cogency": "pipeline.protocols.cogency:CogencyEgress",
+    "loom-mcp": "pipeline.protocols.loom_mcp:LoomMcpEgress",
+    "streamweave": "pipeline.protocols.streamweave:StreamWeaveEgress",
+    "agui": "pipeline.protocols.agui:AguiEgress",
+    "ai-sdk": "pipeline.protocols.ai_sdk:AiSdkEgress",
+}
+
+
+def _load(table: dict[str, str], name: str, kind: str) -> Any:
+    try:
+        target = table[name]
+    except KeyError:
+        known = ", ".join(sorted(table))
+        raise ConfigError(f"unknown {kind} format {name!r}; known: {known}") from None
+    module, _, attr = target.partition(":")
+    return getattr(importlib.import_module(module), attr)
+
+
+def ingest(name: str, **options: Any) -> Ingest:
+    """A fresh ingest codec for one stream of format ``name``."""
+    codec: Ingest = _load(INGEST, name, "ingest")(**options)
+    return codec
+
+
+def egress(name: str, **options: Any) -> Egress:
+    """A fresh egress codec for one stream of format ``name``."""
+    codec: Egress = _load(EGRESS, name, "egress")(**options)
+    return codec
+
+
+__all__ = ["EGRESS", "INGEST", "Egress", "Ingest", "egress", "ingest"]

@@ -1,0 +1,32 @@
+"""``koder``: the canonical JSON envelope of seed 003, in and out."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import msgspec
+
+from .. import envelope
+from ..envelope import Event
+from .base import Egress, Ingest
+
+
+class KoderIngest(Ingest):
+    name = "koder"
+
+    def feed(self, data: bytes) -> list[Event]:
+        return [envelope.decode(data)]
+
+
+class KoderEgress(Egress):
+    name = "koder"
+
+    def convert(self, event: Event) -> list[Any]:
+        return [event]
+
+    def encode(self, event: Event) -> list[bytes]:
+        return [envelope.encode(event)]
+
+
+def to_json(event: Event) -> bytes:
+    return msgspec.json.encode(event)

@@ -1,0 +1,37 @@
+"""The replay log, selected by URL scheme; PostgreSQL's client loads only when used.
+
+=========================  =================================
+``sqlite:///path/to.db``   embedded default (``sqlite://:memory:`` in-process)
+``postgresql://…``         production (``postgres://`` too)
+=========================  =================================
+"""
+
+from __future__ import annotations
+
+import importlib
+from typing import Any
+
+from ..errors import ConfigError
+from .base import ReplayLog, RetentionPolicy, RunInfo, SweepResult
+
+BACKENDS: dict[str, str] = {
+    "sqlite": "pipeline.store.sqlite:SQLiteLog",
+    "postgresql": "pipeline.store.postgres:PostgresLog",
+    "postgres": "pipeline.store.postgres:PostgresLog",
+}
+
+
+def open_store(url: str, **options: Any) -> ReplayLog:
+    """The replay log for ``url`` (not yet connected: ``async with open_store(url) as log``)."""
+    scheme = url.split("://", 1)[0] if "://" in url else ""
+    target = BACKENDS.get(scheme)
+    if target is None:
+        raise ConfigError(
+            f"unsupported store URL {url!r}; use sqlite:///path or postgresql://user@host/db"
+        )
+    module, _, attr = target.partition(":")
+    log: ReplayLog = getattr(importlib.import_module(module), attr)(url, **options)
+    return log
+
+
+__all__ = ["BACKENDS", "ReplayLog", "RetentionPolicy", "RunInfo", "SweepResult", "open_store"]

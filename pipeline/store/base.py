@@ -1,0 +1,146 @@
+"""The replay log: an append-only per-run event store with retention.
+
+Holds each run's **raw delivery view** (delivery seq, child events fanned in
+with ``child_id``); the shaped view is recomputed from it deterministically.
+Selected by URL: ``sqlite:///path`` (embedded default) and
+``postgresql://…`` (production, seed 003 §6's table shape).
+
+Retention is by terminal state — done 90 days, aborted/error 30 days,
+unfinished runs by last activity — overridable per tenant; ``sweep`` deletes
+what expired. Run metadata (tenant, parent, state, counts, tokens, times) is
+maintained on append.
+"""
+
+from __future__ import annotations
+
+from abc import ABC, abstractmethod
+from collections.abc import AsyncIterator, Callable, Iterable, Sequence
+from datetime import datetime, timedelta
+from types import TracebackType
+from typing import Self
+
+import msgspec
+
+from ..envelope import Event
+
+
+class RetentionPolicy(msgspec.Struct, kw_only=True, frozen=True):
+    done: timedelta = timedelta(days=90)
+    failed: timedelta = timedelta(days=30)
+    """aborted and error runs"""
+    unfinished: timedelta = timedelta(days=30)
+    """runs with no terminal event, measured from their last activity"""
+
+    def keep_for(self, state: str | None) -> timedelta:
+        if state == "done":
+            return self.done
+        if state in ("aborted", "error"):
+            return self.failed
+        return self.unfinished
+
+
+class RunInfo(msgspec.Struct, kw_only=True):
+    run_id: str
+    tenant: str | None = None
+    parent_id: str | None = None
+    root_id: str | None = None
+    state: str | None = None
+    """Last run.lifecycle state seen (None before any)."""
+    terminal: bool = False
+    events: int = 0
+    last_seq: int = 0
+    input_tokens: int = 0
+    output_tokens: int = 0
+    dropped: int = 0
+    first_ts: str | None = None
+    last_ts: str | None = None
+    created_at: datetime | None = None
+    updated_at: datetime | None = None
+    """Wall-clock time of the last append (retention of unfinished runs)."""
+    expires_at: datetime | None = None
+
+
+class SweepResult(msgspec.Struct, kw_only=True):
+    runs: list[str]
+    events: int
+
+
+Clock = Callable[[], datetime]
+
+
+class ReplayLog(ABC):
+    """One replay log, selected by URL. ``async with open_store(url) as log``."""
+
+    url: str
+    retention: RetentionPolicy
+    tenant_retention: dict[str, RetentionPolicy]
+
+    async def __aenter__(self) -> Self:
+        await self.connect()
+        return self
+
+    async def __aexit__(
+        self,
+        exc_type: type[BaseException] | None,
+        exc: BaseException | None,
+        tb: TracebackType | None,
+    ) -> None:
+        await self.close()
+
+    @abstractmethod
+    async def connect(self) -> None:
+        """Open (and migrate the schema). Raises StoreUnavailable."""
+
+    @abstractmethod
+    async def close(self) -> None: ...
+
+    @abstractmethod
+    async def ping(self) -> None: ...
+
+    @abstractmethod
+    async def append(self, events: Sequence[Event]) -> int:
+        """Append events of any runs; idempotent on ``(run_id, seq)``. Returns rows added."""
+
+    @abstractmethod
+    async def read(
+        self, run_id: str, after: int = 0, limit: int | None = None
+    ) -> list[Event]:
+        """Events of one run with seq > ``after``, ascending."""
+
+    @abstractmethod
+    def iter_events(self, run_id: str, after: int = 0, batch: int = 5000) -> AsyncIterator[Event]:
+        """All events of a run after a seq, streamed in batches (bounded memory)."""
+
+    @abstractmethod
+    async def first_seq(self, run_id: str) -> int | None:
+        """Lowest seq still stored for a run, or None."""
+
+    @abstractmethod
+    async def run(self, run_id: str) -> RunInfo | None: ...
+
+    @abstractmethod
+    async def runs(
+        self,
+        *,
+        tenant: str | None = None,
+        state: str | None = None,
+        since: datetime | None = None,
+        until: datetime | None = None,
+        limit: int = 100,
+    ) -> list[RunInfo]:
+        """Runs newest first, filtered by tenant, last state and activity time."""
+
+    @abstractmethod
+    async def sweep(self, *, now: datetime | None = None, dry_run: bool = False) -> SweepResult:
+        """Delete runs whose retention expired (per tenant policy)."""
+
+    async def export_jsonl(self, run_ids: Iterable[str], out: Callable[[bytes], object]) -> int:
+        """Write runs as JSONL (one canonical envelope a line, id ascending per run)."""
+        from .. import envelope
+
+        count = 0
+        for run_id in run_ids:
+            async for event in self.iter_events(run_id):
+                out(envelope.encode(event) + b"\n")
+                count += 1
+        return count

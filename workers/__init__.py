@@ -1,0 +1,1 @@
+"""Runnable processes: thin wiring of ``pipeline`` pieces into services."""
