@@ -159,12 +159,20 @@ class Bus(ABC):
 
     # ---- delivery ----------------------------------------------------
     @abstractmethod
-    async def append(self, key: StreamKey, events: Sequence[Event]) -> int:
+    async def append(
+        self, key: StreamKey, events: Sequence[Event], *, state: bytes | None = None
+    ) -> int:
         """Append events (their ``seq`` already set, increasing) to a delivery stream.
 
         Idempotent on seq: events whose seq is not above the stream's last
-        seq are skipped. Returns how many were appended.
+        seq are skipped. ``state`` (the writer's checkpoint for this stream,
+        e.g. the sequencer's counters) is stored atomically with the events.
+        Returns how many were appended. Applies the stream's length/age bound.
         """
+
+    @abstractmethod
+    async def load_state(self, key: StreamKey) -> bytes | None:
+        """The state last stored with :meth:`append` for this stream, or None."""
 
     @abstractmethod
     async def read(self, key: StreamKey, after: int, limit: int = 1000) -> list[Event]:
