@@ -65,6 +65,25 @@ class SweepResult(msgspec.Struct, kw_only=True):
     events: int
 
 
+class LineError(msgspec.Struct, kw_only=True):
+    """A JSONL line that was not a valid event: 1-based line number, error code, message."""
+
+    line: int
+    code: str
+    message: str
+
+
+class ImportReport(msgspec.Struct, kw_only=True):
+    """What :meth:`ReplayLog.import_jsonl` did."""
+
+    lines: int = 0
+    """Non-blank lines read."""
+    added: int = 0
+    """Events newly stored (re-importing the same file adds 0)."""
+    runs: list[str] = []
+    errors: list[LineError] = []
+
+
 Clock = Callable[[], datetime]
 
 
@@ -74,6 +93,8 @@ class ReplayLog(ABC):
     url: str
     retention: RetentionPolicy
     tenant_retention: dict[str, RetentionPolicy]
+    clock: Clock
+    """Wall clock for activity times and expiry (injectable in tests)."""
 
     async def __aenter__(self) -> Self:
         await self.connect()
@@ -100,6 +121,14 @@ class ReplayLog(ABC):
     @abstractmethod
     async def append(self, events: Sequence[Event]) -> int:
         """Append events of any runs; idempotent on ``(run_id, seq)``. Returns rows added."""
+
+    async def append_encoded(self, rows: Sequence[tuple[Event, bytes]]) -> int:
+        """:meth:`append` for events whose canonical JSON is already at hand.
+
+        Bulk paths (import, workers that encoded the event once) skip a second
+        encode; backends that store the bytes override this.
+        """
+        return await self.append([event for event, _ in rows])
 
     @abstractmethod
     async def read(
@@ -130,17 +159,73 @@ class ReplayLog(ABC):
     ) -> list[RunInfo]:
         """Runs newest first, filtered by tenant, last state and activity time."""
 
+    def policy_for(self, tenant: str | None) -> RetentionPolicy:
+        """The retention policy of a tenant (its override, else the default)."""
+        if tenant is not None and tenant in self.tenant_retention:
+            return self.tenant_retention[tenant]
+        return self.retention
+
+    def expiry(self, tenant: str | None, state: str | None, last_activity: datetime) -> datetime:
+        """When a run with this tenant, state and last activity expires."""
+        return last_activity + self.policy_for(tenant).keep_for(state)
+
+    async def require_run(self, run_id: str, *, now: datetime | None = None) -> RunInfo:
+        """A run's metadata; raises UnknownRun when it is unknown or its retention expired."""
+        from ..errors import UnknownRun
+
+        info = await self.run(run_id)
+        if info is None:
+            raise UnknownRun(f"unknown run {run_id!r} (never stored, or already swept)")
+        moment = now or self.clock()
+        if info.expires_at is not None and info.expires_at <= moment:
+            raise UnknownRun(f"run {run_id!r} expired at {info.expires_at.isoformat()}")
+        return info
+
     @abstractmethod
     async def sweep(self, *, now: datetime | None = None, dry_run: bool = False) -> SweepResult:
         """Delete runs whose retention expired (per tenant policy)."""
 
-    async def export_jsonl(self, run_ids: Iterable[str], out: Callable[[bytes], object]) -> int:
-        """Write runs as JSONL (one canonical envelope a line, id ascending per run)."""
+    async def iter_jsonl(
+        self, run_id: str, after: int = 0, batch: int = 20_000
+    ) -> AsyncIterator[tuple[bytes, int]]:
+        """A run's events as JSONL chunks: ``(lines, how many events)``, in seq order.
+
+        Backends override this to stream the stored canonical bytes without
+        decoding and re-encoding each event.
+        """
         from .. import envelope
 
+        lines: list[bytes] = []
+        async for event in self.iter_events(run_id, after, batch):
+            lines.append(envelope.encode(event))
+            if len(lines) >= batch:
+                yield b"\n".join(lines) + b"\n", len(lines)
+                lines = []
+        if lines:
+            yield b"\n".join(lines) + b"\n", len(lines)
+
+    async def export_jsonl(self, run_ids: Iterable[str], out: Callable[[bytes], object]) -> int:
+        """Write runs as JSONL (one canonical envelope a line, ascending per run).
+
+        A run's lines come in delivery-seq order, which is id order: event ids
+        are monotonic per stream (seed 003). Memory is bounded by one batch.
+        Returns the number of events written.
+        """
         count = 0
         for run_id in run_ids:
-            async for event in self.iter_events(run_id):
-                out(envelope.encode(event) + b"\n")
-                count += 1
+            async for chunk, events in self.iter_jsonl(run_id):
+                out(chunk)
+                count += events
         return count
+
+    async def import_jsonl(
+        self, lines: Iterable[bytes], *, batch: int = 20_000
+    ) -> ImportReport:
+        """Append JSONL events (idempotent on ``(run_id, seq)``).
+
+        Invalid lines are reported with their line number and error code;
+        the valid lines around them are kept.
+        """
+        from .jsonl import import_lines
+
+        return await import_lines(self, lines, batch=batch)

@@ -1,0 +1,387 @@
+"""The production replay log on PostgreSQL (psycopg 3, async).
+
+``postgresql://user:pass@host:5432/db`` (``postgres://`` too); any libpq
+parameter in the query string is passed on (``?options=-csearch_path%3Dreplay``
+puts the tables in another schema), retention parameters as in
+:mod:`.retention`.
+
+Tables (seed 003 §6 plus what runwire needs):
+
+* ``events`` — ``id, run_id, tenant, child_id, seq, type, ts timestamptz,
+  payload jsonb`` and ``body bytea`` (the canonical envelope bytes, so export
+  streams them without re-encoding); primary key ``(run_id, seq)`` (the
+  idempotency key), index ``(tenant, ts)``.
+* ``runs`` — one row of metadata per run, maintained on append.
+* ``runwire_schema`` — the schema version.
+
+One connection writes (appends, sweeps) and one reads, each used by one
+coroutine at a time; appends of more than a few hundred events go through
+``COPY`` into a temporary table and one ``INSERT … ON CONFLICT DO NOTHING``.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import AsyncIterator, Sequence
+from datetime import datetime
+from typing import Any
+
+import psycopg
+
+from .. import envelope
+from ..envelope import Event
+from ..errors import StoreError, StoreUnavailable
+from .base import Clock, ReplayLog, RetentionPolicy, RunInfo, SweepResult
+from .retention import split_retention, utc_now
+from .runmeta import RunDelta, summarize
+
+SCHEMA_VERSION = 1
+COPY_THRESHOLD = 256
+
+_SCHEMA = """
+CREATE TABLE IF NOT EXISTS runwire_schema (version integer NOT NULL);
+CREATE TABLE IF NOT EXISTS events (
+    id       text NOT NULL,
+    run_id   text NOT NULL,
+    tenant   text,
+    child_id text,
+    seq      bigint NOT NULL,
+    type     text NOT NULL,
+    ts       timestamptz NOT NULL,
+    payload  jsonb NOT NULL,
+    body     bytea NOT NULL,
+    PRIMARY KEY (run_id, seq)
+);
+CREATE INDEX IF NOT EXISTS events_tenant_ts ON events (tenant, ts);
+CREATE TABLE IF NOT EXISTS runs (
+    run_id        text PRIMARY KEY,
+    tenant        text,
+    parent_id     text,
+    root_id       text,
+    state         text,
+    state_seq     bigint NOT NULL DEFAULT 0,
+    terminal      boolean NOT NULL DEFAULT false,
+    events        bigint NOT NULL DEFAULT 0,
+    last_seq      bigint NOT NULL DEFAULT 0,
+    input_tokens  bigint NOT NULL DEFAULT 0,
+    output_tokens bigint NOT NULL DEFAULT 0,
+    dropped       bigint NOT NULL DEFAULT 0,
+    first_ts      text,
+    last_ts       text,
+    created_at    timestamptz NOT NULL,
+    updated_at    timestamptz NOT NULL,
+    expires_at    timestamptz
+);
+CREATE INDEX IF NOT EXISTS runs_tenant_updated ON runs (tenant, updated_at);
+CREATE INDEX IF NOT EXISTS runs_updated ON runs (updated_at);
+"""
+
+_STAGE = """
+CREATE TEMP TABLE IF NOT EXISTS runwire_stage (
+    id text, run_id text, tenant text, child_id text, seq bigint, type text, ts text, body bytea
+) ON COMMIT DELETE ROWS
+"""
+
+_COLUMNS = "id, run_id, tenant, child_id, seq, type, ts, payload, body"
+_FROM_STAGE = (
+    f"INSERT INTO events ({_COLUMNS}) SELECT id, run_id, tenant, child_id, seq, type,"
+    " ts::timestamptz, convert_from(body, 'UTF8')::jsonb -> 'payload', body FROM {source}"
+    " ON CONFLICT (run_id, seq) DO NOTHING RETURNING run_id, seq"
+)
+_FROM_ARRAYS = _FROM_STAGE.format(
+    source="unnest(%s::text[], %s::text[], %s::text[], %s::text[], %s::bigint[], %s::text[],"
+    " %s::text[], %s::bytea[]) AS u(id, run_id, tenant, child_id, seq, type, ts, body)"
+)
+
+_UPSERT_RUN = """
+INSERT INTO runs AS r (run_id, tenant, parent_id, root_id, state, state_seq, terminal, events,
+                       last_seq, input_tokens, output_tokens, dropped, first_ts, last_ts,
+                       created_at, updated_at)
+VALUES (%s, %s, %s, %s, %s, %s, %s, %s, %s, %s, %s, %s, %s, %s, %s, %s)
+ON CONFLICT (run_id) DO UPDATE SET
+    tenant = coalesce(r.tenant, excluded.tenant),
+    parent_id = coalesce(r.parent_id, excluded.parent_id),
+    root_id = coalesce(r.root_id, excluded.root_id),
+    state = CASE WHEN excluded.state IS NOT NULL AND excluded.state_seq >= r.state_seq
+                 THEN excluded.state ELSE r.state END,
+    terminal = CASE WHEN excluded.state IS NOT NULL AND excluded.state_seq >= r.state_seq
+                    THEN excluded.terminal ELSE r.terminal END,
+    state_seq = greatest(r.state_seq, excluded.state_seq),
+    events = r.events + excluded.events,
+    last_seq = greatest(r.last_seq, excluded.last_seq),
+    input_tokens = r.input_tokens + excluded.input_tokens,
+    output_tokens = r.output_tokens + excluded.output_tokens,
+    dropped = r.dropped + excluded.dropped,
+    first_ts = least(r.first_ts, excluded.first_ts),
+    last_ts = greatest(r.last_ts, excluded.last_ts),
+    updated_at = greatest(r.updated_at, excluded.updated_at)
+RETURNING tenant, state, updated_at
+"""
+
+_RUN_COLUMNS = (
+    "run_id, tenant, parent_id, root_id, state, terminal, events, last_seq, input_tokens,"
+    " output_tokens, dropped, first_ts, last_ts, created_at, updated_at, expires_at"
+)
+
+
+def _run_info(row: Sequence[Any]) -> RunInfo:
+    return RunInfo(
+        run_id=row[0], tenant=row[1], parent_id=row[2], root_id=row[3], state=row[4],
+        terminal=row[5], events=row[6], last_seq=row[7], input_tokens=row[8],
+        output_tokens=row[9], dropped=row[10], first_ts=row[11], last_ts=row[12],
+        created_at=row[13], updated_at=row[14], expires_at=row[15],
+    )
+
+
+def _stage_row(event: Event, body: bytes) -> tuple[Any, ...]:
+    return (event.id, event.run_id, event.tenant, event.child_id, event.seq, event.type,
+            event.ts, body)
+
+
+class _Conn:
+    """One connection used by one coroutine at a time."""
+
+    def __init__(self) -> None:
+        self.conn: psycopg.AsyncConnection[Any] | None = None
+        self.lock = asyncio.Lock()
+
+    def get(self) -> psycopg.AsyncConnection[Any]:
+        if self.conn is None:
+            raise StoreError("the PostgreSQL replay log is not connected")
+        return self.conn
+
+
+class PostgresLog(ReplayLog):
+    """The replay log in PostgreSQL."""
+
+    def __init__(
+        self,
+        url: str,
+        *,
+        retention: RetentionPolicy | None = None,
+        tenant_retention: dict[str, RetentionPolicy] | None = None,
+        clock: Clock | None = None,
+    ) -> None:
+        clean, policy, per_tenant = split_retention(url, retention)
+        self.url = url
+        self.dsn = "postgresql://" + clean.split("://", 1)[1]
+        self.retention = policy
+        self.tenant_retention = {**per_tenant, **(tenant_retention or {})}
+        self.clock = clock or utc_now
+        self._writer = _Conn()
+        self._reader = _Conn()
+
+    # ---- plumbing ------------------------------------------------------
+    async def _open(self) -> psycopg.AsyncConnection[Any]:
+        try:
+            return await psycopg.AsyncConnection.connect(self.dsn, autocommit=True)
+        except psycopg.OperationalError as exc:
+            raise StoreUnavailable(f"PostgreSQL unreachable: {exc}") from exc
+
+    async def connect(self) -> None:
+        if self._writer.conn is not None:
+            return
+        writer = await self._open()
+        try:
+            await self._migrate(writer)
+            self._reader.conn = await self._open()
+        except BaseException:
+            await writer.close()
+            raise
+        self._writer.conn = writer
+
+    async def _migrate(self, conn: psycopg.AsyncConnection[Any]) -> None:
+        async with conn.transaction():
+            await conn.execute("SELECT pg_advisory_xact_lock(7426105)")
+            await conn.execute(_SCHEMA)
+            row = await (await conn.execute("SELECT max(version) FROM runwire_schema")).fetchone()
+            version = row[0] if row else None
+            if version is None:
+                await conn.execute(
+                    "INSERT INTO runwire_schema VALUES (%s)", (SCHEMA_VERSION,)
+                )
+            elif version > SCHEMA_VERSION:
+                raise StoreError(f"database has schema {version}, newer than {SCHEMA_VERSION}")
+        await conn.execute(_STAGE)
+
+    async def close(self) -> None:
+        for slot in (self._writer, self._reader):
+            if slot.conn is not None:
+                await slot.conn.close()
+                slot.conn = None
+
+    async def ping(self) -> None:
+        await self._fetch("SELECT 1", ())
+
+    async def _fetch(self, sql: str, args: Sequence[Any]) -> list[tuple[Any, ...]]:
+        async with self._reader.lock:
+            try:
+                cursor = await self._reader.get().execute(sql, args, binary=True)
+                return await cursor.fetchall()
+            except psycopg.OperationalError as exc:
+                raise StoreUnavailable(f"PostgreSQL: {exc}") from exc
+            except psycopg.Error as exc:
+                raise StoreError(f"PostgreSQL: {exc}") from exc
+
+    # ---- append --------------------------------------------------------
+    async def append(self, events: Sequence[Event]) -> int:
+        return await self.append_encoded([(e, envelope.encode(e)) for e in events])
+
+    async def append_encoded(self, rows: Sequence[tuple[Event, bytes]]) -> int:
+        if not rows:
+            return 0
+        async with self._writer.lock:
+            conn = self._writer.get()
+            try:
+                async with conn.transaction():
+                    stored = await self._insert(conn, rows)
+                    fresh = [row[0] for row in rows if (row[0].run_id, row[0].seq) in stored]
+                    now = self.clock()
+                    for delta in summarize(fresh).values():
+                        await self._merge_run(conn, delta, now)
+            except psycopg.OperationalError as exc:
+                raise StoreUnavailable(f"PostgreSQL: {exc}") from exc
+            except psycopg.Error as exc:
+                raise StoreError(f"PostgreSQL: {exc}") from exc
+        return len(stored)
+
+    async def _insert(
+        self, conn: psycopg.AsyncConnection[Any], rows: Sequence[tuple[Event, bytes]]
+    ) -> set[tuple[str, int]]:
+        """Insert new rows; the ``(run_id, seq)`` of those actually stored."""
+        async with conn.cursor() as cursor:
+            if len(rows) >= COPY_THRESHOLD:
+                async with cursor.copy(
+                    "COPY runwire_stage (id, run_id, tenant, child_id, seq, type, ts, body)"
+                    " FROM STDIN"
+                ) as copy:
+                    for event, body in rows:
+                        await copy.write_row(_stage_row(event, body))
+                await cursor.execute(_FROM_STAGE.format(source="runwire_stage"))
+            else:
+                columns = list(zip(*(_stage_row(e, b) for e, b in rows), strict=True))
+                await cursor.execute(_FROM_ARRAYS, [list(c) for c in columns])
+            return {(run_id, seq) for run_id, seq in await cursor.fetchall()}
+
+    async def _merge_run(
+        self, conn: psycopg.AsyncConnection[Any], delta: RunDelta, now: datetime
+    ) -> None:
+        cursor = await conn.execute(
+            _UPSERT_RUN,
+            (delta.run_id, delta.tenant, delta.parent_id, delta.root_id, delta.state,
+             delta.state_seq, delta.terminal, delta.events, delta.last_seq,
+             delta.input_tokens, delta.output_tokens, delta.dropped, delta.first_ts,
+             delta.last_ts, now, now),
+        )
+        row = await cursor.fetchone()
+        assert row is not None
+        tenant, state, updated = row
+        await conn.execute(
+            "UPDATE runs SET expires_at = %s WHERE run_id = %s",
+            (self.expiry(tenant, state, updated), delta.run_id),
+        )
+
+    # ---- read ----------------------------------------------------------
+    async def _bodies(self, run_id: str, after: int, limit: int | None) -> list[tuple[Any, ...]]:
+        sql = "SELECT seq, body FROM events WHERE run_id = %s AND seq > %s ORDER BY seq"
+        if limit is None:
+            return await self._fetch(sql, (run_id, after))
+        return await self._fetch(sql + " LIMIT %s", (run_id, after, limit))
+
+    async def read(self, run_id: str, after: int = 0, limit: int | None = None) -> list[Event]:
+        return [envelope.decode(body) for _, body in await self._bodies(run_id, after, limit)]
+
+    async def _batches(
+        self, run_id: str, after: int, batch: int
+    ) -> AsyncIterator[list[tuple[Any, ...]]]:
+        while True:
+            rows = await self._bodies(run_id, after, batch)
+            if not rows:
+                return
+            yield rows
+            if len(rows) < batch:
+                return
+            after = rows[-1][0]
+
+    async def iter_events(
+        self, run_id: str, after: int = 0, batch: int = 5000
+    ) -> AsyncIterator[Event]:
+        async for rows in self._batches(run_id, after, batch):
+            for _, body in rows:
+                yield envelope.decode(body)
+
+    async def iter_jsonl(
+        self, run_id: str, after: int = 0, batch: int = 20_000
+    ) -> AsyncIterator[tuple[bytes, int]]:
+        async for rows in self._batches(run_id, after, batch):
+            yield b"\n".join([body for _, body in rows]) + b"\n", len(rows)
+
+    async def first_seq(self, run_id: str) -> int | None:
+        rows = await self._fetch("SELECT min(seq) FROM events WHERE run_id = %s", (run_id,))
+        value: int | None = rows[0][0]
+        return value
+
+    async def run(self, run_id: str) -> RunInfo | None:
+        rows = await self._fetch(f"SELECT {_RUN_COLUMNS} FROM runs WHERE run_id = %s", (run_id,))
+        return _run_info(rows[0]) if rows else None
+
+    async def runs(
+        self,
+        *,
+        tenant: str | None = None,
+        state: str | None = None,
+        since: datetime | None = None,
+        until: datetime | None = None,
+        limit: int = 100,
+    ) -> list[RunInfo]:
+        where, args = ["true"], []
+        for clause, value in (
+            ("tenant = %s", tenant),
+            ("state = %s", state),
+            ("updated_at >= %s", since),
+            ("created_at <= %s", until),
+        ):
+            if value is not None:
+                where.append(clause)
+                args.append(value)
+        sql = (f"SELECT {_RUN_COLUMNS} FROM runs WHERE {' AND '.join(where)}"
+               " ORDER BY updated_at DESC, run_id LIMIT %s")
+        return [_run_info(row) for row in await self._fetch(sql, (*args, limit))]
+
+    # ---- retention -----------------------------------------------------
+    async def _expired(
+        self, conn: psycopg.AsyncConnection[Any], now: datetime
+    ) -> list[tuple[str, int]]:
+        shortest = min(
+            p.keep_for(s)
+            for p in (self.retention, *self.tenant_retention.values())
+            for s in ("done", "error", None)
+        )
+        cursor = await conn.execute(
+            "SELECT run_id, tenant, state, updated_at, events FROM runs WHERE updated_at <= %s",
+            (now - shortest,),
+        )
+        return [
+            (run_id, events)
+            for run_id, tenant, state, updated, events in await cursor.fetchall()
+            if self.expiry(tenant, state, updated) <= now
+        ]
+
+    async def sweep(self, *, now: datetime | None = None, dry_run: bool = False) -> SweepResult:
+        moment = now or self.clock()
+        async with self._writer.lock:
+            conn = self._writer.get()
+            expired = await self._expired(conn, moment)
+            run_ids = [run_id for run_id, _ in expired]
+            if dry_run:
+                return SweepResult(runs=run_ids, events=sum(n for _, n in expired))
+            deleted = 0
+            for start in range(0, len(run_ids), 500):
+                chunk = run_ids[start:start + 500]
+                async with conn.transaction():
+                    cursor = await conn.execute(
+                        "DELETE FROM events WHERE run_id = ANY(%s)", (chunk,)
+                    )
+                    deleted += cursor.rowcount
+                    await conn.execute("DELETE FROM runs WHERE run_id = ANY(%s)", (chunk,))
+        return SweepResult(runs=run_ids, events=deleted)
