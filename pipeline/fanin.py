@@ -1,0 +1,107 @@
+"""Fan-in: which delivery streams an event goes to.
+
+An event of run ``C`` always goes to ``C``'s own stream. When ``C`` is a child
+run (its events carry ``parent_id``, and ``root_id`` for deeper trees) it also
+goes to its parent's stream and recursively up to the root's, with ``run_id``
+set to that ancestor and ``child_id`` to the originating run ``C`` (seed 003
+§3.6: "events from the child stream appear in the parent stream with child_id
+set"). Each child keeps its own stream, so a client can follow it alone or see
+it only as a link (seed 004's ``child_run_linked``).
+
+Parent links are learned from events (``parent_id``/``root_id``) and from the
+parent's ``child.spawn``. An event fans in only when it carries its own parent
+link: ingest is partitioned by root run id, so only linked events are
+guaranteed to reach the root's single writer. A child event that arrives before
+the parent's ``child.spawn``, or whose parent is unknown, is therefore neither
+lost (it is in its own stream) nor misattributed (it is never guessed into
+some parent's stream).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable
+
+from .envelope import ChildSpawn, Event, replace
+
+MAX_DEPTH = 64
+"""A parent chain longer than this is cut (guards against a cycle in bad input)."""
+
+
+class ParentMap:
+    """Child run → parent run links, learned from events."""
+
+    __slots__ = ("_parents",)
+
+    def __init__(self) -> None:
+        self._parents: dict[str, str] = {}
+
+    def __len__(self) -> int:
+        return len(self._parents)
+
+    def parent_of(self, run_id: str) -> str | None:
+        return self._parents.get(run_id)
+
+    def link(self, child: str, parent: str) -> None:
+        """Record that ``child`` is a sub-run of ``parent`` (self-links are ignored)."""
+        if child != parent:
+            self._parents[child] = parent
+
+    def learn(self, event: Event) -> None:
+        """Learn the parent links an event states."""
+        if event.parent_id is not None:
+            self.link(event.run_id, event.parent_id)
+            if event.root_id is not None and event.root_id != event.parent_id:
+                self._parents.setdefault(event.parent_id, event.root_id)
+        if isinstance(event, ChildSpawn):
+            self.link(event.payload.child_id, event.run_id)
+
+    def learn_chain(self, run_id: str, ancestors: Iterable[str]) -> None:
+        """Record a known ancestor chain (parent first, root last)."""
+        child = run_id
+        for ancestor in ancestors:
+            self.link(child, ancestor)
+            child = ancestor
+
+    def forget(self, run_id: str) -> None:
+        self._parents.pop(run_id, None)
+
+    def ancestors(self, event: Event) -> list[str]:
+        """Parent first, root last; empty unless the event carries its parent link."""
+        if event.parent_id is None:
+            return []
+        chain = [event.parent_id]
+        seen = {event.run_id, event.parent_id}
+        while len(chain) < MAX_DEPTH:
+            parent = self._parents.get(chain[-1])
+            if parent is None or parent in seen:
+                break
+            chain.append(parent)
+            seen.add(parent)
+        root = event.root_id
+        if root is not None and root not in seen:
+            chain.append(root)
+        return chain
+
+
+def fan_in(event: Event, ancestors: list[str]) -> list[Event]:
+    """The copies of ``event`` for each ancestor's stream (parent first).
+
+    A copy has ``run_id`` = the ancestor, ``child_id`` = the originating run,
+    and the ancestor's own parent/root link, so every event in a stream
+    describes that stream's run.
+    """
+    origin = event.child_id or event.run_id
+    root = ancestors[-1] if ancestors else None
+    copies: list[Event] = []
+    for index, ancestor in enumerate(ancestors):
+        is_root = index == len(ancestors) - 1
+        copies.append(
+            replace(
+                event,
+                run_id=ancestor,
+                child_id=origin,
+                parent_id=None if is_root else ancestors[index + 1],
+                root_id=None if is_root else root,
+            )
+        )
+    return copies

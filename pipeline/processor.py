@@ -1,0 +1,247 @@
+"""One ingest batch → what each delivery stream receives (pure: no I/O).
+
+For every decoded event, in shard order, the :class:`Processor`:
+
+1. learns parent links and finds the event's destinations (:mod:`.fanin`):
+   its own run's stream and each ancestor's, with ``child_id`` set;
+2. sequences it per destination (:mod:`.sequencing`): delivery seq, dedupe,
+   ``x.gap`` on a publisher gap;
+3. shapes it per destination (:mod:`.shaping`).
+
+The result per touched stream is a :class:`StreamOutput`: the raw events, the
+shaped events and the stream's checkpoint (sequencer + open shaping windows).
+A runtime writes them in this order — replay log, shaped stream, raw stream
+with the checkpoint — and only then acks the ingest entries; each write is
+idempotent on seq and the checkpoint only moves with the raw append, so a
+crash at any point replays the batch to the identical result.
+
+Before processing, a runtime restores the checkpoint of every stream it has
+not seen (:meth:`Processor.missing` → :meth:`Processor.restore`), since a
+stream's previous writer may have been another process.
+
+**Silence rule.** A run that has had no event for ``silence_s`` seconds and
+no terminal ``run.lifecycle`` gets one, ``state=error`` with the reason
+"no events for Ns (agent presumed dead)", so every stream ends
+(:meth:`Processor.tick`). Streams that ended are dropped from memory.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable, Iterable, Sequence
+from datetime import UTC, datetime
+
+import msgspec
+
+from .envelope import Event, RunLifecycle, RunLifecyclePayload, format_ts, is_terminal
+from .fanin import ParentMap, fan_in
+from .sequencing import Sequencer, SequencerState
+from .shaping import WINDOW_MS, DeltaCoalescer, ShaperState
+from .ulid import MonotonicULID
+
+DEFAULT_SILENCE_S = 300.0
+DEFAULT_GRACE_MS = 50
+"""Extra wait past a window's end before a live tick closes it (transport latency)."""
+
+
+class Checkpoint(msgspec.Struct, kw_only=True, omit_defaults=True):
+    """What a stream's writer stores with each raw append to resume exactly."""
+
+    sequencer: SequencerState = msgspec.field(default_factory=SequencerState)
+    shaper: ShaperState = msgspec.field(default_factory=ShaperState)
+
+
+_encoder = msgspec.msgpack.Encoder()
+_decoder = msgspec.msgpack.Decoder(Checkpoint)
+
+
+class StreamOutput(msgspec.Struct, kw_only=True):
+    """What one delivery stream receives from a batch."""
+
+    run_id: str
+    raw: list[Event] = msgspec.field(default_factory=list)
+    shaped: list[Event] = msgspec.field(default_factory=list)
+    state: bytes = b""
+    """The stream's checkpoint after this batch (store it with the raw append)."""
+
+
+class ProcessorStats(msgspec.Struct, kw_only=True):
+    events: int = 0
+    raw: int = 0
+    shaped: int = 0
+    duplicates: int = 0
+    gaps: int = 0
+    silenced: int = 0
+
+
+class _Stream:
+    __slots__ = ("coalescer", "last_activity", "sequencer")
+
+    def __init__(self, run_id: str, checkpoint: Checkpoint, now: float, window_ms: int) -> None:
+        self.sequencer = Sequencer(run_id, checkpoint.sequencer)
+        self.coalescer = DeltaCoalescer(checkpoint.shaper, window_ms=window_ms)
+        self.last_activity = now
+
+    def checkpoint(self) -> bytes:
+        return _encoder.encode(
+            Checkpoint(sequencer=self.sequencer.state, shaper=self.coalescer.state)
+        )
+
+
+class Processor:
+    """The worker logic both runtimes share: fan-in, sequencing, shaping, silence."""
+
+    def __init__(
+        self,
+        *,
+        silence_s: float = DEFAULT_SILENCE_S,
+        window_ms: int = WINDOW_MS,
+        grace_ms: int = DEFAULT_GRACE_MS,
+        clock: Callable[[], float] = time.time,
+    ) -> None:
+        self.silence_s = silence_s
+        self.window_ms = window_ms
+        self.grace_ms = grace_ms
+        self.clock = clock
+        self.parents = ParentMap()
+        self.stats = ProcessorStats()
+        self._streams: dict[str, _Stream] = {}
+        self._ids = MonotonicULID("evt_")
+
+    # ---- checkpoints ----------------------------------------------------
+    def missing(self, events: Iterable[Event]) -> set[str]:
+        """Destination streams of ``events`` whose checkpoint is not loaded yet."""
+        wanted: set[str] = set()
+        for event in events:
+            self.parents.learn(event)
+            for run_id in (event.run_id, *self.parents.ancestors(event)):
+                if run_id not in self._streams:
+                    wanted.add(run_id)
+        return wanted
+
+    def restore(self, run_id: str, data: bytes | None) -> None:
+        """Load a stream's stored checkpoint (None: a new stream)."""
+        checkpoint = _decoder.decode(data) if data else Checkpoint()
+        self.parents.learn_chain(run_id, checkpoint.sequencer.ancestors)
+        self._streams[run_id] = _Stream(run_id, checkpoint, self.clock(), self.window_ms)
+
+    def forget_all(self) -> None:
+        """Drop every in-memory stream (after losing shards: another writer may own them now)."""
+        self._streams.clear()
+        self.parents = ParentMap()
+
+    @property
+    def open_streams(self) -> int:
+        return len(self._streams)
+
+    # ---- processing -----------------------------------------------------
+    def process(self, events: Sequence[Event]) -> dict[str, StreamOutput]:
+        """Fan in, sequence and shape a batch. Every destination must be restored first."""
+        outputs: dict[str, StreamOutput] = {}
+        now = self.clock()
+        for event in events:
+            self._one(event, outputs, now)
+        return self._finish(outputs)
+
+    def tick(self, now: float | None = None) -> dict[str, StreamOutput]:
+        """Close shaping windows whose end has passed and end silent runs."""
+        now = self.clock() if now is None else now
+        outputs: dict[str, StreamOutput] = {}
+        now_ms = int(now * 1000)
+        for run_id, stream in self._streams.items():
+            if stream.coalescer.pending:
+                shaped = stream.coalescer.tick(now_ms, self.grace_ms)
+                if shaped:
+                    self._output(outputs, run_id).shaped.extend(shaped)
+        for run_id in self._silent(now):
+            self.stats.silenced += 1
+            self._one(self._silence_event(run_id, now), outputs, now, made=True)
+        return self._finish(outputs)
+
+    def _one(
+        self, event: Event, outputs: dict[str, StreamOutput], now: float, *, made: bool = False
+    ) -> None:
+        self.stats.events += 1
+        self.parents.learn(event)
+        ancestors = self.parents.ancestors(event)
+        if made:  # an event runwire made fans in only where this process holds the streams
+            ancestors = self._loaded_prefix(ancestors)
+        own = self._streams[event.run_id]
+        if ancestors and own.sequencer.state.ancestors != ancestors:
+            own.sequencer.state.ancestors = ancestors
+        source = event.child_id or event.run_id
+        self._admit(own, event, source, outputs, now)
+        if is_terminal(event) and event.child_id is None:
+            own.sequencer.state.terminal = True
+        for copy in fan_in(event, ancestors):
+            self._admit(self._streams[copy.run_id], copy, source, outputs, now)
+
+    def _admit(
+        self,
+        stream: _Stream,
+        event: Event,
+        source: str,
+        outputs: dict[str, StreamOutput],
+        now: float,
+    ) -> None:
+        admitted = stream.sequencer.admit(event, source)
+        output = self._output(outputs, stream.sequencer.run_id)
+        if not admitted:
+            self.stats.duplicates += 1
+            return
+        stream.last_activity = now
+        if len(admitted) > 1:
+            self.stats.gaps += 1
+        output.raw.extend(admitted)
+        for raw in admitted:
+            output.shaped.extend(stream.coalescer.feed(raw))
+
+    @staticmethod
+    def _output(outputs: dict[str, StreamOutput], run_id: str) -> StreamOutput:
+        output = outputs.get(run_id)
+        if output is None:
+            output = outputs[run_id] = StreamOutput(run_id=run_id)
+        return output
+
+    def _finish(self, outputs: dict[str, StreamOutput]) -> dict[str, StreamOutput]:
+        for run_id, output in outputs.items():
+            stream = self._streams[run_id]
+            output.state = stream.checkpoint()
+            self.stats.raw += len(output.raw)
+            self.stats.shaped += len(output.shaped)
+            if stream.sequencer.state.terminal and not stream.coalescer.pending:
+                del self._streams[run_id]
+                self.parents.forget(run_id)
+        return outputs
+
+    def _loaded_prefix(self, ancestors: list[str]) -> list[str]:
+        loaded: list[str] = []
+        for ancestor in ancestors:
+            if ancestor not in self._streams:
+                break
+            loaded.append(ancestor)
+        return loaded
+
+    # ---- silence ---------------------------------------------------------
+    def _silent(self, now: float) -> list[str]:
+        deadline = now - self.silence_s
+        return [
+            run_id
+            for run_id, stream in self._streams.items()
+            if stream.last_activity <= deadline and not stream.sequencer.state.terminal
+        ]
+
+    def _silence_event(self, run_id: str, now: float) -> Event:
+        ancestors = self._loaded_prefix(self._streams[run_id].sequencer.state.ancestors)
+        return RunLifecycle(
+            id=self._ids.new(int(now * 1000)),
+            ts=format_ts(datetime.fromtimestamp(now, UTC)),
+            run_id=run_id,
+            seq=0,
+            parent_id=ancestors[0] if ancestors else None,
+            root_id=ancestors[-1] if len(ancestors) > 1 else None,
+            payload=RunLifecyclePayload(
+                state="error",
+                reason=f"no events for {self.silence_s:g}s (agent presumed dead)",
+            ),
+        )

@@ -1,0 +1,131 @@
+"""Shaping (seed 003 §4, R1 and R3): the *shaped* view of one delivery stream.
+
+R1 — ``reasoning.delta`` and ``text.delta`` are coalesced per
+``(child_id, type)`` in windows of 100 ms of **event time** (``ts``), each
+window anchored at its first delta; the texts are concatenated in order. A
+window closes when a later delta of the stream has ``ts`` at or past its end,
+when a non-delta event arrives (R3), or, live, when the wall clock passes its
+end (:meth:`DeltaCoalescer.tick`) so an agent's last words are not held back.
+
+R3 — any other event first flushes the stream's pending deltas, then goes out
+at once, never batched, its raw seq unchanged.
+
+A shaped delta has ``seq`` = the last raw seq it covers and
+``span = (first, last)``. Closing windows go out in order of their last raw
+seq (closing one window first closes every pending window that ends before
+it), so the shaped stream's seq strictly increases and an idempotent append
+never drops a shaped event.
+
+Given the raw events and their timestamps the result is deterministic:
+:func:`shape` (replay, export, catch-up) gives what the live path gave when
+the events arrived in time. The coalescer's open windows are part of the
+worker's checkpoint (:class:`ShaperState`), so a successor resumes them exactly.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterable
+from datetime import datetime
+
+import msgspec
+
+from .envelope import DELTA_TYPES, Event, ReasoningDelta, TextDelta, TextPayload, replace
+
+WINDOW_MS = 100
+"""R1's aggregation window: at most 10 shaped deltas per second per (child, type)."""
+
+
+def ts_millis(ts: str) -> int:
+    """Milliseconds since the epoch of an RFC 3339 timestamp (fast path for shaping)."""
+    return int(datetime.fromisoformat(ts).timestamp() * 1000)
+
+
+class Window(msgspec.Struct, kw_only=True):
+    """Open deltas of one (child_id, type) in one stream."""
+
+    last: ReasoningDelta | TextDelta
+    """The newest delta (its envelope is the shaped event's envelope)."""
+    texts: list[str]
+    first_seq: int
+    end_ms: int
+
+
+class ShaperState(msgspec.Struct, kw_only=True, omit_defaults=True):
+    """A coalescer's open windows, keyed ``"<child_id>|<type>"``, in opening order."""
+
+    windows: dict[str, Window] = {}
+
+
+Delta = ReasoningDelta | TextDelta
+
+
+class DeltaCoalescer:
+    """Shapes one delivery stream: feed raw events in seq order, get shaped events."""
+
+    __slots__ = ("state", "window_ms")
+
+    def __init__(self, state: ShaperState | None = None, *, window_ms: int = WINDOW_MS) -> None:
+        self.state = state if state is not None else ShaperState()
+        self.window_ms = window_ms
+
+    @property
+    def pending(self) -> bool:
+        """True while some deltas wait in an open window."""
+        return bool(self.state.windows)
+
+    def feed(self, event: Event) -> list[Event]:
+        """One raw event (delivery seq set) → the shaped events now ready, in seq order."""
+        if event.type not in DELTA_TYPES:
+            return [*self.flush(), event]
+        assert isinstance(event, ReasoningDelta | TextDelta)
+        now = ts_millis(event.ts)
+        out = self._close(lambda window: window.end_ms <= now)
+        key = f"{event.child_id or ''}|{event.type}"
+        window = self.state.windows.get(key)
+        if window is None:
+            self.state.windows[key] = Window(
+                last=event, texts=[event.payload.text], first_seq=event.seq, end_ms=now + self.window_ms
+            )
+        else:
+            window.last = event
+            window.texts.append(event.payload.text)
+        return out
+
+    def tick(self, now_ms: int, grace_ms: int = 0) -> list[Event]:
+        """Close windows whose end (plus ``grace_ms`` for transport latency) has passed."""
+        return self._close(lambda window: window.end_ms + grace_ms <= now_ms)
+
+    def flush(self) -> list[Event]:
+        """Close every open window (R3: before any non-delta event; at the end of a replay)."""
+        if not self.state.windows:
+            return []
+        return self._close(lambda window: True)
+
+    def _close(self, due: Callable[[Window], bool]) -> list[Event]:
+        windows = self.state.windows
+        if not windows:
+            return []
+        closing = [key for key, window in windows.items() if due(window)]
+        if not closing:
+            return []
+        # Keep seq increasing: a window ending before a closing one closes with it.
+        horizon = max(windows[key].last.seq for key in closing)
+        closing = [key for key, window in windows.items() if window.last.seq <= horizon]
+        closed = sorted((windows.pop(key) for key in closing), key=lambda w: w.last.seq)
+        return [_shaped(window) for window in closed]
+
+
+def _shaped(window: Window) -> Event:
+    last = window.last
+    text = window.texts[0] if len(window.texts) == 1 else "".join(window.texts)
+    return replace(last, payload=TextPayload(text=text), span=(window.first_seq, last.seq))
+
+
+def shape(raw_events: Iterable[Event], *, window_ms: int = WINDOW_MS) -> list[Event]:
+    """The shaped view of one stream's raw events (seq order), as the live path makes it."""
+    coalescer = DeltaCoalescer(window_ms=window_ms)
+    out: list[Event] = []
+    for event in raw_events:
+        out.extend(coalescer.feed(event))
+    out.extend(coalescer.flush())
+    return out

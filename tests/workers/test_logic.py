@@ -1,0 +1,307 @@
+"""Fan-in, sequencing and shaping as pure code (no I/O): seed 003 R1, R3, T2, T4, T5."""
+
+from __future__ import annotations
+
+from collections import defaultdict
+from collections.abc import Sequence
+
+from pipeline.envelope import DELTA_TYPES, Event, replace
+from pipeline.fanin import ParentMap, fan_in
+from pipeline.processor import Processor
+from pipeline.sequencing import Sequencer
+from pipeline.shaping import DeltaCoalescer, shape, ts_millis
+from tests.workers.events import BASE, RunScript
+
+
+class Streams:
+    """Drives a Processor the way a runtime does, keeping each stream's appends and checkpoint."""
+
+    def __init__(self, processor: Processor | None = None) -> None:
+        self.processor = processor or Processor()
+        self.raw: dict[str, list[Event]] = defaultdict(list)
+        self.shaped: dict[str, list[Event]] = defaultdict(list)
+        self.states: dict[str, bytes] = {}
+
+    def feed(self, events: Sequence[Event]) -> None:
+        for run_id in self.processor.missing(events):
+            self.processor.restore(run_id, self.states.get(run_id))
+        self._write(self.processor.process(events))
+
+    def tick(self, now: float) -> None:
+        self._write(self.processor.tick(now))
+
+    def _write(self, outputs: dict) -> None:  # type: ignore[type-arg]
+        for run_id, output in outputs.items():
+            self.raw[run_id].extend(output.raw)
+            last = self.shaped[run_id][-1].seq if self.shaped[run_id] else 0
+            self.shaped[run_id].extend(e for e in output.shaped if e.seq > last)
+            self.states[run_id] = output.state
+
+
+def texts(events: Sequence[Event]) -> str:
+    return "".join(e.payload_dict()["text"] for e in events if e.type in DELTA_TYPES)
+
+
+def assert_contiguous(events: Sequence[Event]) -> None:
+    assert [e.seq for e in events] == list(range(1, len(events) + 1))
+
+
+# ---- T4 / R1 ---------------------------------------------------------------
+
+
+def test_t4_thousand_deltas_in_one_second_shape_to_at_most_ten_events() -> None:
+    """T4 — "Throughput: 1000 deltas/run aggregated to ≤10/s by default", text intact."""
+    run = RunScript("run_t4")
+    raw = [replace(run.text(f"t{i};", ms=i), seq=i + 1) for i in range(1000)]
+    shaped = shape(raw)
+    assert len(shaped) <= 10
+    assert texts(shaped) == "".join(f"t{i};" for i in range(1000))
+    assert shaped[-1].span == (901, 1000)
+    spans = [e.span for e in shaped]
+    assert spans[0] is not None and spans[0][0] == 1
+    for (first, last), event in zip(spans, shaped, strict=True):  # type: ignore[misc]
+        assert event.seq == last and first <= last
+    for before, after in zip(spans, spans[1:], strict=False):
+        assert after[0] == before[1] + 1  # type: ignore[index]
+
+
+def test_r1_windows_are_100ms_of_event_time_anchored_at_first_delta() -> None:
+    """R1 — "Aggregation window: 100ms. Multiple deltas within the window concatenate text."""
+    run = RunScript("run_r1")
+    raw = [replace(run.text(c, ms=ms), seq=i + 1) for i, (c, ms) in enumerate(
+        [("a", 0), ("b", 50), ("c", 99), ("d", 100), ("e", 150), ("f", 260)]
+    )]
+    shaped = shape(raw)
+    assert [(texts([e]), e.span) for e in shaped] == [("abc", (1, 3)), ("de", (4, 5)), ("f", (6, 6))]
+
+
+def test_reasoning_and_text_are_never_mixed_in_one_shaped_event() -> None:
+    """Seed 003 §1: "Text and reasoning never intermix in the same event"."""
+    run = RunScript("run_mix")
+    raw = [
+        replace(run.reasoning("r1", 0), seq=1),
+        replace(run.text("t1", 10), seq=2),
+        replace(run.reasoning("r2", 20), seq=3),
+        replace(run.text("t2", 30), seq=4),
+    ]
+    shaped = shape(raw)
+    assert [(e.type, texts([e]), e.span) for e in shaped] == [
+        ("reasoning.delta", "r1r2", (1, 3)),
+        ("text.delta", "t1t2", (2, 4)),
+    ]
+
+
+# ---- R3 ----------------------------------------------------------------------
+
+
+def test_r3_tool_start_right_after_deltas_flushes_them_first() -> None:
+    """R3 — "tool.start / tool.end / step.boundary are never batched ... deliver immediately"."""
+    run = RunScript("run_r3")
+    coalescer = DeltaCoalescer()
+    assert coalescer.feed(replace(run.text("Let me ", 0), seq=1)) == []
+    assert coalescer.feed(replace(run.text("search", 5), seq=2)) == []
+    out = coalescer.feed(replace(run.tool_start("c1", 6), seq=3))
+    assert [(e.type, e.seq) for e in out] == [("text.delta", 2), ("tool.start", 3)]
+    assert texts(out) == "Let me search"
+    assert out[1].span is None  # non-delta events keep their raw seq, no span
+
+
+def test_tick_closes_a_quiet_window_after_its_end() -> None:
+    """A live tick flushes a window whose end passed, so the last words are not held back."""
+    run = RunScript("run_tick")
+    coalescer = DeltaCoalescer()
+    event = replace(run.text("bye", 0), seq=1)
+    coalescer.feed(event)
+    start = ts_millis(event.ts)
+    assert coalescer.tick(start + 99) == []
+    assert texts(coalescer.tick(start + 100)) == "bye"
+    assert not coalescer.pending
+
+
+def test_shaped_seq_increases_when_windows_of_two_children_interleave() -> None:
+    """Windows close in order of their last raw seq, so an idempotent append drops nothing."""
+    a, b = RunScript("run_a"), RunScript("run_b")
+    raw = [
+        replace(a.text("a1", 0), seq=1, child_id="run_a"),
+        replace(b.text("b1", 50), seq=2, child_id="run_b"),
+        replace(a.text("a2", 60), seq=3, child_id="run_a"),
+        replace(a.text("a3", 120), seq=4, child_id="run_a"),  # closes a's window [0, 100)
+        replace(b.text("b2", 140), seq=5, child_id="run_b"),
+    ]
+    shaped = shape(raw)
+    seqs = [e.seq for e in shaped]
+    assert seqs == sorted(set(seqs))
+    assert texts([e for e in shaped if e.child_id == "run_a"]) == "a1a2a3"
+    assert texts([e for e in shaped if e.child_id == "run_b"]) == "b1b2"
+
+
+# ---- determinism ---------------------------------------------------------------
+
+
+def test_shape_of_the_raw_view_equals_the_live_shaped_view() -> None:
+    """Shaping is a pure function of raw events and their timestamps: replay == live."""
+    run = RunScript("run_det")
+    batch = []
+    for i in range(300):
+        batch.append(run.text(f"{i} ", ms=i * 7))
+        if i % 37 == 0:
+            batch.append(run.tool_start(f"c{i}", ms=i * 7))
+    batch.append(run.lifecycle("done", ms=2200))
+    streams = Streams()
+    for start in range(0, len(batch), 16):  # arrives in many small batches
+        streams.feed(batch[start : start + 16])
+    assert streams.shaped["run_det"] == shape(streams.raw["run_det"])
+    assert texts(streams.shaped["run_det"]) == texts(batch)
+
+
+# ---- fan-in / T5 -------------------------------------------------------------------
+
+
+def test_t5_parent_interleaving_two_children_keeps_each_childs_order() -> None:
+    """T5 — "parent stream intercalates child events without corrupting ordering per child_id"."""
+    parent = RunScript("run_p")
+    one, two = RunScript("run_c1", parent="run_p"), RunScript("run_c2", parent="run_p")
+    events = [parent.lifecycle("running"), parent.spawn("run_c1"), parent.spawn("run_c2")]
+    for i in range(50):
+        events.append(one.tool_start(f"one-{i}", ms=i))
+        events.append(two.tool_start(f"two-{i}", ms=i))
+    streams = Streams()
+    streams.feed(events)
+    parent_stream = streams.raw["run_p"]
+    assert_contiguous(parent_stream)
+    for child in ("run_c1", "run_c2"):
+        mine = [e for e in parent_stream if e.child_id == child]
+        assert all(e.run_id == "run_p" for e in mine)
+        prefix = "one" if child == "run_c1" else "two"
+        assert [e.payload_dict()["call_id"] for e in mine] == [f"{prefix}-{i}" for i in range(50)]
+        own = streams.raw[child]
+        assert_contiguous(own)
+        assert [e.id for e in own] == [e.id for e in mine]
+        assert all(e.child_id is None for e in own)
+
+
+def test_grandchild_events_reach_the_root_with_the_originating_child_id() -> None:
+    """Fan-in is recursive: a grandchild's event is in its parent's and the root's stream."""
+    root = RunScript("run_root")
+    child = RunScript("run_child", parent="run_root")
+    grandchild = RunScript("run_grand", parent="run_child", root="run_root")
+    streams = Streams()
+    streams.feed([root.spawn("run_child"), child.spawn("run_grand"), grandchild.tool_start("g1")])
+    in_root = [e for e in streams.raw["run_root"] if e.type == "tool.start"]
+    in_child = [e for e in streams.raw["run_child"] if e.type == "tool.start"]
+    assert [(e.run_id, e.child_id) for e in in_root] == [("run_root", "run_grand")]
+    assert [(e.run_id, e.child_id, e.parent_id) for e in in_child] == [
+        ("run_child", "run_grand", "run_root")
+    ]
+    assert [e.type for e in streams.raw["run_grand"]] == ["tool.start"]
+
+
+def test_unlinked_child_events_are_kept_in_their_own_stream_and_never_guessed() -> None:
+    """A child event before the spawn, or with no known parent, is neither lost nor misattributed."""
+    early = RunScript("run_early")  # publishes before its parent announces it, no link
+    parent = RunScript("run_par")
+    streams = Streams()
+    streams.feed([early.tool_start("x"), parent.spawn("run_early")])
+    assert [e.type for e in streams.raw["run_early"]] == ["tool.start"]
+    assert [e.type for e in streams.raw["run_par"]] == ["child.spawn"]
+
+
+def test_fanin_falls_back_to_parent_and_root_links_on_the_event() -> None:
+    parents = ParentMap()
+    grand = RunScript("g", parent="c", root="r").tool_start("1")
+    assert parents.ancestors(grand) == ["c", "r"]
+    parents.link("c", "p")
+    parents.link("p", "r")
+    assert parents.ancestors(grand) == ["c", "p", "r"]
+    copies = fan_in(grand, ["c", "p", "r"])
+    assert [(e.run_id, e.child_id, e.parent_id, e.root_id) for e in copies] == [
+        ("c", "g", "p", "r"),
+        ("p", "g", "r", "r"),
+        ("r", "g", None, None),
+    ]
+
+
+# ---- sequencing: dedupe, T2 --------------------------------------------------------
+
+
+def test_an_event_delivered_twice_appears_once() -> None:
+    run = RunScript("run_dup")
+    first, second = run.tool_start("a"), run.tool_start("b")
+    streams = Streams()
+    streams.feed([first, second, first])
+    streams.feed([second])
+    assert [e.payload_dict()["call_id"] for e in streams.raw["run_dup"]] == ["a", "b"]
+    assert streams.processor.stats.duplicates == 2
+
+
+def test_t2_publisher_gap_emits_a_visible_x_gap_event() -> None:
+    """T2 — "client receiving events out-of-seq detects gap": the gap is in the stream itself."""
+    run = RunScript("run_gap")
+    events = [run.tool_start("a")]
+    run.seq += 3  # publisher seqs 2..4 never arrive
+    events.append(run.tool_start("b"))
+    sequencer = Sequencer("run_gap")
+    out = [e for event in events for e in sequencer.admit(event, "run_gap")]
+    assert [(e.type, e.seq) for e in out] == [("tool.start", 1), ("x.gap", 2), ("tool.start", 3)]
+    assert out[1].payload_dict() == {"run_id": "run_gap", "first": 2, "last": 4}
+    assert sequencer.state.gaps == 1
+
+
+# ---- crash recovery -----------------------------------------------------------------
+
+
+def test_a_successor_resumes_sequencer_and_open_windows_from_the_checkpoint() -> None:
+    """Kill the writer mid-window: a new Processor restored from checkpoints continues exactly."""
+    run = RunScript("run_crash")
+    child = RunScript("run_kid", parent="run_crash")
+    events = [run.spawn("run_kid", 0)]
+    for i in range(40):
+        events.append(run.text(f"p{i} ", ms=i * 9))
+        events.append(child.reasoning(f"k{i} ", ms=i * 9 + 1))
+    events.append(run.tool_start("t", ms=400))
+    events.append(run.lifecycle("done", ms=500))
+    whole = Streams()
+    whole.feed(events)
+
+    first = Streams()
+    first.feed(events[:33])  # ends inside open windows
+    second = Streams(Processor())  # a new process: nothing in memory
+    second.states = dict(first.states)
+    second.raw, second.shaped = first.raw, first.shaped
+    second.feed(events[20:])  # the unacked tail is delivered again, overlapping
+    later = BASE.timestamp() + 5  # past every window's end: a live tick closes them
+    whole.tick(later)
+    second.tick(later)
+    for run_id in ("run_crash", "run_kid"):
+        assert second.raw[run_id] == whole.raw[run_id]
+        assert second.shaped[run_id] == whole.shaped[run_id]
+        assert second.shaped[run_id] == shape(second.raw[run_id])
+
+
+# ---- silence ---------------------------------------------------------------------------
+
+
+def test_a_silent_run_is_ended_with_an_error_and_its_state_dropped() -> None:
+    """PITFALLS 13: every stream ends, with an error state when it must."""
+    now = [BASE.timestamp()]
+    processor = Processor(silence_s=1.0, clock=lambda: now[0])
+    streams = Streams(processor)
+    parent = RunScript("run_live")
+    child = RunScript("run_dead", parent="run_live")
+    streams.feed([parent.spawn("run_dead"), child.tool_start("x")])
+    now[0] += 0.5
+    streams.feed([parent.tool_start("still here")])
+    now[0] += 0.6
+    streams.tick(now[0])
+    last = streams.raw["run_dead"][-1]
+    assert (last.type, last.payload_dict()) == (
+        "run.lifecycle",
+        {"state": "error", "reason": "no events for 1s (agent presumed dead)"},
+    )
+    in_parent = streams.raw["run_live"][-1]
+    assert (in_parent.type, in_parent.child_id) == ("run.lifecycle", "run_dead")
+    assert processor.open_streams == 1  # the dead child's state is gone; the parent lives on
+    now[0] += 1.1
+    streams.tick(now[0])
+    assert streams.raw["run_live"][-1].payload_dict()["state"] == "error"
+    assert processor.open_streams == 0
