@@ -1,0 +1,267 @@
+"""``runwire up``: the bus, the worker stages and the edge in one process and event loop.
+
+Embedded defaults — bus ``memory://``, replay log
+``sqlite:///<data-dir>/replay.db`` — so one command shows runwire working;
+``--bus``/``--store`` move any part to Redis, Kafka or PostgreSQL.
+``--demo`` keeps publishing synthetic runs so the page moves at once.
+
+SIGINT/SIGTERM drain: the demo ends its open runs (as aborted), the edge
+stops accepting and closes its streams (clients resume elsewhere), the
+worker finishes and acks its batch, and — on the in-process bus, which
+dies with the process — what is still queued is processed into the replay
+log before exit.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import ipaddress
+import os
+import signal
+import socket
+import sys
+from collections.abc import Generator
+from pathlib import Path
+from typing import Any
+
+import click
+import msgspec
+import uvicorn
+
+DEFAULT_DATA_DIR = Path(".runwire")
+LOOPBACK_NAMES = frozenset({"localhost", "127.0.0.1", "::1"})
+
+
+class UpSettings(msgspec.Struct, kw_only=True, frozen=True):
+    """Everything ``runwire up`` runs with."""
+
+    bus: str = "memory://"
+    store: str
+    host: str = "127.0.0.1"
+    port: int = 8765
+    group: str = "runwire"
+    name: str
+    secret: str | None = None
+    demo: bool = False
+    demo_rate: float = 0.5
+    demo_seed: int = 0
+    data_dir: str = str(DEFAULT_DATA_DIR)
+
+
+def default_name() -> str:
+    """``hostname-pid``: unique per process, stable for its lifetime."""
+    return f"{socket.gethostname()}-{os.getpid()}"
+
+
+def store_for(data_dir: Path) -> str:
+    """The embedded replay log URL inside a data directory."""
+    return f"sqlite:///{data_dir}/replay.db"
+
+
+def is_loopback(host: str) -> bool:
+    """Whether ``host`` binds only the loopback interface."""
+    if host in LOOPBACK_NAMES:
+        return True
+    try:
+        return ipaddress.ip_address(host).is_loopback
+    except ValueError:
+        return False
+
+
+@click.command()
+@click.option("--demo", is_flag=True, envvar="RUNWIRE_DEMO", help="Keep publishing synthetic runs.")
+@click.option(
+    "--demo-rate",
+    type=click.FloatRange(min=0.01),
+    default=0.5,
+    show_default=True,
+    envvar="RUNWIRE_DEMO_RATE",
+    help="Demo runs started per second.",
+)
+@click.option(
+    "--data-dir",
+    type=click.Path(file_okay=False, path_type=Path),
+    default=DEFAULT_DATA_DIR,
+    show_default=True,
+    envvar="RUNWIRE_DATA_DIR",
+    help="Where the embedded replay log lives.",
+)
+@click.option(
+    "--bus", default="memory://", show_default=True, envvar="RUNWIRE_BUS", help="Bus URL."
+)
+@click.option(
+    "--store",
+    default=None,
+    envvar="RUNWIRE_STORE",
+    help="Replay log URL [default: sqlite:///<data-dir>/replay.db].",
+)
+@click.option("--host", default="127.0.0.1", show_default=True, envvar="RUNWIRE_HOST")
+@click.option(
+    "--port", type=click.IntRange(0, 65535), default=8765, show_default=True, envvar="RUNWIRE_PORT"
+)
+@click.option(
+    "--group",
+    default="runwire",
+    show_default=True,
+    envvar="RUNWIRE_GROUP",
+    help="Worker consumer group.",
+)
+@click.option(
+    "--name",
+    default=default_name,
+    envvar="RUNWIRE_NAME",
+    help="Worker name [default: hostname-pid].",
+)
+@click.option(
+    "--secret", default=None, envvar="RUNWIRE_SECRET", help="HS256 key for bearer tokens."
+)
+def up(
+    demo: bool,
+    demo_rate: float,
+    data_dir: Path,
+    bus: str,
+    store: str | None,
+    host: str,
+    port: int,
+    group: str,
+    name: str,
+    secret: str | None,
+) -> None:
+    """Run the workers and the edge in one process (embedded bus and replay log by default)."""
+    if not secret and not is_loopback(host):
+        raise click.UsageError(
+            f"refusing to serve {host} without RUNWIRE_SECRET (auth); bind 127.0.0.1 or set a secret"
+        )
+    settings = UpSettings(
+        bus=bus,
+        store=store or store_for(data_dir),
+        host=host,
+        port=port,
+        group=group,
+        name=name,
+        secret=secret or None,
+        demo=demo,
+        demo_rate=demo_rate,
+        data_dir=str(data_dir),
+    )
+    if store is None:
+        data_dir.mkdir(parents=True, exist_ok=True)
+    asyncio.run(serve(settings))
+
+
+class _EdgeServer(uvicorn.Server):
+    """uvicorn without its own signal handling: ``runwire up`` drains everything itself."""
+
+    @contextlib.contextmanager
+    def capture_signals(self) -> Generator[None, None, None]:
+        yield
+
+
+async def serve(settings: UpSettings) -> None:
+    """Run until SIGINT/SIGTERM (or until a part fails), then drain and return."""
+    from pipeline.edge.app import create_app
+
+    from pipeline.bus import open_bus
+    from pipeline.edge.settings import EdgeSettings
+    from pipeline.store import open_store
+    from workers.runtime import run_worker
+
+    stop = asyncio.Event()
+    _install_signal_handlers(stop)
+    async with open_bus(settings.bus) as bus, open_store(settings.store) as store:
+        app = create_app(bus, store, EdgeSettings(secret=settings.secret))
+        server = _EdgeServer(
+            uvicorn.Config(
+                app,
+                host=settings.host,
+                port=settings.port,
+                log_level="warning",
+                timeout_graceful_shutdown=2,
+                lifespan="auto",
+            )
+        )
+        worker_stop = asyncio.Event()
+        worker = asyncio.create_task(
+            run_worker(bus, store, group=settings.group, name=settings.name, stop=worker_stop),
+            name="runwire-worker",
+        )
+        edge = asyncio.create_task(server.serve(), name="runwire-edge")
+        if not await _started(server, edge):
+            worker_stop.set()
+            await asyncio.gather(worker, return_exceptions=True)
+            raise click.ClickException(
+                f"the edge could not listen on {settings.host}:{settings.port}"
+            )
+        _announce(settings, server)
+        demo_stop = asyncio.Event()
+        demo = asyncio.create_task(_demo(bus, settings, demo_stop), name="runwire-demo")
+        parts: set[asyncio.Task[Any]] = {worker, edge, demo} if settings.demo else {worker, edge}
+        waiter = asyncio.create_task(stop.wait())
+        await asyncio.wait({*parts, waiter}, return_when=asyncio.FIRST_COMPLETED)
+        failure = _failure(parts)
+        click.echo("runwire up: draining…", err=True)
+        demo_stop.set()
+        await asyncio.gather(demo, return_exceptions=True)
+        server.should_exit = True
+        await asyncio.gather(edge, return_exceptions=True)
+        worker_stop.set()
+        await asyncio.gather(worker, return_exceptions=True)
+        if settings.bus.startswith("memory://") and failure is None:
+            await run_worker(bus, store, group=settings.group, name=settings.name, burst=True)
+        waiter.cancel()
+    if failure is not None:
+        raise failure
+    click.echo("runwire up: stopped", err=True)
+
+
+async def _started(server: uvicorn.Server, edge: asyncio.Task[None]) -> bool:
+    while not server.started:
+        if edge.done():
+            return False
+        await asyncio.sleep(0.02)
+    return True
+
+
+def _announce(settings: UpSettings, server: uvicorn.Server) -> None:
+    port = settings.port
+    for listener in getattr(server, "servers", []):
+        for sock in listener.sockets:
+            port = sock.getsockname()[1]
+    host = settings.host if ":" not in settings.host else f"[{settings.host}]"
+    url = f"http://{host}:{port}/"
+    click.echo(f"runwire up: {url}  (bus {_safe(settings.bus)}, store {_safe(settings.store)})")
+    if settings.demo:
+        click.echo(f"runwire up: publishing demo runs ({settings.demo_rate:g}/s)")
+    sys.stdout.flush()
+
+
+def _safe(url: str) -> str:
+    from workers.config import redact_url
+
+    return redact_url(url)
+
+
+async def _demo(bus: object, settings: UpSettings, stop: asyncio.Event) -> None:
+    if not settings.demo:
+        return
+    from pipeline.bus import Bus
+    from pipeline.demo import publish_runs
+    from pipeline.publisher import Publisher
+
+    assert isinstance(bus, Bus)
+    async with Publisher(bus) as publisher:
+        await publish_runs(publisher, stop, rate=settings.demo_rate, seed=settings.demo_seed)
+
+
+def _failure(parts: set[asyncio.Task[Any]]) -> BaseException | None:
+    for task in parts:
+        if task.done() and not task.cancelled() and task.exception() is not None:
+            return task.exception()
+    return None
+
+
+def _install_signal_handlers(stop: asyncio.Event) -> None:
+    loop = asyncio.get_running_loop()
+    for sig in (signal.SIGINT, signal.SIGTERM):
+        loop.add_signal_handler(sig, stop.set)

@@ -1,0 +1,242 @@
+"""One configuration model for every ``runwire`` service command.
+
+Each option is resolved in this order, first hit wins::
+
+    flag  >  RUNWIRE_* environment  >  config file  >  default
+
+Flags and environment variables are plain click options (``envvar=``); the
+config file is layered in as click's ``default_map``, so click itself does
+the precedence and records where each value came from
+(``Context.get_parameter_source``), which ``runwire config`` prints.
+
+The config file is TOML: ``--config PATH`` on the main command or
+``RUNWIRE_CONFIG``, else ``./runwire.toml`` when it exists. Top-level keys
+apply to every command that has that option; a table per subcommand
+applies to that command only and wins over top-level keys; a group's table
+may hold a table per sub-subcommand::
+
+    bus = "redis://redis:6379/0"          # every command with --bus
+    [worker]
+    group = "runwire"
+    [edge]
+    port = 8080
+    [replay.sweep]
+    dry_run = true
+
+Keys are option names (``data-dir`` and ``data_dir`` both work). An unknown
+key or section is an error naming it and the file — a typo must not be
+silently ignored.
+"""
+
+from __future__ import annotations
+
+import tomllib
+from collections.abc import Callable, Iterator, Mapping
+from pathlib import Path
+from typing import Any
+from urllib.parse import parse_qsl, urlencode, urlsplit, urlunsplit
+
+import click
+from click.core import ParameterSource
+
+CONFIG_ENVVAR = "RUNWIRE_CONFIG"
+DEFAULT_CONFIG_FILE = Path("runwire.toml")
+REDACTED = "***"
+SECRET_WORDS = ("secret", "password", "passwd", "token", "key")
+"""Option names (and URL query parameters) containing one of these are redacted."""
+
+CommandLoader = Callable[[], click.Command | None]
+"""Loads one subcommand; None when its module can't be imported here."""
+
+
+class ConfigFileError(click.ClickException):
+    """The config file can't be read or names something no command has."""
+
+    def __init__(self, path: Path, message: str) -> None:
+        super().__init__(f"{path}: {message}")
+        self.path = path
+
+
+def find_config_file(explicit: Path | None) -> Path | None:
+    """The config file in force: the explicit one, else ``./runwire.toml`` if present."""
+    if explicit is not None:
+        return explicit
+    return DEFAULT_CONFIG_FILE if DEFAULT_CONFIG_FILE.is_file() else None
+
+
+def read_config_file(path: Path) -> dict[str, Any]:
+    """The parsed TOML document; a missing file or bad TOML is a ConfigFileError."""
+    try:
+        with path.open("rb") as handle:
+            return tomllib.load(handle)
+    except FileNotFoundError:
+        raise ConfigFileError(path, "no such config file") from None
+    except tomllib.TOMLDecodeError as exc:
+        raise ConfigFileError(path, f"invalid TOML: {exc}") from None
+
+
+def option_key(key: str) -> str:
+    """A file key as the option's parameter name (``data-dir`` → ``data_dir``)."""
+    return key.replace("-", "_")
+
+
+def configurable_names(command: click.Command) -> list[str]:
+    """Names of the options a config file may set for ``command``."""
+    return [
+        param.name
+        for param in command.params
+        if isinstance(param, click.Option) and param.name and not param.is_eager
+    ]
+
+
+def build_default_map(
+    document: Mapping[str, Any],
+    path: Path,
+    commands: Mapping[str, CommandLoader],
+) -> dict[str, Any]:
+    """Turn a config document into click's ``default_map`` for the main group.
+
+    ``commands`` maps each subcommand name to a loader of its click command.
+    Raises ConfigFileError for an unknown section or key.
+    """
+    shared = {option_key(k): v for k, v in document.items() if not isinstance(v, dict)}
+    sections = {k: v for k, v in document.items() if isinstance(v, dict)}
+    for name in sections:
+        if name not in commands:
+            known = ", ".join(sorted(commands))
+            raise ConfigFileError(path, f"unknown section [{name}]; sections are: {known}")
+    default_map: dict[str, Any] = {}
+    accepted: set[str] = set()
+    for name, load in commands.items():
+        if name not in sections and not shared:
+            continue
+        command = load()
+        if command is None:
+            if name in sections:
+                raise ConfigFileError(
+                    path, f"section [{name}]: the {name} command is not available"
+                )
+            continue
+        entry = _command_defaults(command, shared, sections.get(name, {}), path, name)
+        accepted |= _names_in_tree(command)
+        if entry:
+            default_map[name] = entry
+    unknown = sorted(set(shared) - accepted)
+    if unknown:
+        raise ConfigFileError(
+            path, f"unknown key {unknown[0]!r}: no runwire command has an option of that name"
+        )
+    return default_map
+
+
+def _command_defaults(
+    command: click.Command,
+    shared: Mapping[str, Any],
+    section: Mapping[str, Any],
+    path: Path,
+    where: str,
+) -> dict[str, Any]:
+    names = set(configurable_names(command))
+    entry = {k: v for k, v in shared.items() if k in names}
+    subcommands = subcommands_of(command)
+    for raw_key, value in section.items():
+        key = option_key(raw_key)
+        if isinstance(value, dict) and raw_key in subcommands:
+            sub = subcommands[raw_key]
+            entry[raw_key] = _command_defaults(sub, shared, value, path, f"{where}.{raw_key}")
+        elif key in names:
+            entry[key] = value
+        else:
+            known = ", ".join(sorted(names | set(subcommands))) or "nothing"
+            raise ConfigFileError(
+                path, f"unknown key {raw_key!r} in [{where}]; `{where}` accepts: {known}"
+            )
+    for sub_name, sub in subcommands.items():
+        if sub_name not in entry:
+            inherited = _command_defaults(sub, shared, {}, path, f"{where}.{sub_name}")
+            if inherited:
+                entry[sub_name] = inherited
+    return entry
+
+
+def _names_in_tree(command: click.Command) -> set[str]:
+    names = set(configurable_names(command))
+    for sub in subcommands_of(command).values():
+        names |= _names_in_tree(sub)
+    return names
+
+
+def subcommands_of(command: click.Command) -> dict[str, click.Command]:
+    """A group's subcommands (lazy groups included); empty for a plain command."""
+    if not isinstance(command, click.Group):
+        return {}
+    ctx = click.Context(command)
+    found = {name: command.get_command(ctx, name) for name in command.list_commands(ctx)}
+    return {name: sub for name, sub in found.items() if sub is not None}
+
+
+# ---- reporting ------------------------------------------------------------
+
+
+def is_secret_name(name: str) -> bool:
+    """Whether an option or query parameter name holds a secret."""
+    lowered = name.lower()
+    return any(word in lowered for word in SECRET_WORDS)
+
+
+def redact_url(value: str) -> str:
+    """A URL with its password and secret-looking query parameters replaced by ``***``."""
+    if "://" not in value:
+        return value
+    parts = urlsplit(value)
+    netloc = parts.netloc
+    if "@" in netloc:
+        userinfo, _, hosts = netloc.rpartition("@")
+        user, sep, _password = userinfo.partition(":")
+        netloc = f"{user}{sep}{REDACTED if sep else ''}@{hosts}"
+    query = parts.query
+    if query:
+        pairs = parse_qsl(query, keep_blank_values=True)
+        query = urlencode([(k, REDACTED if is_secret_name(k) else v) for k, v in pairs], safe="*")
+    return urlunsplit((parts.scheme, netloc, parts.path, query, parts.fragment))
+
+
+def redact(name: str, value: Any) -> Any:
+    """``value`` as it may be shown: secrets replaced by ``***``, URL passwords removed."""
+    if value is None:
+        return None
+    if is_secret_name(name):
+        return REDACTED
+    if isinstance(value, str):
+        return redact_url(value)
+    if isinstance(value, list | tuple):
+        return [redact(name, item) for item in value]
+    return value
+
+
+SOURCE_NAMES: dict[ParameterSource, str] = {
+    ParameterSource.COMMANDLINE: "flag",
+    ParameterSource.ENVIRONMENT: "env",
+    ParameterSource.DEFAULT_MAP: "file",
+    ParameterSource.DEFAULT: "default",
+    ParameterSource.PROMPT: "prompt",
+}
+
+
+def effective_options(ctx: click.Context) -> Iterator[tuple[click.Option, Any, str]]:
+    """Each configurable option of a parsed command: ``(option, redacted value, source)``."""
+    for param in ctx.command.params:
+        if not isinstance(param, click.Option) or not param.name or param.is_eager:
+            continue
+        source = ctx.get_parameter_source(param.name)
+        label = SOURCE_NAMES.get(source, "default") if source is not None else "default"
+        yield param, redact(param.name, ctx.params.get(param.name)), label
+
+
+def envvar_of(option: click.Option) -> str | None:
+    """The environment variable an option reads, if any."""
+    if isinstance(option.envvar, str):
+        return option.envvar
+    if option.envvar:
+        return option.envvar[0]
+    return None
