@@ -33,14 +33,12 @@ from typing import Annotated, Any, ClassVar, Literal
 
 import msgspec
 
-from .errors import MalformedFrame, UnknownEventType
+from .errors import MalformedFrame, ProtocolError, UnknownEventType
 
 MAX_FRAME_BYTES = 1 << 20
 """Default size limit of one encoded frame (1 MiB)."""
 
-_TS_PATTERN = (
-    r"^\d{4}-\d{2}-\d{2}[Tt ]\d{2}:\d{2}:\d{2}(\.\d{1,9})?([Zz]|[+-]\d{2}:\d{2})$"
-)
+_TS_PATTERN = r"^\d{4}-\d{2}-\d{2}[Tt ]\d{2}:\d{2}:\d{2}(\.\d{1,9})?([Zz]|[+-]\d{2}:\d{2})$"
 _TS_RE = re.compile(_TS_PATTERN)
 _EXT_TYPE_RE = re.compile(r"^x\.[a-z0-9_-]+(\.[A-Za-z0-9_.-]+)*$")
 
@@ -214,9 +212,7 @@ class Gap(Envelope, tag="x.gap"):
     payload: GapPayload
 
 
-class Extension(
-    msgspec.Struct, forbid_unknown_fields=True, omit_defaults=True, kw_only=True
-):
+class Extension(msgspec.Struct, forbid_unknown_fields=True, omit_defaults=True, kw_only=True):
     """An ``x.<namespace>.<name>`` event whose payload is kept verbatim."""
 
     id: EventId
@@ -307,7 +303,8 @@ def decode(frame: bytes | str, *, max_bytes: int = MAX_FRAME_BYTES) -> Event:
     if len(frame) > max_bytes:
         raise MalformedFrame(f"frame is {len(frame)} bytes, over the {max_bytes}-byte limit")
     try:
-        return _decoder.decode(frame)
+        event: Event = _decoder.decode(frame)
+        return event
     except msgspec.ValidationError as exc:
         text, path = _field_of(str(exc))
         if path == "$.type" or text.startswith("Object missing required field `type`"):
@@ -315,6 +312,33 @@ def decode(frame: bytes | str, *, max_bytes: int = MAX_FRAME_BYTES) -> Event:
         raise MalformedFrame(text, field=path) from None
     except msgspec.DecodeError as exc:
         raise MalformedFrame(f"not valid JSON: {exc}") from None
+
+
+def decode_lines(frames: bytes, *, max_bytes: int = MAX_FRAME_BYTES) -> list[Event | ProtocolError]:
+    """Decode a batch of newline-delimited canonical frames (the bus reads batches).
+
+    A batch no bigger than ``max_bytes`` (so no line in it can be over the
+    limit) goes through msgspec's ``decode_lines`` in one call; when that
+    fails (an extension type, a bad frame) or the batch is bigger, its lines
+    are decoded one by one. Each result is the event or the
+    :class:`ProtocolError` for that line, in input order; blank lines are
+    skipped.
+    """
+    if len(frames) <= max_bytes:
+        try:
+            events: list[Event | ProtocolError] = _decoder.decode_lines(frames)
+            return events
+        except (msgspec.ValidationError, msgspec.DecodeError):
+            pass
+    out: list[Event | ProtocolError] = []
+    for line in frames.splitlines():
+        if not line.strip():
+            continue
+        try:
+            out.append(decode(line, max_bytes=max_bytes))
+        except ProtocolError as exc:
+            out.append(exc)
+    return out
 
 
 def _decode_extension(frame: bytes | str, text: str, path: str | None) -> Extension:
@@ -385,7 +409,8 @@ def make(
             raise MalformedFrame(
                 f"{type}: {text}", field=(path or "$").replace("$", "$.payload", 1)
             ) from None
-    return cls(id=id, ts=ts, run_id=run_id, seq=seq, payload=payload, **envelope)  # type: ignore[call-arg]
+    event: Event = cls(id=id, ts=ts, run_id=run_id, seq=seq, payload=payload, **envelope)  # type: ignore[call-arg, assignment]
+    return event
 
 
 _PAYLOAD_CLASSES: dict[str, type[msgspec.Struct]] = {
@@ -408,7 +433,9 @@ def now_ts() -> str:
 
 
 def format_ts(moment: datetime) -> str:
-    return moment.astimezone(UTC).strftime("%Y-%m-%dT%H:%M:%S.") + f"{moment.microsecond // 1000:03d}Z"
+    return (
+        moment.astimezone(UTC).strftime("%Y-%m-%dT%H:%M:%S.") + f"{moment.microsecond // 1000:03d}Z"
+    )
 
 
 def parse_ts(ts: str) -> datetime:
