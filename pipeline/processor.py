@@ -34,14 +34,27 @@ from datetime import UTC, datetime
 import msgspec
 
 from .envelope import Event, RunLifecycle, RunLifecyclePayload, format_ts, is_terminal
+from .errors import MalformedFrame
 from .fanin import ParentMap, fan_in
 from .sequencing import Sequencer, SequencerState
-from .shaping import WINDOW_MS, DeltaCoalescer, ShaperState
+from .shaping import WINDOW_MS, DeltaCoalescer, ShaperState, ts_millis
 from .ulid import MonotonicULID
 
 DEFAULT_SILENCE_S = 300.0
 DEFAULT_GRACE_MS = 50
 """Extra wait past a window's end before a live tick closes it (transport latency)."""
+
+
+def validate(event: Event) -> None:
+    """Reject an event the pipeline cannot order or shape (raises MalformedFrame).
+
+    The envelope's pattern admits timestamps such as month 13; shaping needs
+    a real instant, so such an event is poison rather than a crash later.
+    """
+    try:
+        ts_millis(event.ts)
+    except ValueError as error:
+        raise MalformedFrame(f"ts {event.ts!r} is not a valid instant: {error}", field="$.ts") from None
 
 
 class Checkpoint(msgspec.Struct, kw_only=True, omit_defaults=True):
@@ -142,6 +155,24 @@ class Processor:
         for event in events:
             self._one(event, outputs, now)
         return self._finish(outputs)
+
+    def process_each(
+        self, events: Sequence[Event]
+    ) -> tuple[dict[str, StreamOutput], list[tuple[int, Exception]]]:
+        """Like :meth:`process`, but an event whose processing raises is reported, not fatal.
+
+        Returns the outputs and ``(index, error)`` of each failed event, so a
+        runtime can dead-letter it while the events around it go on.
+        """
+        outputs: dict[str, StreamOutput] = {}
+        failures: list[tuple[int, Exception]] = []
+        now = self.clock()
+        for index, event in enumerate(events):
+            try:
+                self._one(event, outputs, now)
+            except Exception as error:  # isolate one poison event
+                failures.append((index, error))
+        return self._finish(outputs), failures
 
     def tick(self, now: float | None = None) -> dict[str, StreamOutput]:
         """Close shaping windows whose end has passed and end silent runs."""

@@ -1,0 +1,121 @@
+"""The consumer-group runtime on real buses and real replay logs."""
+
+from __future__ import annotations
+
+import asyncio
+import uuid
+from collections.abc import AsyncIterator
+
+import pytest
+
+from pipeline.bus import Bus, open_bus
+from pipeline.envelope import encode
+from pipeline.store import ReplayLog, open_store
+from tests.workers.checks import assert_delivered_exactly_once, read_all, run_tree
+from tests.workers.events import RunScript
+from workers.runtime import run_worker
+
+
+@pytest.fixture(params=["sqlite", "postgresql"])
+async def store(request: pytest.FixtureRequest, tmp_path) -> AsyncIterator[ReplayLog]:  # type: ignore[no-untyped-def]
+    if request.param == "sqlite":
+        url = f"sqlite:///{tmp_path}/replay.db"
+    else:
+        url = request.getfixturevalue("postgres_url")
+    async with open_store(url) as log:
+        yield log
+
+
+@pytest.fixture(params=["memory", "redis"])
+async def bus(request: pytest.FixtureRequest) -> AsyncIterator[Bus]:
+    if request.param == "memory":
+        url = "memory://"
+    else:
+        base = request.getfixturevalue("redis_url")
+        url = f"{base}{'&' if '?' in base else '?'}prefix=t{uuid.uuid4().hex[:10]}"
+    async with open_bus(url) as opened:
+        yield opened
+
+
+def prefix() -> str:
+    return f"r{uuid.uuid4().hex[:8]}"
+
+
+async def test_published_run_tree_reaches_streams_and_replay_log_exactly_once(
+    bus: Bus, store: ReplayLog
+) -> None:
+    """Fan-in, contiguous seq, shaped view and replay log for a root, two children, a grandchild."""
+    events, ancestry = run_tree(prefix())
+    await bus.publish(events)
+    await bus.publish(events[10:40])  # the bus delivers some entries twice
+    stats = await run_worker(bus, store, group="g", name="w1", burst=True)
+    assert stats.duplicates >= 30
+    await assert_delivered_exactly_once(bus, store, events, ancestry)
+
+
+async def test_poison_entries_are_dead_lettered_with_the_reason_and_the_run_goes_on(
+    bus: Bus, store: ReplayLog
+) -> None:
+    """DESIGN invariant 5: bad input gets a dead-letter entry with the reason; valid events around it are unaffected."""
+    run = RunScript(f"{prefix()}_poison")
+    before = run.tool_start("before")
+    bad_ts = run.tool_start("bad-ts")
+    after = run.tool_start("after")
+    await bus.publish([before])
+    await _publish_raw(bus, run.run_id, b"}{ not json")
+    month_13 = encode(bad_ts).replace(bad_ts.ts.encode(), b"2026-13-45T10:00:00.000Z")
+    await _publish_raw(bus, run.run_id, month_13)
+    await bus.publish([after])
+    stats = await run_worker(bus, store, group="g", name="w1", burst=True)
+    assert stats.dead_lettered == 2
+    reasons = [d.reason for d in await bus.dead_letters()]
+    assert any("KAI-STREAM-PROTO-0001" in r and "not valid JSON" in r for r in reasons)
+    assert any("2026-13-45" in r for r in reasons)
+    raw = await read_all(bus, run.run_id)
+    calls = [e.payload_dict().get("call_id") for e in raw if e.type == "tool.start"]
+    assert calls == ["before", "after"]
+    gaps = [e.payload_dict() for e in raw if e.type == "x.gap"]
+    assert gaps == [{"run_id": run.run_id, "first": 2, "last": 2}]  # T2: the lost event is visible
+    assert [e.id for e in await store.read(run.run_id)] == [e.id for e in raw]
+
+
+async def test_a_silent_run_is_ended_as_error(bus: Bus, store: ReplayLog) -> None:
+    """PITFALLS 13: when the producer dies the stream still ends, with state=error."""
+    run = RunScript(f"{prefix()}_silent")
+    await bus.publish([run.lifecycle("running"), run.text("half a sent")])
+    stop = asyncio.Event()
+    worker = asyncio.create_task(
+        run_worker(bus, store, group="g", name="w1", stop=stop, silence_s=0.5)
+    )
+    try:
+        for _ in range(100):
+            raw = await read_all(bus, run.run_id)
+            if raw and raw[-1].type == "run.lifecycle" and raw[-1].payload_dict()["state"] == "error":
+                break
+            await asyncio.sleep(0.05)
+    finally:
+        stop.set()
+        stats = await worker
+    assert raw[-1].payload_dict() == {
+        "state": "error",
+        "reason": "no events for 0.5s (agent presumed dead)",
+    }
+    assert stats.silenced == 1
+    shaped = await bus.read((run.run_id, "shaped"), 0)
+    assert [e.type for e in shaped] == ["run.lifecycle", "text.delta", "run.lifecycle"]
+    info = await store.run(run.run_id)
+    assert info is not None and info.state == "error" and info.terminal
+
+
+async def _publish_raw(bus: Bus, run_id: str, data: bytes) -> None:
+    """Put undecodable bytes on the run's ingest shard, as a broken producer would."""
+    from pipeline.bus.keys import shard_for
+
+    shard = shard_for(run_id, bus.shards)
+    if bus.url.startswith("memory"):
+        state = bus.state  # type: ignore[attr-defined]
+        state.shards[shard].append(data)
+        state.backlog += 1
+        state.ingest_changed.notify()
+    else:
+        await bus.publish_raw(shard, data)  # type: ignore[attr-defined]

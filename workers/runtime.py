@@ -1,0 +1,216 @@
+"""The consumer-group worker runtime (memory://, redis://, and any bus's generic consumer API).
+
+One loop: fetch a batch of ingest entries → decode (poison → dead letter) →
+restore the checkpoints of streams this process has not seen → process
+(fan-in, sequencing, shaping: :class:`pipeline.processor.Processor`) →
+write → ack. Writes go replay log first, then each stream's shaped events,
+then its raw events with its checkpoint; the ack comes only after all of them
+are durable (PITFALLS 1), so a crash anywhere replays the batch to the same
+result and idempotent appends drop what was already written.
+
+Whenever the consumer has caught up (a fetch returned less than a full
+batch), a tick closes shaping windows whose end has passed and ends silent
+runs; ticks also run every ``tick_s`` while idle.
+
+A stop event ends the loop between batches: the batch in flight is finished,
+written and acked, then the consumer leaves its group.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import time
+from collections.abc import Awaitable, Callable, Sequence
+from typing import TypeVar
+
+import msgspec
+
+from pipeline.bus import Bus, Consumer, Delivery
+from pipeline.envelope import Event, decode
+from pipeline.errors import ProtocolError, RunwireError
+from pipeline.processor import DEFAULT_SILENCE_S, Processor, StreamOutput, validate
+from pipeline.store import ReplayLog
+
+log = logging.getLogger("runwire.worker")
+
+BATCH = 512
+TICK_S = 0.05
+RETRY_MAX_S = 2.0
+T = TypeVar("T")
+
+
+class WorkerStats(msgspec.Struct, kw_only=True):
+    """What one worker did (returned by :func:`run_worker`)."""
+
+    batches: int = 0
+    entries: int = 0
+    acked: int = 0
+    raw: int = 0
+    shaped: int = 0
+    duplicates: int = 0
+    gaps: int = 0
+    dead_lettered: int = 0
+    silenced: int = 0
+    seconds: float = 0.0
+
+
+async def run_worker(
+    bus: Bus,
+    store: ReplayLog,
+    *,
+    group: str,
+    name: str,
+    stop: asyncio.Event | None = None,
+    burst: bool = False,
+    silence_s: float = DEFAULT_SILENCE_S,
+    batch: int = BATCH,
+    tick_s: float = TICK_S,
+    claim_idle_ms: int | None = None,
+) -> WorkerStats:
+    """Consume ``group`` as ``name`` until ``stop`` is set (or, with ``burst``, until idle)."""
+    stop = stop if stop is not None else asyncio.Event()
+    consumer = (
+        bus.consumer(group, name)
+        if claim_idle_ms is None
+        else bus.consumer(group, name, claim_idle_ms=claim_idle_ms)
+    )
+    worker = Worker(bus, store, consumer, Processor(silence_s=silence_s), stop)
+    started = time.monotonic()
+    try:
+        await worker.loop(batch=batch, tick_s=tick_s, burst=burst)
+    finally:
+        await consumer.close()
+        worker.stats.seconds = time.monotonic() - started
+    return worker.finish_stats()
+
+
+class Worker:
+    """One consumer's loop (see the module docstring); holds no logic of its own."""
+
+    def __init__(
+        self,
+        bus: Bus,
+        store: ReplayLog,
+        consumer: Consumer,
+        processor: Processor,
+        stop: asyncio.Event,
+    ) -> None:
+        self.bus = bus
+        self.store = store
+        self.consumer = consumer
+        self.processor = processor
+        self.stop = stop
+        self.stats = WorkerStats()
+        self._owned: frozenset[int] = frozenset()
+
+    async def loop(self, *, batch: int, tick_s: float, burst: bool) -> None:
+        block_ms = max(1, int(tick_s * 1000))
+        while not self.stop.is_set():
+            deliveries = await self.consumer.fetch(batch, block_ms=block_ms)
+            self._check_ownership()
+            if deliveries:
+                await self.handle(deliveries)
+            if len(deliveries) < batch:
+                await self.tick()
+            if burst and not deliveries:
+                break
+
+    def _check_ownership(self) -> None:
+        owned = self.consumer.owned_shards()
+        if self._owned - owned:  # lost shards: their streams may have a new writer
+            log.info("%s lost shards %s; dropping in-memory state", self.consumer.name,
+                     sorted(self._owned - owned))
+            self.processor.forget_all()
+        self._owned = owned
+
+    async def handle(self, deliveries: Sequence[Delivery]) -> None:
+        """Decode, process, write and ack one fetched batch."""
+        self.stats.batches += 1
+        self.stats.entries += len(deliveries)
+        good: list[Delivery] = []
+        events: list[Event] = []
+        for delivery in deliveries:
+            event = await self._decode(delivery)
+            if event is not None:
+                good.append(delivery)
+                events.append(event)
+        await self._restore(events)
+        outputs, failures = self.processor.process_each(events)
+        for index, error in failures:
+            await self._dead_letter(good[index], f"processing failed: {error!r}")
+        await self.write(outputs)
+        failed = {index for index, _ in failures}
+        acked = [d for i, d in enumerate(good) if i not in failed]
+        if acked:
+            await self._retry(lambda: self.consumer.ack(acked))
+            self.stats.acked += len(acked)
+
+    async def tick(self) -> None:
+        """Close due shaping windows and end silent runs; write what that produced."""
+        outputs = self.processor.tick()
+        if outputs:
+            await self.write(outputs)
+
+    async def write(self, outputs: dict[str, StreamOutput]) -> None:
+        """Replay log, then per stream shaped then raw+checkpoint; retried until durable."""
+        if not outputs:
+            return
+        raw = [event for output in outputs.values() for event in output.raw]
+        if raw:
+            await self._retry(lambda: self.store.append(raw))
+        await asyncio.gather(*(self._write_stream(output) for output in outputs.values()))
+        self.stats.raw += len(raw)
+        self.stats.shaped += sum(len(output.shaped) for output in outputs.values())
+
+    async def _write_stream(self, output: StreamOutput) -> None:
+        run_id = output.run_id
+        if output.shaped:
+            shaped = output.shaped
+            await self._retry(lambda: self.bus.append((run_id, "shaped"), shaped))
+        await self._retry(lambda: self.bus.append((run_id, "raw"), output.raw, state=output.state))
+
+    async def _decode(self, delivery: Delivery) -> Event | None:
+        try:
+            event = decode(delivery.data)
+            validate(event)
+        except ProtocolError as error:
+            await self._dead_letter(delivery, f"undecodable: {error}")
+            return None
+        return event
+
+    async def _dead_letter(self, delivery: Delivery, reason: str) -> None:
+        log.warning("dead-lettering %s (shard %d): %s", delivery.entry_id, delivery.shard, reason)
+        await self._retry(lambda: self.consumer.dead_letter(delivery, reason))
+        self.stats.dead_lettered += 1
+
+    async def _restore(self, events: Sequence[Event]) -> None:
+        missing = self.processor.missing(events)
+        while missing:
+            ordered = sorted(missing)
+            states = await asyncio.gather(*(self._load_state(run_id) for run_id in ordered))
+            for run_id, state in zip(ordered, states, strict=True):
+                self.processor.restore(run_id, state)
+            missing = self.processor.missing(events)
+
+    async def _load_state(self, run_id: str) -> bytes | None:
+        return await self._retry(lambda: self.bus.load_state((run_id, "raw")))
+
+    async def _retry(self, call: Callable[[], Awaitable[T]]) -> T:
+        delay = 0.05
+        while True:
+            try:
+                return await call()
+            except RunwireError as error:
+                if not error.retriable or self.stop.is_set():
+                    raise
+                log.warning("retrying after %s (in %.2fs)", error, delay)
+                await asyncio.sleep(delay)
+                delay = min(delay * 2, RETRY_MAX_S)
+
+    def finish_stats(self) -> WorkerStats:
+        stats = self.stats
+        stats.duplicates = self.processor.stats.duplicates
+        stats.gaps = self.processor.stats.gaps
+        stats.silenced = self.processor.stats.silenced
+        return stats
