@@ -1,0 +1,187 @@
+"""Re-assemble a stored run's chat messages (seed 002, "Storage → Messages Transformation").
+
+Input is a run's canonical events in seq order (raw or shaped view: deltas
+are concatenated either way). Two output styles:
+
+``chat`` (default) — the common chat-completions shape::
+
+    {"role": "user", "content": "debug app.py"}
+    {"role": "assistant", "content": null,
+     "tool_calls": [{"id": "c1", "type": "function",
+                     "function": {"name": "read", "arguments": "{\\"file\\": \\"app.py\\"}"}}]}
+    {"role": "tool", "tool_call_id": "c1", "content": "..."}
+    {"role": "assistant", "content": "fixed the bug"}
+
+``cogency`` — seed 002's own wire shape: reasoning as ``<think>…</think>``,
+a turn's calls batched as ``<execute>[…]</execute>``, tool results as a
+*user* message ``<results>[…]</results>`` (seed 002: "Tool results become
+user messages"), the answer as plain assistant text.
+
+Mapping: ``x.<ns>.user`` events with a string ``content`` (cogency's ``user``
+becomes ``x.cogency.user``) → user messages; ``text.delta`` → assistant
+text; ``reasoning.delta`` → left out in ``chat`` unless ``reasoning=True``
+(then ``reasoning_content``), ``<think>`` in ``cogency``; ``tool.start`` →
+a tool call of the open assistant turn; ``tool.end`` → a tool result, which
+closes the turn. Events of child runs (``child_id`` set) are left out unless
+``children=True``. Other events (steps, lifecycle, usage …) carry no message.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Iterable
+from typing import Any, Literal
+
+from .envelope import Event, Extension, ReasoningDelta, TextDelta, ToolEnd, ToolStart
+
+Message = dict[str, Any]
+Style = Literal["chat", "cogency"]
+
+
+def _as_text(value: Any) -> str:
+    if isinstance(value, str):
+        return value
+    return json.dumps(value, ensure_ascii=False)
+
+
+def user_content(event: Event) -> str | None:
+    """The text of a user-message extension event (``x.<ns>.user``), else None."""
+    if not isinstance(event, Extension) or not event.type.endswith(".user"):
+        return None
+    content = event.payload.get("content")
+    return content if isinstance(content, str) else None
+
+
+class _Turn:
+    """One assistant turn being collected: reasoning, text, tool calls."""
+
+    def __init__(self) -> None:
+        self.reasoning: list[str] = []
+        self.text: list[str] = []
+        self.calls: list[ToolStart] = []
+
+    def empty(self) -> bool:
+        return not (self.reasoning or self.text or self.calls)
+
+
+class MessageAssembler:
+    """Folds a run's events into messages, one event at a time (bounded by the messages)."""
+
+    def __init__(
+        self, *, style: Style = "chat", reasoning: bool = False, children: bool = False
+    ) -> None:
+        self.style = style
+        self.reasoning = reasoning
+        self.children = children
+        self.messages: list[Message] = []
+        self._turn = _Turn()
+        self._results: list[dict[str, Any]] = []
+        self._tools: dict[str, str] = {}
+
+    def add(self, event: Event) -> None:
+        if event.child_id is not None and not self.children:
+            return
+        user = user_content(event)
+        if user is not None:
+            self._close()
+            self.messages.append({"role": "user", "content": user})
+        elif isinstance(event, TextDelta):
+            self._open_turn().text.append(event.payload.text)
+        elif isinstance(event, ReasoningDelta):
+            self._open_turn().reasoning.append(event.payload.text)
+        elif isinstance(event, ToolStart):
+            self._open_turn().calls.append(event)
+            self._tools[event.payload.call_id] = event.payload.tool
+        elif isinstance(event, ToolEnd):
+            self._flush_turn()
+            self._add_result(event)
+
+    def finish(self) -> list[Message]:
+        """The messages, with the last open turn closed."""
+        self._close()
+        return self.messages
+
+    # ---- turns -----------------------------------------------------------
+    def _open_turn(self) -> _Turn:
+        if self._results:  # text after tool results starts the next turn
+            self._flush_results()
+        return self._turn
+
+    def _close(self) -> None:
+        self._flush_turn()
+        self._flush_results()
+
+    def _flush_turn(self) -> None:
+        turn, self._turn = self._turn, _Turn()
+        if turn.empty():
+            return
+        if self.style == "cogency":
+            self.messages.append({"role": "assistant", "content": _cogency_turn(turn)})
+            return
+        if not (turn.text or turn.calls) and not self.reasoning:
+            return
+        message: Message = {"role": "assistant", "content": "".join(turn.text) or None}
+        if self.reasoning and turn.reasoning:
+            message["reasoning_content"] = "".join(turn.reasoning)
+        if turn.calls:
+            message["tool_calls"] = [_chat_call(call) for call in turn.calls]
+        self.messages.append(message)
+
+    def _add_result(self, event: ToolEnd) -> None:
+        payload = event.payload
+        content = payload.output if payload.ok else (payload.error or payload.output)
+        if self.style == "chat":
+            self.messages.append(
+                {"role": "tool", "tool_call_id": payload.call_id, "content": _as_text(content)}
+            )
+            return
+        self._results.append({
+            "tool": self._tools.get(payload.call_id, ""),
+            "status": "success" if payload.ok else "failure",
+            "content": content,
+        })
+
+    def _flush_results(self) -> None:
+        if not self._results:
+            return
+        body = json.dumps(self._results, ensure_ascii=False)
+        self.messages.append({"role": "user", "content": f"<results>\n{body}\n</results>"})
+        self._results = []
+
+
+def _chat_call(call: ToolStart) -> dict[str, Any]:
+    arguments = call.payload.input
+    return {
+        "id": call.payload.call_id,
+        "type": "function",
+        "function": {
+            "name": call.payload.tool,
+            "arguments": _as_text({} if arguments is None else arguments),
+        },
+    }
+
+
+def _cogency_turn(turn: _Turn) -> str:
+    parts: list[str] = []
+    if turn.reasoning:
+        parts.append(f"<think>{''.join(turn.reasoning)}</think>")
+    if turn.calls:
+        calls = [{"name": c.payload.tool, "args": c.payload.input} for c in turn.calls]
+        parts.append(f"<execute>\n{json.dumps(calls, ensure_ascii=False)}\n</execute>")
+    if turn.text:
+        parts.append("".join(turn.text))
+    return "\n\n".join(parts)
+
+
+def to_messages(
+    events: Iterable[Event],
+    *,
+    style: Style = "chat",
+    reasoning: bool = False,
+    children: bool = False,
+) -> list[Message]:
+    """A run's chat messages from its events (see the module docstring)."""
+    assembler = MessageAssembler(style=style, reasoning=reasoning, children=children)
+    for event in events:
+        assembler.add(event)
+    return assembler.finish()

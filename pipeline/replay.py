@@ -1,0 +1,149 @@
+"""Offline replay jobs on a stored run: export in any format, re-publish with timing.
+
+Both stream a run batch by batch from the replay log, so memory stays bounded
+however long the run is.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from collections.abc import AsyncIterator, Callable, Sequence
+from typing import Literal
+
+import msgspec
+
+from . import envelope
+from .bus.base import Bus
+from .envelope import Event, Gap
+from .protocols import egress
+from .shaping import DeltaCoalescer
+from .store.base import ReplayLog
+from .ulid import MonotonicULID
+
+Detail = Literal["full", "shaped"]
+Progress = Callable[[int], object]
+"""Called with how many more events were handled."""
+
+
+async def _shaped(events: AsyncIterator[Event]) -> AsyncIterator[Event]:
+    coalescer = DeltaCoalescer()
+    async for event in events:
+        for shaped in coalescer.feed(event):
+            yield shaped
+    for shaped in coalescer.flush():
+        yield shaped
+
+
+async def export_run(
+    log: ReplayLog,
+    run_id: str,
+    out: Callable[[bytes], object],
+    *,
+    format: str = "koder",
+    detail: Detail = "full",
+    progress: Progress = lambda _: None,
+) -> int:
+    """Write one run as JSON lines of ``format`` (one frame a line); returns raw events read.
+
+    ``koder`` at ``detail=full`` streams the stored canonical bytes as they
+    are; any other format or ``detail=shaped`` decodes, shapes (the same
+    pure function the workers use) and encodes with a fresh egress codec.
+    """
+    if format == "koder" and detail == "full":
+        count = 0
+        async for chunk, events in log.iter_jsonl(run_id):
+            out(chunk)
+            count += events
+            progress(events)
+        return count
+    codec = egress(format)
+    counter = _Counter(progress)
+    events = counter.wrap(log.iter_events(run_id))
+    source = _shaped(events) if detail == "shaped" else events
+    terminal = False
+    async for event in source:
+        for frame in codec.encode(event):
+            out(frame + b"\n")
+        terminal = envelope.is_terminal(event) and event.child_id is None
+    if not terminal:
+        for frame in codec.finish():
+            out(msgspec.json.encode(frame) + b"\n")
+    counter.done()
+    return counter.total
+
+
+class _Counter:
+    """Counts events passing through and reports progress every few thousand."""
+
+    def __init__(self, progress: Progress, every: int = 2000) -> None:
+        self.progress, self.every = progress, every
+        self.total = self._reported = 0
+
+    async def wrap(self, events: AsyncIterator[Event]) -> AsyncIterator[Event]:
+        async for event in events:
+            self.total += 1
+            if self.total - self._reported >= self.every:
+                self.done()
+            yield event
+
+    def done(self) -> None:
+        self.progress(self.total - self._reported)
+        self._reported = self.total
+
+
+def republished(event: Event, run_id: str, seq: int, ids: MonotonicULID) -> Event:
+    """A stored event as a fresh publisher event of ``run_id``: new id, seq and time."""
+    return envelope.replace(
+        event, run_id=run_id, seq=seq, id=ids.new(), ts=envelope.now_ts(),
+        parent_id=None, root_id=None, span=None,
+    )
+
+
+async def play_run(
+    log: ReplayLog,
+    bus: Bus,
+    run_id: str,
+    *,
+    as_run: str | None = None,
+    speed: float = 1.0,
+    batch: int = 500,
+    progress: Progress = lambda _: None,
+) -> int:
+    """Re-publish a stored run onto ``bus`` with its original relative timing.
+
+    Only the run's own events go out (fanned-in child events and the
+    workers' ``x.gap`` markers are left out: the workers re-create them),
+    re-sequenced from 1 as a publisher would, under ``as_run`` (default: the
+    same run id). ``speed`` scales time (2 = twice as fast, 0 = no waiting).
+    Returns the number of events published.
+    """
+    target = as_run or run_id
+    ids = MonotonicULID("evt_")
+    start = time.monotonic()
+    first_ms: int | None = None
+    pending: list[Event] = []
+    seq = 0
+    async for event in log.iter_events(run_id):
+        if event.child_id is not None or isinstance(event, Gap):
+            continue
+        moment = envelope.ts_ms(event.ts)
+        first_ms = moment if first_ms is None else first_ms
+        wait = (moment - first_ms) / 1000 / speed if speed > 0 else 0.0
+        delay = wait - (time.monotonic() - start)
+        if pending and (delay > 0.005 or len(pending) >= batch):
+            await _publish(bus, pending, progress)
+            pending = []
+            delay = wait - (time.monotonic() - start)
+        if delay > 0:
+            await asyncio.sleep(delay)
+        seq += 1
+        pending.append(republished(event, target, seq, ids))
+    if pending:
+        await _publish(bus, pending, progress)
+    return seq
+
+
+async def _publish(bus: Bus, events: Sequence[Event], progress: Progress) -> None:
+    await bus.publish(events)
+    progress(len(events))
