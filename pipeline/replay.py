@@ -52,10 +52,10 @@ async def export_run(
     """
     if format == "koder" and detail == "full":
         count = 0
-        async for chunk, events in log.iter_jsonl(run_id):
+        async for chunk, lines in log.iter_jsonl(run_id):
             out(chunk)
-            count += events
-            progress(events)
+            count += lines
+            progress(lines)
         return count
     codec = egress(format)
     counter = _Counter(progress)
