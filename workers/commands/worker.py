@@ -1,0 +1,92 @@
+"""``runwire worker``: fan in, sequence, shape and record runs from the bus.
+
+``memory://`` and ``redis://`` (and ``redis+cluster://``) run the
+consumer-group runtime (:mod:`workers.runtime`); ``kafka://`` runs the
+faust-streaming app (:mod:`workers.faust_app`). SIGTERM/SIGINT drain: the
+batch in flight is written and acked, then the worker leaves its group, so a
+rolling restart loses nothing.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import os
+import signal
+import socket
+import sys
+
+import click
+import msgspec
+
+
+def default_name() -> str:
+    """``hostname-pid``: unique per process."""
+    return f"{socket.gethostname()}-{os.getpid()}"
+
+
+@click.command()
+@click.option("--bus", default="memory://", show_default=True, envvar="RUNWIRE_BUS", help="Bus URL.")
+@click.option(
+    "--store",
+    default="sqlite:///.runwire/replay.db",
+    show_default=True,
+    envvar="RUNWIRE_STORE",
+    help="Replay log URL.",
+)
+@click.option("--group", default="runwire", show_default=True, envvar="RUNWIRE_GROUP",
+              help="Consumer group; workers of one group share the shards.")
+@click.option("--name", default=default_name, envvar="RUNWIRE_NAME",
+              help="This worker's name in the group [default: hostname-pid].")
+@click.option("--burst", is_flag=True, envvar="RUNWIRE_BURST",
+              help="Process everything available, then exit.")
+@click.option("--silence", "silence_s", type=click.FloatRange(min=0.1), default=300.0,
+              show_default=True, envvar="RUNWIRE_SILENCE",
+              help="Seconds without events after which a run without a terminal event is ended as error.")
+@click.option("--claim-idle-ms", type=click.IntRange(min=1), default=None,
+              envvar="RUNWIRE_CLAIM_IDLE_MS",
+              help="Idle time before a dead worker's pending entries are claimed [default: bus's].")
+def worker(
+    bus: str,
+    store: str,
+    group: str,
+    name: str,
+    burst: bool,
+    silence_s: float,
+    claim_idle_ms: int | None,
+) -> None:
+    """Run a worker until SIGTERM/SIGINT (or, with --burst, until the bus is drained)."""
+    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s %(levelname)s %(message)s")
+    if bus.startswith("kafka://"):
+        from workers.faust_app import run_faust_worker
+
+        stats = run_faust_worker(
+            bus, store, group=group, name=name, burst=burst, silence_s=silence_s
+        )
+    else:
+        stats = asyncio.run(_run(bus, store, group, name, burst, silence_s, claim_idle_ms))
+    sys.stdout.write(msgspec.json.encode(stats).decode() + "\n")
+
+
+async def _run(
+    bus_url: str,
+    store_url: str,
+    group: str,
+    name: str,
+    burst: bool,
+    silence_s: float,
+    claim_idle_ms: int | None,
+) -> object:
+    from pipeline.bus import open_bus
+    from pipeline.store import open_store
+    from workers.runtime import run_worker
+
+    stop = asyncio.Event()
+    loop = asyncio.get_running_loop()
+    for sig in (signal.SIGINT, signal.SIGTERM):
+        loop.add_signal_handler(sig, stop.set)
+    async with open_bus(bus_url) as bus, open_store(store_url) as store:
+        return await run_worker(
+            bus, store, group=group, name=name, stop=stop, burst=burst,
+            silence_s=silence_s, claim_idle_ms=claim_idle_ms,
+        )
