@@ -14,7 +14,7 @@ import importlib
 from typing import Any
 
 from ..errors import ConfigError
-from .base import Bus, ControlCommand, Consumer, DeadLetter, Delivery, StreamKey, View
+from .base import Bus, Consumer, ControlCommand, DeadLetter, Delivery, StreamKey, View
 
 BACKENDS: dict[str, str] = {
     "memory": "pipeline.bus.memory:MemoryBus",

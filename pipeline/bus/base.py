@@ -100,6 +100,17 @@ class Consumer(ABC):
     async def close(self) -> None:
         """Leave the group; unacked entries stay pending for a successor."""
 
+    async def __aenter__(self) -> Self:
+        return self
+
+    async def __aexit__(
+        self,
+        exc_type: type[BaseException] | None,
+        exc: BaseException | None,
+        tb: TracebackType | None,
+    ) -> None:
+        await self.close()
+
 
 class Bus(ABC):
     """One bus, selected by URL. Use as ``async with open_bus(url) as bus``."""
@@ -108,6 +119,8 @@ class Bus(ABC):
     shards: int = DEFAULT_SHARDS
     max_deliveries: int = 5
     """Past this many deliveries an entry is poison: dead-letter it."""
+    claim_idle_ms: int = 30_000
+    """Default idle time before a pending entry is claimed by another consumer."""
 
     async def __aenter__(self) -> Self:
         await self.connect()
@@ -149,9 +162,12 @@ class Bus(ABC):
 
     @abstractmethod
     def consumer(
-        self, group: str, name: str, *, claim_idle_ms: int = 30_000
+        self, group: str, name: str, *, claim_idle_ms: int | None = None
     ) -> Consumer:
-        """Join consumer group ``group`` (created if missing) as ``name``."""
+        """Join consumer group ``group`` (created if missing) as ``name``.
+
+        ``claim_idle_ms`` defaults to the bus's ``claim_idle_ms`` (URL option).
+        """
 
     @abstractmethod
     async def dead_letters(self, limit: int = 100) -> list[DeadLetter]:

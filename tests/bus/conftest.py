@@ -1,0 +1,58 @@
+"""``bus_url``: one URL per backend under the contract (tests/bus/test_contract.py).
+
+Each URL gets its own key prefix / name so tests sharing a session server
+never see each other's entries, and small timeouts so claims happen fast.
+"""
+
+from __future__ import annotations
+
+import uuid
+from collections.abc import Callable
+
+import pytest
+
+FAST = "claim_idle_ms=500&lease_ms=1000&max_deliveries=3"
+
+CONTRACT_BACKENDS: list[str] = ["memory"]
+"""Backends the contract suite runs against; a backend joins by adding its name
+here and a URL builder to ``URL_BUILDERS`` below."""
+
+OUT_OF_PROCESS_BACKENDS = [b for b in CONTRACT_BACKENDS if b != "memory"]
+"""Backends a separate process can share (the SIGKILL scenario)."""
+
+
+def _unique() -> str:
+    return "t" + uuid.uuid4().hex[:12]
+
+
+def _memory(request: pytest.FixtureRequest) -> str:
+    return f"memory://{_unique()}?{FAST}"
+
+
+def _redis(request: pytest.FixtureRequest) -> str:
+    base: str = request.getfixturevalue("redis_url")
+    return f"{base}?prefix={_unique()}&{FAST}"
+
+
+def _redis_cluster(request: pytest.FixtureRequest) -> str:
+    base: str = request.getfixturevalue("redis_cluster_url")
+    return f"{base}?prefix={_unique()}&{FAST}"
+
+
+URL_BUILDERS: dict[str, Callable[[pytest.FixtureRequest], str]] = {
+    "memory": _memory,
+    "redis": _redis,
+    "redis-cluster": _redis_cluster,
+}
+
+
+@pytest.fixture(params=CONTRACT_BACKENDS)
+def bus_url(request: pytest.FixtureRequest) -> str:
+    """A fresh bus URL on each contract backend (``claim_idle_ms=500``, ``max_deliveries=3``)."""
+    return URL_BUILDERS[request.param](request)
+
+
+@pytest.fixture(params=OUT_OF_PROCESS_BACKENDS)
+def shared_bus_url(request: pytest.FixtureRequest) -> str:
+    """Like ``bus_url``, for backends another process can reach."""
+    return URL_BUILDERS[request.param](request)
