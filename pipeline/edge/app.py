@@ -1,0 +1,363 @@
+"""The edge ASGI app: ``create_app(bus, store, settings)``.
+
+Endpoints (``docs/edge.md`` has the full table):
+
+=============================================  ==========================================
+``GET  /v1/runs/{run_id}/stream``               SSE, NDJSON (``Accept``) or WebSocket
+``POST /v1/runs/{run_id}/events``               HTTP ingest (NDJSON, any ingest format)
+``POST /v1/runs/{run_id}/control``              cancel / pause / resume / redirect / …
+``GET  /v1/runs``                               the tenant's runs (``state``, ``since``, ``until``)
+``GET  /v1/runs/{run_id}/events.jsonl``         export (``?format=``)
+``GET  /healthz`` · ``/readyz`` · ``/metrics``  operations
+``GET  /`` · ``/runs/{run_id}``                 the live page
+=============================================  ==========================================
+"""
+
+from __future__ import annotations
+
+import contextlib
+from collections.abc import AsyncIterator
+from datetime import datetime
+from pathlib import Path
+from typing import Any
+
+import msgspec
+from starlette.applications import Starlette
+from starlette.requests import Request
+from starlette.responses import FileResponse, JSONResponse, Response, StreamingResponse
+from starlette.routing import Mount, Route, WebSocketRoute
+from starlette.staticfiles import StaticFiles
+from starlette.types import Receive, Scope, Send
+from starlette.websockets import WebSocket
+
+from .. import protocols
+from ..bus.base import Bus, ControlCommand
+from ..envelope import now_ts
+from ..errors import AuthError, ConfigError, RunwireError, UnknownRun
+from ..store.base import ReplayLog
+from ..ulid import new_event_id
+from .auth import Gate, Principal
+from .filters import CHILDREN, PROFILES
+from .hub import Hub
+from .ingest import IngestResult, decode_body, resolve_format
+from .metrics import EdgeMetrics
+from .session import StreamRequest
+from .settings import EdgeSettings
+from .transports import NDJSON_MEDIA_TYPE, serve_http_stream, serve_websocket
+
+STATIC = Path(__file__).parent / "static"
+CONTROL_COMMANDS = frozenset({"cancel", "pause", "resume", "redirect", "approve", "deny", "answer"})
+_json = msgspec.json.Encoder()
+
+
+class Edge:
+    """What the endpoints share: the bus, the replay log, the hub, the gate, the metrics."""
+
+    def __init__(self, bus: Bus, store: ReplayLog, settings: EdgeSettings) -> None:
+        self.bus = bus
+        self.store = store
+        self.settings = settings
+        self.metrics = EdgeMetrics()
+        self.hub = Hub(bus, store, settings, self.metrics)
+        self.gate = Gate(settings.secret, bus, store)
+
+
+def error_response(exc: RunwireError) -> JSONResponse:
+    """A RunwireError as a JSON error body with the right status."""
+    if isinstance(exc, AuthError):
+        status = exc.status
+    elif isinstance(exc, UnknownRun):
+        status = 404
+    else:
+        status = 400
+    body: dict[str, Any] = {"error": str(exc)}
+    if exc.code:
+        body["code"] = exc.code
+    headers = {"www-authenticate": "Bearer"} if status == 401 else None
+    return JSONResponse(body, status_code=status, headers=headers)
+
+
+def json_response(data: Any, status: int = 200) -> Response:
+    return Response(_json.encode(data), status_code=status, media_type="application/json")
+
+
+# ---- parameters -----------------------------------------------------------
+def _choice(value: str, allowed: tuple[str, ...] | frozenset[str], name: str) -> str:
+    if value not in allowed:
+        raise ConfigError(f"unknown {name} {value!r}; use one of {', '.join(sorted(allowed))}")
+    return value
+
+
+def _cursor(query: dict[str, str], last_event_id: str | None) -> tuple[int, bool]:
+    raw = last_event_id or query.get("after") or "0"
+    if raw == "live":
+        return 0, True
+    try:
+        value = int(raw)
+    except ValueError:
+        raise ConfigError(f"bad cursor {raw!r}: Last-Event-ID / after must be a seq or 'live'") from None
+    if value < 0:
+        raise ConfigError("the cursor must not be negative")
+    return value, False
+
+
+def stream_request(
+    run_id: str, query: dict[str, str], headers: dict[str, str], settings: EdgeSettings
+) -> StreamRequest:
+    """Validate a stream's parameters (query, ``Last-Event-ID``, ``Detail`` header)."""
+    detail = query.get("detail") or headers.get("detail") or settings.default_detail
+    _choice(detail, ("full", "shaped"), "detail")
+    format_name = _choice(query.get("format", "koder"), tuple(protocols.EGRESS), "format")
+    after, live = _cursor(query, headers.get("last-event-id"))
+    return StreamRequest(
+        run_id=run_id,
+        view="raw" if detail == "full" else "shaped",
+        format=format_name,
+        profile=_choice(query.get("profile", "default"), PROFILES, "profile"),
+        children=_choice(query.get("children", "flatten"), CHILDREN, "children"),
+        after=after,
+        live=live,
+    )
+
+
+# ---- streams ----------------------------------------------------------------
+class StreamEndpoint:
+    """``GET /v1/runs/{run_id}/stream`` over HTTP: SSE, or NDJSON by ``Accept``."""
+
+    def __init__(self, edge: Edge) -> None:
+        self.edge = edge
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        request = Request(scope, receive)
+        try:
+            stream = await self._authorize(request)
+        except RunwireError as exc:
+            await error_response(exc)(scope, receive, send)
+            return
+        accept = request.headers.get("accept", "")
+        sse = NDJSON_MEDIA_TYPE not in accept
+        headers = dict(protocols.egress(stream.format).headers)
+        await serve_http_stream(self.edge.hub, stream, receive, send, sse=sse, headers=headers)
+
+    async def _authorize(self, request: Request) -> StreamRequest:
+        edge = self.edge
+        run_id = request.path_params["run_id"]
+        principal = edge.gate.principal(request.headers, request.query_params)
+        await edge.gate.check_run(principal, run_id, "read")
+        return stream_request(run_id, dict(request.query_params), dict(request.headers), edge.settings)
+
+
+def websocket_endpoint(edge: Edge) -> Any:
+    async def endpoint(websocket: WebSocket) -> None:
+        run_id = websocket.path_params["run_id"]
+        try:
+            principal = edge.gate.principal(websocket.headers, websocket.query_params)
+            await edge.gate.check_run(principal, run_id, "read")
+            stream = stream_request(
+                run_id, dict(websocket.query_params), dict(websocket.headers), edge.settings
+            )
+        except RunwireError as exc:
+            await websocket.close(code=1008, reason=str(exc)[:120])
+            return
+        await serve_websocket(edge.hub, websocket, stream)
+
+    return endpoint
+
+
+# ---- ingest, control, runs, export ------------------------------------------
+def ingest_endpoint(edge: Edge) -> Any:
+    async def endpoint(request: Request) -> Response:
+        run_id = request.path_params["run_id"]
+        try:
+            principal = edge.gate.principal(request.headers, request.query_params)
+            await edge.gate.check_run(principal, run_id, "write")
+            body = await _bounded_body(request, edge.settings.max_ingest_bytes)
+            format_name = resolve_format(request.query_params.get("format"), body)
+        except RunwireError as exc:
+            return error_response(exc)
+        tenant = principal.tenant if principal else None
+        events, errors = decode_body(body, format_name, run_id, tenant)
+        if events:
+            try:
+                await edge.bus.publish(events)
+            except RunwireError as exc:
+                return json_response({"error": str(exc), "accepted": 0}, status=503)
+            edge.metrics.ingested.inc(len(events))
+        result = IngestResult(format=format_name, accepted=len(events), rejected=errors)
+        return json_response(result, status=422 if errors else 200)
+
+    return endpoint
+
+
+async def _bounded_body(request: Request, limit: int) -> bytes:
+    chunks: list[bytes] = []
+    size = 0
+    async for chunk in request.stream():
+        size += len(chunk)
+        if size > limit:
+            raise ConfigError(f"request body over the {limit}-byte ingest limit; split the batch")
+        chunks.append(chunk)
+    return b"".join(chunks)
+
+
+class ControlRequest(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
+    command: str
+    args: dict[str, Any] = {}
+
+
+def control_endpoint(edge: Edge) -> Any:
+    async def endpoint(request: Request) -> Response:
+        run_id = request.path_params["run_id"]
+        try:
+            principal = edge.gate.principal(request.headers, request.query_params)
+            await edge.gate.check_run(principal, run_id, "control")
+            body = msgspec.json.decode(await request.body(), type=ControlRequest)
+            _choice(body.command, CONTROL_COMMANDS, "command")
+        except (msgspec.ValidationError, msgspec.DecodeError) as exc:
+            return JSONResponse({"error": f"bad control body: {exc}"}, status_code=400)
+        except RunwireError as exc:
+            return error_response(exc)
+        command = ControlCommand(
+            command=body.command,
+            run_id=run_id,
+            id=new_event_id(),
+            ts=now_ts(),
+            args=body.args,
+            by=principal.tenant if principal else None,
+        )
+        await edge.bus.send_control(command)
+        return json_response({"id": command.id, "command": command.command}, status=202)
+
+    return endpoint
+
+
+def runs_endpoint(edge: Edge) -> Any:
+    async def endpoint(request: Request) -> Response:
+        query = request.query_params
+        try:
+            principal = edge.gate.principal(request.headers, query)
+            edge.gate.require_scope(principal, "read")
+            runs = await edge.store.runs(
+                tenant=principal.tenant if principal else query.get("tenant"),
+                state=query.get("state"),
+                since=_time(query.get("since")),
+                until=_time(query.get("until")),
+                limit=min(int(query.get("limit", "100")), 1000),
+            )
+        except ValueError as exc:
+            return JSONResponse({"error": str(exc)}, status_code=400)
+        except RunwireError as exc:
+            return error_response(exc)
+        visible = [r for r in runs if principal is None or principal.covers(r.run_id)]
+        return json_response({"runs": visible})
+
+    return endpoint
+
+
+def _time(value: str | None) -> datetime | None:
+    if not value:
+        return None
+    return datetime.fromisoformat(value.replace("Z", "+00:00"))
+
+
+def export_endpoint(edge: Edge) -> Any:
+    async def endpoint(request: Request) -> Response:
+        run_id = request.path_params["run_id"]
+        try:
+            principal = edge.gate.principal(request.headers, request.query_params)
+            await edge.gate.check_run(principal, run_id, "read")
+            format_name = _choice(request.query_params.get("format", "koder"), tuple(protocols.EGRESS), "format")
+            if await edge.store.run(run_id) is None:
+                raise UnknownRun(f"no run {run_id!r} in the replay log")
+        except RunwireError as exc:
+            return error_response(exc)
+        return StreamingResponse(_export(edge.store, run_id, format_name), media_type=NDJSON_MEDIA_TYPE)
+
+    return endpoint
+
+
+async def _export(store: ReplayLog, run_id: str, format_name: str) -> AsyncIterator[bytes]:
+    encoder = protocols.egress(format_name)
+    async for event in store.iter_events(run_id):
+        frames = encoder.encode(event)
+        if frames:
+            yield b"".join(frame + b"\n" for frame in frames)
+    tail = encoder.finish()
+    if tail:
+        yield b"".join(_json.encode(frame) + b"\n" for frame in tail)
+
+
+# ---- operations and the page ------------------------------------------------
+def ops_routes(edge: Edge) -> list[Route]:
+    async def healthz(request: Request) -> Response:
+        return JSONResponse({"ok": True})
+
+    async def readyz(request: Request) -> Response:
+        problems: dict[str, str] = {}
+        for name, check in (("bus", edge.bus.ping), ("store", edge.store.ping)):
+            try:
+                await check()
+            except Exception as exc:  # readiness reports any failure, it never raises
+                problems[name] = str(exc) or type(exc).__name__
+        status = 503 if problems else 200
+        return JSONResponse({"ok": not problems, **problems}, status_code=status)
+
+    async def metrics(request: Request) -> Response:
+        try:
+            principal = edge.gate.principal(request.headers, request.query_params)
+            edge.gate.require_scope(principal, "read")
+        except RunwireError as exc:
+            return error_response(exc)
+        return Response(edge.metrics.render(), media_type="text/plain; version=0.0.4")
+
+    return [
+        Route("/healthz", healthz),
+        Route("/readyz", readyz),
+        Route("/metrics", metrics),
+    ]
+
+
+def page_routes(edge: Edge) -> list[Route | Mount]:
+    def page(name: str) -> Any:
+        async def endpoint(request: Request) -> Response:
+            try:
+                principal: Principal | None = edge.gate.principal(request.headers, request.query_params)
+                edge.gate.require_scope(principal, "read")
+            except RunwireError as exc:
+                return error_response(exc)
+            return FileResponse(STATIC / name, media_type="text/html")
+
+        return endpoint
+
+    return [
+        Route("/", page("index.html")),
+        Route("/runs/{run_id}", page("run.html")),
+        Mount("/static", StaticFiles(directory=STATIC), name="static"),
+    ]
+
+
+def create_app(bus: Bus, store: ReplayLog, settings: EdgeSettings | None = None) -> Starlette:
+    """The edge as an ASGI app. ``bus`` and ``store`` must be connected; the app starts its hub."""
+    edge = Edge(bus, store, settings or EdgeSettings())
+
+    @contextlib.asynccontextmanager
+    async def lifespan(app: Starlette) -> AsyncIterator[None]:
+        await edge.hub.start()
+        try:
+            yield
+        finally:
+            await edge.hub.stop()
+
+    routes: list[Any] = [
+        Route("/v1/runs", runs_endpoint(edge)),
+        Route("/v1/runs/{run_id}/stream", StreamEndpoint(edge)),
+        WebSocketRoute("/v1/runs/{run_id}/stream", websocket_endpoint(edge)),
+        Route("/v1/runs/{run_id}/events", ingest_endpoint(edge), methods=["POST"]),
+        Route("/v1/runs/{run_id}/events.jsonl", export_endpoint(edge)),
+        Route("/v1/runs/{run_id}/control", control_endpoint(edge), methods=["POST"]),
+        *ops_routes(edge),
+        *page_routes(edge),
+    ]
+    app = Starlette(routes=routes, lifespan=lifespan)
+    app.state.edge = edge
+    return app

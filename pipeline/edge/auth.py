@@ -1,0 +1,147 @@
+"""Bearer tokens: HS256 JWTs scoping a client to one tenant, some runs and some scopes.
+
+Claims: ``tenant`` (str), ``runs`` (a list of run ids, or ``"*"`` for all of
+the tenant's runs), ``scopes`` (``read``, ``write``, ``control``), ``exp``.
+A token travels as ``Authorization: Bearer …`` or, for ``EventSource``
+which can't send headers, as ``?access_token=…``.
+
+A run's tenant comes from the replay log's run metadata or, before the log
+has it, from the ``tenant`` of the run's first event in the hot tier. A run
+of another tenant answers 404 exactly like a run that does not exist, so a
+token can't even probe for other tenants' run ids.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Mapping, Sequence
+from typing import Literal
+
+import jwt
+import msgspec
+
+from ..bus.base import Bus
+from ..errors import AuthError, UnknownRun
+from ..store.base import ReplayLog
+
+Scope = Literal["read", "write", "control"]
+SCOPES: tuple[str, ...] = ("read", "write", "control")
+ALGORITHM = "HS256"
+
+
+class Principal(msgspec.Struct, kw_only=True, frozen=True):
+    """Who a token speaks for."""
+
+    tenant: str
+    runs: tuple[str, ...] | None = None
+    """Run ids the token may touch; None means every run of the tenant."""
+    scopes: frozenset[str] = frozenset()
+
+    def covers(self, run_id: str) -> bool:
+        return self.runs is None or run_id in self.runs
+
+
+def issue_token(
+    secret: str,
+    *,
+    tenant: str,
+    runs: Sequence[str] | None = None,
+    scopes: Sequence[str] = ("read",),
+    ttl_s: float = 3600.0,
+) -> str:
+    """A signed token (``runs=None`` → all of the tenant's runs)."""
+    unknown = set(scopes) - set(SCOPES)
+    if unknown:
+        raise AuthError(f"unknown scopes {sorted(unknown)}; use {', '.join(SCOPES)}")
+    claims = {
+        "tenant": tenant,
+        "runs": "*" if runs is None else list(runs),
+        "scopes": list(scopes),
+        "exp": int(time.time() + ttl_s),
+    }
+    return jwt.encode(claims, secret, algorithm=ALGORITHM)
+
+
+def verify_token(secret: str, token: str) -> Principal:
+    """The principal of a valid token; AuthError(401) when it is bad or expired."""
+    try:
+        claims = jwt.decode(
+            token, secret, algorithms=[ALGORITHM], options={"require": ["exp", "tenant"]}
+        )
+    except jwt.ExpiredSignatureError:
+        raise AuthError("token expired") from None
+    except jwt.PyJWTError as exc:
+        raise AuthError(f"invalid token: {exc}") from None
+    tenant, runs, scopes = claims.get("tenant"), claims.get("runs", "*"), claims.get("scopes", [])
+    if not isinstance(tenant, str) or not isinstance(scopes, list):
+        raise AuthError("invalid token: tenant must be a string and scopes a list")
+    if runs != "*" and not (isinstance(runs, list) and all(isinstance(r, str) for r in runs)):
+        raise AuthError('invalid token: runs must be "*" or a list of run ids')
+    return Principal(
+        tenant=tenant,
+        runs=None if runs == "*" else tuple(runs),
+        scopes=frozenset(str(s) for s in scopes),
+    )
+
+
+def token_of(headers: Mapping[str, str], query: Mapping[str, str]) -> str | None:
+    """The bearer token of a request: the Authorization header, else ``?access_token=``."""
+    header = headers.get("authorization", "")
+    if header.lower().startswith("bearer "):
+        return header[7:].strip()
+    return query.get("access_token") or None
+
+
+class Gate:
+    """Decides what a request may do. With no secret every request is let through."""
+
+    def __init__(self, secret: str | None, bus: Bus, store: ReplayLog) -> None:
+        self.secret = secret
+        self.bus = bus
+        self.store = store
+        self._tenants: dict[str, str | None] = {}
+
+    @property
+    def enabled(self) -> bool:
+        return self.secret is not None
+
+    def principal(self, headers: Mapping[str, str], query: Mapping[str, str]) -> Principal | None:
+        """The caller (None when auth is off); AuthError(401) without a valid token."""
+        if self.secret is None:
+            return None
+        token = token_of(headers, query)
+        if not token:
+            raise AuthError("missing bearer token (Authorization header or ?access_token=)")
+        return verify_token(self.secret, token)
+
+    def require_scope(self, principal: Principal | None, scope: str) -> None:
+        if principal is not None and scope not in principal.scopes:
+            raise AuthError(f"token lacks the {scope!r} scope", status=403)
+
+    async def check_run(self, principal: Principal | None, run_id: str, scope: str) -> None:
+        """AuthError(403) without the scope; UnknownRun when the run is not the caller's."""
+        if principal is None:
+            return
+        self.require_scope(principal, scope)
+        if not principal.covers(run_id):
+            raise UnknownRun(f"no run {run_id!r}")
+        tenant = await self.tenant_of(run_id)
+        if tenant is None and principal.runs is None and scope != "write":
+            raise UnknownRun(f"no run {run_id!r}")
+        if tenant is not None and tenant != principal.tenant:
+            raise UnknownRun(f"no run {run_id!r}")
+
+    async def tenant_of(self, run_id: str) -> str | None:
+        """The run's tenant (cached once known), or None for a run nobody has seen."""
+        if run_id in self._tenants:
+            return self._tenants[run_id]
+        info = await self.store.run(run_id)
+        tenant = info.tenant if info is not None else None
+        if tenant is None:
+            first = await self.bus.read((run_id, "raw"), 0, limit=1)
+            tenant = first[0].tenant if first else None
+        if tenant is not None:
+            if len(self._tenants) > 100_000:
+                self._tenants.clear()
+            self._tenants[run_id] = tenant
+        return tenant

@@ -1,0 +1,110 @@
+"""One client's bounded queue of frames, with the R4 drop policy.
+
+The hub puts frames in without ever waiting; the client's writer takes them
+out in batches. The queue is bounded in frames and in bytes. When a frame
+does not fit, ``reasoning.delta`` frames are dropped first (the incoming one
+or queued ones), then ``text.delta``; tool, step and lifecycle frames are
+never dropped. If even such a frame does not fit, the client is marked
+overflowed and its writer disconnects it with ``KAI-STREAM-BUF-0001``;
+other clients are unaffected because nothing here ever blocks the hub.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from collections import deque
+from collections.abc import Callable
+
+from .frames import DROP_REASONING, DROP_TEXT, Frame
+
+
+class ClientQueue:
+    """Frames waiting for one client, bounded by ``max_frames`` and ``max_bytes``."""
+
+    __slots__ = ("_frames", "_waiter", "bytes", "on_overflow", "dropped", "dropped_by_type", "max_bytes", "max_frames", "overflowed")
+
+    def __init__(self, *, max_frames: int, max_bytes: int) -> None:
+        self._frames: deque[Frame] = deque()
+        self._waiter: asyncio.Future[None] | None = None
+        self.bytes = 0
+        self.max_frames = max_frames
+        self.max_bytes = max_bytes
+        self.dropped = 0
+        """Events dropped for this client (R4); reported in its terminal run.lifecycle."""
+        self.dropped_by_type: dict[str, int] = {}
+        self.on_overflow: Callable[[], None] | None = None
+        self.overflowed = False
+        """True once a never-drop frame did not fit: the client is to be disconnected."""
+
+    def __len__(self) -> int:
+        return len(self._frames)
+
+    def put(self, frame: Frame) -> bool:
+        """Queue a frame without waiting. False when it was dropped or the client overflowed."""
+        if self.overflowed:
+            return False
+        if not self._fits(frame) and not self._make_room(frame):
+            return False
+        self._frames.append(frame)
+        self.bytes += frame.size
+        self._wake()
+        return True
+
+    def _fits(self, frame: Frame) -> bool:
+        return len(self._frames) < self.max_frames and self.bytes + frame.size <= self.max_bytes
+
+    def _make_room(self, frame: Frame) -> bool:
+        for rank in (DROP_REASONING, DROP_TEXT):
+            if frame.rank == rank:
+                self._count_drop(frame)
+                return False
+            self._evict(rank, frame)
+            if self._fits(frame):
+                return True
+        self.overflowed = True
+        self._wake()
+        if self.on_overflow is not None:
+            self.on_overflow()
+        return False
+
+    def _evict(self, rank: int, incoming: Frame) -> None:
+        kept: deque[Frame] = deque()
+        count = len(self._frames)
+        for queued in self._frames:
+            full = count >= self.max_frames or self.bytes + incoming.size > self.max_bytes
+            if queued.rank == rank and full:
+                self.bytes -= queued.size
+                count -= 1
+                self._count_drop(queued)
+                continue
+            kept.append(queued)
+        self._frames = kept
+
+    def _count_drop(self, frame: Frame) -> None:
+        self.dropped += 1
+        self.dropped_by_type[frame.event_type] = self.dropped_by_type.get(frame.event_type, 0) + 1
+
+    def _wake(self) -> None:
+        waiter = self._waiter
+        if waiter is not None and not waiter.done():
+            waiter.set_result(None)
+
+    def take(self) -> list[Frame]:
+        """Every queued frame, oldest first (empties the queue)."""
+        frames = list(self._frames)
+        self._frames.clear()
+        self.bytes = 0
+        return frames
+
+    async def wait(self, seconds: float | None) -> bool:
+        """Wait until a frame is queued (or the client overflowed); False on timeout."""
+        if self._frames or self.overflowed:
+            return True
+        self._waiter = asyncio.get_running_loop().create_future()
+        try:
+            await asyncio.wait_for(self._waiter, seconds)
+        except TimeoutError:
+            return False
+        finally:
+            self._waiter = None
+        return True

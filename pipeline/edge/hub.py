@@ -1,0 +1,307 @@
+"""The hub: one multiplexed bus reader per process, one encoder per feed.
+
+* A **stream** is a delivery stream ``(run_id, view)``. The hub reads every
+  subscribed stream with **one** :meth:`Bus.tail` call per round (not a bus
+  connection or read loop per client).
+* A **feed** is what a group of clients asked for on one stream:
+  ``(format, profile, children)``. It owns one egress encoder, so each event
+  is filtered and encoded once per feed and the same bytes go to every
+  client (PITFALLS 17). Egress codecs are deterministic, so a feed created
+  mid-run is primed with the stream's history and is then in the same state
+  as one that streamed it live.
+* Putting a frame in a client's queue never waits (see ``clients.py``), so a
+  slow client can't slow the hub or other clients.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import copy
+import time
+from collections.abc import Callable
+from typing import NamedTuple
+
+from .. import envelope
+from ..bus.base import Bus, StreamKey
+from ..envelope import Event, RunLifecycle, RunLifecyclePayload
+from ..protocols import egress
+from ..protocols.base import Egress
+from ..store.base import ReplayLog
+from ..ulid import new_event_id
+from .clients import ClientQueue
+from .filters import event_filter
+from .frames import Frame, drop_rank
+from .metrics import EdgeMetrics
+from .resume import history
+from .settings import EdgeSettings
+
+
+class FeedKey(NamedTuple):
+    run_id: str
+    view: str
+    format: str
+    profile: str
+    children: str
+
+    @property
+    def stream(self) -> StreamKey:
+        return (self.run_id, "raw" if self.view == "raw" else "shaped")
+
+
+def is_stateless(format_name: str) -> bool:
+    """Formats whose frames depend on the event alone (no priming, no preamble)."""
+    return format_name == "koder"
+
+
+class Feed:
+    """One (stream, format, profile, children) and the clients reading it."""
+
+    def __init__(self, key: FeedKey, position: int) -> None:
+        self.key = key
+        self.encoder: Egress = egress(key.format)
+        self.accepts: Callable[[Event], bool] = event_filter(key.profile, key.children)
+        self.position = position
+        """Last seq this feed has encoded (live frames after it go to clients)."""
+        self.clients: set[ClientQueue] = set()
+        self.ready = asyncio.Event()
+        self.failure: BaseException | None = None
+        self.backlog: list[Event] = []
+        self.terminal_seq: int | None = None
+
+    def offer(self, event: Event, metrics: EdgeMetrics) -> None:
+        """A live event of the stream: encode once, queue for every client."""
+        if not self.ready.is_set():
+            self.backlog.append(event)
+            return
+        if event.seq <= self.position:
+            return
+        self.position = event.seq
+        frame = self.encode(event)
+        if frame is not None:
+            self.fan_out(frame, metrics)
+
+    def encode(self, event: Event) -> Frame | None:
+        """Filter and encode one event with this feed's encoder (updating its state)."""
+        if not self.accepts(event):
+            return None
+        terminal = ends_stream(event)
+        if terminal:
+            self.terminal_seq = event.seq
+        return encode_frame(self.encoder, event, terminal)
+
+    def fan_out(self, frame: Frame, metrics: EdgeMetrics) -> None:
+        for client in self.clients:
+            if not client.put(frame) and frame.rank < 2:
+                metrics.drops.labels(frame.event_type).inc()
+
+    def drain_backlog(self, metrics: EdgeMetrics) -> None:
+        backlog, self.backlog = self.backlog, []
+        self.ready.set()
+        for event in backlog:
+            self.offer(event, metrics)
+
+
+def ends_stream(event: Event) -> bool:
+    """The run's own terminal ``run.lifecycle`` (a child's, fanned in with ``child_id``, is not)."""
+    return event.child_id is None and envelope.is_terminal(event)
+
+
+def encode_frame(encoder: Egress, event: Event, terminal: bool) -> Frame:
+    """One event's frame; a terminal lifecycle keeps a way to re-encode it with ``dropped_count``."""
+    variant = _dropped_variant(encoder, event) if terminal else None
+    payloads = encoder.encode(event)
+    return Frame(
+        payloads,
+        seq=event.seq,
+        rank=drop_rank(event, len(payloads)),
+        terminal=terminal,
+        event_type=event.type,
+        variant=variant,
+    )
+
+
+def _dropped_variant(encoder: Egress, event: Event) -> Callable[[int], list[bytes]]:
+    snapshot = copy.deepcopy(encoder)
+
+    def render(dropped: int) -> list[bytes]:
+        assert isinstance(event, RunLifecycle)
+        previous = event.payload.dropped_count or 0
+        payload = RunLifecyclePayload(
+            state=event.payload.state, reason=event.payload.reason, dropped_count=previous + dropped
+        )
+        return copy.deepcopy(snapshot).encode(envelope.replace(event, payload=payload))
+
+    return render
+
+
+class Stream:
+    """One subscribed delivery stream: its tail cursor and its feeds."""
+
+    def __init__(self, key: StreamKey, cursor: int, idle_since: float) -> None:
+        self.key = key
+        self.cursor = cursor
+        self.feeds: dict[FeedKey, Feed] = {}
+        self.last_activity = idle_since
+        self.ended = False
+        self.tenant: str | None = None
+
+
+class Hub:
+    """Serves every client of this process from one multiplexed bus reader."""
+
+    def __init__(self, bus: Bus, store: ReplayLog, settings: EdgeSettings, metrics: EdgeMetrics) -> None:
+        self.bus = bus
+        self.store = store
+        self.settings = settings
+        self.metrics = metrics
+        self.streams: dict[StreamKey, Stream] = {}
+        self._reader: asyncio.Task[None] | None = None
+        self._watchdog: asyncio.Task[None] | None = None
+        self._wake = asyncio.Event()
+        self._lock = asyncio.Lock()
+
+    async def start(self) -> None:
+        self._reader = asyncio.create_task(self._read_loop(), name="runwire-edge-hub")
+        self._watchdog = asyncio.create_task(self._silence_loop(), name="runwire-edge-silence")
+
+    async def stop(self) -> None:
+        for task in (self._reader, self._watchdog):
+            if task is not None:
+                task.cancel()
+                with contextlib.suppress(asyncio.CancelledError):
+                    await task
+
+    # ---- subscriptions ------------------------------------------------
+    async def feed(self, key: FeedKey) -> Feed:
+        """The ready feed for ``key`` (created and primed when it is the first)."""
+        async with self._lock:
+            stream = self.streams.get(key.stream)
+            if stream is None:
+                stream = await self._open_stream(key.stream)
+            feed = stream.feeds.get(key)
+            if feed is None:
+                feed = Feed(key, stream.cursor)
+                stream.feeds[key] = feed
+                created = True
+            else:
+                created = False
+        if created:
+            await self._prime(feed)
+        await feed.ready.wait()
+        if feed.failure is not None:
+            raise feed.failure
+        return feed
+
+    def attach(self, feed: Feed, client: ClientQueue) -> int:
+        """Start queueing ``feed``'s live frames for ``client``; returns the position it starts after."""
+        feed.clients.add(client)
+        self.metrics.connections.inc()
+        return feed.position
+
+    def detach(self, feed: Feed, client: ClientQueue) -> None:
+        if client not in feed.clients:
+            return
+        feed.clients.discard(client)
+        self.metrics.connections.dec()
+        stream = self.streams.get(feed.key.stream)
+        if feed.clients or stream is None:
+            return
+        stream.feeds.pop(feed.key, None)
+        if not stream.feeds:
+            self.streams.pop(stream.key, None)
+
+    async def _open_stream(self, key: StreamKey) -> Stream:
+        bounds = await self.bus.bounds(key)
+        info = await self.store.run(key[0])
+        cursor = max(bounds[1] if bounds else 0, info.last_seq if info and not bounds else 0)
+        idle_since = time.monotonic()
+        if info is not None and info.updated_at is not None:
+            age = time.time() - info.updated_at.timestamp()
+            idle_since -= max(0.0, age)
+        stream = Stream(key, cursor, idle_since)
+        stream.ended = bool(info and info.terminal)
+        self.streams[key] = stream
+        self._wake.set()
+        return stream
+
+    async def _prime(self, feed: Feed) -> None:
+        try:
+            if not is_stateless(feed.key.format) and feed.position > 0:
+                async for _source, events in history(
+                    self.bus, self.store, feed.key.stream, 0, feed.position, self.settings.history_batch
+                ):
+                    for event in events:
+                        feed.encode(event)
+        except Exception as exc:  # a failed priming is reported to every waiting client
+            feed.failure = exc
+            stream = self.streams.get(feed.key.stream)
+            if stream is not None:
+                stream.feeds.pop(feed.key, None)
+            feed.ready.set()
+            return
+        feed.drain_backlog(self.metrics)
+
+    # ---- the one reader -----------------------------------------------
+    async def _read_loop(self) -> None:
+        while True:
+            if not self.streams:
+                self._wake.clear()
+                await self._wake.wait()
+                continue
+            cursors = {key: stream.cursor for key, stream in self.streams.items()}
+            try:
+                batch = await self.bus.tail(cursors, block_ms=self.settings.tail_block_ms)
+            except Exception:  # the bus is retried; clients keep their connections meanwhile
+                self.metrics.bus_errors.inc()
+                await asyncio.sleep(0.5)
+                continue
+            self.dispatch(batch)
+
+    def dispatch(self, batch: list[tuple[StreamKey, Event]]) -> None:
+        """Hand one tail result to the feeds (synchronous: no client can slow it)."""
+        now = time.monotonic()
+        wall = time.time()
+        for key, event in batch:
+            stream = self.streams.get(key)
+            if stream is None or event.seq <= stream.cursor:
+                continue
+            stream.cursor = event.seq
+            stream.last_activity = now
+            self.metrics.events_in.inc()
+            self.metrics.observe_lag(wall, event.ts)
+            if ends_stream(event):
+                stream.ended = True
+            for feed in list(stream.feeds.values()):
+                feed.offer(event, self.metrics)
+
+    # ---- silence: every stream ends -------------------------------------
+    async def _silence_loop(self) -> None:
+        limit = self.settings.silence_s
+        if limit <= 0:
+            return
+        while True:
+            await asyncio.sleep(min(1.0, limit / 4))
+            now = time.monotonic()
+            for stream in list(self.streams.values()):
+                if not stream.ended and now - stream.last_activity > limit:
+                    self.end_silent(stream, limit)
+
+    def end_silent(self, stream: Stream, limit: float) -> None:
+        """End a stream whose agent went silent: a synthesized ``run.lifecycle`` error (seq unchanged)."""
+        stream.ended = True
+        event = RunLifecycle(
+            id=new_event_id(),
+            ts=envelope.now_ts(),
+            run_id=stream.key[0],
+            seq=stream.cursor,
+            payload=RunLifecyclePayload(
+                state="error", reason=f"no events for {limit:g} s; the agent is presumed dead"
+            ),
+        )
+        for feed in list(stream.feeds.values()):
+            if feed.ready.is_set() and feed.terminal_seq is None:
+                frame = feed.encode(event)
+                if frame is not None:
+                    frame.seq = None  # not a delivery seq: a resume continues after the last real one
+                    feed.fan_out(frame, self.metrics)

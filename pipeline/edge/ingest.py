@@ -1,0 +1,105 @@
+"""HTTP ingest: ``POST /v1/runs/{run_id}/events`` for agents that can't reach the bus.
+
+The body is NDJSON in any ingest format (``?format=``, else detected from
+the body, else ``koder``). **Partial acceptance**: every valid line is
+published, in order; every bad line is reported with its 1-based line
+number, its ``KAI-STREAM-*`` code and the reason. The answer is ``200``
+when every line was good and ``422`` when any was bad (``accepted`` says how
+many events were published anyway). Re-posting the corrected batch is
+safe: appends downstream are idempotent on ``(run_id, seq)``, so the lines
+already accepted are not duplicated. If the bus is down nothing is
+published and the answer is ``503`` — retry the whole batch.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import msgspec
+
+from .. import envelope, protocols
+from ..envelope import Event
+from ..errors import PROTO_MALFORMED, ConfigError, ProtocolError
+
+DEFAULT_FORMAT = "koder"
+
+
+class LineError(msgspec.Struct, kw_only=True, omit_defaults=True):
+    line: int
+    code: str
+    message: str
+    field: str | None = None
+
+
+class IngestResult(msgspec.Struct, kw_only=True):
+    format: str
+    accepted: int
+    rejected: list[LineError]
+
+
+def detect_format(body: bytes) -> str:
+    """The ingest format of a body: ``pipeline.protocols.detect`` when available, else koder."""
+    try:
+        from ..protocols import detect as detect_module
+    except ImportError:
+        return DEFAULT_FORMAT
+    finder: Any = getattr(detect_module, "detect", None)
+    if finder is None:
+        return DEFAULT_FORMAT
+    first = next((line for line in body.splitlines() if line.strip()), b"")
+    try:
+        found = finder(first) if first else None
+    except Exception:  # detection is a hint; the codec reports the real error per line
+        return DEFAULT_FORMAT
+    return found if isinstance(found, str) and found else DEFAULT_FORMAT
+
+
+def decode_body(
+    body: bytes, format_name: str, run_id: str, tenant: str | None
+) -> tuple[list[Event], list[LineError]]:
+    """Decode an NDJSON body into events for ``run_id`` and the errors of its bad lines."""
+    codec = protocols.ingest(format_name, run_id=run_id)
+    events: list[Event] = []
+    errors: list[LineError] = []
+    chunks = body.splitlines() if codec.line_based else [body]
+    for number, line in enumerate(chunks, start=1):
+        if not line.strip():
+            continue
+        try:
+            decoded = [_check(e, run_id, tenant) for e in codec.feed(line)]
+        except ProtocolError as exc:
+            errors.append(_line_error(number, exc))
+            continue
+        events.extend(decoded)
+    try:
+        events.extend(_check(e, run_id, tenant) for e in codec.close())
+    except ProtocolError as exc:
+        errors.append(_line_error(len(chunks), exc))
+    return events, errors
+
+
+def _line_error(number: int, exc: ProtocolError) -> LineError:
+    return LineError(line=number, code=exc.code, message=exc.message, field=exc.field)
+
+
+def _check(event: Event, run_id: str, tenant: str | None) -> Event:
+    if run_id not in (event.run_id, event.root_id, event.parent_id):
+        raise ProtocolError(
+            f"event of run {event.run_id!r} posted to run {run_id!r}", field="$.run_id"
+        )
+    if tenant is None:
+        return event
+    if event.tenant not in (None, tenant):
+        raise ProtocolError(f"event of tenant {event.tenant!r} posted with a token of another tenant", field="$.tenant")
+    return envelope.replace(event, tenant=tenant) if event.tenant is None else event
+
+
+def resolve_format(requested: str | None, body: bytes) -> str:
+    """The format to decode with; ConfigError for an unknown ``?format=``."""
+    name = requested or detect_format(body)
+    if name not in protocols.INGEST:
+        raise ConfigError(f"unknown ingest format {name!r}; known: {', '.join(sorted(protocols.INGEST))}")
+    return name
+
+
+__all__ = ["PROTO_MALFORMED", "IngestResult", "LineError", "decode_body", "resolve_format"]

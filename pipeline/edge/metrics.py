@@ -1,0 +1,52 @@
+"""Prometheus metrics of one edge app (its own registry, so several apps can share a process)."""
+
+from __future__ import annotations
+
+from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
+from prometheus_client.exposition import generate_latest
+
+from ..envelope import ts_ms
+from ..errors import ProtocolError
+
+
+class EdgeMetrics:
+    """Connections, events in/out per format, drops, resumes by source, lag."""
+
+    def __init__(self) -> None:
+        self.registry = CollectorRegistry()
+        r = self.registry
+        self.connections = Gauge("runwire_edge_connections", "Open stream connections", registry=r)
+        self.events_in = Counter(
+            "runwire_edge_events_in", "Events read from delivery streams", registry=r
+        )
+        self.events_out = Counter(
+            "runwire_edge_frames_out", "Frames written to clients", ["format"], registry=r
+        )
+        self.drops = Counter(
+            "runwire_edge_drops", "Events dropped for slow clients (R4)", ["type"], registry=r
+        )
+        self.disconnects = Counter(
+            "runwire_edge_disconnects", "Streams closed by the edge", ["code"], registry=r
+        )
+        self.resumes = Counter(
+            "runwire_edge_resumes", "Resumed streams by history source", ["source"], registry=r
+        )
+        self.lag = Histogram(
+            "runwire_edge_lag_seconds",
+            "Event timestamp to edge dispatch",
+            buckets=(0.001, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 1, 5, 30),
+            registry=r,
+        )
+        self.ingested = Counter(
+            "runwire_edge_ingested", "Events accepted by HTTP ingest", registry=r
+        )
+        self.bus_errors = Counter("runwire_edge_bus_errors", "Failed bus reads", registry=r)
+
+    def observe_lag(self, now_s: float, ts: str) -> None:
+        try:
+            self.lag.observe(max(0.0, now_s - ts_ms(ts) / 1000))
+        except ProtocolError:
+            pass
+
+    def render(self) -> bytes:
+        return generate_latest(self.registry)

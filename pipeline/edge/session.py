@@ -1,0 +1,190 @@
+"""One client's stream, whatever the transport: attach, catch up, go live, end.
+
+The order matters (PITFALLS 9): the client is attached to its feed first —
+from then on live frames after the feed's position ``P`` queue up for it —
+then history ``(after, P]`` is written, then the queue, skipping any seq
+already written. Nothing is lost at the seam and nothing is sent twice.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from abc import ABC, abstractmethod
+
+import msgspec
+
+from ..errors import BUF_DROP, ReplayExpired
+from ..protocols import egress
+from .clients import ClientQueue
+from .frames import Frame, error_frame
+from .hub import Feed, FeedKey, Hub, encode_frame, ends_stream, is_stateless
+from .resume import history
+
+
+class StreamRequest(msgspec.Struct, kw_only=True, frozen=True):
+    """What a client asked for (from the path, the query and the headers)."""
+
+    run_id: str
+    view: str = "shaped"
+    """``raw`` (detail=full) or ``shaped``."""
+    format: str = "koder"
+    profile: str = "default"
+    children: str = "flatten"
+    after: int = 0
+    """Resume after this delivery seq (Last-Event-ID / ``?after=``); 0 = from the start."""
+    live: bool = False
+    """Join at the live position (``?after=live``): no history, the format's preamble first."""
+
+    @property
+    def feed_key(self) -> FeedKey:
+        return FeedKey(self.run_id, self.view, self.format, self.profile, self.children)
+
+
+class Sink(ABC):
+    """A transport's side of a stream: SSE, NDJSON or WebSocket."""
+
+    format_name: str = "koder"
+
+    @abstractmethod
+    async def send(self, frames: list[Frame]) -> None:
+        """Write frames (already encoded) to the client."""
+
+    @abstractmethod
+    async def keepalive(self) -> None:
+        """Called when nothing was sent for ``keepalive_s`` seconds."""
+
+
+class StreamSession:
+    """Serves one client until its run ends, it disconnects or it overflows."""
+
+    def __init__(self, hub: Hub, request: StreamRequest, sink: Sink) -> None:
+        self.hub = hub
+        self.request = request
+        self.sink = sink
+        settings = hub.settings
+        self.client = ClientQueue(
+            max_frames=settings.client_queue_events, max_bytes=settings.client_queue_bytes
+        )
+        self.last = request.after
+        self.feed: Feed | None = None
+        self.overflowed = False
+        self._sending = False
+        self._task: asyncio.Task[object] | None = None
+        self.client.on_overflow = self._abort
+
+    def _abort(self) -> None:
+        """The client overflowed: stop a write that is stuck on a client that stopped reading."""
+        self.overflowed = True
+        if self._sending and self._task is not None:
+            self._task.cancel()
+
+    async def run(self) -> None:
+        """Stream to the client; raises ReplayExpired for a cursor nobody keeps any more."""
+        self._task = asyncio.current_task()
+        feed = await self.hub.feed(self.request.feed_key)
+        self.feed = feed
+        position = self.hub.attach(feed, self.client)
+        try:
+            preamble = self._live_preamble(feed, position)
+            if preamble is not None:
+                self.last = max(self.last, position)
+                await self._send(preamble)
+            elif await self._catch_up(position):
+                return
+            await self._live()
+        finally:
+            self.hub.detach(feed, self.client)
+
+    def _live_preamble(self, feed: Feed, position: int) -> list[Frame] | None:
+        if not self.request.live:
+            return None
+        payloads = [msgspec.json.encode(f) for f in feed.encoder.preamble()]
+        return [Frame(payloads, seq=None)] if payloads else []
+
+    async def _catch_up(self, position: int) -> bool:
+        """Write history ``(after, position]``; True when it ended the run."""
+        after = self.request.after
+        if after >= position:
+            return False
+        key = self.request.feed_key
+        encoder = egress(key.format)
+        accepts = self.feed.accepts if self.feed else (lambda _e: True)
+        settings = self.hub.settings
+        if after > 0 and not is_stateless(key.format):
+            async for _source, events in history(
+                self.hub.bus, self.hub.store, key.stream, 0, after, settings.history_batch
+            ):
+                encoder.encode_all(e for e in events if accepts(e))
+            payloads = [msgspec.json.encode(f) for f in encoder.preamble()]
+            if payloads:
+                await self._send([Frame(payloads, seq=None)])
+        counted = False
+        async for source, events in history(
+            self.hub.bus, self.hub.store, key.stream, after, position, settings.history_batch
+        ):
+            if not counted:
+                self.hub.metrics.resumes.labels(source).inc()
+                counted = True
+            frames = [encode_frame(encoder, e, ends_stream(e)) for e in events if accepts(e)]
+            if await self._send(frames):
+                return True
+        return False
+
+    async def _live(self) -> None:
+        keepalive = self.hub.settings.keepalive_s
+        while True:
+            if not await self.client.wait(keepalive):
+                await self.sink.keepalive()
+                continue
+            if self.client.overflowed:
+                raise Overflowed()
+            frames = [f for f in self.client.take() if f.seq is None or f.seq > self.last]
+            if await self._send(frames):
+                return
+
+    async def _send(self, frames: list[Frame]) -> bool:
+        """Write frames (terminal ones with this client's drop count); True after the terminal one."""
+        if not frames:
+            return False
+        ended = False
+        out: list[Frame] = []
+        for frame in frames:
+            if frame.terminal:
+                frame = frame.with_dropped(self.client.dropped)
+                ended = True
+            out.append(frame)
+            if frame.seq is not None:
+                self.last = max(self.last, frame.seq)
+            if ended:
+                break
+        self._sending = True
+        try:
+            await self.sink.send(out)
+        except asyncio.CancelledError:
+            if not self.overflowed:
+                raise
+            task = asyncio.current_task()
+            if task is not None:
+                task.uncancel()
+            raise Overflowed() from None
+        finally:
+            self._sending = False
+        self.hub.metrics.events_out.labels(self.request.format).inc(len(out))
+        return ended
+
+
+class Overflowed(Exception):
+    """The client could not take even control events (R4): disconnect with BUF-0001."""
+
+    code = BUF_DROP
+
+
+def overflow_frame() -> Frame:
+    return error_frame(
+        BUF_DROP,
+        "the client fell too far behind to receive control events; reconnect with Last-Event-ID to resume",
+    )
+
+
+def expired_frame(exc: ReplayExpired) -> Frame:
+    return error_frame(exc.code, str(exc))

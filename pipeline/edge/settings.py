@@ -1,0 +1,35 @@
+"""The edge's settings: one msgspec Struct, validated, unknown keys rejected."""
+
+from __future__ import annotations
+
+import msgspec
+
+
+class EdgeSettings(msgspec.Struct, kw_only=True, forbid_unknown_fields=True, frozen=True):
+    """How one edge process serves its clients.
+
+    The defaults suit thousands of clients per process; every limit is
+    documented in ``docs/edge.md``.
+    """
+
+    keepalive_s: float = 15.0
+    """Seconds between ``: keepalive`` comments on an idle SSE stream (seed 003 §5.1)."""
+    client_queue_bytes: int = 512 * 1024
+    """Bytes of encoded frames one client may have queued before R4 drops start."""
+    client_queue_events: int = 2048
+    """Frames one client may have queued before R4 drops start."""
+    silence_s: float = 300.0
+    """A run with no event for this long and no terminal event is ended as ``error``
+    on every stream the edge serves, so no client waits forever (0 disables)."""
+    secret: str | None = None
+    """HS256 key for bearer tokens (``RUNWIRE_SECRET``); None serves without auth (loopback only)."""
+    tail_block_ms: int = 200
+    """How long one multiplexed bus read waits when no stream has news."""
+    history_batch: int = 1000
+    """Events per read while a client catches up."""
+    max_ingest_bytes: int = 16 * 1024 * 1024
+    """Largest HTTP ingest body accepted."""
+    write_timeout_s: float = 2.0
+    """How long a final error frame may take to reach a client before the connection is closed."""
+    default_detail: str = "shaped"
+    """``detail`` when the client does not ask (``shaped`` per R1)."""

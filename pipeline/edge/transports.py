@@ -1,0 +1,182 @@
+"""SSE, NDJSON and WebSocket: how frames reach a client, and how a stream ends.
+
+Streaming HTTP is served as a plain ASGI callable rather than a
+``StreamingResponse``: it sends pre-rendered bytes (see ``frames.py``) and
+watches for ``http.disconnect`` with one small task per client. A client
+closing its connection is a disconnect (``KAI-STREAM-CONN-0001`` in the
+metrics), never a cancel of the run (PITFALLS 14).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+from collections.abc import Callable, Coroutine
+from typing import Any
+
+from starlette.types import Message, Receive, Send
+from starlette.websockets import WebSocket, WebSocketDisconnect
+
+from ..errors import CONN_DISCONNECTED, ReplayExpired
+from .frames import Frame
+from .hub import Hub
+from .session import Overflowed, Sink, StreamRequest, StreamSession, expired_frame, overflow_frame
+
+SUBPROTOCOL = "koder-agent-stream-v1"
+SSE_MEDIA_TYPE = "text/event-stream"
+NDJSON_MEDIA_TYPE = "application/x-ndjson"
+WS_CLOSE_ENDED = 1000
+WS_CLOSE_BUF = 1013
+"""BUF-0001: try again (resume) later."""
+WS_CLOSE_EXPIRED = 4002
+"""CONN-0002: the cursor is older than retention."""
+
+_AI_SDK_DONE = b"data: [DONE]\n\n"
+
+
+class HttpSink(Sink):
+    """SSE (``text/event-stream``) or NDJSON over one HTTP response."""
+
+    def __init__(self, send: Send, *, sse: bool, format_name: str, headers: dict[str, str]) -> None:
+        self._send = send
+        self.sse = sse
+        self.format_name = format_name
+        self.headers = headers
+
+    async def start(self) -> None:
+        media = SSE_MEDIA_TYPE if self.sse else NDJSON_MEDIA_TYPE
+        headers = {
+            "content-type": media + ("; charset=utf-8" if self.sse else ""),
+            "cache-control": "no-cache, no-transform",
+            "x-accel-buffering": "no",
+            **self.headers,
+        }
+        raw = [(k.lower().encode(), v.encode()) for k, v in headers.items()]
+        await self._send({"type": "http.response.start", "status": 200, "headers": raw})
+
+    async def send(self, frames: list[Frame]) -> None:
+        if self.sse:
+            body = b"".join(frame.sse() for frame in frames)
+            if self.format_name == "ai-sdk" and frames[-1].terminal:
+                body += _AI_SDK_DONE
+        else:
+            body = b"".join(frame.ndjson() for frame in frames)
+        await self._send({"type": "http.response.body", "body": body, "more_body": True})
+
+    async def keepalive(self) -> None:
+        body = b": keepalive\n\n" if self.sse else b"\n"
+        await self._send({"type": "http.response.body", "body": body, "more_body": True})
+
+    async def finish(self) -> None:
+        await self._send({"type": "http.response.body", "body": b"", "more_body": False})
+
+
+class WebSocketSink(Sink):
+    """Text frames only (seed 003 §5.2): one WebSocket message per format frame."""
+
+    def __init__(self, websocket: WebSocket, format_name: str) -> None:
+        self.websocket = websocket
+        self.format_name = format_name
+
+    async def send(self, frames: list[Frame]) -> None:
+        for frame in frames:
+            for payload in frame.payloads:
+                await self.websocket.send_text(payload.decode())
+
+    async def keepalive(self) -> None:
+        """WebSocket keeps itself alive with protocol pings (the server sends them)."""
+
+
+async def _watch_http(receive: Receive, on_gone: Callable[[], None]) -> None:
+    while True:
+        message: Message = await receive()
+        if message["type"] == "http.disconnect":
+            on_gone()
+            return
+
+
+async def _watch_ws(websocket: WebSocket, on_gone: Callable[[], None]) -> None:
+    with contextlib.suppress(WebSocketDisconnect, RuntimeError):
+        while True:
+            message = await websocket.receive()
+            if message["type"] == "websocket.disconnect":
+                break
+    on_gone()
+
+
+class _Disconnect:
+    """Cancels the serving task when the client goes away, and remembers that it did."""
+
+    def __init__(self) -> None:
+        self.gone = False
+        self.task = asyncio.current_task()
+
+    def __call__(self) -> None:
+        self.gone = True
+        if self.task is not None:
+            self.task.cancel()
+
+
+async def _run_session(
+    hub: Hub, session: StreamSession, watcher: Callable[[_Disconnect], Coroutine[Any, Any, None]]
+) -> tuple[Frame | None, bool]:
+    """Run a session; returns (final error frame or None, whether the client is gone)."""
+    disconnect = _Disconnect()
+    watch = asyncio.create_task(watcher(disconnect))
+    final: Frame | None = None
+    try:
+        await session.run()
+    except asyncio.CancelledError:
+        if not disconnect.gone:
+            raise
+        task = asyncio.current_task()
+        if task is not None:
+            task.uncancel()
+        hub.metrics.disconnects.labels(CONN_DISCONNECTED).inc()
+    except Overflowed:
+        final = overflow_frame()
+        hub.metrics.disconnects.labels(Overflowed.code).inc()
+    except ReplayExpired as exc:
+        final = expired_frame(exc)
+        hub.metrics.disconnects.labels(exc.code or "").inc()
+    finally:
+        watch.cancel()
+        with contextlib.suppress(asyncio.CancelledError):
+            await watch
+    return final, disconnect.gone
+
+
+async def serve_http_stream(
+    hub: Hub, request: StreamRequest, receive: Receive, send: Send, *, sse: bool, headers: dict[str, str]
+) -> None:
+    """Serve one SSE or NDJSON client until the run ends, it leaves, or it must be cut off."""
+    sink = HttpSink(send, sse=sse, format_name=request.format, headers=headers)
+    await sink.start()
+    session = StreamSession(hub, request, sink)
+    final, gone = await _run_session(
+        hub, session, lambda d: _watch_http(receive, d)
+    )
+    if gone:
+        return
+    timeout = hub.settings.write_timeout_s
+    with contextlib.suppress(TimeoutError, OSError):
+        if final is not None:
+            await asyncio.wait_for(sink.send([final]), timeout)
+        await asyncio.wait_for(sink.finish(), timeout)
+
+
+async def serve_websocket(hub: Hub, websocket: WebSocket, request: StreamRequest) -> None:
+    """Serve one WebSocket client (subprotocol ``koder-agent-stream-v1``)."""
+    offered = websocket.scope.get("subprotocols") or []
+    await websocket.accept(subprotocol=SUBPROTOCOL if SUBPROTOCOL in offered else None)
+    session = StreamSession(hub, request, WebSocketSink(websocket, request.format))
+    final, gone = await _run_session(hub, session, lambda d: _watch_ws(websocket, d))
+    if gone:
+        return
+    code = WS_CLOSE_ENDED
+    timeout = hub.settings.write_timeout_s
+    with contextlib.suppress(TimeoutError, OSError, RuntimeError, WebSocketDisconnect):
+        if final is not None:
+            code = WS_CLOSE_BUF if final.payloads[0].find(b"BUF-0001") >= 0 else WS_CLOSE_EXPIRED
+            await asyncio.wait_for(websocket.send_text(final.payloads[0].decode()), timeout)
+        await asyncio.wait_for(websocket.close(code=code), timeout)
