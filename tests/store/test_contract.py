@@ -1,0 +1,235 @@
+"""One contract for every replay log backend: SQLite (a file) and PostgreSQL (a real server).
+
+Seed 003 §6: "The full event stream is persisted … Retention: 90 days for
+completed runs (overrideable per workspace); 30 days for aborted/error." §5.4:
+"JSONL replay — One JSON event per line, id ordered ascending".
+"""
+
+from __future__ import annotations
+
+import io
+from collections.abc import Callable
+from datetime import timedelta
+
+import pytest
+
+from pipeline import envelope
+from pipeline.errors import UnknownRun
+from pipeline.store import RetentionPolicy, open_store
+from tests.store.conftest import T0, Clock, deltas, event
+
+
+async def test_append_is_idempotent_on_run_and_seq(store_url: str) -> None:
+    """DESIGN invariant 2: appends are idempotent on (run_id, seq) — a redelivery adds nothing."""
+    async with open_store(store_url) as log:
+        assert await log.append(deltas("r1", 1, 5)) == 5
+        assert await log.append(deltas("r1", 3, 7)) == 2
+        assert await log.append(deltas("r1", 1, 7)) == 0
+        assert await log.append([*deltas("r2", 1, 2), *deltas("r2", 1, 2)]) == 2
+        stored = await log.read("r1")
+        info = await log.run("r1")
+    assert [e.seq for e in stored] == [1, 2, 3, 4, 5, 6, 7]
+    assert info is not None and info.events == 7 and info.last_seq == 7
+
+
+async def test_append_keeps_the_event_exactly(store_url: str) -> None:
+    """What was appended reads back equal, extension and envelope extras included (T1)."""
+    original = [
+        event("r1", 1, "x.cogency.user", {"content": "hi", "nested": {"a": [1, 2]}}, tenant="acme"),
+        event("r1", 2, "tool.start", {"call_id": "c1", "tool": "read", "input": {"f": "a"}},
+              ext={"loom": {"node_id": "n1"}}),
+        event("r1", 3, child_id="kid"),
+    ]
+    async with open_store(store_url) as log:
+        await log.append(original)
+        assert await log.read("r1") == original
+
+
+async def test_read_after_a_seq_with_a_limit(store_url: str) -> None:
+    """T3: a reconnect with Last-Event-ID N gets events ≥ N+1."""
+    async with open_store(store_url) as log:
+        await log.append(deltas("r1", 1, 10))
+        assert [e.seq for e in await log.read("r1", after=6)] == [7, 8, 9, 10]
+        assert [e.seq for e in await log.read("r1", after=2, limit=3)] == [3, 4, 5]
+        assert await log.read("r1", after=10) == []
+        assert await log.read("unknown") == []
+
+
+async def test_iter_events_streams_all_in_order_batch_by_batch(store_url: str) -> None:
+    async with open_store(store_url) as log:
+        await log.append(deltas("r1", 1, 23))
+        seqs = [e.seq async for e in log.iter_events("r1", batch=5)]
+        later = [e.seq async for e in log.iter_events("r1", after=20, batch=2)]
+    assert seqs == list(range(1, 24))
+    assert later == [21, 22, 23]
+
+
+async def test_first_seq_is_the_lowest_stored(store_url: str) -> None:
+    async with open_store(store_url) as log:
+        assert await log.first_seq("r1") is None
+        await log.append(deltas("r1", 4, 9))
+        assert await log.first_seq("r1") == 4
+
+
+async def test_run_metadata_is_maintained_on_append(store_url: str, clock: Clock) -> None:
+    """Tenant, parent, terminal state, counts, tokens, drops and times — a child's end does not end the parent."""
+    async with open_store(store_url, clock=clock) as log:
+        await log.append([
+            event("p", 1, "run.lifecycle", {"state": "running"}, tenant="acme"),
+            event("p", 2, "x.usage", {"input_tokens": 100, "output_tokens": 40}),
+            event("p", 3, "x.gap", {"run_id": "p", "first": 4, "last": 6}),
+        ])
+        clock.advance(seconds=30)
+        await log.append([
+            event("p", 4, "run.lifecycle", {"state": "done"}, child_id="kid"),
+            event("p", 5, "x.usage", {"input_tokens": 7, "output_tokens": 3}, child_id="kid"),
+            event("p", 6, "x.usage", {"input_tokens": 1, "output_tokens": 2}),
+        ])
+        await log.append([event("kid", 1, parent_id="p", root_id="p", tenant="acme")])
+        parent, kid = await log.run("p"), await log.run("kid")
+        await log.append([event("p", 7, "run.lifecycle", {"state": "error"})])
+        ended = await log.run("p")
+    assert parent is not None and kid is not None and ended is not None
+    assert (parent.tenant, parent.state, parent.terminal) == ("acme", "running", False)
+    assert (parent.events, parent.last_seq, parent.dropped) == (6, 6, 3)
+    assert (parent.input_tokens, parent.output_tokens) == (101, 42)
+    assert parent.first_ts == "2026-01-01T00:00:01.000Z"
+    assert parent.last_ts == "2026-01-01T00:00:06.000Z"
+    assert parent.created_at == T0 and parent.updated_at == T0 + timedelta(seconds=30)
+    assert parent.expires_at == T0 + timedelta(days=30, seconds=30)
+    assert (kid.parent_id, kid.root_id) == ("p", "p")
+    assert (ended.state, ended.terminal) == ("error", True)
+
+
+async def test_a_late_older_lifecycle_event_does_not_overwrite_the_state(store_url: str) -> None:
+    async with open_store(store_url) as log:
+        await log.append([event("r", 5, "run.lifecycle", {"state": "done"})])
+        await log.append([event("r", 2, "run.lifecycle", {"state": "running"})])
+        info = await log.run("r")
+    assert info is not None and info.state == "done" and info.terminal
+
+
+async def test_runs_are_listed_by_tenant_state_and_time(store_url: str, clock: Clock) -> None:
+    async with open_store(store_url, clock=clock) as log:
+        await log.append([event("a", 1, "run.lifecycle", {"state": "done"}, tenant="acme")])
+        clock.advance(hours=1)
+        await log.append([event("b", 1, "run.lifecycle", {"state": "running"}, tenant="acme")])
+        clock.advance(hours=1)
+        await log.append([event("c", 1, "run.lifecycle", {"state": "done"}, tenant="other")])
+        newest_first = [r.run_id for r in await log.runs()]
+        acme = [r.run_id for r in await log.runs(tenant="acme")]
+        done = [r.run_id for r in await log.runs(state="done")]
+        recent = [r.run_id for r in await log.runs(since=T0 + timedelta(minutes=30))]
+        early = [r.run_id for r in await log.runs(until=T0 + timedelta(minutes=90))]
+        one = [r.run_id for r in await log.runs(limit=1)]
+    assert newest_first == ["c", "b", "a"]
+    assert acme == ["b", "a"]
+    assert done == ["c", "a"]
+    assert recent == ["c", "b"]
+    assert early == ["b", "a"]
+    assert one == ["c"]
+
+
+async def _three_runs(log_url: str, clock: Clock, **options: object) -> None:
+    async with open_store(log_url, clock=clock, **options) as log:
+        await log.append([event("done", 1, "run.lifecycle", {"state": "done"}, tenant="acme")])
+        await log.append([event("failed", 1, "run.lifecycle", {"state": "error"}, tenant="acme")])
+        await log.append([event("aborted", 1, "run.lifecycle", {"state": "aborted"})])
+        await log.append([event("open", 1, "run.lifecycle", {"state": "running"})])
+
+
+async def test_retention_by_terminal_state(store_url: str, clock: Clock) -> None:
+    """Seed 003 §6: 90 days for completed runs; 30 days for aborted/error."""
+    await _three_runs(store_url, clock)
+    async with open_store(store_url, clock=clock) as log:
+        assert (await log.sweep(now=T0 + timedelta(days=29))).runs == []
+        month = await log.sweep(now=T0 + timedelta(days=31))
+        assert sorted(month.runs) == ["aborted", "failed", "open"] and month.events == 3
+        assert await log.run("failed") is None and await log.read("failed") == []
+        assert (await log.sweep(now=T0 + timedelta(days=89))).runs == []
+        clock.advance(days=91)
+        assert (await log.sweep()).runs == ["done"]
+        assert await log.runs() == []
+
+
+async def test_sweep_dry_run_deletes_nothing(store_url: str, clock: Clock) -> None:
+    await _three_runs(store_url, clock)
+    async with open_store(store_url, clock=clock) as log:
+        preview = await log.sweep(now=T0 + timedelta(days=31), dry_run=True)
+        assert sorted(preview.runs) == ["aborted", "failed", "open"] and preview.events == 3
+        assert len(await log.runs()) == 4
+        assert len(await log.read("failed")) == 1
+
+
+async def test_retention_is_overridable_per_tenant(
+    new_store_url: Callable[[], str], clock: Clock
+) -> None:
+    """Seed 003 §6: "overrideable per workspace" — by URL parameter or constructor argument."""
+    by_url = new_store_url()
+    sep = "&" if "?" in by_url else "?"
+    by_url += f"{sep}tenant.acme.retention_done_days=7&retention_failed_days=60"
+    by_arg = new_store_url()
+    for url, options in (
+        (by_url, {}),
+        (by_arg, {"retention": RetentionPolicy(failed=timedelta(days=60)),
+                  "tenant_retention": {"acme": RetentionPolicy(done=timedelta(days=7),
+                                                               failed=timedelta(days=60))}}),
+    ):
+        await _three_runs(url, clock, **options)
+        async with open_store(url, clock=clock, **options) as log:
+            info = await log.run("done")
+            assert info is not None and info.expires_at == T0 + timedelta(days=7)
+            assert (await log.sweep(now=T0 + timedelta(days=8))).runs == ["done"]
+            assert sorted((await log.sweep(now=T0 + timedelta(days=31))).runs) == ["open"]
+            assert sorted((await log.sweep(now=T0 + timedelta(days=61))).runs) == [
+                "aborted", "failed"]
+
+
+async def test_unfinished_runs_expire_by_last_activity(store_url: str, clock: Clock) -> None:
+    async with open_store(store_url, clock=clock) as log:
+        await log.append(deltas("slow", 1, 2))
+        clock.advance(days=20)
+        await log.append(deltas("slow", 3, 4))
+        assert (await log.sweep(now=T0 + timedelta(days=31))).runs == []
+        assert (await log.sweep(now=T0 + timedelta(days=51))).runs == ["slow"]
+
+
+async def test_require_run_names_unknown_and_expired_runs(store_url: str, clock: Clock) -> None:
+    async with open_store(store_url, clock=clock) as log:
+        await log.append([event("r", 1, "run.lifecycle", {"state": "error"})])
+        assert (await log.require_run("r")).run_id == "r"
+        with pytest.raises(UnknownRun, match="unknown run 'nope'"):
+            await log.require_run("nope")
+        clock.advance(days=31)
+        with pytest.raises(UnknownRun, match="expired"):
+            await log.require_run("r")
+
+
+async def test_jsonl_export_import_round_trip(new_store_url: Callable[[], str]) -> None:
+    """Seed 003 §5.4: one JSON event per line, ascending; import is idempotent; bad lines are reported."""
+    source_url, copy_url = new_store_url(), new_store_url()
+    originals = [*deltas("r1", 1, 30), event("r1", 31, "run.lifecycle", {"state": "done"}),
+                 *deltas("r2", 1, 3, tenant="acme")]
+    async with open_store(source_url) as log:
+        await log.append(originals)
+        out = io.BytesIO()
+        assert await log.export_jsonl(["r1", "r2"], out.write) == 34
+    exported = out.getvalue()
+    lines = exported.splitlines()
+    assert lines == [envelope.encode(e) for e in originals]
+    ids = [envelope.decode(line).id for line in lines[:31]]
+    assert ids == sorted(ids)
+
+    damaged = [*lines[:5], b'{"type": "nope.kind", "id": "x"}', b"not json", b"", *lines[5:]]
+    async with open_store(copy_url) as copy:
+        report = await copy.import_jsonl(damaged, batch=7)
+        again = await copy.import_jsonl(lines)
+        out = io.BytesIO()
+        await copy.export_jsonl(["r1", "r2"], out.write)
+        info = await copy.run("r1")
+    assert (report.lines, report.added, report.runs) == (36, 34, ["r1", "r2"])
+    assert [(e.line, e.code) for e in report.errors] == [
+        (6, "KAI-STREAM-PROTO-0002"), (7, "KAI-STREAM-PROTO-0001")]
+    assert again.added == 0 and again.errors == []
+    assert out.getvalue() == exported
+    assert info is not None and info.state == "done" and info.events == 31
