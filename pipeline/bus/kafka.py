@@ -1,0 +1,625 @@
+"""``kafka://host:port[,host:port]`` — the bus on Kafka (aiokafka).
+
+Topics (``<prefix>.<kind>``, created at connect; see ``docs/bus.md``):
+
+=====================  ==========  =============  ============================
+topic                  partitions  record key     value
+=====================  ==========  =============  ============================
+``rw.ingest``          shards      root run id    event JSON
+``rw.delivery``        shards      run id         event JSON, header ``v`` =
+                                                  view; writer state records
+                                                  carry header ``k=s``
+``rw.control``         shards      run id         ControlCommand JSON
+``rw.deadletter``      1           —              DeadLetter JSON
+=====================  ==========  =============  ============================
+
+A record's partition is ``shard_for(key, shards)``, chosen here rather than
+by the client's hash, so a run's shard is the same number on every backend.
+
+* **Ingest** is consumed in Kafka consumer groups; offsets are committed
+  explicitly after the caller's ``ack`` (only the contiguous acked prefix of a
+  partition), and again in the rebalance listener's ``on_partitions_revoked``
+  before a partition moves (PITFALLS 4). A restarted or successor consumer
+  starts at the last commit, so unacked entries are redelivered. Claim of a
+  dead consumer's entries is the group rebalance after its session times out
+  (``session_timeout_ms``, default: the claim idle time, 1–30 s).
+* **Delivery** streams are read from :class:`~pipeline.bus.kafka_hot.HotStreams`,
+  fed by one tail of the delivery topic per process; older history is the
+  replay log's. An append writes the new events and the writer state as one
+  record batch to one partition, which Kafka stores atomically; the state
+  record comes last, so a state is never ahead of its events.
+* The brokers used in tests (Tansu) have no idempotent or transactional
+  producer, so nothing relies on them: duplicates from producer retries are
+  dropped by seq wherever records are read.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import time
+from collections.abc import AsyncIterator, Awaitable, Callable, Mapping, Sequence
+from typing import Any, TypeVar
+from urllib.parse import urlsplit
+
+import msgspec
+from aiokafka import AIOKafkaConsumer, AIOKafkaProducer, ConsumerRebalanceListener, TopicPartition
+from aiokafka.admin import AIOKafkaAdminClient, NewTopic
+from aiokafka.errors import KafkaError
+from aiokafka.structs import OffsetAndMetadata
+
+from ..envelope import Event, decode, encode
+from ..errors import BusUnavailable, ConfigError, ProtocolError
+from . import keys
+from .base import Bus, Consumer, ControlCommand, DeadLetter, Delivery, StreamKey
+from .kafka_hot import HotStreams
+from .options import split_url
+
+log = logging.getLogger(__name__)
+
+ACCEPTED_OPTIONS = ("shards", "maxlen", "ttl", "claim_idle_ms", "max_deliveries", "prefix")
+PASSTHROUGH = ("session_timeout_ms", "hot_events", "request_timeout_ms", "linger_ms")
+_VIEW_HEADER = "v"
+_KIND_HEADER = "k"
+_STATE_KIND = b"s"
+_TOPIC_EXISTS = 36
+_control_json = msgspec.json.Decoder(ControlCommand)
+_dead_json = msgspec.json.Decoder(DeadLetter)
+_json = msgspec.json.Encoder()
+
+_Record = tuple[int, bytes | None, bytes, list[tuple[str, bytes]]]
+"""``(partition, key, value, headers)`` of one record to send."""
+
+T = TypeVar("T")
+
+
+class KafkaOptions(msgspec.Struct, kw_only=True):
+    """Kafka-only URL options (``kafka://h:p?session_timeout_ms=3000``)."""
+
+    session_timeout_ms: int | None = None
+    """Group session timeout; default: the consumer's claim idle time, clamped to 1–30 s."""
+    hot_events: int = 500_000
+    """Events the hot tier holds over all delivery streams."""
+    request_timeout_ms: int = 10_000
+    linger_ms: int = 1
+
+
+async def _guard(what: str, call: Awaitable[T]) -> T:
+    """Await a client call, turning Kafka and connection errors into BusUnavailable."""
+    try:
+        return await call
+    except (KafkaError, OSError, TimeoutError) as exc:
+        raise BusUnavailable(f"kafka: {what} failed: {exc!r}") from exc
+
+
+class KafkaBus(Bus):
+    """The bus on Kafka topics (see the module docstring)."""
+
+    def __init__(self, url: str, **overrides: Any) -> None:
+        options, _bare, kept = split_url(url, ACCEPTED_OPTIONS, PASSTHROUGH)
+        if overrides:
+            options = msgspec.structs.replace(options, **overrides)
+        try:
+            self.kafka = msgspec.convert(kept, KafkaOptions, strict=False)
+        except msgspec.ValidationError as exc:
+            raise ConfigError(f"bad kafka option in {url!r}: {exc}") from None
+        self.bootstrap = urlsplit(url).netloc
+        if not self.bootstrap:
+            raise ConfigError(f"kafka URL {url!r} names no broker (kafka://host:port[,host:port])")
+        self.url = url
+        self.options = options
+        self.shards = options.shards
+        self.max_deliveries = options.max_deliveries
+        self.claim_idle_ms = options.claim_idle_ms
+        prefix = options.prefix
+        self.topics = {kind: keys.kafka_topic(prefix, kind) for kind in (
+            keys.KAFKA_INGEST, keys.KAFKA_DELIVERY, keys.KAFKA_CONTROL, keys.KAFKA_DEAD_LETTER)}
+        self._producer: AIOKafkaProducer | None = None
+        self._hot: _DeliveryTail | None = None
+        self._hot_lock = asyncio.Lock()
+        self._consumers: set[KafkaConsumer] = set()
+
+    # ---- connection --------------------------------------------------
+    async def connect(self) -> None:
+        await self._create_topics()
+        producer = AIOKafkaProducer(
+            bootstrap_servers=self.bootstrap,
+            enable_idempotence=False,
+            acks="all",
+            linger_ms=self.kafka.linger_ms,
+            max_batch_size=1 << 20,
+            request_timeout_ms=self.kafka.request_timeout_ms,
+        )
+        try:
+            await _guard("connect", producer.start())
+        except BusUnavailable:
+            await producer.stop()
+            raise
+        self._producer = producer
+
+    async def _create_topics(self) -> None:
+        admin = AIOKafkaAdminClient(
+            bootstrap_servers=self.bootstrap, request_timeout_ms=self.kafka.request_timeout_ms
+        )
+        await _guard("connect", admin.start())
+        try:
+            retention = {"retention.ms": str(self.options.ttl * 1000)}
+            wanted = [
+                NewTopic(self.topics[keys.KAFKA_INGEST], self.shards, 1),
+                NewTopic(self.topics[keys.KAFKA_DELIVERY], self.shards, 1, topic_configs=retention),
+                NewTopic(self.topics[keys.KAFKA_CONTROL], self.shards, 1, topic_configs=retention),
+                NewTopic(self.topics[keys.KAFKA_DEAD_LETTER], 1, 1),
+            ]
+            response = await _guard("create topics", admin.create_topics(wanted))
+            for topic, code, message in response.topic_errors:
+                if code not in (0, _TOPIC_EXISTS):
+                    raise BusUnavailable(f"kafka: cannot create topic {topic}: {message} ({code})")
+            await self._check_partitions(admin)
+        finally:
+            await admin.close()
+
+    async def _check_partitions(self, admin: AIOKafkaAdminClient) -> None:
+        names = [self.topics[k] for k in (keys.KAFKA_INGEST, keys.KAFKA_DELIVERY, keys.KAFKA_CONTROL)]
+        for topic in await _guard("describe topics", admin.describe_topics(names)):
+            count = len(topic["partitions"])
+            if count != self.shards:
+                raise ConfigError(
+                    f"kafka topic {topic['topic']} has {count} partitions but the bus is "
+                    f"configured with shards={self.shards}; use ?shards={count} or another prefix"
+                )
+
+    @property
+    def producer(self) -> AIOKafkaProducer:
+        if self._producer is None:
+            raise BusUnavailable("kafka bus is not connected (use `async with open_bus(url)`)")
+        return self._producer
+
+    async def close(self) -> None:
+        for consumer in list(self._consumers):
+            await consumer.close()
+        if self._hot is not None:
+            await self._hot.stop()
+            self._hot = None
+        if self._producer is not None:
+            await self._producer.stop()
+            self._producer = None
+
+    async def ping(self) -> None:
+        await _guard("ping", self.producer.client.fetch_all_metadata())
+
+    # ---- producing ---------------------------------------------------
+    async def _send(self, topic: str, records: Sequence[_Record]) -> None:
+        """Send ``(partition, key, value, headers)`` records, one batch per partition run.
+
+        Records of one partition keep their order (aiokafka has one batch
+        in flight per partition). Raises BusUnavailable unless all are stored.
+        """
+        producer = self.producer
+        batches: dict[int, Any] = {}
+        sent: list[asyncio.Future[Any]] = []
+        for partition, key, value, headers in records:
+            batch = batches.get(partition)
+            if batch is None:
+                batch = batches[partition] = producer.create_batch()
+            if batch.append(key=key, value=value, timestamp=None, headers=headers) is None:
+                sent.append(await _guard("send", producer.send_batch(batch, topic, partition=partition)))
+                batch = batches[partition] = producer.create_batch()
+                if batch.append(key=key, value=value, timestamp=None, headers=headers) is None:
+                    raise BusUnavailable(f"kafka: a record of {len(value)} bytes exceeds the batch size")
+        for partition, batch in batches.items():
+            sent.append(await _guard("send", producer.send_batch(batch, topic, partition=partition)))
+        await _guard("send", asyncio.gather(*sent))
+
+    # ---- ingest -------------------------------------------------------
+    async def publish(self, events: Sequence[Event]) -> None:
+        if not events:
+            return
+        shards = self.shards
+        records: list[_Record] = []
+        for event in events:
+            root = event.root_id or event.run_id
+            records.append((keys.shard_for(root, shards), root.encode(), encode(event), []))
+        await self._send(self.topics[keys.KAFKA_INGEST], records)
+
+    def consumer(self, group: str, name: str, *, claim_idle_ms: int | None = None) -> Consumer:
+        idle = self.claim_idle_ms if claim_idle_ms is None else claim_idle_ms
+        consumer = KafkaConsumer(self, group, name, claim_idle_ms=idle)
+        self._consumers.add(consumer)
+        return consumer
+
+    async def _dead_letter(self, dead: DeadLetter) -> None:
+        await self._send(self.topics[keys.KAFKA_DEAD_LETTER], [(0, None, _json.encode(dead), [])])
+
+    async def dead_letters(self, limit: int = 100) -> list[DeadLetter]:
+        tp = TopicPartition(self.topics[keys.KAFKA_DEAD_LETTER], 0)
+        records = await self._read_partition(tp, lambda end, start: max(start, end - limit))
+        out = [_dead_json.decode(r.value) for r in records[-limit:]]
+        return out[::-1]
+
+    async def _read_partition(
+        self, tp: TopicPartition, start_at: Callable[[int, int], int]
+    ) -> list[Any]:
+        """Records of one partition from ``start_at(end, beginning)`` to its end."""
+        reader = AIOKafkaConsumer(bootstrap_servers=self.bootstrap, enable_auto_commit=False)
+        await _guard("read", reader.start())
+        try:
+            reader.assign([tp])
+            end = (await _guard("read", reader.end_offsets([tp])))[tp]
+            begin = (await _guard("read", reader.beginning_offsets([tp])))[tp]
+            if end <= begin:
+                return []
+            reader.seek(tp, start_at(end, begin))
+            out: list[Any] = []
+            while await reader.position(tp) < end:
+                batch = await _guard("read", reader.getmany(tp, timeout_ms=1000))
+                if not batch:
+                    break
+                out.extend(batch.get(tp, []))
+            return out
+        finally:
+            await reader.stop()
+
+    # ---- delivery ----------------------------------------------------
+    async def _delivery(self) -> _DeliveryTail:
+        if self._hot is None:
+            async with self._hot_lock:
+                if self._hot is None:
+                    hot = _DeliveryTail(self)
+                    await hot.start()
+                    self._hot = hot
+        return self._hot
+
+    def _delivery_partition(self, run_id: str) -> int:
+        return keys.shard_for(run_id, self.shards)
+
+    async def append(
+        self, key: StreamKey, events: Sequence[Event], *, state: bytes | None = None
+    ) -> int:
+        tail = await self._delivery()
+        run_id, view = key
+        partition = self._delivery_partition(run_id)
+        await tail.sync(partition)
+        last = tail.streams.last_seq(key)
+        fresh: list[Event] = []
+        for event in events:
+            if event.seq > last:
+                fresh.append(event)
+                last = event.seq
+        if not fresh and state is None:
+            return 0
+        headers = [(_VIEW_HEADER, view.encode())]
+        key_bytes = run_id.encode()
+        records: list[_Record] = [
+            (partition, key_bytes, encode(e), headers) for e in fresh
+        ]
+        if state is not None:
+            records.append((partition, key_bytes, state, [*headers, (_KIND_HEADER, _STATE_KIND)]))
+        await self._send(self.topics[keys.KAFKA_DELIVERY], records)
+        added = tail.streams.add(key, fresh)
+        if state is not None:
+            tail.streams.set_state(key, state)
+        return added
+
+    async def load_state(self, key: StreamKey) -> bytes | None:
+        tail = await self._delivery()
+        await tail.sync(self._delivery_partition(key[0]))
+        return tail.streams.state(key)
+
+    async def read(self, key: StreamKey, after: int, limit: int = 1000) -> list[Event]:
+        return (await self._delivery()).streams.read(key, after, limit)
+
+    async def bounds(self, key: StreamKey) -> tuple[int, int] | None:
+        return (await self._delivery()).streams.bounds(key)
+
+    async def tail(
+        self, cursors: Mapping[StreamKey, int], block_ms: int = 1000
+    ) -> list[tuple[StreamKey, Event]]:
+        streams = (await self._delivery()).streams
+        deadline = time.monotonic() + block_ms / 1000
+        while True:
+            found = streams.collect(cursors)
+            remaining = deadline - time.monotonic()
+            if found or remaining <= 0:
+                return found
+            await streams.changed(remaining)
+
+    # ---- control -----------------------------------------------------
+    async def send_control(self, command: ControlCommand) -> None:
+        partition = keys.shard_for(command.run_id, self.shards)
+        record: _Record = (partition, command.run_id.encode(), _json.encode(command), [])
+        await self._send(self.topics[keys.KAFKA_CONTROL], [record])
+
+    async def controls(self, run_id: str, *, after: str = "$") -> AsyncIterator[ControlCommand]:
+        """Commands for one run: one partition read by a consumer of this iterator's own.
+
+        ``after``: ``"$"`` from now, ``"0"`` from the start of the retained
+        channel, else a partition offset (``"<offset>"`` or ``"<offset>-0"``).
+        """
+        tp = TopicPartition(self.topics[keys.KAFKA_CONTROL], keys.shard_for(run_id, self.shards))
+        reader = AIOKafkaConsumer(bootstrap_servers=self.bootstrap, enable_auto_commit=False)
+        await _guard("controls", reader.start())
+        wanted = run_id.encode()
+        try:
+            reader.assign([tp])
+            if after == "$":
+                await reader.seek_to_end(tp)
+            elif after == "0":
+                await reader.seek_to_beginning(tp)
+            else:
+                reader.seek(tp, int(after.split("-", 1)[0]) + 1)
+            await reader.position(tp)
+            while True:
+                batch = await _guard("controls", reader.getmany(tp, timeout_ms=1000))
+                for record in batch.get(tp, []):
+                    if record.key == wanted:
+                        yield _control_json.decode(record.value)
+        finally:
+            await reader.stop()
+
+
+class _DeliveryTail:
+    """One process-wide reader of the delivery topic feeding the hot tier."""
+
+    def __init__(self, bus: KafkaBus) -> None:
+        self.bus = bus
+        self.topic = bus.topics[keys.KAFKA_DELIVERY]
+        self.streams = HotStreams(
+            maxlen=bus.options.maxlen, max_events=bus.kafka.hot_events, ttl_s=bus.options.ttl
+        )
+        self.positions: dict[int, int] = {}
+        self._progress = asyncio.Event()
+        self._reader: AIOKafkaConsumer | None = None
+        self._task: asyncio.Task[None] | None = None
+        self._last_sweep = time.monotonic()
+
+    async def start(self) -> None:
+        """Read the retained delivery topic up to its current end, then tail it live."""
+        reader = AIOKafkaConsumer(bootstrap_servers=self.bus.bootstrap, enable_auto_commit=False)
+        await _guard("delivery tail", reader.start())
+        tps = [TopicPartition(self.topic, p) for p in range(self.bus.shards)]
+        reader.assign(tps)
+        await reader.seek_to_beginning(*tps)
+        for tp in tps:
+            self.positions[tp.partition] = await reader.position(tp)
+        self._reader = reader
+        self._task = asyncio.create_task(self._run(reader), name="runwire-kafka-delivery-tail")
+        for partition in range(self.bus.shards):
+            await self.sync(partition)
+
+    async def stop(self) -> None:
+        if self._task is not None:
+            self._task.cancel()
+            await asyncio.gather(self._task, return_exceptions=True)
+        if self._reader is not None:
+            await self._reader.stop()
+
+    async def sync(self, partition: int) -> None:
+        """Wait until the hot tier holds everything in ``partition`` as of now."""
+        assert self._reader is not None
+        tp = TopicPartition(self.topic, partition)
+        end = (await _guard("delivery sync", self._reader.end_offsets([tp])))[tp]
+        # Past the end offset (not at it): some brokers report the last batch's base offset + 1.
+        while self.positions.get(partition, 0) < end:
+            if self._task is None or self._task.done():
+                raise BusUnavailable("kafka: the delivery tail stopped")
+            self._progress.clear()
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(self._progress.wait(), 1.0)
+
+    async def _run(self, reader: AIOKafkaConsumer) -> None:
+        while True:
+            try:
+                batches = await reader.getmany(timeout_ms=500, max_records=5000)
+            except KafkaError as exc:
+                log.warning("kafka delivery tail: %r; retrying", exc)
+                await asyncio.sleep(0.5)
+                continue
+            for tp, records in batches.items():
+                self._absorb(records)
+                self.positions[tp.partition] = records[-1].offset + 1
+            self._progress.set()
+            if time.monotonic() - self._last_sweep > 60:
+                self._last_sweep = time.monotonic()
+                self.streams.sweep()
+
+    def _absorb(self, records: Sequence[Any]) -> None:
+        for record in records:
+            headers = dict(record.headers)
+            view = headers.get(_VIEW_HEADER, b"raw").decode()
+            key: StreamKey = (record.key.decode(), "shaped" if view == "shaped" else "raw")
+            if headers.get(_KIND_HEADER) == _STATE_KIND:
+                self.streams.set_state(key, record.value)
+                continue
+            try:
+                self.streams.add(key, [decode(record.value)])
+            except ProtocolError as exc:
+                log.warning("kafka delivery tail: skipping a bad record at %s: %s", record.offset, exc)
+
+
+class _Held(msgspec.Struct):
+    delivery: Delivery
+    delivered_ms: float
+
+
+class _PartitionState:
+    """Unacked entries of one assigned partition and where its commit point is."""
+
+    def __init__(self) -> None:
+        self.held: dict[int, _Held] = {}
+        self.next_offset: int | None = None
+        self.committed: int | None = None
+
+    def commit_point(self) -> int | None:
+        if self.held:
+            return min(self.held)
+        return self.next_offset
+
+
+class _Rebalance(ConsumerRebalanceListener):  # type: ignore[misc]
+    def __init__(self, owner: KafkaConsumer) -> None:
+        self.owner = owner
+
+    async def on_partitions_revoked(self, revoked: list[TopicPartition]) -> None:
+        await self.owner._revoked(revoked)
+
+    async def on_partitions_assigned(self, assigned: list[TopicPartition]) -> None:
+        self.owner._assigned(assigned)
+
+
+class KafkaConsumer(Consumer):
+    """A member of a Kafka consumer group on the ingest topic (see the module docstring).
+
+    ``deliveries`` counts how often *this process* handed an offset out: an
+    unacked entry is handed out again after ``claim_idle_ms`` and
+    dead-lettered past ``max_deliveries``. A successor after a crash starts
+    counting at 1 (the brokers used here keep no commit metadata).
+    """
+
+    def __init__(self, bus: KafkaBus, group: str, name: str, *, claim_idle_ms: int) -> None:
+        self.bus = bus
+        self.group = group
+        self.name = name
+        self.claim_idle_ms = claim_idle_ms
+        self.topic = bus.topics[keys.KAFKA_INGEST]
+        self._client: AIOKafkaConsumer | None = None
+        self._partitions: dict[int, _PartitionState] = {}
+        self._counts: dict[tuple[int, int], int] = {}
+        self._closed = False
+
+    def owned_shards(self) -> frozenset[int]:
+        if self._client is None:
+            return frozenset()
+        return frozenset(tp.partition for tp in self._client.assignment())
+
+    async def _start(self) -> AIOKafkaConsumer:
+        if self._closed:
+            raise RuntimeError("consumer is closed")
+        if self._client is None:
+            session = self.bus.kafka.session_timeout_ms or min(max(self.claim_idle_ms, 1000), 30_000)
+            client = AIOKafkaConsumer(
+                bootstrap_servers=self.bus.bootstrap,
+                group_id=self.group,
+                client_id=self.name,
+                enable_auto_commit=False,
+                auto_offset_reset="earliest",
+                session_timeout_ms=session,
+                heartbeat_interval_ms=max(session // 4, 100),
+                rebalance_timeout_ms=max(session, 10_000),
+                request_timeout_ms=max(self.bus.kafka.request_timeout_ms, session + 5000),
+            )
+            client.subscribe([self.topic], listener=_Rebalance(self))
+            await _guard("join group", client.start())
+            self._client = client
+        return self._client
+
+    def _assigned(self, assigned: list[TopicPartition]) -> None:
+        for tp in assigned:
+            self._partitions[tp.partition] = _PartitionState()
+
+    async def _revoked(self, revoked: list[TopicPartition]) -> None:
+        """Commit what was acked on partitions about to move, then forget them."""
+        await self._commit([tp.partition for tp in revoked])
+        for tp in revoked:
+            self._partitions.pop(tp.partition, None)
+            for key in [k for k in self._counts if k[0] == tp.partition]:
+                del self._counts[key]
+
+    async def fetch(self, max_count: int = 512, block_ms: int = 1000) -> list[Delivery]:
+        client = await self._start()
+        out, poison = self._redeliver(max_count)
+        for delivery in poison:
+            await self.dead_letter(delivery, f"delivered {delivery.deliveries} times without an "
+                                   f"ack (max_deliveries={self.bus.max_deliveries})")
+        if len(out) >= max_count:
+            return out
+        wait = 0 if out else min(block_ms, max(self._next_redelivery_ms(), 0))
+        batches = await _guard("fetch", client.getmany(timeout_ms=int(wait), max_records=max_count - len(out)))
+        now = time.monotonic() * 1000
+        for tp, records in batches.items():
+            state = self._partitions.setdefault(tp.partition, _PartitionState())
+            for record in records:
+                delivery = Delivery(
+                    entry_id=f"{tp.partition}:{record.offset}", shard=tp.partition,
+                    data=record.value, deliveries=1,
+                )
+                self._counts[(tp.partition, record.offset)] = 1
+                state.held[record.offset] = _Held(delivery, now)
+                out.append(delivery)
+            state.next_offset = records[-1].offset + 1
+        return out
+
+    def _next_redelivery_ms(self) -> float:
+        now, soonest = time.monotonic() * 1000, float("inf")
+        for state in self._partitions.values():
+            for held in state.held.values():
+                soonest = min(soonest, held.delivered_ms + self.claim_idle_ms - now)
+        return soonest
+
+    def _redeliver(self, limit: int) -> tuple[list[Delivery], list[Delivery]]:
+        """Own unacked entries idle past ``claim_idle_ms``, handed out again (counted).
+
+        Returns the entries to hand out and those past ``max_deliveries`` (poison).
+        """
+        now = time.monotonic() * 1000
+        out: list[Delivery] = []
+        poison: list[Delivery] = []
+        for partition, state in self._partitions.items():
+            for offset in sorted(state.held):
+                held = state.held[offset]
+                if len(out) >= limit:
+                    return out, poison
+                if now - held.delivered_ms < self.claim_idle_ms:
+                    continue
+                count = self._counts.get((partition, offset), 1) + 1
+                self._counts[(partition, offset)] = count
+                held.delivered_ms = now
+                held.delivery = msgspec.structs.replace(held.delivery, deliveries=count)
+                if count > self.bus.max_deliveries:
+                    poison.append(held.delivery)
+                    continue
+                out.append(held.delivery)
+        return out, poison
+
+    async def ack(self, deliveries: Sequence[Delivery]) -> None:
+        touched: set[int] = set()
+        for delivery in deliveries:
+            partition, _, offset = delivery.entry_id.partition(":")
+            state = self._partitions.get(int(partition))
+            if state is not None and state.held.pop(int(offset), None) is not None:
+                touched.add(int(partition))
+                self._counts.pop((int(partition), int(offset)), None)
+        await self._commit(sorted(touched))
+
+    async def _commit(self, partitions: Sequence[int]) -> None:
+        if self._client is None:
+            return
+        offsets: dict[TopicPartition, OffsetAndMetadata] = {}
+        for partition in partitions:
+            state = self._partitions.get(partition)
+            point = None if state is None else state.commit_point()
+            if state is not None and point is not None and point != state.committed:
+                offsets[TopicPartition(self.topic, partition)] = OffsetAndMetadata(point, "")
+                state.committed = point
+        if offsets:
+            try:
+                await self._client.commit(offsets)
+            except KafkaError as exc:  # lost the partition meanwhile: the successor redelivers
+                log.warning("kafka commit for group %s failed: %r", self.group, exc)
+
+    async def dead_letter(self, delivery: Delivery, reason: str) -> None:
+        await self.bus._dead_letter(DeadLetter(
+            entry_id=delivery.entry_id, shard=delivery.shard, data=delivery.data,
+            reason=reason, deliveries=delivery.deliveries, group=self.group,
+        ))
+        log.warning("dead-lettered entry %s of group %s: %s", delivery.entry_id, self.group, reason)
+        await self.ack([delivery])
+
+    async def close(self) -> None:
+        if self._closed:
+            return
+        self._closed = True
+        self.bus._consumers.discard(self)
+        if self._client is not None:
+            client, self._client = self._client, None
+            await client.stop()

@@ -1,0 +1,158 @@
+"""The Kafka bus's hot tier: delivery streams held in process memory, bounded.
+
+Kafka can't read one run's records out of a shared partition without
+scanning it (PITFALLS 19), so every :class:`~pipeline.bus.kafka.KafkaBus`
+that reads delivery streams keeps this cache, fed by one multiplexed tail of
+the delivery topic (and by its own appends, written through). The edge
+resumes from here and falls back to the replay log for anything older
+than :meth:`HotStreams.bounds` reports.
+
+Bounds: each stream keeps its last ``maxlen`` events; all streams together
+keep at most ``max_events`` (the least recently appended streams lose their
+events first, keeping only their last seq and writer state, which are
+small); a stream not appended to for ``ttl_s`` seconds is forgotten.
+
+Records may arrive twice (producer retries without idempotence, a writer
+that took over a run re-appending what its predecessor already wrote):
+events whose seq is not above the stream's last seq are dropped here, so
+readers see every seq once, in order.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from collections import OrderedDict, deque
+from collections.abc import Iterable, Mapping
+
+from ..envelope import Event
+from .base import StreamKey
+
+
+class _Stream:
+    __slots__ = ("events", "last", "state", "touched")
+
+    def __init__(self, maxlen: int) -> None:
+        self.events: deque[Event] = deque(maxlen=maxlen)
+        self.last = 0
+        self.state: bytes | None = None
+        self.touched = time.monotonic()
+
+
+class HotStreams:
+    """Delivery streams in memory, deduplicated by seq and bounded (see module docs)."""
+
+    def __init__(self, *, maxlen: int, max_events: int, ttl_s: float) -> None:
+        self.maxlen = maxlen
+        self.max_events = max_events
+        self.ttl_s = ttl_s
+        self._streams: OrderedDict[StreamKey, _Stream] = OrderedDict()
+        self._held = 0
+        self._waiters: list[asyncio.Future[None]] = []
+
+    def __len__(self) -> int:
+        return len(self._streams)
+
+    @property
+    def held_events(self) -> int:
+        return self._held
+
+    def _stream(self, key: StreamKey) -> _Stream:
+        stream = self._streams.get(key)
+        if stream is None:
+            stream = self._streams[key] = _Stream(self.maxlen)
+        else:
+            self._streams.move_to_end(key)
+        stream.touched = time.monotonic()
+        return stream
+
+    def last_seq(self, key: StreamKey) -> int:
+        stream = self._streams.get(key)
+        return 0 if stream is None else stream.last
+
+    def state(self, key: StreamKey) -> bytes | None:
+        stream = self._streams.get(key)
+        return None if stream is None else stream.state
+
+    def add(self, key: StreamKey, events: Iterable[Event]) -> int:
+        """Add events above the stream's last seq; returns how many were new."""
+        stream = self._stream(key)
+        added = 0
+        for event in events:
+            if event.seq <= stream.last:
+                continue
+            if len(stream.events) == stream.events.maxlen:
+                self._held -= 1
+            stream.events.append(event)
+            stream.last = event.seq
+            added += 1
+        if added:
+            self._held += added
+            self._evict()
+            self._notify()
+        return added
+
+    def set_state(self, key: StreamKey, state: bytes) -> None:
+        self._stream(key).state = state
+
+    def read(self, key: StreamKey, after: int, limit: int) -> list[Event]:
+        stream = self._streams.get(key)
+        if stream is None or stream.last <= after:
+            return []
+        out: list[Event] = []
+        for event in reversed(stream.events):  # newest first: short for live readers
+            if event.seq <= after:
+                break
+            out.append(event)
+        out.reverse()
+        return out[:limit]
+
+    def bounds(self, key: StreamKey) -> tuple[int, int] | None:
+        stream = self._streams.get(key)
+        if stream is None or not stream.events:
+            return None
+        return stream.events[0].seq, stream.events[-1].seq
+
+    def collect(self, cursors: Mapping[StreamKey, int], limit: int = 1000) -> list[tuple[StreamKey, Event]]:
+        return [(key, e) for key, cursor in cursors.items() for e in self.read(key, cursor, limit)]
+
+    def _notify(self) -> None:
+        waiters, self._waiters = self._waiters, []
+        for waiter in waiters:
+            if not waiter.done():
+                waiter.set_result(None)
+
+    async def changed(self, timeout_s: float) -> None:
+        """Return when events are added (or after ``timeout_s``)."""
+        waiter: asyncio.Future[None] = asyncio.get_running_loop().create_future()
+        self._waiters.append(waiter)
+        try:
+            await asyncio.wait_for(waiter, timeout_s)
+        except TimeoutError:
+            pass
+        finally:
+            if waiter in self._waiters:
+                self._waiters.remove(waiter)
+
+    def _evict(self) -> None:
+        while self._held > self.max_events:
+            for stream in self._streams.values():  # least recently appended first
+                if stream.events:
+                    self._held -= len(stream.events)
+                    stream.events.clear()
+                    break
+            else:
+                return
+
+    def sweep(self) -> int:
+        """Forget streams idle longer than ``ttl_s``; returns how many."""
+        cutoff = time.monotonic() - self.ttl_s
+        dropped = 0
+        while self._streams:
+            key, stream = next(iter(self._streams.items()))
+            if stream.touched >= cutoff:
+                break
+            self._held -= len(stream.events)
+            del self._streams[key]
+            dropped += 1
+        return dropped

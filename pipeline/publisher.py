@@ -1,0 +1,389 @@
+"""The publisher SDK agents embed.
+
+::
+
+    async with Publisher.connect("redis://localhost:6379/0") as pub:
+        run = pub.run("run_123", tenant="acme")
+        await run.emit("text.delta", {"text": "hi"})
+        await run.finish("done")
+
+What it guarantees:
+
+* **Ids, seq and time are assigned here.** ``seq`` counts from 1 per run; ids
+  are monotonic ULIDs (``evt_…``) from one generator per publisher, so they
+  increase within every run; ``ts`` is the emit time (RFC 3339, ms).
+* **Batching.** Events wait at most ``linger_ms`` (or until ``max_batch``
+  are queued) and go out in one ``Bus.publish`` call. One batch is in flight
+  at a time, so per-run order is the emit order.
+* **Bounded memory.** At most ``max_pending`` events and ``max_pending_bytes``
+  encoded bytes are queued; past that ``emit`` waits. Nothing is dropped
+  silently.
+* **Retries.** A batch that fails with :class:`~pipeline.errors.BusUnavailable`
+  is retried with exponential backoff and full jitter (redis-py's
+  ``FullJitterBackoff``) until ``delivery_timeout`` seconds have passed since
+  its first failure. Then every queued event is given up and
+  :class:`~pipeline.errors.DeliveryTimeout` names each ``(run_id, seq)`` that
+  was not delivered; it is raised from the emits that were waiting, else from
+  the next ``emit``/``flush``/``close``. The publisher stays usable: once the
+  bus answers again, new events flow (the lost seqs show up as a gap, T2).
+* **Graceful close.** Leaving the ``async with`` block flushes what is queued.
+* **Child runs.** ``pub.run(child_id, parent=run)`` puts ``parent_id`` and
+  ``root_id`` on every event of the child, so workers fan it into its parent
+  and one worker owns the whole tree (ingest is partitioned by root run id).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from collections import deque
+from collections.abc import AsyncIterator, Iterable, Mapping
+from types import TracebackType
+from typing import Any, Self
+
+import msgspec
+from redis.backoff import FullJitterBackoff
+
+from . import envelope
+from .bus import Bus, ControlCommand, open_bus
+from .envelope import Event
+from .errors import BusUnavailable, DeliveryTimeout
+from .ulid import MonotonicULID
+
+__all__ = ["Publisher", "Run"]
+
+_encoder = msgspec.json.Encoder()
+
+
+class _Clock:
+    """ULID and RFC 3339 timestamp from one reading of the clock; the string is cached per ms."""
+
+    __slots__ = ("_ids", "_last_ms", "_last_ts")
+
+    def __init__(self) -> None:
+        self._ids = MonotonicULID("evt_")
+        self._last_ms = -1
+        self._last_ts = ""
+
+    def stamp(self) -> tuple[str, str]:
+        now = time.time()
+        ms = int(now * 1000)
+        if ms != self._last_ms:
+            self._last_ms = ms
+            moment = time.gmtime(now)
+            self._last_ts = time.strftime("%Y-%m-%dT%H:%M:%S", moment) + f".{ms % 1000:03d}Z"
+        return self._ids.new(ms), self._last_ts
+
+
+class Run:
+    """One run's publishing handle: assigns seq, id and ts, and enqueues on the publisher."""
+
+    def __init__(
+        self,
+        publisher: Publisher,
+        run_id: str,
+        *,
+        tenant: str | None = None,
+        parent_id: str | None = None,
+        root_id: str | None = None,
+    ) -> None:
+        self.publisher = publisher
+        self.run_id = run_id
+        self.tenant = tenant
+        self.parent_id = parent_id
+        self.root_id = root_id
+        self.seq = 0
+        """The seq of the last event emitted (0 before the first)."""
+        self._fields: dict[str, Any] = {
+            k: v
+            for k, v in (("parent_id", parent_id), ("root_id", root_id), ("tenant", tenant))
+            if v is not None
+        }
+
+    def event(self, type: str, payload: Mapping[str, Any] | msgspec.Struct) -> Event:
+        """Build (and validate) the run's next event without publishing it."""
+        event_id, ts = self.publisher._clock.stamp()
+        event = envelope.make(
+            type, payload, id=event_id, ts=ts, run_id=self.run_id, seq=self.seq + 1, **self._fields
+        )
+        self.seq += 1
+        return event
+
+    async def emit(self, type: str, payload: Mapping[str, Any] | msgspec.Struct) -> Event:
+        """Publish one event of any canonical (or ``x.*``) type; returns it.
+
+        Raises ``MalformedFrame``/``UnknownEventType`` for an invalid payload
+        or type (nothing is published, seq is not used up), and
+        ``DeliveryTimeout`` when the publisher gave up on earlier events.
+        """
+        event = self.event(type, payload)
+        await self.publisher._enqueue(event)
+        return event
+
+    async def finish(self, state: str = "done", reason: str | None = None) -> Event:
+        """Publish the terminal ``run.lifecycle`` event (done, aborted or error)."""
+        if state not in envelope.TERMINAL_STATES:
+            raise ValueError(f"finish state must be one of {sorted(envelope.TERMINAL_STATES)}")
+        payload: dict[str, Any] = {"state": state}
+        if reason is not None:
+            payload["reason"] = reason
+        return await self.emit("run.lifecycle", payload)
+
+    def controls(self, *, after: str = "$") -> AsyncIterator[ControlCommand]:
+        """The run's control channel (cancel, pause, approve …), live from now by default."""
+        return self.publisher.bus.controls(self.run_id, after=after)
+
+
+class _Item(msgspec.Struct, array_like=True):
+    event: Event
+    size: int
+
+
+class Publisher:
+    """Batches, bounds and retries events on their way onto a bus. See the module docs."""
+
+    def __init__(
+        self,
+        bus: Bus,
+        *,
+        linger_ms: float = 3.0,
+        max_batch: int = 2000,
+        max_pending: int = 20_000,
+        max_pending_bytes: int = 16 << 20,
+        delivery_timeout: float = 30.0,
+        backoff_cap: float = 1.0,
+        backoff_base: float = 0.01,
+        own_bus: bool = False,
+    ) -> None:
+        self.bus = bus
+        self.linger = linger_ms / 1000
+        self.max_batch = max_batch
+        self.max_pending = max_pending
+        self.max_pending_bytes = max_pending_bytes
+        self.delivery_timeout = delivery_timeout
+        self._backoff = FullJitterBackoff(cap=backoff_cap, base=backoff_base)
+        self._own_bus = own_bus
+        self._clock = _Clock()
+        self._queue: deque[_Item] = deque()
+        self._queued_bytes = 0
+        self._in_flight: list[_Item] = []
+        self._wakeup = asyncio.Event()
+        self._space = asyncio.Event()
+        self._space.set()
+        self._idle = asyncio.Event()
+        self._idle.set()
+        self._failure: DeliveryTimeout | None = None
+        """A give-up not yet reported to any caller."""
+        self._last_failure: DeliveryTimeout | None = None
+        self._failure_epoch = 0
+        self._flusher: asyncio.Task[None] | None = None
+        self._closing = False
+        self.published = 0
+        """Events the bus has accepted so far."""
+
+    # ---- lifecycle ---------------------------------------------------
+    @classmethod
+    def connect(cls, url: str, **options: Any) -> Publisher:
+        """A publisher on the bus at ``url``; use as ``async with Publisher.connect(url) as pub``."""
+        bus_options = options.pop("bus_options", {})
+        return cls(open_bus(url, **bus_options), own_bus=True, **options)
+
+    async def start(self) -> None:
+        """Connect the bus (if this publisher opened it) and start the flusher."""
+        if self._own_bus:
+            await self.bus.connect()
+        self._flusher = asyncio.create_task(self._flush_loop(), name="runwire-publisher")
+
+    async def __aenter__(self) -> Self:
+        await self.start()
+        return self
+
+    async def __aexit__(
+        self,
+        exc_type: type[BaseException] | None,
+        exc: BaseException | None,
+        tb: TracebackType | None,
+    ) -> None:
+        await self.close()
+
+    async def close(self) -> None:
+        """Flush what is queued (up to the delivery deadline), stop, and close the bus."""
+        try:
+            if self._flusher is not None and not self._flusher.done():
+                await self.flush()
+        finally:
+            self._closing = True
+            if self._flusher is not None:
+                self._flusher.cancel()
+                await asyncio.gather(self._flusher, return_exceptions=True)
+                self._flusher = None
+            if self._own_bus:
+                await self.bus.close()
+
+    # ---- publishing --------------------------------------------------
+    def run(
+        self,
+        run_id: str,
+        tenant: str | None = None,
+        parent: Run | str | None = None,
+        *,
+        root: str | None = None,
+    ) -> Run:
+        """A handle for publishing run ``run_id`` (seq from 1).
+
+        ``parent`` (a :class:`Run` or a run id) makes it a child run; its
+        root is the parent's root when ``parent`` is a Run, else ``root`` if
+        given, else the parent id.
+        """
+        parent_id: str | None = None
+        root_id: str | None = None
+        if isinstance(parent, Run):
+            parent_id = parent.run_id
+            root_id = parent.root_id or parent.run_id
+            tenant = tenant if tenant is not None else parent.tenant
+        elif parent is not None:
+            parent_id = parent
+            root_id = root or parent
+        return Run(self, run_id, tenant=tenant, parent_id=parent_id, root_id=root_id)
+
+    async def publish_events(self, events: Iterable[Event]) -> int:
+        """Enqueue pre-built envelopes as they are (ids and seqs kept); returns how many."""
+        count = 0
+        for event in events:
+            await self._enqueue(event)
+            count += 1
+        return count
+
+    async def flush(self) -> None:
+        """Wait until everything queued so far is on the bus (or raise DeliveryTimeout)."""
+        self._raise_failure()
+        self._wakeup.set()
+        while self._queue or self._in_flight:
+            self._idle.clear()
+            if self._flusher is None or self._flusher.done():
+                raise RuntimeError("publisher is not running (use `async with`)")
+            await self._idle.wait()
+            self._raise_failure()
+        self._raise_failure()
+
+    @property
+    def pending(self) -> int:
+        """Events queued or in flight, not yet accepted by the bus."""
+        return len(self._queue) + len(self._in_flight)
+
+    @property
+    def pending_bytes(self) -> int:
+        return self._queued_bytes
+
+    async def _enqueue(self, event: Event) -> None:
+        self._raise_failure()
+        item = _Item(event, len(_encoder.encode(event)))
+        epoch = self._failure_epoch
+        while self._full(item.size):
+            self._space.clear()
+            if self._flusher is None or self._flusher.done():
+                raise RuntimeError("publisher is not running (use `async with`)")
+            await self._space.wait()
+            failure = self._last_failure
+            if self._failure_epoch != epoch and failure is not None:
+                self._failure = None  # reported here
+                raise DeliveryTimeout(
+                    str(failure), [*failure.undelivered, (event.run_id, event.seq)]
+                )
+        self._queue.append(item)
+        self._queued_bytes += item.size
+        if len(self._queue) >= self.max_batch or len(self._queue) == 1:
+            self._wakeup.set()
+
+    def _full(self, size: int) -> bool:
+        if not self._queue and not self._in_flight:
+            return False  # one event always fits, however large
+        return (
+            self.pending >= self.max_pending or self._queued_bytes + size > self.max_pending_bytes
+        )
+
+    def _raise_failure(self) -> None:
+        failure, self._failure = self._failure, None
+        if failure is not None:
+            raise failure
+
+    # ---- the flusher -------------------------------------------------
+    async def _flush_loop(self) -> None:
+        while True:
+            if not self._queue:
+                self._idle.set()
+                self._wakeup.clear()
+                await self._wakeup.wait()
+                continue
+            if len(self._queue) < self.max_batch and self.linger > 0 and not self._closing:
+                await asyncio.sleep(self.linger)
+            take = min(len(self._queue), self.max_batch)
+            self._in_flight = [self._queue.popleft() for _ in range(take)]
+            await self._deliver(self._in_flight)
+
+    async def _deliver(self, batch: list[_Item]) -> None:
+        events = [item.event for item in batch]
+        failures = 0
+        first_failure = 0.0
+        while True:
+            try:
+                async with asyncio.timeout(self.delivery_timeout):
+                    await self.bus.publish(events)
+            except (BusUnavailable, TimeoutError) as exc:
+                now = time.monotonic()
+                failures += 1
+                if failures == 1:
+                    first_failure = now
+                if now - first_failure >= self.delivery_timeout:
+                    self._give_up(f"gave up after {self.delivery_timeout:g}s of bus errors ({exc!r})")
+                    return
+                await asyncio.sleep(self._backoff.compute(failures))
+                continue
+            except Exception as exc:  # not retriable: report it rather than loop
+                self._give_up(f"the bus refused the batch ({exc!r})")
+                return
+            self._done(batch)
+            return
+
+    def _done(self, batch: list[_Item]) -> None:
+        self.published += len(batch)
+        self._queued_bytes -= sum(item.size for item in batch)
+        self._in_flight = []
+        self._space.set()
+        if not self._queue:
+            self._idle.set()
+
+    def _give_up(self, why: str) -> None:
+        lost = [*self._in_flight, *self._queue]
+        self._queue.clear()
+        self._in_flight = []
+        self._queued_bytes = 0
+        undelivered = [(item.event.run_id, item.event.seq) for item in lost]
+        self._failure = self._last_failure = DeliveryTimeout(
+            f"{why}; {len(undelivered)} event(s) not delivered: {_describe(undelivered)}",
+            undelivered,
+        )
+        self._failure_epoch += 1
+        self._space.set()
+        self._idle.set()
+
+
+def _describe(undelivered: list[tuple[str, int]]) -> str:
+    """``run_a seq 3..7, run_b seq 1`` — consecutive seqs of a run folded into ranges."""
+    parts: list[str] = []
+    for run_id, first, last in _ranges(undelivered):
+        parts.append(f"{run_id} seq {first}" if first == last else f"{run_id} seq {first}..{last}")
+    if len(parts) > 20:
+        parts = [*parts[:20], f"… {len(parts) - 20} more"]
+    return ", ".join(parts)
+
+
+def _ranges(pairs: list[tuple[str, int]]) -> list[tuple[str, int, int]]:
+    out: list[tuple[str, int, int]] = []
+    for run_id, seq in pairs:
+        if out and out[-1][0] == run_id and out[-1][2] + 1 == seq:
+            out[-1] = (run_id, out[-1][1], seq)
+        else:
+            out.append((run_id, seq, seq))
+    return out
+
