@@ -296,7 +296,8 @@ class LoomEgress(Egress):
     Events that came from loom carry ``ext["loom"]`` and are restored exactly.
     Events from elsewhere are rendered: chunks name the node last entered,
     ``tool_end`` names the tool its ``tool.start`` named, a second ``running``
-    becomes ``custom``, and the stream ends with a ``reply`` frame holding the
+    becomes ``custom``, a child run's events (``child_id`` set; loom has no
+    sub-runs) are carried whole in ``custom`` frames, and the stream ends with a ``reply`` frame holding the
     text the run produced (after its terminal event, or at :meth:`finish`).
     """
 
@@ -333,6 +334,8 @@ class LoomEgress(Egress):
             self.replied = True
 
     def _foreign(self, event: Event) -> list[Any]:
+        if event.child_id is not None:  # loom has no sub-runs: carry a child's events whole
+            return [{**carried(event), "event_id": event.seq}]
         frame = render(event)
         if isinstance(event, envelope.TextDelta):
             frame["id"] = self.node
