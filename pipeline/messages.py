@@ -21,8 +21,9 @@ Mapping: ``x.<ns>.user`` events with a string ``content`` (cogency's ``user``
 becomes ``x.cogency.user``) → user messages; ``text.delta`` → assistant
 text; ``reasoning.delta`` → left out in ``chat`` unless ``reasoning=True``
 (then ``reasoning_content``), ``<think>`` in ``cogency``; ``tool.start`` →
-a tool call of the open assistant turn; ``tool.end`` → a tool result, which
-closes the turn. Events of child runs (``child_id`` set) are left out unless
+a tool call of the open assistant turn; ``tool.end`` (or a result stored in
+seed 002's text form, ``x.<ns>.result``, answering the oldest open call) →
+a tool result, which closes the turn. Events of child runs (``child_id`` set) are left out unless
 ``children=True``. Other events (steps, lifecycle, usage …) carry no message.
 """
 
@@ -42,6 +43,26 @@ def _as_text(value: Any) -> str:
     if isinstance(value, str):
         return value
     return json.dumps(value, ensure_ascii=False)
+
+
+def stored_result(event: Event) -> tuple[bool, Any] | None:
+    """``(ok, content)`` of a result stored in its text form (``x.<ns>.result``), else None.
+
+    Seed 002 stores ``{"type": "result", "content": "{\"outcome\": …, \"content\": …}"}``;
+    it answers the oldest unanswered call.
+    """
+    if not isinstance(event, Extension) or not event.type.endswith(".result"):
+        return None
+    raw = event.payload.get("content", event.payload.get("payload"))
+    if isinstance(raw, str):
+        try:
+            raw = json.loads(raw)
+        except ValueError:
+            return True, raw
+    if isinstance(raw, dict):
+        ok = not raw.get("error")
+        return ok, raw.get("content") if ok else raw.get("outcome")
+    return True, raw
 
 
 def user_content(event: Event) -> str | None:
@@ -77,6 +98,7 @@ class MessageAssembler:
         self._turn = _Turn()
         self._results: list[dict[str, Any]] = []
         self._tools: dict[str, str] = {}
+        self._unanswered: list[str] = []
 
     def add(self, event: Event) -> None:
         if event.child_id is not None and not self.children:
@@ -92,9 +114,20 @@ class MessageAssembler:
         elif isinstance(event, ToolStart):
             self._open_turn().calls.append(event)
             self._tools[event.payload.call_id] = event.payload.tool
+            self._unanswered.append(event.payload.call_id)
         elif isinstance(event, ToolEnd):
             self._flush_turn()
-            self._add_result(event)
+            payload = event.payload
+            if payload.call_id in self._unanswered:
+                self._unanswered.remove(payload.call_id)
+            content = payload.output if payload.ok else (payload.error or payload.output)
+            self._add_result(payload.call_id, payload.ok, content)
+        else:
+            result = stored_result(event)
+            if result is not None:
+                self._flush_turn()
+                call_id = self._unanswered.pop(0) if self._unanswered else ""
+                self._add_result(call_id, *result)
 
     def finish(self) -> list[Message]:
         """The messages, with the last open turn closed."""
@@ -127,17 +160,15 @@ class MessageAssembler:
             message["tool_calls"] = [_chat_call(call) for call in turn.calls]
         self.messages.append(message)
 
-    def _add_result(self, event: ToolEnd) -> None:
-        payload = event.payload
-        content = payload.output if payload.ok else (payload.error or payload.output)
+    def _add_result(self, call_id: str, ok: bool, content: Any) -> None:
         if self.style == "chat":
             self.messages.append(
-                {"role": "tool", "tool_call_id": payload.call_id, "content": _as_text(content)}
+                {"role": "tool", "tool_call_id": call_id, "content": _as_text(content)}
             )
             return
         self._results.append({
-            "tool": self._tools.get(payload.call_id, ""),
-            "status": "success" if payload.ok else "failure",
+            "tool": self._tools.get(call_id, ""),
+            "status": "success" if ok else "failure",
             "content": content,
         })
 
