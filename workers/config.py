@@ -34,7 +34,7 @@ import tomllib
 from collections.abc import Callable, Iterator, Mapping
 from pathlib import Path
 from typing import Any
-from urllib.parse import parse_qsl, urlencode, urlsplit, urlunsplit
+from urllib.parse import parse_qsl, urlencode, urlsplit
 
 import click
 from click.core import ParameterSource
@@ -185,20 +185,25 @@ def is_secret_name(name: str) -> bool:
 
 
 def redact_url(value: str) -> str:
-    """A URL with its password and secret-looking query parameters replaced by ``***``."""
+    """A URL with its password and secret-looking query parameters replaced by ``***``.
+
+    Only those parts change; the rest of the URL is kept character for character.
+    """
     if "://" not in value:
         return value
     parts = urlsplit(value)
-    netloc = parts.netloc
-    if "@" in netloc:
-        userinfo, _, hosts = netloc.rpartition("@")
+    redacted = value
+    if "@" in parts.netloc:
+        userinfo, _, hosts = parts.netloc.rpartition("@")
         user, sep, _password = userinfo.partition(":")
         netloc = f"{user}{sep}{REDACTED if sep else ''}@{hosts}"
-    query = parts.query
-    if query:
-        pairs = parse_qsl(query, keep_blank_values=True)
+        redacted = redacted.replace(f"//{parts.netloc}", f"//{netloc}", 1)
+    if parts.query:
+        pairs = parse_qsl(parts.query, keep_blank_values=True)
         query = urlencode([(k, REDACTED if is_secret_name(k) else v) for k, v in pairs], safe="*")
-    return urlunsplit((parts.scheme, netloc, parts.path, query, parts.fragment))
+        if any(is_secret_name(k) for k, _ in pairs):
+            redacted = redacted.replace(f"?{parts.query}", f"?{query}", 1)
+    return redacted
 
 
 def redact(name: str, value: Any) -> Any:

@@ -29,6 +29,15 @@ import click
 import msgspec
 import uvicorn
 
+from pipeline.bus import Bus, open_bus
+from pipeline.demo import publish_runs
+from pipeline.edge.app import create_app
+from pipeline.edge.settings import EdgeSettings
+from pipeline.publisher import Publisher
+from pipeline.store import open_store
+from workers.config import redact_url
+from workers.runtime import run_worker
+
 DEFAULT_DATA_DIR = Path(".runwire")
 LOOPBACK_NAMES = frozenset({"localhost", "127.0.0.1", "::1"})
 
@@ -160,13 +169,6 @@ class _EdgeServer(uvicorn.Server):
 
 async def serve(settings: UpSettings) -> None:
     """Run until SIGINT/SIGTERM (or until a part fails), then drain and return."""
-    from pipeline.edge.app import create_app
-
-    from pipeline.bus import open_bus
-    from pipeline.edge.settings import EdgeSettings
-    from pipeline.store import open_store
-    from workers.runtime import run_worker
-
     stop = asyncio.Event()
     _install_signal_handlers(stop)
     async with open_bus(settings.bus) as bus, open_store(settings.store) as store:
@@ -237,19 +239,12 @@ def _announce(settings: UpSettings, server: uvicorn.Server) -> None:
 
 
 def _safe(url: str) -> str:
-    from workers.config import redact_url
-
     return redact_url(url)
 
 
-async def _demo(bus: object, settings: UpSettings, stop: asyncio.Event) -> None:
+async def _demo(bus: Bus, settings: UpSettings, stop: asyncio.Event) -> None:
     if not settings.demo:
         return
-    from pipeline.bus import Bus
-    from pipeline.demo import publish_runs
-    from pipeline.publisher import Publisher
-
-    assert isinstance(bus, Bus)
     async with Publisher(bus) as publisher:
         await publish_runs(publisher, stop, rate=settings.demo_rate, seed=settings.demo_seed)
 
