@@ -1,0 +1,143 @@
+"""Serve the edge for real: uvicorn on a free loopback port, in the test's event loop."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import itertools
+import socket
+from collections.abc import AsyncIterator, Sequence
+from typing import Any
+
+import httpx
+import msgspec
+import uvicorn
+
+from pipeline import envelope
+from pipeline.bus.base import Bus
+from pipeline.edge import EdgeSettings, create_app
+from pipeline.envelope import Event
+from pipeline.store.base import ReplayLog
+
+_ids = itertools.count(1)
+
+
+def free_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        port: int = sock.getsockname()[1]
+        return port
+
+
+class EdgeServer:
+    """A running edge: ``url`` to talk to it, ``stop()`` / ``start()`` to restart it on the same port."""
+
+    def __init__(self, bus: Bus, store: ReplayLog, settings: EdgeSettings, port: int | None = None) -> None:
+        self.bus = bus
+        self.store = store
+        self.settings = settings
+        self.port = port or free_port()
+        self.url = f"http://127.0.0.1:{self.port}"
+        self.server: uvicorn.Server | None = None
+        self.task: asyncio.Task[None] | None = None
+
+    async def start(self) -> None:
+        app = create_app(self.bus, self.store, self.settings)
+        config = uvicorn.Config(
+            app, host="127.0.0.1", port=self.port, log_level="warning", lifespan="on",
+            ws_ping_interval=None,
+        )
+        self.server = uvicorn.Server(config)
+        self.task = asyncio.create_task(self.server.serve())
+        for _ in range(200):
+            if self.server.started:
+                return
+            await asyncio.sleep(0.02)
+        raise RuntimeError("edge did not start")
+
+    async def stop(self) -> None:
+        if self.server is None or self.task is None:
+            return
+        self.server.should_exit = True
+        self.server.force_exit = True
+        with contextlib.suppress(asyncio.CancelledError):
+            await asyncio.wait_for(self.task, 10)
+        self.server = None
+
+
+@contextlib.asynccontextmanager
+async def serve_edge(
+    bus: Bus, store: ReplayLog, settings: EdgeSettings | None = None
+) -> AsyncIterator[EdgeServer]:
+    server = EdgeServer(bus, store, settings or EdgeSettings())
+    await server.start()
+    try:
+        yield server
+    finally:
+        await server.stop()
+
+
+def event(
+    run_id: str, seq: int, type: str = "text.delta", payload: dict[str, Any] | None = None, **extra: Any
+) -> Event:
+    """A canonical event with a delivery seq."""
+    if payload is None:
+        payload = {"text": f"t{seq}"} if type.endswith(".delta") else {}
+    n = next(_ids)
+    return envelope.make(
+        type, payload, id=f"01J{n:023d}", ts=envelope.now_ts(), run_id=run_id, seq=seq, **extra
+    )
+
+
+def run_events(run_id: str, count: int, *, end: str | None = "done", start: int = 1, **extra: Any) -> list[Event]:
+    """``count`` events: running, deltas and a tool call, then (optionally) a terminal lifecycle."""
+    out: list[Event] = []
+    for seq in range(start, start + count):
+        if seq == 1:
+            out.append(event(run_id, seq, "run.lifecycle", {"state": "running"}, **extra))
+        elif seq == start + count - 1 and end:
+            out.append(event(run_id, seq, "run.lifecycle", {"state": end}, **extra))
+        else:
+            out.append(event(run_id, seq, "text.delta", **extra))
+    return out
+
+
+async def append(bus: Bus, run_id: str, events: Sequence[Event], view: str = "raw") -> None:
+    await bus.append((run_id, view), list(events))  # type: ignore[arg-type]
+
+
+class SseEvent(msgspec.Struct):
+    data: str
+    id: str | None = None
+    event: str | None = None
+
+
+async def read_sse(
+    response: httpx.Response, *, until_terminal: bool = True, limit: int = 100_000
+) -> tuple[list[SseEvent], list[str]]:
+    """Parse an SSE body as it streams: (events, comment lines)."""
+    events: list[SseEvent] = []
+    comments: list[str] = []
+    fields: dict[str, str] = {}
+    async for line in response.aiter_lines():
+        if line.startswith(":"):
+            comments.append(line)
+            continue
+        if line == "":
+            if "data" in fields or "id" in fields:
+                events.append(SseEvent(data=fields.get("data", ""), id=fields.get("id"), event=fields.get("event")))
+            fields = {}
+            if len(events) >= limit:
+                break
+            continue
+        name, _, value = line.partition(":")
+        fields[name] = value[1:] if value.startswith(" ") else value
+    return events, comments
+
+
+def decoded(events: list[SseEvent]) -> list[dict[str, Any]]:
+    out: list[dict[str, Any]] = []
+    for e in events:
+        if e.data and e.data != "[DONE]":
+            out.append(msgspec.json.decode(e.data))
+    return out

@@ -1,0 +1,95 @@
+"""Exact resume: hot tier, replay log, the seam race, and a cursor older than retention (CONN-0002)."""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import AsyncIterator
+
+import httpx
+import pytest
+
+from pipeline.bus import open_bus
+from pipeline.bus.base import Bus
+from pipeline.store.base import ReplayLog
+
+from .harness import append, decoded, event, read_sse, run_events, serve_edge
+
+
+@pytest.fixture
+async def short_bus() -> AsyncIterator[Bus]:
+    """A bus whose delivery streams keep only their last 5 events (a trimmed hot tier)."""
+    async with open_bus("memory://?maxlen=5") as opened:
+        yield opened
+
+
+async def test_resume_from_the_replay_log_after_the_hot_tier_was_trimmed(
+    short_bus: Bus, store: ReplayLog, run_id: str
+) -> None:
+    """T3 when the hot tier no longer has seq+1: history comes from the replay log, then live."""
+    events = run_events(run_id, 40)
+    await store.append(events)
+    await append(short_bus, run_id, events)
+    assert (await short_bus.bounds((run_id, "raw"))) == (36, 40)
+    async with serve_edge(short_bus, store) as edge, httpx.AsyncClient(timeout=10) as http:
+        async with http.stream(
+            "GET", f"{edge.url}/v1/runs/{run_id}/stream?detail=full", headers={"Last-Event-ID": "10"}
+        ) as response:
+            got, _ = await read_sse(response)
+        metrics = (await http.get(f"{edge.url}/metrics")).text
+    assert [int(e.id or 0) for e in got] == list(range(11, 41))
+    assert 'runwire_edge_resumes_total{source="log"} 1.0' in metrics
+
+
+async def test_a_cursor_older_than_retention_gets_conn_0002_then_the_stream_closes(
+    short_bus: Bus, store: ReplayLog, run_id: str
+) -> None:
+    """KAI-STREAM-CONN-0002 — never a silent hang (PITFALLS 8), never a partial replay."""
+    await append(short_bus, run_id, run_events(run_id, 20, end=None))
+    async with serve_edge(short_bus, store) as edge, httpx.AsyncClient(timeout=10) as http:
+        async with http.stream(
+            "GET", f"{edge.url}/v1/runs/{run_id}/stream?detail=full", headers={"Last-Event-ID": "3"}
+        ) as response:
+            got, _ = await asyncio.wait_for(read_sse(response), 5)
+    body = decoded(got)
+    assert body == [
+        {"type": "error", "code": "KAI-STREAM-CONN-0002", "message": body[0]["message"]}
+    ]
+    assert "seq 3" in body[0]["message"]
+
+
+async def test_the_seam_race_events_appended_during_catch_up_are_neither_lost_nor_duplicated(
+    short_bus: Bus, store: ReplayLog, run_id: str
+) -> None:
+    """PITFALLS 9: capture the position, buffer live events while history is read, dedupe on seq."""
+    history = run_events(run_id, 3000, end=None)
+    await store.append(history)
+    await append(short_bus, run_id, history)
+    total = 3400
+
+    async def produce() -> None:
+        for seq in range(3001, total):
+            batch = [event(run_id, seq)]
+            await store.append(batch)
+            await append(short_bus, run_id, batch)
+            if seq % 10 == 0:
+                await asyncio.sleep(0)
+        end = [event(run_id, total, "run.lifecycle", {"state": "done"})]
+        await store.append(end)
+        await append(short_bus, run_id, end)
+
+    async with serve_edge(short_bus, store) as edge, httpx.AsyncClient(timeout=30) as http:
+        clients = []
+        for _ in range(3):
+            request = http.stream("GET", f"{edge.url}/v1/runs/{run_id}/stream?detail=full")
+            clients.append(request)
+        producer = asyncio.create_task(produce())
+
+        async def one(request: object) -> list[int]:
+            async with request as response:  # type: ignore[attr-defined]
+                got, _ = await read_sse(response)
+            return [int(e.id or 0) for e in got]
+
+        results = await asyncio.wait_for(asyncio.gather(*(one(r) for r in clients)), 30)
+        await producer
+    for seqs in results:
+        assert seqs == list(range(1, total + 1))
