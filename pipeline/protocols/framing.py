@@ -139,6 +139,7 @@ class EventStamper:
         ts: str | None,
         source: dict[str, Any],
         render: Callable[[Event], dict[str, Any]],
+        child_id: str | None = None,
     ) -> Event:
         """The canonical event, with ``ext[fmt]`` holding what ``render`` cannot restore."""
         event = envelope.make(
@@ -148,6 +149,7 @@ class EventStamper:
             ts=ts if ts is not None else envelope.now_ts(),
             run_id=run_id,
             seq=seq,
+            **({"child_id": child_id} if child_id is not None else {}),
         )
         change = diff(source, render(event))
         if change is None:

@@ -94,7 +94,7 @@ def render(event: Event) -> dict[str, Any]:
         if name == REPLY:
             return {**body, "event_id": event.seq}
         return {"type": name, **body, "event_id": event.seq}
-    frame = _render_core(event)
+    frame = _render_core(event) if event.child_id is None else carried(event)
     frame["event_id"] = event.seq
     return frame
 
@@ -136,15 +136,17 @@ def carried(event: Event) -> dict[str, Any]:
     return {"type": "custom", "value": {"runwire": value}}
 
 
-def uncarried(value: Any) -> tuple[str, dict[str, Any]] | None:
-    """The (type, payload) inside a ``custom`` frame written by :func:`carried`, if valid."""
+def uncarried(value: Any) -> tuple[str, dict[str, Any], str | None] | None:
+    """The (type, payload, child_id) inside a ``custom`` frame written by :func:`carried`."""
     if not isinstance(value, dict) or set(value) != {"runwire"}:
         return None
     inner = value["runwire"]
     if not isinstance(inner, dict) or not set(inner) <= {"type", "payload", "child_id"}:
         return None
-    kind, payload = inner.get("type"), inner.get("payload")
+    kind, payload, child_id = inner.get("type"), inner.get("payload"), inner.get("child_id")
     if not isinstance(kind, str) or not isinstance(payload, dict):
+        return None
+    if child_id is not None and not isinstance(child_id, str):
         return None
     if kind not in EVENT_CLASSES and not is_extension_type(kind):
         return None
@@ -152,7 +154,7 @@ def uncarried(value: Any) -> tuple[str, dict[str, Any]] | None:
         envelope.make(kind, payload, id="probe", ts=envelope.now_ts(), run_id="probe", seq=0)
     except ProtocolError:
         return None
-    return kind, payload
+    return kind, payload, child_id
 
 
 # ---------------------------------------------------------------- ingest
@@ -211,7 +213,12 @@ class LoomIngest(Ingest):
         seq = self.stamper.next_seq(frame.get("event_id"))
         if kind == "run_start" and isinstance(frame.get("run_id"), str) and frame["run_id"]:
             self.run_id = frame["run_id"]
-        canonical, payload = self._map(kind, frame, seq)
+        inner = uncarried(frame["value"]) if kind == "custom" else None
+        child_id = None
+        if inner is not None:
+            canonical, payload, child_id = inner
+        else:
+            canonical, payload = self._map(kind, frame, seq)
         return self.stamper.build(
             canonical,
             payload,
@@ -220,6 +227,7 @@ class LoomIngest(Ingest):
             ts=None,
             source=frame,
             render=render,
+            child_id=child_id,
         )
 
     def _map(self, kind: str, frame: dict[str, Any], seq: int) -> tuple[str, dict[str, Any]]:
@@ -233,10 +241,6 @@ class LoomIngest(Ingest):
                 "output_tokens": as_int(frame.get("completion_tokens")),
                 "total_tokens": as_int(frame.get("total_tokens")),
             }
-        if kind == "custom":
-            inner = uncarried(frame["value"])
-            if inner is not None:
-                return inner
         if kind in ("tool_call", "tool_start"):
             call_id = self.calls.resolve(frame, seq)
             if self.calls.start(call_id, frame["name"]):
@@ -334,9 +338,9 @@ class LoomEgress(Egress):
             self.replied = True
 
     def _foreign(self, event: Event) -> list[Any]:
-        if event.child_id is not None:  # loom has no sub-runs: carry a child's events whole
-            return [{**carried(event), "event_id": event.seq}]
         frame = render(event)
+        if event.child_id is not None:  # carried whole: loom has no sub-runs
+            return [frame]
         if isinstance(event, envelope.TextDelta):
             frame["id"] = self.node
             self.text.append(event.payload.text)
