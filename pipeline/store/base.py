@@ -169,6 +169,12 @@ class ReplayLog(ABC):
         """When a run with this tenant, state and last activity expires."""
         return last_activity + self.policy_for(tenant).keep_for(state)
 
+    def with_expiry(self, info: RunInfo) -> RunInfo:
+        """``info`` with ``expires_at`` under the current policy (it may have changed since)."""
+        if info.updated_at is not None:
+            info.expires_at = self.expiry(info.tenant, info.state, info.updated_at)
+        return info
+
     async def require_run(self, run_id: str, *, now: datetime | None = None) -> RunInfo:
         """A run's metadata; raises UnknownRun when it is unknown or its retention expired."""
         from ..errors import UnknownRun

@@ -323,7 +323,7 @@ class PostgresLog(ReplayLog):
 
     async def run(self, run_id: str) -> RunInfo | None:
         rows = await self._fetch(f"SELECT {_RUN_COLUMNS} FROM runs WHERE run_id = %s", (run_id,))
-        return _run_info(rows[0]) if rows else None
+        return self.with_expiry(_run_info(rows[0])) if rows else None
 
     async def runs(
         self,
@@ -346,7 +346,7 @@ class PostgresLog(ReplayLog):
                 args.append(value)
         sql = (f"SELECT {_RUN_COLUMNS} FROM runs WHERE {' AND '.join(where)}"
                " ORDER BY updated_at DESC, run_id LIMIT %s")
-        return [_run_info(row) for row in await self._fetch(sql, (*args, limit))]
+        return [self.with_expiry(_run_info(row)) for row in await self._fetch(sql, (*args, limit))]
 
     # ---- retention -----------------------------------------------------
     async def _expired(

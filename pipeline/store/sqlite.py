@@ -322,7 +322,7 @@ class SQLiteLog(ReplayLog):
                 f"SELECT {_RUN_COLUMNS} FROM runs WHERE run_id = ?", (run_id,)
             ).fetchone()
         )
-        return None if row is None else _run_info(row)
+        return None if row is None else self.with_expiry(_run_info(row))
 
     async def runs(
         self,
@@ -346,7 +346,7 @@ class SQLiteLog(ReplayLog):
         sql = (f"SELECT {_RUN_COLUMNS} FROM runs WHERE {' AND '.join(where)}"
                " ORDER BY updated_at DESC, run_id LIMIT ?")
         rows = await self._call(lambda: self._db.execute(sql, (*args, limit)).fetchall())
-        return [_run_info(row) for row in rows]
+        return [self.with_expiry(_run_info(row)) for row in rows]
 
     # ---- retention -----------------------------------------------------
     def _expired(self, now: datetime) -> list[tuple[str, int]]:
