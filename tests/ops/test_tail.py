@@ -1,0 +1,102 @@
+"""`runwire tail`: a run followed live from an edge's SSE stream."""
+
+from __future__ import annotations
+
+import asyncio
+import subprocess
+from typing import Any
+
+import msgspec
+import pytest
+from rich.console import Console
+
+from pipeline.bus.memory import MemoryBus
+from pipeline.demo import DemoScript
+from pipeline.publisher import Publisher
+from tests.ops.conftest import RUNWIRE, TERMINAL, runwire_env, stream_events
+from tests.ops.test_demo import _no_wait, published
+from workers.tailview import RunView, plain_line
+
+
+def tail(
+    base: str, run_id: str, *extra: str, timeout: float = 60
+) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(
+        [RUNWIRE, "tail", run_id, "--plain", "--url", base, *extra],
+        capture_output=True,
+        text=True,
+        env=runwire_env(),
+        timeout=timeout,
+    )
+
+
+def parse(lines: str) -> list[tuple[int, str, str, str]]:
+    rows = []
+    for line in lines.splitlines():
+        seq, kind, child, *rest = line.split(" ", 3)
+        rows.append((int(seq), kind, child, rest[0] if rest else ""))
+    return rows
+
+
+@pytest.mark.slow
+def test_tail_plain_follows_a_run_live_to_its_end(start_up: Any) -> None:
+    """One line per event, in seq order with no gap (detail=full), ending on the run's terminal event."""
+    up = start_up("--demo", "--demo-rate", "2")
+    run = up.wait_for_run()
+    result = tail(up.base, run["run_id"], "--detail", "full")
+    assert result.returncode == 0, result.stderr
+    rows = parse(result.stdout)
+    assert [r[0] for r in rows] == list(range(1, len(rows) + 1))
+    seq, kind, child, summary = rows[-1]
+    assert (kind, child) == ("run.lifecycle", "-")
+    assert summary.split()[0] in TERMINAL
+    assert [r[1] for r in rows] == [e["type"] for e in stream_events(up.base, run["run_id"])]
+
+
+@pytest.mark.slow
+def test_tail_of_a_finished_run_replays_it_and_exits(start_up: Any) -> None:
+    up = start_up("--demo", "--demo-rate", "2")
+    run = up.wait_for_run(terminal=True)
+    result = tail(up.base, run["run_id"])
+    assert result.returncode == 0, result.stderr
+    assert parse(result.stdout)[-1][1] == "run.lifecycle"
+
+
+def test_tail_exits_with_an_error_when_the_edge_is_unreachable() -> None:
+    result = tail("http://127.0.0.1:9", "r1", "--retry-for", "0.2")
+    assert result.returncode == 1
+    assert "unreachable" in result.stderr
+
+
+async def demo_run_events() -> list[dict[str, Any]]:
+    async with MemoryBus("memory://") as bus:
+        async with Publisher(bus) as pub:
+            await DemoScript(pub, seed=3, sleep=_no_wait).run("r0", 0)
+        events = await published(bus)
+    # As the parent's delivery stream shows them: child events fanned in with child_id.
+    out = []
+    for event in events:
+        data = msgspec.to_builtins(event)
+        if event.parent_id:
+            data["child_id"], data["run_id"] = event.run_id, event.parent_id
+        out.append(data)
+    return out
+
+
+def test_live_view_shows_tools_children_and_the_end() -> None:
+    """The rich view: tool cards with status, duration and errors, child runs, lifecycle, tokens."""
+    events = asyncio.run(demo_run_events())
+    view = RunView("r0")
+    for event in events:
+        view.apply(event)
+    console = Console(record=True, width=160)
+    console.print(view.render())
+    screen = console.export_text()
+    assert view.ended and view.state == "done"
+    assert "failed" in screen and "upstream unavailable" in screen
+    assert "r0.c1" in screen and "r0.c2" in screen
+    assert " ms" in screen
+    assert view.input_tokens > 0 and f"tokens {view.input_tokens}/" in screen
+    assert all(card.status in ("ok", "failed") for card in view.tools.values())
+    assert all(child.state == "done" for child in view.children.values())
+    assert plain_line(events[0]).startswith("1 run.lifecycle - planning")
