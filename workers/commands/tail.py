@@ -30,8 +30,16 @@ DEFAULT_URL = "http://127.0.0.1:8765"
 Show = Callable[[dict[str, Any]], None]
 
 
+RESUMABLE_ERRORS = frozenset({"KAI-STREAM-BUF-0001"})
+"""Stream errors after which a reconnect with Last-Event-ID continues (this client fell behind)."""
+
+
 class TailError(click.ClickException):
     """The stream ended with an error the client can't recover from."""
+
+
+class StreamInterrupted(Exception):
+    """The edge closed the stream with a resumable error."""
 
 
 class StreamFollower:
@@ -65,7 +73,7 @@ class StreamFollower:
                     if await self._once(client, show):
                         return
                     down_since = None
-                except (httpx.TransportError, httpx.RemoteProtocolError) as exc:
+                except (httpx.TransportError, httpx.RemoteProtocolError, StreamInterrupted) as exc:
                     down_since = down_since or time.monotonic()
                     if time.monotonic() - down_since > self.retry_for:
                         raise TailError(
@@ -110,14 +118,14 @@ class StreamFollower:
         if not sse.data:
             return False
         data = json.loads(sse.data)
-        if sse.event == "error" or (
-            isinstance(data, dict) and "code" in data and "type" not in data
-        ):
-            raise TailError(f"stream error: {sse.data}")
-        if sse.id:
-            self.last_id = sse.id
         if not isinstance(data, dict):
             return False
+        if sse.event == "error" or data.get("type") == "error":
+            if data.get("code") in RESUMABLE_ERRORS:
+                raise StreamInterrupted(str(data.get("message", data.get("code"))))
+            raise TailError(f"stream error {data.get('code')}: {data.get('message')}")
+        if sse.id:
+            self.last_id = sse.id
         show(data)
         payload = data.get("payload") or {}
         return (
