@@ -1,0 +1,169 @@
+"""``loom-mcp`` codec (seed 004's Pulse envelopes): mapping, T1, bad input, foreign egress."""
+
+from __future__ import annotations
+
+import msgspec
+import pytest
+
+from pipeline.envelope import (
+    ChildSpawn,
+    ReasoningDelta,
+    RunLifecycle,
+    TextDelta,
+    ToolEnd,
+    ToolStart,
+    Usage,
+)
+from pipeline.errors import MalformedFrame, ProtocolError, UnknownEventType
+from pipeline.protocols import ingest
+from pipeline.protocols.loom_mcp import MCP_TYPES
+from tests.protocols.roundtrip import (
+    egress_all,
+    fixture_lines,
+    fixture_names,
+    ingest_all,
+    round_trip,
+    through_koder,
+)
+
+
+@pytest.mark.parametrize("name", fixture_names("loom-mcp"))
+def test_t1_every_loom_mcp_fixture_round_trips_exactly(name: str) -> None:
+    """T1: loom-mcp → koder → loom-mcp keeps every field: event_key, session_id,
+    timestamp (to the nanosecond), server_data, and payload fields without a canonical home."""
+    round_trip("loom-mcp", fixture_lines("loom-mcp", name))
+
+
+def test_fixture_covers_every_seed_004_event_type() -> None:
+    lines = fixture_lines("loom-mcp", "spec_types.ndjson")
+    assert {msgspec.json.decode(line)["type"] for line in lines} == set(MCP_TYPES)
+
+
+def test_mapping_onto_core_types() -> None:
+    events = {
+        e.type: e for e in ingest_all("loom-mcp", fixture_lines("loom-mcp", "spec_types.ndjson"))
+    }
+    assert {
+        "x.mcp.await_questions",
+        "x.mcp.tool_update",
+        "x.mcp.run_stream_end",
+        "x.mcp.session_stream_started",
+        "x.mcp.tool_call_args_delta",
+        "x.mcp.planner_thought",
+    } <= set(events)
+    assert isinstance(events["text.delta"], TextDelta)
+    assert isinstance(events["reasoning.delta"], ReasoningDelta)
+    start, end = events["tool.start"], events["tool.end"]
+    assert isinstance(start, ToolStart) and start.payload.input == {"city": "Paris"}
+    assert isinstance(end, ToolEnd) and not end.payload.ok
+    assert end.payload.error == {"message": "upstream timeout", "retryable": True}
+    assert end.payload.duration_ms == 5
+    spawn = events["child.spawn"]
+    assert isinstance(spawn, ChildSpawn) and spawn.payload.child_id == "run-1-child-1"
+    usage = events["x.usage"]
+    assert isinstance(usage, Usage)
+    assert (
+        usage.payload.input_tokens,
+        usage.payload.output_tokens,
+        usage.payload.total_tokens,
+    ) == (512, 64, 576)
+    done = events["run.lifecycle"]
+    assert isinstance(done, RunLifecycle) and done.payload.state == "done"
+
+
+def test_planner_thought_uses_text_then_legacy_note() -> None:
+    events = ingest_all("loom-mcp", fixture_lines("loom-mcp", "spec_types.ndjson"))
+    thoughts = [e for e in events if isinstance(e, ReasoningDelta)]
+    assert [t.payload.text for t in thoughts] == ["thinking", "The user wants a forecast."]
+
+
+def test_envelope_fields_become_run_id_ts_and_seq() -> None:
+    events = ingest_all("loom-mcp", fixture_lines("loom-mcp", "sample_run.ndjson"))
+    assert {e.run_id for e in events} == {"run-7"}
+    assert [e.seq for e in events] == list(range(1, len(events) + 1))
+    assert events[0].ts == "2026-05-14T19:42:13.124Z"
+    tool_end = events[2]
+    assert isinstance(tool_end, ToolEnd) and tool_end.payload.duration_ms == 1842
+
+
+def test_failed_workflow_is_an_error_with_the_user_safe_reason() -> None:
+    events = ingest_all("loom-mcp", fixture_lines("loom-mcp", "failed_run.ndjson"))
+    failed = events[1]
+    assert isinstance(failed, RunLifecycle)
+    assert (
+        failed.payload.state == "error"
+        and failed.payload.reason == "The model provider is unavailable."
+    )
+
+
+@pytest.mark.parametrize(
+    ("frame", "error", "field"),
+    [
+        (b"{oops", MalformedFrame, None),
+        (b'"assistant_reply"', MalformedFrame, "$"),
+        (b'{"run_id":"r","payload":{}}', MalformedFrame, "$.type"),
+        (b'{"type":"teleport","run_id":"r"}', UnknownEventType, "$.type"),
+        (b'{"type":"assistant_reply","run_id":"r","payload":"hi"}', MalformedFrame, "$.payload"),
+        (b'{"type":"assistant_reply","run_id":"r","payload":{}}', MalformedFrame, "$.payload.text"),
+        (
+            b'{"type":"tool_start","run_id":"r","payload":{"tool_call_id":"t"}}',
+            MalformedFrame,
+            "$.payload.tool_name",
+        ),
+        (
+            b'{"type":"workflow","run_id":"r","payload":{"phase":3}}',
+            MalformedFrame,
+            "$.payload.phase",
+        ),
+        (
+            b'{"type":"assistant_reply","run_id":5,"payload":{"text":"x"}}',
+            MalformedFrame,
+            "$.run_id",
+        ),
+        (
+            b'{"type":"assistant_reply","timestamp":1.5,"payload":{"text":"x"}}',
+            MalformedFrame,
+            "$.timestamp",
+        ),
+    ],
+)
+def test_bad_frames_are_rejected_with_code_and_field(
+    frame: bytes, error: type[ProtocolError], field: str | None
+) -> None:
+    codec = ingest("loom-mcp")
+    with pytest.raises(error) as caught:
+        codec.feed(frame)
+    assert caught.value.field == field
+    (event,) = codec.feed(b'{"type":"assistant_reply","run_id":"r","payload":{"text":"next"}}')
+    assert event.payload_dict() == {"text": "next"}
+
+
+def test_foreign_stream_egresses_pulse_envelopes_ending_with_run_stream_end() -> None:
+    """A koder run → loom-mcp: valid envelopes (re-ingestable), tool_end names its tool,
+    child events are on the child's run, and the explicit end marker follows the terminal event."""
+    events = ingest_all("koder", fixture_lines("koder", "sample_run.ndjson"))
+    frames = egress_all("loom-mcp", events, finish=True)
+    assert len(ingest_all("loom-mcp", [msgspec.json.encode(f) for f in frames])) == len(frames)
+    assert [f["type"] for f in frames[-2:]] == ["workflow", "run_stream_end"]
+    assert frames[-2]["payload"]["phase"] == "completed"
+    ends = [f for f in frames if f["type"] == "tool_end"]
+    assert ends[0]["payload"]["tool_name"] == "web.search"
+    assert ends[1]["run_id"] == "run_cmp_child"
+    assert all(f["event_key"] for f in frames)
+
+
+def test_finish_ends_a_foreign_stream_once_and_adds_nothing_to_a_loom_mcp_stream() -> None:
+    events = ingest_all("koder", fixture_lines("koder", "sample_run.ndjson"))[:5]
+    frames = egress_all("loom-mcp", events, finish=True)
+    assert frames[-1]["type"] == "run_stream_end"
+    own = through_koder(ingest_all("loom-mcp", fixture_lines("loom-mcp", "spec_types.ndjson")[:3]))
+    assert len(egress_all("loom-mcp", own, finish=True)) == 3
+
+
+def test_foreign_types_keep_their_canonical_name_and_come_back() -> None:
+    events = ingest_all("koder", fixture_lines("koder", "spec_examples.ndjson"))
+    frames = egress_all("loom-mcp", events)
+    back = through_koder(ingest_all("loom-mcp", [msgspec.json.encode(f) for f in frames]))
+    assert [e.type for e in back] == [e.type for e in events]
+    step = next(f for f in frames if f["type"] == "step.boundary")
+    assert step["payload"]["step_kind"] == "tool-roundtrip"
