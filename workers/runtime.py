@@ -75,57 +75,49 @@ async def run_worker(
         if claim_idle_ms is None
         else bus.consumer(group, name, claim_idle_ms=claim_idle_ms)
     )
-    worker = Worker(bus, store, consumer, Processor(silence_s=silence_s), stop)
+    stages = Stages(
+        bus, store, Processor(silence_s=silence_s), stop, dead_letter=consumer.dead_letter
+    )
+    worker = ConsumerLoop(consumer, stages)
     started = time.monotonic()
     try:
         await worker.loop(batch=batch, tick_s=tick_s, burst=burst)
     finally:
         await consumer.close()
-        worker.stats.seconds = time.monotonic() - started
-    return worker.finish_stats()
+        stages.stats.seconds = time.monotonic() - started
+    return stages.finish_stats()
 
 
-class Worker:
-    """One consumer's loop (see the module docstring); holds no logic of its own."""
+class Stages:
+    """Decode → restore → process → write for one batch; shared by both runtimes.
+
+    ``dead_letter`` moves a poison entry aside (the consumer's, or the faust
+    app's dead-letter topic); ``load_state`` finds a stream's checkpoint
+    (the bus's; the faust app also looks in its table).
+    """
 
     def __init__(
         self,
         bus: Bus,
         store: ReplayLog,
-        consumer: Consumer,
         processor: Processor,
         stop: asyncio.Event,
+        *,
+        dead_letter: Callable[[Delivery, str], Awaitable[None]],
+        load_state: Callable[[str], Awaitable[bytes | None]] | None = None,
     ) -> None:
         self.bus = bus
         self.store = store
-        self.consumer = consumer
         self.processor = processor
         self.stop = stop
         self.stats = WorkerStats()
-        self._owned: frozenset[int] = frozenset()
+        self._dead_letter_to = dead_letter
+        self._load = load_state or self._bus_state
 
-    async def loop(self, *, batch: int, tick_s: float, burst: bool) -> None:
-        block_ms = max(1, int(tick_s * 1000))
-        while not self.stop.is_set():
-            deliveries = await self.consumer.fetch(batch, block_ms=block_ms)
-            self._check_ownership()
-            if deliveries:
-                await self.handle(deliveries)
-            if len(deliveries) < batch:
-                await self.tick()
-            if burst and not deliveries:
-                break
-
-    def _check_ownership(self) -> None:
-        owned = self.consumer.owned_shards()
-        if self._owned - owned:  # lost shards: their streams may have a new writer
-            log.info("%s lost shards %s; dropping in-memory state", self.consumer.name,
-                     sorted(self._owned - owned))
-            self.processor.forget_all()
-        self._owned = owned
-
-    async def handle(self, deliveries: Sequence[Delivery]) -> None:
-        """Decode, process, write and ack one fetched batch."""
+    async def handle(
+        self, deliveries: Sequence[Delivery]
+    ) -> tuple[list[Delivery], dict[str, StreamOutput]]:
+        """Decode, process and write one batch; returns the entries to ack and what was written."""
         self.stats.batches += 1
         self.stats.entries += len(deliveries)
         good: list[Delivery] = []
@@ -141,16 +133,14 @@ class Worker:
             await self._dead_letter(good[index], f"processing failed: {error!r}")
         await self.write(outputs)
         failed = {index for index, _ in failures}
-        acked = [d for i, d in enumerate(good) if i not in failed]
-        if acked:
-            await self._retry(lambda: self.consumer.ack(acked))
-            self.stats.acked += len(acked)
+        return [d for i, d in enumerate(good) if i not in failed], outputs
 
-    async def tick(self) -> None:
+    async def tick(self) -> dict[str, StreamOutput]:
         """Close due shaping windows and end silent runs; write what that produced."""
         outputs = self.processor.tick()
         if outputs:
             await self.write(outputs)
+        return outputs
 
     async def write(self, outputs: dict[str, StreamOutput]) -> None:
         """Replay log, then per stream shaped then raw+checkpoint; retried until durable."""
@@ -158,7 +148,7 @@ class Worker:
             return
         raw = [event for output in outputs.values() for event in output.raw]
         if raw:
-            await self._retry(lambda: self.store.append(raw))
+            await self.retry(lambda: self.store.append(raw))
         await asyncio.gather(*(self._write_stream(output) for output in outputs.values()))
         self.stats.raw += len(raw)
         self.stats.shaped += sum(len(output.shaped) for output in outputs.values())
@@ -167,8 +157,8 @@ class Worker:
         run_id = output.run_id
         if output.shaped:
             shaped = output.shaped
-            await self._retry(lambda: self.bus.append((run_id, "shaped"), shaped))
-        await self._retry(lambda: self.bus.append((run_id, "raw"), output.raw, state=output.state))
+            await self.retry(lambda: self.bus.append((run_id, "shaped"), shaped))
+        await self.retry(lambda: self.bus.append((run_id, "raw"), output.raw, state=output.state))
 
     async def _decode(self, delivery: Delivery) -> Event | None:
         try:
@@ -181,7 +171,7 @@ class Worker:
 
     async def _dead_letter(self, delivery: Delivery, reason: str) -> None:
         log.warning("dead-lettering %s (shard %d): %s", delivery.entry_id, delivery.shard, reason)
-        await self._retry(lambda: self.consumer.dead_letter(delivery, reason))
+        await self.retry(lambda: self._dead_letter_to(delivery, reason))
         self.stats.dead_lettered += 1
 
     async def _restore(self, events: Sequence[Event]) -> None:
@@ -194,9 +184,12 @@ class Worker:
             missing = self.processor.missing(events)
 
     async def _load_state(self, run_id: str) -> bytes | None:
-        return await self._retry(lambda: self.bus.load_state((run_id, "raw")))
+        return await self.retry(lambda: self._load(run_id))
 
-    async def _retry(self, call: Callable[[], Awaitable[T]]) -> T:
+    async def _bus_state(self, run_id: str) -> bytes | None:
+        return await self.bus.load_state((run_id, "raw"))
+
+    async def retry(self, call: Callable[[], Awaitable[T]]) -> T:
         delay = 0.05
         while True:
             try:
@@ -214,3 +207,39 @@ class Worker:
         stats.gaps = self.processor.stats.gaps
         stats.silenced = self.processor.stats.silenced
         return stats
+
+
+class ConsumerLoop:
+    """fetch → :class:`Stages` → ack, for any :class:`~pipeline.bus.Consumer`."""
+
+    def __init__(self, consumer: Consumer, stages: Stages) -> None:
+        self.consumer = consumer
+        self.stages = stages
+        self._owned: frozenset[int] = frozenset()
+
+    async def loop(self, *, batch: int, tick_s: float, burst: bool) -> None:
+        block_ms = max(1, int(tick_s * 1000))
+        stop = self.stages.stop
+        while not stop.is_set():
+            deliveries = await self.consumer.fetch(batch, block_ms=block_ms)
+            self._check_ownership()
+            if deliveries:
+                acked, _ = await self.stages.handle(deliveries)
+                await self._ack(acked)
+            if len(deliveries) < batch:
+                await self.stages.tick()
+            if burst and not deliveries:
+                break
+
+    async def _ack(self, acked: list[Delivery]) -> None:
+        if acked:
+            await self.stages.retry(lambda: self.consumer.ack(acked))
+            self.stages.stats.acked += len(acked)
+
+    def _check_ownership(self) -> None:
+        owned = self.consumer.owned_shards()
+        lost = self._owned - owned
+        if lost:  # their streams may have a new writer: reload checkpoints when needed again
+            log.info("%s lost shards %s; dropping in-memory state", self.consumer.name, sorted(lost))
+            self.stages.processor.forget_all()
+        self._owned = owned
