@@ -45,7 +45,7 @@ class EdgeServer:
         app = create_app(self.bus, self.store, self.settings)
         config = uvicorn.Config(
             app, host="127.0.0.1", port=self.port, log_level="warning", lifespan="on",
-            ws_ping_interval=None,
+            ws_ping_interval=None, timeout_graceful_shutdown=0.5,
         )
         self.server = uvicorn.Server(config)
         self.task = asyncio.create_task(self.server.serve())
@@ -59,7 +59,6 @@ class EdgeServer:
         if self.server is None or self.task is None:
             return
         self.server.should_exit = True
-        self.server.force_exit = True
         with contextlib.suppress(asyncio.CancelledError):
             await asyncio.wait_for(self.task, 10)
         self.server = None
