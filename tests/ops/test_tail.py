@@ -12,6 +12,7 @@ from rich.console import Console
 
 from pipeline.bus.memory import MemoryBus
 from pipeline.demo import DemoScript
+from pipeline.envelope import make
 from pipeline.publisher import Publisher
 from tests.ops.conftest import RUNWIRE, TERMINAL, runwire_env, stream_events
 from tests.ops.test_demo import _no_wait, published
@@ -100,3 +101,63 @@ def test_live_view_shows_tools_children_and_the_end() -> None:
     assert all(card.status in ("ok", "failed") for card in view.tools.values())
     assert all(child.state == "done" for child in view.children.values())
     assert plain_line(events[0]).startswith("1 run.lifecycle - planning")
+
+
+async def publish_part(url: str, run_id: str, first: int, count: int, *, finish: bool) -> None:
+    """Publish text deltas ``first``..``first+count-1`` of a run (seq = index), then maybe its end."""
+    async with Publisher.connect(url) as pub:
+        events = [
+            make(
+                "text.delta",
+                {"text": f"w{i} "},
+                id=f"evt_{run_id}_{i:05d}",
+                ts="2026-01-01T00:00:00Z",
+                run_id=run_id,
+                seq=i,
+            )
+            for i in range(first, first + count)
+        ]
+        if finish:
+            end = first + count
+            events.append(
+                make(
+                    "run.lifecycle",
+                    {"state": "done"},
+                    id=f"evt_{run_id}_{end:05d}",
+                    ts="2026-01-01T00:00:01Z",
+                    run_id=run_id,
+                    seq=end,
+                )
+            )
+        await pub.publish_events(events)
+
+
+@pytest.mark.slow
+def test_tail_resumes_on_a_restarted_edge_without_gap_or_duplicate(
+    start_up: Any, own_redis: Any, tmp_path: Any
+) -> None:
+    """T3 from the terminal: after the edge goes away, tail reconnects with Last-Event-ID and
+    continues at exactly seq + 1 on the new edge."""
+    store = f"sqlite:///{tmp_path}/replay.db"
+    up = start_up("--bus", own_redis.url, "--store", store, "--group", "t3")
+    asyncio.run(publish_part(own_redis.url, "t3run", 1, 50, finish=False))
+    proc = subprocess.Popen(
+        [RUNWIRE, "tail", "t3run", "--plain", "--detail", "full", "--url", up.base],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+        env=runwire_env(),
+    )
+    assert proc.stdout is not None
+    seen = [proc.stdout.readline() for _ in range(50)]
+    assert seen[-1].startswith("50 text.delta")
+    assert up.terminate() == 0
+    start_up("--bus", own_redis.url, "--store", store, "--group", "t3", port=up.port)
+    asyncio.run(publish_part(own_redis.url, "t3run", 51, 50, finish=True))
+    out, err = proc.communicate(timeout=60)
+    assert proc.returncode == 0, err
+    rows = parse("".join(seen) + out)
+    assert [r[0] for r in rows] == list(range(1, 102))
+    assert [r[3] for r in rows[:100]] == [f'"w{i} "' for i in range(1, 101)]
+    assert rows[-1][1:] == ("run.lifecycle", "-", "done")
+    assert "resuming after 50" in err

@@ -63,29 +63,38 @@ class StreamFollower:
         self.on_status = on_status
         self.last_id: str | None = None
         self.reconnects = 0
+        self.live = False
+        """Whether the current connection got a stream (not an error answer)."""
 
     async def follow(self, show: Show) -> None:
         """Show events until the run ends; reconnect (resuming) on disconnects."""
         delay, down_since = 0.2, None
         async with httpx.AsyncClient(timeout=httpx.Timeout(10.0, read=60.0)) as client:
             while True:
+                self.live = False
                 try:
                     if await self._once(client, show):
                         return
                     down_since = None
                 except (httpx.TransportError, httpx.RemoteProtocolError, StreamInterrupted) as exc:
+                    if self.live:  # it was connected: the outage starts now
+                        down_since, delay = None, 0.2
                     down_since = down_since or time.monotonic()
                     if time.monotonic() - down_since > self.retry_for:
                         raise TailError(
                             f"edge unreachable for {self.retry_for:g}s: {exc}"
                         ) from None
-                    self.on_status(f"disconnected ({type(exc).__name__}); reconnecting")
+                    self.on_status(
+                        f"disconnected ({exc or type(exc).__name__}); resuming after {self.last_id or 0}"
+                    )
                     await asyncio.sleep(delay)
                     delay = min(delay * 2, 5.0)
                     continue
                 delay = 0.2
                 self.reconnects += 1
-                self.on_status("stream closed before the run ended; resuming")
+                self.on_status(
+                    f"stream closed before the run ended; resuming after {self.last_id or 0}"
+                )
                 await asyncio.sleep(delay)
 
     async def _once(self, client: httpx.AsyncClient, show: Show) -> bool:
@@ -103,6 +112,7 @@ class StreamFollower:
             if response.status_code >= 400:
                 await response.aread()
                 self._fail_on_status(response)
+            self.live = True
             self.on_status("live")
             async for sse in source.aiter_sse():
                 if self._handle(sse, show):
@@ -175,6 +185,7 @@ def tail(
     follower = StreamFollower(url, run_id, detail=detail, token=token, retry_for=retry_for)
     try:
         if plain:
+            follower.on_status = lambda text: click.echo(f"runwire tail: {text}", err=True)
             asyncio.run(follower.follow(lambda event: click.echo(plain_line(event))))
         else:
             asyncio.run(_live(follower, run_id))
