@@ -285,12 +285,24 @@ def is_extension_type(name: str) -> bool:
     return name not in EVENT_CLASSES and bool(_EXT_TYPE_RE.match(name))
 
 
+_NAMED_FIELD_RE = re.compile(r"^Object (?:missing required|contains unknown) field `([^`]*)`")
+
+
 def _field_of(message: str) -> tuple[str, str | None]:
-    # msgspec: "Object missing required field `x` - at `$.payload`"
+    """msgspec's message and the JSON path of the field it is about.
+
+    "Object missing required field `x` - at `$.payload`" names ``$.payload.x``;
+    an unknown or missing top-level field (no "at") names ``$.<field>``, and
+    any other message without "at" is about the whole frame, ``$``.
+    """
+    text, path = message, "$"
     if " - at `" in message:
-        text, _, path = message.rpartition(" - at `")
-        return text, path.rstrip("`")
-    return message, None
+        text, _, raw_path = message.rpartition(" - at `")
+        path = raw_path.rstrip("`")
+    named = _NAMED_FIELD_RE.match(text)
+    if named:
+        path = f"{path}.{named.group(1)}"
+    return text, path
 
 
 def decode(frame: bytes | str, *, max_bytes: int = MAX_FRAME_BYTES) -> Event:
