@@ -13,7 +13,7 @@ import pytest
 
 FAST = "claim_idle_ms=500&lease_ms=1000&max_deliveries=3"
 
-CONTRACT_BACKENDS: list[str] = ["memory"]
+CONTRACT_BACKENDS: list[str] = ["memory", "redis", "redis-cluster", "kafka"]
 """Backends the contract suite runs against; a backend joins by adding its name
 here and a URL builder to ``URL_BUILDERS`` below."""
 
@@ -39,10 +39,16 @@ def _redis_cluster(request: pytest.FixtureRequest) -> str:
     return f"{base}?prefix={_unique()}&{FAST}"
 
 
+def _kafka(request: pytest.FixtureRequest) -> str:
+    base: str = request.getfixturevalue("kafka_url")
+    return f"{base}?prefix={_unique()}&{FAST}"
+
+
 URL_BUILDERS: dict[str, Callable[[pytest.FixtureRequest], str]] = {
     "memory": _memory,
     "redis": _redis,
     "redis-cluster": _redis_cluster,
+    "kafka": _kafka,
 }
 
 

@@ -1,0 +1,356 @@
+"""``redis://``, ``rediss://`` and ``redis+cluster://`` — the bus on Redis Streams.
+
+Layout (every key is built in :mod:`pipeline.bus.keys`):
+
+* ingest: ``shards`` streams, one entry per event (field ``e`` = canonical
+  JSON); a batch is one ``EVALSHA`` per shard, all shards in one pipeline —
+  one round trip per batch;
+* consumer groups created at id ``0`` on every shard (a group created after
+  publishing still sees what is in the streams), consumed by
+  :class:`~pipeline.bus.redis_consumer.RedisConsumer`;
+* delivery streams with entry id ``<seq>-0`` (reading after a seq is an
+  O(log n) ``XRANGE``; a duplicate id is impossible), appended by one Lua
+  script together with the writer's state, bounded by ``MAXLEN ~`` and by a
+  TTL refreshed on every append;
+* a control stream per run; a dead-letter stream.
+
+Connection errors become :class:`~pipeline.errors.BusUnavailable` after
+redis-py's own ``Retry`` (exponential backoff with jitter) gave up; the
+next call reconnects.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import hashlib
+import logging
+from collections.abc import AsyncIterator, Iterator, Mapping, Sequence
+from typing import Any
+
+import msgspec
+import redis.exceptions as rexc
+from redis.asyncio import Redis
+from redis.asyncio.cluster import RedisCluster
+from redis.asyncio.retry import Retry
+from redis.backoff import ExponentialWithJitterBackoff
+from redis.crc import key_slot
+
+from ..envelope import Event, decode, encode
+from ..errors import BusUnavailable, ConfigError
+from . import keys, redis_scripts
+from .base import Bus, Consumer, ControlCommand, DeadLetter, StreamKey
+from .options import split_url
+
+log = logging.getLogger(__name__)
+
+ACCEPTED_OPTIONS = (
+    "shards", "maxlen", "ttl", "claim_idle_ms", "lease_ms", "max_deliveries",
+    "ingest_maxlen", "dead_letter_maxlen", "prefix", "tail_poll_ms",
+)
+PASSTHROUGH_OPTIONS = (
+    "socket_timeout", "socket_connect_timeout", "socket_keepalive", "health_check_interval",
+    "client_name", "max_connections", "ssl_cert_reqs", "ssl_ca_certs", "ssl_certfile",
+    "ssl_keyfile", "ssl_check_hostname", "protocol",
+)
+CONTROL_MAXLEN = 1000
+_CONNECTION_ERRORS = (
+    rexc.ConnectionError, rexc.TimeoutError, rexc.ClusterDownError, rexc.TryAgainError,
+    rexc.MasterDownError, rexc.RedisClusterException, rexc.BusyLoadingError, OSError,
+)
+_control_decoder = msgspec.json.Decoder(ControlCommand)
+_encoder = msgspec.json.Encoder()
+
+
+@contextlib.contextmanager
+def unavailable_on_connection_errors(what: str) -> Iterator[None]:
+    """Turn a lost/refused connection into the retriable BusUnavailable."""
+    try:
+        yield
+    except _CONNECTION_ERRORS as exc:
+        raise BusUnavailable(f"{what}: {exc}") from exc
+
+
+class Script:
+    """A Lua script called by SHA, reloaded when the server lost it (restart, failover)."""
+
+    def __init__(self, source: str) -> None:
+        self.source = source
+        self.sha = hashlib.sha1(source.encode()).hexdigest()
+
+
+PUBLISH = Script(redis_scripts.PUBLISH)
+APPEND = Script(redis_scripts.APPEND)
+MEMBERSHIP = Script(redis_scripts.MEMBERSHIP)
+ScriptCall = tuple[Script, Sequence[str], Sequence[Any]]
+
+
+def _text(value: bytes | str) -> str:
+    return value.decode() if isinstance(value, bytes) else value
+
+
+def seq_of(entry_id: bytes | str) -> int:
+    return int(_text(entry_id).split("-", 1)[0])
+
+
+class RedisBus(Bus):
+    """The bus on Redis Streams, standalone or Cluster (see the module docstring)."""
+
+    def __init__(self, url: str, **_: Any) -> None:
+        scheme = url.split("://", 1)[0]
+        self.url = url
+        self.cluster = scheme == "redis+cluster"
+        options, bare, _kept = split_url(url, ACCEPTED_OPTIONS, PASSTHROUGH_OPTIONS)
+        self.options = options
+        self.connect_url = "redis://" + bare.split("://", 1)[1] if self.cluster else bare
+        self.shards = options.shards
+        self.max_deliveries = options.max_deliveries
+        self.claim_idle_ms = options.claim_idle_ms
+        self.prefix = options.prefix
+        self._redis: Redis | RedisCluster | None = None
+
+    # ---- connection ---------------------------------------------------
+    @property
+    def redis(self) -> Redis | RedisCluster:
+        if self._redis is None:
+            raise BusUnavailable(f"bus {self.url} is not connected (use `async with`)")
+        return self._redis
+
+    def _client(self) -> Redis | RedisCluster:
+        retry = Retry(ExponentialWithJitterBackoff(cap=1.0, base=0.05), retries=4)
+        try:
+            if self.cluster:
+                return RedisCluster.from_url(
+                    self.connect_url, retry=retry, socket_timeout=None,
+                    socket_connect_timeout=5,
+                )
+            return Redis.from_url(
+                self.connect_url, retry=retry, socket_timeout=None, socket_connect_timeout=5,
+                socket_keepalive=True,
+                retry_on_error=[rexc.ConnectionError, rexc.TimeoutError, rexc.BusyLoadingError],
+            )
+        except ValueError as exc:
+            raise ConfigError(f"bad Redis URL {self.url!r}: {exc}") from None
+
+    async def connect(self) -> None:
+        if self._redis is None:
+            self._redis = self._client()
+        await self.ping()
+
+    async def close(self) -> None:
+        if self._redis is not None:
+            client, self._redis = self._redis, None
+            await client.aclose()
+
+    async def ping(self) -> None:
+        with unavailable_on_connection_errors(f"ping {self.url}"):
+            await self.redis.ping()
+
+    async def _load_scripts(self) -> None:
+        for script in (PUBLISH, APPEND, MEMBERSHIP):
+            await self.redis.script_load(script.source)
+
+    async def run_scripts(self, calls: Sequence[ScriptCall]) -> list[Any]:
+        """EVALSHA each call, all in one pipeline; reload scripts the server lost."""
+        with unavailable_on_connection_errors(f"script on {self.url}"):
+            results = await self._evalsha(calls)
+            missing = [i for i, r in enumerate(results) if isinstance(r, rexc.NoScriptError)]
+            if missing:
+                await self._load_scripts()
+                again = await self._evalsha([calls[i] for i in missing])
+                for index, result in zip(missing, again, strict=True):
+                    results[index] = result
+        for result in results:
+            if isinstance(result, Exception):
+                raise result
+        return results
+
+    async def _evalsha(self, calls: Sequence[ScriptCall]) -> list[Any]:
+        if len(calls) == 1:
+            script, call_keys, args = calls[0]
+            try:
+                return [await self.redis.execute_command(
+                    "EVALSHA", script.sha, len(call_keys), *call_keys, *args)]
+            except rexc.NoScriptError as exc:
+                return [exc]
+        pipe = self.redis.pipeline(transaction=False)
+        for script, call_keys, args in calls:
+            pipe.execute_command("EVALSHA", script.sha, len(call_keys), *call_keys, *args)
+        return list(await pipe.execute(raise_on_error=False))
+
+    # ---- ingest -------------------------------------------------------
+    async def publish(self, events: Sequence[Event]) -> None:
+        """One round trip per batch: one script call per shard, pipelined.
+
+        All-or-error: a connection error raises BusUnavailable and the caller
+        retries the whole batch (shards that made it get duplicates, which
+        the workers drop on ``(run_id, seq)``).
+        """
+        if not events:
+            return
+        by_shard: dict[int, list[bytes]] = {}
+        for event in events:
+            by_shard.setdefault(self.shard_of(event), []).append(encode(event))
+        maxlen = self.options.ingest_maxlen
+        await self.run_scripts([
+            (PUBLISH, [keys.ingest_key(self.prefix, shard)], [maxlen, b"\n".join(batch)])
+            for shard, batch in by_shard.items()
+        ])
+
+    def ingest_keys(self) -> list[str]:
+        return [keys.ingest_key(self.prefix, shard) for shard in range(self.shards)]
+
+    def consumer(
+        self, group: str, name: str, *, claim_idle_ms: int | None = None
+    ) -> Consumer:
+        from .redis_consumer import RedisConsumer
+
+        idle = self.claim_idle_ms if claim_idle_ms is None else claim_idle_ms
+        return RedisConsumer(self, group, name, claim_idle_ms=idle)
+
+    async def dead_letters(self, limit: int = 100) -> list[DeadLetter]:
+        with unavailable_on_connection_errors("read dead letters"):
+            entries: Any = await self.redis.xrevrange(
+                keys.dead_letter_key(self.prefix), "+", "-", count=limit)
+        return [
+            DeadLetter(
+                entry_id=_text(f[b"entry_id"]), shard=int(f[b"shard"]), data=f[b"e"],
+                reason=_text(f[b"reason"]), deliveries=int(f[b"deliveries"]),
+                group=_text(f[b"group"]),
+            )
+            for _id, f in entries
+        ]
+
+    async def write_dead_letter(
+        self, *, group: str, entry_id: str, shard: int, data: bytes, reason: str,
+        deliveries: int,
+    ) -> None:
+        """XADD to the dead-letter stream and XACK the entry (one round trip)."""
+        fields: dict[str, bytes | str | int] = {
+            "e": data, "reason": reason, "group": group, "deliveries": deliveries,
+            "shard": shard, "entry_id": entry_id,
+        }
+        with unavailable_on_connection_errors("dead-letter"):
+            pipe = self.redis.pipeline(transaction=False)
+            pipe.xadd(keys.dead_letter_key(self.prefix), fields,  # type: ignore[arg-type]
+                      maxlen=self.options.dead_letter_maxlen, approximate=True)
+            pipe.xack(keys.ingest_key(self.prefix, shard), group, entry_id)
+            await pipe.execute()
+        log.warning("dead-lettered entry %s of shard %d in group %s after %d deliveries: %s",
+                    entry_id, shard, group, deliveries, reason)
+
+    # ---- delivery ----------------------------------------------------
+    def _stream_key(self, key: StreamKey) -> str:
+        return keys.delivery_key(self.prefix, key[0], key[1])
+
+    async def append(
+        self, key: StreamKey, events: Sequence[Event], *, state: bytes | None = None
+    ) -> int:
+        if not events and state is None:
+            return 0
+        run_id, view = key
+        args: list[Any] = [self.options.maxlen, self.options.ttl * 1000,
+                           "0" if state is None else "1", state or b""]
+        for event in events:
+            args += (event.seq, encode(event))
+        call_keys = [self._stream_key(key), keys.meta_key(self.prefix, run_id, view)]
+        (appended,) = await self.run_scripts([(APPEND, call_keys, args)])
+        return int(appended)
+
+    async def load_state(self, key: StreamKey) -> bytes | None:
+        with unavailable_on_connection_errors("load delivery state"):
+            state: Any = await self.redis.hget(
+                keys.meta_key(self.prefix, key[0], key[1]), "state")
+        return None if state is None else bytes(state)
+
+    async def read(self, key: StreamKey, after: int, limit: int = 1000) -> list[Event]:
+        with unavailable_on_connection_errors("read delivery stream"):
+            entries: Any = await self.redis.xrange(
+                self._stream_key(key), f"{after + 1}-0", "+", count=limit)
+        return [decode(fields[b"e"]) for _id, fields in entries]
+
+    async def bounds(self, key: StreamKey) -> tuple[int, int] | None:
+        name = self._stream_key(key)
+        with unavailable_on_connection_errors("delivery stream bounds"):
+            pipe = self.redis.pipeline(transaction=False)
+            pipe.xrange(name, "-", "+", count=1)
+            pipe.xrevrange(name, "+", "-", count=1)
+            first, last = await pipe.execute()
+        if not first or not last:
+            return None
+        return seq_of(first[0][0]), seq_of(last[0][0])
+
+    async def tail(
+        self, cursors: Mapping[StreamKey, int], block_ms: int = 1000
+    ) -> list[tuple[StreamKey, Event]]:
+        """One ``XREAD BLOCK`` over every stream (Cluster: per slot, see ``_tail_cluster``)."""
+        if not cursors:
+            await asyncio.sleep(block_ms / 1000)
+            return []
+        by_name = {self._stream_key(key): key for key in cursors}
+        streams = {name: f"{cursors[key]}-0" for name, key in by_name.items()}
+        replies: Any
+        with unavailable_on_connection_errors("tail delivery streams"):
+            if self.cluster and len({key_slot(n.encode()) for n in streams}) > 1:
+                replies = await self._tail_cluster(streams, block_ms)
+            else:
+                replies = await self.redis.xread(
+                    streams, count=1000, block=block_ms if block_ms > 0 else None)  # type: ignore[arg-type]
+        return [
+            (by_name[_text(name)], decode(fields[b"e"]))
+            for name, entries in replies or []
+            for _id, fields in entries
+        ]
+
+    async def _tail_cluster(self, streams: dict[str, str], block_ms: int) -> list[Any]:
+        """Streams of many slots: a multi-key XREAD must stay in one slot, so read each
+        slot's streams in one pipelined, non-blocking pass (the client runs each node's
+        commands concurrently) and poll every ``tail_poll_ms`` until ``block_ms``."""
+        by_slot: dict[int, dict[str, str]] = {}
+        for name, cursor in streams.items():
+            by_slot.setdefault(key_slot(name.encode()), {})[name] = cursor
+        loop = asyncio.get_running_loop()
+        deadline = loop.time() + block_ms / 1000
+        while True:
+            pipe = self.redis.pipeline(transaction=False)
+            for group in by_slot.values():
+                pipe.xread(group, count=1000)  # type: ignore[arg-type]
+            replies = [item for reply in await pipe.execute() for item in reply or []]
+            remaining = deadline - loop.time()
+            if replies or remaining <= 0:
+                return replies
+            await asyncio.sleep(min(remaining, self.options.tail_poll_ms / 1000))
+
+    # ---- control -----------------------------------------------------
+    async def send_control(self, command: ControlCommand) -> None:
+        name = keys.control_key(self.prefix, command.run_id)
+        with unavailable_on_connection_errors("send control"):
+            pipe = self.redis.pipeline(transaction=False)
+            pipe.xadd(name, {"c": _encoder.encode(command)}, maxlen=CONTROL_MAXLEN,
+                      approximate=True)
+            pipe.pexpire(name, self.options.ttl * 1000)
+            await pipe.execute()
+
+    async def controls(self, run_id: str, *, after: str = "$") -> AsyncIterator[ControlCommand]:
+        """Live commands of one run; rides out connection blips with backoff + jitter."""
+        name = keys.control_key(self.prefix, run_id)
+        backoff = ExponentialWithJitterBackoff(cap=2.0, base=0.05)
+        position, failures = after, 0
+        while True:
+            try:
+                with unavailable_on_connection_errors("read control"):
+                    replies: Any
+                    if position == "$":
+                        last: Any = await self.redis.xrevrange(name, "+", "-", count=1)
+                        position = _text(last[0][0]) if last else "0-0"
+                    replies = await self.redis.xread({name: position}, count=100, block=1000)
+                failures = 0
+            except BusUnavailable as exc:
+                failures += 1
+                log.warning("control channel of %s unavailable (%s); retrying", run_id, exc)
+                await asyncio.sleep(backoff.compute(failures))
+                continue
+            for _name, entries in replies or []:
+                for entry_id, fields in entries:
+                    position = _text(entry_id)
+                    yield _control_decoder.decode(fields[b"c"])

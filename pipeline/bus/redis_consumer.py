@@ -1,0 +1,311 @@
+"""A consumer-group member on the Redis ingest shards.
+
+Shard ownership (so one root run has one serial owner while consumers scale
+out): members heartbeat into a sorted set; member *i* of *n* (by name) wants
+the shards ``s`` with ``s % n == i`` and holds each with a lease key
+(``SET NX PX``), renewed by a background task while the process lives and
+released on close. When a member dies its heartbeat and leases expire after
+``lease_ms`` and the survivors take its shards over. All of that is one Lua
+script on the group's hash-tagged keys.
+
+``fetch`` returns, in order:
+
+1. on the first fetch, this consumer's own pending entries
+   (``XREADGROUP … 0``: what it held before a restart);
+2. on a newly acquired shard, the previous owner's pending entries once they
+   have been idle ``claim_idle_ms`` (``XAUTOCLAIM``) — and no new entry of
+   that shard is read until none of them is left, so per-run order holds
+   across the handover; on every owned shard, every ``claim_idle_ms / 2``,
+   entries (its own included) left unacked longer than ``claim_idle_ms``;
+3. new entries (``XREADGROUP … >``).
+
+Delivery counts come from Redis (``XPENDING``). The consumer dead-letters an
+entry itself once it was delivered more than ``max_deliveries`` times, so an
+entry that crashes the worker (which then cannot dead-letter it) still stops
+looping; a worker that recognises a bad entry calls ``dead_letter`` at once.
+
+A missing group (``NOGROUP``: Redis lost its state) is recreated with a
+warning, never swallowed.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import time
+from collections.abc import Awaitable, Callable, Sequence
+from typing import TYPE_CHECKING, Any, TypeVar
+
+import redis.exceptions as rexc
+
+from ..errors import BusUnavailable
+from . import keys
+from .base import Consumer, Delivery
+from .redis import MEMBERSHIP, _text, unavailable_on_connection_errors
+
+if TYPE_CHECKING:
+    from .redis import RedisBus
+
+log = logging.getLogger(__name__)
+T = TypeVar("T")
+Entry = tuple[bytes, dict[bytes, bytes] | None]
+
+
+class RedisConsumer(Consumer):
+    """See the module docstring."""
+
+    def __init__(self, bus: RedisBus, group: str, name: str, *, claim_idle_ms: int) -> None:
+        self.bus = bus
+        self.group = group
+        self.name = name
+        self.claim_idle_ms = claim_idle_ms
+        self.lease_ms = bus.options.lease_ms
+        self._owned: set[int] = set()
+        self._clear: set[int] = set()
+        """Owned shards on which no other consumer has pending entries."""
+        self._started = False
+        self._own_pending_read = False
+        self._renewer: asyncio.Task[None] | None = None
+        self._next_rebalance = 0.0
+        self._next_sweep = 0.0
+        self._closed = False
+
+    def owned_shards(self) -> frozenset[int]:
+        return frozenset(self._owned)
+
+    def _key(self, shard: int) -> str:
+        return keys.ingest_key(self.bus.prefix, shard)
+
+    # ---- group and membership -----------------------------------------------
+    async def _create_groups(self) -> None:
+        pipe = self.bus.redis.pipeline(transaction=False)
+        for shard in range(self.bus.shards):
+            pipe.xgroup_create(self._key(shard), self.group, id="0", mkstream=True)
+        for result in await pipe.execute(raise_on_error=False):
+            if isinstance(result, Exception) and "BUSYGROUP" not in str(result):
+                raise result
+
+    async def _membership(self, mode: str) -> set[int]:
+        lease_keys = [keys.lease_key(self.bus.prefix, self.group, s)
+                      for s in range(self.bus.shards)]
+        call_keys = [keys.members_key(self.bus.prefix, self.group), *lease_keys]
+        (held,) = await self.bus.run_scripts([(MEMBERSHIP, call_keys,
+                                               [self.name, self.lease_ms, mode])])
+        return {int(s) for s in held}
+
+    async def _renew_forever(self) -> None:
+        """Heartbeat and lease renewal while this process lives."""
+        while True:
+            await asyncio.sleep(self.lease_ms / 3000)
+            try:
+                await self._membership("renew")
+            except (BusUnavailable, rexc.RedisError) as exc:
+                log.debug("lease renewal of %s/%s failed: %s", self.group, self.name, exc)
+
+    async def _rebalance(self) -> None:
+        now = time.monotonic()
+        if self._owned and now < self._next_rebalance:
+            return
+        self._next_rebalance = now + self.lease_ms / 3000
+        owned = await self._membership("rebalance")
+        self._clear &= owned
+        self._owned = owned
+
+    # ---- fetch ---------------------------------------------------------------
+    async def fetch(self, max_count: int = 512, block_ms: int = 1000) -> list[Delivery]:
+        if self._closed:
+            raise RuntimeError("consumer is closed")
+        with unavailable_on_connection_errors(f"fetch {self.group}/{self.name}"):
+            if not self._started:
+                await self._create_groups()
+                self._renewer = asyncio.create_task(self._renew_forever())
+                self._started = True
+            await self._rebalance()
+            deliveries = await self._recreating_group(lambda: self._collect(max_count, block_ms))
+        return await self._screen(deliveries)
+
+    async def _recreating_group(self, step: Callable[[], Awaitable[T]]) -> T:
+        try:
+            return await step()
+        except rexc.ResponseError as exc:
+            if "NOGROUP" not in str(exc):
+                raise
+        log.warning(
+            "consumer group %r is missing on the ingest streams of %s (Redis lost its state: "
+            "restarted without persistence, failed over or flushed); recreating it from the "
+            "start of each stream — entries pending before the loss are not redelivered",
+            self.group, self.bus.url,
+        )
+        await self._create_groups()
+        self._clear.clear()
+        return await step()
+
+    async def _collect(self, max_count: int, block_ms: int) -> list[Delivery]:
+        out: list[Delivery] = []
+        if not self._own_pending_read:
+            out += await self._read_own_pending(max_count)
+            self._own_pending_read = True
+        if len(out) < max_count:
+            out += await self._claim_idle(max_count - len(out))
+        await self._update_clear()
+        if out:
+            return out
+        if not self._clear:
+            await asyncio.sleep(min(block_ms, 100) / 1000)
+            return []
+        return await self._read_new(max_count, block_ms)
+
+    async def _read_own_pending(self, max_count: int) -> list[Delivery]:
+        if not self._owned:
+            self._own_pending_read = False  # try again once shards are owned
+            return []
+        shards = sorted(self._owned)
+        streams = {self._key(s): "0" for s in shards}
+        replies = await self._xreadgroup(streams, max_count, None)
+        return await self._with_counts(replies)
+
+    async def _claim_idle(self, max_count: int) -> list[Delivery]:
+        now = time.monotonic()
+        if now >= self._next_sweep:
+            shards = sorted(self._owned)
+            self._next_sweep = now + max(self.claim_idle_ms / 2000, 0.05)
+        else:
+            shards = sorted(self._owned - self._clear)
+        if not shards or max_count <= 0:
+            return []
+        pipe = self.bus.redis.pipeline(transaction=False)
+        for shard in shards:
+            pipe.xautoclaim(self._key(shard), self.group, self.name, self.claim_idle_ms,
+                            "0-0", count=max_count)
+        replies: list[tuple[str, list[Entry]]] = []
+        for shard, (_cursor, entries, deleted) in zip(shards, await pipe.execute(), strict=True):
+            if deleted:
+                log.warning("%d pending entries of shard %d were trimmed before group %r "
+                            "processed them (raise ingest_maxlen): %s", len(deleted), shard,
+                            self.group, [_text(d) for d in deleted])
+            if entries:
+                replies.append((self._key(shard), entries))
+        return await self._with_counts(replies)
+
+    async def _update_clear(self) -> None:
+        """Mark owned shards clear once no other consumer has entries pending on them."""
+        unknown = sorted(self._owned - self._clear)
+        if not unknown:
+            return
+        pipe = self.bus.redis.pipeline(transaction=False)
+        for shard in unknown:
+            pipe.xpending(self._key(shard), self.group)
+        for shard, summary in zip(unknown, await pipe.execute(), strict=True):
+            others = [c for c in summary["consumers"] or [] if _text(c["name"]) != self.name]
+            if not others:
+                self._clear.add(shard)
+
+    async def _read_new(self, max_count: int, block_ms: int) -> list[Delivery]:
+        shards = sorted(self._clear)
+        per_shard = max(1, -(-max_count // len(shards)))
+        if self.bus.cluster and len(shards) > 1:
+            return await self._read_new_cluster(shards, per_shard, block_ms)
+        replies = await self._xreadgroup({self._key(s): ">" for s in shards}, per_shard,
+                                         block_ms if block_ms > 0 else None)
+        return self._deliveries(replies, {})
+
+    async def _read_new_cluster(
+        self, shards: list[int], per_shard: int, block_ms: int
+    ) -> list[Delivery]:
+        """Shards live in different slots: one non-blocking read per shard, pipelined
+        (the client runs each node's commands concurrently), polled until ``block_ms``."""
+        loop = asyncio.get_running_loop()
+        deadline = loop.time() + block_ms / 1000
+        while True:
+            pipe = self.bus.redis.pipeline(transaction=False)
+            for shard in shards:
+                pipe.xreadgroup(self.group, self.name, {self._key(shard): ">"}, count=per_shard)
+            replies = [item for reply in await pipe.execute() for item in reply or []]
+            remaining = deadline - loop.time()
+            if replies or remaining <= 0:
+                return self._deliveries(replies, {})
+            await asyncio.sleep(min(remaining, self.bus.options.tail_poll_ms / 1000))
+
+    async def _xreadgroup(
+        self, streams: dict[str, str], count: int, block_ms: int | None
+    ) -> list[Any]:
+        if self.bus.cluster and len(streams) > 1:
+            pipe = self.bus.redis.pipeline(transaction=False)
+            for name, position in streams.items():
+                pipe.xreadgroup(self.group, self.name, {name: position}, count=count)
+            return [item for reply in await pipe.execute() for item in reply or []]
+        replies: Any = await self.bus.redis.xreadgroup(
+            self.group, self.name, streams, count=count, block=block_ms)  # type: ignore[arg-type]
+        return list(replies or [])
+
+    async def _with_counts(self, replies: Sequence[Any]) -> list[Delivery]:
+        """Deliveries of re-read / claimed entries, with Redis's delivery counters."""
+        replies = [(name, entries) for name, entries in replies if entries]
+        if not replies:
+            return []
+        pipe = self.bus.redis.pipeline(transaction=False)
+        for name, entries in replies:
+            pipe.xpending_range(name, self.group, entries[0][0], entries[-1][0],
+                                len(entries), self.name)
+        counts: dict[bytes, int] = {}
+        for rows in await pipe.execute():
+            counts.update({row["message_id"]: int(row["times_delivered"]) for row in rows})
+        return self._deliveries(replies, counts)
+
+    def _deliveries(self, replies: Sequence[Any], counts: dict[bytes, int]) -> list[Delivery]:
+        out: list[Delivery] = []
+        for name, entries in replies:
+            shard = int(_text(name).rsplit(":", 1)[1].rstrip("}"))
+            for entry_id, fields in entries:
+                if fields is None:  # trimmed while pending: nothing left to deliver
+                    log.warning("pending entry %s of shard %d was trimmed", _text(entry_id), shard)
+                    continue
+                out.append(Delivery(entry_id=_text(entry_id), shard=shard, data=fields[b"e"],
+                                    deliveries=counts.get(entry_id, 1)))
+        return out
+
+    async def _screen(self, deliveries: list[Delivery]) -> list[Delivery]:
+        """Dead-letter entries delivered more than ``max_deliveries`` times."""
+        limit = self.bus.max_deliveries
+        poison = [d for d in deliveries if d.deliveries > limit]
+        for delivery in poison:
+            await self.dead_letter(delivery, f"delivered {delivery.deliveries} times without "
+                                             f"an ack (max_deliveries={limit})")
+        return [d for d in deliveries if d.deliveries <= limit] if poison else deliveries
+
+    # ---- ack, dead letters, leaving --------------------------------------------
+    async def ack(self, deliveries: Sequence[Delivery]) -> None:
+        if not deliveries:
+            return
+        by_shard: dict[int, list[str]] = {}
+        for delivery in deliveries:
+            by_shard.setdefault(delivery.shard, []).append(delivery.entry_id)
+        with unavailable_on_connection_errors(f"ack {self.group}/{self.name}"):
+            pipe = self.bus.redis.pipeline(transaction=False)
+            for shard, ids in by_shard.items():
+                pipe.xack(self._key(shard), self.group, *ids)
+            await pipe.execute()
+
+    async def dead_letter(self, delivery: Delivery, reason: str) -> None:
+        await self.bus.write_dead_letter(
+            group=self.group, entry_id=delivery.entry_id, shard=delivery.shard,
+            data=delivery.data, reason=reason, deliveries=delivery.deliveries,
+        )
+
+    async def close(self) -> None:
+        """Release leases and leave; unacked entries stay pending for a successor."""
+        if self._closed:
+            return
+        self._closed = True
+        if self._renewer is not None:
+            self._renewer.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await self._renewer
+        if self._started and self.bus._redis is not None:
+            try:
+                await self._membership("leave")
+            except BusUnavailable as exc:
+                log.warning("could not leave group %s cleanly (%s); leases expire in %d ms",
+                            self.group, exc, self.lease_ms)
+        self._owned.clear()

@@ -1,0 +1,94 @@
+"""The Lua scripts of the Redis bus (each touches keys of one Cluster slot only).
+
+Scripts are hand-written for two reasons: atomicity (a delivery append and
+the writer's state are one step) and round trips (a whole batch of one shard
+is one ``EVALSHA``; packing one argument instead of five per event is what
+takes publish from ~45 k to ~240 k events/s on one Python process).
+"""
+
+from __future__ import annotations
+
+PUBLISH = """
+-- KEYS[1] ingest shard stream
+-- ARGV[1] approximate MAXLEN (0 = none), ARGV[2] events' canonical JSON joined by "\\n"
+-- (canonical JSON never contains a raw newline)
+local key, maxlen, blob = KEYS[1], ARGV[1], ARGV[2]
+local n, pos = 0, 1
+while true do
+  local stop = string.find(blob, '\\n', pos, true)
+  redis.call('XADD', key, '*', 'e', string.sub(blob, pos, (stop or 0) - 1))
+  n = n + 1
+  if not stop then break end
+  pos = stop + 1
+end
+if maxlen ~= '0' then redis.call('XTRIM', key, 'MAXLEN', '~', maxlen) end
+return n
+"""
+
+APPEND = """
+-- KEYS[1] delivery stream, KEYS[2] its meta hash (last seq, writer state)
+-- ARGV[1] approximate MAXLEN, ARGV[2] ttl ms, ARGV[3] '1' when ARGV[4] is a state to store,
+-- ARGV[5..] seq, event JSON pairs (seq increasing)
+local last = tonumber(redis.call('HGET', KEYS[2], 'last') or '0')
+local n = 0
+for i = 5, #ARGV, 2 do
+  local seq = tonumber(ARGV[i])
+  if seq > last then
+    local ok = redis.pcall('XADD', KEYS[1], 'MAXLEN', '~', ARGV[1], ARGV[i] .. '-0', 'e', ARGV[i + 1])
+    -- an error means the stream already holds a higher id than meta says: skip it
+    if not (type(ok) == 'table' and ok.err) then
+      n = n + 1
+      last = seq
+    end
+  end
+end
+if n > 0 then redis.call('HSET', KEYS[2], 'last', last) end
+if ARGV[3] == '1' then redis.call('HSET', KEYS[2], 'state', ARGV[4]) end
+redis.call('PEXPIRE', KEYS[1], ARGV[2])
+redis.call('PEXPIRE', KEYS[2], ARGV[2])
+return n
+"""
+
+MEMBERSHIP = """
+-- KEYS[1] the group's members zset (score = expiry ms), KEYS[2..] lease key of shard 0..N-1
+-- ARGV[1] member name, ARGV[2] lease ms, ARGV[3] mode:
+--   'rebalance' join, take free shards of my share, release shards outside it
+--   'renew'     heartbeat; keep (renew) the leases I hold, take or release nothing
+--   'leave'     leave the group and release my leases
+-- returns the shards I hold afterwards
+local t = redis.call('TIME')
+local now = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
+local me, lease, mode = ARGV[1], tonumber(ARGV[2]), ARGV[3]
+local owned = {}
+if mode == 'leave' then
+  redis.call('ZREM', KEYS[1], me)
+  for s = 0, #KEYS - 2 do
+    if redis.call('GET', KEYS[s + 2]) == me then redis.call('DEL', KEYS[s + 2]) end
+  end
+  return owned
+end
+redis.call('ZADD', KEYS[1], now + lease, me)
+redis.call('ZREMRANGEBYSCORE', KEYS[1], '-inf', now)
+redis.call('PEXPIRE', KEYS[1], lease * 10)
+local live = redis.call('ZRANGE', KEYS[1], 0, -1)
+table.sort(live)
+local rank = 0
+for i, name in ipairs(live) do
+  if name == me then rank = i - 1 end
+end
+for s = 0, #KEYS - 2 do
+  local key = KEYS[s + 2]
+  local holder = redis.call('GET', key)
+  local mine = (s % #live) == rank
+  if holder == me and (mine or mode == 'renew') then
+    redis.call('PEXPIRE', key, lease)
+    table.insert(owned, s)
+  elseif holder == me then
+    redis.call('DEL', key)
+  elseif mine and mode == 'rebalance' and not holder then
+    redis.call('SET', key, me, 'PX', lease)
+    table.insert(owned, s)
+  end
+end
+return owned
+"""
