@@ -80,13 +80,23 @@ def option_key(key: str) -> str:
     return key.replace("-", "_")
 
 
-def configurable_names(command: click.Command) -> list[str]:
-    """Names of the options a config file may set for ``command``."""
-    return [
-        param.name
-        for param in command.params
-        if isinstance(param, click.Option) and param.name and not param.is_eager
-    ]
+def file_key(option: click.Option) -> str:
+    """The key naming ``option`` in a config file: its long flag (``--data-dir`` → ``data_dir``)."""
+    longs = [opt for opt in option.opts if opt.startswith("--")]
+    return option_key(longs[0][2:]) if longs else str(option.name)
+
+
+def configurable_names(command: click.Command) -> dict[str, str]:
+    """Config file keys ``command`` accepts, each mapped to its option's parameter name.
+
+    Both the long flag (``format``) and the parameter name (``format_``) are accepted.
+    """
+    keys: dict[str, str] = {}
+    for param in command.params:
+        if isinstance(param, click.Option) and param.name and not param.is_eager:
+            keys[param.name] = param.name
+            keys[file_key(param)] = param.name
+    return keys
 
 
 def build_default_map(
@@ -136,27 +146,35 @@ def _command_defaults(
     path: Path,
     where: str,
 ) -> dict[str, Any]:
-    names = set(configurable_names(command))
-    entry = {k: v for k, v in shared.items() if k in names}
+    """``default_map`` entry of one command; a group's scalar keys also reach its subcommands."""
+    names = configurable_names(command)
     subcommands = subcommands_of(command)
-    for raw_key, value in section.items():
-        key = option_key(raw_key)
-        if isinstance(value, dict) and raw_key in subcommands:
-            sub = subcommands[raw_key]
-            entry[raw_key] = _command_defaults(sub, shared, value, path, f"{where}.{raw_key}")
-        elif key in names:
-            entry[key] = value
-        else:
-            known = ", ".join(sorted(names | set(subcommands))) or "nothing"
+    scalars = {option_key(k): v for k, v in section.items() if not isinstance(v, dict)}
+    tables = {k: v for k, v in section.items() if isinstance(v, dict)}
+    inherited = {**shared, **scalars}
+    for key in scalars:
+        if key not in names and not any(key in _names_in_tree(sub) for sub in subcommands.values()):
             raise ConfigFileError(
-                path, f"unknown key {raw_key!r} in [{where}]; `{where}` accepts: {known}"
+                path, f"unknown key {key!r} in [{where}]; {_accepts(command, where)}"
             )
+    for key in tables:
+        if key not in subcommands:
+            raise ConfigFileError(
+                path, f"unknown key {key!r} in [{where}]; {_accepts(command, where)}"
+            )
+    entry: dict[str, Any] = {names[k]: v for k, v in inherited.items() if k in names}
     for sub_name, sub in subcommands.items():
-        if sub_name not in entry:
-            inherited = _command_defaults(sub, shared, {}, path, f"{where}.{sub_name}")
-            if inherited:
-                entry[sub_name] = inherited
+        sub_where = f"{where}.{sub_name}"
+        sub_entry = _command_defaults(sub, inherited, tables.get(sub_name, {}), path, sub_where)
+        if sub_entry:
+            entry[sub_name] = sub_entry
     return entry
+
+
+def _accepts(command: click.Command, where: str) -> str:
+    flags = {file_key(p) for p in command.params if isinstance(p, click.Option) and not p.is_eager}
+    known = ", ".join(sorted(flags | set(subcommands_of(command)))) or "nothing"
+    return f"`{where}` accepts: {known}"
 
 
 def _names_in_tree(command: click.Command) -> set[str]:

@@ -156,3 +156,26 @@ def test_text_output_names_value_and_source(tmp_path: Path) -> None:
     assert lines["bus"].endswith("(flag)")
     assert lines["host"].endswith("(env RUNWIRE_HOST)")
     assert lines["group"].endswith("(default)")
+
+
+def test_group_sections_reach_their_subcommands(tmp_path: Path) -> None:
+    """`[replay]` keys apply to every replay subcommand; `[replay.export]` to that one; flags win."""
+    config = write(
+        tmp_path / "runwire.toml",
+        'store = "sqlite:///top.db"\n[replay]\nstore = "sqlite:///replay.db"\n'
+        '[replay.export]\nformat = "agui"\n',
+    )
+    commands = effective(["--config", str(config), "config", "replay"])
+    assert commands["replay export"]["format"]["value"] == "agui"
+    assert {commands[name]["store"]["value"] for name in commands} == {"sqlite:///replay.db"}
+    flagged = effective(
+        ["--config", str(config), "config", "replay", "export", "--format", "koder"]
+    )
+    assert (
+        flagged["replay export"]["format"]["value"],
+        flagged["replay export"]["format"]["source"],
+    ) == ("koder", "flag")
+    assert (
+        effective(["--config", str(config), "config", "up"])["up"]["store"]["value"]
+        == "sqlite:///top.db"
+    )

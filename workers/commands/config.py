@@ -17,7 +17,7 @@ from typing import Any
 import click
 
 from workers.cli import COMMANDS, CONFIG_PATH_KEY, load_command
-from workers.config import effective_options, envvar_of, redact, subcommands_of
+from workers.config import effective_options, envvar_of, file_key, redact, subcommands_of
 
 
 @click.command(context_settings={"ignore_unknown_options": True})
@@ -51,19 +51,37 @@ def config(
 
 
 def _describe(
-    command: click.Command, name: str, args: list[str], parent: click.Context
+    command: click.Command,
+    name: str,
+    args: list[str],
+    parent: click.Context,
+    label: str | None = None,
 ) -> dict[str, Any]:
-    """``{name: {option: {value, source, env}}}`` for a command and its subcommands."""
-    sub_ctx = command.make_context(name, args, parent=parent, resilient_parsing=True)
+    """``{label: {option: {value, source, env}}}`` for a command and its subcommands.
+
+    ``runwire config replay export --format x`` describes just that subcommand with its flags.
+    """
+    label = label or name
+    subcommands = subcommands_of(command)
+    if args and args[0] in subcommands:
+        own_ctx = command.make_context(name, [], parent=parent, resilient_parsing=True)
+        sub = args[0]
+        return _describe(subcommands[sub], sub, args[1:], own_ctx, f"{label} {sub}")
+    own_ctx = command.make_context(name, args, parent=parent, resilient_parsing=True)
     options = {
-        option.name: {"value": value, "source": source, "env": envvar_of(option)}
-        for option, value, source in effective_options(sub_ctx)
-        if option.name
+        file_key(option): {"value": _plain(value), "source": source, "env": envvar_of(option)}
+        for option, value, source in effective_options(own_ctx)
     }
-    described: dict[str, Any] = {name: options} if options else {}
-    for sub_name, sub in subcommands_of(command).items():
-        described.update(_describe(sub, f"{name} {sub_name}", [], sub_ctx))
+    described: dict[str, Any] = {label: options} if options else {}
+    for sub_name, sub in subcommands.items():
+        described.update(_describe(sub, sub_name, [], own_ctx, f"{label} {sub_name}"))
     return described
+
+
+def _plain(value: Any) -> Any:
+    """Open files (``click.File`` options) by their name; everything else as is."""
+    is_file = hasattr(value, "read") or hasattr(value, "write")
+    return str(getattr(value, "name", value)) if is_file else value
 
 
 def _runwire_environment() -> dict[str, str]:
