@@ -161,8 +161,23 @@ def cogency_runs() -> dict[str, list[Event]]:
     return out
 
 
+def cogency_wire_runs() -> dict[str, list[Event]]:
+    """The cogency-wire spec examples (tests/fixtures/cogency-wire), parsed in 7-byte chunks."""
+    from pathlib import Path
+
+    from pipeline.protocols import ingest
+
+    out: dict[str, list[Event]] = {}
+    for path in sorted((Path(__file__).parent.parent / "fixtures" / "cogency-wire").glob("*.txt")):
+        codec = ingest("cogency-wire", run_id=f"run_{path.stem}", clock=lambda: "2026-01-01T00:00:00.000Z")
+        data = path.read_bytes()
+        events = [e for i in range(0, len(data), 7) for e in codec.feed(data[i : i + 7])]
+        out[f"cogency-wire:{path.stem}"] = events + codec.close()
+    return out
+
+
 def all_runs() -> dict[str, list[Event]]:
-    return {**{name: build() for name, build in RUNS.items()}, **cogency_runs()}
+    return {**{name: build() for name, build in RUNS.items()}, **cogency_runs(), **cogency_wire_runs()}
 
 
 def stream(codec: str, events: list[Event]) -> list[Any]:

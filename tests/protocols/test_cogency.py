@@ -8,7 +8,7 @@ from typing import Any
 
 import msgspec
 import pytest
-from hypothesis import given
+from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from pipeline import envelope
@@ -167,6 +167,7 @@ def cogency_frames(draw: st.DrawFn) -> dict[str, Any]:
     return frame
 
 
+@settings(max_examples=60, deadline=None)
 @given(st.lists(cogency_frames(), min_size=1, max_size=12))
 def test_any_cogency_stream_round_trips(frames: list[dict[str, Any]]) -> None:
     """T1 over generated frames: whatever the fields, cogency → koder → cogency is exact."""
