@@ -58,7 +58,9 @@ from .options import split_url
 
 log = logging.getLogger(__name__)
 
-ACCEPTED_OPTIONS = ("shards", "maxlen", "ttl", "claim_idle_ms", "max_deliveries", "prefix")
+ACCEPTED_OPTIONS = (
+    "shards", "maxlen", "ttl", "claim_idle_ms", "lease_ms", "max_deliveries", "prefix",
+)
 PASSTHROUGH = ("session_timeout_ms", "hot_events", "request_timeout_ms", "linger_ms")
 _VIEW_HEADER = "v"
 _KIND_HEADER = "k"
@@ -78,7 +80,7 @@ class KafkaOptions(msgspec.Struct, kw_only=True):
     """Kafka-only URL options (``kafka://h:p?session_timeout_ms=3000``)."""
 
     session_timeout_ms: int | None = None
-    """Group session timeout; default: the consumer's claim idle time, clamped to 1–30 s."""
+    """Group session timeout (how soon a dead member's partitions move); default ``lease_ms``."""
     hot_events: int = 500_000
     """Events the hot tier holds over all delivery streams."""
     request_timeout_ms: int = 10_000
@@ -139,23 +141,27 @@ class KafkaBus(Bus):
         self._producer = producer
 
     async def _create_topics(self) -> None:
+        retention = {"retention.ms": str(self.options.ttl * 1000)}
+        await self._ensure_topics([
+            NewTopic(self.topics[keys.KAFKA_INGEST], self.shards, 1),
+            NewTopic(self.topics[keys.KAFKA_DELIVERY], self.shards, 1, topic_configs=retention),
+            NewTopic(self.topics[keys.KAFKA_CONTROL], self.shards, 1, topic_configs=retention),
+            NewTopic(self.topics[keys.KAFKA_DEAD_LETTER], 1, 1),
+        ], check=True)
+
+    async def _ensure_topics(self, wanted: list[NewTopic], *, check: bool = False) -> None:
+        """Create topics that don't exist yet (an existing one is left as it is)."""
         admin = AIOKafkaAdminClient(
             bootstrap_servers=self.bootstrap, request_timeout_ms=self.kafka.request_timeout_ms
         )
         await _guard("connect", admin.start())
         try:
-            retention = {"retention.ms": str(self.options.ttl * 1000)}
-            wanted = [
-                NewTopic(self.topics[keys.KAFKA_INGEST], self.shards, 1),
-                NewTopic(self.topics[keys.KAFKA_DELIVERY], self.shards, 1, topic_configs=retention),
-                NewTopic(self.topics[keys.KAFKA_CONTROL], self.shards, 1, topic_configs=retention),
-                NewTopic(self.topics[keys.KAFKA_DEAD_LETTER], 1, 1),
-            ]
             response = await _guard("create topics", admin.create_topics(wanted))
             for topic, code, message in response.topic_errors:
                 if code not in (0, _TOPIC_EXISTS):
                     raise BusUnavailable(f"kafka: cannot create topic {topic}: {message} ({code})")
-            await self._check_partitions(admin)
+            if check:
+                await self._check_partitions(admin)
         finally:
             await admin.close()
 
@@ -256,6 +262,36 @@ class KafkaBus(Bus):
                 if not batch:
                     break
                 out.extend(batch.get(tp, []))
+            return out
+        finally:
+            await reader.stop()
+
+    async def _last_records(self, topic: str, partitions: Sequence[int]) -> dict[int, Any]:
+        """The newest record of each partition (absent when a partition is empty).
+
+        Reads one record per partition, never the partition's history: each
+        record read this way must have been sent on its own (one batch).
+        """
+        reader = AIOKafkaConsumer(bootstrap_servers=self.bootstrap, enable_auto_commit=False)
+        await _guard("read", reader.start())
+        try:
+            tps = [TopicPartition(topic, p) for p in partitions]
+            reader.assign(tps)
+            ends = await _guard("read", reader.end_offsets(tps))
+            begins = await _guard("read", reader.beginning_offsets(tps))
+            waiting = {tp for tp in tps if ends[tp] > begins[tp]}
+            for tp in waiting:
+                reader.seek(tp, ends[tp] - 1)
+            out: dict[int, Any] = {}
+            deadline = time.monotonic() + 10
+            while waiting and time.monotonic() < deadline:
+                batches = await _guard("read", reader.getmany(*waiting, timeout_ms=500))
+                for tp, records in batches.items():
+                    out[tp.partition] = records[-1]
+                    if await reader.position(tp) >= ends[tp]:
+                        waiting.discard(tp)
+            if waiting:
+                raise BusUnavailable(f"kafka: could not read the end of {topic}")
             return out
         finally:
             await reader.stop()
@@ -442,18 +478,42 @@ class _Held(msgspec.Struct):
     delivered_ms: float
 
 
-class _PartitionState:
-    """Unacked entries of one assigned partition and where its commit point is."""
+class _Mark(msgspec.Struct, array_like=True):
+    """What a partition's owner has handed out: through ``through``, with counts ≥ 2 listed."""
 
-    def __init__(self) -> None:
+    through: int
+    counts: list[tuple[int, int]] = []
+
+
+_mark_json = msgspec.json.Decoder(_Mark)
+
+
+class _PartitionState:
+    """One assigned partition: unacked entries, delivery counts, the commit point."""
+
+    def __init__(self, mark: _Mark | None = None) -> None:
         self.held: dict[int, _Held] = {}
         self.next_offset: int | None = None
         self.committed: int | None = None
+        self.prior_through = -1 if mark is None else mark.through
+        self.prior_counts = {} if mark is None else dict(mark.counts)
+        self.counts: dict[int, int] = {}
+
+    def first_count(self, offset: int) -> int:
+        """Delivery count of an offset handed out now for the first time by this process."""
+        if offset in self.prior_counts:
+            return self.prior_counts[offset] + 1
+        return 2 if offset <= self.prior_through else 1
 
     def commit_point(self) -> int | None:
         if self.held:
             return min(self.held)
         return self.next_offset
+
+    def mark(self) -> _Mark:
+        through = max(self.prior_through, (self.next_offset or 0) - 1)
+        counts = sorted((o, c) for o, c in self.counts.items() if c >= 2 and o in self.held)
+        return _Mark(through, counts)
 
 
 class _Rebalance(ConsumerRebalanceListener):  # type: ignore[misc]
@@ -464,16 +524,19 @@ class _Rebalance(ConsumerRebalanceListener):  # type: ignore[misc]
         await self.owner._revoked(revoked)
 
     async def on_partitions_assigned(self, assigned: list[TopicPartition]) -> None:
-        self.owner._assigned(assigned)
+        await self.owner._assigned(assigned)
 
 
 class KafkaConsumer(Consumer):
     """A member of a Kafka consumer group on the ingest topic (see the module docstring).
 
-    ``deliveries`` counts how often *this process* handed an offset out: an
-    unacked entry is handed out again after ``claim_idle_ms`` and
-    dead-lettered past ``max_deliveries``. A successor after a crash starts
-    counting at 1 (the brokers used here keep no commit metadata).
+    Delivery counts survive a crash: before entries are handed out, the
+    consumer writes a *mark* per partition (last offset handed out, and the
+    counts of entries handed out more than once) to the group's marks topic
+    ``<prefix>.marks.<group>``; a new owner reads the newest mark of each
+    partition it is assigned (one record, never a scan) and counts on from
+    there. An unacked entry is handed out again after ``claim_idle_ms`` and
+    dead-lettered past ``max_deliveries``.
     """
 
     def __init__(self, bus: KafkaBus, group: str, name: str, *, claim_idle_ms: int) -> None:
@@ -482,9 +545,9 @@ class KafkaConsumer(Consumer):
         self.name = name
         self.claim_idle_ms = claim_idle_ms
         self.topic = bus.topics[keys.KAFKA_INGEST]
+        self.marks_topic = keys.kafka_marks_topic(bus.options.prefix, group)
         self._client: AIOKafkaConsumer | None = None
         self._partitions: dict[int, _PartitionState] = {}
-        self._counts: dict[tuple[int, int], int] = {}
         self._closed = False
 
     def owned_shards(self) -> frozenset[int]:
@@ -496,7 +559,11 @@ class KafkaConsumer(Consumer):
         if self._closed:
             raise RuntimeError("consumer is closed")
         if self._client is None:
-            session = self.bus.kafka.session_timeout_ms or min(max(self.claim_idle_ms, 1000), 30_000)
+            await self.bus._ensure_topics([NewTopic(
+                self.marks_topic, self.bus.shards, 1,
+                topic_configs={"retention.ms": str(self.bus.options.ttl * 1000)},
+            )])
+            session = self.bus.kafka.session_timeout_ms or self.bus.options.lease_ms
             client = AIOKafkaConsumer(
                 bootstrap_servers=self.bus.bootstrap,
                 group_id=self.group,
@@ -513,17 +580,22 @@ class KafkaConsumer(Consumer):
             self._client = client
         return self._client
 
-    def _assigned(self, assigned: list[TopicPartition]) -> None:
-        for tp in assigned:
-            self._partitions[tp.partition] = _PartitionState()
+    async def _assigned(self, assigned: list[TopicPartition]) -> None:
+        """Read the newest mark of each new partition, to count redeliveries on."""
+        fresh = [tp.partition for tp in assigned if tp.partition not in self._partitions]
+        marks = await self.bus._last_records(self.marks_topic, fresh) if fresh else {}
+        for partition in fresh:
+            record = marks.get(partition)
+            if partition not in self._partitions:  # fetch may have read it meanwhile
+                self._partitions[partition] = _PartitionState(
+                    None if record is None else _mark_json.decode(record.value)
+                )
 
     async def _revoked(self, revoked: list[TopicPartition]) -> None:
         """Commit what was acked on partitions about to move, then forget them."""
         await self._commit([tp.partition for tp in revoked])
         for tp in revoked:
             self._partitions.pop(tp.partition, None)
-            for key in [k for k in self._counts if k[0] == tp.partition]:
-                del self._counts[key]
 
     async def fetch(self, max_count: int = 512, block_ms: int = 1000) -> list[Delivery]:
         client = await self._start()
@@ -531,23 +603,40 @@ class KafkaConsumer(Consumer):
         for delivery in poison:
             await self.dead_letter(delivery, f"delivered {delivery.deliveries} times without an "
                                    f"ack (max_deliveries={self.bus.max_deliveries})")
-        if len(out) >= max_count:
-            return out
-        wait = 0 if out else min(block_ms, max(self._next_redelivery_ms(), 0))
-        batches = await _guard("fetch", client.getmany(timeout_ms=int(wait), max_records=max_count - len(out)))
+        if len(out) < max_count:
+            wait = 0 if out else min(block_ms, max(self._next_redelivery_ms(), 0))
+            batches = await _guard("fetch", client.getmany(
+                timeout_ms=int(wait), max_records=max_count - len(out)))
+            # aiokafka may fetch before our assignment listener has read the marks
+            await self._assigned([tp for tp in batches if tp.partition not in self._partitions])
+            out += self._take(batches)
+        if out:
+            await self._write_marks({int(d.entry_id.partition(":")[0]) for d in out})
+        return out
+
+    def _take(self, batches: Mapping[TopicPartition, Sequence[Any]]) -> list[Delivery]:
         now = time.monotonic() * 1000
+        out: list[Delivery] = []
         for tp, records in batches.items():
-            state = self._partitions.setdefault(tp.partition, _PartitionState())
+            state = self._partitions[tp.partition]
             for record in records:
-                delivery = Delivery(
-                    entry_id=f"{tp.partition}:{record.offset}", shard=tp.partition,
-                    data=record.value, deliveries=1,
-                )
-                self._counts[(tp.partition, record.offset)] = 1
+                count = state.first_count(record.offset)
+                delivery = Delivery(entry_id=f"{tp.partition}:{record.offset}", shard=tp.partition,
+                                    data=record.value, deliveries=count)
+                state.counts[record.offset] = count
                 state.held[record.offset] = _Held(delivery, now)
                 out.append(delivery)
             state.next_offset = records[-1].offset + 1
         return out
+
+    async def _write_marks(self, partitions: set[int]) -> None:
+        records: list[_Record] = []
+        for partition in sorted(partitions):
+            state = self._partitions.get(partition)
+            if state is not None:
+                records.append((partition, None, _json.encode(state.mark()), []))
+        for record in records:  # one batch each: a mark is read back as the last record
+            await self.bus._send(self.marks_topic, [record])
 
     def _next_redelivery_ms(self) -> float:
         now, soonest = time.monotonic() * 1000, float("inf")
@@ -564,15 +653,14 @@ class KafkaConsumer(Consumer):
         now = time.monotonic() * 1000
         out: list[Delivery] = []
         poison: list[Delivery] = []
-        for partition, state in self._partitions.items():
+        for state in self._partitions.values():
             for offset in sorted(state.held):
                 held = state.held[offset]
                 if len(out) >= limit:
                     return out, poison
                 if now - held.delivered_ms < self.claim_idle_ms:
                     continue
-                count = self._counts.get((partition, offset), 1) + 1
-                self._counts[(partition, offset)] = count
+                count = state.counts[offset] = state.counts.get(offset, 1) + 1
                 held.delivered_ms = now
                 held.delivery = msgspec.structs.replace(held.delivery, deliveries=count)
                 if count > self.bus.max_deliveries:
@@ -587,8 +675,8 @@ class KafkaConsumer(Consumer):
             partition, _, offset = delivery.entry_id.partition(":")
             state = self._partitions.get(int(partition))
             if state is not None and state.held.pop(int(offset), None) is not None:
+                state.counts.pop(int(offset), None)
                 touched.add(int(partition))
-                self._counts.pop((int(partition), int(offset)), None)
         await self._commit(sorted(touched))
 
     async def _commit(self, partitions: Sequence[int]) -> None:

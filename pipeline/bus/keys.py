@@ -91,3 +91,12 @@ KAFKA_DEAD_LETTER = "deadletter"
 def kafka_topic(prefix: str, kind: str) -> str:
     """The Kafka topic of one kind (``ingest``, ``delivery``, ``control``, ``deadletter``)."""
     return f"{prefix}.{kind}"
+
+
+def kafka_marks_topic(prefix: str, group: str) -> str:
+    """A consumer group's delivery marks (what each partition's owner handed out).
+
+    Characters a topic name can't hold are written as ``_<hex>``.
+    """
+    safe = "".join(c if c.isascii() and (c.isalnum() or c in ".-") else f"_{ord(c):x}" for c in group)
+    return f"{prefix}.marks.{safe}"
