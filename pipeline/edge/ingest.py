@@ -13,8 +13,6 @@ published and the answer is ``503`` — retry the whole batch.
 
 from __future__ import annotations
 
-from typing import Any
-
 import msgspec
 
 from .. import envelope, protocols
@@ -38,20 +36,11 @@ class IngestResult(msgspec.Struct, kw_only=True):
 
 
 def detect_format(body: bytes) -> str:
-    """The ingest format of a body: ``pipeline.protocols.detect`` when available, else koder."""
-    try:
-        from ..protocols import detect as detect_module
-    except ImportError:
-        return DEFAULT_FORMAT
-    finder: Any = getattr(detect_module, "detect", None)
-    if finder is None:
-        return DEFAULT_FORMAT
-    first = next((line for line in body.splitlines() if line.strip()), b"")
-    try:
-        found = finder(first) if first else None
-    except Exception:  # detection is a hint; the codec reports the real error per line
-        return DEFAULT_FORMAT
-    return found if isinstance(found, str) and found else DEFAULT_FORMAT
+    """The ingest format of a body, from its first lines (ConfigError when none fits)."""
+    from ..protocols.detect import detect
+
+    lines = [line for line in body.splitlines()[:20] if line.strip()]
+    return detect(lines) if lines else DEFAULT_FORMAT
 
 
 def decode_body(

@@ -85,19 +85,21 @@ class StreamSession:
         self.feed = feed
         position = self.hub.attach(feed, self.client)
         try:
-            preamble = self._live_preamble(feed, position)
-            if preamble is not None:
-                self.last = max(self.last, position)
-                await self._send(preamble)
+            after = self.request.after
+            if self.request.live or (after > 0 and after >= position):
+                # Joining at the live position: no history, the format's preamble first.
+                self.last = position if self.request.live else after
+                await self._send(self._preamble(feed))
             elif await self._catch_up(position):
                 return
             await self._live()
         finally:
             self.hub.detach(feed, self.client)
 
-    def _live_preamble(self, feed: Feed, position: int) -> list[Frame] | None:
-        if not self.request.live:
-            return None
+    @staticmethod
+    def _preamble(feed: Feed) -> list[Frame]:
+        if is_stateless(feed.key.format):
+            return []
         payloads = [msgspec.json.encode(f) for f in feed.encoder.preamble()]
         return [Frame(payloads, seq=None)] if payloads else []
 
