@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import asyncio
 from collections.abc import Iterable
 from typing import TYPE_CHECKING
 
@@ -25,28 +26,58 @@ def decode_line(number: int, line: bytes) -> tuple[Event, bytes] | LineError:
     return event, envelope.encode(event)
 
 
+class _Appender:
+    """Appends one batch while the next is decoded: one append in flight at a time."""
+
+    def __init__(self, log: ReplayLog) -> None:
+        self.log = log
+        self.added = 0
+        self._inflight: asyncio.Task[int] | None = None
+
+    async def submit(self, rows: list[tuple[Event, bytes]]) -> None:
+        await self.wait()
+        self._inflight = asyncio.create_task(self.log.append_encoded(rows))
+        await asyncio.sleep(0)  # let it reach the database before decoding goes on
+
+    async def wait(self) -> None:
+        if self._inflight is not None:
+            task, self._inflight = self._inflight, None
+            self.added += await task
+
+
 async def import_lines(
     log: ReplayLog, lines: Iterable[bytes], *, batch: int = 20_000
 ) -> ImportReport:
-    """Decode ``lines`` and append them to ``log`` in batches of ``batch`` events."""
+    """Decode ``lines`` and append them to ``log`` in batches of ``batch`` events.
+
+    Decoding a batch overlaps with storing the previous one (the database
+    works in its own thread or server process meanwhile).
+    """
     report = ImportReport()
     runs: dict[str, None] = {}
     pending: list[tuple[Event, bytes]] = []
-    for number, raw in enumerate(lines, start=1):
-        line = raw.strip()
-        if not line:
-            continue
-        report.lines += 1
-        decoded = decode_line(number, line)
-        if isinstance(decoded, LineError):
-            report.errors.append(decoded)
-            continue
-        pending.append(decoded)
-        runs.setdefault(decoded[0].run_id)
-        if len(pending) >= batch:
-            report.added += await log.append_encoded(pending)
-            pending = []
-    if pending:
-        report.added += await log.append_encoded(pending)
+    appender = _Appender(log)
+    try:
+        for number, raw in enumerate(lines, start=1):
+            line = raw.strip()
+            if not line:
+                continue
+            report.lines += 1
+            decoded = decode_line(number, line)
+            if isinstance(decoded, LineError):
+                report.errors.append(decoded)
+                continue
+            pending.append(decoded)
+            runs.setdefault(decoded[0].run_id)
+            if len(pending) >= batch:
+                await appender.submit(pending)
+                pending = []
+            elif not report.lines % 2048:
+                await asyncio.sleep(0)  # keep the event loop (and a PostgreSQL COPY) moving
+        if pending:
+            await appender.submit(pending)
+    finally:
+        await appender.wait()
+    report.added = appender.added
     report.runs = list(runs)
     return report

@@ -13,7 +13,7 @@ from collections.abc import Iterable
 
 import msgspec
 
-from ..envelope import TERMINAL_STATES, Event, Gap, RunLifecycle, Usage
+from ..envelope import DELTA_TYPES, TERMINAL_STATES, Event, Gap, RunLifecycle, Usage
 
 
 class RunDelta(msgspec.Struct, kw_only=True):
@@ -40,22 +40,29 @@ class RunDelta(msgspec.Struct, kw_only=True):
 
 
 def _fold(delta: RunDelta, event: Event) -> None:
-    delta.events += 1
-    delta.first_seq = event.seq if delta.events == 1 else min(delta.first_seq, event.seq)
-    delta.last_seq = max(delta.last_seq, event.seq)
-    ts = event.ts
-    if delta.first_ts is None or ts < delta.first_ts:
+    seq, ts = event.seq, event.ts
+    if delta.events == 0 or seq < delta.first_seq:
+        delta.first_seq = seq
+    if seq > delta.last_seq:
+        delta.last_seq = seq
+    if delta.events == 0:
+        delta.first_ts = delta.last_ts = ts
+    elif ts < delta.first_ts:  # type: ignore[operator]
         delta.first_ts = ts
-    if delta.last_ts is None or ts > delta.last_ts:
+    elif ts > delta.last_ts:  # type: ignore[operator]
         delta.last_ts = ts
-    delta.tenant = delta.tenant or event.tenant
+    delta.events += 1
+    if delta.tenant is None:
+        delta.tenant = event.tenant
     if event.child_id is not None:
         return
-    delta.parent_id = delta.parent_id or event.parent_id
-    delta.root_id = delta.root_id or event.root_id
+    if delta.parent_id is None and event.parent_id is not None:
+        delta.parent_id, delta.root_id = event.parent_id, event.root_id
+    if event.type in DELTA_TYPES:
+        return
     if isinstance(event, RunLifecycle):
-        if event.seq >= delta.state_seq:
-            delta.state, delta.state_seq = event.payload.state, event.seq
+        if seq >= delta.state_seq:
+            delta.state, delta.state_seq = event.payload.state, seq
         delta.dropped += event.payload.dropped_count or 0
     elif isinstance(event, Usage):
         delta.input_tokens += event.payload.input_tokens

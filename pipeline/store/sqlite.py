@@ -244,12 +244,30 @@ class SQLiteLog(ReplayLog):
                 fresh.append(row)
         return fresh
 
+    def _insert(self, rows: Sequence[tuple[Event, bytes]]) -> Sequence[tuple[Event, bytes]]:
+        """Insert the rows not stored yet; returns them.
+
+        Fast path: insert everything (``OR IGNORE``); when every row went in,
+        they were all new. Otherwise undo and insert only the new ones.
+        """
+        db = self._db
+        db.execute("SAVEPOINT batch")
+        before = db.total_changes
+        db.executemany(_INSERT_EVENT, [_event_row(e, b) for e, b in rows])
+        if db.total_changes - before == len(rows):
+            db.execute("RELEASE batch")
+            return rows
+        db.execute("ROLLBACK TO batch")
+        db.execute("RELEASE batch")
+        fresh = self._new_rows(rows)
+        db.executemany(_INSERT_EVENT, [_event_row(e, b) for e, b in fresh])
+        return fresh
+
     def _append(self, rows: Sequence[tuple[Event, bytes]], now: float) -> int:
         db = self._db
         db.execute("BEGIN IMMEDIATE")
         try:
-            fresh = self._new_rows(rows)
-            db.executemany(_INSERT_EVENT, [_event_row(e, b) for e, b in fresh])
+            fresh = self._insert(rows)
             for delta in summarize(e for e, _ in fresh).values():
                 self._merge_run(delta, now)
             db.execute("COMMIT")
