@@ -1,5 +1,5 @@
 // Shared by the validators: read NDJSON from stdin, run a check per stream,
-// report and exit (0 valid, 1 invalid with the reason on stderr).
+// report (exit status 0 valid, 1 invalid with the reason on stderr).
 //
 //   node verify-x.mjs [--partial]            stdin: one frame per line (one stream)
 //   node verify-x.mjs --streams [--partial]  stdin: one JSON array of frames per line
@@ -30,7 +30,7 @@ export async function main(check) {
     if (!many) {
       const summary = await check(lines.map(([line, n]) => parse(line, n)));
       process.stdout.write(JSON.stringify(summary) + "\n");
-      return process.exit(0);
+      return;
     }
     const summaries = [];
     for (const [line, n] of lines) {
@@ -41,9 +41,8 @@ export async function main(check) {
       }
     }
     process.stdout.write(JSON.stringify(summaries) + "\n");
-    return process.exit(0);
   } catch (err) {
     process.stderr.write(`INVALID: ${err.message}\n`);
-    return process.exit(1);
+    process.exitCode = 1; // not process.exit(): let piped output drain
   }
 }

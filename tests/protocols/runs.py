@@ -176,8 +176,47 @@ def cogency_wire_runs() -> dict[str, list[Event]]:
     return out
 
 
+FOREIGN_FORMATS = ("koder", "loom", "loom-export", "loom-mcp")
+
+
+def foreign_runs() -> dict[str, list[Event]]:
+    """The other ingest formats' fixtures (tests/fixtures/<format>) as canonical streams.
+
+    Frames a codec rejects on purpose (malformed-input fixtures) are left out;
+    seqs are renumbered per stream as a delivery stream would be.
+    """
+    from pathlib import Path
+
+    from pipeline.errors import ProtocolError
+    from pipeline.protocols import ingest
+
+    out: dict[str, list[Event]] = {}
+    root = Path(__file__).parent.parent / "fixtures"
+    for fmt in FOREIGN_FORMATS:
+        for path in sorted((root / fmt).glob("*.ndjson")):
+            codec = ingest(fmt, run_id=f"run_{path.stem}")
+            events: list[Event] = []
+            for line in path.read_bytes().splitlines():
+                if not line.strip():
+                    continue
+                try:
+                    events.extend(codec.feed(line))
+                except ProtocolError:
+                    continue
+            events.extend(codec.close())
+            out[f"{fmt}:{path.stem}"] = [
+                envelope.replace(e, seq=i, run_id=events[0].run_id) for i, e in enumerate(events, 1)
+            ]
+    return out
+
+
 def all_runs() -> dict[str, list[Event]]:
-    return {**{name: build() for name, build in RUNS.items()}, **cogency_runs(), **cogency_wire_runs()}
+    return {
+        **{name: build() for name, build in RUNS.items()},
+        **cogency_runs(),
+        **cogency_wire_runs(),
+        **foreign_runs(),
+    }
 
 
 def stream(codec: str, events: list[Event]) -> list[Any]:

@@ -38,14 +38,16 @@ def test_user_chat_profile() -> None:
         "text.delta", "tool.start", "tool.end", "x.mcp.tool_update", "x.mcp.tool_output_delta",
         "x.mcp.await_clarification", "x.mcp.await_confirmation", "x.mcp.await_questions",
         "x.mcp.await_external_tools", "plan.proposal", "x.usage", "run.lifecycle", "step.boundary",
-        "x.mcp.workflow", "x.mcp.run_stream_end", "child.spawn", "x.gap",
+        "x.mcp.workflow", "x.mcp.run_stream_end", "x.mcp.session_stream_started", "x.mcp.session_stream_end",
+        "child.spawn", "x.gap",
     }
 
 
 def test_metrics_profile() -> None:
     """MetricsProfile: "emits only usage and workflow events" (plus x.gap, so loss stays visible)."""
     assert kinds("metrics", every_kind()) == {
-        "x.usage", "run.lifecycle", "step.boundary", "x.mcp.workflow", "x.mcp.run_stream_end", "x.gap"}
+        "x.usage", "run.lifecycle", "step.boundary", "x.mcp.workflow", "x.mcp.run_stream_end",
+        "x.mcp.session_stream_started", "x.mcp.session_stream_end", "x.gap"}
 
 
 @pytest.mark.parametrize("name", ["default", "debug"])
