@@ -18,7 +18,7 @@ from pipeline.envelope import Event
 from pipeline.publisher import Publisher
 from pipeline.store import open_store
 from tests.ops.conftest import RUNWIRE, runwire_env
-from tests.workers.checks import assert_delivered_exactly_once, run_tree
+from tests.workers.checks import assert_r1_r3, expected_streams, read_all, run_tree
 
 pytestmark = pytest.mark.slow
 
@@ -81,8 +81,24 @@ def stats_of(proc: subprocess.Popen[str], timeout: float = 60) -> dict[str, Any]
 async def check(
     bus_url: str, store_url: str, events: list[Event], ancestry: dict[str, list[str]]
 ) -> None:
+    """Each stream and the replay log: every event once, in order, seq contiguous; shaped keeps R1/R3.
+
+    (Where the shaped view cuts its 100 ms windows may differ from shaping the
+    raw view offline when a backlog is processed slower than real time, since
+    a quiet stream's window is closed by the wall clock; so the shaped view is
+    checked for R1/R3, not for equality.)
+    """
     async with open_bus(bus_url) as bus, open_store(store_url) as store:
-        await assert_delivered_exactly_once(bus, store, events, ancestry)
+        for run_id, wanted in expected_streams(events, ancestry).items():
+            raw = await read_all(bus, run_id)
+            assert [e.seq for e in raw] == list(range(1, len(raw) + 1)), run_id
+            got = [(e.child_id or e.run_id, e.id) for e in raw]
+            assert sorted(got) == sorted(wanted), f"{run_id}: an event is missing or duplicated"
+            for origin in {origin for origin, _ in wanted}:
+                assert [i for o, i in got if o == origin] == [i for o, i in wanted if o == origin]
+            logged = await store.read(run_id)
+            assert [(e.seq, e.id) for e in logged] == [(e.seq, e.id) for e in raw], run_id
+            assert_r1_r3(raw, await bus.read((run_id, "shaped"), 0, limit=100_000))
 
 
 def test_sigterm_mid_load_then_a_successor_loses_and_duplicates_nothing(
