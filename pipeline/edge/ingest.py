@@ -36,11 +36,26 @@ class IngestResult(msgspec.Struct, kw_only=True):
 
 
 def detect_format(body: bytes) -> str:
-    """The ingest format of a body, from its first lines (ConfigError when none fits)."""
+    """The ingest format of a body, from its first lines.
+
+    Bad lines must not hide the format of the good ones (they are reported
+    per line later), so when the first lines together fit no single format,
+    the first line that fits one on its own decides.
+    """
     from ..protocols.detect import detect
 
     lines = [line for line in body.splitlines()[:20] if line.strip()]
-    return detect(lines) if lines else DEFAULT_FORMAT
+    if not lines:
+        return DEFAULT_FORMAT
+    try:
+        return detect(lines)
+    except ConfigError as together:
+        for line in lines:
+            try:
+                return detect([line])
+            except ConfigError:
+                continue
+        raise together from None
 
 
 def decode_body(

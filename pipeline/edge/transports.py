@@ -53,6 +53,9 @@ class HttpSink(Sink):
         }
         raw = [(k.lower().encode(), v.encode()) for k, v in headers.items()]
         await self._send({"type": "http.response.start", "status": 200, "headers": raw})
+        if self.sse:
+            # Reconnect after 1 s (EventSource's default is about 3 s) and resend Last-Event-ID.
+            await self._send({"type": "http.response.body", "body": b"retry: 1000\n\n", "more_body": True})
 
     async def send(self, frames: list[Frame]) -> None:
         if self.sse:
