@@ -34,7 +34,7 @@ import time
 import uuid
 from collections.abc import Callable, Iterator
 from pathlib import Path
-from typing import Any
+from typing import IO, Any
 
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
@@ -102,12 +102,11 @@ async def runwire_import(url: str, path: Path) -> tuple[float, int]:
         return time.perf_counter() - start, report.added
 
 
-async def runwire_export(url: str, run_ids: list[str]) -> tuple[float, int]:
+async def runwire_export(url: str, run_ids: list[str], sink: IO[bytes]) -> tuple[float, int]:
     async with open_store(url) as log:
-        with open(os.devnull, "wb") as sink:
-            start = time.perf_counter()
-            count = await log.export_jsonl(run_ids, sink.write)
-            return time.perf_counter() - start, count
+        start = time.perf_counter()
+        count = await log.export_jsonl(run_ids, sink.write)
+        return time.perf_counter() - start, count
 
 
 # ---- the plain loop ----------------------------------------------------------------------
@@ -223,7 +222,8 @@ def measure(
         imports.append(elapsed)
         base_imports.append(baseline_import())
     for _ in range(repeats):
-        elapsed, count = asyncio.run(runwire_export(url, run_ids))
+        with open(os.devnull, "wb") as sink:
+            elapsed, count = asyncio.run(runwire_export(url, run_ids, sink))
         assert count == events
         exports.append(elapsed)
         elapsed, count = baseline_export()

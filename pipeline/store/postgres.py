@@ -82,6 +82,8 @@ CREATE TEMP TABLE IF NOT EXISTS runwire_stage (
 ) ON COMMIT DELETE ROWS
 """
 
+_STAGE_TYPES = ["text", "text", "text", "text", "int8", "text", "text", "bytea"]
+"""Binary COPY: the envelope bytes go as they are (text COPY would hex-escape them)."""
 _COLUMNS = "id, run_id, tenant, child_id, seq, type, ts, payload, body"
 _FROM_STAGE = (
     f"INSERT INTO events ({_COLUMNS}) SELECT id, run_id, tenant, child_id, seq, type,"
@@ -253,8 +255,9 @@ class PostgresLog(ReplayLog):
             if len(rows) >= COPY_THRESHOLD:
                 async with cursor.copy(
                     "COPY runwire_stage (id, run_id, tenant, child_id, seq, type, ts, body)"
-                    " FROM STDIN"
+                    " FROM STDIN (FORMAT BINARY)"
                 ) as copy:
+                    copy.set_types(_STAGE_TYPES)
                     for event, body in rows:
                         await copy.write_row(_stage_row(event, body))
                 await cursor.execute(_FROM_STAGE.format(source="runwire_stage"))

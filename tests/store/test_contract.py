@@ -233,3 +233,15 @@ async def test_jsonl_export_import_round_trip(new_store_url: Callable[[], str]) 
     assert again.added == 0 and again.errors == []
     assert out.getvalue() == exported
     assert info is not None and info.state == "done" and info.events == 31
+
+
+async def test_bulk_appends_are_idempotent_too(store_url: str) -> None:
+    """Large batches take the bulk path (COPY on PostgreSQL) with the same (run_id, seq) dedupe."""
+    async with open_store(store_url) as log:
+        assert await log.append(deltas("big", 1, 400)) == 400
+        assert await log.append([*deltas("big", 200, 700), *deltas("other", 1, 300)]) == 600
+        assert await log.append(deltas("big", 1, 700)) == 0
+        info = await log.run("big")
+        seqs = [e.seq async for e in log.iter_events("big", batch=256)]
+    assert info is not None and info.events == 700 and info.last_seq == 700
+    assert seqs == list(range(1, 701))
