@@ -151,12 +151,12 @@ class _DeliveryStream:
 class MemoryState:
     """Everything a memory bus holds; shared by name between buses of one process."""
 
-    def __init__(self, shards: int) -> None:
+    def __init__(self, shards: int, dead_letter_maxlen: int = 10_000) -> None:
         self.shards = [_ShardLog() for _ in range(shards)]
         self.groups: dict[str, _Group] = {}
         self.users = 0
         self.backlog = 0
-        self.dead: deque[DeadLetter] = deque(maxlen=10_000)
+        self.dead: deque[DeadLetter] = deque(maxlen=dead_letter_maxlen)
         self.streams: dict[StreamKey, _DeliveryStream] = {}
         self.controls: dict[str, _ControlChannel] = {}
         self.ingest_changed = _Notifier()
@@ -202,7 +202,7 @@ class MemoryBus(Bus):
         self.max_deliveries = options.max_deliveries
         self.claim_idle_ms = options.claim_idle_ms
         self.name = url.split("://", 1)[1].split("?", 1)[0].strip("/")
-        self.state = MemoryState(self.shards)
+        self.state = MemoryState(self.shards, options.dead_letter_maxlen)
         self._open = False
 
     async def connect(self) -> None:
@@ -212,7 +212,8 @@ class MemoryBus(Bus):
         if self.name:
             state = _NAMED.get(self.name)
             if state is None or len(state.shards) != self.shards:
-                state = _NAMED[self.name] = MemoryState(self.shards)
+                state = _NAMED[self.name] = MemoryState(
+                    self.shards, self.options.dead_letter_maxlen)
             state.users += 1
             self.state = state
 
@@ -296,13 +297,13 @@ class MemoryBus(Bus):
         stream = self._stream(key)
         if stream is None or stream.last <= after:
             return []
-        out: list[Event] = []
-        for event in stream.events:
-            if event.seq > after:
-                out.append(event)
-                if len(out) >= limit:
-                    break
-        return out
+        newer: list[Event] = []
+        for event in reversed(stream.events):  # O(new events), not O(stream length)
+            if event.seq <= after:
+                break
+            newer.append(event)
+        newer.reverse()
+        return newer[:limit]
 
     async def read(self, key: StreamKey, after: int, limit: int = 1000) -> list[Event]:
         return self._after(key, after, limit)
