@@ -43,6 +43,13 @@ from .ulid import MonotonicULID
 DEFAULT_SILENCE_S = 300.0
 DEFAULT_GRACE_MS = 50
 """Extra wait past a window's end before a live tick closes it (transport latency)."""
+DEFAULT_QUIET_S = 0.25
+"""A live tick closes a stream's windows only after no event reached the stream for this long.
+
+While a worker works through a backlog (after a takeover, or behind a burst)
+a stream's events keep arriving, so its windows close by event time exactly
+as :func:`~pipeline.shaping.shape` closes them; the tick only speaks for
+streams that went quiet, where waiting longer could not change the result."""
 
 
 def validate(event: Event) -> None:
@@ -66,6 +73,18 @@ class Checkpoint(msgspec.Struct, kw_only=True, omit_defaults=True):
 
 _encoder = msgspec.msgpack.Encoder()
 _decoder = msgspec.msgpack.Decoder(Checkpoint)
+
+
+def newest_checkpoint(*stored: bytes | None) -> bytes | None:
+    """Of several stored checkpoints of one stream, the one furthest ahead (by delivery seq)."""
+    best: bytes | None = None
+    best_seq = -1
+    for data in stored:
+        if data:
+            seq = _decoder.decode(data).sequencer.last_seq
+            if seq > best_seq:
+                best, best_seq = data, seq
+    return best
 
 
 class StreamOutput(msgspec.Struct, kw_only=True):
@@ -110,11 +129,13 @@ class Processor:
         silence_s: float = DEFAULT_SILENCE_S,
         window_ms: int = WINDOW_MS,
         grace_ms: int = DEFAULT_GRACE_MS,
+        quiet_s: float = DEFAULT_QUIET_S,
         clock: Callable[[], float] = time.time,
     ) -> None:
         self.silence_s = silence_s
         self.window_ms = window_ms
         self.grace_ms = grace_ms
+        self.quiet_s = quiet_s
         self.clock = clock
         self.parents = ParentMap()
         self.stats = ProcessorStats()
@@ -174,13 +195,25 @@ class Processor:
                 failures.append((index, error))
         return self._finish(outputs), failures
 
-    def tick(self, now: float | None = None) -> dict[str, StreamOutput]:
-        """Close shaping windows whose end has passed and end silent runs."""
+    def tick(
+        self, now: float | None = None, *, caught_up: Callable[[str], bool] | None = None
+    ) -> dict[str, StreamOutput]:
+        """Close shaping windows whose end has passed and end silent runs.
+
+        ``caught_up(run_id)``, when given, says whether the runtime has read
+        everything available for that stream's shard; windows of streams
+        still behind are left to close by event time.
+        """
         now = self.clock() if now is None else now
         outputs: dict[str, StreamOutput] = {}
         now_ms = int(now * 1000)
+        quiet_since = now - self.quiet_s
         for run_id, stream in self._streams.items():
-            if stream.coalescer.pending:
+            if (
+                stream.coalescer.pending
+                and stream.last_activity <= quiet_since
+                and (caught_up is None or caught_up(run_id))
+            ):
                 shaped = stream.coalescer.tick(now_ms, self.grace_ms)
                 if shaped:
                     self._output(outputs, run_id).shaped.extend(shaped)

@@ -135,9 +135,11 @@ class Stages:
         failed = {index for index, _ in failures}
         return [d for i, d in enumerate(good) if i not in failed], outputs
 
-    async def tick(self) -> dict[str, StreamOutput]:
+    async def tick(
+        self, caught_up: Callable[[str], bool] | None = None
+    ) -> dict[str, StreamOutput]:
         """Close due shaping windows and end silent runs; write what that produced."""
-        outputs = self.processor.tick()
+        outputs = self.processor.tick(caught_up=caught_up)
         if outputs:
             await self.write(outputs)
         return outputs

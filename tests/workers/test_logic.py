@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import time
 from collections import defaultdict
 from collections.abc import Sequence
 
@@ -104,6 +105,20 @@ def test_r3_tool_start_right_after_deltas_flushes_them_first() -> None:
     assert [(e.type, e.seq) for e in out] == [("text.delta", 2), ("tool.start", 3)]
     assert texts(out) == "Let me search"
     assert out[1].span is None  # non-delta events keep their raw seq, no span
+
+
+def test_processor_tick_waits_until_the_stream_is_quiet() -> None:
+    """While a stream's events keep arriving (a backlog), windows close by event time only."""
+    now = [time.time()]
+    streams = Streams(Processor(clock=lambda: now[0], quiet_s=0.25))
+    run = RunScript("run_quiet")
+    streams.feed([run.text("a", 0)])
+    now[0] += 0.1
+    streams.tick(now[0])
+    assert streams.shaped["run_quiet"] == []  # window [0, 100) ended long ago, but not quiet
+    now[0] += 0.2
+    streams.tick(now[0])
+    assert texts(streams.shaped["run_quiet"]) == "a"
 
 
 def test_tick_closes_a_quiet_window_after_its_end() -> None:
@@ -269,7 +284,7 @@ def test_a_successor_resumes_sequencer_and_open_windows_from_the_checkpoint() ->
     second.states = dict(first.states)
     second.raw, second.shaped = first.raw, first.shaped
     second.feed(events[20:])  # the unacked tail is delivered again, overlapping
-    later = BASE.timestamp() + 5  # past every window's end: a live tick closes them
+    later = time.time() + 5  # quiet, and past every window's end: a live tick closes them
     whole.tick(later)
     second.tick(later)
     for run_id in ("run_crash", "run_kid"):

@@ -1,0 +1,261 @@
+"""The Kafka worker runtime: a faust-streaming app running the same pipeline stages.
+
+* **Source**: the bus's ingest topic (``<prefix>.ingest``, one partition per
+  shard, keyed and partitioned by root run id — see :mod:`pipeline.bus.kafka`),
+  consumed by one faust agent in consumer group ``--group`` (the app id).
+* **State**: every delivery stream's checkpoint (sequencer counters, last
+  publisher seq per source run, the run's parent chain, terminal flag, open
+  shaping windows) lives in the faust table ``streams``, keyed
+  ``"<partition>:<run_id>"`` and written to the changelog partition of the
+  root run's ingest partition. Faust assigns a changelog partition together
+  with the ingest partition of the same number, so a worker that takes over
+  a partition first restores that partition's checkpoints from the changelog.
+  The bus keeps a copy with each append too; a restore takes whichever is
+  further ahead.
+* **Output**: delivery events through :class:`~pipeline.bus.kafka.KafkaBus`
+  (``<prefix>.delivery``) and the replay log, in the order the consumer-group
+  runtime uses (log → shaped → raw with checkpoint), then the table.
+* **Offsets**: faust acks an event when the agent has finished its batch and
+  commits acked offsets after flushing its producer (table changelog), so a
+  committed offset never runs ahead of the checkpoint and the writes.
+* **Poison** entries go to the bus's dead-letter topic with the reason.
+
+A stop (SIGTERM/SIGINT) waits for the batch in flight, then stops the app;
+entries taken but not processed are not acked and go to the next owner.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import time
+from collections import defaultdict
+from typing import Any
+
+import faust
+import msgspec
+from faust.types import TP
+
+from pipeline.bus import DeadLetter, Delivery, open_bus
+from pipeline.bus import keys as bus_keys
+from pipeline.bus.kafka import KafkaBus
+from pipeline.processor import DEFAULT_SILENCE_S, Processor, StreamOutput, newest_checkpoint
+from pipeline.store import ReplayLog, open_store
+from workers.runtime import BATCH, TICK_S, Stages, WorkerStats
+
+log = logging.getLogger("runwire.faust")
+
+BURST_IDLE_S = 2.0
+"""``--burst``: stop after this long with nothing new once partitions are assigned."""
+_dead_json = msgspec.json.Encoder()
+
+
+class StreamTable(faust.Table):  # type: ignore[misc]
+    """A table whose key names its partition (``"<partition>:<run_id>"``)."""
+
+    def partition_for_key(self, key: Any) -> int | None:
+        return int(str(key).split(":", 1)[0])
+
+
+class FaustWorker:
+    """Builds and runs the faust app around :class:`~workers.runtime.Stages`."""
+
+    def __init__(
+        self,
+        bus: KafkaBus,
+        store: ReplayLog,
+        *,
+        group: str,
+        name: str,
+        silence_s: float = DEFAULT_SILENCE_S,
+        burst: bool = False,
+        stop: asyncio.Event | None = None,
+    ) -> None:
+        self.bus = bus
+        self.stop = stop if stop is not None else asyncio.Event()
+        self.burst = burst
+        self.name = name
+        self.stages = Stages(
+            bus, store, Processor(silence_s=silence_s), self.stop,
+            dead_letter=self._dead_letter, load_state=self._load_state,
+        )
+        self.app = self._build_app(group)
+        self.table = self._build_table()
+        self._lock = asyncio.Lock()
+        self._partition = 0
+        self._shard_of: dict[str, int] = {}
+        self._offsets: dict[int, int] = {}
+        """Highest offset processed per ingest partition."""
+        self._forget = False
+        self._assigned = False
+        self._last_batch = time.monotonic()
+        self._define()
+
+    def _build_app(self, group: str) -> faust.App:
+        return faust.App(
+            group,
+            broker=f"kafka://{self.bus.bootstrap}",
+            store="memory://",
+            web_enabled=False,
+            topic_partitions=self.bus.shards,
+            topic_replication_factor=1,
+            consumer_auto_offset_reset="earliest",
+            broker_commit_every=BATCH,
+            broker_commit_interval=0.5,
+            producer_acks=-1,
+            stream_buffer_maxsize=4 * BATCH,
+            table_cleanup_interval=3600.0,
+            loghandlers=[],
+        )
+
+    def _build_table(self) -> StreamTable:
+        table = StreamTable(
+            self.app,
+            name="streams",
+            default=None,
+            partitions=self.bus.shards,
+            schema=faust.Schema(
+                key_type=str, value_type=bytes, key_serializer="json", value_serializer="raw"
+            ),
+        )
+        added: StreamTable = self.app.tables.add(table)
+        return added
+
+    def _define(self) -> None:
+        topic = self.app.topic(
+            self.bus.topics[bus_keys.KAFKA_INGEST],
+            key_type=bytes,
+            value_type=bytes,
+            key_serializer="raw",
+            value_serializer="raw",
+            partitions=self.bus.shards,
+        )
+        self.app.agent(topic, name="runwire-pipeline", concurrency=1)(self._agent)
+        self.app.timer(TICK_S)(self._tick)
+        self.app.on_partitions_revoked.connect(self._on_revoked)
+        self.app.on_partitions_assigned.connect(self._on_assigned)
+
+    # ---- faust callbacks ------------------------------------------------
+    async def _agent(self, stream: faust.StreamT[bytes]) -> None:
+        async for events in stream.take_events(BATCH, within=TICK_S):
+            self._last_batch = time.monotonic()
+            async with self._lock:
+                if self.stop.is_set():
+                    break  # not acked: the next owner processes them
+                self._maybe_forget()
+                await self._handle(events)
+
+    async def _handle(self, events: list[Any]) -> None:
+        by_partition: dict[int, list[Delivery]] = defaultdict(list)
+        for event in events:
+            message = event.message
+            by_partition[message.partition].append(Delivery(
+                entry_id=f"{message.partition}:{message.offset}",
+                shard=message.partition,
+                data=event.value,
+            ))
+        for partition, deliveries in by_partition.items():
+            self._partition = partition
+            self._offsets[partition] = max(
+                self._offsets.get(partition, -1), int(deliveries[-1].entry_id.split(":")[1])
+            )
+            _, outputs = await self.stages.handle(deliveries)
+            self._record(outputs, partition)
+            self.stages.stats.acked += len(deliveries)
+
+    def _record(self, outputs: dict[str, StreamOutput], partition: int | None = None) -> None:
+        for run_id, output in outputs.items():
+            shard = partition if partition is not None else self._shard_of.get(run_id)
+            if shard is None:
+                continue
+            self._shard_of[run_id] = shard
+            self.table[f"{shard}:{run_id}"] = output.state
+
+    async def _tick(self) -> None:
+        if self.burst and self._assigned and time.monotonic() - self._last_batch > BURST_IDLE_S:
+            self.stop.set()
+        async with self._lock:
+            self._maybe_forget()
+            self._record(await self.stages.tick(self._caught_up))
+
+    def _caught_up(self, run_id: str) -> bool:
+        """Whether everything in the stream's ingest partition up to its high water was processed."""
+        partition = self._shard_of.get(run_id)
+        if partition is None:
+            return True
+        tp = TP(self.bus.topics[bus_keys.KAFKA_INGEST], partition)
+        highwater = self.app.consumer.highwater(tp)
+        return highwater is None or self._offsets.get(partition, -1) + 1 >= highwater
+
+    async def _on_revoked(self, sender: Any, revoked: Any, **_: Any) -> None:
+        self._forget = True
+
+    async def _on_assigned(self, sender: Any, assigned: Any, **_: Any) -> None:
+        self._assigned = True
+        self._last_batch = time.monotonic()
+
+    def _maybe_forget(self) -> None:
+        if self._forget:
+            self._forget = False
+            self.stages.processor.forget_all()
+            self._shard_of.clear()
+
+    # ---- stages hooks -----------------------------------------------------
+    async def _load_state(self, run_id: str) -> bytes | None:
+        shard = self._shard_of.get(run_id, self._partition)
+        self._shard_of.setdefault(run_id, shard)
+        in_table = self.table.get(f"{shard}:{run_id}")
+        on_bus = await self.bus.load_state((run_id, "raw"))
+        return newest_checkpoint(in_table, on_bus)
+
+    async def _dead_letter(self, delivery: Delivery, reason: str) -> None:
+        dead = DeadLetter(
+            entry_id=delivery.entry_id, shard=delivery.shard, data=delivery.data,
+            reason=reason, deliveries=delivery.deliveries, group=self.app.conf.id,
+        )
+        await self.bus._dead_letter(dead)
+
+    # ---- running ------------------------------------------------------------
+    async def run(self) -> WorkerStats:
+        """Start the app, run until stop, drain the batch in flight, stop the app."""
+        started = time.monotonic()
+        await self.app.start()
+        try:
+            await self.stop.wait()
+            async with self._lock:  # the batch in flight is written before we leave
+                pass
+        finally:
+            await self.app.stop()
+            self.stages.stats.seconds = time.monotonic() - started
+        return self.stages.finish_stats()
+
+
+def run_faust_worker(
+    bus_url: str,
+    store_url: str,
+    *,
+    group: str,
+    name: str,
+    burst: bool = False,
+    silence_s: float = DEFAULT_SILENCE_S,
+) -> WorkerStats:
+    """``runwire worker --bus kafka://…``: run the faust app until SIGTERM/SIGINT (or idle with burst)."""
+    return asyncio.run(_main(bus_url, store_url, group, name, burst, silence_s))
+
+
+async def _main(
+    bus_url: str, store_url: str, group: str, name: str, burst: bool, silence_s: float
+) -> WorkerStats:
+    import signal
+
+    stop = asyncio.Event()
+    loop = asyncio.get_running_loop()
+    for sig in (signal.SIGINT, signal.SIGTERM):
+        loop.add_signal_handler(sig, stop.set)
+    async with open_bus(bus_url) as bus, open_store(store_url) as store:
+        if not isinstance(bus, KafkaBus):
+            raise TypeError(f"the faust worker needs a kafka:// bus, not {bus_url!r}")
+        worker = FaustWorker(
+            bus, store, group=group, name=name, silence_s=silence_s, burst=burst, stop=stop
+        )
+        return await worker.run()
