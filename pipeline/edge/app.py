@@ -338,7 +338,10 @@ def page_routes(edge: Edge) -> list[Route | Mount]:
 
 def create_app(bus: Bus, store: ReplayLog, settings: EdgeSettings | None = None) -> Starlette:
     """The edge as an ASGI app. ``bus`` and ``store`` must be connected; the app starts its hub."""
-    edge = Edge(bus, store, settings or EdgeSettings())
+    settings = settings or EdgeSettings()
+    if settings.secret is not None and len(settings.secret.encode()) < 32:
+        raise ConfigError("the edge secret must be at least 32 bytes (HS256 key)")
+    edge = Edge(bus, store, settings)
 
     @contextlib.asynccontextmanager
     async def lifespan(app: Starlette) -> AsyncIterator[None]:

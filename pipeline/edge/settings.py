@@ -18,9 +18,10 @@ class EdgeSettings(msgspec.Struct, kw_only=True, forbid_unknown_fields=True, fro
     """Bytes of encoded frames one client may have queued before R4 drops start."""
     client_queue_events: int = 2048
     """Frames one client may have queued before R4 drops start."""
-    silence_s: float = 300.0
+    silence_s: float = 330.0
     """A run with no event for this long and no terminal event is ended as ``error``
-    on every stream the edge serves, so no client waits forever (0 disables)."""
+    on every stream the edge serves, so no client waits forever (0 disables). A little
+    longer than the worker's own silence limit, whose terminal event is then the real one."""
     secret: str | None = None
     """HS256 key for bearer tokens (``RUNWIRE_SECRET``); None serves without auth (loopback only)."""
     tail_block_ms: int = 200

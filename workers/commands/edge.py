@@ -1,0 +1,91 @@
+"""``runwire edge``: serve runs to SSE / WebSocket / NDJSON clients (uvicorn).
+
+Without ``RUNWIRE_SECRET`` the edge serves without auth and therefore binds
+only to a loopback address; set a secret (≥ 32 bytes) to bind anywhere.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import ipaddress
+import logging
+
+import click
+
+
+def is_loopback(host: str) -> bool:
+    """True for localhost and loopback IPs (127.0.0.0/8, ::1)."""
+    if host == "localhost":
+        return True
+    try:
+        return ipaddress.ip_address(host.strip("[]")).is_loopback
+    except ValueError:
+        return False
+
+
+@click.command()
+@click.option("--bus", default="memory://", show_default=True, envvar="RUNWIRE_BUS", help="Bus URL.")
+@click.option("--store", default="sqlite:///.runwire/replay.db", show_default=True,
+              envvar="RUNWIRE_STORE", help="Replay log URL.")
+@click.option("--host", default="127.0.0.1", show_default=True, envvar="RUNWIRE_HOST",
+              help="Address to bind (non-loopback needs RUNWIRE_SECRET).")
+@click.option("--port", default=8765, show_default=True, type=click.IntRange(0, 65535),
+              envvar="RUNWIRE_PORT", help="Port to bind.")
+@click.option("--secret", default=None, envvar="RUNWIRE_SECRET", show_envvar=True,
+              help="HS256 key for bearer tokens (≥ 32 bytes).")
+@click.option("--keepalive", "keepalive_s", default=15.0, show_default=True, type=click.FloatRange(min=0.1),
+              envvar="RUNWIRE_KEEPALIVE", help="Seconds between SSE keepalive comments.")
+@click.option("--silence", "silence_s", default=330.0, show_default=True, type=click.FloatRange(min=0),
+              envvar="RUNWIRE_EDGE_SILENCE",
+              help="End a run's streams as error after this many silent seconds (0: never).")
+@click.option("--client-queue-bytes", default=512 * 1024, show_default=True, type=click.IntRange(min=1024),
+              envvar="RUNWIRE_CLIENT_QUEUE_BYTES", help="Per-client queue bound in bytes (R4).")
+@click.option("--client-queue-events", default=2048, show_default=True, type=click.IntRange(min=8),
+              envvar="RUNWIRE_CLIENT_QUEUE_EVENTS", help="Per-client queue bound in frames (R4).")
+def edge(
+    bus: str,
+    store: str,
+    host: str,
+    port: int,
+    secret: str | None,
+    keepalive_s: float,
+    silence_s: float,
+    client_queue_bytes: int,
+    client_queue_events: int,
+) -> None:
+    """Serve runs over SSE, WebSocket and NDJSON with exact resume, ingest, control and a live page."""
+    from pipeline.edge import EdgeSettings
+
+    if secret is None and not is_loopback(host):
+        raise click.UsageError(
+            f"refusing to bind {host} without RUNWIRE_SECRET: without auth the edge binds to loopback only"
+        )
+    if secret is not None and len(secret.encode()) < 32:
+        raise click.UsageError("RUNWIRE_SECRET must be at least 32 bytes (HS256 key)")
+    settings = EdgeSettings(
+        secret=secret,
+        keepalive_s=keepalive_s,
+        silence_s=silence_s,
+        client_queue_bytes=client_queue_bytes,
+        client_queue_events=client_queue_events,
+    )
+    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s %(levelname)s %(message)s")
+    asyncio.run(serve(bus, store, host, port, settings))
+
+
+async def serve(bus_url: str, store_url: str, host: str, port: int, settings: object) -> None:
+    """Open the bus and the replay log, then run uvicorn until SIGINT/SIGTERM."""
+    import uvicorn
+
+    from pipeline.bus import open_bus
+    from pipeline.edge import EdgeSettings, create_app
+    from pipeline.store import open_store
+
+    assert isinstance(settings, EdgeSettings)
+    async with open_bus(bus_url) as bus, open_store(store_url) as store:
+        app = create_app(bus, store, settings)
+        config = uvicorn.Config(
+            app, host=host, port=port, log_level="info", lifespan="on",
+            timeout_graceful_shutdown=5, proxy_headers=True,
+        )
+        await uvicorn.Server(config).serve()
