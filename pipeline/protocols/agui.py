@@ -128,7 +128,11 @@ class AguiEgress(Egress):
         out: list[Frame] = [dict(self._run_started)]
         if self._ended is not None:
             return [*out, *self._ended]
-        out.extend(dict(frame) for frame in self._subagents.values())
+        for frame in self._subagents.values():
+            again = dict(frame)
+            if again.get("parentSubagentRunId") not in self._subagents:
+                again.pop("parentSubagentRunId", None)  # the parent ended before this client came
+            out.append(again)
         for lane in self._lanes.values():
             out.extend(self._reopen(lane))
         for call in self._pending.values():

@@ -243,3 +243,52 @@ def joined(codec: str, events: list[Event], n: int) -> list[Any]:
     for event in events[n:]:
         frames.extend(encoder.convert(event))
     return frames + encoder.finish()
+
+
+def random_run(seed: int, length: int = 40) -> list[Event]:
+    """A pseudo-random but reproducible run: any mix of lanes, deltas, tools, steps and endings.
+
+    Includes the awkward cases: results for calls never started, child events
+    without a spawn, events after a child ended, events after the run ended.
+    """
+    import random
+
+    rng = random.Random(seed)
+    r = Run(f"run_rand{seed}")
+    lanes: list[str | None] = [None, None, "run_k1", "run_k2", "run_k3"]
+    pending: list[tuple[str, str | None]] = []
+    for i in range(length):
+        lane = rng.choice(lanes)
+        roll = rng.random()
+        if roll < 0.25:
+            r.think(rng.choice(["a", "bb ", "", "ccc"]), child=lane)
+        elif roll < 0.5:
+            r.say(rng.choice(["x", "yy ", "", "zzz"]), child=lane)
+        elif roll < 0.6:
+            call = f"k{seed}_{i}"
+            pending.append((call, lane))
+            r.tool(call, rng.choice(["web.search", "fs.read"]), rng.choice([{"q": i}, None, [1, 2], "s"]), child=lane)
+        elif roll < 0.68:
+            call, call_lane = pending.pop(rng.randrange(len(pending))) if pending else (f"ghost{i}", lane)
+            r.result(call, {"n": i}, error=rng.choice([None, "boom"]), child=call_lane)
+        elif roll < 0.75:
+            r.step(i, rng.choice(["tool-roundtrip", "text-only"]), child=lane)
+        elif roll < 0.8:
+            r.add("child.spawn", {"child_id": rng.choice(["run_k1", "run_k2", "run_k3"]), "prompt": "go"}, child=lane)
+        elif roll < 0.85 and lane is not None:
+            r.life(rng.choice(["done", "error", "aborted", "running"]), child=lane)
+        elif roll < 0.9:
+            if rng.random() < 0.5:
+                r.add("x.usage", {"input_tokens": i, "output_tokens": 1, "total_tokens": i + 1}, child=lane)
+            else:
+                r.add("x.test.thing", {"i": i}, child=lane)
+        elif roll < 0.93:
+            r.add("plan.proposal", {"plan": {"id": f"p{i}", "steps": [{"id": "s", "title": "t"}]}})
+        else:
+            r.life(rng.choice(["running", "paused", "planning"]))
+    ending = rng.choice(["done", "aborted", "error", None])
+    if ending is not None:
+        r.life(ending, rng.choice([None, "because"]))
+        if rng.random() < 0.3:
+            r.say("after the end")
+    return r.events

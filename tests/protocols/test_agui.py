@@ -13,6 +13,7 @@ from tests.protocols.runs import (
     child_run,
     error_run,
     joined,
+    random_run,
     stream,
     tool_run,
     unterminated_run,
@@ -134,3 +135,14 @@ def test_validator_rejects_content_without_start() -> None:
         {"type": "RUN_FINISHED", "threadId": "t", "runId": "r"},
     ])
     assert "No active text message" in message
+
+
+def test_random_runs_and_joins_pass_verify_events() -> None:
+    """200 reproducible random runs (any mix of lanes, tools, steps, endings), each also joined mid-way."""
+    streams: dict[str, list[Any]] = {}
+    for seed in range(200):
+        events = random_run(seed)
+        streams[f"rand{seed}"] = stream("agui", events)
+        cut = 1 + seed % (len(events) - 1)
+        streams[f"rand{seed}@{cut}"] = joined("agui", events, cut)
+    validate_many(SCRIPT, streams)

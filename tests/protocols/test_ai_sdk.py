@@ -13,6 +13,7 @@ from tests.protocols.runs import (
     child_run,
     error_run,
     joined,
+    random_run,
     stream,
     tool_run,
     unterminated_run,
@@ -106,3 +107,14 @@ def test_validator_rejects_a_delta_without_start() -> None:
     message = rejects(SCRIPT, [{"type": "start"}, {"type": "text-delta", "id": "t", "delta": "x"},
                                {"type": "finish"}])
     assert "text-start" in message
+
+
+def test_random_runs_and_joins_are_accepted() -> None:
+    """200 reproducible random runs (any mix of lanes, tools, steps, endings), each also joined mid-way."""
+    streams: dict[str, list[Any]] = {}
+    for seed in range(200):
+        events = random_run(seed)
+        streams[f"rand{seed}"] = stream("ai-sdk", events)
+        cut = 1 + seed % (len(events) - 1)
+        streams[f"rand{seed}@{cut}"] = joined("ai-sdk", events, cut)
+    validate_many(SCRIPT, streams)
