@@ -111,7 +111,9 @@ def test_runwire_extension_types_are_typed() -> None:
         (_frame(id=...), "$.id", "missing required field `id`"),
         (_frame(seq="127"), "$.seq", "Expected `int`"),
         (_frame(seq=-1), "$.seq", ">= 0"),
-        (_frame(ts="yesterday"), "$.ts", "regex"),
+        (_frame(ts="yesterday noon"), "$.ts", "RFC 3339"),
+        (_frame(ts="2026-05-14"), "$.ts", "RFC 3339"),
+        (_frame(ts="14 May"), "$.ts", "length"),
         (_frame(run_id=""), "$.run_id", "length"),
         (_frame(payload={}), "$.payload.text", "missing required field `text`"),
         (_frame(payload={"text": 1}), "$.payload.text", "Expected `str`"),
@@ -187,6 +189,18 @@ def test_decode_lines_reports_each_bad_line_in_place() -> None:
         "UnknownEventType",
     ]
     assert all(isinstance(r, ProtocolError) == (i in (1, 3)) for i, r in enumerate(results))
+
+
+def test_decode_lines_checks_every_timestamp_of_a_batch() -> None:
+    batch = b"\n".join(
+        [_frame(), _frame(ts="2026-05-14 19:42:13.124+99"), _frame(ts="2026-05-14T19:42:13+02:00")]
+    )
+    results = envelope.decode_lines(batch)
+    assert isinstance(results[1], MalformedFrame) and results[1].field == "$.ts"
+    assert [r.ts for r in results if not isinstance(r, ProtocolError)] == [
+        GOOD["ts"],
+        "2026-05-14T19:42:13+02:00",
+    ]
 
 
 # ------------------------------------------------------------ T1 with hypothesis

@@ -1,0 +1,338 @@
+"""Codec throughput: decode+validate and encode, canonical envelope and every codec.
+
+Run: ``.venv/bin/python bench/codec.py [--quick] [--json]``
+
+Figures (medians of ``--repeat`` runs, events or frames per second):
+
+* canonical decode+validate, batch — :func:`pipeline.envelope.decode_lines` on
+  an NDJSON batch (how the bus and the replay import read: many frames at once);
+* canonical decode+validate, per frame — :func:`pipeline.envelope.decode`;
+* baseline — stdlib ``json.loads`` per line plus hand-written validation of the
+  same fields and the same rules (types, required fields, RFC 3339 pattern,
+  enum values, no unknown fields), measured in the same run on the same data;
+* canonical encode — :func:`pipeline.envelope.encode` vs ``json.dumps`` of the
+  equivalent dict;
+* each ingest codec (frames/s through ``feed``) and each egress codec
+  (events/s through ``encode``) on realistic sample runs from ``tests/fixtures``.
+
+``--json`` prints one JSON object (keys include ``decode_per_s`` — the batch
+figure — and ``baseline_decode_per_s``).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import re
+import statistics
+import sys
+import time
+from collections.abc import Callable
+from datetime import UTC, datetime, timedelta
+from pathlib import Path
+from typing import Any
+
+ROOT = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(ROOT))
+
+from pipeline import envelope  # noqa: E402
+from pipeline.envelope import Event  # noqa: E402
+from pipeline.protocols import EGRESS, INGEST, egress, ingest  # noqa: E402
+
+FIXTURES = ROOT / "tests" / "fixtures"
+SAMPLES = {
+    "koder": "koder/sample_run.ndjson",
+    "loom": "loom/sample_run.ndjson",
+    "loom-export": "loom-export/sample_run.ndjson",
+    "loom-mcp": "loom-mcp/sample_run.ndjson",
+    "cogency": "cogency/conversation.ndjson",
+    "cogency-wire": "cogency-wire/multi_tool.txt",
+}
+
+
+# ------------------------------------------------------------------ data
+
+
+def canonical_events(count: int) -> list[Event]:
+    """A delta-heavy mix like a real run: 80% deltas, then tools, steps, lifecycle.
+
+    Every event has its own timestamp (the worst case for the envelope's
+    once-per-distinct-timestamp check)."""
+    out: list[Event] = []
+    start = datetime(2026, 5, 14, 19, 42, 13, tzinfo=UTC)
+    for seq in range(1, count + 1):
+        common = {
+            "id": f"evt_01HZ7K4P{seq:018d}",
+            "ts": envelope.format_ts(start + timedelta(milliseconds=seq)),  # all distinct
+            "run_id": "run_01HZ7K3M",
+            "seq": seq,
+        }
+        slot = seq % 20
+        if slot < 10:
+            out.append(
+                envelope.make("text.delta", {"text": "I'll compare the three options"}, **common)
+            )
+        elif slot < 16:
+            out.append(
+                envelope.make("reasoning.delta", {"text": "Let me check the prices"}, **common)
+            )
+        elif slot == 16:
+            call = {
+                "call_id": f"call_{seq}",
+                "tool": "browser.navigate",
+                "input": {"url": "https://example.com"},
+            }
+            out.append(envelope.make("tool.start", call, **common))
+        elif slot == 17:
+            end = {
+                "call_id": f"call_{seq}",
+                "ok": True,
+                "output": {"title": "Example"},
+                "duration_ms": 1842,
+            }
+            out.append(envelope.make("tool.end", end, **common))
+        elif slot == 18:
+            out.append(
+                envelope.make(
+                    "step.boundary", {"step_index": seq, "step_kind": "tool-roundtrip"}, **common
+                )
+            )
+        else:
+            out.append(envelope.make("run.lifecycle", {"state": "running"}, **common))
+    return out
+
+
+# ------------------------------------------------------------------ baseline
+
+_TS = re.compile(r"^\d{4}-\d{2}-\d{2}[Tt ]\d{2}:\d{2}:\d{2}(\.\d{1,9})?([Zz]|[+-]\d{2}:\d{2})$")
+_ENVELOPE_KEYS = {
+    "id",
+    "ts",
+    "type",
+    "run_id",
+    "seq",
+    "payload",
+    "child_id",
+    "ext",
+    "span",
+    "parent_id",
+    "root_id",
+    "tenant",
+}
+_STATES = {
+    "planning",
+    "awaiting_approval",
+    "running",
+    "paused",
+    "redirecting",
+    "done",
+    "aborted",
+    "error",
+}
+_KINDS = {"plan", "tool-roundtrip", "text-only", "fan-out", "fan-in", "done"}
+
+
+def _fail(why: str) -> None:
+    raise ValueError(why)
+
+
+def _payload_ok(kind: str, p: dict[str, Any]) -> None:
+    keys = p.keys()
+    if kind in ("text.delta", "reasoning.delta"):
+        if keys != {"text"} or not isinstance(p["text"], str):
+            _fail("payload.text")
+    elif kind == "tool.start":
+        if not isinstance(p.get("call_id"), str) or not isinstance(p.get("tool"), str):
+            _fail("payload.call_id/tool")
+        if not keys <= {"call_id", "tool", "input", "skill_id"}:
+            _fail("payload: unknown field")
+    elif kind == "tool.end":
+        if not isinstance(p.get("call_id"), str) or not isinstance(p.get("ok"), bool):
+            _fail("payload.call_id/ok")
+        d = p.get("duration_ms")
+        if d is not None and (not isinstance(d, int) or isinstance(d, bool)):
+            _fail("payload.duration_ms")
+        if not keys <= {"call_id", "ok", "output", "error", "duration_ms", "blob_ref"}:
+            _fail("payload: unknown field")
+    elif kind == "step.boundary":
+        i = p.get("step_index")
+        if not isinstance(i, int) or isinstance(i, bool) or p.get("step_kind") not in _KINDS:
+            _fail("payload.step")
+        if not keys <= {"step_index", "step_kind", "checkpoint_id"}:
+            _fail("payload: unknown field")
+    elif kind == "run.lifecycle":
+        if p.get("state") not in _STATES or not keys <= {"state", "reason", "dropped_count"}:
+            _fail("payload.state")
+    else:
+        _fail("type")
+
+
+def baseline_decode(line: bytes) -> dict[str, Any]:
+    """json.loads + validation of the same fields and rules the envelope enforces."""
+    frame = json.loads(line)
+    if not isinstance(frame, dict) or not frame.keys() <= _ENVELOPE_KEYS:
+        _fail("frame")
+    ident, ts, run_id, seq = frame.get("id"), frame.get("ts"), frame.get("run_id"), frame.get("seq")
+    if not isinstance(ident, str) or not 0 < len(ident) <= 128:
+        _fail("id")
+    if not isinstance(ts, str) or len(ts) > 40 or not _TS.match(ts):
+        _fail("ts")
+    if not isinstance(run_id, str) or not 0 < len(run_id) <= 256:
+        _fail("run_id")
+    if not isinstance(seq, int) or isinstance(seq, bool) or seq < 0:
+        _fail("seq")
+    child = frame.get("child_id")
+    if child is not None and not isinstance(child, str):
+        _fail("child_id")
+    payload = frame.get("payload")
+    if not isinstance(payload, dict):
+        _fail("payload")
+    _payload_ok(frame.get("type"), payload)
+    return frame
+
+
+# ------------------------------------------------------------------ timing
+
+
+def rate(work: Callable[[], int], repeat: int) -> float:
+    """Median items/s of ``work`` (which returns how many items it processed)."""
+    figures = []
+    for _ in range(repeat):
+        start = time.perf_counter()
+        items = work()
+        figures.append(items / (time.perf_counter() - start))
+    return statistics.median(figures)
+
+
+def canonical_figures(count: int, repeat: int) -> dict[str, float]:
+    events = canonical_events(count)
+    lines = [envelope.encode(e) for e in events]
+    batch = b"\n".join(lines) + b"\n"
+    dicts = [envelope.to_builtins(e) for e in events]
+    assert envelope.decode_lines(batch) == events
+    assert [baseline_decode(line) for line in lines] == [json.loads(line) for line in lines]
+
+    def batch_decode() -> int:
+        return len(envelope.decode_lines(batch))
+
+    def single_decode() -> int:
+        decode = envelope.decode
+        for line in lines:
+            decode(line)
+        return len(lines)
+
+    def base_decode() -> int:
+        for line in lines:
+            baseline_decode(line)
+        return len(lines)
+
+    def encode() -> int:
+        enc = envelope.encode
+        for event in events:
+            enc(event)
+        return len(events)
+
+    def base_encode() -> int:
+        dumps = json.dumps
+        for d in dicts:
+            dumps(d, separators=(",", ":")).encode()
+        return len(dicts)
+
+    return {
+        "decode_per_s": rate(batch_decode, repeat),
+        "decode_single_per_s": rate(single_decode, repeat),
+        "baseline_decode_per_s": rate(base_decode, repeat),
+        "encode_per_s": rate(encode, repeat),
+        "baseline_encode_per_s": rate(base_encode, repeat),
+    }
+
+
+def ingest_figures(frames: int, repeat: int) -> dict[str, float]:
+    out: dict[str, float] = {}
+    for name in INGEST:
+        data = (FIXTURES / SAMPLES[name]).read_bytes()
+        units = [line for line in data.splitlines(keepends=True) if line.strip()]
+        if name != "cogency-wire":
+            units = [line.strip() for line in units]
+        copies = max(1, frames // len(units))
+
+        def work(units: list[bytes] = units, copies: int = copies, name: str = name) -> int:
+            n = 0
+            for _ in range(copies):
+                codec = ingest(name, run_id="bench")
+                for unit in units:
+                    codec.feed(unit)
+                codec.close()
+                n += len(units)
+            return n
+
+        out[name] = rate(work, repeat)
+    return out
+
+
+def egress_figures(frames: int, repeat: int) -> dict[str, float]:
+    codec = ingest("koder")
+    sample = [
+        e
+        for line in (FIXTURES / SAMPLES["koder"]).read_bytes().splitlines()
+        for e in codec.feed(line)
+    ]
+    copies = max(1, frames // len(sample))
+    out: dict[str, float] = {}
+    for name in EGRESS:
+
+        def work(name: str = name) -> int:
+            for _ in range(copies):
+                enc = egress(name)
+                for event in sample:
+                    enc.encode(event)
+                enc.finish()
+            return copies * len(sample)
+
+        out[name] = rate(work, repeat)
+    return out
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--quick", action="store_true", help="smaller data, fewer repeats")
+    parser.add_argument("--json", action="store_true", help="print one JSON object")
+    parser.add_argument("--repeat", type=int, default=None)
+    args = parser.parse_args()
+    count, frames, repeat = (20_000, 2_000, 3) if args.quick else (200_000, 20_000, 7)
+    repeat = args.repeat or repeat
+    result: dict[str, Any] = canonical_figures(count, repeat)
+    result["decode_vs_baseline"] = result["decode_per_s"] / result["baseline_decode_per_s"]
+    result["decode_single_vs_baseline"] = (
+        result["decode_single_per_s"] / result["baseline_decode_per_s"]
+    )
+    result["encode_vs_baseline"] = result["encode_per_s"] / result["baseline_encode_per_s"]
+    result["ingest_frames_per_s"] = ingest_figures(frames, repeat)
+    result["egress_events_per_s"] = egress_figures(frames, repeat)
+    result["events"] = count
+    result["repeat"] = repeat
+    if args.json:
+        print(json.dumps(result, sort_keys=True))
+        return
+    print(f"canonical envelope, {count} events, median of {repeat}")
+    print(
+        f"  decode+validate batch       {result['decode_per_s']:>12,.0f} /s  ({result['decode_vs_baseline']:.1f}x baseline)"
+    )
+    print(
+        f"  decode+validate per frame   {result['decode_single_per_s']:>12,.0f} /s  ({result['decode_single_vs_baseline']:.1f}x baseline)"
+    )
+    print(f"  baseline json.loads+checks  {result['baseline_decode_per_s']:>12,.0f} /s")
+    print(
+        f"  encode                      {result['encode_per_s']:>12,.0f} /s  ({result['encode_vs_baseline']:.1f}x baseline)"
+    )
+    print(f"  baseline json.dumps         {result['baseline_encode_per_s']:>12,.0f} /s")
+    print("ingest codecs (frames/s through feed)")
+    for name, value in result["ingest_frames_per_s"].items():
+        print(f"  {name:<14} {value:>12,.0f} /s")
+    print("egress codecs (events/s through encode)")
+    for name, value in result["egress_events_per_s"].items():
+        print(f"  {name:<14} {value:>12,.0f} /s")
+
+
+if __name__ == "__main__":
+    main()
