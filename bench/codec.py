@@ -136,35 +136,49 @@ def _fail(why: str) -> None:
     raise ValueError(why)
 
 
-def _payload_ok(kind: str, p: dict[str, Any]) -> None:
-    keys = p.keys()
-    if kind in ("text.delta", "reasoning.delta"):
-        if keys != {"text"} or not isinstance(p["text"], str):
-            _fail("payload.text")
-    elif kind == "tool.start":
-        if not isinstance(p.get("call_id"), str) or not isinstance(p.get("tool"), str):
-            _fail("payload.call_id/tool")
-        if not keys <= {"call_id", "tool", "input", "skill_id"}:
-            _fail("payload: unknown field")
-    elif kind == "tool.end":
-        if not isinstance(p.get("call_id"), str) or not isinstance(p.get("ok"), bool):
-            _fail("payload.call_id/ok")
-        d = p.get("duration_ms")
-        if d is not None and (not isinstance(d, int) or isinstance(d, bool)):
-            _fail("payload.duration_ms")
-        if not keys <= {"call_id", "ok", "output", "error", "duration_ms", "blob_ref"}:
-            _fail("payload: unknown field")
-    elif kind == "step.boundary":
-        i = p.get("step_index")
-        if not isinstance(i, int) or isinstance(i, bool) or p.get("step_kind") not in _KINDS:
-            _fail("payload.step")
-        if not keys <= {"step_index", "step_kind", "checkpoint_id"}:
-            _fail("payload: unknown field")
-    elif kind == "run.lifecycle":
-        if p.get("state") not in _STATES or not keys <= {"state", "reason", "dropped_count"}:
-            _fail("payload.state")
-    else:
-        _fail("type")
+def _text_ok(p: dict[str, Any]) -> None:
+    if p.keys() != {"text"} or not isinstance(p["text"], str):
+        _fail("payload.text")
+
+
+def _tool_start_ok(p: dict[str, Any]) -> None:
+    if not isinstance(p.get("call_id"), str) or not isinstance(p.get("tool"), str):
+        _fail("payload.call_id/tool")
+    if not p.keys() <= {"call_id", "tool", "input", "skill_id"}:
+        _fail("payload: unknown field")
+
+
+def _tool_end_ok(p: dict[str, Any]) -> None:
+    if not isinstance(p.get("call_id"), str) or not isinstance(p.get("ok"), bool):
+        _fail("payload.call_id/ok")
+    d = p.get("duration_ms")
+    if d is not None and (not isinstance(d, int) or isinstance(d, bool)):
+        _fail("payload.duration_ms")
+    if not p.keys() <= {"call_id", "ok", "output", "error", "duration_ms", "blob_ref"}:
+        _fail("payload: unknown field")
+
+
+def _step_ok(p: dict[str, Any]) -> None:
+    i = p.get("step_index")
+    if not isinstance(i, int) or isinstance(i, bool) or p.get("step_kind") not in _KINDS:
+        _fail("payload.step")
+    if not p.keys() <= {"step_index", "step_kind", "checkpoint_id"}:
+        _fail("payload: unknown field")
+
+
+def _lifecycle_ok(p: dict[str, Any]) -> None:
+    if p.get("state") not in _STATES or not p.keys() <= {"state", "reason", "dropped_count"}:
+        _fail("payload.state")
+
+
+_PAYLOAD_CHECKS: dict[Any, Callable[[dict[str, Any]], None]] = {
+    "text.delta": _text_ok,
+    "reasoning.delta": _text_ok,
+    "tool.start": _tool_start_ok,
+    "tool.end": _tool_end_ok,
+    "step.boundary": _step_ok,
+    "run.lifecycle": _lifecycle_ok,
+}
 
 
 def baseline_decode(line: bytes) -> dict[str, Any]:
@@ -187,7 +201,11 @@ def baseline_decode(line: bytes) -> dict[str, Any]:
     payload = frame.get("payload")
     if not isinstance(payload, dict):
         _fail("payload")
-    _payload_ok(frame.get("type"), payload)
+    check = _PAYLOAD_CHECKS.get(frame.get("type"))
+    if check is None:
+        _fail("type")
+    else:
+        check(payload)
     return frame
 
 
