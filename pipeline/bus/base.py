@@ -26,6 +26,7 @@ from typing import Any, Literal, Self
 import msgspec
 
 from ..envelope import Event
+from .keys import shard_for
 
 View = Literal["raw", "shaped"]
 StreamKey = tuple[str, View]
@@ -147,8 +148,6 @@ class Bus(ABC):
 
     def shard_of(self, event: Event) -> int:
         """The ingest shard of an event: by its root run id."""
-        from .keys import shard_for
-
         return shard_for(event.root_id or event.run_id, self.shards)
 
     # ---- ingest -------------------------------------------------------
