@@ -93,6 +93,8 @@ def stream_events(
     ):
         assert source.response.status_code == 200
         for sse in source.iter_sse():
+            if not sse.data:
+                continue
             event = httpx.Response(200, content=sse.data).json()
             events.append(event)
             if (

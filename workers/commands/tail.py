@@ -125,7 +125,8 @@ class StreamFollower:
         raise TailError(f"edge answered {response.status_code}: {response.text.strip()[:300]}")
 
     def _handle(self, sse: ServerSentEvent, show: Show) -> bool:
-        if not sse.data:
+        if not sse.data:  # an id-only frame moves the cursor without an event
+            self.last_id = sse.id or self.last_id
             return False
         data = json.loads(sse.data)
         if not isinstance(data, dict):
