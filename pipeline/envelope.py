@@ -359,14 +359,13 @@ def is_timestamp(value: object) -> bool:
 def decode_lines(frames: bytes, *, max_bytes: int = MAX_FRAME_BYTES) -> list[Event | ProtocolError]:
     """Decode a batch of newline-delimited canonical frames (the bus reads batches).
 
-    A batch no bigger than ``max_bytes`` (so no line in it can be over the
-    limit) goes through msgspec's ``decode_lines`` in one call; when that
-    fails (an extension type, a bad frame) or the batch is bigger, its lines
-    are decoded one by one. Each result is the event or the
+    A batch whose lines are all within ``max_bytes`` goes through msgspec's
+    ``decode_lines`` in one call; when that fails (an extension type, a bad
+    frame) or a line is too big, its lines are decoded one by one. Each result is the event or the
     :class:`ProtocolError` for that line, in input order; blank lines are
     skipped.
     """
-    if len(frames) <= max_bytes:
+    if len(frames) <= max_bytes or max(map(len, frames.split(b"\n"))) <= max_bytes:
         try:
             events: list[Event | ProtocolError] = _decoder.decode_lines(frames)
             stamps = {event.ts for event in events}  # type: ignore[union-attr]
