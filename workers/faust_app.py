@@ -92,6 +92,7 @@ class FaustWorker:
         self._define()
 
     def _build_app(self, group: str) -> faust.App:
+        session_s = (self.bus.kafka.session_timeout_ms or self.bus.options.lease_ms) / 1000
         return faust.App(
             group,
             broker=f"kafka://{self.bus.bootstrap}",
@@ -105,6 +106,10 @@ class FaustWorker:
             producer_acks=-1,
             stream_buffer_maxsize=4 * BATCH,
             table_cleanup_interval=3600.0,
+            # a dead worker's partitions move after its session times out (the claim idle time)
+            broker_session_timeout=session_s,
+            broker_heartbeat_interval=max(0.3, session_s / 5),
+            broker_rebalance_timeout=max(session_s, 10.0),
             loghandlers=[],
         )
 
