@@ -89,3 +89,13 @@ def test_up_refuses_a_public_address_without_a_secret(tmp_path: Path) -> None:
     )
     assert result.returncode == 2
     assert "RUNWIRE_SECRET" in result.stderr
+
+
+def test_up_on_kafka(start_up: Any, kafka_url: str, tmp_path: Path) -> None:
+    """`--bus kafka://` runs the same single-process pipeline on a Kafka-protocol broker."""
+    sep = "&" if "?" in kafka_url else "?"
+    bus = f"{kafka_url}{sep}prefix=up{tmp_path.name[-12:].replace('_', '')}"
+    up = start_up("--demo", "--demo-rate", "1", "--bus", bus, "--data-dir", str(tmp_path / "d"))
+    run = up.wait_for_run(terminal=True, timeout=60)
+    assert_demo_run(stream_events(up.base, run["run_id"]))
+    assert up.terminate() == 0

@@ -257,6 +257,14 @@ def _failure(parts: set[asyncio.Task[Any]]) -> BaseException | None:
 
 
 def _install_signal_handlers(stop: asyncio.Event) -> None:
+    """The first SIGINT/SIGTERM drains; a second one exits at once."""
     loop = asyncio.get_running_loop()
+
+    def on_signal(sig: signal.Signals) -> None:
+        if stop.is_set():
+            click.echo(f"runwire up: {sig.name} again, exiting without draining", err=True)
+            os._exit(128 + sig.value)
+        stop.set()
+
     for sig in (signal.SIGINT, signal.SIGTERM):
-        loop.add_signal_handler(sig, stop.set)
+        loop.add_signal_handler(sig, on_signal, sig)
