@@ -118,4 +118,12 @@ async def _publish_raw(bus: Bus, run_id: str, data: bytes) -> None:
         state.backlog += 1
         state.ingest_changed.notify()
     else:
-        await bus.publish_raw(shard, data)  # type: ignore[attr-defined]
+        import redis.asyncio as aioredis
+
+        from pipeline.bus.keys import DATA_FIELD, ingest_key
+
+        client = aioredis.Redis.from_url(bus.url.split("?", 1)[0])
+        try:
+            await client.xadd(ingest_key(bus.options.prefix, shard), {DATA_FIELD: data})  # type: ignore[attr-defined]
+        finally:
+            await client.aclose()
