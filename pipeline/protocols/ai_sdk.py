@@ -71,7 +71,6 @@ class AiSdkEgress(Egress):
         self._step_open = False
         self._lanes: dict[str | None, _Lane] = {}
         self._pending: dict[str, list[Frame]] = {}
-        self._known_calls: set[str] = set()
 
     # --- the Egress interface -------------------------------------------
 
@@ -153,7 +152,6 @@ class AiSdkEgress(Egress):
         return [*out, *frames]
 
     def _tool_input(self, call_id: str, tool: str, args: Any, lane: _Lane) -> list[Frame]:
-        self._known_calls.add(call_id)
         start: Frame = {"type": "tool-input-start", "toolCallId": call_id, "toolName": tool, "dynamic": True}
         ready: Frame = {"type": "tool-input-available", "toolCallId": call_id, "toolName": tool,
                         "input": args, "dynamic": True}
@@ -165,9 +163,8 @@ class AiSdkEgress(Egress):
     def _tool_end(self, event: envelope.ToolEnd, lane: _Lane) -> list[Frame]:
         p = event.payload
         out: list[Frame] = []
-        if p.call_id not in self._known_calls:  # a result whose call this stream never saw
+        if self._pending.pop(p.call_id, None) is None:  # a result whose call this stream never saw
             out.extend([*self._open_step(), *self._tool_input(p.call_id, "unknown", None, lane)])
-        self._pending.pop(p.call_id, None)
         if p.ok:
             out.append({"type": "tool-output-available", "toolCallId": p.call_id, "output": p.output,
                         "dynamic": True})

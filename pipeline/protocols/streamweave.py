@@ -126,10 +126,10 @@ class StreamWeaveEgress(Egress):
             self._final_text = text
 
     def _tool_end(self, payload: envelope.ToolEndPayload) -> Frame | None:
+        tool = self._tool_names.pop(payload.call_id, "tool")
         if payload.ok:
             self._last_output = payload.output
             return None
-        tool = self._tool_names.get(payload.call_id, "tool")
         error = payload.error if isinstance(payload.error, str) else json.dumps(payload.error)
         return self._progress("SELF_CORRECTION", 90, f"Tool execution failed: {tool}: {error}", tool_name=tool)
 
