@@ -10,7 +10,7 @@ import msgspec
 
 from pipeline import envelope
 from pipeline.bus.memory import MemoryBus
-from pipeline.demo import DemoScript, publish_runs
+from pipeline.demo import DemoScript, keep_publishing, publish_runs
 from pipeline.publisher import Publisher
 
 
@@ -107,3 +107,16 @@ async def test_stopping_the_demo_ends_open_runs_as_aborted() -> None:
     }
     assert runs == ended
     assert any(e.payload.reason == "demo stopped" for e in events if e.type == "run.lifecycle")
+
+
+async def test_keep_publishing_connects_by_url_and_keeps_starting_runs() -> None:
+    """`keep_publishing(url, stop, rate=…)` publishes onto the bus at the URL until stopped."""
+    async with MemoryBus("memory://demo-keep") as bus:
+        stop = asyncio.Event()
+        task = asyncio.create_task(keep_publishing("memory://demo-keep", stop, rate=10, pace=0.001))
+        await asyncio.sleep(0.5)
+        stop.set()
+        started = await task
+        events = await published(bus)
+    roots = {e.run_id for e in events if not e.parent_id}
+    assert started >= 3 and len(roots) == started
