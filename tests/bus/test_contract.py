@@ -382,3 +382,38 @@ def test_bus_is_selected_by_scheme() -> None:
     with pytest.raises(ConfigError):
         open_bus("nats://localhost")
     assert isinstance(open_bus("memory://"), Bus)
+
+
+async def test_run_ids_with_braces_keep_their_keys_together(bus_url: str) -> None:
+    """PITFALLS 18: one run's keys share a Cluster slot even when its id holds ``{}``/``%``."""
+    odd = "run-{a}%7B}"
+    key: StreamKey = (odd, "raw")
+    async with open_bus(bus_url) as bus:
+        assert await bus.append(key, [event(odd, 1), event(odd, 2)], state=b"st") == 2
+        assert [e.run_id for e in await bus.read(key, 0)] == [odd, odd]
+        assert await bus.load_state(key) == b"st"
+        assert await bus.read(("run-{a}%7B", "raw"), 0) == []
+
+
+@pytest.mark.slow
+async def test_delivery_streams_expire_after_ttl(bus_url: str) -> None:
+    """PITFALLS 20: the hot tier is bounded by age too, not only by count."""
+    url = bus_url.replace("?", "?ttl=1&", 1)
+    key: StreamKey = ("run-ttl", "raw")
+    async with open_bus(url) as bus:
+        await bus.append(key, [event("run-ttl", 1)], state=b"s")
+        assert await bus.bounds(key) == (1, 1)
+        await asyncio.sleep(1.3)
+        assert await bus.bounds(key) is None
+        assert await bus.load_state(key) is None
+
+
+def test_url_options_are_converted_through_one_table() -> None:
+    from pipeline.bus.options import split_url
+
+    options, bare, kept = split_url(
+        "redis://h:1/0?shards=32&ttl=60&socket_timeout=5", ["shards", "ttl"], ["socket_timeout"])
+    assert (options.shards, options.ttl, options.maxlen) == (32, 60, 10_000)
+    assert bare == "redis://h:1/0?socket_timeout=5" and kept == {"socket_timeout": "5"}
+    with pytest.raises(ConfigError, match="shards"):
+        split_url("redis://h?shards=0", ["shards"])
