@@ -90,7 +90,7 @@ def render(event: Event) -> dict[str, Any]:
     kind = event.type
     if kind.startswith(EXT_PREFIX):
         name = kind[len(EXT_PREFIX) :]
-        body = dict(event.payload_dict())
+        body = {k: v for k, v in event.payload_dict().items() if k not in ("type", "event_id")}
         if name == REPLY:
             return {**body, "event_id": event.seq}
         return {"type": name, **body, "event_id": event.seq}
