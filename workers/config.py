@@ -263,3 +263,43 @@ def envvar_of(option: click.Option) -> str | None:
     if option.envvar:
         return option.envvar[0]
     return None
+
+
+def options_reference(commands: Mapping[str, click.Command]) -> str:
+    """Markdown tables of every command's options: flag, environment variable, file key, default."""
+    sections: list[str] = []
+    for name, command in commands.items():
+        sections += _reference_of(command, name)
+    return "\n".join(sections).rstrip() + "\n"
+
+
+def _reference_of(command: click.Command, label: str) -> list[str]:
+    options = [
+        p for p in command.params if isinstance(p, click.Option) and p.name and not p.is_eager
+    ]
+    lines: list[str] = []
+    if options:
+        lines += [f"`runwire {label}`", "", "| flag | environment | file key | default | meaning |"]
+        lines.append("|---|---|---|---|---|")
+        lines += [_reference_row(option) for option in options]
+        lines.append("")
+    for sub_name, sub in subcommands_of(command).items():
+        lines += _reference_of(sub, f"{label} {sub_name}")
+    return lines
+
+
+def _reference_row(option: click.Option) -> str:
+    flag = " / ".join(f"`{opt}`" for opt in option.opts)
+    env = f"`{envvar_of(option)}`" if envvar_of(option) else ""
+    meaning = (option.help or "").replace("|", "\\|").split("\n")[0]
+    return f"| {flag} | {env} | `{file_key(option)}` | {_shown_default(option)} | {meaning} |"
+
+
+def _shown_default(option: click.Option) -> str:
+    default = option.default
+    if option.is_flag:
+        return "on" if default is True else "off"
+    unset = default is None or repr(default).startswith("Sentinel.")
+    if unset or callable(default) or (option.multiple and not default):
+        return ""
+    return f"`{default}`"

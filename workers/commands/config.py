@@ -9,6 +9,7 @@ redis://h`` would run with. Without SUBCOMMAND, every command is shown.
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 from pathlib import Path
@@ -17,18 +18,41 @@ from typing import Any
 import click
 
 from workers.cli import COMMANDS, CONFIG_PATH_KEY, load_command
-from workers.config import effective_options, envvar_of, file_key, redact, subcommands_of
+from workers.config import (
+    effective_options,
+    envvar_of,
+    file_key,
+    options_reference,
+    redact,
+    subcommands_of,
+)
 
 
 @click.command(context_settings={"ignore_unknown_options": True})
 @click.argument("subcommand", required=False)
 @click.argument("flags", nargs=-1, type=click.UNPROCESSED)
 @click.option("--json", "as_json", is_flag=True, help="Print JSON instead of a table.")
+@click.option(
+    "--reference",
+    is_flag=True,
+    help="Print the Markdown reference of every option (flag, environment, file key, default).",
+)
 @click.pass_context
 def config(
-    ctx: click.Context, subcommand: str | None, flags: tuple[str, ...], as_json: bool
+    ctx: click.Context,
+    subcommand: str | None,
+    flags: tuple[str, ...],
+    as_json: bool,
+    reference: bool,
 ) -> None:
     """Print the effective configuration (value and source of every option), secrets redacted."""
+    if reference:
+        available = {}
+        for name in sorted(set(COMMANDS) - {"config"}):
+            with contextlib.suppress(ImportError):
+                available[name] = load_command(name)
+        click.echo(options_reference(available))
+        return
     main_ctx = ctx.find_root()
     path: Path | None = main_ctx.meta.get(CONFIG_PATH_KEY)
     names = [subcommand] if subcommand else sorted(n for n in COMMANDS if n != "config")

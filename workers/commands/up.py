@@ -39,6 +39,7 @@ from workers.config import redact_url
 from workers.runtime import run_worker
 
 DEFAULT_DATA_DIR = Path(".runwire")
+MIN_SECRET_BYTES = 32
 LOOPBACK_NAMES = frozenset({"localhost", "127.0.0.1", "::1"})
 
 
@@ -105,9 +106,20 @@ def is_loopback(host: str) -> bool:
     envvar="RUNWIRE_STORE",
     help="Replay log URL [default: sqlite:///<data-dir>/replay.db].",
 )
-@click.option("--host", default="127.0.0.1", show_default=True, envvar="RUNWIRE_HOST")
 @click.option(
-    "--port", type=click.IntRange(0, 65535), default=8765, show_default=True, envvar="RUNWIRE_PORT"
+    "--host",
+    default="127.0.0.1",
+    show_default=True,
+    envvar="RUNWIRE_HOST",
+    help="Address the edge binds (non-loopback needs RUNWIRE_SECRET).",
+)
+@click.option(
+    "--port",
+    type=click.IntRange(0, 65535),
+    default=8765,
+    show_default=True,
+    envvar="RUNWIRE_PORT",
+    help="Port the edge binds (0: any free port).",
 )
 @click.option(
     "--group",
@@ -123,7 +135,10 @@ def is_loopback(host: str) -> bool:
     help="Worker name [default: hostname-pid].",
 )
 @click.option(
-    "--secret", default=None, envvar="RUNWIRE_SECRET", help="HS256 key for bearer tokens."
+    "--secret",
+    default=None,
+    envvar="RUNWIRE_SECRET",
+    help="HS256 key for bearer tokens (≥ 32 bytes).",
 )
 def up(
     demo: bool,
@@ -141,6 +156,10 @@ def up(
     if not secret and not is_loopback(host):
         raise click.UsageError(
             f"refusing to serve {host} without RUNWIRE_SECRET (auth); bind 127.0.0.1 or set a secret"
+        )
+    if secret and len(secret.encode()) < MIN_SECRET_BYTES:
+        raise click.UsageError(
+            f"RUNWIRE_SECRET must be at least {MIN_SECRET_BYTES} bytes (HS256 key)"
         )
     settings = UpSettings(
         bus=bus,
