@@ -25,6 +25,7 @@ import asyncio
 import contextlib
 import hashlib
 import logging
+import weakref
 from collections.abc import AsyncIterator, Iterator, Mapping, Sequence
 from typing import Any
 
@@ -108,6 +109,7 @@ class RedisBus(Bus):
         self.claim_idle_ms = options.claim_idle_ms
         self.prefix = options.prefix
         self._redis: Redis | RedisCluster | None = None
+        self._consumers: weakref.WeakSet[Consumer] = weakref.WeakSet()
 
     # ---- connection ---------------------------------------------------
     @property
@@ -138,6 +140,9 @@ class RedisBus(Bus):
         await self.ping()
 
     async def close(self) -> None:
+        """Close open consumers (releasing their leases), then the connections."""
+        for consumer in list(self._consumers):
+            await consumer.close()
         if self._redis is not None:
             client, self._redis = self._redis, None
             await client.aclose()
@@ -206,7 +211,9 @@ class RedisBus(Bus):
         from .redis_consumer import RedisConsumer
 
         idle = self.claim_idle_ms if claim_idle_ms is None else claim_idle_ms
-        return RedisConsumer(self, group, name, claim_idle_ms=idle)
+        consumer = RedisConsumer(self, group, name, claim_idle_ms=idle)
+        self._consumers.add(consumer)
+        return consumer
 
     async def dead_letters(self, limit: int = 100) -> list[DeadLetter]:
         with unavailable_on_connection_errors("read dead letters"):

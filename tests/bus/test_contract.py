@@ -177,6 +177,43 @@ async def test_two_consumers_split_the_shards(bus_url: str) -> None:
     assert all(seqs == [1, 2, 3, 4, 5] for seqs in seen.values())
 
 
+async def test_order_holds_while_a_second_consumer_joins(bus_url: str) -> None:
+    """Invariant 1 across a rebalance: shards move from a busy consumer to one that
+    joins mid-stream, and every run is still processed strictly in seq order."""
+    runs = [f"run-j{i:02d}" for i in range(40)]
+    last = dict.fromkeys(runs, 0)
+    out_of_order: list[tuple[str, int, int]] = []
+
+    async def work(consumer: Consumer, until: float) -> int:
+        done = 0
+        while time.monotonic() < until and sum(last.values()) < 40 * 20:
+            batch = await consumer.fetch(max_count=50, block_ms=100)
+            for delivery in batch:
+                ev = decode(delivery.data)
+                if ev.seq != last[ev.run_id] + 1:
+                    out_of_order.append((ev.run_id, last[ev.run_id], ev.seq))
+                last[ev.run_id] = max(last[ev.run_id], ev.seq)
+            await consumer.ack(batch)
+            done += len(batch)
+        return done
+
+    async with open_bus(bus_url) as bus:
+        first, second = bus.consumer("g", "first"), bus.consumer("g", "second")
+        until = time.monotonic() + 20
+        working = asyncio.create_task(work(first, until))
+        for wave in range(10):
+            await bus.publish([event(r, s) for r in runs for s in (2 * wave + 1, 2 * wave + 2)])
+            await asyncio.sleep(0.1)
+            if wave == 3:
+                joined = asyncio.create_task(work(second, until))
+        done_first, done_second = await working, await joined
+        await first.close()
+        await second.close()
+    assert out_of_order == []
+    assert set(last.values()) == {20}
+    assert done_second > 0 and done_first + done_second == 40 * 20
+
+
 async def test_poison_entry_goes_to_dead_letters_after_max_deliveries(bus_url: str) -> None:
     """PITFALLS 3: an entry that is never acked is not redelivered forever; past
     max_deliveries it lands in the dead-letter stream with the reason."""
