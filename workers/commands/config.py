@@ -89,8 +89,8 @@ def _describe(
     subcommands = subcommands_of(command)
     if args and args[0] in subcommands:
         own_ctx = command.make_context(name, [], parent=parent, resilient_parsing=True)
-        sub = args[0]
-        return _describe(subcommands[sub], sub, args[1:], own_ctx, f"{label} {sub}")
+        picked = args[0]
+        return _describe(subcommands[picked], picked, args[1:], own_ctx, f"{label} {picked}")
     own_ctx = command.make_context(name, args, parent=parent, resilient_parsing=True)
     options = {
         file_key(option): {"value": _plain(value), "source": source, "env": envvar_of(option)}
