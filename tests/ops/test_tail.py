@@ -61,6 +61,16 @@ def test_tail_of_a_finished_run_replays_it_and_exits(start_up: Any) -> None:
     result = tail(up.base, run["run_id"])
     assert result.returncode == 0, result.stderr
     assert parse(result.stdout)[-1][1] == "run.lifecycle"
+    live = subprocess.run(
+        [RUNWIRE, "tail", run["run_id"], "--url", up.base],
+        capture_output=True,
+        text=True,
+        env=runwire_env(COLUMNS="160"),
+        timeout=60,
+    )
+    assert live.returncode == 0, live.stderr
+    assert f"run {run['run_id']}" in live.stdout
+    assert run["state"] in live.stdout and "tools" in live.stdout and "run ended" in live.stdout
 
 
 def test_tail_exits_with_an_error_when_the_edge_is_unreachable() -> None:
