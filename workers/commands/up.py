@@ -199,7 +199,7 @@ async def serve(settings: UpSettings) -> None:
                 port=settings.port,
                 log_level="warning",
                 timeout_graceful_shutdown=2,
-                lifespan="auto",
+                lifespan="on",
             )
         )
         worker_stop = asyncio.Event()
