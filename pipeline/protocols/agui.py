@@ -261,6 +261,7 @@ class AguiEgress(Egress):
         if p.state not in envelope.TERMINAL_STATES:
             return [self._frame("CUSTOM", lane, name=event.type, value=event.payload_dict())]
         if lane.subagent is not None:
+            self._lanes.pop(lane.subagent, None)  # a finished child keeps no state
             return [*self._close_lane(lane), *self._finish_subagent(lane.subagent, p)]
         out = self._close_everything()
         meta = {"runwire": {"dropped_count": p.dropped_count}} if p.dropped_count else None

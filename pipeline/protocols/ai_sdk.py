@@ -183,6 +183,7 @@ class AiSdkEgress(Egress):
     def _terminal(self, event: envelope.RunLifecycle, lane: _Lane) -> list[Frame]:
         p = event.payload
         if lane.child is not None:
+            self._lanes.pop(lane.child, None)  # a finished child keeps no state
             return [*self._close_reasoning(lane), *self._close_text(lane), self._data(event, lane)]
         out = self._close_all()
         end: list[Frame] = []

@@ -35,6 +35,7 @@ def test_every_sample_run_passes_verify_events() -> None:
     assert len(summaries) == len(streams)
 
 
+@pytest.mark.slow
 def test_mid_stream_join_after_every_event_passes_verify_events() -> None:
     """PITFALLS 12: a client joining at any point gets a preamble that re-opens what is open."""
     streams = {
@@ -137,6 +138,7 @@ def test_validator_rejects_content_without_start() -> None:
     assert "No active text message" in message
 
 
+@pytest.mark.slow
 def test_random_runs_and_joins_pass_verify_events() -> None:
     """200 reproducible random runs (any mix of lanes, tools, steps, endings), each also joined mid-way."""
     streams: dict[str, list[Any]] = {}

@@ -37,6 +37,7 @@ def test_every_sample_run_passes_read_ui_message_stream() -> None:
     validate_many(SCRIPT, streams)
 
 
+@pytest.mark.slow
 def test_mid_stream_join_after_every_event_is_accepted() -> None:
     """PITFALLS 12: preamble() lets a client that joins after any event continue."""
     streams = {
@@ -109,6 +110,7 @@ def test_validator_rejects_a_delta_without_start() -> None:
     assert "text-start" in message
 
 
+@pytest.mark.slow
 def test_random_runs_and_joins_are_accepted() -> None:
     """200 reproducible random runs (any mix of lanes, tools, steps, endings), each also joined mid-way."""
     streams: dict[str, list[Any]] = {}
