@@ -322,7 +322,7 @@ def main() -> None:
     parser.add_argument("--json", action="store_true", help="print one JSON object")
     parser.add_argument("--repeat", type=int, default=None)
     args = parser.parse_args()
-    count, frames, repeat = (20_000, 2_000, 3) if args.quick else (200_000, 20_000, 7)
+    count, frames, repeat = (20_000, 2_000, 3) if args.quick else (100_000, 5_000, 5)
     repeat = args.repeat or repeat
     result: dict[str, Any] = canonical_figures(count, repeat)
     result["decode_vs_baseline"] = result["decode_per_s"] / result["baseline_decode_per_s"]
