@@ -167,4 +167,7 @@ def profile(name: str) -> Callable[[Event], bool]:
     return keep
 
 
-__all__ = ["ALWAYS", "FLAG_OF_TYPE", "PROFILES", "StreamProfile", "emits", "profile", "profile_flags"]
+accepts = profile
+"""Another name for :func:`profile` (what the edge's feed filter looks up)."""
+
+__all__ = ["ALWAYS", "FLAG_OF_TYPE", "PROFILES", "StreamProfile", "accepts", "emits", "profile", "profile_flags"]

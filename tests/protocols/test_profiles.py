@@ -73,3 +73,15 @@ def test_names_and_aliases() -> None:
 def test_unknown_profile_is_a_config_error() -> None:
     with pytest.raises(ConfigError, match="unknown profile 'gossip'; known: debug, default, metrics, user-chat"):
         profile("gossip")
+
+
+def test_edge_feed_filter_uses_these_profiles() -> None:
+    """The edge's ``profile=`` parameter resolves through this module (``accepts``)."""
+    from pipeline.edge.filters import profile_filter
+
+    thought = Run("r").think("x").events[0]
+    assert profile_filter("user")(thought) is False
+    assert profile_filter("debug")(thought) is True
+    gap = envelope.make("x.gap", {"run_id": "r", "first": 1, "last": 2}, id="g", ts="2026-01-01T00:00:00Z",
+                        run_id="r", seq=3)
+    assert profile_filter("metrics")(gap) is True  # loss stays visible in every profile
