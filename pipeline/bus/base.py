@@ -76,6 +76,12 @@ class Consumer(ABC):
     ``claim_idle_ms`` on shards it owns, then new entries. Entries of one
     shard come back in shard order; a shard is owned by one live consumer
     of the group at a time (Redis: leases; Kafka: group assignment).
+
+    An entry not acked within ``claim_idle_ms`` is handed out again with its
+    ``deliveries`` count raised; once that count passes the bus's
+    ``max_deliveries`` the consumer dead-letters the entry itself (reason
+    ``delivered N times without an ack …``) instead of returning it, so an
+    entry that crashes its worker cannot loop forever.
     """
 
     group: str
