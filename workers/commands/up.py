@@ -34,7 +34,7 @@ from pipeline.demo import publish_runs
 from pipeline.edge.app import create_app
 from pipeline.edge.settings import EdgeSettings
 from pipeline.publisher import Publisher
-from pipeline.store import open_store
+from pipeline.store import ReplayLog, open_store
 from workers.config import redact_url
 from workers.runtime import run_worker
 
@@ -186,69 +186,100 @@ class _EdgeServer(uvicorn.Server):
         yield
 
 
+def listen(host: str, port: int) -> socket.socket:
+    """Bind the edge's socket before anything starts, so a taken port is one clear error."""
+    family = socket.AF_INET6 if ":" in host else socket.AF_INET
+    try:
+        return socket.create_server((host, port), family=family)
+    except OSError as exc:
+        raise click.ClickException(
+            f"cannot listen on {host}:{port}: {exc.strerror or exc}"
+        ) from None
+
+
 async def serve(settings: UpSettings) -> None:
     """Run until SIGINT/SIGTERM (or until a part fails), then drain and return."""
+    sock = listen(settings.host, settings.port)
     stop = asyncio.Event()
     _install_signal_handlers(stop)
     async with open_bus(settings.bus) as bus, open_store(settings.store) as store:
-        app = create_app(bus, store, EdgeSettings(secret=settings.secret))
-        server = _EdgeServer(
-            uvicorn.Config(
-                app,
-                host=settings.host,
-                port=settings.port,
-                log_level="warning",
-                timeout_graceful_shutdown=2,
-                lifespan="on",
-            )
-        )
-        worker_stop = asyncio.Event()
-        worker = asyncio.create_task(
-            run_worker(bus, store, group=settings.group, name=settings.name, stop=worker_stop),
-            name="runwire-worker",
-        )
-        edge = asyncio.create_task(server.serve(), name="runwire-edge")
-        if not await _started(server, edge):
-            worker_stop.set()
-            await asyncio.gather(worker, return_exceptions=True)
-            raise click.ClickException(
-                f"the edge could not listen on {settings.host}:{settings.port}"
-            )
-        _announce(settings, server)
-        demo_stop = asyncio.Event()
-        demo = asyncio.create_task(_demo(bus, settings, demo_stop), name="runwire-demo")
-        parts: set[asyncio.Task[Any]] = {worker, edge, demo} if settings.demo else {worker, edge}
-        waiter = asyncio.create_task(stop.wait())
-        await asyncio.wait({*parts, waiter}, return_when=asyncio.FIRST_COMPLETED)
-        failure = _failure(parts)
+        parts = _Parts(bus, store, settings)
+        await parts.start(sock)
+        _announce(settings, sock.getsockname()[1])
+        await parts.run_until(stop)
         click.echo("runwire up: draining…", err=True)
-        demo_stop.set()
-        await asyncio.gather(demo, return_exceptions=True)
-        server.should_exit = True
-        await asyncio.gather(edge, return_exceptions=True)
-        worker_stop.set()
-        await asyncio.gather(worker, return_exceptions=True)
-        if settings.bus.startswith("memory://") and failure is None:
-            await run_worker(bus, store, group=settings.group, name=settings.name, burst=True)
-        waiter.cancel()
+        failure = await parts.drain()
     if failure is not None:
         raise failure
     click.echo("runwire up: stopped", err=True)
 
 
-async def _started(server: uvicorn.Server, edge: asyncio.Task[None]) -> bool:
-    while not server.started:
-        if edge.done():
-            return False
-        await asyncio.sleep(0.02)
-    return True
+class _Parts:
+    """The worker, the edge and the demo publisher of one ``runwire up``, as tasks."""
+
+    def __init__(self, bus: Bus, store: ReplayLog, settings: UpSettings) -> None:
+        self.bus, self.store, self.settings = bus, store, settings
+        app = create_app(bus, store, EdgeSettings(secret=settings.secret))
+        config = uvicorn.Config(
+            app, log_level="warning", timeout_graceful_shutdown=2, lifespan="on"
+        )
+        self.server = _EdgeServer(config)
+        self.worker_stop = asyncio.Event()
+        self.demo_stop = asyncio.Event()
+        self.tasks: set[asyncio.Task[Any]] = set()
+
+    async def start(self, sock: socket.socket) -> None:
+        settings = self.settings
+        self.worker = asyncio.create_task(
+            run_worker(
+                self.bus,
+                self.store,
+                group=settings.group,
+                name=settings.name,
+                stop=self.worker_stop,
+            ),
+            name="runwire-worker",
+        )
+        self.edge = asyncio.create_task(self.server.serve(sockets=[sock]), name="runwire-edge")
+        self.tasks = {self.worker, self.edge}
+        await _until_started(self.server, self.edge)
+        if settings.demo and not self.edge.done():
+            self.demo = asyncio.create_task(self._demo(), name="runwire-demo")
+            self.tasks.add(self.demo)
+
+    async def _demo(self) -> None:
+        async with Publisher(self.bus) as publisher:
+            await publish_runs(
+                publisher,
+                self.demo_stop,
+                rate=self.settings.demo_rate,
+                seed=self.settings.demo_seed,
+            )
+
+    async def run_until(self, stop: asyncio.Event) -> None:
+        """Until ``stop`` is set or any part ends (which only happens when it fails)."""
+        waiter = asyncio.create_task(stop.wait())
+        await asyncio.wait({*self.tasks, waiter}, return_when=asyncio.FIRST_COMPLETED)
+        waiter.cancel()
+
+    async def drain(self) -> BaseException | None:
+        """Stop the demo, then the edge, then the worker; return the first failure, if any."""
+        failure = _failure(self.tasks)
+        self.demo_stop.set()
+        self.server.should_exit = True
+        self.worker_stop.set()
+        for task in (getattr(self, "demo", None), self.edge, self.worker):
+            if task is not None:
+                await asyncio.gather(task, return_exceptions=True)
+        if self.settings.bus.startswith("memory://") and failure is None:
+            # The in-process bus dies with us: record what is still queued first.
+            await run_worker(
+                self.bus, self.store, group=self.settings.group, name=self.settings.name, burst=True
+            )
+        return failure
 
 
-def _announce(settings: UpSettings, server: uvicorn.Server) -> None:
-    port = settings.port
-    for listener in getattr(server, "servers", []):
-        for sock in listener.sockets:
-            port = sock.getsockname()[1]
+def _announce(settings: UpSettings, port: int) -> None:
     host = settings.host if ":" not in settings.host else f"[{settings.host}]"
     url = f"http://{host}:{port}/"
     click.echo(f"runwire up: {url}  (bus {_safe(settings.bus)}, store {_safe(settings.store)})")
@@ -261,11 +292,12 @@ def _safe(url: str) -> str:
     return redact_url(url)
 
 
-async def _demo(bus: Bus, settings: UpSettings, stop: asyncio.Event) -> None:
-    if not settings.demo:
-        return
-    async with Publisher(bus) as publisher:
-        await publish_runs(publisher, stop, rate=settings.demo_rate, seed=settings.demo_seed)
+async def _until_started(server: uvicorn.Server, edge: asyncio.Task[None]) -> None:
+    """uvicorn offers no event for "listening and lifespan done": poll its flag every 20 ms."""
+    while True:
+        if server.started or edge.done():
+            return
+        await asyncio.sleep(0.02)
 
 
 def _failure(parts: set[asyncio.Task[Any]]) -> BaseException | None:
