@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import asyncio
+import socket
+import subprocess
 from pathlib import Path
 from typing import Any
 
@@ -10,7 +12,7 @@ import httpx
 import pytest
 
 from pipeline.store import open_store
-from tests.ops.conftest import TERMINAL, stream_events
+from tests.ops.conftest import RUNWIRE, TERMINAL, runwire_env, stream_events
 
 pytestmark = pytest.mark.slow
 
@@ -76,10 +78,6 @@ def test_up_on_redis_and_postgresql(start_up: Any, own_redis: Any, postgres_url:
 
 
 def test_up_refuses_a_public_address_without_a_secret(tmp_path: Path) -> None:
-    import subprocess
-
-    from tests.ops.conftest import RUNWIRE, runwire_env
-
     result = subprocess.run(
         [RUNWIRE, "up", "--host", "0.0.0.0", "--data-dir", str(tmp_path)],
         capture_output=True,
@@ -99,3 +97,18 @@ def test_up_on_kafka(start_up: Any, kafka_url: str, tmp_path: Path) -> None:
     run = up.wait_for_run(terminal=True, timeout=60)
     assert_demo_run(stream_events(up.base, run["run_id"]))
     assert up.terminate() == 0
+
+
+def test_up_on_a_taken_port_fails_with_one_clear_error(tmp_path: Path) -> None:
+    with socket.create_server(("127.0.0.1", 0)) as taken:
+        port = taken.getsockname()[1]
+        result = subprocess.run(
+            [RUNWIRE, "up", "--port", str(port), "--data-dir", str(tmp_path)],
+            capture_output=True,
+            text=True,
+            env=runwire_env(),
+            timeout=30,
+        )
+    assert result.returncode == 1
+    assert f"cannot listen on 127.0.0.1:{port}" in result.stderr
+    assert "Traceback" not in result.stderr
