@@ -60,6 +60,8 @@ class RunView:
     output_tokens: int = 0
     plan: list[str] = field(default_factory=list)
     step: str | None = None
+    last_type: str = ""
+    """Type of the run's own previous event (a delta after other events starts a new block)."""
 
     @property
     def ended(self) -> bool:
@@ -76,16 +78,22 @@ class RunView:
         handler = _HANDLERS.get(kind)
         if handler is not None:
             handler(self, payload, child_id)
+        if child_id is None:
+            self.last_type = kind
 
     def _child(self, child_id: str) -> ChildRun:
         return self.children.setdefault(child_id, ChildRun(child_id))
 
     def _on_reasoning(self, payload: dict[str, Any], child_id: str | None) -> None:
         if child_id is None:
+            if self.reasoning and self.last_type != "reasoning.delta":
+                self.reasoning += "\n"  # a new block of thought after other events
             self.reasoning += str(payload.get("text", ""))
 
     def _on_text(self, payload: dict[str, Any], child_id: str | None) -> None:
         if child_id is None:
+            if self.text and self.last_type != "text.delta":
+                self.text += "\n"
             self.text += str(payload.get("text", ""))
         else:
             self._child(child_id).text += str(payload.get("text", ""))
