@@ -24,6 +24,7 @@ from ..envelope import Event
 from ..errors import ReplayExpired
 from ..store.base import ReplayLog
 
+FIRST_BATCH = 32
 HOT = "hot"
 LOG = "log"
 
@@ -36,10 +37,16 @@ def first_covered(event: Event) -> int:
 async def history(
     bus: Bus, store: ReplayLog, key: StreamKey, after: int, upto: int, batch: int = 1000
 ) -> AsyncIterator[tuple[str, list[Event]]]:
-    """Batches ``(source, events)`` of a delivery stream with ``after < seq <= upto``."""
+    """Batches ``(source, events)`` of a delivery stream with ``after < seq <= upto``.
+
+    The first batch is small and batches then double up to ``batch``, so a
+    resuming client gets its first event after one short read.
+    """
     position = after
+    size = min(FIRST_BATCH, batch)
     while position < upto:
-        events = [e for e in await bus.read(key, position, limit=batch) if e.seq <= upto]
+        events = [e for e in await bus.read(key, position, limit=size) if e.seq <= upto]
+        size = min(size * 2, batch)
         if not events or first_covered(events[0]) > position + 1:
             async for chunk in _from_log(store, key, position, upto, batch):
                 yield LOG, chunk

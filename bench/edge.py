@@ -1,0 +1,438 @@
+"""Edge fan-out: runwire's edge vs a naive per-client SSE server, measured in the same run.
+
+Run: ``.venv/bin/python bench/edge.py [--clients N] [--full] [--json]``
+
+Everything talks over loopback through a real Redis (started on a free port
+unless ``--bus`` is given). Three kinds of process:
+
+* the **edge** under test (``--role server``): runwire's ``create_app`` —
+  one multiplexed bus reader, one encoder per feed, pre-framed SSE bytes —
+  or the **naive** server users write by hand: ``sse-starlette``'s
+  ``EventSourceResponse`` with one bus read loop (``Bus.tail`` on its own
+  stream) and one JSON encode per client per event. Both on uvicorn with
+  uvloop + httptools.
+* **clients** (``--role clients``, a separate process): raw asyncio SSE
+  readers that count frames; probe clients parse the publish time stamped
+  into control events to measure publish→client latency.
+* this process: starts Redis, the servers and the clients, publishes into
+  the delivery streams with ``Bus.append`` (as workers do), and measures.
+
+Phases, per implementation (in this order, so no phase waits out the
+backlog of another):
+
+1. ``clients`` SSE connections to one run (plus 2 on each of 50 background
+   runs); ``rss_per_client_kib`` = growth of the server's RSS divided by the
+   connections.
+2. Resume: a fresh connection with ``Last-Event-ID`` into a run with 2 000
+   events of history; ``resume_first_event_ms`` = median time to its first
+   event (20 tries) while the clients stay connected.
+3. Control latency: 5 000 text deltas/s spread over the 50 background runs
+   while a ``tool.start`` stamped with its publish time goes to the main run
+   10×/s; ``control_latency_p50_ms``/``_p99_ms`` over 20 probe clients of
+   the main run (each control event is written to every main-run client).
+4. Saturation: events appended to the main run as fast as one producer can
+   for a few seconds; ``deliveries_per_s`` = frames received by all clients
+   per second (the runwire edge drops deltas for clients that fall behind,
+   R4; those are not counted).
+
+``--json`` prints one object; the naive figures carry the ``naive_`` prefix.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import os
+import re
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+from typing import Any
+
+ROOT = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(ROOT))
+
+from pipeline import envelope  # noqa: E402
+from pipeline.bus import open_bus  # noqa: E402
+from pipeline.envelope import Event  # noqa: E402
+
+MAIN_RUN = "bench-main"
+RESUME_RUN = "bench-resume"
+BACKGROUND_RUNS = 50
+PROBES = 20
+_T_NS = re.compile(rb'"t_ns":(\d+)')
+
+
+# ---------------------------------------------------------------- servers
+def serve(impl: str, bus_url: str, port: int) -> None:
+    """The server role: runwire's edge or the naive one, on uvicorn (uvloop, httptools)."""
+    import uvicorn
+
+    async def main() -> None:
+        async with open_bus(bus_url) as bus:
+            if impl == "runwire":
+                from pipeline.edge import EdgeSettings, create_app
+                from pipeline.store import open_store
+
+                store_path = Path(tempfile.mkdtemp()) / "replay.db"
+                async with open_store(f"sqlite:///{store_path}") as store:
+                    app = create_app(bus, store, EdgeSettings())
+                    await _uvicorn(app, port)
+            else:
+                await _uvicorn(naive_app(bus), port)
+
+    async def _uvicorn(app: Any, port: int) -> None:
+        config = uvicorn.Config(
+            app, host="127.0.0.1", port=port, log_level="warning", loop="none",
+            http="httptools", backlog=16384, timeout_graceful_shutdown=1,
+        )
+        await uvicorn.Server(config).serve()
+
+    import uvloop
+
+    uvloop.run(main())
+
+
+def naive_app(bus: Any) -> Any:
+    """The per-client implementation users write by hand: a read loop and an encode per client."""
+    from sse_starlette.sse import EventSourceResponse
+    from starlette.applications import Starlette
+    from starlette.requests import Request
+    from starlette.routing import Route
+
+    async def stream(request: Request) -> EventSourceResponse:
+        run_id = request.path_params["run_id"]
+        cursor = int(request.headers.get("last-event-id") or 0)
+
+        async def events() -> Any:
+            nonlocal cursor
+            while True:
+                batch = await bus.tail({(run_id, "raw"): cursor}, block_ms=1000)
+                for _key, event in batch:
+                    cursor = event.seq
+                    yield {"id": str(event.seq), "data": json.dumps(envelope.to_builtins(event))}
+                    if envelope.is_terminal(event):
+                        return
+
+        return EventSourceResponse(events(), ping=15)
+
+    return Starlette(routes=[Route("/v1/runs/{run_id}/stream", stream)])
+
+
+# ---------------------------------------------------------------- clients
+class Counters:
+    def __init__(self) -> None:
+        self.frames = 0
+        self.connected = 0
+        self.latencies_ms: list[float] = []
+
+
+async def sse_client(port: int, path: str, after: int, probe: bool, counters: Counters) -> None:
+    reader, writer = await asyncio.open_connection("127.0.0.1", port, limit=1 << 20)
+    writer.write(
+        f"GET {path} HTTP/1.1\r\nHost: 127.0.0.1\r\nAccept: text/event-stream\r\n"
+        f"Last-Event-ID: {after}\r\n\r\n".encode()
+    )
+    await writer.drain()
+    counters.connected += 1
+    carry = b""
+    try:
+        while True:
+            chunk = await reader.read(1 << 18)
+            if not chunk:
+                return
+            counters.frames += chunk.count(b"data: ")
+            if probe:
+                now = time.time_ns()
+                data = carry + chunk
+                for match in _T_NS.finditer(data):
+                    counters.latencies_ms.append((now - int(match.group(1))) / 1e6)
+                cut = data.rfind(b"\n")
+                carry = data[cut + 1 :] if cut >= 0 else data[-256:]
+    finally:
+        writer.close()
+
+
+async def client_role(port: int, specs: list[str], after: int) -> None:
+    """Open connections (``path*count``), then answer ``report`` on stdin with JSON counters."""
+    counters = Counters()
+    tasks: list[asyncio.Task[None]] = []
+    gate = asyncio.Semaphore(200)
+
+    async def start(path: str, probe: bool) -> None:
+        async with gate:
+            tasks.append(asyncio.create_task(sse_client(port, path, after, probe, counters)))
+            await asyncio.sleep(0)
+
+    openings = []
+    for spec in specs:
+        path, _, count = spec.rpartition("*")
+        for index in range(int(count)):
+            probe = MAIN_RUN in path and "-bg-" not in path and index < PROBES
+            openings.append(start(path, probe=probe))
+    await asyncio.gather(*openings)
+    for _ in range(600):  # bounded: at most 30 s for every connection to be sent
+        if counters.connected >= len(openings):
+            break
+        await asyncio.sleep(0.05)
+    print(json.dumps({"connected": counters.connected}), flush=True)
+    loop = asyncio.get_running_loop()
+    while True:
+        line = await loop.run_in_executor(None, sys.stdin.readline)
+        if not line or line.strip() == "quit":
+            break
+        latencies, counters.latencies_ms = counters.latencies_ms, []
+        alive = sum(1 for t in tasks if not t.done())
+        print(json.dumps({"frames": counters.frames, "alive": alive, "latencies_ms": latencies}), flush=True)
+    for task in tasks:
+        task.cancel()
+
+
+# ---------------------------------------------------------------- orchestration
+_ids = iter(range(1, 1 << 62))
+
+
+def make_event(run_id: str, seq: int, kind: str = "text.delta", payload: dict[str, Any] | None = None) -> Event:
+    return envelope.make(
+        kind, payload or {"text": "token "}, id=f"01J{next(_ids):023d}", ts=envelope.now_ts(),
+        run_id=run_id, seq=seq,
+    )
+
+
+class Proc:
+    def __init__(self, args: list[str]) -> None:
+        self.proc = subprocess.Popen(
+            [sys.executable, __file__, *args], stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True
+        )
+
+    def ask(self, line: str = "report") -> dict[str, Any]:
+        assert self.proc.stdin and self.proc.stdout
+        self.proc.stdin.write(line + "\n")
+        self.proc.stdin.flush()
+        answer: dict[str, Any] = json.loads(self.proc.stdout.readline())
+        return answer
+
+    def first(self) -> dict[str, Any]:
+        assert self.proc.stdout
+        answer: dict[str, Any] = json.loads(self.proc.stdout.readline())
+        return answer
+
+    def stop(self) -> None:
+        if self.proc.stdin:
+            try:
+                self.proc.stdin.write("quit\n")
+                self.proc.stdin.flush()
+            except BrokenPipeError:
+                pass
+        self.proc.terminate()
+        try:
+            self.proc.wait(3)
+        except subprocess.TimeoutExpired:
+            self.proc.kill()
+
+
+def rss_kib(pid: int) -> int:
+    for line in Path(f"/proc/{pid}/status").read_text().splitlines():
+        if line.startswith("VmRSS:"):
+            return int(line.split()[1])
+    return 0
+
+
+def free_port() -> int:
+    import socket
+
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        port: int = sock.getsockname()[1]
+        return port
+
+
+async def wait_port(port: int) -> None:
+    for _ in range(300):
+        try:
+            _, writer = await asyncio.open_connection("127.0.0.1", port)
+            writer.close()
+            return
+        except OSError:
+            await asyncio.sleep(0.05)
+    raise RuntimeError(f"server on {port} did not start")
+
+
+class Seqs:
+    def __init__(self) -> None:
+        self.next: dict[str, int] = {}
+
+    def take(self, run_id: str, count: int) -> range:
+        start = self.next.get(run_id, 1)
+        self.next[run_id] = start + count
+        return range(start, start + count)
+
+
+async def saturate(bus: Any, seqs: Seqs, clients: Proc, seconds: float, main_run: str) -> float:
+    """Append as fast as possible; frames/s received by all clients during the window."""
+    before = clients.ask()["frames"]
+    started = time.perf_counter()
+    while time.perf_counter() - started < seconds:
+        batch = [make_event(main_run, s) for s in seqs.take(main_run, 200)]
+        await bus.append((main_run, "raw"), batch)
+        await asyncio.sleep(0)
+    elapsed = time.perf_counter() - started
+    after = clients.ask()["frames"]
+    return (after - before) / elapsed
+
+
+async def control_latency(
+    bus: Any, seqs: Seqs, clients: Proc, seconds: float, main_run: str
+) -> list[float]:
+    """5 000 deltas/s over the background runs, 10 control events/s to the main run."""
+    clients.ask()  # reset latencies
+    started = time.perf_counter()
+    tick = 0
+    while time.perf_counter() - started < seconds:
+        tick += 1
+        for index in range(BACKGROUND_RUNS):
+            run_id = f"{main_run}-bg-{index}"
+            batch = [make_event(run_id, s) for s in seqs.take(run_id, 1)]
+            await bus.append((run_id, "raw"), batch)
+        if tick % 10 == 0:
+            (seq,) = seqs.take(main_run, 1)
+            stamp = {"call_id": f"c{seq}", "tool": "probe", "input": {"t_ns": time.time_ns()}}
+            await bus.append((main_run, "raw"), [make_event(main_run, seq, "tool.start", stamp)])
+        target = started + tick * 0.01
+        await asyncio.sleep(max(0.0, target - time.perf_counter()))
+    await asyncio.sleep(1.0)
+    latencies: list[float] = clients.ask()["latencies_ms"]
+    return latencies
+
+
+async def resume_first_event(port: int, tries: int = 20) -> float:
+    samples: list[float] = []
+    for attempt in range(tries):
+        started = time.perf_counter()
+        reader, writer = await asyncio.open_connection("127.0.0.1", port)
+        writer.write(
+            f"GET /v1/runs/{RESUME_RUN}/stream?detail=full HTTP/1.1\r\nHost: x\r\n"
+            f"Last-Event-ID: {500 + attempt}\r\n\r\n".encode()
+        )
+        await writer.drain()
+        buffer = b""
+        while b"data: " not in buffer:
+            chunk = await reader.read(65536)
+            if not chunk:
+                break
+            buffer += chunk
+        samples.append((time.perf_counter() - started) * 1000)
+        writer.close()
+    return statistics.median(samples)
+
+
+def progress(message: str) -> None:
+    print(f"[{time.strftime('%H:%M:%S')}] {message}", file=sys.stderr, flush=True)
+
+
+def percentile(values: list[float], q: float) -> float:
+    if not values:
+        return float("nan")
+    ordered = sorted(values)
+    return ordered[min(len(ordered) - 1, int(q * len(ordered)))]
+
+
+async def measure(impl: str, bus_url: str, clients: int, seconds: float) -> dict[str, Any]:
+    port = free_port()
+    async with open_bus(bus_url) as bus:
+        await bus.append((RESUME_RUN, "raw"), [make_event(RESUME_RUN, s) for s in range(1, 2001)])
+        seqs = Seqs()
+        main_run = f"{MAIN_RUN}-{impl}-{os.getpid()}"
+        server_bus = bus_url + ("&" if "?" in bus_url else "?") + "max_connections=50000"
+        server = Proc(["--role", "server", "--impl", impl, "--bus", server_bus, "--port", str(port)])
+        try:
+            await wait_port(port)
+            await resume_first_event(port, 3)  # warm up imports and connections
+            rss_before = rss_kib(server.proc.pid)
+            await bus.append((main_run, "raw"), [make_event(main_run, s) for s in seqs.take(main_run, 1)])
+            specs = [f"/v1/runs/{main_run}/stream?detail=full*{clients}"]
+            specs += [f"/v1/runs/{main_run}-bg-{i}/stream?detail=full*2" for i in range(BACKGROUND_RUNS)]
+            load = Proc(["--role", "clients", "--port", str(port), "--after", "0", *specs])
+            try:
+                progress(f"{impl}: connecting clients")
+                connected = load.first()["connected"]
+                progress(f"{impl}: {connected} connected")
+                await asyncio.sleep(1.0)
+                rss_after = rss_kib(server.proc.pid)
+                resume_ms = await resume_first_event(port)
+                progress(f"{impl}: resume done")
+                latencies = await control_latency(bus, seqs, load, seconds, main_run)
+                progress(f"{impl}: latency done ({len(latencies)} samples)")
+                deliveries = await saturate(bus, seqs, load, seconds, main_run)
+                progress(f"{impl}: saturation done")
+            finally:
+                load.stop()
+        finally:
+            server.stop()
+    return {
+        "clients": connected,
+        "rss_per_client_kib": round((rss_after - rss_before) / max(1, connected), 1),
+        "deliveries_per_s": round(deliveries),
+        "control_latency_p50_ms": round(percentile(latencies, 0.5), 2),
+        "control_latency_p99_ms": round(percentile(latencies, 0.99), 2),
+        "control_samples": len(latencies),
+        "resume_first_event_ms": round(resume_ms, 2),
+    }
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--role", choices=["bench", "server", "clients"], default="bench")
+    parser.add_argument("--impl", choices=["runwire", "naive"], default="runwire")
+    parser.add_argument("--bus", default=None, help="Redis URL (default: start redis-server on a free port)")
+    parser.add_argument("--port", type=int, default=0)
+    parser.add_argument("--after", type=int, default=0)
+    parser.add_argument("--clients", type=int, default=2000, help="SSE clients on the main run")
+    parser.add_argument("--naive-clients", type=int, default=None, help="default: same as --clients")
+    parser.add_argument("--seconds", type=float, default=5.0, help="length of each timed phase")
+    parser.add_argument("--full", action="store_true", help="10 000 clients (the target)")
+    parser.add_argument("--json", action="store_true")
+    parser.add_argument("specs", nargs="*")
+    args = parser.parse_args()
+    if args.role == "server":
+        serve(args.impl, args.bus, args.port)
+        return
+    if args.role == "clients":
+        import uvloop
+
+        uvloop.run(client_role(args.port, args.specs, args.after))
+        return
+    clients = 10_000 if args.full else args.clients
+    naive_clients = args.naive_clients or clients
+    redis = None
+    bus_url = args.bus
+    if bus_url is None:
+        from tests.services import RedisServer
+
+        redis = RedisServer("--maxclients", "30000")
+        redis.start()
+        bus_url = redis.url
+    try:
+        ours = asyncio.run(measure("runwire", bus_url, clients, args.seconds))
+        naive = asyncio.run(measure("naive", bus_url, naive_clients, args.seconds))
+    finally:
+        if redis is not None:
+            redis.close()
+    result = {**ours, **{f"naive_{k}": v for k, v in naive.items()}}
+    result["deliveries_ratio"] = round(ours["deliveries_per_s"] / max(1, naive["deliveries_per_s"]), 2)
+    if args.json:
+        print(json.dumps(result))
+        return
+    print(f"{'':28}{'runwire':>14}{'naive':>14}")
+    for key, value in ours.items():
+        print(f"{key:28}{value:>14}{naive[key]:>14}")
+    print(f"{'deliveries ratio':28}{result['deliveries_ratio']:>14}×")
+
+
+if __name__ == "__main__":
+    os.environ.setdefault("PYTHONUNBUFFERED", "1")
+    main()
