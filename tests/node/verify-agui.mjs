@@ -1,7 +1,7 @@
 // Validate AG-UI event streams with @ag-ui/core's event schemas and
 // @ag-ui/client's verifyEvents (see lib.mjs for input modes).
 import { EventSchemas } from "@ag-ui/core/schemas";
-import { verifyEvents } from "@ag-ui/client";
+import { AbstractAgent, verifyEvents } from "@ag-ui/client";
 import { from, lastValueFrom, toArray } from "rxjs";
 import { main, partial, Invalid } from "./lib.mjs";
 
@@ -24,7 +24,35 @@ async function check(events) {
   }
   const counts = {};
   for (const e of seen) counts[e.type] = (counts[e.type] ?? 0) + 1;
-  return { events: seen.length, counts };
+  return { events: seen.length, counts, messages: await transcript(events) };
+}
+
+// The messages @ag-ui/client's own agent builds from the stream (as a UI would).
+class ReplayAgent extends AbstractAgent {
+  constructor(events) {
+    super({ threadId: events.find((e) => e.type === "RUN_STARTED")?.threadId });
+    this.events = events;
+  }
+  run() {
+    return from(this.events);
+  }
+}
+
+async function transcript(events) {
+  if (!events.length || partial) return null;
+  const agent = new ReplayAgent(events);
+  try {
+    await agent.runAgent({ runId: events[0].runId });
+  } catch (err) {
+    throw new Invalid(`AbstractAgent.runAgent: ${err.message}`);
+  }
+  return agent.messages.map((m) => ({
+    role: m.role,
+    content: m.content ?? null,
+    toolCalls: (m.toolCalls ?? []).map((c) => [c.function.name, c.function.arguments]),
+    toolCallId: m.toolCallId ?? null,
+    subagentRunId: m.subagentRunId ?? null,
+  }));
 }
 
 await main(check);

@@ -8,6 +8,7 @@ packages' own validators say.
 from __future__ import annotations
 
 import json
+import os
 import shutil
 import subprocess
 from pathlib import Path
@@ -33,8 +34,9 @@ def _node() -> str:
 
 def _run(script: str, body: bytes, *flags: str) -> subprocess.CompletedProcess[bytes]:
     node = _node()
+    env = {**os.environ, "SUPPRESS_TRANSFORMATION_WARNINGS": "1"}  # @ag-ui/client's legacy-bridge notes
     return subprocess.run([node, str(NODE_DIR / script), *flags], input=body, capture_output=True,
-                          cwd=NODE_DIR, timeout=120, check=False)
+                          cwd=NODE_DIR, timeout=120, check=False, env=env)
 
 
 def validate(script: str, frames: list[Any], *, partial: bool = False) -> dict[str, Any]:

@@ -55,6 +55,42 @@ def test_join_reopens_the_open_message_and_step() -> None:
                                          if f["type"] == "TEXT_MESSAGE_CONTENT" and f["delta"] == "Found ")["messageId"]
 
 
+def test_the_ag_ui_client_builds_the_transcript() -> None:
+    """@ag-ui/client's own agent (AbstractAgent.runAgent) turns the stream into the run's messages."""
+    messages = validate(SCRIPT, stream("agui", tool_run()))["messages"]
+    assert [(m["role"], m["content"], m["toolCalls"], m["toolCallId"]) for m in messages] == [
+        ("reasoning", "Let me check the files.", [], None),
+        ("assistant", "I'll look around.", [], None),
+        ("assistant", None, [["fs.list", '{"path":"."}']], None),
+        ("tool", '["a.py","b.py"]', [], "call_1"),
+        ("assistant", None, [["fs.read", '{"file":"missing.py"}']], None),
+        ("tool", "KAI-TOOL-0404: not found", [], "call_2"),
+        ("reasoning", "Now summarise.", [], None),
+        ("assistant", "Found two files; one was missing.", [], None),
+    ]
+
+
+def test_the_ag_ui_client_keeps_subagent_messages_apart() -> None:
+    messages = validate(SCRIPT, stream("agui", child_run()))["messages"]
+    by_agent: dict[str | None, list[str]] = {}
+    for m in messages:
+        if m["content"]:
+            by_agent.setdefault(m["subagentRunId"], []).append(m["content"])
+    assert by_agent == {
+        None: ["Splitting the work.", "Merging."],
+        "run_c1": ["child one thinks", "child one says"],
+        "run_c2": ["child two ", "timeout"],
+    }
+
+
+def test_a_joining_client_builds_the_rest_of_the_message() -> None:
+    """Joined mid-message, the client's transcript holds the rest of the open message."""
+    events = tool_run()
+    n = next(i for i, e in enumerate(events) if e.type == "text.delta" and e.payload_dict()["text"] == "Found ")
+    messages = validate(SCRIPT, joined("agui", events, n + 1))["messages"]
+    assert messages[-1]["content"] == "two files; one was missing."
+
+
 def test_tool_calls_and_results() -> None:
     frames = stream("agui", tool_run())
     validate(SCRIPT, frames)
