@@ -120,3 +120,12 @@ def test_random_runs_and_joins_are_accepted() -> None:
         cut = 1 + seed % (len(events) - 1)
         streams[f"rand{seed}@{cut}"] = joined("ai-sdk", events, cut)
     validate_many(SCRIPT, streams)
+
+
+def test_a_joining_client_builds_the_rest_of_the_message() -> None:
+    """Joined mid-text, readUIMessageStream's message holds the rest of the open text part."""
+    events = tool_run()
+    n = next(i for i, e in enumerate(events) if e.type == "text.delta" and e.payload_dict()["text"] == "Found ")
+    parts = validate(SCRIPT, joined("ai-sdk", events, n + 1))["message"]["parts"]
+    texts = [p["text"] for p in parts if p["type"] == "text"]
+    assert texts == ["two files; one was missing."]
