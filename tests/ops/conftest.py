@@ -3,10 +3,12 @@
 from __future__ import annotations
 
 import os
+import re
 import signal
 import subprocess
 import sys
 import time
+import uuid
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -104,6 +106,17 @@ def stream_events(
             ):
                 break
     return events
+
+
+@pytest.fixture
+def bus_on(request: pytest.FixtureRequest) -> Any:
+    """``bus_on(url)``: the URL with a key/topic prefix of this test's own (shared servers)."""
+    tag = re.sub(r"[^A-Za-z0-9]", "", request.node.name)[-40:] + uuid.uuid4().hex[:8]
+
+    def with_prefix(url: str) -> str:
+        return f"{url}{'&' if '?' in url else '?'}prefix=t{tag}"
+
+    return with_prefix
 
 
 @pytest.fixture

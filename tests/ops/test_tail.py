@@ -144,13 +144,14 @@ async def publish_part(url: str, run_id: str, first: int, count: int, *, finish:
 
 @pytest.mark.slow
 def test_tail_resumes_on_a_restarted_edge_without_gap_or_duplicate(
-    start_up: Any, own_redis: Any, tmp_path: Any
+    start_up: Any, bus_on: Any, redis_url: str, tmp_path: Any
 ) -> None:
     """T3 from the terminal: after the edge goes away, tail reconnects with Last-Event-ID and
     continues at exactly seq + 1 on the new edge."""
     store = f"sqlite:///{tmp_path}/replay.db"
-    up = start_up("--bus", own_redis.url, "--store", store, "--group", "t3")
-    asyncio.run(publish_part(own_redis.url, "t3run", 1, 50, finish=False))
+    bus = bus_on(redis_url)
+    up = start_up("--bus", bus, "--store", store, "--group", "t3")
+    asyncio.run(publish_part(bus, "t3run", 1, 50, finish=False))
     proc = subprocess.Popen(
         [RUNWIRE, "tail", "t3run", "--plain", "--detail", "full", "--url", up.base],
         stdout=subprocess.PIPE,
@@ -162,8 +163,8 @@ def test_tail_resumes_on_a_restarted_edge_without_gap_or_duplicate(
     seen = [proc.stdout.readline() for _ in range(50)]
     assert seen[-1].startswith("50 text.delta")
     assert up.terminate() == 0
-    start_up("--bus", own_redis.url, "--store", store, "--group", "t3", port=up.port)
-    asyncio.run(publish_part(own_redis.url, "t3run", 51, 50, finish=True))
+    start_up("--bus", bus, "--store", store, "--group", "t3", port=up.port)
+    asyncio.run(publish_part(bus, "t3run", 51, 50, finish=True))
     out, err = proc.communicate(timeout=60)
     assert proc.returncode == 0, err
     rows = parse("".join(seen) + out)

@@ -65,9 +65,11 @@ def test_up_restarts_on_the_same_data_dir_and_keeps_history(start_up: Any, tmp_p
     assert_demo_run(replayed)
 
 
-def test_up_on_redis_and_postgresql(start_up: Any, own_redis: Any, postgres_url: str) -> None:
+def test_up_on_redis_and_postgresql(
+    start_up: Any, bus_on: Any, redis_url: str, postgres_url: str
+) -> None:
     """`--bus redis://` and `--store postgresql://` switch the parts to real services."""
-    up = start_up("--demo", "--demo-rate", "2", "--bus", own_redis.url, "--store", postgres_url)
+    up = start_up("--demo", "--demo-rate", "2", "--bus", bus_on(redis_url), "--store", postgres_url)
     run = up.wait_for_run(terminal=True)
     streamed = stream_events(up.base, run["run_id"])
     assert_demo_run(streamed)
@@ -89,10 +91,9 @@ def test_up_refuses_a_public_address_without_a_secret(tmp_path: Path) -> None:
     assert "RUNWIRE_SECRET" in result.stderr
 
 
-def test_up_on_kafka(start_up: Any, kafka_url: str, tmp_path: Path) -> None:
+def test_up_on_kafka(start_up: Any, bus_on: Any, kafka_url: str, tmp_path: Path) -> None:
     """`--bus kafka://` runs the same single-process pipeline on a Kafka-protocol broker."""
-    sep = "&" if "?" in kafka_url else "?"
-    bus = f"{kafka_url}{sep}prefix=up{tmp_path.name[-12:].replace('_', '')}"
+    bus = bus_on(kafka_url)
     up = start_up("--demo", "--demo-rate", "1", "--bus", bus, "--data-dir", str(tmp_path / "d"))
     run = up.wait_for_run(terminal=True, timeout=60)
     assert_demo_run(stream_events(up.base, run["run_id"]))
