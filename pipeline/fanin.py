@@ -10,8 +10,10 @@ it only as a link (seed 004's ``child_run_linked``).
 
 Parent links are learned from events (``parent_id``/``root_id``) and from the
 parent's ``child.spawn``. An event fans in only when it carries its own parent
-link: ingest is partitioned by root run id, so only linked events are
-guaranteed to reach the root's single writer. A child event that arrives before
+link *and* its root (``parent_id`` and ``root_id``, as the publisher SDK sets
+them on every event of a child): ingest is partitioned by ``root_id or
+run_id``, so only such events reach the root's single writer — fanning in
+anything else would give a parent stream two writers. A child event that arrives before
 the parent's ``child.spawn``, or whose parent is unknown, is therefore neither
 lost (it is in its own stream) nor misattributed (it is never guessed into
 some parent's stream).
@@ -66,12 +68,12 @@ class ParentMap:
         self._parents.pop(run_id, None)
 
     def ancestors(self, event: Event) -> list[str]:
-        """Parent first, root last; empty unless the event carries its parent link."""
-        if event.parent_id is None:
+        """Parent first, root last; empty unless the event carries its parent and root links."""
+        if event.parent_id is None or event.root_id is None:
             return []
         chain = [event.parent_id]
         seen = {event.run_id, event.parent_id}
-        while len(chain) < MAX_DEPTH:
+        while chain[-1] != event.root_id and len(chain) < MAX_DEPTH:  # never past the root
             parent = self._parents.get(chain[-1])
             if parent is None or parent in seen:
                 break

@@ -303,7 +303,7 @@ class Processor:
             run_id=run_id,
             seq=0,
             parent_id=ancestors[0] if ancestors else None,
-            root_id=ancestors[-1] if len(ancestors) > 1 else None,
+            root_id=ancestors[-1] if ancestors else None,
             payload=RunLifecyclePayload(
                 state="error",
                 reason=f"no events for {self.silence_s:g}s (agent presumed dead)",

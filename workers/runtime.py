@@ -244,4 +244,6 @@ class ConsumerLoop:
         if lost:  # their streams may have a new writer: reload checkpoints when needed again
             log.info("%s lost shards %s; dropping in-memory state", self.consumer.name, sorted(lost))
             self.stages.processor.forget_all()
+        if owned - self._owned:
+            log.info("%s owns shards %s", self.consumer.name, sorted(owned))
         self._owned = owned

@@ -61,11 +61,14 @@ async def assert_delivered_exactly_once(
     store: ReplayLog,
     events: Sequence[Event],
     ancestry: dict[str, list[str]],
+    *,
+    exact_shape: bool = True,
 ) -> None:
     """Every published event in every stream it belongs to and in the replay log, once, in order.
 
     Also: delivery seq contiguous from 1 (DESIGN invariant 3), per-child order in
-    a parent (T5), and the shaped view equal to shaping the raw view (R1/R3).
+    a parent (T5), and the shaped view holding R1/R3 — equal to shaping the raw
+    view when ``exact_shape`` (no crash: every window closed by event time).
     """
     for run_id, wanted in expected_streams(events, ancestry).items():
         raw = await read_all(bus, run_id)
@@ -78,7 +81,8 @@ async def assert_delivered_exactly_once(
         logged = await store.read(run_id)
         assert [(e.seq, e.id) for e in logged] == [(e.seq, e.id) for e in raw], run_id
         shaped = await bus.read((run_id, "shaped"), 0, limit=100_000)
-        assert shaped == shape(raw), f"{run_id}: shaped view differs from shape(raw)"
+        if exact_shape:
+            assert shaped == shape(raw), f"{run_id}: shaped view differs from shape(raw)"
         assert_r1_r3(raw, shaped)
 
 

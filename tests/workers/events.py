@@ -29,8 +29,7 @@ class RunScript:
         links: dict[str, Any] = {}
         if self.parent is not None:
             links["parent_id"] = self.parent
-            if self.root is not None and self.root != self.parent:
-                links["root_id"] = self.root
+            links["root_id"] = self.root or self.parent
         return make(
             type,
             payload,

@@ -212,12 +212,18 @@ def test_grandchild_events_reach_the_root_with_the_originating_child_id() -> Non
 
 
 def test_unlinked_child_events_are_kept_in_their_own_stream_and_never_guessed() -> None:
-    """A child event before the spawn, or with no known parent, is neither lost nor misattributed."""
+    """A child event before the spawn, or with no known parent, is neither lost nor misattributed.
+
+    An event with ``parent_id`` but no ``root_id`` is sharded by its own run id, so it
+    may be on another worker than its parent: it stays in its own stream too.
+    """
     early = RunScript("run_early")  # publishes before its parent announces it, no link
     parent = RunScript("run_par")
     streams = Streams()
-    streams.feed([early.tool_start("x"), parent.spawn("run_early")])
+    half_linked = replace(RunScript("run_half").tool_start("y"), parent_id="run_par")
+    streams.feed([early.tool_start("x"), parent.spawn("run_early"), half_linked])
     assert [e.type for e in streams.raw["run_early"]] == ["tool.start"]
+    assert [e.type for e in streams.raw["run_half"]] == ["tool.start"]
     assert [e.type for e in streams.raw["run_par"]] == ["child.spawn"]
 
 
@@ -229,6 +235,7 @@ def test_fanin_falls_back_to_parent_and_root_links_on_the_event() -> None:
     parents.link("p", "r")
     assert parents.ancestors(grand) == ["c", "p", "r"]
     copies = fan_in(grand, ["c", "p", "r"])
+    assert parents.ancestors(RunScript("x", parent="c").tool_start("1")) == ["c"]
     assert [(e.run_id, e.child_id, e.parent_id, e.root_id) for e in copies] == [
         ("c", "g", "p", "r"),
         ("p", "g", "r", "r"),

@@ -1,0 +1,104 @@
+"""Scaling and crashes: real ``runwire worker`` processes share the shards; one is SIGKILLed."""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import signal
+import subprocess
+import sys
+import time
+import uuid
+from pathlib import Path
+
+import msgspec
+import pytest
+
+from pipeline.bus import Bus, open_bus
+from pipeline.envelope import Event
+from pipeline.store import open_store
+from tests.workers.checks import assert_delivered_exactly_once, read_all, run_tree
+
+RUNWIRE = str(Path(sys.executable).parent / "runwire")
+
+
+def start_worker(bus_url: str, store_url: str, name: str, log_dir: Path) -> subprocess.Popen[bytes]:
+    with open(log_dir / f"{name}.log", "wb") as log:
+        return subprocess.Popen(
+            [RUNWIRE, "worker", "--bus", bus_url, "--store", store_url, "--group", "crash",
+             "--name", name, "--claim-idle-ms", "1500", "--silence", "600"],
+            stdout=log, stderr=subprocess.STDOUT, env={**os.environ, "PYTHONUNBUFFERED": "1"},
+        )
+
+
+async def wait_sharing(log_dir: Path, names: list[str], timeout_s: float = 30) -> None:
+    """Until every worker logged that it owns shards (they have joined the group)."""
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        logs = [(log_dir / f"{name}.log").read_text() for name in names]
+        if all("owns shards" in text for text in logs):
+            return
+        await asyncio.sleep(0.1)
+    raise AssertionError(f"workers never joined: {logs}")
+
+
+async def publish_trees(
+    bus: Bus, trees: list[list[Event]], per_step: int = 2, pause_s: float = 0.05
+) -> None:
+    """Publish the trees a few at a time, interleaved, like many agents running at once."""
+    for start in range(0, len(trees), per_step):
+        batch = trees[start : start + per_step]
+        longest = max(len(events) for events in batch)
+        for offset in range(0, longest, 20):
+            await bus.publish([e for events in batch for e in events[offset : offset + 20]])
+        await asyncio.sleep(pause_s)
+
+
+async def wait_finished(bus: Bus, roots: list[str], timeout_s: float) -> None:
+    deadline = time.monotonic() + timeout_s
+    pending = set(roots)
+    while pending and time.monotonic() < deadline:
+        for root in list(pending):
+            raw = await read_all(bus, root)
+            if any(e.type == "run.lifecycle" and e.child_id is None for e in raw[-6:]):
+                pending.discard(root)
+        await asyncio.sleep(0.2)
+    details = {root: [(e.seq, e.type, e.child_id) for e in (await read_all(bus, root))[-3:]]
+               for root in pending}
+    assert not pending, f"{len(pending)} runs never finished: {details}"
+
+
+@pytest.mark.slow
+async def test_sigkill_one_redis_worker_the_survivor_takes_over_exactly_once(
+    redis_url: str, postgres_url: str, tmp_path: Path
+) -> None:
+    """Issue 4 §6: SIGKILL one worker in the middle of many runs; the survivor takes over and every
+    published event is in the delivery streams and the replay log exactly once, in order; the
+    shaped view still holds R1/R3."""
+    prefix = f"k{uuid.uuid4().hex[:8]}"
+    bus_url = f"{redis_url}{'&' if '?' in redis_url else '?'}prefix={prefix}&lease_ms=2000"
+    trees = [run_tree(f"{prefix}t{i}", deltas=20) for i in range(24)]
+    workers = [start_worker(bus_url, postgres_url, f"w{i}", tmp_path) for i in range(2)]
+    try:
+        async with open_bus(bus_url) as bus, open_store(postgres_url) as store:
+            await wait_sharing(tmp_path, ["w0", "w1"])
+            publishing = asyncio.create_task(
+                publish_trees(bus, [events for events, _ in trees], per_step=1, pause_s=0.15)
+            )
+            await asyncio.sleep(1.5)  # both are in the middle of many runs
+            workers[0].send_signal(signal.SIGKILL)
+            assert workers[0].wait(5) == -signal.SIGKILL
+            await publishing
+            await wait_finished(bus, [f"{prefix}t{i}_root" for i in range(24)], 45)
+            workers[1].send_signal(signal.SIGTERM)
+            assert workers[1].wait(15) == 0, (tmp_path / "w1.log").read_text()
+            survivor = msgspec.json.decode((tmp_path / "w1.log").read_bytes().splitlines()[-1])
+            total = sum(len(events) for events, _ in trees)
+            assert 0 < survivor["entries"] < total, "both workers must have done part of the work"
+            for events, ancestry in trees:
+                await assert_delivered_exactly_once(bus, store, events, ancestry, exact_shape=False)
+    finally:
+        for proc in workers:
+            if proc.poll() is None:
+                proc.kill()
+                proc.wait(5)
