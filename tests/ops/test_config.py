@@ -179,3 +179,29 @@ def test_group_sections_reach_their_subcommands(tmp_path: Path) -> None:
         effective(["--config", str(config), "config", "up"])["up"]["store"]["value"]
         == "sqlite:///top.db"
     )
+
+
+CONVENTIONS = {
+    "bus": "RUNWIRE_BUS",
+    "store": "RUNWIRE_STORE",
+    "group": "RUNWIRE_GROUP",
+    "name": "RUNWIRE_NAME",
+    "host": "RUNWIRE_HOST",
+    "port": "RUNWIRE_PORT",
+    "secret": "RUNWIRE_SECRET",
+}
+
+
+def test_every_command_reads_the_shared_options_from_the_same_variables() -> None:
+    """One configuration model: wherever --bus, --store, --group, --name, --host, --port or
+    --secret appear, they read the same RUNWIRE_* variable (and so the same file key)."""
+    commands = effective(["config"])
+    checked = 0
+    for name, options in commands.items():
+        for key, env in CONVENTIONS.items():
+            if key in options:
+                assert options[key]["env"] == env, f"runwire {name} --{key}"
+                checked += 1
+    assert checked >= 10
+    for name in ("up", "worker", "edge"):
+        assert {"bus", "store"} <= set(commands[name]), name
