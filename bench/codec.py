@@ -2,7 +2,9 @@
 
 Run: ``.venv/bin/python bench/codec.py [--quick] [--json]``
 
-Figures (medians of ``--repeat`` runs, events or frames per second):
+Figures are medians of ``--repeat`` rounds, in events (or frames) per CPU-second
+of this process — the machine is shared, and wall time would measure the
+neighbours; runwire and the baseline run interleaved, round by round:
 
 * canonical decode+validate, batch — :func:`pipeline.envelope.decode_lines` on
   NDJSON batches of 1000 frames (how the bus and the replay import read);
@@ -215,13 +217,24 @@ def baseline_decode(line: bytes) -> dict[str, Any]:
 
 
 def rate(work: Callable[[], int], repeat: int) -> float:
-    """Median items/s of ``work`` (which returns how many items it processed)."""
-    figures = []
+    """Median items per CPU-second of ``work`` (which returns how many items it did).
+
+    CPU time of this process, not wall time: the codecs are single-threaded
+    and do no I/O, and on a shared machine wall time measures the neighbours.
+    """
+    return rates({"work": work}, repeat)["work"]
+
+
+def rates(works: dict[str, Callable[[], int]], repeat: int) -> dict[str, float]:
+    """:func:`rate` of several works, interleaved round by round so that a
+    change in machine load hits all of them alike (runwire and its baseline)."""
+    figures: dict[str, list[float]] = {name: [] for name in works}
     for _ in range(repeat):
-        start = time.perf_counter()
-        items = work()
-        figures.append(items / (time.perf_counter() - start))
-    return statistics.median(figures)
+        for name, work in works.items():
+            start = time.process_time()
+            items = work()
+            figures[name].append(items / max(time.process_time() - start, 1e-9))
+    return {name: statistics.median(values) for name, values in figures.items()}
 
 
 def canonical_figures(count: int, repeat: int) -> dict[str, float]:
@@ -262,11 +275,16 @@ def canonical_figures(count: int, repeat: int) -> dict[str, float]:
         return len(dicts)
 
     return {
-        "decode_per_s": rate(batch_decode, repeat),
-        "decode_single_per_s": rate(single_decode, repeat),
-        "baseline_decode_per_s": rate(base_decode, repeat),
-        "encode_per_s": rate(encode, repeat),
-        "baseline_encode_per_s": rate(base_encode, repeat),
+        **rates(
+            {
+                "decode_per_s": batch_decode,
+                "decode_single_per_s": single_decode,
+                "baseline_decode_per_s": base_decode,
+                "encode_per_s": encode,
+                "baseline_encode_per_s": base_encode,
+            },
+            repeat,
+        )
     }
 
 
