@@ -128,7 +128,8 @@ async def play_run(
         if event.child_id is not None or isinstance(event, Gap):
             continue
         moment = envelope.ts_ms(event.ts)
-        first_ms = moment if first_ms is None else first_ms
+        if first_ms is None:  # the clock starts at the first event, not at the first read
+            first_ms, start = moment, time.monotonic()
         wait = (moment - first_ms) / 1000 / speed if speed > 0 else 0.0
         delay = wait - (time.monotonic() - start)
         if pending and (delay > 0.005 or len(pending) >= batch):
