@@ -95,6 +95,7 @@ class CogencyWireIngest(Ingest):
         self._segment = _Segment()
         self._seq = 0
         self._calls = 0
+        self._result_count = 0
         self._open_calls: deque[str] = deque()
         self._out: list[Event] = []
 
@@ -226,9 +227,11 @@ class CogencyWireIngest(Ingest):
         results = self._parse_array(body, RESULTS)
         if results is None:
             return
-        for index, result in enumerate(results):
+        for result in results:
+            self._result_count += 1
             item = result if isinstance(result, dict) else {"content": result}
-            call_id = self._open_calls.popleft() if self._open_calls else f"{self.run_id}.result.{self._seq + 1}.{index}"
+            # a result with no open call gets an id of its own (counted, so chunking can't change it)
+            call_id = self._open_calls.popleft() if self._open_calls else f"{self.run_id}.result.{self._result_count}"
             ok = item.get("status") == "success"
             payload: dict[str, Any] = {"call_id": call_id, "ok": ok, "output": item.get("content")}
             if not ok:
