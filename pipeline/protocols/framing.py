@@ -78,14 +78,19 @@ def check_fields(
     prefix: str = "$",
     context: str = "",
 ) -> None:
-    """Raise ``MalformedFrame`` naming the first missing or mistyped field."""
+    """Raise ``MalformedFrame`` naming the first missing or mistyped field.
+
+    An optional field may be ``null``; a required one must have its kind.
+    """
     for name in required:
         if name not in frame:
             raise MalformedFrame(
                 f"{context}missing required field `{name}`", field=f"{prefix}.{name}"
             )
     for name, kind in kinds.items():
-        if name in frame and not _is_kind(frame[name], kind):
+        if name not in frame or (frame[name] is None and name not in required):
+            continue  # optional fields may be null (Go writes nil maps and slices as null)
+        if not _is_kind(frame[name], kind):
             got = type(frame[name]).__name__
             raise MalformedFrame(
                 f"{context}`{name}` must be {_KIND_NAMES[kind]}, got {got}",

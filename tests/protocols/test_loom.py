@@ -2,14 +2,19 @@
 
 from __future__ import annotations
 
+from typing import Any
+
 import msgspec
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from pipeline import envelope
 from pipeline.envelope import Extension, RunLifecycle, TextDelta, ToolEnd, ToolStart, Usage
 from pipeline.errors import MalformedFrame, ProtocolError, UnknownEventType
 from pipeline.protocols import ingest
-from pipeline.protocols.loom import LoomIngest
+from pipeline.protocols.loom import LOOM_TYPES, LoomIngest
+from pipeline.protocols.loom_export import wrap
 from tests.protocols.roundtrip import (
     egress_all,
     fixture_lines,
@@ -231,3 +236,62 @@ def test_encoded_events_are_canonical_envelopes() -> None:
     for name in fixture_names("loom"):
         for event in ingest_all("loom", fixture_lines("loom", name)):
             assert envelope.decode(envelope.encode(event)) == event
+
+
+# ------------------------------------------------------------ T1 over generated frames
+
+_KIND_VALUES: dict[str, st.SearchStrategy[Any]] = {
+    "str": st.text(max_size=10),
+    "num": st.integers(-5, 10**6) | st.floats(allow_nan=False, allow_infinity=False),
+    "int": st.integers(0, 10**6),
+    "bool": st.booleans(),
+    "arr": st.lists(st.integers() | st.text(max_size=4), max_size=3),
+    "obj": st.dictionaries(st.text(max_size=4), st.integers(), max_size=2),
+    "any": st.none()
+    | st.booleans()
+    | st.integers()
+    | st.text(max_size=6)
+    | st.dictionaries(st.text(max_size=4), st.integers(), max_size=2),
+}
+
+
+@st.composite
+def loom_frames(draw: st.DrawFn) -> dict[str, Any]:
+    kind = draw(st.sampled_from([*LOOM_TYPES, "reply"]))
+    frame: dict[str, Any] = {}
+    if kind == "reply":
+        frame["reply"] = draw(st.text(max_size=20))
+    else:
+        frame["type"] = kind
+        kinds, required = LOOM_TYPES[kind]
+        for name, value_kind in kinds.items():
+            if name in required or draw(st.booleans()):
+                frame[name] = draw(_KIND_VALUES[value_kind])
+        for name in required:
+            frame.setdefault(name, draw(_KIND_VALUES["any"]))
+        if kind == "custom" and draw(st.booleans()):
+            frame["value"] = {"runwire": {"type": "x.a.b", "payload": {"k": 1}}}
+    extra = draw(
+        st.dictionaries(st.sampled_from(["extra", "meta", "k"]), _KIND_VALUES["any"], max_size=2)
+    )
+    frame.update(extra)
+    if draw(st.booleans()):
+        frame["session_id"] = draw(_KIND_VALUES["str"])
+    if draw(st.booleans()):
+        frame["node_id"] = draw(_KIND_VALUES["str"])
+    if draw(st.booleans()):
+        frame["event_id"] = draw(_KIND_VALUES["num"])
+    return frame
+
+
+@pytest.mark.slow
+@settings(max_examples=120, deadline=None)
+@given(st.lists(loom_frames(), min_size=1, max_size=10))
+def test_t1_generated_loom_streams_round_trip_exactly(frames: list[dict[str, Any]]) -> None:
+    """T1 over generated streams: any valid loom frame — every type, optional envelope fields,
+    odd event_ids (negative, fractional), extra payload fields — survives loom → koder → loom,
+    and so does its loom-export form."""
+    lines = [msgspec.json.encode(frame) for frame in frames]
+    round_trip("loom", lines)
+    exported = [msgspec.json.encode(wrap(frame)) for frame in frames]
+    round_trip("loom-export", exported)

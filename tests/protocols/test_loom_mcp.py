@@ -2,8 +2,12 @@
 
 from __future__ import annotations
 
+from typing import Any
+
 import msgspec
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from pipeline.envelope import (
     ChildSpawn,
@@ -167,3 +171,64 @@ def test_foreign_types_keep_their_canonical_name_and_come_back() -> None:
     assert [e.type for e in back] == [e.type for e in events]
     step = next(f for f in frames if f["type"] == "step.boundary")
     assert step["payload"]["step_kind"] == "tool-roundtrip"
+
+
+# ------------------------------------------------------------ T1 over generated frames
+
+_VALUES: dict[str, st.SearchStrategy[Any]] = {
+    "str": st.text(max_size=10),
+    "int": st.integers(0, 10**12),
+    "bool": st.booleans(),
+    "arr": st.lists(st.integers() | st.text(max_size=4), max_size=3),
+    "obj": st.dictionaries(st.text(max_size=4), st.integers(), max_size=2),
+    "any": st.none()
+    | st.booleans()
+    | st.integers()
+    | st.floats(allow_nan=False, allow_infinity=False)
+    | st.text(max_size=6)
+    | st.dictionaries(st.text(max_size=4), st.integers(), max_size=2),
+}
+_STAMPS = st.sampled_from(
+    ["2026-03-23T10:00:00Z", "2026-03-23T10:00:00.123456789Z", "2026-03-23T12:00:00+02:00"]
+)
+
+
+@st.composite
+def mcp_frames(draw: st.DrawFn) -> dict[str, Any]:
+    kind = draw(st.sampled_from(sorted(MCP_TYPES)))
+    kinds, required = MCP_TYPES[kind]
+    payload: dict[str, Any] = {}
+    for name, value_kind in kinds.items():
+        if name in required or draw(st.booleans()):
+            payload[name] = draw(_VALUES[value_kind])
+    if kind == "workflow" and draw(st.booleans()):
+        payload["phase"] = draw(
+            st.sampled_from(["completed", "failed", "canceled", "running", "paused"])
+        )
+    extras = draw(
+        st.dictionaries(
+            st.sampled_from(["x_extra", "payload", "result", "error"]), _VALUES["any"], max_size=2
+        )
+    )
+    payload.update({k: v for k, v in extras.items() if k not in kinds})
+    frame: dict[str, Any] = {"type": kind, "run_id": draw(st.sampled_from(["", "run-1", "run-2"]))}
+    if draw(st.booleans()):
+        frame["event_key"] = draw(_VALUES["str"])
+    if draw(st.booleans()):
+        frame["session_id"] = draw(_VALUES["str"])
+    if draw(st.booleans()):
+        frame["timestamp"] = draw(_STAMPS)
+    if draw(st.booleans()) or payload:
+        frame["payload"] = payload
+    if kind == "tool_end" and draw(st.booleans()):
+        frame["server_data"] = draw(_VALUES["any"])
+    return frame
+
+
+@pytest.mark.slow
+@settings(max_examples=120, deadline=None)
+@given(st.lists(mcp_frames(), min_size=1, max_size=10))
+def test_t1_generated_loom_mcp_streams_round_trip_exactly(frames: list[dict[str, Any]]) -> None:
+    """T1 over generated streams: every seed 004 type with optional envelope fields, empty
+    run ids, nanosecond timestamps, extra and odd payload fields survives loom-mcp → koder → loom-mcp."""
+    round_trip("loom-mcp", [msgspec.json.encode(frame) for frame in frames])
