@@ -22,7 +22,7 @@ coroutine at a time; appends of more than a few hundred events go through
 from __future__ import annotations
 
 import asyncio
-from collections.abc import AsyncIterator, Sequence
+from collections.abc import AsyncIterator, Awaitable, Callable, Sequence
 from datetime import datetime
 from typing import Any
 
@@ -141,15 +141,18 @@ def _stage_row(event: Event, body: bytes) -> tuple[Any, ...]:
 
 
 class _Conn:
-    """One connection used by one coroutine at a time."""
+    """One connection used by one coroutine at a time, re-opened after it broke."""
 
-    def __init__(self) -> None:
+    def __init__(self, open: Callable[[], Awaitable[psycopg.AsyncConnection[Any]]]) -> None:
         self.conn: psycopg.AsyncConnection[Any] | None = None
         self.lock = asyncio.Lock()
+        self._open = open
 
-    def get(self) -> psycopg.AsyncConnection[Any]:
+    async def get(self) -> psycopg.AsyncConnection[Any]:
         if self.conn is None:
             raise StoreError("the PostgreSQL replay log is not connected")
+        if self.conn.closed or self.conn.broken:
+            self.conn = await self._open()
         return self.conn
 
 
@@ -170,8 +173,8 @@ class PostgresLog(ReplayLog):
         self.retention = policy
         self.tenant_retention = {**per_tenant, **(tenant_retention or {})}
         self.clock = clock or utc_now
-        self._writer = _Conn()
-        self._reader = _Conn()
+        self._writer = _Conn(self._open_writer)
+        self._reader = _Conn(self._open)
 
     # ---- plumbing ------------------------------------------------------
     async def _open(self) -> psycopg.AsyncConnection[Any]:
@@ -179,6 +182,11 @@ class PostgresLog(ReplayLog):
             return await psycopg.AsyncConnection.connect(self.dsn, autocommit=True)
         except psycopg.OperationalError as exc:
             raise StoreUnavailable(f"PostgreSQL unreachable: {exc}") from exc
+
+    async def _open_writer(self) -> psycopg.AsyncConnection[Any]:
+        conn = await self._open()
+        await conn.execute(_STAGE)
+        return conn
 
     async def connect(self) -> None:
         if self._writer.conn is not None:
@@ -218,7 +226,7 @@ class PostgresLog(ReplayLog):
     async def _fetch(self, sql: str, args: Sequence[Any]) -> list[tuple[Any, ...]]:
         async with self._reader.lock:
             try:
-                cursor = await self._reader.get().execute(sql, args, binary=True)
+                cursor = await (await self._reader.get()).execute(sql, args, binary=True)
                 return await cursor.fetchall()
             except psycopg.OperationalError as exc:
                 raise StoreUnavailable(f"PostgreSQL: {exc}") from exc
@@ -233,7 +241,7 @@ class PostgresLog(ReplayLog):
         if not rows:
             return 0
         async with self._writer.lock:
-            conn = self._writer.get()
+            conn = await self._writer.get()
             try:
                 async with conn.transaction():
                     stored = await self._insert(conn, rows)
@@ -371,20 +379,25 @@ class PostgresLog(ReplayLog):
         ]
 
     async def sweep(self, *, now: datetime | None = None, dry_run: bool = False) -> SweepResult:
-        moment = now or self.clock()
         async with self._writer.lock:
-            conn = self._writer.get()
-            expired = await self._expired(conn, moment)
-            run_ids = [run_id for run_id, _ in expired]
-            if dry_run:
-                return SweepResult(runs=run_ids, events=sum(n for _, n in expired))
-            deleted = 0
-            for start in range(0, len(run_ids), 500):
-                chunk = run_ids[start:start + 500]
-                async with conn.transaction():
-                    cursor = await conn.execute(
-                        "DELETE FROM events WHERE run_id = ANY(%s)", (chunk,)
-                    )
-                    deleted += cursor.rowcount
-                    await conn.execute("DELETE FROM runs WHERE run_id = ANY(%s)", (chunk,))
+            try:
+                return await self._sweep(now or self.clock(), dry_run)
+            except psycopg.OperationalError as exc:
+                raise StoreUnavailable(f"PostgreSQL: {exc}") from exc
+            except psycopg.Error as exc:
+                raise StoreError(f"PostgreSQL: {exc}") from exc
+
+    async def _sweep(self, moment: datetime, dry_run: bool) -> SweepResult:
+        conn = await self._writer.get()
+        expired = await self._expired(conn, moment)
+        run_ids = [run_id for run_id, _ in expired]
+        if dry_run:
+            return SweepResult(runs=run_ids, events=sum(n for _, n in expired))
+        deleted = 0
+        for start in range(0, len(run_ids), 500):
+            chunk = run_ids[start:start + 500]
+            async with conn.transaction():
+                cursor = await conn.execute("DELETE FROM events WHERE run_id = ANY(%s)", (chunk,))
+                deleted += cursor.rowcount
+                await conn.execute("DELETE FROM runs WHERE run_id = ANY(%s)", (chunk,))
         return SweepResult(runs=run_ids, events=deleted)

@@ -8,6 +8,7 @@ completed runs (overrideable per workspace); 30 days for aborted/error." §5.4:
 from __future__ import annotations
 
 import io
+import uuid
 from collections.abc import Callable
 from datetime import timedelta
 
@@ -245,3 +246,32 @@ async def test_bulk_appends_are_idempotent_too(store_url: str) -> None:
         seqs = [e.seq async for e in log.iter_events("big", batch=256)]
     assert info is not None and info.events == 700 and info.last_seq == 700
     assert seqs == list(range(1, 701))
+
+
+async def test_postgres_reconnects_after_losing_its_connections(postgres_url: str) -> None:
+    """A dropped connection is a retriable StoreUnavailable; the next call reconnects."""
+    import psycopg
+
+    from pipeline.errors import StoreUnavailable
+
+    name = f"rw_{uuid.uuid4().hex[:10]}"
+    with psycopg.connect(postgres_url, autocommit=True) as admin:
+        admin.execute(f"CREATE SCHEMA {name}")
+    url = f"{postgres_url}?application_name={name}&options=-csearch_path%3D{name}"
+    async with open_store(url) as log:
+        await log.append(deltas("pg-reconnect", 1, 2))
+        with psycopg.connect(postgres_url, autocommit=True) as admin:
+            admin.execute(
+                "SELECT pg_terminate_backend(pid) FROM pg_stat_activity"
+                " WHERE application_name = %s", (name,)
+            )
+        with pytest.raises(StoreUnavailable) as failure:
+            await log.read("pg-reconnect")
+        assert failure.value.retriable
+        assert [e.seq for e in await log.read("pg-reconnect")] == [1, 2]
+        with pytest.raises(StoreUnavailable):
+            await log.append(deltas("pg-reconnect", 3, 3))
+        assert await log.append(deltas("pg-reconnect", 3, 4)) == 2
+        await log.sweep(dry_run=True)
+    with psycopg.connect(postgres_url, autocommit=True) as admin:
+        admin.execute(f"DROP SCHEMA {name} CASCADE")
