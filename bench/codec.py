@@ -237,6 +237,15 @@ def rates(works: dict[str, Callable[[], int]], repeat: int) -> dict[str, float]:
     return {name: statistics.median(values) for name, values in figures.items()}
 
 
+def _guarded(name: str, work: Callable[[], int], repeat: int) -> float | None:
+    """:func:`rate` of one codec; a codec that fails is reported, not fatal."""
+    try:
+        return rate(work, repeat)
+    except Exception as exc:  # report it and go on with the other codecs
+        print(f"{name}: failed: {type(exc).__name__}: {exc}", file=sys.stderr)
+        return None
+
+
 def canonical_figures(count: int, repeat: int) -> dict[str, float]:
     events = canonical_events(count)
     lines = [envelope.encode(e) for e in events]
@@ -288,8 +297,8 @@ def canonical_figures(count: int, repeat: int) -> dict[str, float]:
     }
 
 
-def ingest_figures(frames: int, repeat: int) -> dict[str, float]:
-    out: dict[str, float] = {}
+def ingest_figures(frames: int, repeat: int) -> dict[str, float | None]:
+    out: dict[str, float | None] = {}
     for name in INGEST:
         data = (FIXTURES / SAMPLES[name]).read_bytes()
         units = [line for line in data.splitlines(keepends=True) if line.strip()]
@@ -307,11 +316,11 @@ def ingest_figures(frames: int, repeat: int) -> dict[str, float]:
                 n += len(units)
             return n
 
-        out[name] = rate(work, repeat)
+        out[name] = _guarded(name, work, repeat)
     return out
 
 
-def egress_figures(frames: int, repeat: int) -> dict[str, float]:
+def egress_figures(frames: int, repeat: int) -> dict[str, float | None]:
     codec = ingest("koder")
     sample = [
         e
@@ -319,7 +328,7 @@ def egress_figures(frames: int, repeat: int) -> dict[str, float]:
         for e in codec.feed(line)
     ]
     copies = max(1, frames // len(sample))
-    out: dict[str, float] = {}
+    out: dict[str, float | None] = {}
     for name in EGRESS:
 
         def work(name: str = name) -> int:
@@ -330,8 +339,12 @@ def egress_figures(frames: int, repeat: int) -> dict[str, float]:
                 enc.finish()
             return copies * len(sample)
 
-        out[name] = rate(work, repeat)
+        out[name] = _guarded(name, work, repeat)
     return out
+
+
+def _figure(value: float | None) -> str:
+    return "      failed" if value is None else f"{value:>12,.0f} /s"
 
 
 def main() -> None:
@@ -369,10 +382,10 @@ def main() -> None:
     print(f"  baseline json.dumps         {result['baseline_encode_per_s']:>12,.0f} /s")
     print("ingest codecs (frames/s through feed)")
     for name, value in result["ingest_frames_per_s"].items():
-        print(f"  {name:<14} {value:>12,.0f} /s")
+        print(f"  {name:<14} {_figure(value)}")
     print("egress codecs (events/s through encode)")
     for name, value in result["egress_events_per_s"].items():
-        print(f"  {name:<14} {value:>12,.0f} /s")
+        print(f"  {name:<14} {_figure(value)}")
 
 
 if __name__ == "__main__":
