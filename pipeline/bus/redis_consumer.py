@@ -99,9 +99,16 @@ class RedisConsumer(Consumer):
         while True:
             await asyncio.sleep(self.lease_ms / 3000)
             try:
-                await self._membership("renew")
+                held = await self._membership("renew")
             except (BusUnavailable, rexc.RedisError) as exc:
                 log.debug("lease renewal of %s/%s failed: %s", self.group, self.name, exc)
+                continue
+            lost = self._owned - held
+            if lost:  # expired while this process stalled: stop reading them at once
+                log.warning("%s/%s lost the leases of shards %s", self.group, self.name,
+                            sorted(lost))
+                self._owned -= lost
+                self._clear -= lost
 
     async def _rebalance(self) -> None:
         now = time.monotonic()
@@ -174,10 +181,11 @@ class RedisConsumer(Consumer):
             shards = sorted(self._owned - self._clear)
         if not shards or max_count <= 0:
             return []
+        per_shard = max(1, -(-max_count // len(shards)))
         pipe = self.bus.redis.pipeline(transaction=False)
         for shard in shards:
             pipe.xautoclaim(self._key(shard), self.group, self.name, self.claim_idle_ms,
-                            "0-0", count=max_count)
+                            "0-0", count=per_shard)
         replies: list[tuple[str, list[Entry]]] = []
         for shard, (_cursor, entries, deleted) in zip(shards, await pipe.execute(), strict=True):
             if deleted:
@@ -246,8 +254,8 @@ class RedisConsumer(Consumer):
             return []
         pipe = self.bus.redis.pipeline(transaction=False)
         for name, entries in replies:
-            pipe.xpending_range(name, self.group, entries[0][0], entries[-1][0],
-                                len(entries), self.name)
+            for entry_id, _fields in entries:
+                pipe.xpending_range(name, self.group, entry_id, entry_id, 1)
         counts: dict[bytes, int] = {}
         for rows in await pipe.execute():
             counts.update({row["message_id"]: int(row["times_delivered"]) for row in rows})

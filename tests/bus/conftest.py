@@ -6,6 +6,7 @@ never see each other's entries, and small timeouts so claims happen fast.
 
 from __future__ import annotations
 
+import time
 import uuid
 from collections.abc import Callable
 
@@ -35,8 +36,33 @@ def _redis(request: pytest.FixtureRequest) -> str:
 
 
 def _redis_cluster(request: pytest.FixtureRequest) -> str:
-    base: str = request.getfixturevalue("redis_cluster_url")
+    base: str = request.getfixturevalue("serving_redis_cluster_url")
     return f"{base}?prefix={_unique()}&{FAST}"
+
+
+@pytest.fixture(scope="session")
+def serving_redis_cluster_url(redis_cluster_url: str) -> str:
+    """The cluster once every node agrees it is up (a new cluster answers CLUSTERDOWN
+    on some nodes for a moment after ``cluster_state:ok`` on the first)."""
+    from redis.cluster import RedisCluster
+    from redis.exceptions import RedisError
+
+    client = RedisCluster.from_url(redis_cluster_url.replace("redis+cluster://", "redis://"))
+    deadline = time.monotonic() + 30
+    try:
+        while True:
+            try:
+                for node in client.get_primaries():
+                    assert client.cluster_info(target_nodes=node)["cluster_state"] == "ok"
+                for shard in range(64):
+                    client.set(f"{{ready:{shard}}}", 1, px=1000)
+                return redis_cluster_url
+            except (AssertionError, RedisError):
+                if time.monotonic() > deadline:
+                    raise
+                time.sleep(0.1)
+    finally:
+        client.close()
 
 
 def _kafka(request: pytest.FixtureRequest) -> str:
