@@ -90,7 +90,9 @@ async def bus_figures(url: str, batch: list[Event]) -> tuple[float, float, float
         started = time.perf_counter()
         written = sum(await asyncio.gather(*(writer(names[k::8]) for k in range(8))))
         append = written / (time.perf_counter() - started)
-        await bus.redis.flushdb()
+        for pattern in (f"{prefix}:*", f"{{{prefix}:*"):  # only this run's keys
+            async for key in bus.redis.scan_iter(match=pattern, count=1000):
+                await bus.redis.delete(key)
     return publish, consume, append
 
 
