@@ -137,6 +137,9 @@ async def main() -> None:
             rows["append_per_s"].append(append)
         port = int(url.rsplit(":", 1)[1].split("/", 1)[0])
         ceiling = xadd_ceiling(port, encode(batch[0]))
+        cleaner = aredis.Redis.from_url(url)
+        await cleaner.delete("bench:ceiling")
+        await cleaner.aclose()
     finally:
         if server is not None:
             server.close()
