@@ -94,7 +94,19 @@ def serve(impl: str, bus_url: str, port: int) -> None:
 
     import uvloop
 
-    uvloop.run(main())
+    profile = os.environ.get("RUNWIRE_BENCH_PROFILE")
+    if not profile:
+        uvloop.run(main())
+        return
+    import cProfile
+
+    profiler = cProfile.Profile()
+    profiler.enable()
+    try:
+        uvloop.run(main())
+    finally:
+        profiler.disable()
+        profiler.dump_stats(f"{profile}.{impl}")
 
 
 def naive_app(bus: Any) -> Any:

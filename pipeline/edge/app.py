@@ -37,7 +37,7 @@ from ..errors import AuthError, ConfigError, RunwireError, UnknownRun
 from ..store.base import ReplayLog
 from ..ulid import new_event_id
 from .auth import Gate, Principal
-from .filters import CHILDREN, PROFILES
+from .filters import CHILDREN, PROFILE_NAMES
 from .hub import Hub
 from .ingest import IngestResult, decode_body, resolve_format
 from .metrics import EdgeMetrics
@@ -113,7 +113,7 @@ def stream_request(
         run_id=run_id,
         view="raw" if detail == "full" else "shaped",
         format=format_name,
-        profile=_choice(query.get("profile", "default"), PROFILES, "profile"),
+        profile=_choice(query.get("profile", "default"), PROFILE_NAMES, "profile"),
         children=_choice(query.get("children", "flatten"), CHILDREN, "children"),
         after=after,
         live=live,
