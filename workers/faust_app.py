@@ -27,6 +27,7 @@ entries taken but not processed are not acked and go to the next owner.
 from __future__ import annotations
 
 import asyncio
+import base64
 import logging
 import time
 from collections import defaultdict
@@ -119,8 +120,10 @@ class FaustWorker:
             name="streams",
             default=None,
             partitions=self.bus.shards,
+            # JSON text both ways: faust's changelog recovery decodes values as text,
+            # so the msgpack checkpoint is stored base64-encoded.
             schema=faust.Schema(
-                key_type=str, value_type=bytes, key_serializer="json", value_serializer="raw"
+                key_type=str, value_type=str, key_serializer="json", value_serializer="json"
             ),
         )
         added: StreamTable = self.app.tables.add(table)
@@ -174,7 +177,7 @@ class FaustWorker:
             if shard is None:
                 continue
             self._shard_of[run_id] = shard
-            self.table[f"{shard}:{run_id}"] = output.state
+            self.table[f"{shard}:{run_id}"] = base64.b64encode(output.state).decode()
 
     async def _tick(self) -> None:
         if self.burst and self._assigned and time.monotonic() - self._last_batch > BURST_IDLE_S:
@@ -196,6 +199,9 @@ class FaustWorker:
         self._forget = True
 
     async def _on_assigned(self, sender: Any, assigned: Any, **_: Any) -> None:
+        topic = self.bus.topics[bus_keys.KAFKA_INGEST]
+        owned = sorted(tp.partition for tp in assigned if tp.topic == topic)
+        log.info("%s owns shards %s", self.name, owned)
         self._assigned = True
         self._last_batch = time.monotonic()
 
@@ -209,7 +215,8 @@ class FaustWorker:
     async def _load_state(self, run_id: str) -> bytes | None:
         shard = self._shard_of.get(run_id, self._partition)
         self._shard_of.setdefault(run_id, shard)
-        in_table = self.table.get(f"{shard}:{run_id}")
+        stored = self.table.get(f"{shard}:{run_id}")
+        in_table = base64.b64decode(stored) if stored else None
         on_bus = await self.bus.load_state((run_id, "raw"))
         return newest_checkpoint(in_table, on_bus)
 

@@ -74,7 +74,12 @@ async def assert_delivered_exactly_once(
         raw = await read_all(bus, run_id)
         assert [e.seq for e in raw] == list(range(1, len(raw) + 1)), f"{run_id}: seq not contiguous"
         got = [(e.child_id or e.run_id, e.id) for e in raw if e.type != "x.gap"]
-        assert sorted(got) == sorted(wanted), f"{run_id}: events missing or duplicated"
+        missing = sorted(set(wanted) - set(got))
+        extra = len(got) - len(set(got))
+        gaps = [e.payload_dict() for e in raw if e.type == "x.gap"]
+        assert sorted(got) == sorted(wanted), (
+            f"{run_id}: events missing {missing[:5]} ({len(missing)}), {extra} duplicated, gaps {gaps}"
+        )
         for origin in {origin for origin, _ in wanted}:
             assert [i for o, i in got if o == origin] == [i for o, i in wanted if o == origin]
         assert not [e for e in raw if e.type == "x.gap"], f"{run_id}: unexpected gap"
