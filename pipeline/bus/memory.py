@@ -452,7 +452,10 @@ class MemoryConsumer(Consumer):
 
     def _take_new(self, limit: int) -> list[Delivery]:
         out: list[Delivery] = []
+        if limit <= 0 or not self._owned:
+            return out
         now = _now_ms()
+        per_shard = -(-limit // len(self._owned))  # fair: a busy shard can't starve the rest
         for shard in sorted(self._owned):
             group_shard = self._group.shards[shard]
             if limit - len(out) <= 0:
@@ -460,7 +463,7 @@ class MemoryConsumer(Consumer):
             if any(p.consumer != self.name for p in group_shard.pending.values()):
                 continue  # a previous owner's entries come first (per-run order)
             for entry_id, data in self.bus.state.shards[shard].after(
-                group_shard.last_delivered, limit - len(out)
+                group_shard.last_delivered, min(per_shard, limit - len(out))
             ):
                 group_shard.pending[entry_id] = _Pending(self.name, now, 1)
                 group_shard.last_delivered = entry_id
