@@ -8,6 +8,7 @@ from __future__ import annotations
 
 from .envelope import Event, decode, encode, make
 from .errors import RunwireError
+from .publisher import Publisher, Run
 
-__all__ = ["Event", "RunwireError", "decode", "encode", "make"]
+__all__ = ["Event", "Publisher", "Run", "RunwireError", "decode", "encode", "make"]
 __version__ = "0.1.0"

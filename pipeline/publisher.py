@@ -180,6 +180,8 @@ class Publisher:
         self._closing = False
         self.published = 0
         """Events the bus has accepted so far."""
+        self.batches = 0
+        """``Bus.publish`` calls that succeeded (events / batches = the batching achieved)."""
 
     # ---- lifecycle ---------------------------------------------------
     @classmethod
@@ -288,7 +290,8 @@ class Publisher:
             if self._failure_epoch != epoch and failure is not None:
                 self._failure = None  # reported here
                 raise DeliveryTimeout(
-                    str(failure), [*failure.undelivered, (event.run_id, event.seq)]
+                    f"{failure}; nor was {event.run_id} seq {event.seq}, which waited for room",
+                    [*failure.undelivered, (event.run_id, event.seq)],
                 )
         self._queue.append(item)
         self._queued_bytes += item.size
@@ -347,6 +350,7 @@ class Publisher:
 
     def _done(self, batch: list[_Item]) -> None:
         self.published += len(batch)
+        self.batches += 1
         self._queued_bytes -= sum(item.size for item in batch)
         self._in_flight = []
         self._space.set()

@@ -250,11 +250,11 @@ class KafkaBus(Bus):
         reader = AIOKafkaConsumer(bootstrap_servers=self.bootstrap, enable_auto_commit=False)
         await _guard("read", reader.start())
         try:
-            reader.assign([tp])
             end = (await _guard("read", reader.end_offsets([tp])))[tp]
             begin = (await _guard("read", reader.beginning_offsets([tp])))[tp]
             if end <= begin:
                 return []
+            reader.assign([tp])
             reader.seek(tp, start_at(end, begin))
             out: list[Any] = []
             while await reader.position(tp) < end:
@@ -276,10 +276,12 @@ class KafkaBus(Bus):
         await _guard("read", reader.start())
         try:
             tps = [TopicPartition(topic, p) for p in partitions]
-            reader.assign(tps)
             ends = await _guard("read", reader.end_offsets(tps))
             begins = await _guard("read", reader.beginning_offsets(tps))
             waiting = {tp for tp in tps if ends[tp] > begins[tp]}
+            if not waiting:
+                return {}
+            reader.assign(list(waiting))
             for tp in waiting:
                 reader.seek(tp, ends[tp] - 1)
             out: dict[int, Any] = {}
@@ -406,11 +408,16 @@ class _DeliveryTail:
         self.positions: dict[int, int] = {}
         self._progress = asyncio.Event()
         self._reader: AIOKafkaConsumer | None = None
+        self._offsets: AIOKafkaConsumer | None = None
+        """Asks for end offsets: a client that fetches nothing answers at once."""
         self._task: asyncio.Task[None] | None = None
         self._last_sweep = time.monotonic()
 
     async def start(self) -> None:
         """Read the retained delivery topic up to its current end, then tail it live."""
+        offsets = AIOKafkaConsumer(bootstrap_servers=self.bus.bootstrap, enable_auto_commit=False)
+        await _guard("delivery tail", offsets.start())
+        self._offsets = offsets
         reader = AIOKafkaConsumer(bootstrap_servers=self.bus.bootstrap, enable_auto_commit=False)
         await _guard("delivery tail", reader.start())
         tps = [TopicPartition(self.topic, p) for p in range(self.bus.shards)]
@@ -420,23 +427,23 @@ class _DeliveryTail:
             self.positions[tp.partition] = await reader.position(tp)
         self._reader = reader
         self._task = asyncio.create_task(self._run(reader), name="runwire-kafka-delivery-tail")
-        for partition in range(self.bus.shards):
-            await self.sync(partition)
+        await self.sync(*range(self.bus.shards))
 
     async def stop(self) -> None:
         if self._task is not None:
             self._task.cancel()
             await asyncio.gather(self._task, return_exceptions=True)
-        if self._reader is not None:
-            await self._reader.stop()
+        for client in (self._reader, self._offsets):
+            if client is not None:
+                await client.stop()
 
-    async def sync(self, partition: int) -> None:
-        """Wait until the hot tier holds everything in ``partition`` as of now."""
-        assert self._reader is not None
-        tp = TopicPartition(self.topic, partition)
-        end = (await _guard("delivery sync", self._reader.end_offsets([tp])))[tp]
+    async def sync(self, *partitions: int) -> None:
+        """Wait until the hot tier holds everything in ``partitions`` as of now."""
+        assert self._offsets is not None
+        tps = [TopicPartition(self.topic, p) for p in partitions]
+        ends = await _guard("delivery sync", self._offsets.end_offsets(tps))
         # Past the end offset (not at it): some brokers report the last batch's base offset + 1.
-        while self.positions.get(partition, 0) < end:
+        while any(self.positions.get(tp.partition, 0) < ends[tp] for tp in tps):
             if self._task is None or self._task.done():
                 raise BusUnavailable("kafka: the delivery tail stopped")
             self._progress.clear()
@@ -464,11 +471,12 @@ class _DeliveryTail:
             headers = dict(record.headers)
             view = headers.get(_VIEW_HEADER, b"raw").decode()
             key: StreamKey = (record.key.decode(), "shaped" if view == "shaped" else "raw")
+            at = record.timestamp / 1000 if record.timestamp and record.timestamp > 0 else None
             if headers.get(_KIND_HEADER) == _STATE_KIND:
-                self.streams.set_state(key, record.value)
+                self.streams.set_state(key, record.value, at)
                 continue
             try:
-                self.streams.add(key, [decode(record.value)])
+                self.streams.add(key, [decode(record.value)], at)
             except ProtocolError as exc:
                 log.warning("kafka delivery tail: skipping a bad record at %s: %s", record.offset, exc)
 

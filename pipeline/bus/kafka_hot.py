@@ -36,7 +36,7 @@ class _Stream:
         self.events: deque[Event] = deque(maxlen=maxlen)
         self.last = 0
         self.state: bytes | None = None
-        self.touched = time.monotonic()
+        self.touched = time.time()
 
 
 class HotStreams:
@@ -57,26 +57,40 @@ class HotStreams:
     def held_events(self) -> int:
         return self._held
 
-    def _stream(self, key: StreamKey) -> _Stream:
+    def _live(self, key: StreamKey) -> _Stream | None:
+        """The stream, unless it is unknown or expired (then it is forgotten)."""
         stream = self._streams.get(key)
+        if stream is not None and stream.touched < time.time() - self.ttl_s:
+            self._held -= len(stream.events)
+            del self._streams[key]
+            return None
+        return stream
+
+    def _stream(self, key: StreamKey, at: float | None) -> _Stream:
+        """The stream to write to, touched at ``at`` (the record's time; default now)."""
+        stream = self._live(key)
         if stream is None:
             stream = self._streams[key] = _Stream(self.maxlen)
-        else:
+        when = time.time() if at is None else at
+        if when >= stream.touched:
+            stream.touched = when
             self._streams.move_to_end(key)
-        stream.touched = time.monotonic()
         return stream
 
     def last_seq(self, key: StreamKey) -> int:
-        stream = self._streams.get(key)
+        stream = self._live(key)
         return 0 if stream is None else stream.last
 
     def state(self, key: StreamKey) -> bytes | None:
-        stream = self._streams.get(key)
+        stream = self._live(key)
         return None if stream is None else stream.state
 
-    def add(self, key: StreamKey, events: Iterable[Event]) -> int:
-        """Add events above the stream's last seq; returns how many were new."""
-        stream = self._stream(key)
+    def add(self, key: StreamKey, events: Iterable[Event], at: float | None = None) -> int:
+        """Add events above the stream's last seq; returns how many were new.
+
+        ``at``: when they were appended (epoch seconds; default now), for the age bound.
+        """
+        stream = self._stream(key, at)
         added = 0
         for event in events:
             if event.seq <= stream.last:
@@ -92,11 +106,11 @@ class HotStreams:
             self._notify()
         return added
 
-    def set_state(self, key: StreamKey, state: bytes) -> None:
-        self._stream(key).state = state
+    def set_state(self, key: StreamKey, state: bytes, at: float | None = None) -> None:
+        self._stream(key, at).state = state
 
     def read(self, key: StreamKey, after: int, limit: int) -> list[Event]:
-        stream = self._streams.get(key)
+        stream = self._live(key)
         if stream is None or stream.last <= after:
             return []
         out: list[Event] = []
@@ -108,7 +122,7 @@ class HotStreams:
         return out[:limit]
 
     def bounds(self, key: StreamKey) -> tuple[int, int] | None:
-        stream = self._streams.get(key)
+        stream = self._live(key)
         if stream is None or not stream.events:
             return None
         return stream.events[0].seq, stream.events[-1].seq
@@ -146,7 +160,7 @@ class HotStreams:
 
     def sweep(self) -> int:
         """Forget streams idle longer than ``ttl_s``; returns how many."""
-        cutoff = time.monotonic() - self.ttl_s
+        cutoff = time.time() - self.ttl_s
         dropped = 0
         while self._streams:
             key, stream = next(iter(self._streams.items()))

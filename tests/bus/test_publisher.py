@@ -1,0 +1,254 @@
+"""The publisher SDK on every bus: ids and seq, batching, the bound, retries, flush, child runs.
+
+Seed 003 §2: "id — ULID, monotonic per stream"; "seq — monotonically increasing
+per run"; DESIGN invariant 4 (bounded memory): a slow or absent bus makes
+``emit`` wait, it never grows the process or drops silently.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import time
+import uuid
+from collections import defaultdict
+from collections.abc import AsyncIterator
+
+import pytest
+
+from pipeline import Publisher
+from pipeline.bus import ControlCommand, open_bus
+from pipeline.envelope import Event, decode, parse_ts
+from pipeline.errors import DeliveryTimeout, MalformedFrame, UnknownEventType
+from tests.services import RedisServer
+
+BACKENDS = ["memory", "redis", "kafka"]
+
+
+def _unique() -> str:
+    return "p" + uuid.uuid4().hex[:12]
+
+
+@pytest.fixture(params=BACKENDS)
+async def pub_url(request: pytest.FixtureRequest) -> AsyncIterator[str]:
+    """A fresh bus URL on each backend the publisher is tested on."""
+    if request.param == "memory":
+        url = f"memory://{_unique()}"
+        async with open_bus(url):  # a named memory bus lives while someone holds it
+            yield url
+        return
+    base = request.getfixturevalue(f"{request.param}_url")
+    yield f"{base}?prefix={_unique()}"
+
+
+async def consume(url: str, want: int, within: float = 20.0) -> list[Event]:
+    """Every ingest entry (up to ``want``) as events, read by a fresh consumer group."""
+    got: list[Event] = []
+    async with open_bus(url) as bus, bus.consumer("check", "c") as consumer:
+        deadline = time.monotonic() + within
+        while len(got) < want and time.monotonic() < deadline:
+            batch = await consumer.fetch(max_count=1000, block_ms=200)
+            got += [decode(d.data) for d in batch]
+            await consumer.ack(batch)
+    return got
+
+
+def by_run(events: list[Event]) -> dict[str, list[Event]]:
+    out: dict[str, list[Event]] = defaultdict(list)
+    for event in events:
+        out[event.run_id].append(event)
+    return out
+
+
+async def test_seq_from_one_ids_monotonic_ts_assigned(pub_url: str) -> None:
+    """Seq counts from 1 per run, ids are monotonic ULIDs, ts is RFC 3339 — and
+    what ``emit`` returns is exactly what consumers read."""
+    returned: list[Event] = []
+    async with Publisher.connect(pub_url) as pub:
+        runs = [pub.run(f"run-{i}") for i in range(3)]
+        for n in range(40):
+            for run in runs:
+                returned.append(await run.emit("text.delta", {"text": f"{run.run_id}/{n}"}))
+    got = await consume(pub_url, 120)
+    assert sorted(got, key=lambda e: e.id) == sorted(returned, key=lambda e: e.id)
+    for run_id, events in by_run(got).items():
+        assert [e.seq for e in events] == list(range(1, 41)), run_id
+        ids = [e.id for e in events]
+        assert ids == sorted(ids) and len(set(ids)) == 40
+        assert all(i.startswith("evt_") and len(i) == 30 for i in ids)
+        parse_ts(events[0].ts)
+
+
+async def test_emits_are_batched(pub_url: str) -> None:
+    """Many quick emits go out in few bus calls (short linger, max batch)."""
+    async with Publisher.connect(pub_url, linger_ms=5, max_batch=500) as pub:
+        run = pub.run("run-batch")
+        for n in range(2000):
+            await run.emit("text.delta", {"text": str(n)})
+        await pub.flush()
+        assert pub.published == 2000
+        assert pub.batches <= 40
+    got = await consume(pub_url, 2000)
+    assert [e.seq for e in got] == list(range(1, 2001))
+
+
+async def test_close_flushes_what_is_queued(pub_url: str) -> None:
+    """Graceful close: leaving the block delivers every queued event."""
+    async with Publisher.connect(pub_url, linger_ms=50) as pub:
+        run = pub.run("run-close")
+        for n in range(300):
+            await run.emit("reasoning.delta", {"text": str(n)})
+        await run.finish("done")
+        assert pub.pending > 0  # still queued when the block ends
+    got = await consume(pub_url, 301)
+    assert [e.seq for e in got] == list(range(1, 302))
+    assert got[-1].type == "run.lifecycle"
+
+
+async def test_child_runs_carry_parent_root_and_tenant(pub_url: str) -> None:
+    """Child runs carry parent_id and root_id on every event, so workers fan them in,
+    and share the root's ingest shard (one owner for the whole tree)."""
+    async with Publisher.connect(pub_url) as pub:
+        root = pub.run("run-root", tenant="acme")
+        child = pub.run("run-child", parent=root)
+        grandchild = pub.run("run-grand", parent=child)
+        by_id = pub.run("run-by-id", parent="run-child", root="run-root")
+        orphan = pub.run("run-orphan", parent="run-elsewhere")
+        for run in (root, child, grandchild, by_id, orphan):
+            await run.emit("step.boundary", {"step_index": 0, "step_kind": "plan"})
+            await run.emit("text.delta", {"text": "x"})
+    got = by_run(await consume(pub_url, 10))
+    expect = {
+        "run-root": (None, None, "acme"),
+        "run-child": ("run-root", "run-root", "acme"),
+        "run-grand": ("run-child", "run-root", "acme"),
+        "run-by-id": ("run-child", "run-root", None),
+        "run-orphan": ("run-elsewhere", "run-elsewhere", None),
+    }
+    for run_id, (parent_id, root_id, tenant) in expect.items():
+        assert [(e.parent_id, e.root_id, e.tenant) for e in got[run_id]] == [
+            (parent_id, root_id, tenant)
+        ] * 2
+    async with open_bus(pub_url) as bus:
+        shards = {bus.shard_of(e) for run_id in ("run-root", "run-child", "run-grand")
+                  for e in got[run_id]}
+    assert len(shards) == 1
+
+
+async def test_invalid_events_are_rejected_before_queueing() -> None:
+    """A bad payload or type raises the protocol error; the run's seq is not used up."""
+    async with Publisher.connect(f"memory://{_unique()}") as pub:
+        run = pub.run("run-bad")
+        with pytest.raises(MalformedFrame):
+            await run.emit("tool.start", {"tool": "grep"})  # call_id missing
+        with pytest.raises(UnknownEventType):
+            await run.emit("no.such.type", {})
+        with pytest.raises(ValueError):
+            await run.finish("running")
+        good = await run.emit("x.acme.note", {"any": ["json", 1]})
+        assert good.seq == 1 and pub.pending + pub.published == 1
+
+
+async def test_run_controls_receive_commands(pub_url: str) -> None:
+    """The agent reads its run's control channel (cancel, pause …) through the SDK."""
+    async with Publisher.connect(pub_url) as pub:
+        run = pub.run("run-ctl")
+        live = run.controls()
+        waiting = asyncio.create_task(anext(live))
+        await asyncio.sleep(0.5)
+        async with open_bus(pub_url) as client_side:
+            await client_side.send_control(ControlCommand(command="cancel", run_id="run-ctl"))
+            command = await asyncio.wait_for(waiting, 10)
+        await live.aclose()  # type: ignore[attr-defined]
+    assert (command.command, command.run_id) == ("cancel", "run-ctl")
+
+
+@pytest.mark.slow
+async def test_bound_holds_while_redis_is_down_then_recovers(own_redis: RedisServer) -> None:
+    """Invariant 4: with the bus down, emit waits once the bound is reached (the queue
+    does not grow), DeliveryTimeout names every (run_id, seq) not delivered, and
+    publishing resumes when the server is back."""
+    async with Publisher.connect(
+        own_redis.url, max_pending=50, delivery_timeout=1.5, linger_ms=1, backoff_cap=0.2
+    ) as pub:
+        run = pub.run("run-down")
+        await run.emit("text.delta", {"text": "before"})
+        await pub.flush()
+        own_redis.stop()
+
+        for n in range(50):  # fills the bound without waiting
+            await asyncio.wait_for(run.emit("text.delta", {"text": str(n)}), 1)
+        blocked = asyncio.create_task(run.emit("text.delta", {"text": "one too many"}))
+        await asyncio.sleep(0.5)
+        assert not blocked.done()
+        assert pub.pending == 50  # the bound, not more
+
+        with pytest.raises(DeliveryTimeout) as failure:
+            await asyncio.wait_for(blocked, 10)
+        assert failure.value.undelivered == [("run-down", s) for s in range(2, 53)]
+        assert "run-down seq 2..51" in str(failure.value)
+        assert "run-down seq 52" in str(failure.value)
+        assert pub.pending == 0
+
+        own_redis.start()
+        after = await run.emit("text.delta", {"text": "after"})
+        await pub.flush()
+    assert after.seq == 53
+    got = await consume(own_redis.url, 1)
+    assert [(e.run_id, e.seq) for e in got] == [("run-down", 53)]  # the restart lost seq 1
+
+
+@pytest.mark.slow
+async def test_emit_waits_out_a_short_outage_without_loss(own_redis: RedisServer) -> None:
+    """Retries with backoff: an outage shorter than the deadline loses nothing."""
+    async with Publisher.connect(own_redis.url, delivery_timeout=20, backoff_cap=0.2) as pub:
+        own_redis.stop()
+        run = pub.run("run-blip")
+        for n in range(20):
+            await run.emit("text.delta", {"text": str(n)})
+        await asyncio.sleep(0.5)
+        own_redis.start()
+        await asyncio.wait_for(pub.flush(), 15)
+        assert pub.published == 20
+    got = await consume(own_redis.url, 20)
+    assert [e.seq for e in got] == list(range(1, 21))
+
+
+async def test_bound_in_bytes_holds_while_the_bus_is_slow() -> None:
+    """Invariant 4: a bus that doesn't take events (a full memory backlog) makes emit
+    wait once ``max_pending_bytes`` is queued; it goes on as soon as the bus drains."""
+    url = f"memory://{_unique()}?max_backlog=5"
+    async with open_bus(url) as bus, bus.consumer("g", "c") as consumer:
+        await consumer.fetch(block_ms=0)  # a group that keeps entries until acked
+        async with Publisher.connect(url, max_pending_bytes=4000, linger_ms=0, max_batch=5) as pub:
+            run = pub.run("run-slow")
+            emitted = 0
+
+            async def emit_forever() -> None:
+                nonlocal emitted
+                while True:
+                    await run.emit("text.delta", {"text": "x" * 100})
+                    emitted += 1
+
+            task = asyncio.create_task(emit_forever())
+            await asyncio.sleep(0.3)
+            stuck_at = emitted
+            assert 0 < pub.pending_bytes <= 4000 and stuck_at < 60
+            await asyncio.sleep(0.2)
+            assert emitted == stuck_at  # waiting, not growing
+            drained = 0
+            while drained < 100:
+                batch = await consumer.fetch(max_count=50, block_ms=200)
+                await consumer.ack(batch)
+                drained += len(batch)
+            assert emitted >= 100 - pub.pending
+            task.cancel()
+            await asyncio.gather(task, return_exceptions=True)
+
+            async def keep_draining() -> None:
+                while True:
+                    await consumer.ack(await consumer.fetch(max_count=50, block_ms=50))
+
+            drainer = asyncio.create_task(keep_draining())
+            await asyncio.wait_for(pub.flush(), 10)
+        drainer.cancel()
+        await asyncio.gather(drainer, return_exceptions=True)
