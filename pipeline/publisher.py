@@ -193,8 +193,23 @@ class Publisher:
     async def start(self) -> None:
         """Connect the bus (if this publisher opened it) and start the flusher."""
         if self._own_bus:
-            await self.bus.connect()
+            await self._connect()
         self._flusher = asyncio.create_task(self._flush_loop(), name="runwire-publisher")
+
+    async def _connect(self) -> None:
+        """Connect, retrying an unreachable bus with backoff for up to ``delivery_timeout``."""
+        deadline = time.monotonic() + self.delivery_timeout
+        failures = 0
+        while True:
+            try:
+                await self.bus.connect()
+                return
+            except BusUnavailable:
+                failures += 1
+                pause = self._backoff.compute(failures)
+                if time.monotonic() + pause >= deadline:
+                    raise
+                await asyncio.sleep(pause)
 
     async def __aenter__(self) -> Self:
         await self.start()
