@@ -9,11 +9,11 @@ own events (``child_id`` unset) move its state, tokens and drops: a child's
 
 from __future__ import annotations
 
-from collections.abc import Iterable
+from collections.abc import Sequence
 
 import msgspec
 
-from ..envelope import DELTA_TYPES, TERMINAL_STATES, Event, Gap, RunLifecycle, Usage
+from ..envelope import TERMINAL_STATES, Event, Gap, RunLifecycle, Usage
 
 
 class RunDelta(msgspec.Struct, kw_only=True):
@@ -39,30 +39,14 @@ class RunDelta(msgspec.Struct, kw_only=True):
         return self.state in TERMINAL_STATES
 
 
-def _fold(delta: RunDelta, event: Event) -> None:
-    seq, ts = event.seq, event.ts
-    if delta.events == 0 or seq < delta.first_seq:
-        delta.first_seq = seq
-    if seq > delta.last_seq:
-        delta.last_seq = seq
-    if delta.events == 0:
-        delta.first_ts = delta.last_ts = ts
-    elif ts < delta.first_ts:  # type: ignore[operator]
-        delta.first_ts = ts
-    elif ts > delta.last_ts:  # type: ignore[operator]
-        delta.last_ts = ts
-    delta.events += 1
-    if delta.tenant is None:
-        delta.tenant = event.tenant
-    if event.child_id is not None:
-        return
-    if delta.parent_id is None and event.parent_id is not None:
-        delta.parent_id, delta.root_id = event.parent_id, event.root_id
-    if event.type in DELTA_TYPES:
-        return
+_METERED: frozenset[type] = frozenset({RunLifecycle, Usage, Gap})
+
+
+def _meter(delta: RunDelta, event: Event) -> None:
+    """State, tokens and drops from one of the run's own lifecycle/usage/gap events."""
     if isinstance(event, RunLifecycle):
-        if seq >= delta.state_seq:
-            delta.state, delta.state_seq = event.payload.state, seq
+        if event.seq >= delta.state_seq:
+            delta.state, delta.state_seq = event.payload.state, event.seq
         delta.dropped += event.payload.dropped_count or 0
     elif isinstance(event, Usage):
         delta.input_tokens += event.payload.input_tokens
@@ -71,12 +55,30 @@ def _fold(delta: RunDelta, event: Event) -> None:
         delta.dropped += event.payload.last - event.payload.first + 1
 
 
-def summarize(events: Iterable[Event]) -> dict[str, RunDelta]:
+def _summarize_run(run_id: str, events: list[Event]) -> RunDelta:
+    seqs = [event.seq for event in events]
+    stamps = [event.ts for event in events]
+    delta = RunDelta(
+        run_id=run_id, events=len(events), first_seq=min(seqs), last_seq=max(seqs),
+        first_ts=min(stamps), last_ts=max(stamps),
+        tenant=next((e.tenant for e in events if e.tenant is not None), None),
+    )
+    linked = next((e for e in events if e.parent_id is not None and e.child_id is None), None)
+    if linked is not None:
+        delta.parent_id, delta.root_id = linked.parent_id, linked.root_id
+    for event in [e for e in events if type(e) in _METERED and e.child_id is None]:
+        _meter(delta, event)
+    return delta
+
+
+def summarize(events: Sequence[Event]) -> dict[str, RunDelta]:
     """Per-run metadata deltas of newly stored events."""
-    deltas: dict[str, RunDelta] = {}
+    if not events:
+        return {}
+    first_run = events[0].run_id
+    if all(event.run_id == first_run for event in events):
+        return {first_run: _summarize_run(first_run, list(events))}
+    groups: dict[str, list[Event]] = {}
     for event in events:
-        delta = deltas.get(event.run_id)
-        if delta is None:
-            delta = deltas[event.run_id] = RunDelta(run_id=event.run_id)
-        _fold(delta, event)
-    return deltas
+        groups.setdefault(event.run_id, []).append(event)
+    return {run_id: _summarize_run(run_id, group) for run_id, group in groups.items()}

@@ -32,14 +32,9 @@ SCHEMA_VERSION = 1
 _SCHEMA = """
 CREATE TABLE IF NOT EXISTS schema_version (version INTEGER NOT NULL);
 CREATE TABLE IF NOT EXISTS events (
-    run_id   TEXT NOT NULL,
-    seq      INTEGER NOT NULL,
-    id       TEXT NOT NULL,
-    tenant   TEXT,
-    child_id TEXT,
-    type     TEXT NOT NULL,
-    ts       TEXT NOT NULL,
-    body     BLOB NOT NULL,
+    run_id TEXT NOT NULL,
+    seq    INTEGER NOT NULL,
+    body   BLOB NOT NULL,
     PRIMARY KEY (run_id, seq)
 ) WITHOUT ROWID;
 CREATE TABLE IF NOT EXISTS runs (
@@ -65,10 +60,7 @@ CREATE INDEX IF NOT EXISTS runs_tenant_updated ON runs (tenant, updated_at);
 CREATE INDEX IF NOT EXISTS runs_updated ON runs (updated_at);
 """
 
-_INSERT_EVENT = (
-    "INSERT OR IGNORE INTO events (run_id, seq, id, tenant, child_id, type, ts, body)"
-    " VALUES (?, ?, ?, ?, ?, ?, ?, ?)"
-)
+_INSERT_EVENT = "INSERT OR IGNORE INTO events (run_id, seq, body) VALUES (?, ?, ?)"
 
 _UPSERT_RUN = """
 INSERT INTO runs (run_id, tenant, parent_id, root_id, state, state_seq, terminal, events,
@@ -120,11 +112,6 @@ def _epoch(moment: datetime) -> float:
 
 def _moment(value: float | None) -> datetime | None:
     return None if value is None else datetime.fromtimestamp(value, UTC)
-
-
-def _event_row(event: Event, body: bytes) -> tuple[Any, ...]:
-    return (event.run_id, event.seq, event.id, event.tenant, event.child_id, event.type,
-            event.ts, body)
 
 
 def _run_info(row: Sequence[Any]) -> RunInfo:
@@ -253,14 +240,14 @@ class SQLiteLog(ReplayLog):
         db = self._db
         db.execute("SAVEPOINT batch")
         before = db.total_changes
-        db.executemany(_INSERT_EVENT, [_event_row(e, b) for e, b in rows])
+        db.executemany(_INSERT_EVENT, [(e.run_id, e.seq, b) for e, b in rows])
         if db.total_changes - before == len(rows):
             db.execute("RELEASE batch")
             return rows
         db.execute("ROLLBACK TO batch")
         db.execute("RELEASE batch")
         fresh = self._new_rows(rows)
-        db.executemany(_INSERT_EVENT, [_event_row(e, b) for e, b in fresh])
+        db.executemany(_INSERT_EVENT, [(e.run_id, e.seq, b) for e, b in fresh])
         return fresh
 
     def _append(self, rows: Sequence[tuple[Event, bytes]], now: float) -> int:
@@ -268,7 +255,7 @@ class SQLiteLog(ReplayLog):
         db.execute("BEGIN IMMEDIATE")
         try:
             fresh = self._insert(rows)
-            for delta in summarize(e for e, _ in fresh).values():
+            for delta in summarize([e for e, _ in fresh]).values():
                 self._merge_run(delta, now)
             db.execute("COMMIT")
         except BaseException:
