@@ -24,7 +24,7 @@ from collections.abc import Awaitable, Callable, Iterator
 from contextlib import contextmanager
 from datetime import UTC, datetime, timedelta
 from functools import wraps
-from typing import IO, Any, ParamSpec, TypeVar
+from typing import IO, Any, ParamSpec, TypeVar, cast
 
 import click
 import msgspec
@@ -106,7 +106,8 @@ def replay() -> None:
 
 # ---- ls ----------------------------------------------------------------------
 def _run_row(info: RunInfo) -> dict[str, Any]:
-    return msgspec.to_builtins(info)  # type: ignore[no-any-return]
+    row: dict[str, Any] = msgspec.to_builtins(info)
+    return row
 
 
 def _when(moment: datetime | None) -> str:
@@ -163,15 +164,14 @@ async def export(
     store: str, run_ids: tuple[str, ...], format_: str, detail: str, output: IO[bytes]
 ) -> None:
     """Write runs as JSON lines (koder: one canonical envelope a line, in seq order)."""
-    from pipeline.replay import export_run
+    from pipeline.replay import Detail, export_run
 
     async with open_store(store) as log:
         runs = await _known(log, run_ids)
         with progress_bar("export", sum(info.events for info in runs)) as advance:
             for info in runs:
                 await export_run(log, info.run_id, output.write, format=format_,
-                                 detail=detail,  # type: ignore[arg-type]
-                                 progress=advance)
+                                 detail=cast(Detail, detail), progress=advance)
     output.flush()
 
 
@@ -245,12 +245,12 @@ async def messages(
     store: str, run_id: str, style: str, reasoning: bool, children: bool
 ) -> None:
     """Print a run's chat messages as a JSON array."""
-    from pipeline.messages import MessageAssembler
+    from pipeline.messages import MessageAssembler, Style
 
     async with open_store(store) as log:
         await log.require_run(run_id)
         assembler = MessageAssembler(
-            style=style, reasoning=reasoning, children=children  # type: ignore[arg-type]
+            style=cast(Style, style), reasoning=reasoning, children=children
         )
         async for event in log.iter_events(run_id):
             assembler.add(event)
