@@ -26,10 +26,10 @@ TREES = 60
 DELTAS = 60
 
 
-def workload() -> tuple[list[Event], dict[str, list[str]]]:
+def workload(trees: int = TREES) -> tuple[list[Event], dict[str, list[str]]]:
     events: list[Event] = []
     ancestry: dict[str, list[str]] = {}
-    for index in range(TREES):
+    for index in range(trees):
         tree, tree_ancestry = run_tree(f"sig{index:03d}", deltas=DELTAS)
         events += tree
         ancestry.update(tree_ancestry)
@@ -125,3 +125,30 @@ def test_sigterm_mid_load_then_a_successor_loses_and_duplicates_nothing(
     assert second_stats["acked"] > 0
 
     asyncio.run(check(own_redis.url, store, events, ancestry))
+
+
+@pytest.mark.timeout(300)
+def test_sigterm_mid_load_on_kafka_loses_and_duplicates_nothing(
+    kafka_url: str, bus_on: Any, tmp_path: Path
+) -> None:
+    """The same on Kafka, where `runwire worker` is the faust app: SIGTERM commits what it wrote."""
+    events, ancestry = workload(trees=6)
+    bus = bus_on(kafka_url)
+    asyncio.run(publish(bus, events))
+    db = tmp_path / "replay.db"
+    store = f"sqlite:///{db}"
+
+    first = start_worker(bus, store, "w1")
+    deadline = time.monotonic() + 90
+    while logged_rows(db) == 0:
+        assert first.poll() is None, first.stderr.read() if first.stderr else ""
+        assert time.monotonic() < deadline, "the first worker wrote nothing"
+        time.sleep(0.01)
+    first.send_signal(signal.SIGTERM)
+    first_stats = stats_of(first, timeout=90)
+    assert first_stats["entries"] < len(events), "SIGTERM must land mid-way through the load"
+
+    second = start_worker(bus, store, "w2", "--burst")
+    stats_of(second, timeout=200)
+
+    asyncio.run(check(bus, store, events, ancestry))
