@@ -27,9 +27,12 @@ backlog of another):
    events of history; ``resume_first_event_ms`` = median time to its first
    event (20 tries) while the clients stay connected.
 3. Control latency: 5 000 text deltas/s spread over the 50 background runs
-   while a ``tool.start`` stamped with its publish time goes to the main run
-   10×/s; ``control_latency_p50_ms``/``_p99_ms`` over 20 probe clients of
-   the main run (each control event is written to every main-run client).
+   while a ``tool.start`` stamped with its publish time goes 10×/s to a run
+   watched by 20 probe clients (the ``clients`` others stay connected);
+   ``control_latency_p50_ms``/``_p99_ms`` = publish → client. Then the same
+   with the control events on the main run, written to every one of its
+   ``clients``: ``fanout_latency_p50_ms``/``_p99_ms`` over 20 of them (this
+   includes writing the event to all the others).
 4. Saturation: events appended to the main run as fast as one producer can
    for a few seconds; ``deliveries_per_s`` = frames received by all clients
    per second (the runwire edge drops deltas for clients that fall behind,
@@ -298,9 +301,9 @@ async def saturate(bus: Any, seqs: Seqs, clients: Proc, seconds: float, main_run
 
 
 async def control_latency(
-    bus: Any, seqs: Seqs, clients: Proc, seconds: float, main_run: str
+    bus: Any, seqs: Seqs, clients: Proc, seconds: float, main_run: str, target: str
 ) -> list[float]:
-    """5 000 deltas/s over the background runs, 10 control events/s to the main run."""
+    """5 000 deltas/s over the background runs, 10 control events/s to ``target``."""
     clients.ask()  # reset latencies
     started = time.perf_counter()
     tick = 0
@@ -311,11 +314,11 @@ async def control_latency(
             batch = [make_event(run_id, s) for s in seqs.take(run_id, 1)]
             await bus.append((run_id, "raw"), batch)
         if tick % 10 == 0:
-            (seq,) = seqs.take(main_run, 1)
+            (seq,) = seqs.take(target, 1)
             stamp = {"call_id": f"c{seq}", "tool": "probe", "input": {"t_ns": time.time_ns()}}
-            await bus.append((main_run, "raw"), [make_event(main_run, seq, "tool.start", stamp)])
-        target = started + tick * 0.01
-        await asyncio.sleep(max(0.0, target - time.perf_counter()))
+            await bus.append((target, "raw"), [make_event(target, seq, "tool.start", stamp)])
+        due = started + tick * 0.01
+        await asyncio.sleep(max(0.0, due - time.perf_counter()))
     await asyncio.sleep(1.0)
     latencies: list[float] = clients.ask()["latencies_ms"]
     return latencies
@@ -368,6 +371,7 @@ async def measure(impl: str, bus_url: str, clients: int, seconds: float) -> dict
             await bus.append((main_run, "raw"), [make_event(main_run, s) for s in seqs.take(main_run, 1)])
             specs = [f"/v1/runs/{main_run}/stream?detail=full*{clients}"]
             specs += [f"/v1/runs/{main_run}-bg-{i}/stream?detail=full*2" for i in range(BACKGROUND_RUNS)]
+            specs.append(f"/v1/runs/{main_run}-ctl/stream?detail=full*{PROBES}")
             load = Proc(["--role", "clients", "--port", str(port), "--after", "0", *specs])
             try:
                 progress(f"{impl}: connecting clients")
@@ -377,8 +381,11 @@ async def measure(impl: str, bus_url: str, clients: int, seconds: float) -> dict
                 rss_after = rss_kib(server.proc.pid)
                 resume_ms = await resume_first_event(port)
                 progress(f"{impl}: resume done")
-                latencies = await control_latency(bus, seqs, load, seconds, main_run)
+                await bus.append((f"{main_run}-ctl", "raw"), [make_event(f"{main_run}-ctl", s) for s in seqs.take(f"{main_run}-ctl", 1)])
+                latencies = await control_latency(bus, seqs, load, seconds, main_run, f"{main_run}-ctl")
                 progress(f"{impl}: latency done ({len(latencies)} samples)")
+                fanout = await control_latency(bus, seqs, load, seconds, main_run, main_run)
+                progress(f"{impl}: fan-out latency done ({len(fanout)} samples)")
                 deliveries = await saturate(bus, seqs, load, seconds, main_run)
                 progress(f"{impl}: saturation done")
             finally:
@@ -392,6 +399,8 @@ async def measure(impl: str, bus_url: str, clients: int, seconds: float) -> dict
         "control_latency_p50_ms": round(percentile(latencies, 0.5), 2),
         "control_latency_p99_ms": round(percentile(latencies, 0.99), 2),
         "control_samples": len(latencies),
+        "fanout_latency_p50_ms": round(percentile(fanout, 0.5), 2),
+        "fanout_latency_p99_ms": round(percentile(fanout, 0.99), 2),
         "resume_first_event_ms": round(resume_ms, 2),
     }
 

@@ -18,6 +18,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import copy
+import logging
 import time
 from collections.abc import Callable
 from typing import NamedTuple
@@ -35,6 +36,8 @@ from .frames import Frame, drop_rank
 from .metrics import EdgeMetrics
 from .resume import history
 from .settings import EdgeSettings
+
+log = logging.getLogger(__name__)
 
 
 class FeedKey(NamedTuple):
@@ -256,7 +259,10 @@ class Hub:
                 self.metrics.bus_errors.inc()
                 await asyncio.sleep(0.5)
                 continue
-            self.dispatch(batch)
+            try:
+                self.dispatch(batch)
+            except Exception:  # one bad event must not stop every stream of the process
+                log.exception("edge hub: dispatch failed; continuing")
 
     def dispatch(self, batch: list[tuple[StreamKey, Event]]) -> None:
         """Hand one tail result to the feeds (synchronous: no client can slow it)."""
