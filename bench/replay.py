@@ -1,7 +1,7 @@
 """Replay log export/import throughput, SQLite and PostgreSQL, beside the plain loop.
 
     .venv/bin/python bench/replay.py                     # 1 M events, 3 export repeats
-    .venv/bin/python bench/replay.py --quick --json      # 200 k events (about a minute)
+    .venv/bin/python bench/replay.py --quick --json      # 200 k events, 3 repeats of all
     .venv/bin/python bench/replay.py --postgres postgresql://u@h/db   # else one of our own
 
 The data: ``--runs`` runs (default 100) sharing ``--events`` events, the mix
@@ -301,13 +301,16 @@ def main() -> None:
     parser.add_argument("--quick", action="store_true", help="200 000 events instead")
     parser.add_argument("--runs", type=int, default=100)
     parser.add_argument("--repeats", type=int, default=3, help="export repeats (median)")
-    parser.add_argument("--import-repeats", type=int, default=1, help="import repeats (median)")
+    parser.add_argument("--import-repeats", type=int, default=None,
+                        help="import repeats (median; default 1, 3 with --quick)")
     parser.add_argument("--postgres", help="PostgreSQL URL (default: start one of our own)")
     parser.add_argument("--skip-postgres", action="store_true")
     parser.add_argument("--json", action="store_true", help="print one JSON object")
     args = parser.parse_args()
     if args.quick:
         args.events = min(args.events, 200_000)
+    if args.import_repeats is None:
+        args.import_repeats = 3 if args.quick else 1
 
     figures: dict[str, float] = {"events": args.events, "runs": args.runs}
     with tempfile.TemporaryDirectory(prefix="runwire-bench-") as tmp:
