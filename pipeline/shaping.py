@@ -35,9 +35,20 @@ WINDOW_MS = 100
 """R1's aggregation window: at most 10 shaped deltas per second per (child, type)."""
 
 
+_last_ts: tuple[str, int] = ("", 0)
+
+
 def ts_millis(ts: str) -> int:
-    """Milliseconds since the epoch of an RFC 3339 timestamp (fast path for shaping)."""
-    return int(datetime.fromisoformat(ts).timestamp() * 1000)
+    """Milliseconds since the epoch of an RFC 3339 timestamp (fast path for shaping).
+
+    Consecutive deltas mostly share a millisecond string, so the last one is cached.
+    """
+    global _last_ts
+    if _last_ts[0] == ts:
+        return _last_ts[1]
+    millis = int(datetime.fromisoformat(ts).timestamp() * 1000)
+    _last_ts = (ts, millis)
+    return millis
 
 
 class Window(msgspec.Struct, kw_only=True):
@@ -79,9 +90,12 @@ class DeltaCoalescer:
             return [*self.flush(), event]
         assert isinstance(event, ReasoningDelta | TextDelta)
         now = ts_millis(event.ts)
-        out = self._close(lambda window: window.end_ms <= now)
+        windows = self.state.windows
+        out: list[Event] = []
+        if windows and min(w.end_ms for w in windows.values()) <= now:
+            out = self._close(lambda window: window.end_ms <= now)
         key = f"{event.child_id or ''}|{event.type}"
-        window = self.state.windows.get(key)
+        window = windows.get(key)
         if window is None:
             self.state.windows[key] = Window(
                 last=event, texts=[event.payload.text], first_seq=event.seq, end_ms=now + self.window_ms

@@ -147,11 +147,16 @@ class FaustWorker:
     async def _agent(self, stream: faust.StreamT[bytes]) -> None:
         async for events in stream.take_events(BATCH, within=TICK_S):
             self._last_batch = time.monotonic()
+            # Hold each message: take_events acks the batch when the next one is asked
+            # for, and also when the agent is cancelled mid-batch (on stop). Our hold is
+            # released only after the writes, so a batch cut short is never committed.
+            for event in events:
+                event.message.incref()
             async with self._lock:
-                if self.stop.is_set():
-                    break  # not acked: the next owner processes them
                 self._maybe_forget()
                 await self._handle(events)
+            for event in events:
+                event.message.decref()
 
     async def _handle(self, events: list[Any]) -> None:
         by_partition: dict[int, list[Delivery]] = defaultdict(list)
@@ -163,6 +168,8 @@ class FaustWorker:
                 data=event.value,
             ))
         for partition, deliveries in by_partition.items():
+            log.debug("%s: partition %d entries %s..%s", self.name, partition,
+                      deliveries[0].entry_id, deliveries[-1].entry_id)
             self._partition = partition
             self._offsets[partition] = max(
                 self._offsets.get(partition, -1), int(deliveries[-1].entry_id.split(":")[1])

@@ -53,6 +53,10 @@ class WorkerStats(msgspec.Struct, kw_only=True):
     dead_lettered: int = 0
     silenced: int = 0
     seconds: float = 0.0
+    busy_seconds: float = 0.0
+    """From the first fetched batch to the end of the last batch's writes."""
+    log_seconds: float = 0.0
+    """Time spent waiting for replay log appends (part of ``busy_seconds``)."""
 
 
 async def run_worker(
@@ -113,11 +117,29 @@ class Stages:
         self.stats = WorkerStats()
         self._dead_letter_to = dead_letter
         self._load = load_state or self._bus_state
+        self._first_batch_at: float | None = None
 
     async def handle(
         self, deliveries: Sequence[Delivery]
     ) -> tuple[list[Delivery], dict[str, StreamOutput]]:
         """Decode, process and write one batch; returns the entries to ack and what was written."""
+        acked, outputs = await self.prepare(deliveries)
+        await self.write(outputs)
+        self.busy_until_now()
+        return acked, outputs
+
+    async def prepare(
+        self,
+        deliveries: Sequence[Delivery],
+        before_restore: Callable[[], Awaitable[None]] | None = None,
+    ) -> tuple[list[Delivery], dict[str, StreamOutput]]:
+        """Decode (dead-lettering poison), restore checkpoints and process; no delivery writes.
+
+        ``before_restore`` runs before any checkpoint is loaded from the bus (a
+        runtime with writes still in flight waits for them there).
+        """
+        if self._first_batch_at is None:
+            self._first_batch_at = time.monotonic()
         self.stats.batches += 1
         self.stats.entries += len(deliveries)
         good: list[Delivery] = []
@@ -127,13 +149,16 @@ class Stages:
             if event is not None:
                 good.append(delivery)
                 events.append(event)
-        await self._restore(events)
+        await self._restore(events, before_restore)
         outputs, failures = self.processor.process_each(events)
         for index, error in failures:
             await self._dead_letter(good[index], f"processing failed: {error!r}")
-        await self.write(outputs)
         failed = {index for index, _ in failures}
         return [d for i, d in enumerate(good) if i not in failed], outputs
+
+    def busy_until_now(self) -> None:
+        if self._first_batch_at is not None:
+            self.stats.busy_seconds = time.monotonic() - self._first_batch_at
 
     async def tick(
         self, caught_up: Callable[[str], bool] | None = None
@@ -145,22 +170,36 @@ class Stages:
         return outputs
 
     async def write(self, outputs: dict[str, StreamOutput]) -> None:
-        """Replay log, then per stream shaped then raw+checkpoint; retried until durable."""
+        """Replay log and shaped views, then raw views with checkpoints; retried until durable.
+
+        The replay log is written before any raw append, so what a raw delivery
+        stream holds is always in the log; shaped appends may go first because
+        a replayed batch recomputes them identically.
+        """
         if not outputs:
             return
         raw = [event for output in outputs.values() for event in output.raw]
-        if raw:
-            await self.retry(lambda: self.store.append(raw))
-        await asyncio.gather(*(self._write_stream(output) for output in outputs.values()))
+        await asyncio.gather(
+            self._append_log(raw),
+            *(self._append_shaped(o.run_id, o.shaped) for o in outputs.values() if o.shaped),
+        )
+        await asyncio.gather(*(self._append_raw(output) for output in outputs.values()))
         self.stats.raw += len(raw)
         self.stats.shaped += sum(len(output.shaped) for output in outputs.values())
 
-    async def _write_stream(self, output: StreamOutput) -> None:
-        run_id = output.run_id
-        if output.shaped:
-            shaped = output.shaped
-            await self.retry(lambda: self.bus.append((run_id, "shaped"), shaped))
-        await self.retry(lambda: self.bus.append((run_id, "raw"), output.raw, state=output.state))
+    async def _append_log(self, raw: list[Event]) -> None:
+        if raw:
+            started = time.monotonic()
+            await self.retry(lambda: self.store.append(raw))
+            self.stats.log_seconds += time.monotonic() - started
+
+    async def _append_shaped(self, run_id: str, shaped: list[Event]) -> None:
+        await self.retry(lambda: self.bus.append((run_id, "shaped"), shaped))
+
+    async def _append_raw(self, output: StreamOutput) -> None:
+        await self.retry(
+            lambda: self.bus.append((output.run_id, "raw"), output.raw, state=output.state)
+        )
 
     async def _decode(self, delivery: Delivery) -> Event | None:
         try:
@@ -176,8 +215,14 @@ class Stages:
         await self.retry(lambda: self._dead_letter_to(delivery, reason))
         self.stats.dead_lettered += 1
 
-    async def _restore(self, events: Sequence[Event]) -> None:
+    async def _restore(
+        self,
+        events: Sequence[Event],
+        before_restore: Callable[[], Awaitable[None]] | None = None,
+    ) -> None:
         missing = self.processor.missing(events)
+        if missing and before_restore is not None:
+            await before_restore()
         while missing:
             ordered = sorted(missing)
             states = await asyncio.gather(*(self._load_state(run_id) for run_id in ordered))
@@ -218,30 +263,53 @@ class ConsumerLoop:
         self.consumer = consumer
         self.stages = stages
         self._owned: frozenset[int] = frozenset()
+        self._inflight: asyncio.Task[None] | None = None
 
     async def loop(self, *, batch: int, tick_s: float, burst: bool) -> None:
+        """Batches are pipelined: batch N+1 is decoded and processed while N is written.
+
+        Writes stay in batch order (N+1's start after N's are durable) and each
+        batch is acked after its own writes.
+        """
         block_ms = max(1, int(tick_s * 1000))
         stop = self.stages.stop
-        while not stop.is_set():
-            deliveries = await self.consumer.fetch(batch, block_ms=block_ms)
-            self._check_ownership()
-            if deliveries:
-                acked, _ = await self.stages.handle(deliveries)
-                await self._ack(acked)
-            if len(deliveries) < batch:
-                await self.stages.tick()
-            if burst and not deliveries:
-                break
+        try:
+            while not stop.is_set():
+                deliveries = await self.consumer.fetch(batch, block_ms=block_ms)
+                await self._check_ownership()
+                if deliveries:
+                    acked, outputs = await self.stages.prepare(deliveries, self._drain)
+                    await self._drain()
+                    self._inflight = asyncio.create_task(self._write_and_ack(outputs, acked))
+                if len(deliveries) < batch:
+                    await self._drain()
+                    await self.stages.tick()
+                if burst and not deliveries:
+                    break
+        finally:
+            await self._drain()
+
+    async def _drain(self) -> None:
+        """Wait for the writes (and ack) of the batch in flight."""
+        if self._inflight is not None:
+            inflight, self._inflight = self._inflight, None
+            await inflight
+
+    async def _write_and_ack(self, outputs: dict[str, StreamOutput], acked: list[Delivery]) -> None:
+        await self.stages.write(outputs)
+        await self._ack(acked)
+        self.stages.busy_until_now()
 
     async def _ack(self, acked: list[Delivery]) -> None:
         if acked:
             await self.stages.retry(lambda: self.consumer.ack(acked))
             self.stages.stats.acked += len(acked)
 
-    def _check_ownership(self) -> None:
+    async def _check_ownership(self) -> None:
         owned = self.consumer.owned_shards()
         lost = self._owned - owned
         if lost:  # their streams may have a new writer: reload checkpoints when needed again
+            await self._drain()
             log.info("%s lost shards %s; dropping in-memory state", self.consumer.name, sorted(lost))
             self.stages.processor.forget_all()
         if owned - self._owned:

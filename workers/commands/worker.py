@@ -57,6 +57,8 @@ def worker(
 ) -> None:
     """Run a worker until SIGTERM/SIGINT (or, with --burst, until the bus is drained)."""
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s %(levelname)s %(message)s")
+    if os.environ.get("RUNWIRE_DEBUG"):
+        logging.getLogger("runwire").setLevel(logging.DEBUG)
     if bus.startswith("kafka://"):
         from workers.faust_app import run_faust_worker
 

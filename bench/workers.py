@@ -1,0 +1,200 @@
+"""Worker throughput: raw events/s through one worker, beside the bus's bare consume-and-ack rate.
+
+For each backend, in the same run:
+
+* ``<bus>_consume_baseline_per_s`` — one consumer of a fresh group doing only
+  ``fetch`` + ``ack`` of the published events (no decode, no writes);
+* ``<bus>_events_per_s`` — published events through ``run_worker`` (decode,
+  fan-in, sequence, shape, replay log append, delivery appends, ack), counted
+  from its first fetched batch to the end of its last batch's writes.
+* ``kafka_events_per_s`` — the same through the faust-streaming app
+  (``workers.faust_app``) on Kafka; the Kafka baseline is the bus's own
+  consumer group.
+
+The workload: ``--runs`` concurrent runs (a parent and two children each), 85 %
+text/reasoning deltas, the rest tool calls and steps, 40-character texts.
+The replay log is SQLite in a temporary directory (the embedded default), or
+``--store URL``. Services: ``--redis URL`` / ``--kafka URL``, else a
+redis-server / Tansu broker of its own on a free port (tests/services.py).
+
+``python bench/workers.py [--events N] [--repeat R] [--only memory,redis,kafka] [--json]``
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import logging
+import statistics
+import sys
+import tempfile
+import time
+import uuid
+from collections.abc import Callable
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+from pipeline.bus import Bus, open_bus
+from pipeline.envelope import Event, format_ts, make
+from pipeline.store import open_store
+from workers.runtime import run_worker
+
+TEXT = "x" * 40
+
+
+def workload(count: int, runs: int) -> list[Event]:
+    """``count`` events over ``runs`` root runs with two children each, interleaved."""
+    out: list[Event] = []
+    seqs: dict[str, int] = {}
+    start = time.time()
+    kinds = ["text.delta"] * 12 + ["reasoning.delta"] * 5 + ["tool.start", "tool.end", "step.boundary"]
+    for index in range(count):
+        root = f"b{index % runs}"
+        member = (index // runs) % 3
+        run_id = root if member == 0 else f"{root}.c{member}"
+        seq = seqs[run_id] = seqs.get(run_id, 0) + 1
+        kind = kinds[index % len(kinds)]
+        payload = _payload(kind, index)
+        links = {} if member == 0 else {"parent_id": root, "root_id": root}
+        ts = format_ts(_at(start + index / 100_000))
+        out.append(make(kind, payload, id=f"evt_{index:020d}", ts=ts, run_id=run_id, seq=seq, **links))
+    return out
+
+
+def _at(seconds: float):  # type: ignore[no-untyped-def]
+    from datetime import UTC, datetime
+
+    return datetime.fromtimestamp(seconds, UTC)
+
+
+def _payload(kind: str, index: int) -> dict[str, object]:
+    if kind.endswith(".delta"):
+        return {"text": TEXT}
+    if kind == "tool.start":
+        return {"call_id": f"c{index}", "tool": "browser", "input": {"q": TEXT}}
+    if kind == "tool.end":
+        return {"call_id": f"c{index}", "ok": True, "output": TEXT}
+    return {"step_index": index, "step_kind": "tool-roundtrip"}
+
+
+async def publish(bus: Bus, events: list[Event]) -> None:
+    for start in range(0, len(events), 2000):
+        await bus.publish(events[start : start + 2000])
+
+
+async def consume_baseline(bus: Bus, total: int) -> float:
+    consumer = bus.consumer(f"base-{uuid.uuid4().hex[:6]}", "c1")
+    seen, started = 0, None
+    try:
+        while seen < total:
+            got = await consumer.fetch(2048, block_ms=2000)
+            if started is None and got:
+                started = time.perf_counter()
+            if got:
+                await consumer.ack(got)
+            seen += len(got)
+        assert started is not None
+        return total / (time.perf_counter() - started)
+    finally:
+        await consumer.close()
+
+
+async def baseline_round(bus_url: str, events: list[Event]) -> float:
+    async with open_bus(bus_url) as bus:
+        await publish(bus, events)
+        return await consume_baseline(bus, len(events))
+
+
+async def one_round(bus_url: str, store_url: str, events: list[Event]) -> tuple[float, float]:
+    baseline = await baseline_round(bus_url.replace("{p}", uuid.uuid4().hex[:8]), events)
+    async with open_bus(bus_url.replace("{p}", uuid.uuid4().hex[:8])) as bus, \
+            open_store(store_url) as store:
+        await publish(bus, events)
+        stats = await run_worker(bus, store, group=f"w-{uuid.uuid4().hex[:6]}", name="w1",
+                                 burst=True, batch=2048)
+        assert stats.entries >= len(events), stats
+        return len(events) / stats.busy_seconds, baseline
+
+
+async def faust_round(bus_url: str, store_url: str, events: list[Event]) -> tuple[float, float]:
+    from workers.faust_app import FaustWorker
+
+    baseline = await baseline_round(bus_url.replace("{p}", uuid.uuid4().hex[:8]), events)
+    async with open_bus(bus_url.replace("{p}", uuid.uuid4().hex[:8])) as bus, \
+            open_store(store_url) as store:
+        await publish(bus, events)
+        worker = FaustWorker(bus, store, group=f"f-{uuid.uuid4().hex[:6]}", name="f1",  # type: ignore[arg-type]
+                             burst=True)
+        stats = await worker.run()
+        assert stats.entries >= len(events), stats
+        return len(events) / stats.busy_seconds, baseline
+
+
+def median_of(repeat: int, make_round: Callable[[], object]) -> tuple[float, float]:
+    results = [asyncio.run(make_round()) for _ in range(repeat)]  # type: ignore[arg-type]
+    return statistics.median(r[0] for r in results), statistics.median(r[1] for r in results)
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--events", type=int, default=100_000)
+    parser.add_argument("--kafka-events", type=int, default=50_000)
+    parser.add_argument("--runs", type=int, default=200)
+    parser.add_argument("--repeat", type=int, default=3)
+    parser.add_argument("--only", default="memory,redis,kafka")
+    parser.add_argument("--redis", default=None)
+    parser.add_argument("--kafka", default=None)
+    parser.add_argument("--store", default=None)
+    parser.add_argument("--json", action="store_true")
+    args = parser.parse_args()
+    logging.basicConfig(level=logging.ERROR)
+    wanted = set(args.only.split(","))
+    events = workload(args.events, args.runs)
+    tmp = Path(tempfile.mkdtemp(prefix="runwire-bench-"))
+    counter = iter(range(1_000_000))
+
+    def store() -> str:
+        return args.store or f"sqlite:///{tmp}/replay-{next(counter)}.db"
+
+    figures: dict[str, float] = {"events": args.events}
+    services: list[object] = []
+    try:
+        if "memory" in wanted:
+            figures["memory_events_per_s"], figures["memory_consume_baseline_per_s"] = median_of(
+                args.repeat, lambda: one_round("memory://?max_backlog=10000000", store(), events))
+        if "redis" in wanted:
+            url = args.redis or _start("RedisServer", services)
+            figures["redis_events_per_s"], figures["redis_consume_baseline_per_s"] = median_of(
+                args.repeat,
+                lambda: one_round(f"{url}?prefix=b{{p}}", store(), events))
+            figures["redis_worker_to_baseline"] = (
+                figures["redis_events_per_s"] / figures["redis_consume_baseline_per_s"])
+        if "kafka" in wanted:
+            url = args.kafka or _start("TansuBroker", services)
+            kafka_events = events[: args.kafka_events]
+            figures["kafka_events"] = len(kafka_events)
+            figures["kafka_events_per_s"], figures["kafka_consume_baseline_per_s"] = median_of(
+                1, lambda: faust_round(f"{url}?prefix=b{{p}}", store(), kafka_events))
+    finally:
+        for service in services:
+            service.close()  # type: ignore[attr-defined]
+    if args.json:
+        print(json.dumps(figures, indent=2))
+    else:
+        for key, value in figures.items():
+            print(f"{key:36s} {value:>14,.1f}")
+
+
+def _start(kind: str, services: list[object]) -> str:
+    from tests import services as test_services
+
+    service = getattr(test_services, kind)()
+    service.start()
+    services.append(service)
+    return str(service.url)
+
+
+if __name__ == "__main__":
+    main()
