@@ -13,7 +13,6 @@ from aiokafka import AIOKafkaProducer
 from pipeline.bus import open_bus
 from pipeline.bus.kafka import KafkaBus
 from pipeline.bus.keys import shard_for
-from pipeline.envelope import encode
 from pipeline.store import open_store
 from tests.workers.checks import assert_delivered_exactly_once, read_all, run_tree
 from tests.workers.events import RunScript
