@@ -42,8 +42,13 @@ for i = 5, #ARGV, 2 do
     end
   end
 end
-if n > 0 then redis.call('HSET', KEYS[2], 'last', last) end
-if ARGV[3] == '1' then redis.call('HSET', KEYS[2], 'state', ARGV[4]) end
+if n > 0 and ARGV[3] == '1' then
+  redis.call('HSET', KEYS[2], 'last', last, 'state', ARGV[4])
+elseif n > 0 then
+  redis.call('HSET', KEYS[2], 'last', last)
+elseif ARGV[3] == '1' then
+  redis.call('HSET', KEYS[2], 'state', ARGV[4])
+end
 redis.call('PEXPIRE', KEYS[1], ARGV[2])
 redis.call('PEXPIRE', KEYS[2], ARGV[2])
 return n
