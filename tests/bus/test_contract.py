@@ -456,3 +456,19 @@ def test_url_options_are_converted_through_one_table() -> None:
     assert bare == "redis://h:1/0?socket_timeout=5" and kept == {"socket_timeout": "5"}
     with pytest.raises(ConfigError, match="shards"):
         split_url("redis://h?shards=0", ["shards"])
+
+
+@pytest.mark.slow
+async def test_redis_down_is_retriable_bus_unavailable(own_redis: object) -> None:
+    """A refused connection is BusUnavailable (retriable), and the same bus object
+    works again once Redis is back — no reconnect call needed."""
+    async with open_bus(own_redis.url) as bus:  # type: ignore[attr-defined]
+        own_redis.stop()  # type: ignore[attr-defined]
+        with pytest.raises(BusUnavailable) as caught:
+            await bus.publish([event("run-u", 1)])
+        assert caught.value.retriable
+        with pytest.raises(BusUnavailable):
+            await bus.append(("run-u", "raw"), [event("run-u", 1)])
+        own_redis.start()  # type: ignore[attr-defined]
+        await _retry(lambda: bus.publish([event("run-u", 1)]))
+        assert await bus.append(("run-u", "raw"), [event("run-u", 1)]) == 1
