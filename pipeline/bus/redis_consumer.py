@@ -98,12 +98,13 @@ class RedisConsumer(Consumer):
         """Heartbeat and lease renewal while this process lives."""
         while True:
             await asyncio.sleep(self.lease_ms / 3000)
+            before = set(self._owned)  # a rebalance may acquire shards meanwhile
             try:
                 held = await self._membership("renew")
             except (BusUnavailable, rexc.RedisError) as exc:
                 log.debug("lease renewal of %s/%s failed: %s", self.group, self.name, exc)
                 continue
-            lost = self._owned - held
+            lost = before - held
             if lost:  # expired while this process stalled: stop reading them at once
                 log.warning("%s/%s lost the leases of shards %s", self.group, self.name,
                             sorted(lost))
