@@ -83,7 +83,7 @@ async def test_order_per_run_across_many_concurrent_runs(bus_url: str) -> None:
 
 
 async def test_unacked_entries_come_back_first_after_a_restart(bus_url: str) -> None:
-    """PITFALLS 1: ack after the work is durable; a restarted consumer re-reads
+    """ack after the work is durable; a restarted consumer re-reads
     its own pending entries before new ones."""
     async with open_bus(bus_url) as bus:
         await bus.publish([event("run-a", s) for s in range(1, 11)])
@@ -102,7 +102,7 @@ async def test_unacked_entries_come_back_first_after_a_restart(bus_url: str) -> 
 
 
 async def test_entries_of_a_departed_consumer_are_claimed_after_idle(bus_url: str) -> None:
-    """PITFALLS 2: a departed consumer's unacked entries are claimed by a live one
+    """a departed consumer's unacked entries are claimed by a live one
     after claim_idle_ms, before any newer entry of the same shard (order holds)."""
     async with open_bus(bus_url) as bus:
         await bus.publish([event("run-b", s) for s in range(1, 6)])
@@ -144,7 +144,7 @@ async def test_sigkilled_consumer_loses_nothing(shared_bus_url: str) -> None:
 
 
 async def test_two_consumers_split_the_shards(bus_url: str) -> None:
-    """PITFALLS 5: horizontal consumers split the shards — each gets some, no shard
+    """horizontal consumers split the shards — each gets some, no shard
     is owned by both at once, and together they see every entry exactly once."""
     async with open_bus(bus_url) as bus:
         one, two = bus.consumer("g", "one"), bus.consumer("g", "two")
@@ -215,7 +215,7 @@ async def test_order_holds_while_a_second_consumer_joins(bus_url: str) -> None:
 
 
 async def test_poison_entry_goes_to_dead_letters_after_max_deliveries(bus_url: str) -> None:
-    """PITFALLS 3: an entry that is never acked is not redelivered forever; past
+    """an entry that is never acked is not redelivered forever; past
     max_deliveries it lands in the dead-letter stream with the reason."""
     async with open_bus(bus_url) as bus:
         await bus.publish([event("run-p", 1)])
@@ -391,7 +391,7 @@ async def _retry(operation: object, attempts: int = 100) -> object:
 async def test_redis_restart_mid_stream_recovers_and_recreates_the_group(
     own_redis: object, caplog: pytest.LogCaptureFixture
 ) -> None:
-    """PITFALLS 6: after Redis lost its state the consumer group is recreated, with a
+    """after Redis lost its state the consumer group is recreated, with a
     warning, not swallowed; publisher and consumer reconnect by themselves."""
     url = f"{own_redis.url}?{'claim_idle_ms=500&lease_ms=1000'}"  # type: ignore[attr-defined]
     caplog.set_level(logging.WARNING, logger="pipeline.bus")
@@ -424,7 +424,7 @@ def test_bus_is_selected_by_scheme() -> None:
 
 
 async def test_run_ids_with_braces_keep_their_keys_together(bus_url: str) -> None:
-    """PITFALLS 18: one run's keys share a Cluster slot even when its id holds ``{}``/``%``."""
+    """one run's keys share a Cluster slot even when its id holds ``{}``/``%``."""
     odd = "run-{a}%7B}"
     key: StreamKey = (odd, "raw")
     async with open_bus(bus_url) as bus:
@@ -436,7 +436,7 @@ async def test_run_ids_with_braces_keep_their_keys_together(bus_url: str) -> Non
 
 @pytest.mark.slow
 async def test_delivery_streams_expire_after_ttl(bus_url: str) -> None:
-    """PITFALLS 20: the hot tier is bounded by age too, not only by count."""
+    """the hot tier is bounded by age too, not only by count."""
     url = bus_url.replace("?", "?ttl=1&", 1)
     key: StreamKey = ("run-ttl", "raw")
     async with open_bus(url) as bus:
