@@ -52,7 +52,7 @@ ACCEPTED_OPTIONS = (
 PASSTHROUGH_OPTIONS = (
     "socket_timeout", "socket_connect_timeout", "socket_keepalive", "health_check_interval",
     "client_name", "max_connections", "ssl_cert_reqs", "ssl_ca_certs", "ssl_certfile",
-    "ssl_keyfile", "ssl_check_hostname", "protocol",
+    "ssl_keyfile", "ssl_check_hostname",
 )
 CONTROL_MAXLEN = 1000
 _CONNECTION_ERRORS = (
