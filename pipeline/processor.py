@@ -153,11 +153,20 @@ class Processor:
                     wanted.add(run_id)
         return wanted
 
-    def restore(self, run_id: str, data: bytes | None) -> None:
-        """Load a stream's stored checkpoint (None: a new stream)."""
+    def restore(self, run_id: str, data: bytes | None, *, last_activity: float | None = None) -> None:
+        """Load a stream's stored checkpoint (None: a new stream).
+
+        ``last_activity`` (epoch seconds) starts the stream's silence clock in
+        the past, for a run adopted from the replay log after its owner died.
+        """
         checkpoint = _decoder.decode(data) if data else Checkpoint()
         self.parents.learn_chain(run_id, checkpoint.sequencer.ancestors)
-        self._streams[run_id] = _Stream(run_id, checkpoint, self.clock(), self.window_ms)
+        now = self.clock() if last_activity is None else last_activity
+        self._streams[run_id] = _Stream(run_id, checkpoint, now, self.window_ms)
+
+    def holds(self, run_id: str) -> bool:
+        """Whether the stream's state is in memory."""
+        return run_id in self._streams
 
     def forget_all(self) -> None:
         """Drop every in-memory stream (after losing shards: another writer may own them now)."""

@@ -22,11 +22,13 @@ import asyncio
 import logging
 import time
 from collections.abc import Awaitable, Callable, Sequence
+from datetime import UTC, datetime, timedelta
 from typing import TypeVar
 
 import msgspec
 
 from pipeline.bus import Bus, Consumer, Delivery
+from pipeline.bus.keys import shard_for
 from pipeline.envelope import Event, decode
 from pipeline.errors import ProtocolError, RunwireError
 from pipeline.processor import DEFAULT_SILENCE_S, Processor, StreamOutput, validate
@@ -156,6 +158,23 @@ class Stages:
         failed = {index for index, _ in failures}
         return [d for i, d in enumerate(good) if i not in failed], outputs
 
+    async def adopt_silent(self, owned: frozenset[int], shards: int) -> None:
+        """Load unfinished runs of owned shards that went silent, so the silence rule ends them.
+
+        A worker only knows the runs whose events it has seen; a run that was
+        already silent when its previous owner died is found in the replay log.
+        """
+        cutoff = datetime.now(UTC) - timedelta(seconds=self.processor.silence_s)
+        for info in await self.retry(lambda: self.store.runs(until=cutoff, limit=1000)):
+            run_id = info.run_id
+            if info.terminal or self.processor.holds(run_id):
+                continue
+            if shard_for(info.root_id or run_id, shards) not in owned:
+                continue
+            state = await self._load_state(run_id)
+            seen = info.updated_at.timestamp() if info.updated_at else None
+            self.processor.restore(run_id, state, last_activity=seen)
+
     def busy_until_now(self) -> None:
         if self._first_batch_at is not None:
             self.stats.busy_seconds = time.monotonic() - self._first_batch_at
@@ -264,6 +283,7 @@ class ConsumerLoop:
         self.stages = stages
         self._owned: frozenset[int] = frozenset()
         self._inflight: asyncio.Task[None] | None = None
+        self._next_adopt = 0.0
 
     async def loop(self, *, batch: int, tick_s: float, burst: bool) -> None:
         """Batches are pipelined: batch N+1 is decoded and processed while N is written.
@@ -283,11 +303,21 @@ class ConsumerLoop:
                     self._inflight = asyncio.create_task(self._write_and_ack(outputs, acked))
                 if len(deliveries) < batch:
                     await self._drain()
+                    await self._adopt_silent()
                     await self.stages.tick()
                 if burst and not deliveries:
                     break
         finally:
             await self._drain()
+
+    async def _adopt_silent(self) -> None:
+        now = time.monotonic()
+        if now < self._next_adopt:
+            return
+        self._next_adopt = now + max(1.0, self.stages.processor.silence_s / 2)
+        owned = self.consumer.owned_shards()
+        if owned:
+            await self.stages.adopt_silent(owned, self.stages.bus.shards)
 
     async def _drain(self) -> None:
         """Wait for the writes (and ack) of the batch in flight."""

@@ -100,7 +100,7 @@ async def test_a_silent_run_is_ended_as_error(bus: Bus, store: ReplayLog) -> Non
         "state": "error",
         "reason": "no events for 0.5s (agent presumed dead)",
     }
-    assert stats.silenced == 1
+    assert stats.silenced >= 1  # (a shared replay log may hold other orphaned runs too)
     shaped = await bus.read((run.run_id, "shaped"), 0)
     assert [e.type for e in shaped] == ["run.lifecycle", "text.delta", "run.lifecycle"]
     info = await store.run(run.run_id)
@@ -127,3 +127,29 @@ async def _publish_raw(bus: Bus, run_id: str, data: bytes) -> None:
             await client.xadd(ingest_key(bus.options.prefix, shard), {DATA_FIELD: data})  # type: ignore[attr-defined]
         finally:
             await client.aclose()
+
+
+async def test_a_run_already_silent_when_its_worker_left_is_ended_by_the_successor(
+    bus: Bus, store: ReplayLog
+) -> None:
+    """A successor knows only runs it has seen; it finds silent unfinished runs in the replay log."""
+    run = RunScript(f"{prefix()}_orphan")
+    await bus.publish([run.lifecycle("running"), run.tool_start("t")])
+    first = await run_worker(bus, store, group="g", name="w1", burst=True)
+    assert first.silenced == 0
+    stop = asyncio.Event()
+    successor = asyncio.create_task(
+        run_worker(bus, store, group="g", name="w2", stop=stop, silence_s=0.5)
+    )
+    try:
+        for _ in range(100):
+            info = await store.run(run.run_id)
+            if info is not None and info.terminal:
+                break
+            await asyncio.sleep(0.05)
+    finally:
+        stop.set()
+        await successor
+    raw = await read_all(bus, run.run_id)
+    assert [e.seq for e in raw] == [1, 2, 3]
+    assert raw[-1].payload_dict()["state"] == "error"
