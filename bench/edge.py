@@ -29,14 +29,15 @@ backlog of another):
 3. Control latency: 5 000 text deltas/s spread over the 50 background runs
    while a ``tool.start`` stamped with its publish time goes 10×/s to a run
    watched by 20 probe clients (the ``clients`` others stay connected);
-   ``control_latency_p50_ms``/``_p99_ms`` = publish → client. Then the same
-   with the control events on the main run, written to every one of its
-   ``clients``: ``fanout_latency_p50_ms``/``_p99_ms`` over 20 of them (this
-   includes writing the event to all the others).
+   ``control_latency_p50_ms``/``_p99_ms`` = publish → client.
 4. Saturation: events appended to the main run as fast as one producer can
    for a few seconds; ``deliveries_per_s`` = frames received by all clients
    per second (the runwire edge drops deltas for clients that fall behind,
-   R4; those are not counted).
+   R4; those are not counted). Measured before the fan-out latency phase,
+   and every phase waits (bounded) until the previous one's backlog is out.
+5. Fan-out latency: as 3, with the control events on the main run, written
+   to every one of its ``clients``: ``fanout_latency_p50_ms``/``_p99_ms``
+   over 20 of them (this includes writing each event to all the others).
 
 ``--json`` prints one object; the naive figures carry the ``naive_`` prefix.
 """
@@ -345,6 +346,18 @@ async def resume_first_event(port: int, tries: int = 20) -> float:
     return statistics.median(samples)
 
 
+async def settle(clients: Proc, limit_s: float = 30.0) -> None:
+    """Wait (bounded) until the clients stop receiving: the previous phase's backlog is written."""
+    last = -1
+    started = time.perf_counter()
+    while time.perf_counter() - started < limit_s:
+        frames = clients.ask()["frames"]
+        if frames == last:
+            return
+        last = frames
+        await asyncio.sleep(1.0)
+
+
 def progress(message: str) -> None:
     print(f"[{time.strftime('%H:%M:%S')}] {message}", file=sys.stderr, flush=True)
 
@@ -384,10 +397,12 @@ async def measure(impl: str, bus_url: str, clients: int, seconds: float) -> dict
                 await bus.append((f"{main_run}-ctl", "raw"), [make_event(f"{main_run}-ctl", s) for s in seqs.take(f"{main_run}-ctl", 1)])
                 latencies = await control_latency(bus, seqs, load, seconds, main_run, f"{main_run}-ctl")
                 progress(f"{impl}: latency done ({len(latencies)} samples)")
-                fanout = await control_latency(bus, seqs, load, seconds, main_run, main_run)
-                progress(f"{impl}: fan-out latency done ({len(fanout)} samples)")
+                await settle(load)
                 deliveries = await saturate(bus, seqs, load, seconds, main_run)
                 progress(f"{impl}: saturation done")
+                await settle(load)
+                fanout = await control_latency(bus, seqs, load, seconds, main_run, main_run)
+                progress(f"{impl}: fan-out latency done ({len(fanout)} samples)")
             finally:
                 load.stop()
         finally:

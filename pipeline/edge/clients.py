@@ -12,6 +12,7 @@ other clients are unaffected because nothing here ever blocks the hub.
 from __future__ import annotations
 
 import asyncio
+import time
 from collections import deque
 from collections.abc import Callable
 
@@ -21,7 +22,7 @@ from .frames import DROP_REASONING, DROP_TEXT, Frame
 class ClientQueue:
     """Frames waiting for one client, bounded by ``max_frames`` and ``max_bytes``."""
 
-    __slots__ = ("_frames", "_waiter", "bytes", "on_overflow", "dropped", "dropped_by_type", "max_bytes", "max_frames", "overflowed")
+    __slots__ = ("_frames", "_waiter", "bytes", "last_write", "on_overflow", "dropped", "dropped_by_type", "max_bytes", "max_frames", "overflowed")
 
     def __init__(self, *, max_frames: int, max_bytes: int) -> None:
         self._frames: deque[Frame] = deque()
@@ -33,6 +34,8 @@ class ClientQueue:
         """Events dropped for this client (R4); reported in its terminal run.lifecycle."""
         self.dropped_by_type: dict[str, int] = {}
         self.on_overflow: Callable[[], None] | None = None
+        self.last_write = time.monotonic()
+        """When the writer last wrote to the client (the keepalive sweep reads it)."""
         self.overflowed = False
         """True once a never-drop frame did not fit: the client is to be disconnected."""
 
@@ -96,15 +99,22 @@ class ClientQueue:
         self.bytes = 0
         return frames
 
-    async def wait(self, seconds: float | None) -> bool:
-        """Wait until a frame is queued (or the client overflowed); False on timeout."""
+    def poke(self) -> None:
+        """Wake the writer with nothing queued (the hub's keepalive sweep)."""
+        self._wake()
+
+    async def wait(self) -> bool:
+        """Wait until a frame is queued, the client overflowed, or it is poked.
+
+        True when there is something to take. There is no timer per wait:
+        the hub's one keepalive sweep pokes idle clients (a timer per wait
+        costs a heap push and pop per client per event).
+        """
         if self._frames or self.overflowed:
             return True
         self._waiter = asyncio.get_running_loop().create_future()
         try:
-            await asyncio.wait_for(self._waiter, seconds)
-        except TimeoutError:
-            return False
+            await self._waiter
         finally:
             self._waiter = None
-        return True
+        return bool(self._frames) or self.overflowed

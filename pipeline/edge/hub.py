@@ -161,15 +161,17 @@ class Hub:
         self.streams: dict[StreamKey, Stream] = {}
         self._reader: asyncio.Task[None] | None = None
         self._watchdog: asyncio.Task[None] | None = None
+        self._keepalive: asyncio.Task[None] | None = None
         self._wake = asyncio.Event()
         self._lock = asyncio.Lock()
 
     async def start(self) -> None:
         self._reader = asyncio.create_task(self._read_loop(), name="runwire-edge-hub")
         self._watchdog = asyncio.create_task(self._silence_loop(), name="runwire-edge-silence")
+        self._keepalive = asyncio.create_task(self._keepalive_loop(), name="runwire-edge-keepalive")
 
     async def stop(self) -> None:
-        for task in (self._reader, self._watchdog):
+        for task in (self._reader, self._watchdog, self._keepalive):
             if task is not None:
                 task.cancel()
                 with contextlib.suppress(asyncio.CancelledError):
@@ -280,6 +282,19 @@ class Hub:
                 stream.ended = True
             for feed in list(stream.feeds.values()):
                 feed.offer(event, self.metrics)
+
+    # ---- keepalive: one sweep for every client ----------------------------
+    async def _keepalive_loop(self) -> None:
+        every = self.settings.keepalive_s
+        while True:
+            await asyncio.sleep(min(1.0, every / 4))
+            idle_since = time.monotonic() - every
+            for stream in list(self.streams.values()):
+                for feed in list(stream.feeds.values()):
+                    for client in feed.clients:
+                        if client.last_write <= idle_since and not len(client):
+                            client.last_write = time.monotonic()
+                            client.poke()
 
     # ---- silence: every stream ends -------------------------------------
     async def _silence_loop(self) -> None:

@@ -9,6 +9,7 @@ already written. Nothing is lost at the seam and nothing is sent twice.
 from __future__ import annotations
 
 import asyncio
+import time
 from abc import ABC, abstractmethod
 
 import msgspec
@@ -71,6 +72,7 @@ class StreamSession:
         self._sending = False
         self._task: asyncio.Task[object] | None = None
         self.client.on_overflow = self._abort
+        self._frames_out = hub.metrics.events_out.labels(request.format)
 
     def _abort(self) -> None:
         """The client overflowed: stop a write that is stuck on a client that stopped reading."""
@@ -133,9 +135,8 @@ class StreamSession:
         return False
 
     async def _live(self) -> None:
-        keepalive = self.hub.settings.keepalive_s
         while True:
-            if not await self.client.wait(keepalive):
+            if not await self.client.wait():
                 await self.sink.keepalive()
                 continue
             if self.client.overflowed:
@@ -160,6 +161,7 @@ class StreamSession:
             if ended:
                 break
         self._sending = True
+        self.client.last_write = time.monotonic()
         try:
             await self.sink.send(out)
         except asyncio.CancelledError:
@@ -171,7 +173,7 @@ class StreamSession:
             raise Overflowed() from None
         finally:
             self._sending = False
-        self.hub.metrics.events_out.labels(self.request.format).inc(len(out))
+        self._frames_out.inc(len(out))
         return ended
 
 
