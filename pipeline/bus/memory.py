@@ -408,7 +408,7 @@ class MemoryConsumer(Consumer):
 
     def _collect(self, max_count: int) -> list[Delivery]:
         out: list[Delivery] = []
-        if not self._own_pending_read:
+        if not self._own_pending_read and self._owned:
             self._own_pending_read = True
             out += self._take_pending(max_count, mine_only=True)
         out += self._take_pending(max_count - len(out), mine_only=False)
