@@ -90,6 +90,14 @@ def is_loopback(host: str) -> bool:
     help="Demo runs started per second.",
 )
 @click.option(
+    "--demo-seed",
+    type=int,
+    default=0,
+    show_default=True,
+    envvar="RUNWIRE_DEMO_SEED",
+    help="Seed of the demo runs' content (same seed, same runs).",
+)
+@click.option(
     "--data-dir",
     type=click.Path(file_okay=False, path_type=Path),
     default=DEFAULT_DATA_DIR,
@@ -143,6 +151,7 @@ def is_loopback(host: str) -> bool:
 def up(
     demo: bool,
     demo_rate: float,
+    demo_seed: int,
     data_dir: Path,
     bus: str,
     store: str | None,
@@ -171,6 +180,7 @@ def up(
         secret=secret or None,
         demo=demo,
         demo_rate=demo_rate,
+        demo_seed=demo_seed,
         data_dir=str(data_dir),
     )
     if store is None:
