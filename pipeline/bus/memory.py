@@ -155,6 +155,7 @@ class MemoryState:
         self.shards = [_ShardLog() for _ in range(shards)]
         self.groups: dict[str, _Group] = {}
         self.users = 0
+        self.next_sweep_ms = 0.0
         self.backlog = 0
         self.dead: deque[DeadLetter] = deque(maxlen=dead_letter_maxlen)
         self.streams: dict[StreamKey, _DeliveryStream] = {}
@@ -263,7 +264,9 @@ class MemoryBus(Bus):
         return stream
 
     def _sweep_expired(self) -> None:
+        """Drop expired streams and channels (at most every few seconds)."""
         now = _now_ms()
+        self.state.next_sweep_ms = now + min(10_000, self.options.ttl * 100)
         for key in [k for k, s in self.state.streams.items() if s.expires_ms <= now]:
             del self.state.streams[key]
         for run in [r for r, c in self.state.controls.items() if c.expires_ms <= now]:
@@ -285,7 +288,7 @@ class MemoryBus(Bus):
         stream.expires_ms = _now_ms() + self.options.ttl * 1000
         if appended:
             self.state.streams_changed.notify()
-        if len(self.state.streams) % 1024 == 0:
+        if stream.expires_ms - self.options.ttl * 1000 >= self.state.next_sweep_ms:
             self._sweep_expired()
         return appended
 

@@ -368,6 +368,21 @@ async def test_memory_bus_publish_waits_when_the_backlog_is_full() -> None:
         assert len(await drain(consumer, rest)) == rest
 
 
+@pytest.mark.slow
+async def test_memory_bus_forgets_expired_streams() -> None:
+    """Invariant 4: streams of finished runs don't pile up in the process."""
+    from pipeline.bus.memory import MemoryBus
+
+    async with open_bus("memory://?ttl=1") as bus:
+        assert isinstance(bus, MemoryBus)
+        for i in range(200):
+            await bus.append((f"run-e{i}", "raw"), [event(f"run-e{i}", 1)])
+        assert len(bus.state.streams) == 200
+        await asyncio.sleep(1.2)
+        await bus.append(("run-new", "raw"), [event("run-new", 1)])
+        assert list(bus.state.streams) == [("run-new", "raw")]
+
+
 async def test_memory_named_bus_is_shared_within_the_process() -> None:
     async with open_bus("memory://shared-test") as pub, open_bus("memory://shared-test") as sub:
         await pub.publish([event("run-n", 1)])
