@@ -37,6 +37,8 @@ def test_up_demo_serves_the_page_runs_and_live_streams(start_up: Any, tmp_path: 
     data = tmp_path / "data"
     up = start_up("--demo", "--demo-rate", "2", "--data-dir", str(data))
     assert httpx.get(f"{up.base}/healthz").status_code == 200
+    assert httpx.get(f"{up.base}/readyz").status_code == 200
+    assert "runwire_edge_connections" in httpx.get(f"{up.base}/metrics").text
     page = httpx.get(f"{up.base}/")
     assert page.status_code == 200 and "text/html" in page.headers["content-type"]
     run = up.wait_for_run()
