@@ -19,6 +19,7 @@ written and acked, then the consumer leaves its group.
 from __future__ import annotations
 
 import asyncio
+import functools
 import logging
 import time
 from collections.abc import Awaitable, Callable, Sequence
@@ -27,7 +28,7 @@ from typing import TypeVar
 
 import msgspec
 
-from pipeline.bus import Bus, Consumer, Delivery
+from pipeline.bus import Bus, Consumer, Delivery, StreamKey
 from pipeline.bus.keys import shard_for
 from pipeline.envelope import Event, decode
 from pipeline.errors import ProtocolError, RunwireError
@@ -39,6 +40,10 @@ log = logging.getLogger("runwire.worker")
 BATCH = 512
 TICK_S = 0.05
 RETRY_MAX_S = 2.0
+APPEND_CONCURRENCY = 32
+"""Checkpoint loads in flight at once (bounds the bus client's connections)."""
+APPEND_CHUNK = 256
+"""Delivery appends sent together (one pipeline on Redis)."""
 T = TypeVar("T")
 
 
@@ -120,6 +125,7 @@ class Stages:
         self._dead_letter_to = dead_letter
         self._load = load_state or self._bus_state
         self._first_batch_at: float | None = None
+        self._appends = asyncio.Semaphore(APPEND_CONCURRENCY)
 
     async def handle(
         self, deliveries: Sequence[Delivery]
@@ -198,11 +204,13 @@ class Stages:
         if not outputs:
             return
         raw = [event for output in outputs.values() for event in output.raw]
-        await asyncio.gather(
-            self._append_log(raw),
-            *(self._append_shaped(o.run_id, o.shaped) for o in outputs.values() if o.shaped),
+        shaped: list[tuple[StreamKey, Sequence[Event], bytes | None]] = [
+            ((o.run_id, "shaped"), o.shaped, None) for o in outputs.values() if o.shaped
+        ]
+        await asyncio.gather(self._append_log(raw), self._append_many(shaped))
+        await self._append_many(
+            [((o.run_id, "raw"), o.raw, o.state) for o in outputs.values()]
         )
-        await asyncio.gather(*(self._append_raw(output) for output in outputs.values()))
         self.stats.raw += len(raw)
         self.stats.shaped += sum(len(output.shaped) for output in outputs.values())
 
@@ -212,13 +220,10 @@ class Stages:
             await self.retry(lambda: self.store.append(raw))
             self.stats.log_seconds += time.monotonic() - started
 
-    async def _append_shaped(self, run_id: str, shaped: list[Event]) -> None:
-        await self.retry(lambda: self.bus.append((run_id, "shaped"), shaped))
-
-    async def _append_raw(self, output: StreamOutput) -> None:
-        await self.retry(
-            lambda: self.bus.append((output.run_id, "raw"), output.raw, state=output.state)
-        )
+    async def _append_many(self, appends: list[tuple[StreamKey, Sequence[Event], bytes | None]]) -> None:
+        for start in range(0, len(appends), APPEND_CHUNK):
+            chunk = appends[start : start + APPEND_CHUNK]
+            await self.retry(functools.partial(self.bus.append_many, chunk))
 
     async def _decode(self, delivery: Delivery) -> Event | None:
         try:
@@ -250,7 +255,8 @@ class Stages:
             missing = self.processor.missing(events)
 
     async def _load_state(self, run_id: str) -> bytes | None:
-        return await self.retry(lambda: self._load(run_id))
+        async with self._appends:
+            return await self.retry(lambda: self._load(run_id))
 
     async def _bus_state(self, run_id: str) -> bytes | None:
         return await self.bus.load_state((run_id, "raw"))

@@ -191,6 +191,16 @@ class Bus(ABC):
         Returns how many were appended. Applies the stream's length/age bound.
         """
 
+    async def append_many(
+        self, appends: Sequence[tuple[StreamKey, Sequence[Event], bytes | None]]
+    ) -> list[int]:
+        """Several :meth:`append` calls ``(key, events, state)``, applied in the given order.
+
+        Same semantics as calling :meth:`append` for each; a backend may send
+        them in one round trip (Redis pipelines them). Returns each count.
+        """
+        return [await self.append(key, events, state=state) for key, events, state in appends]
+
     @abstractmethod
     async def load_state(self, key: StreamKey) -> bytes | None:
         """The state last stored with :meth:`append` for this stream, or None."""

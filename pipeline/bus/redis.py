@@ -255,14 +255,30 @@ class RedisBus(Bus):
     ) -> int:
         if not events and state is None:
             return 0
+        (appended,) = await self.run_scripts([self._append_call(key, events, state)])
+        return int(appended)
+
+    async def append_many(
+        self, appends: Sequence[tuple[StreamKey, Sequence[Event], bytes | None]]
+    ) -> list[int]:
+        """All appends in one pipeline (one round trip per node)."""
+        wanted = [i for i, (_, events, state) in enumerate(appends) if events or state is not None]
+        counts = [0] * len(appends)
+        if wanted:
+            results = await self.run_scripts([self._append_call(*appends[i]) for i in wanted])
+            for index, result in zip(wanted, results, strict=True):
+                counts[index] = int(result)
+        return counts
+
+    def _append_call(
+        self, key: StreamKey, events: Sequence[Event], state: bytes | None
+    ) -> ScriptCall:
         run_id, view = key
         args: list[Any] = [self.options.maxlen, self.options.ttl * 1000,
                            "0" if state is None else "1", state or b""]
         for event in events:
             args += (event.seq, encode(event))
-        call_keys = [self._stream_key(key), keys.meta_key(self.prefix, run_id, view)]
-        (appended,) = await self.run_scripts([(APPEND, call_keys, args)])
-        return int(appended)
+        return (APPEND, [self._stream_key(key), keys.meta_key(self.prefix, run_id, view)], args)
 
     async def load_state(self, key: StreamKey) -> bytes | None:
         with unavailable_on_connection_errors("load delivery state"):

@@ -153,3 +153,19 @@ async def test_a_run_already_silent_when_its_worker_left_is_ended_by_the_success
     raw = await read_all(bus, run.run_id)
     assert [e.seq for e in raw] == [1, 2, 3]
     assert raw[-1].payload_dict()["state"] == "error"
+
+
+async def test_append_many_is_append_in_order_and_idempotent(bus: Bus) -> None:
+    """The workers write a batch's delivery appends together (one pipeline on Redis)."""
+    run = RunScript(f"{prefix()}_many")
+    first, second = run.tool_start("a"), run.tool_start("b")
+    other = f"{run.run_id}_other"
+    counts = await bus.append_many([
+        ((run.run_id, "raw"), [first, second], b"s2"),
+        ((other, "raw"), [], b"only-state"),
+        ((run.run_id, "raw"), [first], b"s2"),  # a replay: skipped by seq
+    ])
+    assert counts == [2, 0, 0]
+    assert [e.seq for e in await read_all(bus, run.run_id)] == [1, 2]
+    assert await bus.load_state((run.run_id, "raw")) == b"s2"
+    assert await bus.load_state((other, "raw")) == b"only-state"
