@@ -61,7 +61,9 @@ log = logging.getLogger(__name__)
 ACCEPTED_OPTIONS = (
     "shards", "maxlen", "ttl", "claim_idle_ms", "lease_ms", "max_deliveries", "prefix",
 )
-PASSTHROUGH = ("session_timeout_ms", "hot_events", "request_timeout_ms", "linger_ms")
+PASSTHROUGH = (
+    "session_timeout_ms", "hot_events", "request_timeout_ms", "linger_ms", "commit_interval_ms",
+)
 _VIEW_HEADER = "v"
 _KIND_HEADER = "k"
 _STATE_KIND = b"s"
@@ -85,6 +87,8 @@ class KafkaOptions(msgspec.Struct, kw_only=True):
     """Events the hot tier holds over all delivery streams."""
     request_timeout_ms: int = 10_000
     linger_ms: int = 1
+    commit_interval_ms: int = 100
+    """Acks are committed at most this often (and always on revoke and on close)."""
 
 
 async def _guard(what: str, call: Awaitable[T]) -> T:
@@ -557,6 +561,9 @@ class KafkaConsumer(Consumer):
         self._client: AIOKafkaConsumer | None = None
         self._partitions: dict[int, _PartitionState] = {}
         self._closed = False
+        self._dirty: set[int] = set()
+        """Partitions with acks not yet committed."""
+        self._last_commit = time.monotonic()
 
     def owned_shards(self) -> frozenset[int]:
         if self._client is None:
@@ -574,7 +581,7 @@ class KafkaConsumer(Consumer):
             session = self.bus.kafka.session_timeout_ms or self.bus.options.lease_ms
             client = AIOKafkaConsumer(
                 bootstrap_servers=self.bus.bootstrap,
-                group_id=self.group,
+                group_id=keys.kafka_group(self.bus.options.prefix, self.group),
                 client_id=self.name,
                 enable_auto_commit=False,
                 auto_offset_reset="earliest",
@@ -600,13 +607,14 @@ class KafkaConsumer(Consumer):
                 )
 
     async def _revoked(self, revoked: list[TopicPartition]) -> None:
-        """Commit what was acked on partitions about to move, then forget them."""
+        """Commit what was acked on partitions about to move, then forget them (PITFALLS 4)."""
         await self._commit([tp.partition for tp in revoked])
         for tp in revoked:
             self._partitions.pop(tp.partition, None)
 
     async def fetch(self, max_count: int = 512, block_ms: int = 1000) -> list[Delivery]:
         client = await self._start()
+        await self._commit_due()
         out, poison = self._redeliver(max_count)
         for delivery in poison:
             await self.dead_letter(delivery, f"delivered {delivery.deliveries} times without an "
@@ -678,19 +686,27 @@ class KafkaConsumer(Consumer):
         return out, poison
 
     async def ack(self, deliveries: Sequence[Delivery]) -> None:
-        touched: set[int] = set()
         for delivery in deliveries:
             partition, _, offset = delivery.entry_id.partition(":")
             state = self._partitions.get(int(partition))
             if state is not None and state.held.pop(int(offset), None) is not None:
                 state.counts.pop(int(offset), None)
-                touched.add(int(partition))
-        await self._commit(sorted(touched))
+                self._dirty.add(int(partition))
+        await self._commit_due()
+
+    async def _commit_due(self) -> None:
+        """Commit the acked prefix of dirty partitions if ``commit_interval_ms`` has passed."""
+        if self._dirty and (
+            time.monotonic() - self._last_commit >= self.bus.kafka.commit_interval_ms / 1000
+        ):
+            await self._commit(sorted(self._dirty))
 
     async def _commit(self, partitions: Sequence[int]) -> None:
         if self._client is None:
             return
         offsets: dict[TopicPartition, OffsetAndMetadata] = {}
+        self._last_commit = time.monotonic()
+        self._dirty.difference_update(partitions)
         for partition in partitions:
             state = self._partitions.get(partition)
             point = None if state is None else state.commit_point()
@@ -717,5 +733,7 @@ class KafkaConsumer(Consumer):
         self._closed = True
         self.bus._consumers.discard(self)
         if self._client is not None:
+            with contextlib.suppress(BusUnavailable):
+                await self._commit(sorted(self._dirty))
             client, self._client = self._client, None
             await client.stop()

@@ -100,3 +100,8 @@ def kafka_marks_topic(prefix: str, group: str) -> str:
     """
     safe = "".join(c if c.isascii() and (c.isalnum() or c in ".-") else f"_{ord(c):x}" for c in group)
     return f"{prefix}.marks.{safe}"
+
+
+def kafka_group(prefix: str, group: str) -> str:
+    """The Kafka consumer group id of a runwire group: prefixed like the topics."""
+    return f"{prefix}.{group}"

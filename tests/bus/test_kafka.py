@@ -1,0 +1,187 @@
+"""What is particular to the Kafka bus: topic layout, record keys, commits on revoke, the hot tier.
+
+The shared behaviour is in test_contract.py; these tests look at the topics
+themselves with a plain aiokafka client, on a real broker (Tansu).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import time
+import uuid
+from collections.abc import AsyncIterator
+from typing import Any
+
+import pytest
+from aiokafka import AIOKafkaConsumer, AIOKafkaProducer, TopicPartition
+from aiokafka.admin import AIOKafkaAdminClient
+
+from pipeline.bus import Delivery, open_bus
+from pipeline.bus.keys import shard_for
+from pipeline.envelope import Event, decode, encode, make
+from pipeline.errors import ConfigError
+
+
+def event(run_id: str, seq: int, **envelope: Any) -> Event:
+    return make("text.delta", {"text": f"{run_id}:{seq}"}, id=f"evt_{run_id}_{seq:06d}",
+                ts="2026-01-01T00:00:00.000Z", run_id=run_id, seq=seq, **envelope)
+
+
+@pytest.fixture
+def prefix() -> str:
+    return "k" + uuid.uuid4().hex[:10]
+
+
+@pytest.fixture
+def bootstrap(kafka_url: str) -> str:
+    return kafka_url.split("://", 1)[1]
+
+
+async def read_topic(bootstrap: str, topic: str, partitions: int) -> list[Any]:
+    """Every record of a topic (small test topics only)."""
+    reader = AIOKafkaConsumer(bootstrap_servers=bootstrap, enable_auto_commit=False)
+    await reader.start()
+    try:
+        tps = [TopicPartition(topic, p) for p in range(partitions)]
+        ends = await reader.end_offsets(tps)
+        reader.assign(tps)
+        await reader.seek_to_beginning(*tps)
+        records: list[Any] = []
+        deadline = time.monotonic() + 10
+        while time.monotonic() < deadline:
+            positions = [await reader.position(tp) for tp in tps]
+            if all(pos >= ends[tp] for pos, tp in zip(positions, tps, strict=True)):
+                break
+            for batch in (await reader.getmany(timeout_ms=300)).values():
+                records += batch
+        return records
+    finally:
+        await reader.stop()
+
+
+async def test_topics_are_created_with_the_configured_partitions(
+    kafka_url: str, bootstrap: str, prefix: str
+) -> None:
+    """Kafka: topics created with configured partitions (issue 3); a bus whose shard count
+    disagrees with existing topics is refused rather than silently re-sharding runs."""
+    async with open_bus(f"{kafka_url}?prefix={prefix}&shards=6"):
+        pass
+    admin = AIOKafkaAdminClient(bootstrap_servers=bootstrap)
+    await admin.start()
+    try:
+        described = await admin.describe_topics(
+            [f"{prefix}.ingest", f"{prefix}.delivery", f"{prefix}.control", f"{prefix}.deadletter"])
+    finally:
+        await admin.close()
+    assert {t["topic"]: len(t["partitions"]) for t in described} == {
+        f"{prefix}.ingest": 6, f"{prefix}.delivery": 6, f"{prefix}.control": 6,
+        f"{prefix}.deadletter": 1,
+    }
+    with pytest.raises(ConfigError, match="shards=6"):
+        async with open_bus(f"{kafka_url}?prefix={prefix}&shards=4"):
+            pass
+
+
+async def test_ingest_records_are_keyed_by_root_run_in_its_shard(
+    kafka_url: str, bootstrap: str, prefix: str
+) -> None:
+    """Key = root run id, partition = its shard: a parent and its children share one
+    partition, so one consumer owns the whole tree in order."""
+    async with open_bus(f"{kafka_url}?prefix={prefix}&shards=8") as bus:
+        await bus.publish([
+            event("parent", 1), event("child", 1, parent_id="parent", root_id="parent"),
+            event("grandchild", 1, parent_id="child", root_id="parent"), event("other", 1),
+        ])
+    records = await read_topic(bootstrap, f"{prefix}.ingest", 8)
+    seen = {decode(r.value).run_id: (r.key, r.partition) for r in records}
+    assert seen == {
+        "parent": (b"parent", shard_for("parent", 8)),
+        "child": (b"parent", shard_for("parent", 8)),
+        "grandchild": (b"parent", shard_for("parent", 8)),
+        "other": (b"other", shard_for("other", 8)),
+    }
+
+
+async def _fetch_until(consumer: Any, stop: Any, within: float = 20) -> list[Delivery]:
+    got: list[Delivery] = []
+    deadline = time.monotonic() + within
+    while not stop() and time.monotonic() < deadline:
+        got += await consumer.fetch(block_ms=100)
+    return got
+
+
+@pytest.mark.slow
+async def test_acks_are_committed_when_partitions_are_revoked(kafka_url: str, prefix: str) -> None:
+    """PITFALLS 4: "In Kafka, commit in the revoke callback". Acks not yet committed
+    (a long commit interval) are committed when a rebalance takes partitions away, so
+    the new owner does not get them again."""
+    url = f"{kafka_url}?prefix={prefix}&shards=4&lease_ms=2000&commit_interval_ms=600000"
+    runs = [f"run-{i}" for i in range(16)]
+    async with open_bus(url) as bus:
+        await bus.publish([event(r, s) for r in runs for s in range(1, 4)])
+        first = bus.consumer("g", "first")
+        taken: list[Delivery] = []
+        deadline = time.monotonic() + 20
+        while len(taken) < 48 and time.monotonic() < deadline:
+            taken += await first.fetch(block_ms=100)
+        assert len(taken) == 48
+        await first.ack(taken)  # acked, not committed yet (interval)
+
+        second = bus.consumer("g", "second")
+        redelivered: list[Delivery] = []
+        deadline = time.monotonic() + 30
+        while time.monotonic() < deadline:
+            _, fresh = await asyncio.gather(first.fetch(block_ms=100), second.fetch(block_ms=100))
+            redelivered += fresh
+            if second.owned_shards() and first.owned_shards():
+                break
+        assert second.owned_shards() and not first.owned_shards() & second.owned_shards()
+        redelivered += await _fetch_until(second, lambda: False, within=1.5)
+        await first.close()
+        await second.close()
+    assert redelivered == []
+
+
+async def test_a_new_process_rebuilds_delivery_streams_from_the_topic(
+    kafka_url: str, bootstrap: str, prefix: str
+) -> None:
+    """Resume from shared state (PITFALLS 10): a bus opened later reads the retained
+    delivery topic into its hot tier — events, bounds and writer state — and drops
+    records a retried producer wrote twice (readers dedupe by seq)."""
+    url = f"{kafka_url}?prefix={prefix}&shards=4"
+    key = ("run-h", "raw")
+    async with open_bus(url) as writer:
+        await writer.append(key, [event("run-h", s) for s in range(1, 4)], state=b"three")
+    producer = AIOKafkaProducer(bootstrap_servers=bootstrap, enable_idempotence=False)
+    await producer.start()
+    try:  # a duplicate of seq 3, as a producer retry would write it, then seq 4
+        for seq in (3, 4):
+            await producer.send_and_wait(f"{prefix}.delivery", encode(event("run-h", seq)),
+                                         key=b"run-h", partition=shard_for("run-h", 4),
+                                         headers=[("v", b"raw")])
+    finally:
+        await producer.stop()
+    async with open_bus(url) as reader:
+        assert [e.seq for e in await reader.read(key, 0)] == [1, 2, 3, 4]
+        assert await reader.bounds(key) == (1, 4)
+        assert await reader.load_state(key) == b"three"
+        assert await reader.append(key, [event("run-h", s) for s in range(1, 6)]) == 1
+
+
+@pytest.fixture
+async def kafka_bus(kafka_url: str, prefix: str) -> AsyncIterator[Any]:
+    async with open_bus(f"{kafka_url}?prefix={prefix}&shards=4") as bus:
+        yield bus
+
+
+async def test_state_record_follows_its_events_in_one_partition(
+    kafka_bus: Any, bootstrap: str, prefix: str
+) -> None:
+    """An append is one record batch in the run's partition with the writer state last,
+    so a state is never stored ahead of the events it accounts for."""
+    await kafka_bus.append(("run-s", "shaped"), [event("run-s", 2), event("run-s", 5)], state=b"st")
+    records = await read_topic(bootstrap, f"{prefix}.delivery", 4)
+    assert {r.partition for r in records} == {shard_for("run-s", 4)}
+    assert [dict(r.headers) for r in records] == [{"v": b"shaped"}, {"v": b"shaped"},
+                                                  {"v": b"shaped", "k": b"s"}]
+    assert [r.value for r in records[-1:]] == [b"st"]
