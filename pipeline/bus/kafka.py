@@ -223,13 +223,17 @@ class KafkaBus(Bus):
 
     # ---- ingest -------------------------------------------------------
     async def publish(self, events: Sequence[Event]) -> None:
+        await self.publish_encoded(events, [encode(event) for event in events])
+
+    async def publish_encoded(self, events: Sequence[Event], data: Sequence[bytes]) -> None:
+        """:meth:`publish` with each event's canonical JSON already encoded (the publisher's)."""
         if not events:
             return
         shards = self.shards
         records: list[_Record] = []
-        for event in events:
+        for event, value in zip(events, data, strict=True):
             root = event.root_id or event.run_id
-            records.append((keys.shard_for(root, shards), root.encode(), encode(event), []))
+            records.append((keys.shard_for(root, shards), root.encode(), value, []))
         await self._send(self.topics[keys.KAFKA_INGEST], records)
 
     def consumer(self, group: str, name: str, *, claim_idle_ms: int | None = None) -> Consumer:
