@@ -65,6 +65,19 @@ async def test_iter_events_streams_all_in_order_batch_by_batch(store_url: str) -
     assert later == [21, 22, 23]
 
 
+async def test_jsonl_chunks_keep_seq_order_across_batches(store_url: str) -> None:
+    """Seed 003 §5.4: "One JSON event per line, id ordered ascending" — batch after batch."""
+    stored = deltas("r1", 1, 23)
+    async with open_store(store_url) as log:
+        await log.append(list(reversed(stored)))
+        chunks = [chunk async for chunk in log.iter_jsonl("r1", batch=5)]
+        tail = [chunk async for chunk in log.iter_jsonl("r1", after=20, batch=5)]
+    assert [count for _, count in chunks] == [5, 5, 5, 5, 3]
+    assert b"".join(lines for lines, _ in chunks).splitlines() == [
+        envelope.encode(e) for e in stored]
+    assert tail == [(b"".join(envelope.encode(e) + b"\n" for e in stored[20:]), 3)]
+
+
 async def test_first_seq_is_the_lowest_stored(store_url: str) -> None:
     async with open_store(store_url) as log:
         assert await log.first_seq("r1") is None
