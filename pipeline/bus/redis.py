@@ -55,6 +55,8 @@ PASSTHROUGH_OPTIONS = (
     "ssl_keyfile", "ssl_check_hostname",
 )
 CONTROL_MAXLEN = 1000
+SLOT_POLL_COST_S = 20e-6
+"""Poll-interval share of one watched slot in a Cluster ``tail`` (see ``_tail_cluster``)."""
 _CONNECTION_ERRORS = (
     rexc.ConnectionError, rexc.TimeoutError, rexc.ClusterDownError, rexc.TryAgainError,
     rexc.MasterDownError, rexc.RedisClusterException, rexc.BusyLoadingError, OSError,
@@ -328,10 +330,16 @@ class RedisBus(Bus):
     async def _tail_cluster(self, streams: dict[str, str], block_ms: int) -> list[Any]:
         """Streams of many slots: a multi-key XREAD must stay in one slot, so read each
         slot's streams in one pipelined, non-blocking pass (the client runs each node's
-        commands concurrently) and poll every ``tail_poll_ms`` until ``block_ms``."""
+        commands concurrently) and poll until ``block_ms``.
+
+        A pass costs the cluster ~1–2 µs per slot, so the interval stretches with
+        the number of slots (``tail_poll_ms``, or 20 µs per slot if longer: 10 000
+        watched runs → a pass every 200 ms) to keep idle polling near 1 % of a node.
+        """
         by_slot: dict[int, dict[str, str]] = {}
         for name, cursor in streams.items():
             by_slot.setdefault(key_slot(name.encode()), {})[name] = cursor
+        interval = max(self.options.tail_poll_ms / 1000, len(by_slot) * SLOT_POLL_COST_S)
         loop = asyncio.get_running_loop()
         deadline = loop.time() + block_ms / 1000
         while True:
@@ -342,7 +350,7 @@ class RedisBus(Bus):
             remaining = deadline - loop.time()
             if replies or remaining <= 0:
                 return replies
-            await asyncio.sleep(min(remaining, self.options.tail_poll_ms / 1000))
+            await asyncio.sleep(min(remaining, interval))
 
     # ---- control -----------------------------------------------------
     async def send_control(self, command: ControlCommand) -> None:
