@@ -269,6 +269,24 @@ async def test_append_is_idempotent_on_seq_and_stores_state(bus_url: str) -> Non
         assert await bus.read(("run-i", "shaped"), 0) == []
 
 
+async def test_append_many_equals_appends_in_order(bus_url: str) -> None:
+    """Several streams' appends at once: same idempotency and state as one by one."""
+    raw: StreamKey = ("run-am", "raw")
+    shaped: StreamKey = ("run-am", "shaped")
+    async with open_bus(bus_url) as bus:
+        counts = await bus.append_many([
+            (raw, [event("run-am", s) for s in (1, 2, 3)], b"r3"),
+            (shaped, [event("run-am", 3)], None),
+            (raw, [event("run-am", s) for s in (2, 3, 4)], b"r4"),
+            (("run-other", "raw"), [], b"only-state"),
+        ])
+        assert counts == [3, 1, 1, 0]
+        assert [e.seq for e in await bus.read(raw, 0)] == [1, 2, 3, 4]
+        assert await bus.load_state(raw) == b"r4"
+        assert await bus.load_state(shaped) is None
+        assert await bus.load_state(("run-other", "raw")) == b"only-state"
+
+
 async def test_read_after_and_bounds(bus_url: str) -> None:
     key: StreamKey = ("run-r", "shaped")
     async with open_bus(bus_url) as bus:
