@@ -30,11 +30,12 @@ backlog of another):
    while a ``tool.start`` stamped with its publish time goes 10×/s to a run
    watched by 20 probe clients (the ``clients`` others stay connected);
    ``control_latency_p50_ms``/``_p99_ms`` = publish → client.
-4. Saturation: events appended to the main run as fast as one producer can
-   for a few seconds; ``deliveries_per_s`` = frames received by all clients
-   per second (the runwire edge drops deltas for clients that fall behind,
-   R4; those are not counted). Measured before the fan-out latency phase,
-   and every phase waits (bounded) until the previous one's backlog is out.
+4. Saturation: 4 000 000 / ``clients`` events appended to the main run as
+   fast as one producer can; ``deliveries_per_s`` = frames received by all
+   clients per second until every client has every event (or nothing arrived
+   for 2 s, or 20 s passed). The runwire edge drops deltas for clients that
+   fall behind (R4); drops are not counted as deliveries. Every phase waits
+   (bounded) until the previous one's backlog is out.
 5. Fan-out latency: as 3, with the control events on the main run, written
    to every one of its ``clients``: ``fanout_latency_p50_ms``/``_p99_ms``
    over 20 of them (this includes writing each event to all the others).
@@ -147,42 +148,55 @@ class Counters:
         self.latencies_ms: list[float] = []
 
 
-async def sse_client(port: int, path: str, after: int, probe: bool, counters: Counters) -> None:
-    reader, writer = await asyncio.open_connection("127.0.0.1", port, limit=1 << 20)
-    writer.write(
+class SseCounter(asyncio.Protocol):
+    """A raw SSE reader as a protocol callback (no task per read): counts frames, stamps probes."""
+
+    def __init__(self, request: bytes, probe: bool, counters: Counters) -> None:
+        self.request = request
+        self.probe = probe
+        self.counters = counters
+        self.carry = b""
+        self.closed = False
+
+    def connection_made(self, transport: asyncio.BaseTransport) -> None:
+        transport.write(self.request)  # type: ignore[attr-defined]
+        self.counters.connected += 1
+
+    def data_received(self, chunk: bytes) -> None:
+        self.counters.frames += chunk.count(b"data: ")
+        if self.probe:
+            now = time.time_ns()
+            data = self.carry + chunk
+            for match in _T_NS.finditer(data):
+                self.counters.latencies_ms.append((now - int(match.group(1))) / 1e6)
+            cut = data.rfind(b"\n")
+            self.carry = data[cut + 1 :] if cut >= 0 else data[-256:]
+
+    def connection_lost(self, exc: Exception | None) -> None:
+        self.closed = True
+
+
+async def sse_client(port: int, path: str, after: int, probe: bool, counters: Counters) -> SseCounter:
+    request = (
         f"GET {path} HTTP/1.1\r\nHost: 127.0.0.1\r\nAccept: text/event-stream\r\n"
-        f"Last-Event-ID: {after}\r\n\r\n".encode()
+        f"Last-Event-ID: {after}\r\n\r\n"
+    ).encode()
+    loop = asyncio.get_running_loop()
+    _, protocol = await loop.create_connection(
+        lambda: SseCounter(request, probe, counters), "127.0.0.1", port
     )
-    await writer.drain()
-    counters.connected += 1
-    carry = b""
-    try:
-        while True:
-            chunk = await reader.read(1 << 18)
-            if not chunk:
-                return
-            counters.frames += chunk.count(b"data: ")
-            if probe:
-                now = time.time_ns()
-                data = carry + chunk
-                for match in _T_NS.finditer(data):
-                    counters.latencies_ms.append((now - int(match.group(1))) / 1e6)
-                cut = data.rfind(b"\n")
-                carry = data[cut + 1 :] if cut >= 0 else data[-256:]
-    finally:
-        writer.close()
+    return protocol
 
 
 async def client_role(port: int, specs: list[str], after: int) -> None:
     """Open connections (``path*count``), then answer ``report`` on stdin with JSON counters."""
     counters = Counters()
-    tasks: list[asyncio.Task[None]] = []
+    readers: list[SseCounter] = []
     gate = asyncio.Semaphore(200)
 
     async def start(path: str, probe: bool) -> None:
         async with gate:
-            tasks.append(asyncio.create_task(sse_client(port, path, after, probe, counters)))
-            await asyncio.sleep(0)
+            readers.append(await sse_client(port, path, after, probe, counters))
 
     openings = []
     for spec in specs:
@@ -191,10 +205,6 @@ async def client_role(port: int, specs: list[str], after: int) -> None:
             probe = MAIN_RUN in path and "-bg-" not in path and index < PROBES
             openings.append(start(path, probe=probe))
     await asyncio.gather(*openings)
-    for _ in range(600):  # bounded: at most 30 s for every connection to be sent
-        if counters.connected >= len(openings):
-            break
-        await asyncio.sleep(0.05)
     print(json.dumps({"connected": counters.connected}), flush=True)
     loop = asyncio.get_running_loop()
     while True:
@@ -202,10 +212,8 @@ async def client_role(port: int, specs: list[str], after: int) -> None:
         if not line or line.strip() == "quit":
             break
         latencies, counters.latencies_ms = counters.latencies_ms, []
-        alive = sum(1 for t in tasks if not t.done())
+        alive = sum(1 for r in readers if not r.closed)
         print(json.dumps({"frames": counters.frames, "alive": alive, "latencies_ms": latencies}), flush=True)
-    for task in tasks:
-        task.cancel()
 
 
 # ---------------------------------------------------------------- orchestration
@@ -220,6 +228,9 @@ def make_event(run_id: str, seq: int, kind: str = "text.delta", payload: dict[st
 
 
 class Proc:
+    main = 0
+    """Clients of the main run (client processes)."""
+
     def __init__(self, args: list[str]) -> None:
         self.proc = subprocess.Popen(
             [sys.executable, __file__, *args], stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True
@@ -288,17 +299,26 @@ class Seqs:
         return range(start, start + count)
 
 
-async def saturate(bus: Any, seqs: Seqs, clients: Proc, seconds: float, main_run: str) -> float:
-    """Append as fast as possible; frames/s received by all clients during the window."""
+async def saturate(bus: Any, seqs: Seqs, clients: Proc, events: int, main_run: str) -> float:
+    """Append ``events`` to the main run as fast as possible; deliveries/s until all are out.
+
+    Bounded: stops waiting when nothing arrived for 2 s (R4 drops) or after 20 s.
+    """
     before = clients.ask()["frames"]
     started = time.perf_counter()
-    while time.perf_counter() - started < seconds:
-        batch = [make_event(main_run, s) for s in seqs.take(main_run, 200)]
-        await bus.append((main_run, "raw"), batch)
-        await asyncio.sleep(0)
-    elapsed = time.perf_counter() - started
-    after = clients.ask()["frames"]
-    return (after - before) / elapsed
+    for first in range(0, events, 200):
+        count = min(200, events - first)
+        await bus.append((main_run, "raw"), [make_event(main_run, s) for s in seqs.take(main_run, count)])
+    expected = before + events * clients.main
+    frames, last_progress = before, started
+    while time.perf_counter() - started < 20 and time.perf_counter() - last_progress < 2:
+        await asyncio.sleep(0.1)
+        now = clients.ask()["frames"]
+        if now > frames:
+            frames, last_progress = now, time.perf_counter()
+        if frames >= expected:
+            break
+    return (frames - before) / max(1e-3, last_progress - started)
 
 
 async def control_latency(
@@ -346,6 +366,25 @@ async def resume_first_event(port: int, tries: int = 20) -> float:
     return statistics.median(samples)
 
 
+async def attached(port: int, total: int, limit_s: float = 60.0) -> None:
+    """Wait (bounded) until the runwire edge has attached every client to its feed.
+
+    A client the server has not attached yet when a phase starts would begin
+    its catch-up after the hot tier was trimmed (nothing here writes the
+    replay log), and get CONN-0002 — correct, but not what is measured.
+    """
+    import httpx
+
+    started = time.perf_counter()
+    async with httpx.AsyncClient() as http:
+        while time.perf_counter() - started < limit_s:
+            text = (await http.get(f"http://127.0.0.1:{port}/metrics")).text
+            match = re.search(r"^runwire_edge_connections (\S+)$", text, re.M)
+            if match and float(match.group(1)) >= total:
+                return
+            await asyncio.sleep(0.2)
+
+
 async def settle(clients: Proc, limit_s: float = 30.0) -> None:
     """Wait (bounded) until the clients stop receiving: the previous phase's backlog is written."""
     last = -1
@@ -389,6 +428,8 @@ async def measure(impl: str, bus_url: str, clients: int, seconds: float) -> dict
             try:
                 progress(f"{impl}: connecting clients")
                 connected = load.first()["connected"]
+                if impl == "runwire":
+                    await attached(port, connected)
                 progress(f"{impl}: {connected} connected")
                 await asyncio.sleep(1.0)
                 rss_after = rss_kib(server.proc.pid)
@@ -398,7 +439,8 @@ async def measure(impl: str, bus_url: str, clients: int, seconds: float) -> dict
                 latencies = await control_latency(bus, seqs, load, seconds, main_run, f"{main_run}-ctl")
                 progress(f"{impl}: latency done ({len(latencies)} samples)")
                 await settle(load)
-                deliveries = await saturate(bus, seqs, load, seconds, main_run)
+                load.main = clients
+                deliveries = await saturate(bus, seqs, load, max(200, 4_000_000 // clients), main_run)
                 progress(f"{impl}: saturation done")
                 await settle(load)
                 fanout = await control_latency(bus, seqs, load, seconds, main_run, main_run)

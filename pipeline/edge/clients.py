@@ -16,16 +16,18 @@ import time
 from collections import deque
 from collections.abc import Callable
 
-from .frames import DROP_REASONING, DROP_TEXT, Frame
+from .frames import DROP_REASONING, DROP_TEXT, NEVER_DROP, Frame
 
 
 class ClientQueue:
     """Frames waiting for one client, bounded by ``max_frames`` and ``max_bytes``."""
 
-    __slots__ = ("_frames", "_waiter", "bytes", "last_write", "on_overflow", "dropped", "dropped_by_type", "max_bytes", "max_frames", "overflowed")
+    __slots__ = ("_droppable", "_frames", "_waiter", "bytes", "last_write", "on_overflow", "dropped", "dropped_by_type", "max_bytes", "max_frames", "overflowed")
 
     def __init__(self, *, max_frames: int, max_bytes: int) -> None:
         self._frames: deque[Frame] = deque()
+        self._droppable = [0, 0]
+        """Queued frames per drop rank (reasoning, text): no scan when there is none to drop."""
         self._waiter: asyncio.Future[None] | None = None
         self.bytes = 0
         self.max_frames = max_frames
@@ -46,24 +48,30 @@ class ClientQueue:
         """Queue a frame without waiting. False when it was dropped or the client overflowed."""
         if self.overflowed:
             return False
-        if not self._fits(frame) and not self._make_room(frame):
+        if not self._fits(frame, 0, 0) and not self._make_room(frame):
             return False
         self._frames.append(frame)
         self.bytes += frame.size
+        if frame.rank < NEVER_DROP:
+            self._droppable[frame.rank] += 1
         self._wake()
         return True
 
-    def _fits(self, frame: Frame) -> bool:
-        return len(self._frames) < self.max_frames and self.bytes + frame.size <= self.max_bytes
+    def _fits(self, frame: Frame, slack_frames: int, slack_bytes: int) -> bool:
+        return (
+            len(self._frames) + slack_frames < self.max_frames
+            and self.bytes + frame.size + slack_bytes <= self.max_bytes
+        )
 
     def _make_room(self, frame: Frame) -> bool:
         for rank in (DROP_REASONING, DROP_TEXT):
             if frame.rank == rank:
                 self._count_drop(frame)
                 return False
-            self._evict(rank, frame)
-            if self._fits(frame):
-                return True
+            if self._droppable[rank]:
+                self._evict(rank, frame)
+                if self._fits(frame, 0, 0):
+                    return True
         self.overflowed = True
         self._wake()
         if self.on_overflow is not None:
@@ -71,13 +79,19 @@ class ClientQueue:
         return False
 
     def _evict(self, rank: int, incoming: Frame) -> None:
+        """Drop queued frames of ``rank``, oldest first, until ``incoming`` fits with an eighth
+        of the bounds to spare: one scan then serves many puts (no O(queue) scan per drop)."""
+        slack_frames, slack_bytes = self.max_frames // 8, self.max_bytes // 8
         kept: deque[Frame] = deque()
         count = len(self._frames)
         for queued in self._frames:
-            full = count >= self.max_frames or self.bytes + incoming.size > self.max_bytes
-            if queued.rank == rank and full:
+            tight = count + slack_frames >= self.max_frames or (
+                self.bytes + incoming.size + slack_bytes > self.max_bytes
+            )
+            if queued.rank == rank and tight:
                 self.bytes -= queued.size
                 count -= 1
+                self._droppable[rank] -= 1
                 self._count_drop(queued)
                 continue
             kept.append(queued)
@@ -97,6 +111,7 @@ class ClientQueue:
         frames = list(self._frames)
         self._frames.clear()
         self.bytes = 0
+        self._droppable = [0, 0]
         return frames
 
     def poke(self) -> None:

@@ -32,7 +32,7 @@ from ..store.base import ReplayLog
 from ..ulid import new_event_id
 from .clients import ClientQueue
 from .filters import event_filter
-from .frames import Frame, drop_rank
+from .frames import NEVER_DROP, Frame, drop_rank
 from .metrics import EdgeMetrics
 from .resume import history
 from .settings import EdgeSettings
@@ -95,8 +95,8 @@ class Feed:
 
     def fan_out(self, frame: Frame, metrics: EdgeMetrics) -> None:
         for client in self.clients:
-            if not client.put(frame) and frame.rank < 2:
-                metrics.drops.labels(frame.event_type).inc()
+            if not client.put(frame) and frame.rank < NEVER_DROP:
+                metrics.dropped(frame.event_type)
 
     def drain_backlog(self, metrics: EdgeMetrics) -> None:
         backlog, self.backlog = self.backlog, []

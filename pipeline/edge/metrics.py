@@ -42,6 +42,15 @@ class EdgeMetrics:
         )
         self.bus_errors = Counter("runwire_edge_bus_errors", "Failed bus reads", registry=r)
 
+        self._drop_counters: dict[str, Counter] = {}
+
+    def dropped(self, event_type: str) -> None:
+        """Count one R4 drop (label children cached: this runs once per dropped delivery)."""
+        counter = self._drop_counters.get(event_type)
+        if counter is None:
+            counter = self._drop_counters[event_type] = self.drops.labels(event_type)
+        counter.inc()
+
     def observe_lag(self, now_s: float, ts: str) -> None:
         try:
             self.lag.observe(max(0.0, now_s - ts_ms(ts) / 1000))
