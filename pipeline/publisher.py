@@ -16,8 +16,9 @@ What it guarantees:
   are queued) and go out in one ``Bus.publish`` call. One batch is in flight
   at a time, so per-run order is the emit order.
 * **Bounded memory.** At most ``max_pending`` events and ``max_pending_bytes``
-  encoded bytes are queued; past that ``emit`` waits. Nothing is dropped
-  silently.
+  encoded bytes are queued, plus the one batch in flight (≤ ``max_batch``);
+  past that ``emit`` waits. Nothing is dropped silently. The queue refills
+  while a batch is on its way, so building events overlaps the bus's work.
 * **Retries.** A batch that fails with :class:`~pipeline.errors.BusUnavailable`
   is retried with exponential backoff and full jitter (redis-py's
   ``FullJitterBackoff``) until ``delivery_timeout`` seconds have passed since
@@ -211,6 +212,8 @@ class Publisher:
         bus with ``publish_encoded`` (Kafka) sends these bytes instead of encoding again."""
         self._count = 0
         """Events queued or in flight."""
+        self._queued = 0
+        """Events queued (not yet in flight): what ``max_pending`` bounds."""
         self._queued_bytes = 0
         self._in_flight: list[Event] = []
         self._in_flight_bytes = 0
@@ -337,20 +340,22 @@ class Publisher:
 
     @property
     def pending_bytes(self) -> int:
-        return self._queued_bytes
+        """Encoded bytes queued or in flight."""
+        return self._queued_bytes + self._in_flight_bytes
 
     async def _enqueue(self, event: Event) -> None:
         if self._failure is not None:
             self._raise_failure()
         data = _encoder.encode(event)
         size = len(data)
-        if self._count and (
-            self._count >= self.max_pending or self._queued_bytes + size > self.max_pending_bytes
+        if self._queued and (
+            self._queued >= self.max_pending or self._queued_bytes + size > self.max_pending_bytes
         ):
             await self._wait_for_room(event, size)
         self._queue.append(event)
         self._encoded.append(data)
         self._count += 1
+        self._queued += 1
         self._queued_bytes += size
         queued = len(self._queue)
         if queued == 1 or queued >= self.max_batch:
@@ -359,8 +364,8 @@ class Publisher:
     async def _wait_for_room(self, event: Event, size: int) -> None:
         """Wait until ``event`` fits the bound (one event always fits an empty queue)."""
         epoch = self._failure_epoch
-        while self._count and (
-            self._count >= self.max_pending or self._queued_bytes + size > self.max_pending_bytes
+        while self._queued and (
+            self._queued >= self.max_pending or self._queued_bytes + size > self.max_pending_bytes
         ):
             self._space.clear()
             if self._flusher is None or self._flusher.done():
@@ -394,6 +399,9 @@ class Publisher:
             self._in_flight = [queue.popleft() for _ in range(take)]
             data = [encoded.popleft() for _ in range(take)]
             self._in_flight_bytes = sum(map(len, data))
+            self._queued -= take
+            self._queued_bytes -= self._in_flight_bytes
+            self._space.set()  # the queue has room again while this batch is on its way
             await self._deliver(self._in_flight, data)
 
     async def _deliver(self, events: list[Event], data: list[bytes]) -> None:
@@ -427,7 +435,6 @@ class Publisher:
         self.published += len(events)
         self.batches += 1
         self._count -= len(events)
-        self._queued_bytes -= self._in_flight_bytes
         self._in_flight = []
         self._in_flight_bytes = 0
         self._space.set()
@@ -439,7 +446,7 @@ class Publisher:
         self._queue.clear()
         self._encoded.clear()
         self._in_flight = []
-        self._count = self._queued_bytes = self._in_flight_bytes = 0
+        self._count = self._queued = self._queued_bytes = self._in_flight_bytes = 0
         undelivered = [(event.run_id, event.seq) for event in lost]
         self._failure = self._last_failure = DeliveryTimeout(
             f"{why}; {len(undelivered)} event(s) not delivered: {_describe(undelivered)}",

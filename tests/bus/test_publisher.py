@@ -17,7 +17,7 @@ import pytest
 
 from pipeline import Publisher
 from pipeline.bus import ControlCommand, open_bus
-from pipeline.envelope import Event, decode, parse_ts
+from pipeline.envelope import Event, decode, encode, parse_ts
 from pipeline.errors import DeliveryTimeout, MalformedFrame, UnknownEventType
 from tests.services import RedisServer
 
@@ -168,33 +168,41 @@ async def test_bound_holds_while_redis_is_down_then_recovers(own_redis: RedisSer
     does not grow), DeliveryTimeout names every (run_id, seq) not delivered, and
     publishing resumes when the server is back."""
     async with Publisher.connect(
-        own_redis.url, max_pending=50, delivery_timeout=1.5, linger_ms=1, backoff_cap=0.2
+        own_redis.url, max_pending=50, max_batch=10, delivery_timeout=1.5, linger_ms=1,
+        backoff_cap=0.2,
     ) as pub:
         run = pub.run("run-down")
         await run.emit("text.delta", {"text": "before"})
         await pub.flush()
         own_redis.stop()
+        emitted = 0
 
-        for n in range(50):  # fills the bound without waiting
-            await asyncio.wait_for(run.emit("text.delta", {"text": str(n)}), 1)
-        blocked = asyncio.create_task(run.emit("text.delta", {"text": "one too many"}))
+        async def emit_forever() -> None:
+            nonlocal emitted
+            while True:
+                await run.emit("text.delta", {"text": str(emitted)})
+                emitted += 1
+
+        emitter = asyncio.create_task(emit_forever())
         await asyncio.sleep(0.5)
-        assert not blocked.done()
-        assert pub.pending == 50  # the bound, not more
+        assert pub.pending == 60  # 50 queued + one batch of 10 in flight: the bound
+        stuck_at = emitted
+        await asyncio.sleep(0.3)
+        assert (emitted, pub.pending) == (stuck_at, 60)  # waiting, not growing
 
         with pytest.raises(DeliveryTimeout) as failure:
-            await asyncio.wait_for(blocked, 10)
-        assert failure.value.undelivered == [("run-down", s) for s in range(2, 53)]
-        assert "run-down seq 2..51" in str(failure.value)
-        assert "run-down seq 52" in str(failure.value)
+            await asyncio.wait_for(emitter, 10)
+        assert failure.value.undelivered == [("run-down", s) for s in range(2, 63)]
+        assert "run-down seq 2..61" in str(failure.value)
+        assert "run-down seq 62" in str(failure.value)  # the emit that was waiting for room
         assert pub.pending == 0
 
         own_redis.start()
         after = await run.emit("text.delta", {"text": "after"})
         await pub.flush()
-    assert after.seq == 53
+    assert after.seq == 63
     got = await consume(own_redis.url, 1)
-    assert [(e.run_id, e.seq) for e in got] == [("run-down", 53)]  # the restart lost seq 1
+    assert [(e.run_id, e.seq) for e in got] == [("run-down", 63)]  # the restart lost seq 1
 
 
 @pytest.mark.slow
@@ -232,7 +240,10 @@ async def test_bound_in_bytes_holds_while_the_bus_is_slow() -> None:
             task = asyncio.create_task(emit_forever())
             await asyncio.sleep(0.3)
             stuck_at = emitted
-            assert 0 < pub.pending_bytes <= 4000 and stuck_at < 60
+            one = len(encode(run.event("text.delta", {"text": "x" * 100})))
+            run.seq -= 1  # that event was only measured
+            # 4000 bytes queued + one batch (5 events) in flight
+            assert 4000 - one < pub.pending_bytes <= 4000 + 5 * one and stuck_at < 60
             await asyncio.sleep(0.2)
             assert emitted == stuck_at  # waiting, not growing
             drained = 0
