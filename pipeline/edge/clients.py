@@ -57,6 +57,24 @@ class ClientQueue:
         self._wake()
         return True
 
+    def put_many(self, frames: list[Frame]) -> list[Frame]:
+        """Queue frames in order with one wake; returns the ones dropped (R4)."""
+        size = 0
+        for frame in frames:
+            size += frame.size
+        if self.overflowed:
+            return []
+        if len(self._frames) + len(frames) <= self.max_frames and self.bytes + size <= self.max_bytes:
+            self._frames.extend(frames)
+            self.bytes += size
+            droppable = self._droppable
+            for frame in frames:
+                if frame.rank < NEVER_DROP:
+                    droppable[frame.rank] += 1
+            self._wake()
+            return []
+        return [frame for frame in frames if not self.put(frame) and frame.rank < NEVER_DROP]
+
     def _fits(self, frame: Frame, slack_frames: int, slack_bytes: int) -> bool:
         return (
             len(self._frames) + slack_frames < self.max_frames

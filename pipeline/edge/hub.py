@@ -32,7 +32,7 @@ from ..store.base import ReplayLog
 from ..ulid import new_event_id
 from .clients import ClientQueue
 from .filters import event_filter
-from .frames import NEVER_DROP, Frame, drop_rank
+from .frames import Frame, drop_rank
 from .metrics import EdgeMetrics
 from .resume import history
 from .settings import EdgeSettings
@@ -74,15 +74,19 @@ class Feed:
 
     def offer(self, event: Event, metrics: EdgeMetrics) -> None:
         """A live event of the stream: encode once, queue for every client."""
+        frame = self.accept(event)
+        if frame is not None:
+            self.fan_out([frame], metrics)
+
+    def accept(self, event: Event) -> Frame | None:
+        """Advance past a live event; its frame when there is one to send now."""
         if not self.ready.is_set():
             self.backlog.append(event)
-            return
+            return None
         if event.seq <= self.position:
-            return
+            return None
         self.position = event.seq
-        frame = self.encode(event)
-        if frame is not None:
-            self.fan_out(frame, metrics)
+        return self.encode(event)
 
     def encode(self, event: Event) -> Frame | None:
         """Filter and encode one event with this feed's encoder (updating its state)."""
@@ -93,10 +97,11 @@ class Feed:
             self.terminal_seq = event.seq
         return encode_frame(self.encoder, event, terminal)
 
-    def fan_out(self, frame: Frame, metrics: EdgeMetrics) -> None:
+    def fan_out(self, frames: list[Frame], metrics: EdgeMetrics) -> None:
+        """Queue a batch of frames for every client: one call and one wake per client per batch."""
         for client in self.clients:
-            if not client.put(frame) and frame.rank < NEVER_DROP:
-                metrics.dropped(frame.event_type)
+            for dropped in client.put_many(frames):
+                metrics.dropped(dropped.event_type)
 
     def drain_backlog(self, metrics: EdgeMetrics) -> None:
         backlog, self.backlog = self.backlog, []
@@ -270,6 +275,7 @@ class Hub:
         """Hand one tail result to the feeds (synchronous: no client can slow it)."""
         now = time.monotonic()
         wall = time.time()
+        pending: dict[Feed, list[Frame]] = {}
         for key, event in batch:
             stream = self.streams.get(key)
             if stream is None or event.seq <= stream.cursor:
@@ -280,8 +286,12 @@ class Hub:
             self.metrics.observe_lag(wall, event.ts)
             if ends_stream(event):
                 stream.ended = True
-            for feed in list(stream.feeds.values()):
-                feed.offer(event, self.metrics)
+            for feed in stream.feeds.values():
+                frame = feed.accept(event)
+                if frame is not None:
+                    pending.setdefault(feed, []).append(frame)
+        for feed, frames in pending.items():
+            feed.fan_out(frames, self.metrics)
 
     # ---- keepalive: one sweep for every client ----------------------------
     async def _keepalive_loop(self) -> None:
@@ -325,4 +335,4 @@ class Hub:
                 frame = feed.encode(event)
                 if frame is not None:
                     frame.seq = None  # not a delivery seq: a resume continues after the last real one
-                    feed.fan_out(frame, self.metrics)
+                    feed.fan_out([frame], self.metrics)
