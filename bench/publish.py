@@ -190,6 +190,26 @@ async def faststream_kafka(bootstrap: str, n: int) -> float:
         await broker.stop()
 
 
+def redis_benchmark_ceiling(url: str) -> int | None:
+    """``redis-benchmark -P 64`` XADD into one stream: what the server itself takes (context)."""
+    import re
+    import shutil
+    import subprocess
+    from urllib.parse import urlsplit
+
+    binary = shutil.which("redis-benchmark")
+    if binary is None:
+        return None
+    parts = urlsplit(url)
+    out = subprocess.run(
+        [binary, "-h", parts.hostname or "127.0.0.1", "-p", str(parts.port or 6379), "-P", "64",
+         "-n", "200000", "-q", "xadd", "bench:ceiling", "*", "e", sample_bytes().decode()],
+        capture_output=True, text=True, timeout=120,
+    ).stdout
+    found = re.findall(r"([0-9.]+) requests per second", out)
+    return round(float(found[-1])) if found else None
+
+
 # ---- driver -----------------------------------------------------------------------
 
 
@@ -240,6 +260,10 @@ def measure(args: argparse.Namespace, redis_url: str, kafka_url: str) -> dict[st
         labels[key] = label
         if not args.json:
             print(f"  {label:<44} {figures[key]:>10,} events/s", flush=True)
+    figures["redis_server_xadd_per_s"] = redis_benchmark_ceiling(redis_url)
+    if not args.json:
+        print(f"  {'(redis-benchmark -P 64 XADD, server ceiling)':<44} "
+              f"{figures['redis_server_xadd_per_s'] or 0:>10,} entries/s", flush=True)
     figures["ratio_vs_baseline"] = round(figures["events_per_s"] / figures["baseline_events_per_s"], 2)
     figures["ratio_vs_peer_redis"] = round(figures["events_per_s"] / figures["peer_redis_events_per_s"], 2)
     figures["kafka_ratio_vs_baseline"] = round(

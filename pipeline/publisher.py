@@ -200,6 +200,7 @@ class Publisher:
         self.bus = bus
         self.linger = linger_ms / 1000
         self.max_batch = max_batch
+        self._yield_every = max(1, max_batch // 4)
         self.max_pending = max_pending
         self.max_pending_bytes = max_pending_bytes
         self.delivery_timeout = delivery_timeout
@@ -357,9 +358,13 @@ class Publisher:
         self._count += 1
         self._queued += 1
         self._queued_bytes += size
-        queued = len(self._queue)
+        queued = self._queued
         if queued == 1 or queued >= self.max_batch:
             self._wakeup.set()
+        if queued % self._yield_every == 0:
+            # A caller emitting in a tight loop never yields while there is room: let
+            # the flusher send a full batch and the loop take the bus's replies.
+            await asyncio.sleep(0)
 
     async def _wait_for_room(self, event: Event, size: int) -> None:
         """Wait until ``event`` fits the bound (one event always fits an empty queue)."""
