@@ -167,6 +167,7 @@ class Hub:
         self._reader: asyncio.Task[None] | None = None
         self._watchdog: asyncio.Task[None] | None = None
         self._keepalive: asyncio.Task[None] | None = None
+        self._priming: set[asyncio.Task[None]] = set()
         self._wake = asyncio.Event()
         self._lock = asyncio.Lock()
 
@@ -184,20 +185,33 @@ class Hub:
 
     # ---- subscriptions ------------------------------------------------
     async def feed(self, key: FeedKey) -> Feed:
-        """The ready feed for ``key`` (created and primed when it is the first)."""
+        """The ready feed for ``key`` (created and primed when it is the first).
+
+        The caller must :meth:`attach` to it before its next ``await``: the
+        feed is then known to be registered and current.
+        """
+        while True:
+            feed = await self._feed_once(key)
+            stream = self.streams.get(key.stream)
+            if stream is not None and stream.feeds.get(key) is feed:
+                return feed
+            # Its last client left while this one waited for it: take a fresh one.
+
+    async def _feed_once(self, key: FeedKey) -> Feed:
         async with self._lock:
             stream = self.streams.get(key.stream)
             if stream is None:
                 stream = await self._open_stream(key.stream)
             feed = stream.feeds.get(key)
+            created = feed is None
             if feed is None:
-                feed = Feed(key, stream.cursor)
-                stream.feeds[key] = feed
-                created = True
-            else:
-                created = False
+                feed = stream.feeds[key] = Feed(key, stream.cursor)
         if created:
-            await self._prime(feed)
+            # Primed by the hub, not by this client's task: if this client leaves
+            # mid-way, the others waiting for the feed still get it.
+            task = asyncio.create_task(self._prime(feed), name="runwire-edge-prime")
+            self._priming.add(task)
+            task.add_done_callback(self._priming.discard)
         await feed.ready.wait()
         if feed.failure is not None:
             raise feed.failure
