@@ -96,3 +96,32 @@ async def test_the_seam_race_events_appended_during_catch_up_are_neither_lost_no
         await producer
     for seqs in results:
         assert seqs == list(range(1, total + 1))
+
+
+@pytest.mark.slow
+async def test_t3_on_kafka_resume_on_another_edge_instance(
+    kafka_url: str, store: ReplayLog, run_id: str
+) -> None:
+    """T3 on Kafka: each edge process has its own hot cache of the delivery topic; a client of
+    edge A resumes on edge B at seq+1, with what B's cache lacks coming from the replay log."""
+    first, rest = run_events(run_id, 13)[:10], run_events(run_id, 13)[10:]
+    async with open_bus(kafka_url) as writer, open_bus(kafka_url) as bus_a, open_bus(kafka_url) as bus_b:
+        await store.append(first)
+        await append(writer, run_id, first)
+        async with serve_edge(bus_a, store) as edge_a, serve_edge(bus_b, store) as edge_b:
+            async with httpx.AsyncClient(timeout=20) as http:
+                url = f"/v1/runs/{run_id}/stream?detail=full"
+                async with http.stream("GET", edge_a.url + url) as response:
+                    seen, _ = await asyncio.wait_for(read_sse(response, limit=6), 20)
+                assert [e.id for e in seen] == ["1", "2", "3", "4", "5", "6"]
+
+                async def produce() -> None:
+                    await asyncio.sleep(0.5)
+                    await store.append(rest)
+                    await append(writer, run_id, rest)
+
+                producer = asyncio.create_task(produce())
+                async with http.stream("GET", edge_b.url + url, headers={"Last-Event-ID": "6"}) as response:
+                    resumed, _ = await asyncio.wait_for(read_sse(response), 20)
+                await producer
+    assert [int(e.id or 0) for e in resumed] == list(range(7, 14))

@@ -9,8 +9,12 @@ from __future__ import annotations
 import asyncio
 import ipaddress
 import logging
+from typing import TYPE_CHECKING
 
 import click
+
+if TYPE_CHECKING:
+    from pipeline.edge import EdgeSettings
 
 
 def is_loopback(host: str) -> bool:
@@ -73,15 +77,14 @@ def edge(
     asyncio.run(serve(bus, store, host, port, settings))
 
 
-async def serve(bus_url: str, store_url: str, host: str, port: int, settings: object) -> None:
+async def serve(bus_url: str, store_url: str, host: str, port: int, settings: EdgeSettings) -> None:
     """Open the bus and the replay log, then run uvicorn until SIGINT/SIGTERM."""
     import uvicorn
 
     from pipeline.bus import open_bus
-    from pipeline.edge import EdgeSettings, create_app
+    from pipeline.edge import create_app
     from pipeline.store import open_store
 
-    assert isinstance(settings, EdgeSettings)
     async with open_bus(bus_url) as bus, open_store(store_url) as store:
         app = create_app(bus, store, settings)
         config = uvicorn.Config(
