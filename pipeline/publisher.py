@@ -246,6 +246,12 @@ class Publisher:
         if self._own_bus:
             await self._connect()
         self._flusher = asyncio.create_task(self._flush_loop(), name="runwire-publisher")
+        self._flusher.add_done_callback(self._flusher_stopped)
+
+    def _flusher_stopped(self, task: asyncio.Task[None]) -> None:
+        """Wake every waiter so none waits on a flusher that is gone (they raise instead)."""
+        self._space.set()
+        self._idle.set()
 
     async def _connect(self) -> None:
         """Connect, retrying an unreachable bus with backoff for up to ``delivery_timeout``."""

@@ -655,8 +655,8 @@ class KafkaConsumer(Consumer):
             state = self._partitions.get(partition)
             if state is not None:
                 records.append((partition, None, _json.encode(state.mark()), []))
-        for record in records:  # one batch each: a mark is read back as the last record
-            await self.bus._send(self.marks_topic, [record])
+        # one batch each (a mark is read back as its partition's last record), sent together
+        await asyncio.gather(*(self.bus._send(self.marks_topic, [r]) for r in records))
 
     def _next_redelivery_ms(self) -> float:
         now, soonest = time.monotonic() * 1000, float("inf")
