@@ -10,7 +10,7 @@ unless ``--bus`` is given). Three kinds of process:
   or the **naive** server users write by hand: ``sse-starlette``'s
   ``EventSourceResponse`` with one bus read loop (``Bus.tail`` on its own
   stream) and one JSON encode per client per event. Both on uvicorn with
-  uvloop + httptools.
+  uvloop + httptools and the GC settings of ``runwire edge``.
 * **clients** (``--role clients``, a separate process): raw asyncio SSE
   readers that count frames; probe clients parse the publish time stamped
   into control events to measure publish→client latency.
@@ -91,6 +91,9 @@ def serve(impl: str, bus_url: str, port: int) -> None:
                 await _uvicorn(naive_app(bus), port)
 
     async def _uvicorn(app: Any, port: int) -> None:
+        from workers.commands.edge import tune_gc
+
+        tune_gc()  # as `runwire edge` does; applied to both servers alike
         config = uvicorn.Config(
             app, host="127.0.0.1", port=port, log_level="warning", loop="none",
             http="httptools", backlog=16384, timeout_graceful_shutdown=1,
