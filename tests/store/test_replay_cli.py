@@ -206,3 +206,16 @@ async def test_play_keeps_relative_timing_and_leaves_child_events_out(
         got = [envelope.decode(d.data) for d in await consumer.fetch(block_ms=100)]
     assert [(e.run_id, e.seq) for e in got] == [("p", 1), ("p", 2)]
     assert envelope.ts_ms(got[1].ts) - envelope.ts_ms(got[0].ts) >= 290
+
+
+def test_export_speaks_every_egress_format(loaded: str) -> None:
+    """Each egress format renders a stored run: one JSON frame a line."""
+    from pipeline.protocols import EGRESS
+
+    for name in sorted(EGRESS):
+        result = _runwire("export", "r1", "--format", name, "--store", loaded)
+        assert result.exit_code == 0, (name, result.output)
+        frames = [json.loads(line) for line in result.stdout.splitlines()]
+        assert frames, name
+    unknown = _runwire("export", "r1", "--format", "nope", "--store", loaded)
+    assert unknown.exit_code == 1 and "unknown egress format 'nope'" in unknown.stderr
