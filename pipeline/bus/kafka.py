@@ -11,18 +11,22 @@ topic                  partitions  record key     value
                                                   carry header ``k=s``
 ``rw.control``         shards      run id         ControlCommand JSON
 ``rw.deadletter``      1           —              DeadLetter JSON
+``rw.marks.<group>``   shards      —              a group's delivery marks
 =====================  ==========  =============  ============================
 
 A record's partition is ``shard_for(key, shards)``, chosen here rather than
 by the client's hash, so a run's shard is the same number on every backend.
 
-* **Ingest** is consumed in Kafka consumer groups; offsets are committed
-  explicitly after the caller's ``ack`` (only the contiguous acked prefix of a
-  partition), and again in the rebalance listener's ``on_partitions_revoked``
-  before a partition moves (PITFALLS 4). A restarted or successor consumer
-  starts at the last commit, so unacked entries are redelivered. Claim of a
-  dead consumer's entries is the group rebalance after its session times out
-  (``session_timeout_ms``, default: the claim idle time, 1–30 s).
+* **Ingest** is consumed in Kafka consumer groups (id ``<prefix>.<group>``);
+  offsets are committed explicitly after the caller's ``ack`` (only the
+  contiguous acked prefix of a partition, at most every
+  ``commit_interval_ms``), and always in the rebalance listener's
+  ``on_partitions_revoked`` before a partition moves (PITFALLS 4) and on
+  close. A restarted or successor consumer starts at the last commit, so
+  unacked entries are redelivered. Claim of a dead consumer's entries is the
+  group rebalance after its session times out (``session_timeout_ms``,
+  default ``lease_ms``). Delivery counts survive crashes through the marks
+  topic (see :class:`KafkaConsumer`).
 * **Delivery** streams are read from :class:`~pipeline.bus.kafka_hot.HotStreams`,
   fed by one tail of the delivery topic per process; older history is the
   replay log's. An append writes the new events and the writer state as one
