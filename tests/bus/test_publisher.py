@@ -263,3 +263,21 @@ async def test_bound_in_bytes_holds_while_the_bus_is_slow() -> None:
             await asyncio.wait_for(pub.flush(), 10)
         drainer.cancel()
         await asyncio.gather(drainer, return_exceptions=True)
+
+
+def test_ids_stay_monotonic_across_carries_and_clock_steps() -> None:
+    """Seed 003: "ULID, monotonic per stream" — also when the random part's last
+    base32 digit carries and when the wall clock steps back."""
+    from pipeline.publisher import _Clock
+    from pipeline.ulid import ulid_timestamp_ms
+
+    clock = _Clock()
+    first, _ = clock.stamp()
+    clock._rand |= 0b11111  # the next id carries out of the last digit
+    clock._tail = clock._tail[:-1] + "Z"
+    ids = [first] + [clock.stamp()[0] for _ in range(5000)]
+    clock._last_ms += 60_000  # the wall clock is now a minute behind the last id
+    ids += [clock.stamp()[0] for _ in range(10)]
+    assert ids == sorted(ids) and len(set(ids)) == len(ids)
+    assert all(len(i) == 30 and i.startswith("evt_") for i in ids)
+    assert abs(ulid_timestamp_ms(ids[0]) - time.time() * 1000) < 5000
