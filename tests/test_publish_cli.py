@@ -91,6 +91,8 @@ def test_publish_moves_every_sample_onto_a_real_bus(
 ) -> None:
     """Every sample file goes onto real Redis and Kafka; consumers read exactly its events."""
     url = f"{request.getfixturevalue(backend + '_url')}?prefix=cli{uuid.uuid4().hex[:10]}"
+    if backend == "kafka":
+        url += "&session_timeout_ms=2000"
     expected: Counter[str] = Counter()
     for path in SAMPLES:
         _fmt, events, rejected = decoded(path)

@@ -25,7 +25,7 @@ by the client's hash, so a run's shard is the same number on every backend.
   close. A restarted or successor consumer starts at the last commit, so
   unacked entries are redelivered. Claim of a dead consumer's entries is the
   group rebalance after its session times out (``session_timeout_ms``,
-  default ``lease_ms``). Delivery counts survive crashes through the marks
+  default ``lease_ms`` but at least 6 s). Delivery counts survive crashes through the marks
   topic (see :class:`KafkaConsumer`).
 * **Delivery** streams are read from :class:`~pipeline.bus.kafka_hot.HotStreams`,
   fed by one tail of the delivery topic per process; older history is the
@@ -86,7 +86,12 @@ class KafkaOptions(msgspec.Struct, kw_only=True):
     """Kafka-only URL options (``kafka://h:p?session_timeout_ms=3000``)."""
 
     session_timeout_ms: int | None = None
-    """Group session timeout (how soon a dead member's partitions move); default ``lease_ms``."""
+    """Group session timeout (how soon a dead member's partitions move).
+
+    Default: ``lease_ms``, but at least 6 s — Kafka's own lower bound
+    (``group.min.session.timeout.ms``), and a margin against heartbeats
+    delayed by a busy event loop, which would cost a needless rebalance.
+    """
     hot_events: int = 500_000
     """Events the hot tier holds over all delivery streams."""
     request_timeout_ms: int = 10_000
@@ -586,7 +591,7 @@ class KafkaConsumer(Consumer):
                 self.marks_topic, self.bus.shards, 1,
                 topic_configs={"retention.ms": str(self.bus.options.ttl * 1000)},
             )])
-            session = self.bus.kafka.session_timeout_ms or self.bus.options.lease_ms
+            session = self.bus.kafka.session_timeout_ms or max(self.bus.options.lease_ms, 6000)
             client = AIOKafkaConsumer(
                 bootstrap_servers=self.bus.bootstrap,
                 group_id=keys.kafka_group(self.bus.options.prefix, self.group),

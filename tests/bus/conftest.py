@@ -67,7 +67,9 @@ def serving_redis_cluster_url(redis_cluster_url: str) -> str:
 
 def _kafka(request: pytest.FixtureRequest) -> str:
     base: str = request.getfixturevalue("kafka_url")
-    return f"{base}?prefix={_unique()}&{FAST}"
+    # a group session below the 6 s default so dead members leave fast, with margin for
+    # heartbeats delayed on a busy machine
+    return f"{base}?prefix={_unique()}&{FAST}&session_timeout_ms=2000"
 
 
 URL_BUILDERS: dict[str, Callable[[pytest.FixtureRequest], str]] = {

@@ -115,7 +115,7 @@ async def test_acks_are_committed_when_partitions_are_revoked(kafka_url: str, pr
     """PITFALLS 4: "In Kafka, commit in the revoke callback". Acks not yet committed
     (a long commit interval) are committed when a rebalance takes partitions away, so
     the new owner does not get them again."""
-    url = f"{kafka_url}?prefix={prefix}&shards=4&lease_ms=2000&commit_interval_ms=600000"
+    url = f"{kafka_url}?prefix={prefix}&shards=4&session_timeout_ms=2000&commit_interval_ms=600000"
     runs = [f"run-{i}" for i in range(16)]
     async with open_bus(url) as bus:
         await bus.publish([event(r, s) for r in runs for s in range(1, 4)])

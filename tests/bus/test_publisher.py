@@ -37,7 +37,8 @@ async def pub_url(request: pytest.FixtureRequest) -> AsyncIterator[str]:
             yield url
         return
     base = request.getfixturevalue(f"{request.param}_url")
-    yield f"{base}?prefix={_unique()}"
+    fast = "&session_timeout_ms=2000" if request.param == "kafka" else ""
+    yield f"{base}?prefix={_unique()}{fast}"
 
 
 async def consume(url: str, want: int, within: float = 20.0) -> list[Event]:
