@@ -41,7 +41,7 @@ BATCH = 512
 TICK_S = 0.05
 RETRY_MAX_S = 2.0
 APPEND_CONCURRENCY = 32
-"""Checkpoint loads in flight at once (bounds the bus client's connections)."""
+"""Checkpoint loads and single appends in flight at once (bounds the bus client's connections)."""
 APPEND_CHUNK = 256
 """Delivery appends sent together (one pipeline on Redis)."""
 T = TypeVar("T")
@@ -221,9 +221,21 @@ class Stages:
             self.stats.log_seconds += time.monotonic() - started
 
     async def _append_many(self, appends: list[tuple[StreamKey, Sequence[Event], bytes | None]]) -> None:
+        """Each key appears once here, so the appends may run in any order.
+
+        A backend that batches them (Redis: one pipeline) gets chunks; for the
+        others the appends run concurrently, bounded.
+        """
+        if type(self.bus).append_many is Bus.append_many:
+            await asyncio.gather(*(self._append_one(*append) for append in appends))
+            return
         for start in range(0, len(appends), APPEND_CHUNK):
             chunk = appends[start : start + APPEND_CHUNK]
             await self.retry(functools.partial(self.bus.append_many, chunk))
+
+    async def _append_one(self, key: StreamKey, events: Sequence[Event], state: bytes | None) -> None:
+        async with self._appends:
+            await self.retry(lambda: self.bus.append(key, events, state=state))
 
     async def _decode(self, delivery: Delivery) -> Event | None:
         try:
