@@ -76,8 +76,11 @@ def test_unknown_profile_is_a_config_error() -> None:
 
 
 def test_edge_feed_filter_uses_these_profiles() -> None:
-    """The edge's ``profile=`` parameter resolves through this module (``accepts``)."""
-    from pipeline.edge.filters import profile_filter
+    """The edge's ``profile=`` parameter resolves through this module."""
+    from pipeline.edge.filters import event_filter
+
+    def profile_filter(name: str):  # type: ignore[no-untyped-def]
+        return event_filter(name, "flatten")
 
     thought = Run("r").think("x").events[0]
     assert profile_filter("user")(thought) is False
