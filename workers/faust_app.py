@@ -28,6 +28,7 @@ from __future__ import annotations
 
 import asyncio
 import base64
+import contextvars
 import logging
 import time
 from collections import defaultdict
@@ -46,9 +47,13 @@ from workers.runtime import BATCH, TICK_S, Stages, WorkerStats
 
 log = logging.getLogger("runwire.faust")
 
+TAKE_WITHIN_S = 0.25
+"""How long the agent waits to fill a batch (per-batch writes cost round trips to Kafka)."""
 BURST_IDLE_S = 2.0
 """``--burst``: stop after this long with nothing new once partitions are assigned."""
 _dead_json = msgspec.json.Encoder()
+_current_partition: contextvars.ContextVar[int] = contextvars.ContextVar("partition", default=0)
+"""The ingest partition whose batch is being handled (each runs in its own task)."""
 
 
 class StreamTable(faust.Table):  # type: ignore[misc]
@@ -83,7 +88,6 @@ class FaustWorker:
         self.app = self._build_app(group)
         self.table = self._build_table()
         self._lock = asyncio.Lock()
-        self._partition = 0
         self._shard_of: dict[str, int] = {}
         self._offsets: dict[int, int] = {}
         """Highest offset processed per ingest partition."""
@@ -145,7 +149,7 @@ class FaustWorker:
 
     # ---- faust callbacks ------------------------------------------------
     async def _agent(self, stream: faust.StreamT[bytes]) -> None:
-        async for events in stream.take_events(BATCH, within=TICK_S):
+        async for events in stream.take_events(BATCH, within=TAKE_WITHIN_S):
             self._last_batch = time.monotonic()
             # Hold each message: take_events acks the batch when the next one is asked
             # for, and also when the agent is cancelled mid-batch (on stop). Our hold is
@@ -155,6 +159,7 @@ class FaustWorker:
             async with self._lock:
                 self._maybe_forget()
                 await self._handle(events)
+            self._last_batch = time.monotonic()
             for event in events:
                 event.message.decref()
 
@@ -167,16 +172,22 @@ class FaustWorker:
                 shard=message.partition,
                 data=event.value,
             ))
-        for partition, deliveries in by_partition.items():
-            log.debug("%s: partition %d entries %s..%s", self.name, partition,
-                      deliveries[0].entry_id, deliveries[-1].entry_id)
-            self._partition = partition
-            self._offsets[partition] = max(
-                self._offsets.get(partition, -1), int(deliveries[-1].entry_id.split(":")[1])
-            )
-            _, outputs = await self.stages.handle(deliveries)
-            self._record(outputs, partition)
-            self.stages.stats.acked += len(deliveries)
+        # Partitions hold disjoint run trees, so their batches are processed concurrently.
+        await asyncio.gather(*(
+            self._handle_partition(partition, deliveries)
+            for partition, deliveries in by_partition.items()
+        ))
+
+    async def _handle_partition(self, partition: int, deliveries: list[Delivery]) -> None:
+        log.debug("%s: partition %d entries %s..%s", self.name, partition,
+                  deliveries[0].entry_id, deliveries[-1].entry_id)
+        _current_partition.set(partition)
+        self._offsets[partition] = max(
+            self._offsets.get(partition, -1), int(deliveries[-1].entry_id.split(":")[1])
+        )
+        _, outputs = await self.stages.handle(deliveries)
+        self._record(outputs, partition)
+        self.stages.stats.acked += len(deliveries)
 
     def _record(self, outputs: dict[str, StreamOutput], partition: int | None = None) -> None:
         for run_id, output in outputs.items():
@@ -187,7 +198,8 @@ class FaustWorker:
             self.table[f"{shard}:{run_id}"] = base64.b64encode(output.state).decode()
 
     async def _tick(self) -> None:
-        if self.burst and self._assigned and time.monotonic() - self._last_batch > BURST_IDLE_S:
+        idle = not self._lock.locked() and time.monotonic() - self._last_batch > BURST_IDLE_S
+        if self.burst and self._assigned and idle:
             self.stop.set()
         async with self._lock:
             self._maybe_forget()
@@ -220,7 +232,7 @@ class FaustWorker:
 
     # ---- stages hooks -----------------------------------------------------
     async def _load_state(self, run_id: str) -> bytes | None:
-        shard = self._shard_of.get(run_id, self._partition)
+        shard = self._shard_of.get(run_id, _current_partition.get())
         self._shard_of.setdefault(run_id, shard)
         stored = self.table.get(f"{shard}:{run_id}")
         in_table = base64.b64decode(stored) if stored else None
