@@ -19,6 +19,8 @@ import sys
 import click
 import msgspec
 
+from workers.runtime import WorkerStats
+
 
 def default_name() -> str:
     """``hostname-pid``: unique per process."""
@@ -78,7 +80,7 @@ async def _run(
     burst: bool,
     silence_s: float,
     claim_idle_ms: int | None,
-) -> object:
+) -> WorkerStats:
     from pipeline.bus import open_bus
     from pipeline.store import open_store
     from workers.runtime import run_worker
