@@ -573,6 +573,8 @@ class KafkaConsumer(Consumer):
         self.marks_topic = keys.kafka_marks_topic(bus.options.prefix, group)
         self._client: AIOKafkaConsumer | None = None
         self._partitions: dict[int, _PartitionState] = {}
+        self._former: dict[int, _PartitionState] = {}
+        """Partitions revoked from this consumer: taken back as they were if reassigned."""
         self._closed = False
         self._dirty: set[int] = set()
         """Partitions with acks not yet committed."""
@@ -609,7 +611,18 @@ class KafkaConsumer(Consumer):
         return self._client
 
     async def _assigned(self, assigned: list[TopicPartition]) -> None:
-        """Read the newest mark of each new partition, to count redeliveries on."""
+        """Read the newest mark of each new partition, to count redeliveries on.
+
+        A partition that comes back after a rebalance keeps this consumer's
+        state: what it handed out is not handed out again from the broker
+        (its unacked entries come back after ``claim_idle_ms`` as usual), and
+        acks that arrived in between are committed now.
+        """
+        back = [tp.partition for tp in assigned if tp.partition in self._former]
+        for partition in back:
+            self._partitions.setdefault(partition, self._former.pop(partition))
+        if back:
+            await self._commit(back)
         fresh = [tp.partition for tp in assigned if tp.partition not in self._partitions]
         marks = await self.bus._last_records(self.marks_topic, fresh) if fresh else {}
         for partition in fresh:
@@ -623,7 +636,9 @@ class KafkaConsumer(Consumer):
         """Commit what was acked on partitions about to move, then forget them (PITFALLS 4)."""
         await self._commit([tp.partition for tp in revoked])
         for tp in revoked:
-            self._partitions.pop(tp.partition, None)
+            state = self._partitions.pop(tp.partition, None)
+            if state is not None:
+                self._former[tp.partition] = state
 
     async def fetch(self, max_count: int = 512, block_ms: int = 1000) -> list[Delivery]:
         client = await self._start()
@@ -648,6 +663,12 @@ class KafkaConsumer(Consumer):
         out: list[Delivery] = []
         for tp, records in batches.items():
             state = self._partitions[tp.partition]
+            handed_out = state.next_offset
+            if handed_out is not None and records[0].offset < handed_out:
+                # the partition came back to us and the broker replays from the last commit
+                records = [r for r in records if r.offset >= handed_out]
+                if not records:
+                    continue
             for record in records:
                 count = state.first_count(record.offset)
                 delivery = Delivery(entry_id=f"{tp.partition}:{record.offset}", shard=tp.partition,
@@ -701,7 +722,7 @@ class KafkaConsumer(Consumer):
     async def ack(self, deliveries: Sequence[Delivery]) -> None:
         for delivery in deliveries:
             partition, _, offset = delivery.entry_id.partition(":")
-            state = self._partitions.get(int(partition))
+            state = self._partitions.get(int(partition)) or self._former.get(int(partition))
             if state is not None and state.held.pop(int(offset), None) is not None:
                 state.counts.pop(int(offset), None)
                 self._dirty.add(int(partition))
