@@ -1,0 +1,395 @@
+"""DESIGN.md's six invariants ("each one a test"), end to end on real services.
+
+Each test runs the whole path: the publisher SDK → a Redis bus (a key prefix
+of its own) → two workers sharing one consumer group (``run_worker``) →
+delivery streams and the replay log (SQLite file or PostgreSQL) → the edge
+served by uvicorn on a free port → SSE / NDJSON clients. See
+``tests/e2e_harness.py``.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import time
+from pathlib import Path
+from typing import Any
+
+import httpx
+import jwt
+import pytest
+import redis.asyncio as aioredis
+
+from pipeline import envelope
+from pipeline.bus.keys import DATA_FIELD, ingest_key, shard_for
+from pipeline.edge import EdgeSettings
+from tests.e2e_harness import decoded, ndjson, pipeline, sse, unique, wait_for_terminal
+from tests.edge.harness import read_sse
+from tests.edge.test_backpressure import _sse_bodies, _stalled_sse
+
+pytestmark = pytest.mark.timeout(120)
+
+
+def sqlite_url(tmp_path: Path) -> str:
+    return f"sqlite:///{tmp_path / 'replay.db'}"
+
+
+def child_and_call(event: dict[str, Any]) -> tuple[str | None, str]:
+    return event.get("child_id"), event["payload"].get("call_id", event["type"])
+
+
+# ---- 1 Order ---------------------------------------------------------------
+
+
+async def test_invariant_1_order_clients_see_publish_order_and_each_childs_own_order(
+    redis_url: str, tmp_path: Path
+) -> None:
+    """DESIGN 1 **Order**: "within a run, clients see events in publish order; within a parent,
+    each child's events keep their own order (seed 003 T5)". T5: "the client receives each child's
+    events in per-child order" — here two children interleaved under one parent, over SSE and NDJSON."""
+    parent_id = unique("order-parent")
+    async with pipeline(redis_url, sqlite_url(tmp_path)) as pipe, httpx.AsyncClient(timeout=60) as http:
+        pub = pipe.publisher
+        parent = pub.run(parent_id, tenant="acme")
+        kids = [pub.run(unique(f"order-child{i}"), parent=parent) for i in (1, 2)]
+        published: list[tuple[str | None, str]] = []
+        await parent.emit("run.lifecycle", {"state": "running"})
+        published.append((None, "run.lifecycle"))
+        for kid in kids:
+            await parent.emit("child.spawn", {"child_id": kid.run_id})
+            published.append((None, "child.spawn"))
+        for step in range(40):
+            kid = kids[(step * 7 // 3) % 2]  # an irregular interleaving
+            call = f"{kid.run_id}:{step}"
+            await kid.emit("tool.start", {"call_id": call, "tool": "search"})
+            published.append((kid.run_id, call))
+        for kid in kids:
+            await kid.finish("done")
+            published.append((kid.run_id, "run.lifecycle"))
+        await parent.finish("done")
+        published.append((None, "run.lifecycle"))
+        await pub.flush()
+
+        base = f"{pipe.edge.url}/v1/runs/{parent_id}"
+        over_sse = decoded(await sse(http, f"{base}/stream?detail=full"))
+        over_ndjson = await ndjson(http, f"{base}/stream?detail=full")
+        child_alone = decoded(await sse(http, f"{pipe.edge.url}/v1/runs/{kids[0].run_id}/stream?detail=full"))
+
+    for seen in (over_sse, over_ndjson):
+        assert [child_and_call(e) for e in seen] == published  # the publish order, exactly
+        assert [e["seq"] for e in seen] == list(range(1, len(published) + 1))
+        assert all(e["run_id"] == parent_id for e in seen)
+    for kid in kids:
+        own = [call for child, call in published if child == kid.run_id]
+        assert [child_and_call(e)[1] for e in over_sse if e.get("child_id") == kid.run_id] == own
+    assert [child_and_call(e)[1] for e in child_alone] == [
+        call for child, call in published if child == kids[0].run_id
+    ]
+
+
+# ---- 2 No loss, no duplicates ------------------------------------------------
+
+
+@pytest.mark.slow
+async def test_invariant_2_no_loss_no_duplicates_across_a_worker_crash_and_a_client_reconnect(
+    redis_url: str, postgres_url: str
+) -> None:
+    """DESIGN 2 **No loss, no duplicates**: "what a client and the replay log see is every published
+    event exactly once — across worker crashes, rebalances, broker reconnects and client reconnects".
+    A worker is killed mid-stream (its shards and pending entries move to the other member, then it
+    comes back: a rebalance), a client disconnects mid-stream and resumes with ``Last-Event-ID``;
+    the replay log is PostgreSQL."""
+    runs = [unique(f"noloss{i}") for i in range(3)]
+    per_run = 200
+    async with pipeline(redis_url, postgres_url) as pipe, httpx.AsyncClient(timeout=60) as http:
+        handles = [pipe.publisher.run(run_id, tenant="acme") for run_id in runs]
+        published: dict[str, list[str]] = {run_id: [] for run_id in runs}
+
+        async def publish(start: int, stop: int) -> None:
+            for index in range(start, stop):
+                for handle in handles:
+                    if index == 0:
+                        event = await handle.emit("run.lifecycle", {"state": "running"})
+                    elif index == per_run - 1:
+                        event = await handle.finish("done")
+                    else:
+                        event = await handle.emit("tool.start", {"call_id": f"c{index}", "tool": "t"})
+                    published[handle.run_id].append(event.id)
+                if index % 20 == 0:
+                    await asyncio.sleep(0.01)  # an agent emits over time: the crash lands mid-stream
+            await pipe.publisher.flush()
+
+        watched = f"{pipe.edge.url}/v1/runs/{runs[0]}/stream?detail=full"
+        first_half: list[dict[str, Any]] = []
+        async with http.stream("GET", watched) as response:
+            await publish(0, 60)
+            async for line in response.aiter_lines():  # read a while, then drop the connection
+                if line.startswith("data: "):
+                    first_half.append(json.loads(line[6:]))
+                    if len(first_half) == 40:
+                        break
+        publishing = asyncio.create_task(publish(60, 130))
+        await asyncio.sleep(0.05)
+        assert pipe.workers[0].alive
+        await pipe.workers[0].crash()  # killed while events are being published and processed
+        await publishing
+        pipe.workers[0].start()
+        await publish(130, per_run)
+        last_id = str(first_half[-1]["seq"])
+        second_half = decoded(await sse(http, watched, headers={"Last-Event-ID": last_id}))
+        for run_id in runs:
+            await wait_for_terminal(pipe.store, run_id, within=60)
+        logged = {run_id: [e.id for e in await pipe.store.read(run_id)] for run_id in runs}
+        streams = {run_id: [e.id for e in await pipe.bus.read((run_id, "raw"), 0)] for run_id in runs}
+
+    client = first_half + second_half
+    assert [e["id"] for e in client] == published[runs[0]]
+    assert [e["seq"] for e in client] == list(range(1, per_run + 1))
+    for run_id in runs:
+        assert logged[run_id] == published[run_id], run_id
+        assert streams[run_id] == published[run_id], run_id
+
+
+# ---- 3 Contiguous seq ------------------------------------------------------------
+
+
+async def test_invariant_3_contiguous_seq_raw_and_shaped_and_a_publisher_gap_is_visible(
+    redis_url: str, tmp_path: Path
+) -> None:
+    """DESIGN 3 **Contiguous seq**: "a delivery stream's seq has no gaps unless an event was dropped,
+    and a client can tell (T2)". The raw view's seq is 1, 2, 3 …; the shaped view's spans tile the
+    same seq space (a client checks ``span[0] == previous seq + 1``); an event the publisher lost
+    shows up as ``x.gap {run_id, first, last}`` in both views."""
+    run_id = unique("contig")
+    async with pipeline(redis_url, sqlite_url(tmp_path)) as pipe, httpx.AsyncClient(timeout=60) as http:
+        run = pipe.publisher.run(run_id, tenant="acme")
+        await run.emit("run.lifecycle", {"state": "running"})
+        words: list[str] = []
+        for index in range(300):
+            words.append(f"w{index} ")
+            await run.emit("text.delta", {"text": words[-1]})
+            if index == 150:
+                await run.emit("tool.start", {"call_id": "c1", "tool": "search"})
+        lost = run.event("tool.end", {"call_id": "c1", "ok": True})  # built, never published
+        await run.emit("tool.end", {"call_id": "c1b", "ok": True})
+        await run.finish("done")
+        await pipe.publisher.flush()
+        base = f"{pipe.edge.url}/v1/runs/{run_id}/stream"
+        raw = decoded(await sse(http, f"{base}?detail=full"))
+        shaped = decoded(await sse(http, base))
+
+    assert [e["seq"] for e in raw] == list(range(1, len(raw) + 1))
+    assert len(raw) == 1 + 300 + 1 + 1 + 1 + 1  # running, deltas, tool.start, x.gap, tool.end, done
+    gap = [e["payload"] for e in raw if e["type"] == "x.gap"]
+    assert gap == [{"run_id": run_id, "first": lost.seq, "last": lost.seq}]
+    previous = 0
+    for event in shaped:
+        first = event["span"][0] if event.get("span") else event["seq"]
+        assert first == previous + 1, (event, previous)
+        previous = event["seq"]
+    assert previous == raw[-1]["seq"]
+    assert len(shaped) < len(raw)  # deltas were coalesced (R1), nothing between them went missing
+    assert [e["payload"] for e in shaped if e["type"] == "x.gap"] == gap
+    assert "".join(e["payload"]["text"] for e in shaped if e["type"] == "text.delta") == "".join(words)
+
+
+# ---- 4 Bounded memory ---------------------------------------------------------------
+
+
+BIG = "x" * 8_000
+
+
+@pytest.mark.slow
+async def test_invariant_4_bounded_memory_a_slow_client_drops_per_r4_a_fast_one_gets_everything(
+    redis_url: str, tmp_path: Path
+) -> None:
+    """DESIGN 4 **Bounded memory**: "a slow client, a flood of deltas or a dead consumer never grows a
+    process without bound; drops follow R4 and are counted". R4: drop ``reasoning.delta`` first, then
+    ``text.delta``, never tool/lifecycle events; the terminal event carries ``dropped_count``. The slow
+    client's queue is sampled all along and never exceeds its bound; a fast client loses nothing."""
+    run_id = unique("bounded")
+    settings = EdgeSettings(client_queue_events=256, client_queue_bytes=2 << 20)
+    async with pipeline(redis_url, sqlite_url(tmp_path), settings) as pipe, httpx.AsyncClient(timeout=60) as http:
+        run = pipe.publisher.run(run_id, tenant="acme")
+        await run.emit("run.lifecycle", {"state": "running"})
+        await pipe.publisher.flush()
+        url = f"{pipe.edge.url}/v1/runs/{run_id}/stream?detail=full"
+        reader, writer = await _stalled_sse(url)
+        assert pipe.edge.server is not None
+        hub = pipe.edge.server.config.app.state.edge.hub
+        peaks = {"frames": 0, "bytes": 0}
+
+        async def sample_queues() -> None:
+            while True:
+                for stream in list(hub.streams.values()):
+                    for feed in list(stream.feeds.values()):
+                        for client in list(feed.clients):
+                            peaks["frames"] = max(peaks["frames"], len(client))
+                            peaks["bytes"] = max(peaks["bytes"], client.bytes)
+                await asyncio.sleep(0.005)
+
+        sampler = asyncio.create_task(sample_queues())
+        async with http.stream("GET", url) as fast:
+            fast_reader = asyncio.create_task(read_sse(fast))
+            await asyncio.sleep(0.3)
+            for index in range(900):
+                kind = ("reasoning.delta", "text.delta", "text.delta")[index % 3]
+                await run.emit(kind, {"text": BIG})
+                if index % 50 == 0:
+                    await run.emit("tool.start", {"call_id": f"c{index}", "tool": "t"})
+                if index % 3 == 0:
+                    await asyncio.sleep(0.003)  # an agent's tokens come over time: pace it
+            await run.finish("done")
+            await pipe.publisher.flush()
+            fast_events, _ = await asyncio.wait_for(fast_reader, 60)
+        sampler.cancel()
+        slow_raw = await asyncio.wait_for(reader.read(-1), 60)
+        writer.close()
+
+    fast_body = decoded(fast_events)
+    assert [e["seq"] for e in fast_body] == list(range(1, run.seq + 1))
+    assert "dropped_count" not in fast_body[-1]["payload"]
+    slow = _sse_bodies(slow_raw)
+    slow_seqs = {e["seq"] for e in slow}
+    missing = [e for e in fast_body if e["seq"] not in slow_seqs]
+    assert missing, "the stalled client should have lost some deltas"
+    assert {e["type"] for e in missing} <= {"reasoning.delta", "text.delta"}
+    assert [e["seq"] for e in slow if e["type"] == "tool.start"] == [
+        e["seq"] for e in fast_body if e["type"] == "tool.start"
+    ]
+    assert slow[-1]["type"] == "run.lifecycle" and slow[-1]["payload"]["state"] == "done"
+    assert slow[-1]["payload"]["dropped_count"] == len(missing)
+    assert 0 < peaks["frames"] <= settings.client_queue_events
+    assert peaks["bytes"] <= settings.client_queue_bytes
+
+
+# ---- 5 Bad input never kills a process ------------------------------------------------
+
+
+async def test_invariant_5_bad_input_is_dead_lettered_or_refused_and_the_run_goes_on(
+    redis_url: str, tmp_path: Path
+) -> None:
+    """DESIGN 5 **Bad input never kills a process**: "it gets a clear error (HTTP 4xx with a
+    ``KAI-STREAM-*`` code, or a dead-letter entry with the reason); valid events around it are
+    unaffected". Poison entries on the bus are dead-lettered while both workers keep running;
+    HTTP ingest answers 422 naming each bad line, and the good lines reach the client."""
+    bus_run = unique("poison")
+    http_run = unique("ingest")
+    async with pipeline(redis_url, sqlite_url(tmp_path)) as pipe, httpx.AsyncClient(timeout=60) as http:
+        run = pipe.publisher.run(bus_run, tenant="acme")
+        await run.emit("run.lifecycle", {"state": "running"})
+        await run.emit("tool.start", {"call_id": "before", "tool": "t"})
+        await pipe.publisher.flush()
+        bad_ts = run.event("tool.start", {"call_id": "bad-ts", "tool": "t"})
+        month_13 = envelope.encode(bad_ts).replace(bad_ts.ts.encode(), b"2026-13-45T10:00:00.000Z")
+        client = aioredis.Redis.from_url(pipe.url.split("?", 1)[0])
+        try:
+            key = ingest_key(pipe.bus.options.prefix, shard_for(bus_run, pipe.bus.shards))  # type: ignore[attr-defined]
+            await client.xadd(key, {DATA_FIELD: b"}{ not json"})
+            await client.xadd(key, {DATA_FIELD: month_13})
+        finally:
+            await client.aclose()
+        await run.emit("tool.start", {"call_id": "after", "tool": "t"})
+        await run.finish("done")
+        await pipe.publisher.flush()
+        seen = decoded(await sse(http, f"{pipe.edge.url}/v1/runs/{bus_run}/stream?detail=full"))
+        reasons = [d.reason for d in await pipe.bus.dead_letters()]
+
+        lines = [
+            _koder(http_run, 1, "run.lifecycle", {"state": "running"}),
+            b"{ this is not json",
+            _koder(http_run, 2, "tool.start", {"call_id": "ok", "tool": "t"}),
+            b'{"id":"evt_01JX0000000000000000000000","ts":"2026-01-01T00:00:00.000Z",'
+            + f'"type":"nope","run_id":"{http_run}","seq":3,"payload":{{}}}}'.encode(),
+            _koder(http_run, 3, "run.lifecycle", {"state": "done"}),
+        ]
+        response = await http.post(f"{pipe.edge.url}/v1/runs/{http_run}/events", content=b"\n".join(lines))
+        ingested = decoded(await sse(http, f"{pipe.edge.url}/v1/runs/{http_run}/stream?detail=full"))
+        assert all(worker.alive for worker in pipe.workers)
+
+    assert [e["payload"].get("call_id") for e in seen if e["type"] == "tool.start"] == ["before", "after"]
+    assert [e["payload"] for e in seen if e["type"] == "x.gap"] == [
+        {"run_id": bus_run, "first": bad_ts.seq, "last": bad_ts.seq}
+    ]
+    assert any("KAI-STREAM-PROTO-0001" in r and "not valid JSON" in r for r in reasons), reasons
+    assert any("2026-13-45" in r for r in reasons), reasons
+    assert response.status_code == 422
+    body = response.json()
+    assert body["accepted"] == 3
+    assert [(r["line"], r["code"]) for r in body["rejected"]] == [
+        (2, "KAI-STREAM-PROTO-0001"), (4, "KAI-STREAM-PROTO-0002")
+    ]
+    assert [(e["type"], e["seq"]) for e in ingested] == [
+        ("run.lifecycle", 1), ("tool.start", 2), ("run.lifecycle", 3)
+    ]
+
+
+def _koder(run_id: str, seq: int, type: str, payload: dict[str, Any], **extra: Any) -> bytes:
+    """One line of HTTP ingest in the canonical (koder) format."""
+    return envelope.encode(envelope.make(
+        type, payload, id=f"evt_01JX{seq:022d}", ts=envelope.now_ts(), run_id=run_id, seq=seq, **extra
+    ))
+
+
+# ---- 6 Tenants are isolated -------------------------------------------------------------
+
+
+SECRET = "e2e-secret-" + "k" * 32
+
+
+def token(tenant: str, scopes: tuple[str, ...] = ("read", "write", "control")) -> dict[str, str]:
+    claims = {"tenant": tenant, "runs": "*", "scopes": list(scopes), "exp": int(time.time()) + 600}
+    return {"Authorization": f"Bearer {jwt.encode(claims, SECRET, algorithm='HS256')}"}
+
+
+async def test_invariant_6_tenants_are_isolated_a_token_cannot_touch_another_tenants_run(
+    redis_url: str, tmp_path: Path
+) -> None:
+    """DESIGN 6 **Tenants are isolated**: "a token for one tenant can't read, list, export or control
+    another tenant's runs" (nor ingest into them). docs/edge.md: another tenant's run answers 404, "the
+    same answer, so run ids can't be probed". Each refusal is checked against the owner's success."""
+    acme_run, globex_run = unique("acme"), unique("globex")
+    settings = EdgeSettings(secret=SECRET)
+    async with pipeline(redis_url, sqlite_url(tmp_path), settings) as pipe, httpx.AsyncClient(timeout=60) as http:
+        for run_id, tenant in ((acme_run, "acme"), (globex_run, "globex")):
+            run = pipe.publisher.run(run_id, tenant=tenant)
+            await run.emit("run.lifecycle", {"state": "running"})
+            await run.emit("tool.start", {"call_id": f"secret-of-{tenant}", "tool": "t"})
+            await run.finish("done")
+        await pipe.publisher.flush()
+        for run_id in (acme_run, globex_run):
+            await wait_for_terminal(pipe.store, run_id)
+        acme, globex = token("acme"), token("globex")
+        edge = pipe.edge.url
+
+        async def status(method: str, path: str, headers: dict[str, str], **kwargs: Any) -> int:
+            return (await http.request(method, f"{edge}{path}", headers=headers, **kwargs)).status_code
+
+        stream = f"/v1/runs/{globex_run}/stream?detail=full"
+        assert await status("GET", stream, acme) == 404
+        assert await status("GET", f"{stream}&access_token={acme['Authorization'][7:]}", {}) == 404
+        assert [e["payload"].get("call_id") for e in decoded(await sse(http, f"{edge}{stream}", headers=globex))
+                if e["type"] == "tool.start"] == ["secret-of-globex"]
+
+        listed = {
+            name: [r["run_id"] for r in (await http.get(f"{edge}/v1/runs", headers=headers)).json()["runs"]]
+            for name, headers in (("acme", acme), ("globex", globex))
+        }
+        assert acme_run in listed["acme"] and globex_run not in listed["acme"]
+        assert globex_run in listed["globex"] and acme_run not in listed["globex"]
+
+        export = f"/v1/runs/{globex_run}/events.jsonl"
+        assert await status("GET", export, acme) == 404
+        assert await status("GET", export, globex) == 200
+
+        control = f"/v1/runs/{globex_run}/control"
+        assert await status("POST", control, acme, json={"command": "cancel", "args": {}}) == 404
+        assert await status("POST", control, globex, json={"command": "cancel", "args": {}}) == 202
+
+        forged = _koder(globex_run, 4, "tool.start", {"call_id": "forged", "tool": "t"}, tenant="globex")
+        assert await status("POST", f"/v1/runs/{globex_run}/events", acme, content=forged) == 404
+        assert await status("GET", f"/v1/runs/{acme_run}/stream?detail=full", {}) == 401
+        await asyncio.sleep(0.5)  # had the forged event been published, a worker would have written it
+        logged = [e.payload_dict().get("call_id") for e in await pipe.store.read(globex_run)]
+
+    assert "forged" not in logged
