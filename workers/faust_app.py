@@ -91,6 +91,9 @@ class FaustWorker:
         self._shard_of: dict[str, int] = {}
         self._offsets: dict[int, int] = {}
         """Highest offset processed per ingest partition."""
+        self._owned: set[int] = set()
+        self._resync: set[int] = set()
+        """Retained partitions waiting for the re-read after a rebalance."""
         self._forget = False
         self._assigned = False
         self._last_batch = time.monotonic()
@@ -158,15 +161,20 @@ class FaustWorker:
                 event.message.incref()
             async with self._lock:
                 self._maybe_forget()
-                await self._handle(events)
+                taken = await self._handle(events)
             self._last_batch = time.monotonic()
-            for event in events:
+            for event in taken:
                 event.message.decref()
 
-    async def _handle(self, events: list[Any]) -> None:
+    async def _handle(self, events: list[Any]) -> list[Any]:
+        """Process a batch; returns the events processed (stale ones are left unacked)."""
         by_partition: dict[int, list[Delivery]] = defaultdict(list)
+        taken: list[Any] = []
         for event in events:
             message = event.message
+            if self._is_stale(message.partition, message.offset):
+                continue
+            taken.append(event)
             by_partition[message.partition].append(Delivery(
                 entry_id=f"{message.partition}:{message.offset}",
                 shard=message.partition,
@@ -177,6 +185,27 @@ class FaustWorker:
             self._handle_partition(partition, deliveries)
             for partition, deliveries in by_partition.items()
         ))
+        return taken
+
+    def _is_stale(self, partition: int, offset: int) -> bool:
+        """An entry taken before a rebalance, now ahead of what the stream resumes from.
+
+        After a rebalance faust seeks every partition back to its committed
+        offset and drops what it had queued, but entries already in the take
+        buffer still come out first; processing them before the re-read
+        entries before them would reorder the partition (and the sequencer
+        would take the earlier entries for duplicates). Until the re-read
+        reaches us, entries past our last processed offset are skipped and
+        left unacked; the re-read delivers them again, in order.
+        """
+        if partition not in self._resync:
+            return False
+        if offset > self._offsets.get(partition, -1) + 1:
+            log.info("%s: skipping stale entry %d:%d taken before the rebalance",
+                     self.name, partition, offset)
+            return True
+        self._resync.discard(partition)
+        return False
 
     async def _handle_partition(self, partition: int, deliveries: list[Delivery]) -> None:
         log.debug("%s: partition %d entries %s..%s", self.name, partition,
@@ -221,6 +250,11 @@ class FaustWorker:
         topic = self.bus.topics[bus_keys.KAFKA_INGEST]
         owned = sorted(tp.partition for tp in assigned if tp.topic == topic)
         log.info("%s owns shards %s", self.name, owned)
+        retained = self._owned & set(owned)
+        for partition in set(self._offsets) - retained:  # another owner may have moved on
+            del self._offsets[partition]
+        self._resync = retained & set(self._offsets)
+        self._owned = set(owned)
         self._assigned = True
         self._last_batch = time.monotonic()
 
