@@ -21,9 +21,10 @@ import pytest
 import redis.asyncio as aioredis
 
 from pipeline import envelope
+from pipeline.bus import open_bus
 from pipeline.bus.keys import DATA_FIELD, ingest_key, shard_for
 from pipeline.edge import EdgeSettings
-from tests.e2e_harness import decoded, ndjson, pipeline, sse, unique, wait_for_terminal
+from tests.e2e_harness import bus_url, decoded, ndjson, pipeline, sse, unique, wait_for_terminal
 from tests.edge.harness import read_sse
 from tests.edge.test_backpressure import _sse_bodies, _stalled_sse
 
@@ -149,6 +150,40 @@ async def test_invariant_2_no_loss_no_duplicates_across_a_worker_crash_and_a_cli
         assert logged[run_id] == published[run_id], run_id
         assert streams[run_id] == published[run_id], run_id
 
+
+
+async def test_invariant_2_a_restarted_consumer_rereads_its_pending_entries_before_new_ones(
+    redis_url: str,
+) -> None:
+    """DESIGN 2 at the bus seam (PITFALLS 1: "On restart, re-read your own pending entries before asking
+    for new ones"): a worker that comes back under its old name while another member still holds every
+    shard gets its unacked entries first once it owns their shard again, never newer ones before them."""
+    run_id = unique("repend")
+    async with open_bus(bus_url(redis_url, unique("e2e"))) as bus:
+        events = [_event(run_id, seq) for seq in range(1, 21)]
+        await bus.publish(events[:10])
+        crashed = bus.consumer("g", "w1")
+        assert [d.data for d in await crashed.fetch(100, block_ms=10)] == [envelope.encode(e) for e in events[:10]]
+        await crashed.close()  # unacked: pending under "w1"
+        survivor = bus.consumer("g", "w2")
+        assert await survivor.fetch(100, block_ms=10) == []  # holds every shard; w1's entries not idle yet
+        restarted = bus.consumer("g", "w1")
+        assert await restarted.fetch(100, block_ms=10) == []  # owns nothing yet
+        await bus.publish(events[10:])
+        await survivor.close()
+        fetched: list[int] = []
+        async with asyncio.timeout(10):
+            while len(fetched) < 20:
+                batch = await restarted.fetch(100, block_ms=10)
+                fetched += [envelope.decode(d.data).seq for d in batch]
+                await restarted.ack(batch)
+        await restarted.close()
+    assert fetched == list(range(1, 21))
+
+
+def _event(run_id: str, seq: int) -> envelope.Event:
+    return envelope.make("tool.start", {"call_id": f"c{seq}", "tool": "t"}, id=f"evt_01JX{seq:022d}",
+                         ts=envelope.now_ts(), run_id=run_id, seq=seq)
 
 # ---- 3 Contiguous seq ------------------------------------------------------------
 

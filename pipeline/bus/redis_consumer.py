@@ -10,8 +10,10 @@ script on the group's hash-tagged keys.
 
 ``fetch`` returns, in order:
 
-1. on the first fetch, this consumer's own pending entries
-   (``XREADGROUP … 0``: what it held before a restart);
+1. on every shard it (re)acquires, this consumer's own pending entries
+   (``XREADGROUP … 0``: what it held before a restart, e.g. when a worker
+   comes back under the same name), all of them before any new entry of
+   that shard — a shard acquired only at a later fetch gets the same;
 2. on a newly acquired shard, the previous owner's pending entries once they
    have been idle ``claim_idle_ms`` (``XAUTOCLAIM``) — and no new entry of
    that shard is read until none of them is left, so per-run order holds
@@ -65,7 +67,10 @@ class RedisConsumer(Consumer):
         self._clear: set[int] = set()
         """Owned shards on which no other consumer has pending entries."""
         self._started = False
-        self._own_pending_read = False
+        self._own_pending_cursor: dict[int, str] = {}
+        """Owned shards whose own pending entries are being re-read → last entry id read."""
+        self._own_pending_done: set[int] = set()
+        """Owned shards whose own pending entries have all been re-read."""
         self._renewer: asyncio.Task[None] | None = None
         self._next_rebalance = 0.0
         self._next_sweep = 0.0
@@ -118,6 +123,8 @@ class RedisConsumer(Consumer):
         self._next_rebalance = now + self.lease_ms / 3000
         owned = await self._membership("rebalance")
         self._clear &= owned
+        self._own_pending_done &= owned
+        self._own_pending_cursor = {s: c for s, c in self._own_pending_cursor.items() if s in owned}
         self._owned = owned
 
     # ---- fetch ---------------------------------------------------------------
@@ -151,9 +158,7 @@ class RedisConsumer(Consumer):
 
     async def _collect(self, max_count: int, block_ms: int) -> list[Delivery]:
         out: list[Delivery] = []
-        if not self._own_pending_read:
-            out += await self._read_own_pending(max_count)
-            self._own_pending_read = True
+        out += await self._read_own_pending(max_count)
         if len(out) < max_count:
             out += await self._claim_idle(max_count - len(out))
         await self._update_clear()
@@ -165,12 +170,28 @@ class RedisConsumer(Consumer):
         return await self._read_new(max_count, block_ms)
 
     async def _read_own_pending(self, max_count: int) -> list[Delivery]:
-        if not self._owned:
-            self._own_pending_read = False  # try again once shards are owned
+        """This consumer's pending entries on owned shards not yet re-read, in id order.
+
+        A shard counts as done when a read returns fewer entries than asked
+        for; until then no new entry of it is read (``_update_clear``), so a
+        restarted worker never processes newer entries before its older ones.
+        """
+        shards = sorted(self._owned - self._own_pending_done)
+        if not shards:
             return []
-        shards = sorted(self._owned)
-        streams = {self._key(s): "0" for s in shards}
-        replies = await self._xreadgroup(streams, max_count, None)
+        per_shard = max(1, -(-max_count // len(shards)))
+        streams = {self._key(s): self._own_pending_cursor.get(s, "0") for s in shards}
+        replies = await self._xreadgroup(streams, per_shard, None)
+        got: dict[int, list[Entry]] = {}
+        for name, entries in replies:
+            got[int(_text(name).rsplit(":", 1)[1].rstrip("}"))] = list(entries or [])
+        for shard in shards:
+            entries = got.get(shard, [])
+            if len(entries) < per_shard:
+                self._own_pending_done.add(shard)
+                self._own_pending_cursor.pop(shard, None)
+            else:
+                self._own_pending_cursor[shard] = _text(entries[-1][0])
         return await self._with_counts(replies)
 
     async def _claim_idle(self, max_count: int) -> list[Delivery]:
@@ -199,7 +220,7 @@ class RedisConsumer(Consumer):
 
     async def _update_clear(self) -> None:
         """Mark owned shards clear once no other consumer has entries pending on them."""
-        unknown = sorted(self._owned - self._clear)
+        unknown = sorted((self._owned & self._own_pending_done) - self._clear)
         if not unknown:
             return
         pipe = self.bus.redis.pipeline(transaction=False)
