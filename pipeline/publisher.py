@@ -36,7 +36,6 @@ What it guarantees:
 from __future__ import annotations
 
 import asyncio
-import os
 import time
 from collections import deque
 from collections.abc import AsyncIterator, Iterable, Mapping
@@ -50,56 +49,34 @@ from . import envelope
 from .bus import Bus, ControlCommand, open_bus
 from .envelope import Event
 from .errors import BusUnavailable, DeliveryTimeout
+from .ulid import MonotonicULID
 
 __all__ = ["Publisher", "Run"]
 
 _encoder = msgspec.json.Encoder()
 
 
-_ALPHABET = "0123456789ABCDEFGHJKMNPQRSTVWXYZ"
-_NEXT_CHAR = {c: _ALPHABET[i + 1] for i, c in enumerate(_ALPHABET[:-1])}
-
-
-def _base32(value: int, length: int) -> str:
-    out = []
-    for _ in range(length):
-        out.append(_ALPHABET[value & 31])
-        value >>= 5
-    return "".join(reversed(out))
-
-
 class _Clock:
     """Monotonic ULID (``evt_…``) and RFC 3339 timestamp from one reading of the clock.
 
-    Hand-written for the emit hot path: the time part and the timestamp
-    string are encoded once per millisecond, and within a millisecond the
-    random part is incremented in its base32 form (one character changes,
-    except on a carry), so an id costs a string concatenation instead of a
-    26-character encode. Ids are the same as :class:`pipeline.ulid.MonotonicULID`
-    would make: strictly increasing, random part re-drawn each millisecond.
+    The timestamp string is formatted once per millisecond; ids come from
+    :class:`pipeline.ulid.MonotonicULID`, which is cheap within a millisecond.
     """
 
-    __slots__ = ("_head", "_last_ms", "_rand", "_tail", "_ts")
+    __slots__ = ("_ids", "_last_ms", "_ts")
 
     def __init__(self) -> None:
+        self._ids = MonotonicULID("evt_")
         self._last_ms = -1
-        self._head = self._tail = self._ts = ""
-        self._rand = 0
+        self._ts = ""
 
     def stamp(self) -> tuple[str, str]:
         now = time.time()
         ms = int(now * 1000)
         if ms > self._last_ms:
             self._last_ms = ms
-            self._head = "evt_" + _base32(ms, 10)
-            self._rand = int.from_bytes(os.urandom(10), "big") >> 1  # headroom for increments
-            self._tail = _base32(self._rand, 16)
             self._ts = time.strftime("%Y-%m-%dT%H:%M:%S", time.gmtime(now)) + f".{ms % 1000:03d}Z"
-        else:  # same (or an earlier) millisecond: keep the time, count up
-            self._rand += 1
-            bumped = _NEXT_CHAR.get(self._tail[-1])
-            self._tail = self._tail[:-1] + bumped if bumped else _base32(self._rand, 16)
-        return self._head + self._tail, self._ts
+        return self._ids.new(ms), self._ts
 
 
 def _payload_type(cls: type[msgspec.Struct]) -> Any:

@@ -274,10 +274,11 @@ def test_ids_stay_monotonic_across_carries_and_clock_steps() -> None:
 
     clock = _Clock()
     first, _ = clock.stamp()
-    clock._rand |= 0b11111  # the next id carries out of the last digit
-    clock._tail = clock._tail[:-1] + "Z"
+    ids_gen = clock._ids
+    ids_gen._rand |= 0b11111  # the next id carries out of the last digit
+    ids_gen._tail = ids_gen._tail[:-1] + "Z"
     ids = [first] + [clock.stamp()[0] for _ in range(5000)]
-    clock._last_ms += 60_000  # the wall clock is now a minute behind the last id
+    ids_gen._last_ms += 60_000  # the wall clock is now a minute behind the last id
     ids += [clock.stamp()[0] for _ in range(10)]
     assert ids == sorted(ids) and len(set(ids)) == len(ids)
     assert all(len(i) == 30 and i.startswith("evt_") for i in ids)

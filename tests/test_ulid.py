@@ -1,0 +1,22 @@
+"""Event ids: seed 003 §2 "id — ULID, monotonic per stream"."""
+
+from __future__ import annotations
+
+from pipeline.ulid import MonotonicULID, ulid_timestamp_ms
+
+
+def test_ids_strictly_increase_within_one_millisecond_across_carries() -> None:
+    gen = MonotonicULID("evt_")
+    ids = [gen.new(1_700_000_000_000) for _ in range(5000)]  # one ms: 5000 increments, many carries
+    assert ids == sorted(ids)
+    assert len(set(ids)) == len(ids)
+    assert all(len(i) == 30 and i.startswith("evt_") for i in ids)
+
+
+def test_ids_carry_their_millisecond_and_never_go_back_with_the_clock() -> None:
+    gen = MonotonicULID()
+    first = gen.new(2_000)
+    earlier_clock = gen.new(1_000)  # the wall clock stepped back
+    assert earlier_clock > first
+    assert ulid_timestamp_ms(first) == 2_000
+    assert ulid_timestamp_ms(gen.new(3_000)) == 3_000
