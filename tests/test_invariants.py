@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import sys
 import time
 from pathlib import Path
 from typing import Any
@@ -22,9 +23,18 @@ import redis.asyncio as aioredis
 
 from pipeline import envelope
 from pipeline.bus import open_bus
-from pipeline.bus.keys import DATA_FIELD, ingest_key, shard_for
+from pipeline.bus.keys import DATA_FIELD, ingest_key, lease_key, shard_for
 from pipeline.edge import EdgeSettings
-from tests.e2e_harness import bus_url, decoded, ndjson, pipeline, sse, unique, wait_for_terminal
+from tests.e2e_harness import (
+    GROUP,
+    bus_url,
+    decoded,
+    ndjson,
+    pipeline,
+    sse,
+    unique,
+    wait_for_terminal,
+)
 from tests.edge.harness import read_sse
 from tests.edge.test_backpressure import _sse_bodies, _stalled_sse
 
@@ -184,6 +194,61 @@ async def test_invariant_2_a_restarted_consumer_rereads_its_pending_entries_befo
 def _event(run_id: str, seq: int) -> envelope.Event:
     return envelope.make("tool.start", {"call_id": f"c{seq}", "tool": "t"}, id=f"evt_01JX{seq:022d}",
                          ts=envelope.now_ts(), run_id=run_id, seq=seq)
+
+
+@pytest.mark.slow
+async def test_invariant_2_no_loss_no_duplicates_when_a_worker_process_is_killed(
+    redis_url: str, postgres_url: str
+) -> None:
+    """DESIGN 2 across a real crash: a ``runwire worker`` process owning shards is SIGKILLed mid-stream
+    (no drain, no goodbye: its leases expire, its pending entries are claimed by the survivor). The
+    replay log (PostgreSQL) and every raw stream still hold every published event exactly once."""
+    async with pipeline(redis_url, postgres_url, workers=1) as pipe:
+        shards = pipe.bus.shards  # type: ignore[attr-defined]
+        runs: dict[int, str] = {}
+        while len(runs) < shards:  # one run on every shard, so the killed worker surely owns some
+            candidate = unique("killed")
+            runs.setdefault(shard_for(candidate, shards), candidate)
+        worker = await asyncio.create_subprocess_exec(
+            str(Path(sys.executable).parent / "runwire"), "worker", "--bus", pipe.url, "--store", postgres_url,
+            "--group", GROUP, "--name", "w0", stdout=asyncio.subprocess.DEVNULL, stderr=asyncio.subprocess.DEVNULL,
+        )
+        try:
+            handles = [pipe.publisher.run(run_id, tenant="acme") for run_id in runs.values()]
+            published: dict[str, list[str]] = {run_id: [] for run_id in runs.values()}
+            client = aioredis.Redis.from_url(pipe.url.split("?", 1)[0])
+            prefix = pipe.bus.options.prefix  # type: ignore[attr-defined]
+            holders: list[bytes | None] = []
+            try:
+                for index in range(300):
+                    for handle in handles:
+                        if index == 0:
+                            event = await handle.emit("run.lifecycle", {"state": "running"})
+                        elif index == 299:
+                            event = await handle.finish("done")
+                        else:
+                            event = await handle.emit("tool.start", {"call_id": f"c{index}", "tool": "t"})
+                        published[handle.run_id].append(event.id)
+                    await asyncio.sleep(0.01)
+                    if index == 150:
+                        holders = [await client.get(lease_key(prefix, GROUP, s)) for s in range(shards)]
+                        worker.kill()  # SIGKILL while events keep coming
+                        await worker.wait()
+            finally:
+                await client.aclose()
+            await pipe.publisher.flush()
+            for run_id in runs.values():
+                await wait_for_terminal(pipe.store, run_id, within=60)
+            logged = {r: [e.id for e in await pipe.store.read(r)] for r in runs.values()}
+            streams = {r: [e.id for e in await pipe.bus.read((r, "raw"), 0)] for r in runs.values()}
+        finally:
+            if worker.returncode is None:
+                worker.kill()
+                await worker.wait()
+    assert b"w0" in holders, holders  # the killed process was the writer of some runs
+    for run_id in runs.values():
+        assert logged[run_id] == published[run_id], run_id
+        assert streams[run_id] == published[run_id], run_id
 
 # ---- 3 Contiguous seq ------------------------------------------------------------
 
