@@ -21,8 +21,9 @@ loads it (``bus.load_state``) continues exactly where the last writer stopped.
 from __future__ import annotations
 
 import msgspec
+from msgspec.structs import replace as replace_struct
 
-from .envelope import Event, Gap, GapPayload, replace
+from .envelope import Event, Gap, GapPayload
 
 
 class SequencerState(msgspec.Struct, kw_only=True, omit_defaults=True):
@@ -95,5 +96,6 @@ class Sequencer:
 
     def stamp(self, event: Event) -> Event:
         """Give ``event`` the next delivery seq (no dedupe: for events runwire makes itself)."""
-        self.state.last_seq += 1
-        return replace(event, seq=self.state.last_seq)
+        state = self.state
+        state.last_seq += 1
+        return replace_struct(event, seq=state.last_seq)

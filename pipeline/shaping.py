@@ -73,11 +73,13 @@ Delta = ReasoningDelta | TextDelta
 class DeltaCoalescer:
     """Shapes one delivery stream: feed raw events in seq order, get shaped events."""
 
-    __slots__ = ("state", "window_ms")
+    __slots__ = ("_first_end", "state", "window_ms")
 
     def __init__(self, state: ShaperState | None = None, *, window_ms: int = WINDOW_MS) -> None:
         self.state = state if state is not None else ShaperState()
         self.window_ms = window_ms
+        self._first_end = _first_end(self.state.windows)
+        """The earliest end of an open window (cached: checked for every delta)."""
 
     @property
     def pending(self) -> bool:
@@ -92,14 +94,17 @@ class DeltaCoalescer:
         now = ts_millis(event.ts)
         windows = self.state.windows
         out: list[Event] = []
-        if windows and min(w.end_ms for w in windows.values()) <= now:
+        if self._first_end <= now and windows:
             out = self._close(lambda window: window.end_ms <= now)
         key = f"{event.child_id or ''}|{event.type}"
         window = windows.get(key)
         if window is None:
-            self.state.windows[key] = Window(
-                last=event, texts=[event.payload.text], first_seq=event.seq, end_ms=now + self.window_ms
+            end_ms = now + self.window_ms
+            windows[key] = Window(
+                last=event, texts=[event.payload.text], first_seq=event.seq, end_ms=end_ms
             )
+            if end_ms < self._first_end:
+                self._first_end = end_ms
         else:
             window.last = event
             window.texts.append(event.payload.text)
@@ -126,7 +131,12 @@ class DeltaCoalescer:
         horizon = max(windows[key].last.seq for key in closing)
         closing = [key for key, window in windows.items() if window.last.seq <= horizon]
         closed = sorted((windows.pop(key) for key in closing), key=lambda w: w.last.seq)
+        self._first_end = _first_end(windows)
         return [_shaped(window) for window in closed]
+
+
+def _first_end(windows: dict[str, Window]) -> float:
+    return min((window.end_ms for window in windows.values()), default=float("inf"))
 
 
 def _shaped(window: Window) -> Event:

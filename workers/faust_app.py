@@ -245,6 +245,7 @@ class FaustWorker:
 
     async def _on_revoked(self, sender: Any, revoked: Any, **_: Any) -> None:
         self._forget = True
+        self.bus.ownership_changed()
 
     async def _on_assigned(self, sender: Any, assigned: Any, **_: Any) -> None:
         topic = self.bus.topics[bus_keys.KAFKA_INGEST]
@@ -255,6 +256,7 @@ class FaustWorker:
             del self._offsets[partition]
         self._resync = retained & set(self._offsets)
         self._owned = set(owned)
+        self.bus.ownership_changed()
         self._assigned = True
         self._last_batch = time.monotonic()
 

@@ -41,7 +41,9 @@ BATCH = 512
 TICK_S = 0.05
 RETRY_MAX_S = 2.0
 APPEND_CONCURRENCY = 32
-"""Checkpoint loads and single appends in flight at once (bounds the bus client's connections)."""
+"""Checkpoint loads in flight at once (bounds the bus client's connections)."""
+PENDING_BATCHES = 8
+"""At most this many fetched batches are merged into one write while the previous one is in flight."""
 APPEND_CHUNK = 256
 """Delivery appends sent together (one pipeline on Redis)."""
 T = TypeVar("T")
@@ -139,12 +141,13 @@ class Stages:
     async def prepare(
         self,
         deliveries: Sequence[Delivery],
-        before_restore: Callable[[], Awaitable[None]] | None = None,
+        before_restore: Callable[[set[str]], Awaitable[None]] | None = None,
     ) -> tuple[list[Delivery], dict[str, StreamOutput]]:
         """Decode (dead-lettering poison), restore checkpoints and process; no delivery writes.
 
-        ``before_restore`` runs before any checkpoint is loaded from the bus (a
-        runtime with writes still in flight waits for them there).
+        ``before_restore(run_ids)`` runs before the checkpoints of ``run_ids``
+        are loaded from the bus (a runtime whose writes to some of those
+        streams are still in flight waits for them there).
         """
         if self._first_batch_at is None:
             self._first_batch_at = time.monotonic()
@@ -221,21 +224,14 @@ class Stages:
             self.stats.log_seconds += time.monotonic() - started
 
     async def _append_many(self, appends: list[tuple[StreamKey, Sequence[Event], bytes | None]]) -> None:
-        """Each key appears once here, so the appends may run in any order.
+        """Each key appears once here, so the appends may be sent together.
 
-        A backend that batches them (Redis: one pipeline) gets chunks; for the
-        others the appends run concurrently, bounded.
+        Chunks go through ``bus.append_many``: one pipeline on Redis, one
+        produce per partition on Kafka, plain calls in memory.
         """
-        if type(self.bus).append_many is Bus.append_many:
-            await asyncio.gather(*(self._append_one(*append) for append in appends))
-            return
         for start in range(0, len(appends), APPEND_CHUNK):
             chunk = appends[start : start + APPEND_CHUNK]
             await self.retry(functools.partial(self.bus.append_many, chunk))
-
-    async def _append_one(self, key: StreamKey, events: Sequence[Event], state: bytes | None) -> None:
-        async with self._appends:
-            await self.retry(lambda: self.bus.append(key, events, state=state))
 
     async def _decode(self, delivery: Delivery) -> Event | None:
         try:
@@ -254,12 +250,12 @@ class Stages:
     async def _restore(
         self,
         events: Sequence[Event],
-        before_restore: Callable[[], Awaitable[None]] | None = None,
+        before_restore: Callable[[set[str]], Awaitable[None]] | None = None,
     ) -> None:
         missing = self.processor.missing(events)
-        if missing and before_restore is not None:
-            await before_restore()
         while missing:
+            if before_restore is not None:
+                await before_restore(missing)
             ordered = sorted(missing)
             states = await asyncio.gather(*(self._load_state(run_id) for run_id in ordered))
             for run_id, state in zip(ordered, states, strict=True):
@@ -301,32 +297,74 @@ class ConsumerLoop:
         self.stages = stages
         self._owned: frozenset[int] = frozenset()
         self._inflight: asyncio.Task[None] | None = None
+        self._inflight_runs: frozenset[str] = frozenset()
+        """The streams the write in flight writes."""
+        self._pending: dict[str, StreamOutput] = {}
+        """Processed batches waiting for the write in flight to finish (merged per stream)."""
+        self._pending_acks: list[Delivery] = []
+        self._pending_entries = 0
         self._next_adopt = 0.0
 
     async def loop(self, *, batch: int, tick_s: float, burst: bool) -> None:
-        """Batches are pipelined: batch N+1 is decoded and processed while N is written.
+        """Batches are pipelined, and their writes grouped while the store is busy.
 
-        Writes stay in batch order (N+1's start after N's are durable) and each
-        batch is acked after its own writes.
+        Batch N+1 is decoded and processed while N is written. While a write
+        is in flight, further batches are processed and merged into one
+        pending write (up to ``PENDING_BATCHES`` batches), which starts when
+        the write in flight is durable: one replay-log transaction and one
+        delivery append per stream for all of them, so the per-write costs
+        (commit, run metadata, round trips) shrink as the backlog grows.
+        Writes stay in batch order, and each entry is acked after its writes.
         """
         block_ms = max(1, int(tick_s * 1000))
         stop = self.stages.stop
+        most = batch * PENDING_BATCHES
         try:
             while not stop.is_set():
                 deliveries = await self.consumer.fetch(batch, block_ms=block_ms)
                 await self._check_ownership()
                 if deliveries:
-                    acked, outputs = await self.stages.prepare(deliveries, self._drain)
-                    await self._drain()
-                    self._inflight = asyncio.create_task(self._write_and_ack(outputs, acked))
+                    acked, outputs = await self.stages.prepare(deliveries, self._drain_for)
+                    self._merge(outputs, acked, len(deliveries))
+                    if self._inflight is None or self._inflight.done() or self._pending_entries >= most:
+                        await self._drain()
+                        self._start_write()
                 if len(deliveries) < batch:
-                    await self._drain()
+                    await self._flush()
                     await self._adopt_silent()
                     await self.stages.tick()
                 if burst and not deliveries:
                     break
         finally:
-            await self._drain()
+            await self._flush()
+
+    def _merge(self, outputs: dict[str, StreamOutput], acked: list[Delivery], entries: int) -> None:
+        pending = self._pending
+        for run_id, output in outputs.items():
+            earlier = pending.get(run_id)
+            if earlier is None:
+                pending[run_id] = output
+            else:  # a later batch of the same stream: its events follow, its checkpoint wins
+                earlier.raw.extend(output.raw)
+                earlier.shaped.extend(output.shaped)
+                earlier.state = output.state
+        self._pending_acks.extend(acked)
+        self._pending_entries += entries
+
+    def _start_write(self) -> None:
+        """Start writing (then acking) everything pending; the previous write must be drained."""
+        if not self._pending and not self._pending_acks:
+            return
+        outputs, acked = self._pending, self._pending_acks
+        self._pending, self._pending_acks, self._pending_entries = {}, [], 0
+        self._inflight_runs = frozenset(outputs)
+        self._inflight = asyncio.create_task(self._write_and_ack(outputs, acked))
+
+    async def _flush(self) -> None:
+        """Write and ack everything processed so far, and wait for it."""
+        await self._drain()
+        self._start_write()
+        await self._drain()
 
     async def _adopt_silent(self) -> None:
         now = time.monotonic()
@@ -336,6 +374,18 @@ class ConsumerLoop:
         owned = self.consumer.owned_shards()
         if owned:
             await self.stages.adopt_silent(owned, self.stages.bus.shards)
+
+    async def _drain_for(self, run_ids: set[str]) -> None:
+        """Before loading checkpoints: write what is pending or in flight for any of them first.
+
+        A stream this process does not hold but is writing (it ended in a
+        batch not yet durable and was dropped from memory) must be read back
+        only after that write; any other stream's stored checkpoint is final.
+        """
+        if not run_ids.isdisjoint(self._pending):
+            await self._flush()
+        elif self._inflight is not None and not self._inflight_runs.isdisjoint(run_ids):
+            await self._drain()
 
     async def _drain(self) -> None:
         """Wait for the writes (and ack) of the batch in flight."""
@@ -357,7 +407,7 @@ class ConsumerLoop:
         owned = self.consumer.owned_shards()
         lost = self._owned - owned
         if lost:  # their streams may have a new writer: reload checkpoints when needed again
-            await self._drain()
+            await self._flush()
             log.info("%s lost shards %s; dropping in-memory state", self.consumer.name, sorted(lost))
             self.stages.processor.forget_all()
         if owned - self._owned:

@@ -100,6 +100,10 @@ class KafkaOptions(msgspec.Struct, kw_only=True):
     """Acks are committed at most this often (and always on revoke and on close)."""
 
 
+_OWN_STATES_MAX = 100_000
+"""Own appended states remembered per epoch (then the tail is caught up on again)."""
+
+
 async def _guard(what: str, call: Awaitable[T]) -> T:
     """Await a client call, turning Kafka and connection errors into BusUnavailable."""
     try:
@@ -134,6 +138,13 @@ class KafkaBus(Bus):
         self._hot: _DeliveryTail | None = None
         self._hot_lock = asyncio.Lock()
         self._consumers: set[KafkaConsumer] = set()
+        self._epoch = 0
+        """Ownership epoch: 0 until a consumer of this process reports its partitions."""
+        self._synced: dict[int, int] = {}
+        """Delivery partition → the epoch in which the tail last caught up on it."""
+        self._sync_locks: dict[int, asyncio.Lock] = {}
+        self._own_states: dict[StreamKey, bytes] = {}
+        """States this process appended in the current epoch (newer than the tail may show)."""
 
     # ---- connection --------------------------------------------------
     async def connect(self) -> None:
@@ -328,37 +339,104 @@ class KafkaBus(Bus):
     def _delivery_partition(self, run_id: str) -> int:
         return keys.shard_for(run_id, self.shards)
 
+    def ownership_changed(self) -> None:
+        """A consumer of this process gained or lost ingest partitions (a rebalance).
+
+        From the first call on, a delivery partition is caught up on once per
+        ownership epoch rather than before every append: a run is written
+        only by the owner of its root's ingest partition, so once this process
+        owns it and has read its stream's records, every later record of that
+        stream is one of its own appends, which are written through to the
+        hot tier. Each call starts a new epoch (every partition is caught up
+        on again at its next write).
+        """
+        self._epoch += 1
+        self._own_states.clear()
+
+    async def _caught_up(self, partition: int) -> _DeliveryTail:
+        """The delivery tail, once it holds ``partition`` as of this epoch's first write."""
+        tail = await self._delivery()
+        epoch = self._epoch
+        if not epoch:  # no ownership reports: another writer may append at any time
+            await tail.sync(partition)
+            return tail
+        if self._synced.get(partition) == epoch:
+            return tail
+        lock = self._sync_locks.setdefault(partition, asyncio.Lock())
+        async with lock:  # concurrent first writes share one catch-up
+            if self._synced.get(partition) != epoch:
+                await tail.sync(partition)
+                if self._epoch == epoch:
+                    self._synced[partition] = epoch
+        return tail
+
     async def append(
         self, key: StreamKey, events: Sequence[Event], *, state: bytes | None = None
     ) -> int:
-        tail = await self._delivery()
-        run_id, view = key
-        partition = self._delivery_partition(run_id)
-        await tail.sync(partition)
-        last = tail.streams.last_seq(key)
-        fresh: list[Event] = []
-        for event in events:
-            if event.seq > last:
-                fresh.append(event)
-                last = event.seq
-        if not fresh and state is None:
-            return 0
-        headers = [(_VIEW_HEADER, view.encode())]
-        key_bytes = run_id.encode()
-        records: list[_Record] = [
-            (partition, key_bytes, encode(e), headers) for e in fresh
-        ]
-        if state is not None:
-            records.append((partition, key_bytes, state, [*headers, (_KIND_HEADER, _STATE_KIND)]))
-        await self._send(self.topics[keys.KAFKA_DELIVERY], records)
-        added = tail.streams.add(key, fresh)
-        if state is not None:
-            tail.streams.set_state(key, state)
-        return added
+        return (await self.append_many([(key, events, state)]))[0]
+
+    async def append_many(
+        self, appends: Sequence[tuple[StreamKey, Sequence[Event], bytes | None]]
+    ) -> list[int]:
+        """All appends' records in one send: one record batch per delivery partition.
+
+        Each stream's new events and its state are consecutive records of one
+        partition, state last, so a stored state never runs ahead of its stream.
+        """
+        partitions = sorted({self._delivery_partition(key[0]) for key, _, _ in appends})
+        tails = await asyncio.gather(*(self._caught_up(p) for p in partitions))
+        if not tails:
+            return []
+        tail = tails[0]
+        last_of: dict[StreamKey, int] = {}
+        records: list[_Record] = []
+        planned: list[tuple[StreamKey, list[Event], bytes | None]] = []
+        for key, events, state in appends:
+            run_id, view = key
+            last = last_of[key] if key in last_of else tail.streams.last_seq(key)
+            fresh: list[Event] = []
+            for event in events:
+                if event.seq > last:
+                    fresh.append(event)
+                    last = event.seq
+            last_of[key] = last
+            planned.append((key, fresh, state))
+            if not fresh and state is None:
+                continue
+            partition = self._delivery_partition(run_id)
+            headers = [(_VIEW_HEADER, view.encode())]
+            key_bytes = run_id.encode()
+            records.extend((partition, key_bytes, encode(e), headers) for e in fresh)
+            if state is not None:
+                records.append((partition, key_bytes, state, [*headers, (_KIND_HEADER, _STATE_KIND)]))
+        if records:
+            try:
+                await self._send(self.topics[keys.KAFKA_DELIVERY], records)
+            except BaseException:  # some records may be stored: catch up again before the retry
+                for partition in partitions:
+                    self._synced.pop(partition, None)
+                raise
+        counts: list[int] = []
+        for key, fresh, state in planned:
+            counts.append(tail.streams.add(key, fresh))
+            if state is not None:
+                tail.streams.set_state(key, state)
+                if self._epoch:
+                    self._remember_state(key, state)
+        return counts
+
+    def _remember_state(self, key: StreamKey, state: bytes) -> None:
+        if len(self._own_states) >= _OWN_STATES_MAX and key not in self._own_states:
+            # forgetting them means the tail must be read to its end again first
+            self._own_states.clear()
+            self._synced.clear()
+        self._own_states[key] = state
 
     async def load_state(self, key: StreamKey) -> bytes | None:
-        tail = await self._delivery()
-        await tail.sync(self._delivery_partition(key[0]))
+        own = self._own_states.get(key)
+        if own is not None:
+            return own
+        tail = await self._caught_up(self._delivery_partition(key[0]))
         return tail.streams.state(key)
 
     async def read(self, key: StreamKey, after: int, limit: int = 1000) -> list[Event]:
@@ -618,6 +696,8 @@ class KafkaConsumer(Consumer):
         (its unacked entries come back after ``claim_idle_ms`` as usual), and
         acks that arrived in between are committed now.
         """
+        if assigned:
+            self.bus.ownership_changed()
         back = [tp.partition for tp in assigned if tp.partition in self._former]
         for partition in back:
             self._partitions.setdefault(partition, self._former.pop(partition))
@@ -634,6 +714,8 @@ class KafkaConsumer(Consumer):
 
     async def _revoked(self, revoked: list[TopicPartition]) -> None:
         """Commit what was acked on partitions about to move, then forget them (PITFALLS 4)."""
+        if revoked:
+            self.bus.ownership_changed()
         await self._commit([tp.partition for tp in revoked])
         for tp in revoked:
             state = self._partitions.pop(tp.partition, None)

@@ -266,15 +266,16 @@ class SQLiteLog(ReplayLog):
         db.execute("BEGIN IMMEDIATE")
         try:
             fresh = self._insert(rows)
-            for delta in summarize([e for e, _ in fresh]).values():
-                self._merge_run(delta, now)
+            expiries = [self._merge_run(delta, now) for delta in summarize([e for e, _ in fresh]).values()]
+            db.executemany("UPDATE runs SET expires_at = ? WHERE run_id = ?", expiries)
             db.execute("COMMIT")
         except BaseException:
             db.execute("ROLLBACK")
             raise
         return len(fresh)
 
-    def _merge_run(self, delta: RunDelta, now: float) -> None:
+    def _merge_run(self, delta: RunDelta, now: float) -> tuple[float, str]:
+        """Merge one run's delta into its row; returns its new ``(expires_at, run_id)``."""
         tenant, state, updated = self._db.execute(
             _UPSERT_RUN,
             (delta.run_id, delta.tenant, delta.parent_id, delta.root_id, delta.state,
@@ -282,10 +283,8 @@ class SQLiteLog(ReplayLog):
              delta.input_tokens, delta.output_tokens, delta.dropped, delta.first_ts,
              delta.last_ts, now, now),
         ).fetchone()
-        expires = self.expiry(tenant, state, datetime.fromtimestamp(updated, UTC))
-        self._db.execute(
-            "UPDATE runs SET expires_at = ? WHERE run_id = ?", (_epoch(expires), delta.run_id)
-        )
+        keep = self.policy_for(tenant).keep_for(state)
+        return _epoch(datetime.fromtimestamp(updated, UTC) + keep), delta.run_id
 
     # ---- read ----------------------------------------------------------
     def _bodies(self, run_id: str, after: int, limit: int) -> list[tuple[int, bytes]]:
