@@ -35,9 +35,9 @@ def unique(label: str) -> str:
     return f"{label}-{uuid.uuid4().hex[:10]}"
 
 
-def bus_url(redis_url: str, prefix: str) -> str:
+def bus_url(redis_url: str, prefix: str, extra: str = "") -> str:
     sep = "&" if "?" in redis_url else "?"
-    return f"{redis_url}{sep}prefix={prefix}&{BUS_OPTIONS}"
+    return f"{redis_url}{sep}prefix={prefix}&{BUS_OPTIONS}" + (f"&{extra}" if extra else "")
 
 
 class Worker:
@@ -91,10 +91,11 @@ class Pipeline:
 
 @contextlib.asynccontextmanager
 async def pipeline(
-    redis_url: str, store_url: str, settings: EdgeSettings | None = None, *, workers: int = 2
+    redis_url: str, store_url: str, settings: EdgeSettings | None = None, *, workers: int = 2,
+    bus_options: str = "",
 ) -> AsyncIterator[Pipeline]:
     """Start bus, workers, edge and a publisher; stop them all on exit."""
-    url = bus_url(redis_url, unique("e2e"))
+    url = bus_url(redis_url, unique("e2e"), bus_options)
     async with (
         open_bus(url) as bus,
         open_store(store_url) as worker_store,

@@ -282,15 +282,70 @@ async def test_invariant_3_contiguous_seq_raw_and_shaped_and_a_publisher_gap_is_
     assert len(raw) == 1 + 300 + 1 + 1 + 1 + 1  # running, deltas, tool.start, x.gap, tool.end, done
     gap = [e["payload"] for e in raw if e["type"] == "x.gap"]
     assert gap == [{"run_id": run_id, "first": lost.seq, "last": lost.seq}]
-    previous = 0
-    for event in shaped:
-        first = event["span"][0] if event.get("span") else event["seq"]
-        assert first == previous + 1, (event, previous)
-        previous = event["seq"]
-    assert previous == raw[-1]["seq"]
+    assert_tiles(shaped, raw[-1]["seq"])
     assert len(shaped) < len(raw)  # deltas were coalesced (R1), nothing between them went missing
     assert [e["payload"] for e in shaped if e["type"] == "x.gap"] == gap
     assert "".join(e["payload"]["text"] for e in shaped if e["type"] == "text.delta") == "".join(words)
+
+
+
+@pytest.mark.slow
+async def test_invariant_3_contiguous_seq_survives_a_resume_from_the_replay_log(
+    redis_url: str, tmp_path: Path
+) -> None:
+    """DESIGN 3 and docs/architecture.md "One seq space means one cursor": with the hot tier trimmed
+    (``maxlen=20``), a client resuming with ``Last-Event-ID`` is served from the replay log, the shaped
+    view recomputed — and gets exactly the seqs, spans and texts the live shaped client got after that
+    cursor. The live client itself misses nothing although bursts longer than ``maxlen`` trim the hot
+    stream between two of the edge's reads (PITFALLS 8: no silent gaps)."""
+    run_id = unique("relog")
+    async with (
+        pipeline(redis_url, sqlite_url(tmp_path), bus_options="maxlen=20") as pipe,
+        httpx.AsyncClient(timeout=60) as http,
+    ):
+        url = f"{pipe.edge.url}/v1/runs/{run_id}/stream"
+        run = pipe.publisher.run(run_id, tenant="acme")
+        await run.emit("run.lifecycle", {"state": "running"})
+        await pipe.publisher.flush()
+        live_task = asyncio.create_task(sse(http, url))
+        for burst in range(5):
+            for index in range(40):
+                await run.emit(("reasoning.delta", "text.delta")[index // 20], {"text": f"{burst}.{index} "})
+                if index % 10 == 0:
+                    await asyncio.sleep(0.03)
+            for call in range(25):  # enough events for Redis's approximate trim to cut the shaped view too
+                await run.emit("tool.start", {"call_id": f"c{burst}.{call}", "tool": "t"})
+            await pipe.publisher.flush()
+            await asyncio.sleep(0.4 if burst % 2 else 0.05)  # quiet spells: windows closed by the tick
+        await run.finish("done")
+        await pipe.publisher.flush()
+        live = decoded(await asyncio.wait_for(live_task, 60))
+        cursor = live[3]["seq"]
+        for view in ("raw", "shaped"):
+            assert (await pipe.bus.bounds((run_id, view)) or (0, 0))[0] > cursor + 1, f"{view} should be trimmed"
+        resumed = decoded(await sse(http, url, headers={"Last-Event-ID": str(cursor)}))
+        resumed_raw = decoded(await sse(http, f"{url}?detail=full", headers={"Last-Event-ID": "5"}))
+        metrics = (await http.get(f"{pipe.edge.url}/metrics")).text
+        logged = await pipe.store.read(run_id)
+
+    assert_tiles(live, run.seq)  # the live client missed nothing while the hot tier was trimmed under it
+    assert len(live) > 10 and resumed == live[4:]
+    assert any(e.get("span") for e in resumed)  # shaped deltas, recomputed from the log
+    assert [e["id"] for e in resumed_raw] == [e.id for e in logged][5:]
+    assert [e["seq"] for e in resumed_raw] == list(range(6, run.seq + 1))
+    from_log = [line for line in metrics.splitlines() if line.startswith('runwire_edge_resumes_total{source="log"}')]
+    assert from_log and float(from_log[0].split()[-1]) >= 2, from_log
+
+
+def assert_tiles(events: list[dict[str, Any]], last: int) -> None:
+    """T2 as a client checks it: each event starts right after the previous one (``span[0]`` for a
+    shaped delta), from seq 1 to ``last`` — no hole anywhere."""
+    previous = 0
+    for event in events:
+        first = event["span"][0] if event.get("span") else event["seq"]
+        assert first == previous + 1, (event, previous)
+        previous = event["seq"]
+    assert previous == last
 
 
 # ---- 4 Bounded memory ---------------------------------------------------------------

@@ -34,10 +34,14 @@ from .clients import ClientQueue
 from .filters import event_filter
 from .frames import Frame, drop_rank
 from .metrics import EdgeMetrics
-from .resume import history
+from .resume import first_covered, history
 from .settings import EdgeSettings
 
 log = logging.getLogger(__name__)
+
+
+HOLE_ATTEMPTS = 6
+"""Reads of a trimmed hole before giving up (50 ms, 100 ms … apart: about a second)."""
 
 
 class FeedKey(NamedTuple):
@@ -280,10 +284,53 @@ class Hub:
                 self.metrics.bus_errors.inc()
                 await asyncio.sleep(0.5)
                 continue
+            batch = await self._fill_holes(batch)
             try:
                 self.dispatch(batch)
             except Exception:  # one bad event must not stop every stream of the process
                 log.exception("edge hub: dispatch failed; continuing")
+
+    async def _fill_holes(self, batch: list[tuple[StreamKey, Event]]) -> list[tuple[StreamKey, Event]]:
+        """Put back what a tail read skipped, so live clients never lose events silently (PITFALLS 8).
+
+        A burst longer than the bus's ``maxlen`` between two reads trims the
+        hot stream past the hub's cursor: the read then starts after a hole.
+        The hole is read like a resume (hot tier, else the replay log; the
+        shaped view recomputed) and goes out before the rest of the batch.
+        """
+        checked: set[StreamKey] = set()
+        filled: list[tuple[StreamKey, Event]] = []
+        for key, event in batch:
+            stream = self.streams.get(key)
+            if key in checked or stream is None or event.seq <= stream.cursor:
+                continue
+            checked.add(key)
+            start = first_covered(event)
+            if start <= stream.cursor + 1:
+                continue
+            filled.extend((key, e) for e in await self._hole(key, stream.cursor, start - 1))
+        return filled + batch if filled else batch
+
+    async def _hole(self, key: StreamKey, after: int, upto: int) -> list[Event]:
+        """Seqs ``after < seq <= upto`` of a stream, complete or not at all.
+
+        Workers write the replay log and the shaped view concurrently, so the
+        log may lag the hot tier for a moment; a read that does not reach
+        ``upto`` (a shaped window cut short) is retried for up to a second.
+        """
+        for attempt in range(HOLE_ATTEMPTS):
+            events: list[Event] = []
+            with contextlib.suppress(Exception):
+                async for _source, chunk in history(
+                    self.bus, self.store, key, after, upto, self.settings.history_batch
+                ):
+                    events.extend(chunk)
+            if events and events[-1].seq == upto:
+                return events
+            await asyncio.sleep(0.05 * (attempt + 1))
+        log.error("edge hub: seqs %d..%d of %s were trimmed before the hub read them and "
+                  "the replay log does not have them", after + 1, upto, key)
+        return []
 
     def dispatch(self, batch: list[tuple[StreamKey, Event]]) -> None:
         """Hand one tail result to the feeds (synchronous: no client can slow it)."""
