@@ -18,6 +18,7 @@ from typing import Any
 
 import httpx
 import jwt
+import msgspec
 import pytest
 import redis.asyncio as aioredis
 
@@ -492,8 +493,8 @@ def _koder(run_id: str, seq: int, type: str, payload: dict[str, Any], **extra: A
 SECRET = "e2e-secret-" + "k" * 32
 
 
-def token(tenant: str, scopes: tuple[str, ...] = ("read", "write", "control")) -> dict[str, str]:
-    claims = {"tenant": tenant, "runs": "*", "scopes": list(scopes), "exp": int(time.time()) + 600}
+def token(tenant: str, runs: str | list[str] = "*") -> dict[str, str]:
+    claims = {"tenant": tenant, "runs": runs, "scopes": ["read", "write", "control"], "exp": int(time.time()) + 600}
     return {"Authorization": f"Bearer {jwt.encode(claims, SECRET, algorithm='HS256')}"}
 
 
@@ -544,6 +545,14 @@ async def test_invariant_6_tenants_are_isolated_a_token_cannot_touch_another_ten
         forged = _koder(globex_run, 4, "tool.start", {"call_id": "forged", "tool": "t"}, tenant="globex")
         assert await status("POST", f"/v1/runs/{globex_run}/events", acme, content=forged) == 404
         assert await status("GET", f"/v1/runs/{acme_run}/stream?detail=full", {}) == 401
+        smuggled = _koder(unique("acme-new"), 1, "tool.start", {"call_id": "smuggled", "tool": "t"}, tenant="globex")
+        run_of_smuggled = msgspec.json.decode(smuggled)["run_id"]
+        answer = await http.post(f"{edge}/v1/runs/{run_of_smuggled}/events", headers=acme, content=smuggled)
+        assert answer.status_code == 422, answer.text  # an event of another tenant is rejected
+        assert [r["code"] for r in answer.json()["rejected"]] == ["KAI-STREAM-PROTO-0001"]
+        narrow = token("acme", [acme_run])
+        assert await status("GET", stream, narrow) == 404
+        assert globex_run not in [r["run_id"] for r in (await http.get(f"{edge}/v1/runs", headers=narrow)).json()["runs"]]
         await asyncio.sleep(0.5)  # had the forged event been published, a worker would have written it
         logged = [e.payload_dict().get("call_id") for e in await pipe.store.read(globex_run)]
 
