@@ -36,7 +36,7 @@ from tests.e2e_harness import (
     unique,
     wait_for_terminal,
 )
-from tests.edge.harness import read_sse
+from tests.edge.harness import EdgeServer, read_sse
 from tests.edge.test_backpressure import _sse_bodies, _stalled_sse
 
 pytestmark = pytest.mark.timeout(120)
@@ -109,8 +109,8 @@ async def test_invariant_2_no_loss_no_duplicates_across_a_worker_crash_and_a_cli
     """DESIGN 2 **No loss, no duplicates**: "what a client and the replay log see is every published
     event exactly once — across worker crashes, rebalances, broker reconnects and client reconnects".
     A worker is killed mid-stream (its shards and pending entries move to the other member, then it
-    comes back: a rebalance), a client disconnects mid-stream and resumes with ``Last-Event-ID``;
-    the replay log is PostgreSQL."""
+    comes back: a rebalance), a client disconnects mid-stream and resumes with ``Last-Event-ID`` on
+    another edge instance (PITFALLS 10); the replay log is PostgreSQL."""
     runs = [unique(f"noloss{i}") for i in range(3)]
     per_run = 200
     async with pipeline(redis_url, postgres_url) as pipe, httpx.AsyncClient(timeout=60) as http:
@@ -148,7 +148,14 @@ async def test_invariant_2_no_loss_no_duplicates_across_a_worker_crash_and_a_cli
         pipe.workers[0].start()
         await publish(130, per_run)
         last_id = str(first_half[-1]["seq"])
-        second_half = decoded(await sse(http, watched, headers={"Last-Event-ID": last_id}))
+        async with open_bus(pipe.url) as other_bus:  # the client comes back through another edge instance
+            other = EdgeServer(other_bus, pipe.store, EdgeSettings())
+            await other.start()
+            try:
+                elsewhere = watched.replace(pipe.edge.url, other.url)
+                second_half = decoded(await sse(http, elsewhere, headers={"Last-Event-ID": last_id}))
+            finally:
+                await other.stop()
         for run_id in runs:
             await wait_for_terminal(pipe.store, run_id, within=60)
         logged = {run_id: [e.id for e in await pipe.store.read(run_id)] for run_id in runs}
