@@ -92,6 +92,23 @@ def _text(value: bytes | str) -> str:
     return value.decode() if isinstance(value, bytes) else value
 
 
+def _resp_bytes(value: Any) -> bytes:
+    if isinstance(value, bytes):
+        return value
+    if isinstance(value, str):
+        return value.encode()
+    return str(int(value)).encode()
+
+
+def _resp_evalsha(script: Script, call_keys: Sequence[str], args: Sequence[Any]) -> bytes:
+    """One ``EVALSHA`` command in RESP (arguments: bytes, str or int)."""
+    parts = [b"EVALSHA", script.sha.encode(), str(len(call_keys)).encode(),
+             *(key.encode() for key in call_keys), *(_resp_bytes(arg) for arg in args)]
+    out = [b"*%d\r\n" % len(parts)]
+    out += [b"$%d\r\n%b\r\n" % (len(part), part) for part in parts]
+    return b"".join(out)
+
+
 def seq_of(entry_id: bytes | str) -> int:
     return int(_text(entry_id).split("-", 1)[0])
 
@@ -267,7 +284,11 @@ class RedisBus(Bus):
         wanted = [i for i, (_, events, state) in enumerate(appends) if events or state is not None]
         counts = [0] * len(appends)
         if wanted:
-            results = await self.run_scripts([self._append_call(*appends[i]) for i in wanted])
+            calls = [self._append_call(*appends[i]) for i in wanted]
+            if self.cluster or len(calls) == 1:
+                results = await self.run_scripts(calls)
+            else:
+                results = await self._run_packed(calls)
             for index, result in zip(wanted, results, strict=True):
                 counts[index] = int(result)
         return counts
@@ -281,6 +302,50 @@ class RedisBus(Bus):
         for event in events:
             args += (event.seq, encode(event))
         return (APPEND, [self._stream_key(key), keys.meta_key(self.prefix, run_id, view)], args)
+
+    async def _run_packed(self, calls: Sequence[ScriptCall]) -> list[Any]:
+        """:meth:`run_scripts` for a standalone server, with the pipeline packed here.
+
+        redis-py's pipeline packs each argument through its encoder (a few
+        Python calls per event); an append batch has thousands of arguments,
+        all ``bytes``/``str``/``int``, so they are written as RESP directly and
+        sent in one write on one pooled connection. The replies are read
+        exactly as redis-py's pipeline reads them; scripts the server lost are
+        reloaded and those calls run again through :meth:`run_scripts`.
+        """
+        packed = b"".join(_resp_evalsha(*call) for call in calls)
+        with unavailable_on_connection_errors(f"script on {self.url}"):
+            results = await self._send_packed(packed, len(calls))
+        missing = [i for i, r in enumerate(results) if isinstance(r, rexc.NoScriptError)]
+        if missing:
+            again = await self.run_scripts([calls[i] for i in missing])
+            for index, result in zip(missing, again, strict=True):
+                results[index] = result
+        for result in results:
+            if isinstance(result, Exception):
+                raise result
+        return results
+
+    async def _send_packed(self, packed: bytes, replies: int) -> list[Any]:
+        client = self.redis
+        assert isinstance(client, Redis)  # a Cluster client routes through run_scripts
+        pool = client.connection_pool
+        connection = await pool.get_connection()  # type: ignore[no-untyped-call]
+        complete = False
+        try:
+            await connection.send_packed_command(packed)
+            results: list[Any] = []
+            for _ in range(replies):
+                try:
+                    results.append(await connection.read_response())
+                except rexc.ResponseError as exc:
+                    results.append(exc)
+            complete = True
+            return results
+        finally:
+            if not complete:  # replies left unread: the connection can't be reused
+                await connection.disconnect()
+            await pool.release(connection)
 
     async def load_state(self, key: StreamKey) -> bytes | None:
         with unavailable_on_connection_errors("load delivery state"):
