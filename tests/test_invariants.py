@@ -22,7 +22,7 @@ import msgspec
 import pytest
 import redis.asyncio as aioredis
 
-from pipeline import envelope
+from pipeline import envelope, shaping
 from pipeline.bus import open_bus
 from pipeline.bus.keys import DATA_FIELD, ingest_key, lease_key, shard_for
 from pipeline.edge import EdgeSettings
@@ -297,7 +297,6 @@ async def test_invariant_3_contiguous_seq_raw_and_shaped_and_a_publisher_gap_is_
 
 
 
-@pytest.mark.slow
 async def test_invariant_3_contiguous_seq_survives_a_resume_from_the_replay_log(
     redis_url: str, tmp_path: Path
 ) -> None:
@@ -343,6 +342,43 @@ async def test_invariant_3_contiguous_seq_survives_a_resume_from_the_replay_log(
     assert [e["seq"] for e in resumed_raw] == list(range(6, run.seq + 1))
     from_log = [line for line in metrics.splitlines() if line.startswith('runwire_edge_resumes_total{source="log"}')]
     assert from_log and float(from_log[0].split()[-1]) >= 2, from_log
+
+
+async def test_invariant_3_shaped_spans_stay_contiguous_across_a_crash_with_windows_open(
+    redis_url: str, tmp_path: Path
+) -> None:
+    """DESIGN 3 across a takeover (docs/workers.md: the checkpoint carries "the open shaping windows
+    (their deltas so far)", so "the shaped view after a takeover is what the dead worker would have
+    produced"): both workers are killed while deltas stream, then restarted. The live shaped client's
+    spans tile the seq space and equal ``shaping.shape`` of the logged raw events."""
+    run_id = unique("windows")
+    async with pipeline(redis_url, sqlite_url(tmp_path)) as pipe, httpx.AsyncClient(timeout=60) as http:
+        run = pipe.publisher.run(run_id, tenant="acme")
+        await run.emit("run.lifecycle", {"state": "running"})
+        await pipe.publisher.flush()
+        live_task = asyncio.create_task(sse(http, f"{pipe.edge.url}/v1/runs/{run_id}/stream"))
+        for index in range(400):
+            await run.emit(("reasoning.delta", "text.delta")[index // 100 % 2], {"text": f"{index} "})
+            if index % 20 == 0:
+                await pipe.publisher.flush()
+                await asyncio.sleep(0.01)
+            if index == 200:
+                for worker in pipe.workers:
+                    await worker.crash()
+                for worker in pipe.workers:
+                    worker.start()
+        await run.emit("tool.start", {"call_id": "c", "tool": "t"})
+        await run.finish("done")
+        await pipe.publisher.flush()
+        live = decoded(await asyncio.wait_for(live_task, 60))
+        await wait_for_terminal(pipe.store, run_id)
+        raw = await pipe.store.read(run_id)
+
+    assert [e.seq for e in raw] == list(range(1, run.seq + 1))
+    assert_tiles(live, run.seq)
+    expected = shaping.shape(raw)
+    assert [(e["seq"], e.get("span")) for e in live] == [(e.seq, list(e.span) if e.span else None) for e in expected]
+    assert [e["payload"] for e in live] == [e.payload_dict() for e in expected]
 
 
 def assert_tiles(events: list[dict[str, Any]], last: int) -> None:
