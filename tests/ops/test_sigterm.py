@@ -90,6 +90,10 @@ async def check(
     """
     async with open_bus(bus_url) as bus, open_store(store_url) as store:
         for run_id, wanted in expected_streams(events, ancestry).items():
+            logged_ids = [e.id for e in await store.read(run_id) if e.type != "x.gap"]
+            missing = len({i for _, i in wanted} - set(logged_ids))
+            assert missing == 0, f"replay log of {run_id}: {missing} of {len(wanted)} events lost"
+            assert len(logged_ids) == len(wanted), f"replay log of {run_id}: duplicates"
             raw = await read_all(bus, run_id)
             assert [e.seq for e in raw] == list(range(1, len(raw) + 1)), run_id
             got = [(e.child_id or e.run_id, e.id) for e in raw]
