@@ -180,11 +180,26 @@ class FaustWorker:
                 shard=message.partition,
                 data=event.value,
             ))
-        # Partitions hold disjoint run trees, so their batches are processed concurrently.
-        await asyncio.gather(*(
-            self._handle_partition(partition, deliveries)
+        # Partitions hold disjoint run trees, so their batches are processed concurrently
+        # and written together: one replay-log transaction and one produce per delivery
+        # partition for the whole batch.
+        prepared = await asyncio.gather(*(
+            self._prepare_partition(partition, deliveries)
             for partition, deliveries in by_partition.items()
         ))
+        merged: dict[str, StreamOutput] = {}
+        for outputs in prepared:
+            for run_id, output in outputs.items():
+                earlier = merged.setdefault(run_id, output)
+                if earlier is not output:  # a run fed from two partitions (bad input): keep order
+                    earlier.raw.extend(output.raw)
+                    earlier.shaped.extend(output.shaped)
+                    earlier.state = output.state
+        await self.stages.write(merged)
+        self.stages.busy_until_now()
+        for (partition, deliveries), outputs in zip(by_partition.items(), prepared, strict=True):
+            self._record(outputs, partition)
+            self.stages.stats.acked += len(deliveries)
         return taken
 
     def _is_stale(self, partition: int, offset: int) -> bool:
@@ -207,16 +222,17 @@ class FaustWorker:
         self._resync.discard(partition)
         return False
 
-    async def _handle_partition(self, partition: int, deliveries: list[Delivery]) -> None:
+    async def _prepare_partition(
+        self, partition: int, deliveries: list[Delivery]
+    ) -> dict[str, StreamOutput]:
         log.debug("%s: partition %d entries %s..%s", self.name, partition,
                   deliveries[0].entry_id, deliveries[-1].entry_id)
         _current_partition.set(partition)
         self._offsets[partition] = max(
             self._offsets.get(partition, -1), int(deliveries[-1].entry_id.split(":")[1])
         )
-        _, outputs = await self.stages.handle(deliveries)
-        self._record(outputs, partition)
-        self.stages.stats.acked += len(deliveries)
+        _, outputs = await self.stages.prepare(deliveries)
+        return outputs
 
     def _record(self, outputs: dict[str, StreamOutput], partition: int | None = None) -> None:
         for run_id, output in outputs.items():

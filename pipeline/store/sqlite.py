@@ -22,6 +22,8 @@ from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any, TypeVar
 
+import msgspec
+
 from .. import envelope
 from ..envelope import Event
 from ..errors import ConfigError, StoreError, StoreUnavailable
@@ -91,6 +93,21 @@ ON CONFLICT (run_id) DO UPDATE SET
 RETURNING tenant, state, updated_at
 """
 
+_UPSERT_RUN_ONLY = _UPSERT_RUN.rsplit("RETURNING", 1)[0]
+_SET_EXPIRY = """
+UPDATE runs SET expires_at = updated_at + CASE
+        WHEN state = 'done' THEN ?
+        WHEN state IN ('aborted', 'error') THEN ?
+        ELSE ? END
+WHERE run_id IN (SELECT value FROM json_each(?))"""
+"""Expiry as :meth:`ReplayLog.expiry` computes it, for one policy's runs among those touched."""
+
+
+def _keep_seconds(policy: RetentionPolicy) -> tuple[float, float, float]:
+    return (policy.keep_for("done").total_seconds(), policy.keep_for("error").total_seconds(),
+            policy.keep_for(None).total_seconds())
+
+
 _ORDERED_CONCAT = sqlite3.sqlite_version_info >= (3, 44, 0)
 _JOINED = (
     "SELECT CAST(group_concat(body, x'0a'{order}) AS BLOB), count(*), max(seq) FROM"
@@ -106,6 +123,7 @@ _RUN_COLUMNS = (
 )
 
 T = TypeVar("T")
+_ids_json = msgspec.json.Encoder()
 
 
 def _path_of(url: str) -> str:
@@ -266,25 +284,36 @@ class SQLiteLog(ReplayLog):
         db.execute("BEGIN IMMEDIATE")
         try:
             fresh = self._insert(rows)
-            expiries = [self._merge_run(delta, now) for delta in summarize([e for e, _ in fresh]).values()]
-            db.executemany("UPDATE runs SET expires_at = ? WHERE run_id = ?", expiries)
+            self._merge_runs(list(summarize([e for e, _ in fresh]).values()), now)
             db.execute("COMMIT")
         except BaseException:
             db.execute("ROLLBACK")
             raise
         return len(fresh)
 
-    def _merge_run(self, delta: RunDelta, now: float) -> tuple[float, str]:
-        """Merge one run's delta into its row; returns its new ``(expires_at, run_id)``."""
-        tenant, state, updated = self._db.execute(
-            _UPSERT_RUN,
-            (delta.run_id, delta.tenant, delta.parent_id, delta.root_id, delta.state,
-             delta.state_seq, delta.terminal, delta.events, delta.last_seq,
-             delta.input_tokens, delta.output_tokens, delta.dropped, delta.first_ts,
-             delta.last_ts, now, now),
-        ).fetchone()
-        keep = self.policy_for(tenant).keep_for(state)
-        return _epoch(datetime.fromtimestamp(updated, UTC) + keep), delta.run_id
+    def _merge_runs(self, deltas: Sequence[RunDelta], now: float) -> None:
+        """Merge the batch's run deltas, then set the touched runs' expiry, in a few statements.
+
+        One ``executemany`` upsert, then one ``UPDATE`` per retention policy
+        in use (the default, and each tenant override) over the touched runs.
+        """
+        if not deltas:
+            return
+        db = self._db
+        db.executemany(_UPSERT_RUN_ONLY, [
+            (d.run_id, d.tenant, d.parent_id, d.root_id, d.state, d.state_seq, d.terminal,
+             d.events, d.last_seq, d.input_tokens, d.output_tokens, d.dropped, d.first_ts,
+             d.last_ts, now, now)
+            for d in deltas
+        ])
+        touched = _ids_json.encode([d.run_id for d in deltas])
+        overridden = list(self.tenant_retention)
+        db.execute(
+            _SET_EXPIRY + " AND (tenant IS NULL OR tenant NOT IN (SELECT value FROM json_each(?)))",
+            (*_keep_seconds(self.retention), touched, _ids_json.encode(overridden)),
+        )
+        for tenant, policy in self.tenant_retention.items():
+            db.execute(_SET_EXPIRY + " AND tenant = ?", (*_keep_seconds(policy), touched, tenant))
 
     # ---- read ----------------------------------------------------------
     def _bodies(self, run_id: str, after: int, limit: int) -> list[tuple[int, bytes]]:
