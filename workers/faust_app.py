@@ -211,8 +211,14 @@ class FaustWorker:
         entries before them would reorder the partition (and the sequencer
         would take the earlier entries for duplicates). Until the re-read
         reaches us, entries past our last processed offset are skipped and
-        left unacked; the re-read delivers them again, in order.
+        left unacked; the re-read delivers them again, in order. Buffered
+        entries of a partition that moved to another worker are skipped too:
+        processing them would give that partition's runs two writers.
         """
+        if partition not in self._owned:  # moved to another owner: never write its runs
+            log.info("%s: skipping entry %d:%d of a partition it no longer owns",
+                     self.name, partition, offset)
+            return True
         if partition not in self._resync:
             return False
         if offset > self._offsets.get(partition, -1) + 1:
