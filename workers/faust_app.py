@@ -47,6 +47,9 @@ from workers.runtime import BATCH, TICK_S, Stages, WorkerStats
 
 log = logging.getLogger("runwire.faust")
 
+TAKE = 8 * BATCH
+"""Entries per agent batch: each batch is one replay-log transaction and one produce
+per delivery partition, whose costs barely grow with the batch."""
 TAKE_WITHIN_S = 0.25
 """How long the agent waits to fill a batch (per-batch writes cost round trips to Kafka)."""
 BURST_IDLE_S = 2.0
@@ -109,10 +112,10 @@ class FaustWorker:
             topic_partitions=self.bus.shards,
             topic_replication_factor=1,
             consumer_auto_offset_reset="earliest",
-            broker_commit_every=BATCH,
+            broker_commit_every=TAKE,
             broker_commit_interval=0.5,
             producer_acks=-1,
-            stream_buffer_maxsize=4 * BATCH,
+            stream_buffer_maxsize=2 * TAKE,
             table_cleanup_interval=3600.0,
             # a dead worker's partitions move after its session times out (the claim idle time)
             broker_session_timeout=session_s,
@@ -152,7 +155,7 @@ class FaustWorker:
 
     # ---- faust callbacks ------------------------------------------------
     async def _agent(self, stream: faust.StreamT[bytes]) -> None:
-        async for events in stream.take_events(BATCH, within=TAKE_WITHIN_S):
+        async for events in stream.take_events(TAKE, within=TAKE_WITHIN_S):
             self._last_batch = time.monotonic()
             # Hold each message: take_events acks the batch when the next one is asked
             # for, and also when the agent is cancelled mid-batch (on stop). Our hold is
