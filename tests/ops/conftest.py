@@ -71,12 +71,19 @@ class UpProcess:
             self.proc.wait(10)
 
     def wait_for_run(self, *, terminal: bool = False, timeout: float = 30.0) -> dict[str, Any]:
-        """A root run listed by the edge (a finished one when ``terminal``)."""
+        """A root demo run listed by the edge (a finished one when ``terminal``).
+
+        Only ``demo-`` runs count: a store shared with other tests lists theirs too.
+        """
         deadline = time.monotonic() + timeout
         while time.monotonic() < deadline:
             runs = httpx.get(f"{self.base}/v1/runs", timeout=5).json()["runs"]
             for run in runs:
-                if run["parent_id"] is None and (run["terminal"] or not terminal):
+                if (
+                    run["run_id"].startswith("demo-")
+                    and run["parent_id"] is None
+                    and (run["terminal"] or not terminal)
+                ):
                     return dict(run)
             time.sleep(0.2)
         raise AssertionError("no run listed in time")
