@@ -418,6 +418,9 @@ class KafkaBus(Bus):
                 raise
         counts: list[int] = []
         for key, fresh, state in planned:
+            if not fresh and state is None:
+                counts.append(0)
+                continue
             counts.append(tail.streams.add(key, fresh))
             if state is not None:
                 tail.streams.set_state(key, state)
