@@ -198,11 +198,12 @@ class Stages:
         return outputs
 
     async def write(self, outputs: dict[str, StreamOutput]) -> None:
-        """Replay log and shaped views, then raw views with checkpoints; retried until durable.
+        """Replay log, then shaped views, then raw views with checkpoints; retried until durable.
 
-        The replay log is written before any raw append, so what a raw delivery
-        stream holds is always in the log; shaped appends may go first because
-        a replayed batch recomputes them identically.
+        The log goes first, so anything a client can see on either view (the
+        terminal event included) is already in the replay log — an export or a
+        resume from the log right after the end is complete. Shaped appends go
+        before the raw checkpoints, which record the shaping windows as closed.
         """
         if not outputs:
             return
@@ -210,7 +211,8 @@ class Stages:
         shaped: list[tuple[StreamKey, Sequence[Event], bytes | None]] = [
             ((o.run_id, "shaped"), o.shaped, None) for o in outputs.values() if o.shaped
         ]
-        await asyncio.gather(self._append_log(raw), self._append_many(shaped))
+        await self._append_log(raw)
+        await self._append_many(shaped)
         await self._append_many(
             [((o.run_id, "raw"), o.raw, o.state) for o in outputs.values()]
         )
