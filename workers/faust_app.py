@@ -97,6 +97,8 @@ class FaustWorker:
         self._owned: set[int] = set()
         self._resync: set[int] = set()
         """Retained partitions waiting for the re-read after a rebalance."""
+        self._rewound: dict[int, float] = {}
+        """Partitions sought back over a hole in their entries (when, monotonic)."""
         self._forget = False
         self._assigned = False
         self._last_batch = time.monotonic()
@@ -176,8 +178,12 @@ class FaustWorker:
         for event in events:
             message = event.message
             if self._is_stale(message.partition, message.offset):
+                await self._rewind_over_hole(message.partition)
                 continue
             taken.append(event)
+            self._offsets[message.partition] = max(
+                self._offsets.get(message.partition, -1), message.offset
+            )
             by_partition[message.partition].append(Delivery(
                 entry_id=f"{message.partition}:{message.offset}",
                 shard=message.partition,
@@ -222,14 +228,44 @@ class FaustWorker:
             log.info("%s: skipping entry %d:%d of a partition it no longer owns",
                      self.name, partition, offset)
             return True
-        if partition not in self._resync:
+        last = self._offsets.get(partition)
+        if last is None or offset <= last + 1:
+            self._resync.discard(partition)
+            self._rewound.pop(partition, None)
             return False
-        if offset > self._offsets.get(partition, -1) + 1:
+        if partition in self._resync:
             log.info("%s: skipping stale entry %d:%d taken before the rebalance",
                      self.name, partition, offset)
-            return True
-        self._resync.discard(partition)
-        return False
+        else:
+            log.info("%s: skipping entry %d:%d past a hole after %d:%d",
+                     self.name, partition, offset, partition, last)
+        return True
+
+    async def _rewind_over_hole(self, partition: int) -> None:
+        """Seek a partition back to its first unprocessed entry when the fetcher skipped some.
+
+        Faust (0.15) resumes the stream partitions of a new assignment and
+        fetches from them while its own seek to the committed offsets is
+        still in flight; entries fetched in that window can fail to reach
+        the agent while the fetch position moves on past them. The ingest topic is
+        neither compacted nor transactional, so its offsets are contiguous
+        and an entry past ``last + 1`` of an owned partition means entries
+        in between were not delivered: they would be lost (the survivor of
+        a takeover recorded them as an ``x.gap``). Seeking back to
+        ``last + 1`` re-reads them; entries past the hole are skipped
+        unacked until the re-read reaches them (at most one seek per
+        second while waiting, in case a seek is itself overtaken).
+        """
+        if partition in self._resync or partition not in self._owned:
+            return  # faust's own seek after the rebalance re-reads them / not ours
+        now = time.monotonic()
+        if now - self._rewound.get(partition, -1.0) < 1.0:
+            return
+        self._rewound[partition] = now
+        offset = self._offsets[partition] + 1
+        log.warning("%s: entries of ingest partition %d from offset %d were not delivered; "
+                    "seeking back to re-read them", self.name, partition, offset)
+        await self.app.consumer.seek(TP(self.bus.topics[bus_keys.KAFKA_INGEST], partition), offset)
 
     async def _prepare_partition(
         self, partition: int, deliveries: list[Delivery]
@@ -237,9 +273,6 @@ class FaustWorker:
         log.debug("%s: partition %d entries %s..%s", self.name, partition,
                   deliveries[0].entry_id, deliveries[-1].entry_id)
         _current_partition.set(partition)
-        self._offsets[partition] = max(
-            self._offsets.get(partition, -1), int(deliveries[-1].entry_id.split(":")[1])
-        )
         _, outputs = await self.stages.prepare(deliveries)
         return outputs
 
