@@ -54,6 +54,9 @@ TAKE_WITHIN_S = 0.25
 """How long the agent waits to fill a batch (per-batch writes cost round trips to Kafka)."""
 BURST_IDLE_S = 2.0
 """``--burst``: stop after this long with nothing new once partitions are assigned."""
+HOLE_IDLE_S = 2.0
+"""A partition with unprocessed entries below its high water but nothing processed for
+this long is sought back to its first unprocessed entry (see ``_rewind_lost_tails``)."""
 _dead_json = msgspec.json.Encoder()
 _current_partition: contextvars.ContextVar[int] = contextvars.ContextVar("partition", default=0)
 """The ingest partition whose batch is being handled (each runs in its own task)."""
@@ -99,6 +102,8 @@ class FaustWorker:
         """Retained partitions waiting for the re-read after a rebalance."""
         self._rewound: dict[int, float] = {}
         """Partitions sought back over a hole in their entries (when, monotonic)."""
+        self._progress: dict[int, float] = {}
+        """When each partition last had an entry processed (monotonic)."""
         self._forget = False
         self._assigned = False
         self._last_batch = time.monotonic()
@@ -184,6 +189,7 @@ class FaustWorker:
             self._offsets[message.partition] = max(
                 self._offsets.get(message.partition, -1), message.offset
             )
+            self._progress[message.partition] = time.monotonic()
             by_partition[message.partition].append(Delivery(
                 entry_id=f"{message.partition}:{message.offset}",
                 shard=message.partition,
@@ -241,6 +247,24 @@ class FaustWorker:
                      self.name, partition, offset, partition, last)
         return True
 
+    async def _rewind_lost_tails(self) -> None:
+        """Seek back partitions whose entries past the last processed one never arrive.
+
+        The hole of :meth:`_rewind_over_hole` can also be a partition's
+        tail: nothing after it to reveal it. A partition whose high water
+        is past ``last + 1`` but that has had nothing processed for
+        :data:`HOLE_IDLE_S` is sought back the same way (a busy agent only
+        causes a re-read, which the sequencer drops as duplicates).
+        """
+        now = time.monotonic()
+        topic = self.bus.topics[bus_keys.KAFKA_INGEST]
+        for partition, last in list(self._offsets.items()):
+            if now - self._progress.get(partition, now) < HOLE_IDLE_S:
+                continue
+            highwater = self.app.consumer.highwater(TP(topic, partition))
+            if highwater is not None and highwater > last + 1:
+                await self._rewind_over_hole(partition)
+
     async def _rewind_over_hole(self, partition: int) -> None:
         """Seek a partition back to its first unprocessed entry when the fetcher skipped some.
 
@@ -254,12 +278,12 @@ class FaustWorker:
         a takeover recorded them as an ``x.gap``). Seeking back to
         ``last + 1`` re-reads them; entries past the hole are skipped
         unacked until the re-read reaches them (at most one seek per
-        second while waiting, in case a seek is itself overtaken).
+        :data:`HOLE_IDLE_S` while waiting, in case a seek is itself overtaken).
         """
         if partition in self._resync or partition not in self._owned:
             return  # faust's own seek after the rebalance re-reads them / not ours
         now = time.monotonic()
-        if now - self._rewound.get(partition, -1.0) < 1.0:
+        if now - self._rewound.get(partition, -HOLE_IDLE_S) < HOLE_IDLE_S:
             return
         self._rewound[partition] = now
         offset = self._offsets[partition] + 1
@@ -290,6 +314,7 @@ class FaustWorker:
             self.stop.set()
         async with self._lock:
             self._maybe_forget()
+            await self._rewind_lost_tails()
             self._record(await self.stages.tick(self._caught_up))
 
     def _caught_up(self, run_id: str) -> bool:
