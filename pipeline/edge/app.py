@@ -23,7 +23,7 @@ from typing import Any
 
 import msgspec
 from starlette.applications import Starlette
-from starlette.requests import Request
+from starlette.requests import HTTPConnection, Request
 from starlette.responses import FileResponse, JSONResponse, Response, StreamingResponse
 from starlette.routing import Mount, Route, WebSocketRoute
 from starlette.staticfiles import StaticFiles
@@ -130,7 +130,7 @@ class StreamEndpoint:
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         request = Request(scope, receive)
         try:
-            stream = await self._authorize(request)
+            stream = await authorize_stream(self.edge, request)
         except RunwireError as exc:
             await error_response(exc)(scope, receive, send)
             return
@@ -139,23 +139,19 @@ class StreamEndpoint:
         headers = dict(protocols.egress(stream.format).headers)
         await serve_http_stream(self.edge.hub, stream, receive, send, sse=sse, headers=headers)
 
-    async def _authorize(self, request: Request) -> StreamRequest:
-        edge = self.edge
-        run_id = request.path_params["run_id"]
-        principal = edge.gate.principal(request.headers, request.query_params)
-        await edge.gate.check_run(principal, run_id, "read")
-        return stream_request(run_id, dict(request.query_params), dict(request.headers), edge.settings)
+
+async def authorize_stream(edge: Edge, conn: HTTPConnection) -> StreamRequest:
+    """Check read access to the run and parse the stream parameters (HTTP or WebSocket)."""
+    run_id = conn.path_params["run_id"]
+    principal = edge.gate.principal(conn.headers, conn.query_params)
+    await edge.gate.check_run(principal, run_id, "read")
+    return stream_request(run_id, dict(conn.query_params), dict(conn.headers), edge.settings)
 
 
 def websocket_endpoint(edge: Edge) -> Any:
     async def endpoint(websocket: WebSocket) -> None:
-        run_id = websocket.path_params["run_id"]
         try:
-            principal = edge.gate.principal(websocket.headers, websocket.query_params)
-            await edge.gate.check_run(principal, run_id, "read")
-            stream = stream_request(
-                run_id, dict(websocket.query_params), dict(websocket.headers), edge.settings
-            )
+            stream = await authorize_stream(edge, websocket)
         except RunwireError as exc:
             await websocket.close(code=1008, reason=str(exc)[:120])
             return
