@@ -28,9 +28,9 @@ from typing import TypeVar
 
 import msgspec
 
-from pipeline.bus import Bus, Consumer, Delivery, StreamKey
+from pipeline.bus import Bus, Consumer, Delivery, EncodedAppend
 from pipeline.bus.keys import shard_for
-from pipeline.envelope import Event, decode
+from pipeline.envelope import Event, decode, encode
 from pipeline.errors import ProtocolError, RunwireError
 from pipeline.processor import DEFAULT_SILENCE_S, Processor, StreamOutput, validate
 from pipeline.store import ReplayLog
@@ -207,33 +207,38 @@ class Stages:
         """
         if not outputs:
             return
-        raw = [event for output in outputs.values() for event in output.raw]
-        shaped: list[tuple[StreamKey, Sequence[Event], bytes | None]] = [
-            ((o.run_id, "shaped"), o.shaped, None) for o in outputs.values() if o.shaped
-        ]
-        await self._append_log(raw)
+        # Each event is encoded once, for the replay log and the delivery stream alike.
+        raw: list[EncodedAppend] = []
+        shaped: list[EncodedAppend] = []
+        rows: list[tuple[Event, bytes]] = []
+        for output in outputs.values():
+            encoded = [encode(event) for event in output.raw]
+            rows.extend(zip(output.raw, encoded, strict=True))
+            raw.append(((output.run_id, "raw"), output.raw, encoded, output.state))
+            if output.shaped:
+                shaped.append(((output.run_id, "shaped"), output.shaped,
+                               [encode(event) for event in output.shaped], None))
+        await self._append_log(rows)
         await self._append_many(shaped)
-        await self._append_many(
-            [((o.run_id, "raw"), o.raw, o.state) for o in outputs.values()]
-        )
-        self.stats.raw += len(raw)
+        await self._append_many(raw)
+        self.stats.raw += len(rows)
         self.stats.shaped += sum(len(output.shaped) for output in outputs.values())
 
-    async def _append_log(self, raw: list[Event]) -> None:
-        if raw:
+    async def _append_log(self, rows: list[tuple[Event, bytes]]) -> None:
+        if rows:
             started = time.monotonic()
-            await self.retry(lambda: self.store.append(raw))
+            await self.retry(lambda: self.store.append_encoded(rows))
             self.stats.log_seconds += time.monotonic() - started
 
-    async def _append_many(self, appends: list[tuple[StreamKey, Sequence[Event], bytes | None]]) -> None:
+    async def _append_many(self, appends: list[EncodedAppend]) -> None:
         """Each key appears once here, so the appends may be sent together.
 
-        Chunks go through ``bus.append_many``: one pipeline on Redis, one
-        produce per partition on Kafka, plain calls in memory.
+        Chunks go through ``bus.append_many_encoded``: one pipeline on Redis,
+        one produce per partition on Kafka, plain calls in memory.
         """
         for start in range(0, len(appends), APPEND_CHUNK):
             chunk = appends[start : start + APPEND_CHUNK]
-            await self.retry(functools.partial(self.bus.append_many, chunk))
+            await self.retry(functools.partial(self.bus.append_many_encoded, chunk))
 
     async def _decode(self, delivery: Delivery) -> Event | None:
         try:

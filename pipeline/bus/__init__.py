@@ -14,7 +14,16 @@ import importlib
 from typing import Any
 
 from ..errors import ConfigError
-from .base import Bus, Consumer, ControlCommand, DeadLetter, Delivery, StreamKey, View
+from .base import (
+    Bus,
+    Consumer,
+    ControlCommand,
+    DeadLetter,
+    Delivery,
+    EncodedAppend,
+    StreamKey,
+    View,
+)
 
 BACKENDS: dict[str, str] = {
     "memory": "pipeline.bus.memory:MemoryBus",
@@ -44,6 +53,7 @@ __all__ = [
     "ControlCommand",
     "DeadLetter",
     "Delivery",
+    "EncodedAppend",
     "StreamKey",
     "View",
     "open_bus",

@@ -31,6 +31,8 @@ from .keys import shard_for
 View = Literal["raw", "shaped"]
 StreamKey = tuple[str, View]
 """A delivery stream: ``(run_id, view)``."""
+EncodedAppend = tuple[StreamKey, Sequence[Event], Sequence[bytes], bytes | None]
+"""``(key, events, encoded, state)``: an append whose events' canonical JSON is given."""
 
 DEFAULT_SHARDS = 16
 
@@ -200,6 +202,15 @@ class Bus(ABC):
         them in one round trip (Redis pipelines them). Returns each count.
         """
         return [await self.append(key, events, state=state) for key, events, state in appends]
+
+    async def append_many_encoded(self, appends: Sequence[EncodedAppend]) -> list[int]:
+        """:meth:`append_many` with each event's canonical JSON given.
+
+        ``encoded[i]`` must be ``envelope.encode(events[i])``; a writer that
+        already encoded the events (for the replay log) saves encoding them
+        again. Backends that store bytes use them; others ignore them.
+        """
+        return await self.append_many([(key, events, state) for key, events, _, state in appends])
 
     @abstractmethod
     async def load_state(self, key: StreamKey) -> bytes | None:

@@ -40,7 +40,7 @@ from redis.crc import key_slot
 from ..envelope import Event, decode, encode
 from ..errors import BusUnavailable, ConfigError
 from . import keys, redis_scripts
-from .base import Bus, Consumer, ControlCommand, DeadLetter, StreamKey
+from .base import Bus, Consumer, ControlCommand, DeadLetter, EncodedAppend, StreamKey
 from .options import split_url
 
 log = logging.getLogger(__name__)
@@ -274,14 +274,20 @@ class RedisBus(Bus):
     ) -> int:
         if not events and state is None:
             return 0
-        (appended,) = await self.run_scripts([self._append_call(key, events, state)])
+        encoded = [encode(event) for event in events]
+        (appended,) = await self.run_scripts([self._append_call(key, events, encoded, state)])
         return int(appended)
 
     async def append_many(
         self, appends: Sequence[tuple[StreamKey, Sequence[Event], bytes | None]]
     ) -> list[int]:
         """All appends in one pipeline (one round trip per node)."""
-        wanted = [i for i, (_, events, state) in enumerate(appends) if events or state is not None]
+        return await self.append_many_encoded(
+            [(key, events, [encode(event) for event in events], state)
+             for key, events, state in appends])
+
+    async def append_many_encoded(self, appends: Sequence[EncodedAppend]) -> list[int]:
+        wanted = [i for i, (_, events, _, state) in enumerate(appends) if events or state is not None]
         counts = [0] * len(appends)
         if wanted:
             calls = [self._append_call(*appends[i]) for i in wanted]
@@ -294,13 +300,13 @@ class RedisBus(Bus):
         return counts
 
     def _append_call(
-        self, key: StreamKey, events: Sequence[Event], state: bytes | None
+        self, key: StreamKey, events: Sequence[Event], encoded: Sequence[bytes], state: bytes | None
     ) -> ScriptCall:
         run_id, view = key
         args: list[Any] = [self.options.maxlen, self.options.ttl * 1000,
                            "0" if state is None else "1", state or b""]
-        for event in events:
-            args += (event.seq, encode(event))
+        for event, data in zip(events, encoded, strict=True):
+            args += (event.seq, data)
         return (APPEND, [self._stream_key(key), keys.meta_key(self.prefix, run_id, view)], args)
 
     async def _run_packed(self, calls: Sequence[ScriptCall]) -> list[Any]:

@@ -24,7 +24,7 @@ import pytest
 
 from pipeline.bus import ControlCommand, Delivery, open_bus
 from pipeline.bus.base import Bus, Consumer, StreamKey
-from pipeline.envelope import Event, decode, make
+from pipeline.envelope import Event, decode, encode, make
 from pipeline.errors import BusUnavailable, ConfigError
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -285,6 +285,25 @@ async def test_append_many_equals_appends_in_order(bus_url: str) -> None:
         assert await bus.load_state(raw) == b"r4"
         assert await bus.load_state(shaped) is None
         assert await bus.load_state(("run-other", "raw")) == b"only-state"
+
+
+async def test_append_many_encoded_stores_the_given_bytes_with_the_same_semantics(
+    bus_url: str,
+) -> None:
+    """A writer that encoded its events once (for the replay log) hands the bytes over."""
+    raw: StreamKey = ("run-ame", "raw")
+    first = [event("run-ame", s) for s in (1, 2, 3)]
+    again = [event("run-ame", s) for s in (2, 3, 4)]
+    async with open_bus(bus_url) as bus:
+        counts = await bus.append_many_encoded([
+            (raw, first, [encode(e) for e in first], b"r3"),
+            (raw, again, [encode(e) for e in again], b"r4"),
+            (("run-ame-2", "raw"), [], [], b"only-state"),
+        ])
+        assert counts == [3, 1, 0]
+        assert await bus.read(raw, 0) == [*first, again[-1]]
+        assert await bus.load_state(raw) == b"r4"
+        assert await bus.load_state(("run-ame-2", "raw")) == b"only-state"
 
 
 async def test_read_after_and_bounds(bus_url: str) -> None:
