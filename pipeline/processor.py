@@ -30,17 +30,28 @@ from __future__ import annotations
 import time
 from collections.abc import Callable, Iterable, Sequence
 from datetime import UTC, datetime
+from typing import Any
 
 import msgspec
+from msgspec.structs import replace as replace_struct
 
-from .envelope import Event, RunLifecycle, RunLifecyclePayload, format_ts, is_terminal
+from .envelope import (
+    ChildSpawn,
+    Event,
+    RunLifecycle,
+    RunLifecyclePayload,
+    format_ts,
+    is_terminal,
+)
 from .errors import MalformedFrame
-from .fanin import ParentMap, fan_in
+from .fanin import ParentMap
 from .sequencing import Sequencer, SequencerState
 from .shaping import WINDOW_MS, DeltaCoalescer, ShaperState, ts_millis
 from .ulid import MonotonicULID
 
 DEFAULT_SILENCE_S = 300.0
+_NONE: list[str] = []
+"""No ancestors (shared; never mutated)."""
 DEFAULT_GRACE_MS = 50
 """Extra wait past a window's end before a live tick closes it (transport latency)."""
 DEFAULT_QUIET_S = 0.25
@@ -95,6 +106,8 @@ class StreamOutput(msgspec.Struct, kw_only=True):
     shaped: list[Event] = msgspec.field(default_factory=list)
     state: bytes = b""
     """The stream's checkpoint after this batch (store it with the raw append)."""
+    stream: Any = None
+    """The in-memory stream, while ``state`` is not taken yet (see :meth:`Processor.seal`)."""
 
 
 class ProcessorStats(msgspec.Struct, kw_only=True):
@@ -178,16 +191,20 @@ class Processor:
         return len(self._streams)
 
     # ---- processing -----------------------------------------------------
-    def process(self, events: Sequence[Event]) -> dict[str, StreamOutput]:
-        """Fan in, sequence and shape a batch. Every destination must be restored first."""
+    def process(self, events: Sequence[Event], *, seal: bool = True) -> dict[str, StreamOutput]:
+        """Fan in, sequence and shape a batch. Every destination must be restored first.
+
+        With ``seal=False`` the outputs' checkpoints are left to :meth:`seal`
+        (a runtime that merges several batches into one write takes them once).
+        """
         outputs: dict[str, StreamOutput] = {}
         now = self.clock()
         for event in events:
             self._one(event, outputs, now)
-        return self._finish(outputs)
+        return self._finish(outputs, seal)
 
     def process_each(
-        self, events: Sequence[Event]
+        self, events: Sequence[Event], *, seal: bool = True
     ) -> tuple[dict[str, StreamOutput], list[tuple[int, Exception]]]:
         """Like :meth:`process`, but an event whose processing raises is reported, not fatal.
 
@@ -197,12 +214,27 @@ class Processor:
         outputs: dict[str, StreamOutput] = {}
         failures: list[tuple[int, Exception]] = []
         now = self.clock()
+        one = self._one
         for index, event in enumerate(events):
             try:
-                self._one(event, outputs, now)
+                one(event, outputs, now)
             except Exception as error:  # isolate one poison event
                 failures.append((index, error))
-        return self._finish(outputs), failures
+        return self._finish(outputs, seal), failures
+
+    @staticmethod
+    def seal(outputs: dict[str, StreamOutput]) -> dict[str, StreamOutput]:
+        """Take the checkpoint of every output whose stream's state is not taken yet.
+
+        Call it before anything else is processed: the checkpoint is the
+        stream's state now, which must be the state after exactly these outputs.
+        """
+        for output in outputs.values():
+            stream = output.stream
+            if stream is not None:
+                output.state = stream.checkpoint()
+                output.stream = None
+        return outputs
 
     def tick(
         self, now: float | None = None, *, caught_up: Callable[[str], bool] | None = None
@@ -225,29 +257,46 @@ class Processor:
             ):
                 shaped = stream.coalescer.tick(now_ms, self.grace_ms)
                 if shaped:
-                    self._output(outputs, run_id).shaped.extend(shaped)
+                    self._output(outputs, run_id, stream).shaped.extend(shaped)
         for run_id in self._silent(now):
             self.stats.silenced += 1
             self._one(self._silence_event(run_id, now), outputs, now, made=True)
-        return self._finish(outputs)
+        return self._finish(outputs, True)
 
     def _one(
         self, event: Event, outputs: dict[str, StreamOutput], now: float, *, made: bool = False
     ) -> None:
         self.stats.events += 1
-        self.parents.learn(event)
-        ancestors = self.parents.ancestors(event)
-        if made:  # an event runwire made fans in only where this process holds the streams
-            ancestors = self._loaded_prefix(ancestors)
-        own = self._streams[event.run_id]
+        streams = self._streams
+        if event.parent_id is None:
+            if type(event) is ChildSpawn:
+                self.parents.learn(event)
+            ancestors: list[str] = _NONE
+        else:
+            self.parents.learn(event)
+            ancestors = self.parents.ancestors(event)
+            if made:  # an event runwire made fans in only where this process holds the streams
+                ancestors = self._loaded_prefix(ancestors)
+        own = streams[event.run_id]
         if ancestors and own.sequencer.state.ancestors != ancestors:
             own.sequencer.state.ancestors = ancestors
         source = event.child_id or event.run_id
-        self._admit(own, event, source, outputs, now)
-        if is_terminal(event) and event.child_id is None:
+        self._admit(own, event, source, outputs, now, None)
+        if type(event) is RunLifecycle and event.child_id is None and is_terminal(event):
             own.sequencer.state.terminal = True
-        for copy in fan_in(event, ancestors):
-            self._admit(self._streams[copy.run_id], copy, source, outputs, now)
+        if ancestors:
+            root = ancestors[-1]
+            last = len(ancestors) - 1
+            for index, ancestor in enumerate(ancestors):
+                # the copy's envelope: the ancestor's run, the originating child, and
+                # the ancestor's own parent/root links (see fanin.fan_in)
+                links: dict[str, str | None] = (
+                    {"run_id": ancestor, "child_id": source, "parent_id": None, "root_id": None}
+                    if index == last
+                    else {"run_id": ancestor, "child_id": source,
+                          "parent_id": ancestors[index + 1], "root_id": root}
+                )
+                self._admit(streams[ancestor], event, source, outputs, now, links)
 
     def _admit(
         self,
@@ -256,35 +305,61 @@ class Processor:
         source: str,
         outputs: dict[str, StreamOutput],
         now: float,
+        links: dict[str, str | None] | None,
     ) -> None:
-        admitted = stream.sequencer.admit(event, source)
-        output = self._output(outputs, stream.sequencer.run_id)
-        if not admitted:
-            self.stats.duplicates += 1
-            return
-        stream.last_activity = now
-        if len(admitted) > 1:
-            self.stats.gaps += 1
-        output.raw.extend(admitted)
-        for raw in admitted:
-            output.shaped.extend(stream.coalescer.feed(raw))
-
-    @staticmethod
-    def _output(outputs: dict[str, StreamOutput], run_id: str) -> StreamOutput:
+        """Sequence ``event`` (rewritten with ``links`` for an ancestor's stream) and shape it."""
+        run_id = stream.sequencer.run_id
         output = outputs.get(run_id)
         if output is None:
-            output = outputs[run_id] = StreamOutput(run_id=run_id)
+            output = outputs[run_id] = StreamOutput(run_id=run_id, stream=stream)
+        state = stream.sequencer.state
+        published = event.seq
+        if published:
+            sources = state.sources
+            last = sources.get(source, 0)
+            if published != last + 1:  # a duplicate, or a gap: the sequencer's general path
+                if links is not None:
+                    event = replace_struct(event, **links)
+                admitted = stream.sequencer.admit(event, source)
+                if not admitted:
+                    self.stats.duplicates += 1
+                    return
+                self.stats.gaps += 1
+                stream.last_activity = now
+                output.raw.extend(admitted)
+                for raw in admitted:
+                    stream.coalescer.feed_into(raw, output.shaped)
+                return
+            sources[source] = published
+        stream.last_activity = now
+        seq = state.last_seq = state.last_seq + 1
+        stamped = (
+            replace_struct(event, seq=seq) if links is None
+            else replace_struct(event, seq=seq, **links)
+        )
+        output.raw.append(stamped)
+        stream.coalescer.feed_into(stamped, output.shaped)
+
+    def _output(self, outputs: dict[str, StreamOutput], run_id: str, stream: _Stream) -> StreamOutput:
+        output = outputs.get(run_id)
+        if output is None:
+            output = outputs[run_id] = StreamOutput(run_id=run_id, stream=stream)
         return output
 
-    def _finish(self, outputs: dict[str, StreamOutput]) -> dict[str, StreamOutput]:
+    def _finish(self, outputs: dict[str, StreamOutput], seal: bool) -> dict[str, StreamOutput]:
+        streams = self._streams
+        stats = self.stats
         for run_id, output in outputs.items():
-            stream = self._streams[run_id]
-            output.state = stream.checkpoint()
-            self.stats.raw += len(output.raw)
-            self.stats.shaped += len(output.shaped)
+            stream = output.stream
+            if seal:
+                output.state = stream.checkpoint()
+                output.stream = None
+            stats.raw += len(output.raw)
+            stats.shaped += len(output.shaped)
             if stream.sequencer.state.terminal and not stream.coalescer.pending:
-                del self._streams[run_id]
-                self.parents.forget(run_id)
+                if streams.get(run_id) is stream:
+                    del streams[run_id]
+                    self.parents.forget(run_id)
         return outputs
 
     def _loaded_prefix(self, ancestors: list[str]) -> list[str]:

@@ -29,7 +29,7 @@ from datetime import datetime
 
 import msgspec
 
-from .envelope import DELTA_TYPES, Event, ReasoningDelta, TextDelta, TextPayload, replace
+from .envelope import Event, ReasoningDelta, TextDelta, TextPayload, replace
 
 WINDOW_MS = 100
 """R1's aggregation window: at most 10 shaped deltas per second per (child, type)."""
@@ -68,6 +68,11 @@ class ShaperState(msgspec.Struct, kw_only=True, omit_defaults=True):
 
 
 Delta = ReasoningDelta | TextDelta
+_KEY_SUFFIX: dict[type, str] = {
+    ReasoningDelta: "|" + ReasoningDelta.type_name,
+    TextDelta: "|" + TextDelta.type_name,
+}
+"""A window's key is ``"<child_id>|<type>"``; the delta classes' suffixes."""
 
 
 class DeltaCoalescer:
@@ -88,27 +93,35 @@ class DeltaCoalescer:
 
     def feed(self, event: Event) -> list[Event]:
         """One raw event (delivery seq set) → the shaped events now ready, in seq order."""
-        if event.type not in DELTA_TYPES:
-            return [*self.flush(), event]
-        assert isinstance(event, ReasoningDelta | TextDelta)
-        now = ts_millis(event.ts)
-        windows = self.state.windows
         out: list[Event] = []
+        self.feed_into(event, out)
+        return out
+
+    def feed_into(self, event: Event, out: list[Event]) -> None:
+        """:meth:`feed`, appending the shaped events now ready to ``out``."""
+        suffix = _KEY_SUFFIX.get(type(event))
+        windows = self.state.windows
+        if suffix is None:  # not a delta (R3): flush, then the event itself
+            if windows:
+                out.extend(self._close(_always))
+            out.append(event)
+            return
+        now = ts_millis(event.ts)
         if self._first_end <= now and windows:
-            out = self._close(lambda window: window.end_ms <= now)
-        key = f"{event.child_id or ''}|{event.type}"
+            out.extend(self._close(lambda window: window.end_ms <= now))
+        child = event.child_id
+        key = child + suffix if child else suffix
         window = windows.get(key)
         if window is None:
             end_ms = now + self.window_ms
             windows[key] = Window(
-                last=event, texts=[event.payload.text], first_seq=event.seq, end_ms=end_ms
+                last=event, texts=[event.payload.text], first_seq=event.seq, end_ms=end_ms  # type: ignore[arg-type,union-attr]
             )
             if end_ms < self._first_end:
                 self._first_end = end_ms
         else:
-            window.last = event
-            window.texts.append(event.payload.text)
-        return out
+            window.last = event  # type: ignore[assignment]
+            window.texts.append(event.payload.text)  # type: ignore[union-attr]
 
     def tick(self, now_ms: int, grace_ms: int = 0) -> list[Event]:
         """Close windows whose end (plus ``grace_ms`` for transport latency) has passed."""
@@ -118,7 +131,7 @@ class DeltaCoalescer:
         """Close every open window (R3: before any non-delta event; at the end of a replay)."""
         if not self.state.windows:
             return []
-        return self._close(lambda window: True)
+        return self._close(_always)
 
     def _close(self, due: Callable[[Window], bool]) -> list[Event]:
         windows = self.state.windows
@@ -133,6 +146,10 @@ class DeltaCoalescer:
         closed = sorted((windows.pop(key) for key in closing), key=lambda w: w.last.seq)
         self._first_end = _first_end(windows)
         return [_shaped(window) for window in closed]
+
+
+def _always(window: Window) -> bool:
+    return True
 
 
 def _first_end(windows: dict[str, Window]) -> float:

@@ -142,12 +142,15 @@ class Stages:
         self,
         deliveries: Sequence[Delivery],
         before_restore: Callable[[set[str]], Awaitable[None]] | None = None,
+        *,
+        seal: bool = True,
     ) -> tuple[list[Delivery], dict[str, StreamOutput]]:
         """Decode (dead-lettering poison), restore checkpoints and process; no delivery writes.
 
         ``before_restore(run_ids)`` runs before the checkpoints of ``run_ids``
         are loaded from the bus (a runtime whose writes to some of those
-        streams are still in flight waits for them there).
+        streams are still in flight waits for them there). ``seal=False``
+        leaves the checkpoints to :meth:`write` (see :meth:`Processor.process`).
         """
         if self._first_batch_at is None:
             self._first_batch_at = time.monotonic()
@@ -161,7 +164,7 @@ class Stages:
                 good.append(delivery)
                 events.append(event)
         await self._restore(events, before_restore)
-        outputs, failures = self.processor.process_each(events)
+        outputs, failures = self.processor.process_each(events, seal=seal)
         for index, error in failures:
             await self._dead_letter(good[index], f"processing failed: {error!r}")
         failed = {index for index, _ in failures}
@@ -207,27 +210,28 @@ class Stages:
         """
         if not outputs:
             return
+        Processor.seal(outputs)
         # Each event is encoded once, for the replay log and the delivery stream alike.
         raw: list[EncodedAppend] = []
         shaped: list[EncodedAppend] = []
-        rows: list[tuple[Event, bytes]] = []
+        rows: list[tuple[str, Sequence[Event], Sequence[bytes]]] = []
         for output in outputs.values():
-            encoded = [encode(event) for event in output.raw]
-            rows.extend(zip(output.raw, encoded, strict=True))
+            encoded = list(map(encode, output.raw))
+            rows.append((output.run_id, output.raw, encoded))
             raw.append(((output.run_id, "raw"), output.raw, encoded, output.state))
             if output.shaped:
                 shaped.append(((output.run_id, "shaped"), output.shaped,
-                               [encode(event) for event in output.shaped], None))
+                               list(map(encode, output.shaped)), None))
         await self._append_log(rows)
         await self._append_many(shaped)
         await self._append_many(raw)
-        self.stats.raw += len(rows)
+        self.stats.raw += sum(len(output.raw) for output in outputs.values())
         self.stats.shaped += sum(len(output.shaped) for output in outputs.values())
 
-    async def _append_log(self, rows: list[tuple[Event, bytes]]) -> None:
-        if rows:
+    async def _append_log(self, rows: list[tuple[str, Sequence[Event], Sequence[bytes]]]) -> None:
+        if any(events for _, events, _ in rows):
             started = time.monotonic()
-            await self.retry(lambda: self.store.append_encoded(rows))
+            await self.retry(lambda: self.store.append_streams(rows))
             self.stats.log_seconds += time.monotonic() - started
 
     async def _append_many(self, appends: list[EncodedAppend]) -> None:
@@ -331,7 +335,8 @@ class ConsumerLoop:
                 deliveries = await self.consumer.fetch(batch, block_ms=block_ms)
                 await self._check_ownership()
                 if deliveries:
-                    acked, outputs = await self.stages.prepare(deliveries, self._drain_for)
+                    acked, outputs = await self.stages.prepare(
+                        deliveries, self._drain_for, seal=False)
                     self._merge(outputs, acked, len(deliveries))
                     if self._inflight is None or self._inflight.done() or self._pending_entries >= most:
                         await self._drain()
@@ -354,7 +359,7 @@ class ConsumerLoop:
             else:  # a later batch of the same stream: its events follow, its checkpoint wins
                 earlier.raw.extend(output.raw)
                 earlier.shaped.extend(output.shaped)
-                earlier.state = output.state
+                earlier.state, earlier.stream = output.state, output.stream
         self._pending_acks.extend(acked)
         self._pending_entries += entries
 
@@ -362,7 +367,7 @@ class ConsumerLoop:
         """Start writing (then acking) everything pending; the previous write must be drained."""
         if not self._pending and not self._pending_acks:
             return
-        outputs, acked = self._pending, self._pending_acks
+        outputs, acked = Processor.seal(self._pending), self._pending_acks
         self._pending, self._pending_acks, self._pending_entries = {}, [], 0
         self._inflight_runs = frozenset(outputs)
         self._inflight = asyncio.create_task(self._write_and_ack(outputs, acked))

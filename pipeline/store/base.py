@@ -130,6 +130,19 @@ class ReplayLog(ABC):
         """
         return await self.append([event for event, _ in rows])
 
+    async def append_streams(
+        self, streams: Sequence[tuple[str, Sequence[Event], Sequence[bytes]]]
+    ) -> int:
+        """:meth:`append_encoded` for events grouped by run: ``(run_id, events, encoded)``.
+
+        A worker's write is grouped so already (one group per delivery
+        stream); a backend can then summarize each run without regrouping.
+        Same semantics as :meth:`append_encoded` of all the rows.
+        """
+        return await self.append_encoded(
+            [row for _, events, encoded in streams for row in zip(events, encoded, strict=True)]
+        )
+
     @abstractmethod
     async def read(
         self, run_id: str, after: int = 0, limit: int | None = None

@@ -10,6 +10,7 @@ own events (``child_id`` unset) move its state, tokens and drops: a child's
 from __future__ import annotations
 
 from collections.abc import Sequence
+from operator import attrgetter
 
 import msgspec
 
@@ -55,20 +56,39 @@ def _meter(delta: RunDelta, event: Event) -> None:
         delta.dropped += event.payload.last - event.payload.first + 1
 
 
-def _summarize_run(run_id: str, events: list[Event]) -> RunDelta:
-    seqs = [event.seq for event in events]
-    stamps = [event.ts for event in events]
+_seq = attrgetter("seq")
+_ts = attrgetter("ts")
+_tenant = attrgetter("tenant")
+_parent = attrgetter("parent_id")
+
+
+def summarize_run(run_id: str, events: Sequence[Event]) -> RunDelta:
+    """The metadata delta of one run's newly stored events (any order, at least one).
+
+    Called for every stream of every worker write: the passes over the
+    events are C-level (``map``) except where a rare field is present.
+    """
+    seqs = list(map(_seq, events))
+    stamps = list(map(_ts, events))
     delta = RunDelta(
         run_id=run_id, events=len(events), first_seq=min(seqs), last_seq=max(seqs),
         first_ts=min(stamps), last_ts=max(stamps),
-        tenant=next((e.tenant for e in events if e.tenant is not None), None),
     )
-    linked = next((e for e in events if e.parent_id is not None and e.child_id is None), None)
-    if linked is not None:
-        delta.parent_id, delta.root_id = linked.parent_id, linked.root_id
-    for event in [e for e in events if type(e) in _METERED and e.child_id is None]:
-        _meter(delta, event)
+    tenants = set(map(_tenant, events))
+    if tenants != _ONLY_NONE:
+        delta.tenant = next(t for t in map(_tenant, events) if t is not None)
+    if set(map(_parent, events)) != _ONLY_NONE:
+        linked = next((e for e in events if e.parent_id is not None and e.child_id is None), None)
+        if linked is not None:
+            delta.parent_id, delta.root_id = linked.parent_id, linked.root_id
+    if not _METERED.isdisjoint(map(type, events)):
+        for event in events:
+            if type(event) in _METERED and event.child_id is None:
+                _meter(delta, event)
     return delta
+
+
+_ONLY_NONE = {None}
 
 
 def summarize(events: Sequence[Event]) -> dict[str, RunDelta]:
@@ -77,8 +97,8 @@ def summarize(events: Sequence[Event]) -> dict[str, RunDelta]:
         return {}
     first_run = events[0].run_id
     if all(event.run_id == first_run for event in events):
-        return {first_run: _summarize_run(first_run, list(events))}
+        return {first_run: summarize_run(first_run, events)}
     groups: dict[str, list[Event]] = {}
     for event in events:
         groups.setdefault(event.run_id, []).append(event)
-    return {run_id: _summarize_run(run_id, group) for run_id, group in groups.items()}
+    return {run_id: summarize_run(run_id, group) for run_id, group in groups.items()}

@@ -19,6 +19,8 @@ import sqlite3
 from collections.abc import AsyncIterator, Callable, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from datetime import UTC, datetime
+from itertools import chain, repeat
+from operator import attrgetter
 from pathlib import Path
 from typing import Any, TypeVar
 
@@ -29,7 +31,7 @@ from ..envelope import Event
 from ..errors import ConfigError, StoreError, StoreUnavailable
 from .base import Clock, ReplayLog, RetentionPolicy, RunInfo, SweepResult
 from .retention import split_retention, utc_now
-from .runmeta import RunDelta, summarize
+from .runmeta import RunDelta, summarize, summarize_run
 
 SCHEMA_VERSION = 1
 
@@ -123,6 +125,7 @@ _RUN_COLUMNS = (
 )
 
 T = TypeVar("T")
+_seq = attrgetter("seq")
 _ids_json = msgspec.json.Encoder()
 
 
@@ -290,6 +293,48 @@ class SQLiteLog(ReplayLog):
             db.execute("ROLLBACK")
             raise
         return len(fresh)
+
+    async def append_streams(
+        self, streams: Sequence[tuple[str, Sequence[Event], Sequence[bytes]]]
+    ) -> int:
+        if not any(events for _, events, _ in streams):
+            return 0
+        return await self._call(self._append_streams, streams, _epoch(self.clock()))
+
+    def _append_streams(
+        self, streams: Sequence[tuple[str, Sequence[Event], Sequence[bytes]]], now: float
+    ) -> int:
+        """Like :meth:`_append`, with the row parameters and run deltas made per stream.
+
+        The parameters are produced by C-level iterators (``zip``/``map``), so
+        this thread holds the GIL for little besides SQLite's own binding.
+        """
+        db = self._db
+        total = sum(len(events) for _, events, _ in streams)
+        db.execute("BEGIN IMMEDIATE")
+        try:
+            db.execute("SAVEPOINT batch")
+            before = db.total_changes
+            db.executemany(_INSERT_EVENT, chain.from_iterable(
+                zip(repeat(run_id), map(_seq, events), encoded)
+                for run_id, events, encoded in streams))
+            if db.total_changes - before == total:
+                db.execute("RELEASE batch")
+                added = total
+                deltas = [summarize_run(run_id, events) for run_id, events, _ in streams if events]
+            else:  # some were stored before (a batch written again after a crash)
+                db.execute("ROLLBACK TO batch")
+                db.execute("RELEASE batch")
+                fresh = self._insert([row for _, events, encoded in streams
+                                      for row in zip(events, encoded, strict=True)])
+                added = len(fresh)
+                deltas = list(summarize([e for e, _ in fresh]).values())
+            self._merge_runs(deltas, now)
+            db.execute("COMMIT")
+        except BaseException:
+            db.execute("ROLLBACK")
+            raise
+        return added
 
     def _merge_runs(self, deltas: Sequence[RunDelta], now: float) -> None:
         """Merge the batch's run deltas, then set the touched runs' expiry, in a few statements.

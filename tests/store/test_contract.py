@@ -288,3 +288,30 @@ async def test_postgres_reconnects_after_losing_its_connections(postgres_url: st
         await log.sweep(dry_run=True)
     with psycopg.connect(postgres_url, autocommit=True) as admin:
         admin.execute(f"DROP SCHEMA {name} CASCADE")
+
+
+async def test_append_streams_is_append_of_the_same_rows(store_url: str, clock: Clock) -> None:
+    """A worker's write, grouped per run with the events' canonical JSON: the same rows,
+    the same run metadata, and the same dedupe when a batch is written again after a crash."""
+    parent = [
+        event("sp", 1, "run.lifecycle", {"state": "running"}, tenant="acme"),
+        event("sp", 2, "x.usage", {"input_tokens": 5, "output_tokens": 2}),
+        event("sp", 3, child_id="sk"),
+    ]
+    kid = [event("sk", s, parent_id="sp", root_id="sp", tenant="acme") for s in (1, 2)]
+    streams = [(run, events, [envelope.encode(e) for e in events])
+               for run, events in (("sp", parent), ("sk", kid))]
+    async with open_store(store_url, clock=clock) as log:
+        assert await log.append_streams(streams) == 5
+        done = [event("sp", 4, "run.lifecycle", {"state": "done"})]
+        again = [("sp", [*parent, *done], [envelope.encode(e) for e in (*parent, *done)]),
+                 ("sk", kid, [envelope.encode(e) for e in kid])]
+        assert await log.append_streams(again) == 1  # only seq 4 is new
+        assert await log.append_streams([("sp", [], [])]) == 0
+        stored = await log.read("sp")
+        info, child = await log.run("sp"), await log.run("sk")
+    assert stored == [*parent, *done]
+    assert info is not None and child is not None
+    assert (info.tenant, info.state, info.terminal, info.events) == ("acme", "done", True, 4)
+    assert (info.input_tokens, info.output_tokens, info.last_seq) == (5, 2, 4)
+    assert (child.parent_id, child.root_id, child.tenant, child.events) == ("sp", "sp", "acme", 2)
