@@ -27,7 +27,7 @@ or fails with ``KAI-STREAM-PROTO-0001`` naming the field.
 from __future__ import annotations
 
 import re
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from datetime import UTC, datetime
 from typing import Annotated, Any, ClassVar, Literal, TypeVar
 
@@ -379,6 +379,36 @@ def decode_lines(frames: bytes, *, max_bytes: int = MAX_FRAME_BYTES) -> list[Eve
             continue
         try:
             out.append(decode(line, max_bytes=max_bytes))
+        except ProtocolError as exc:
+            out.append(exc)
+    return out
+
+
+def decode_many(
+    frames: Sequence[bytes], *, max_bytes: int = MAX_FRAME_BYTES
+) -> list[Event | ProtocolError]:
+    """Decode separate frames: exactly one result per frame, the event or its error, in order.
+
+    When every frame is a one-line canonical frame (what publishers write),
+    the batch goes through one msgspec call; otherwise, or when any frame
+    fails, each frame is decoded alone, so a bad frame affects only its own
+    result. (Unlike :func:`decode_lines`, nothing is skipped.)
+    """
+    if frames and max(map(len, frames)) <= max_bytes:
+        joined = b"\n".join(frames)
+        if joined.count(b"\n") == len(frames) - 1:
+            try:
+                events: list[Event | ProtocolError] = _decoder.decode_lines(joined)
+            except (msgspec.ValidationError, msgspec.DecodeError):
+                events = []
+            if len(events) == len(frames) and all(
+                map(_TS_RE.match, {event.ts for event in events})  # type: ignore[union-attr]
+            ):
+                return events
+    out: list[Event | ProtocolError] = []
+    for frame in frames:
+        try:
+            out.append(decode(frame, max_bytes=max_bytes))
         except ProtocolError as exc:
             out.append(exc)
     return out

@@ -203,6 +203,30 @@ def test_decode_lines_checks_every_timestamp_of_a_batch() -> None:
     ]
 
 
+def test_decode_many_gives_one_result_per_frame_in_place() -> None:
+    """A worker's batch of ingest entries: a bad entry (even one holding a newline,
+    or nothing at all) affects only its own result, and nothing is skipped."""
+    good = _frame()
+    ext = _frame(type="x.mcp.tool_update", payload={"tool_call_id": "t"})
+    split = good[:20] + b"\n" + good[20:]  # valid JSON across two lines
+    frames = [good, b"", split, b"  ", ext, good + b"\n" + good, _frame(ts="2026-13-99")]
+    results = envelope.decode_many(frames)
+    assert len(results) == len(frames)
+    assert [type(r).__name__ for r in results] == [
+        "TextDelta", "MalformedFrame", "TextDelta", "MalformedFrame", "Extension",
+        "MalformedFrame", "MalformedFrame",
+    ]
+    assert results[0] == results[2] == envelope.decode(good)
+
+
+def test_decode_many_of_canonical_frames_equals_decoding_each() -> None:
+    lines = SPEC_EXAMPLES.read_bytes().splitlines()
+    assert envelope.decode_many(lines) == [envelope.decode(line) for line in lines]
+    assert envelope.decode_many([]) == []
+    too_big = envelope.decode_many([_frame()], max_bytes=10)
+    assert isinstance(too_big[0], MalformedFrame)
+
+
 # ------------------------------------------------------------ T1 with hypothesis
 
 _json_scalars = (

@@ -30,7 +30,7 @@ import msgspec
 
 from pipeline.bus import Bus, Consumer, Delivery, EncodedAppend
 from pipeline.bus.keys import shard_for
-from pipeline.envelope import Event, decode, encode
+from pipeline.envelope import Event, decode_many, encode
 from pipeline.errors import ProtocolError, RunwireError
 from pipeline.processor import DEFAULT_SILENCE_S, Processor, StreamOutput, validate
 from pipeline.store import ReplayLog
@@ -158,11 +158,19 @@ class Stages:
         self.stats.entries += len(deliveries)
         good: list[Delivery] = []
         events: list[Event] = []
-        for delivery in deliveries:
-            event = await self._decode(delivery)
-            if event is not None:
+        for delivery, result in zip(
+            deliveries, decode_many([d.data for d in deliveries]), strict=True
+        ):
+            if not isinstance(result, ProtocolError):
+                try:
+                    validate(result)
+                except ProtocolError as error:
+                    result = error
+            if isinstance(result, ProtocolError):
+                await self._dead_letter(delivery, f"undecodable: {result}")
+            else:
                 good.append(delivery)
-                events.append(event)
+                events.append(result)
         await self._restore(events, before_restore)
         outputs, failures = self.processor.process_each(events, seal=seal)
         for index, error in failures:
@@ -243,15 +251,6 @@ class Stages:
         for start in range(0, len(appends), APPEND_CHUNK):
             chunk = appends[start : start + APPEND_CHUNK]
             await self.retry(functools.partial(self.bus.append_many_encoded, chunk))
-
-    async def _decode(self, delivery: Delivery) -> Event | None:
-        try:
-            event = decode(delivery.data)
-            validate(event)
-        except ProtocolError as error:
-            await self._dead_letter(delivery, f"undecodable: {error}")
-            return None
-        return event
 
     async def _dead_letter(self, delivery: Delivery, reason: str) -> None:
         log.warning("dead-lettering %s (shard %d): %s", delivery.entry_id, delivery.shard, reason)

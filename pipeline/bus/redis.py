@@ -27,6 +27,7 @@ import hashlib
 import logging
 import weakref
 from collections.abc import AsyncIterator, Iterator, Mapping, Sequence
+from itertools import chain
 from typing import Any
 
 import msgspec
@@ -100,13 +101,19 @@ def _resp_bytes(value: Any) -> bytes:
     return str(int(value)).encode()
 
 
+def _resp_command(parts: Sequence[bytes | str | int]) -> bytes:
+    """One command in RESP."""
+    encoded = [_resp_bytes(part) for part in parts]
+    return b"*%d\r\n" % len(encoded) + b"".join(
+        [b"$%d\r\n%b\r\n" % (len(part), part) for part in encoded])
+
+
 def _resp_evalsha(script: Script, call_keys: Sequence[str], args: Sequence[Any]) -> bytes:
-    """One ``EVALSHA`` command in RESP (arguments: bytes, str or int)."""
-    parts = [b"EVALSHA", script.sha.encode(), str(len(call_keys)).encode(),
-             *(key.encode() for key in call_keys), *(_resp_bytes(arg) for arg in args)]
-    out = [b"*%d\r\n" % len(parts)]
-    out += [b"$%d\r\n%b\r\n" % (len(part), part) for part in parts]
-    return b"".join(out)
+    """One ``EVALSHA`` command in RESP (arguments: bytes, str or int; bytes is the fast path)."""
+    parts = [b"EVALSHA", script.sha.encode(), b"%d" % len(call_keys),
+             *[key.encode() for key in call_keys],
+             *[arg if type(arg) is bytes else _resp_bytes(arg) for arg in args]]
+    return b"*%d\r\n" % len(parts) + b"".join([b"$%d\r\n%b\r\n" % (len(p), p) for p in parts])
 
 
 def seq_of(entry_id: bytes | str) -> int:
@@ -305,8 +312,8 @@ class RedisBus(Bus):
         run_id, view = key
         args: list[Any] = [self.options.maxlen, self.options.ttl * 1000,
                            "0" if state is None else "1", state or b""]
-        for event, data in zip(events, encoded, strict=True):
-            args += (event.seq, data)
+        args += chain.from_iterable(
+            zip([b"%d" % event.seq for event in events], encoded, strict=True))
         return (APPEND, [self._stream_key(key), keys.meta_key(self.prefix, run_id, view)], args)
 
     async def _run_packed(self, calls: Sequence[ScriptCall]) -> list[Any]:
@@ -327,6 +334,21 @@ class RedisBus(Bus):
             again = await self.run_scripts([calls[i] for i in missing])
             for index, result in zip(missing, again, strict=True):
                 results[index] = result
+        for result in results:
+            if isinstance(result, Exception):
+                raise result
+        return results
+
+    async def raw_commands(self, commands: Sequence[Sequence[bytes | str | int]]) -> list[Any]:
+        """Commands on a standalone server, their replies raw (no redis-py response parsing).
+
+        For the hot paths (a worker's fetch and ack): redis-py turns every
+        stream entry of an ``XREADGROUP`` reply into a dict and packs every
+        id of an ``XACK`` through its encoder; here the replies stay nested
+        lists of bytes. An error reply is raised (``ResponseError`` …).
+        """
+        packed = b"".join(_resp_command(command) for command in commands)
+        results = await self._send_packed(packed, len(commands))
         for result in results:
             if isinstance(result, Exception):
                 raise result

@@ -51,7 +51,14 @@ if TYPE_CHECKING:
 
 log = logging.getLogger(__name__)
 T = TypeVar("T")
-Entry = tuple[bytes, dict[bytes, bytes] | None]
+Entry = tuple[bytes, dict[bytes, bytes] | list[bytes] | None]
+
+
+def _field(fields: dict[bytes, bytes] | list[bytes], name: bytes) -> bytes:
+    """A field of a stream entry, from redis-py's dict or a raw ``[name, value, …]`` reply."""
+    if isinstance(fields, dict):
+        return fields[name]
+    return dict(zip(fields[::2], fields[1::2], strict=True))[name]
 
 
 class RedisConsumer(Consumer):
@@ -265,9 +272,20 @@ class RedisConsumer(Consumer):
             for name, position in streams.items():
                 pipe.xreadgroup(self.group, self.name, {name: position}, count=count)
             return [item for reply in await pipe.execute() for item in reply or []]
-        replies: Any = await self.bus.redis.xreadgroup(
-            self.group, self.name, streams, count=count, block=block_ms)  # type: ignore[arg-type]
-        return list(replies or [])
+        if self.bus.cluster:
+            replies: Any = await self.bus.redis.xreadgroup(
+                self.group, self.name, streams, count=count, block=block_ms)  # type: ignore[arg-type]
+            return list(replies or [])
+        # a standalone server: the reply is parsed here (see RedisBus.raw_commands)
+        command: list[bytes | str | int] = [b"XREADGROUP", b"GROUP", self.group, self.name,
+                                            b"COUNT", count]
+        if block_ms is not None:
+            command += (b"BLOCK", block_ms)
+        command += (b"STREAMS", *streams, *streams.values())
+        (reply,) = await self.bus.raw_commands([command])
+        if isinstance(reply, dict):  # RESP3
+            reply = reply.items()
+        return [(name, entries) for name, entries in reply or []]  # fields stay raw lists
 
     async def _with_counts(self, replies: Sequence[Any]) -> list[Delivery]:
         """Deliveries of re-read / claimed entries, with Redis's delivery counters."""
@@ -287,12 +305,17 @@ class RedisConsumer(Consumer):
         out: list[Delivery] = []
         for name, entries in replies:
             shard = int(_text(name).rsplit(":", 1)[1].rstrip("}"))
+            if not counts and all(type(f) is list and f[0] == b"e" for _, f in entries):
+                # the common case: new entries as read raw, each with the one field "e"
+                out += [Delivery(entry_id=entry_id.decode(), shard=shard, data=fields[1])
+                        for entry_id, fields in entries]
+                continue
             for entry_id, fields in entries:
                 if fields is None:  # trimmed while pending: nothing left to deliver
                     log.warning("pending entry %s of shard %d was trimmed", _text(entry_id), shard)
                     continue
-                out.append(Delivery(entry_id=_text(entry_id), shard=shard, data=fields[b"e"],
-                                    deliveries=counts.get(entry_id, 1)))
+                out.append(Delivery(entry_id=_text(entry_id), shard=shard,
+                                    data=_field(fields, b"e"), deliveries=counts.get(entry_id, 1)))
         return out
 
     async def _screen(self, deliveries: list[Delivery]) -> list[Delivery]:
@@ -312,6 +335,10 @@ class RedisConsumer(Consumer):
         for delivery in deliveries:
             by_shard.setdefault(delivery.shard, []).append(delivery.entry_id)
         with unavailable_on_connection_errors(f"ack {self.group}/{self.name}"):
+            if not self.bus.cluster:
+                await self.bus.raw_commands([[b"XACK", self._key(shard), self.group, *ids]
+                                             for shard, ids in by_shard.items()])
+                return
             pipe = self.bus.redis.pipeline(transaction=False)
             for shard, ids in by_shard.items():
                 pipe.xack(self._key(shard), self.group, *ids)

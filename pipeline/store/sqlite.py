@@ -15,6 +15,7 @@ its canonical JSON bytes, so export streams them without re-encoding.
 from __future__ import annotations
 
 import asyncio
+import functools
 import sqlite3
 from collections.abc import AsyncIterator, Callable, Sequence
 from concurrent.futures import ThreadPoolExecutor
@@ -66,7 +67,32 @@ CREATE INDEX IF NOT EXISTS runs_tenant_updated ON runs (tenant, updated_at);
 CREATE INDEX IF NOT EXISTS runs_updated ON runs (updated_at);
 """
 
-_INSERT_EVENT = "INSERT OR IGNORE INTO events (run_id, seq, body) VALUES (?, ?, ?)"
+_ROWS_PER_INSERT = 500
+"""Rows per multi-row ``INSERT`` (1 500 parameters, well under SQLite's 32 766)."""
+
+
+@functools.lru_cache(maxsize=64)
+def _insert_rows_sql(rows: int) -> str:
+    return "INSERT OR IGNORE INTO events (run_id, seq, body) VALUES " + ",".join(["(?,?,?)"] * rows)
+
+
+def _insert_flat(db: sqlite3.Connection, params: list[Any]) -> None:
+    """Insert rows given as one flat ``[run_id, seq, body, run_id, …]`` list.
+
+    Multi-row statements rather than ``executemany``: the sqlite3 module
+    releases the GIL around every ``sqlite3_step``, once per row with
+    ``executemany``, and on this writer thread each of those re-acquisitions
+    waits for the event loop's thread to let go of the GIL (up to the
+    switch interval when it is busy). Measured with a CPU-bound main thread
+    (100 k rows over ~600 runs, WAL, 16 KiB pages): ``executemany`` took
+    76–660 µs a row instead of 5–6 µs alone; 500-row statements took ~19 µs
+    a row while the main thread kept ~88 % of its speed.
+    """
+    step = 3 * _ROWS_PER_INSERT
+    full = _insert_rows_sql(_ROWS_PER_INSERT)
+    for start in range(0, len(params), step):
+        chunk = params[start : start + step]
+        db.execute(full if len(chunk) == step else _insert_rows_sql(len(chunk) // 3), chunk)
 
 _UPSERT_RUN = """
 INSERT INTO runs (run_id, tenant, parent_id, root_id, state, state_seq, terminal, events,
@@ -272,14 +298,14 @@ class SQLiteLog(ReplayLog):
         db = self._db
         db.execute("SAVEPOINT batch")
         before = db.total_changes
-        db.executemany(_INSERT_EVENT, [(e.run_id, e.seq, b) for e, b in rows])
+        _insert_flat(db, [value for e, b in rows for value in (e.run_id, e.seq, b)])
         if db.total_changes - before == len(rows):
             db.execute("RELEASE batch")
             return rows
         db.execute("ROLLBACK TO batch")
         db.execute("RELEASE batch")
         fresh = self._new_rows(rows)
-        db.executemany(_INSERT_EVENT, [(e.run_id, e.seq, b) for e, b in fresh])
+        _insert_flat(db, [value for e, b in fresh for value in (e.run_id, e.seq, b)])
         return fresh
 
     def _append(self, rows: Sequence[tuple[Event, bytes]], now: float) -> int:
@@ -315,9 +341,9 @@ class SQLiteLog(ReplayLog):
         try:
             db.execute("SAVEPOINT batch")
             before = db.total_changes
-            db.executemany(_INSERT_EVENT, chain.from_iterable(
+            _insert_flat(db, list(chain.from_iterable(chain.from_iterable(
                 zip(repeat(run_id), map(_seq, events), encoded)
-                for run_id, events, encoded in streams))
+                for run_id, events, encoded in streams))))
             if db.total_changes - before == total:
                 db.execute("RELEASE batch")
                 added = total
