@@ -49,6 +49,17 @@ APPEND_CHUNK = 256
 T = TypeVar("T")
 
 
+class EncodedWrite:
+    """One write, encoded (see :meth:`Stages.encode`)."""
+
+    __slots__ = ("log", "raw", "shaped")
+
+    def __init__(self) -> None:
+        self.log: list[tuple[str, Sequence[Event], Sequence[bytes]]] = []
+        self.raw: list[EncodedAppend] = []
+        self.shaped: list[EncodedAppend] = []
+
+
 class WorkerStats(msgspec.Struct, kw_only=True):
     """What one worker did (returned by :func:`run_worker`)."""
 
@@ -164,8 +175,8 @@ class Stages:
             if not isinstance(result, ProtocolError):
                 try:
                     validate(result)
-                except ProtocolError as error:
-                    result = error
+                except ProtocolError as invalid:
+                    result = invalid
             if isinstance(result, ProtocolError):
                 await self._dead_letter(delivery, f"undecodable: {result}")
             else:
@@ -213,28 +224,40 @@ class Stages:
 
         The log goes first, so anything a client can see on either view (the
         terminal event included) is already in the replay log — an export or a
-        resume from the log right after the end is complete. Shaped appends go
-        before the raw checkpoints, which record the shaping windows as closed.
+        resume from the log right after the end is complete — and a stream's
+        checkpoint (stored with its raw append) never runs ahead of the log: a
+        batch redone after a crash would otherwise drop the events as
+        duplicates before they reached the log. Shaped appends go before the
+        raw checkpoints, which record the shaping windows as closed.
         """
-        if not outputs:
-            return
+        if outputs:
+            encoded = self.encode(outputs)
+            await self.write_log(encoded)
+            await self.write_views(encoded)
+
+    def encode(self, outputs: dict[str, StreamOutput]) -> EncodedWrite:
+        """Take the checkpoints and encode every event once, for the log and the views alike."""
         Processor.seal(outputs)
-        # Each event is encoded once, for the replay log and the delivery stream alike.
-        raw: list[EncodedAppend] = []
-        shaped: list[EncodedAppend] = []
-        rows: list[tuple[str, Sequence[Event], Sequence[bytes]]] = []
+        write = EncodedWrite()
         for output in outputs.values():
             encoded = list(map(encode, output.raw))
-            rows.append((output.run_id, output.raw, encoded))
-            raw.append(((output.run_id, "raw"), output.raw, encoded, output.state))
+            write.log.append((output.run_id, output.raw, encoded))
+            write.raw.append(((output.run_id, "raw"), output.raw, encoded, output.state))
             if output.shaped:
-                shaped.append(((output.run_id, "shaped"), output.shaped,
-                               list(map(encode, output.shaped)), None))
-        await self._append_log(rows)
-        await self._append_many(shaped)
-        await self._append_many(raw)
-        self.stats.raw += sum(len(output.raw) for output in outputs.values())
-        self.stats.shaped += sum(len(output.shaped) for output in outputs.values())
+                write.shaped.append(((output.run_id, "shaped"), output.shaped,
+                                     list(map(encode, output.shaped)), None))
+        return write
+
+    async def write_log(self, write: EncodedWrite) -> None:
+        """The replay-log part of :meth:`write` (first)."""
+        await self._append_log(write.log)
+
+    async def write_views(self, write: EncodedWrite) -> None:
+        """The delivery-stream part of :meth:`write`: shaped views, then raw views with checkpoints."""
+        await self._append_many(write.shaped)
+        await self._append_many(write.raw)
+        self.stats.raw += sum(len(events) for _, events, _ in write.log)
+        self.stats.shaped += sum(len(events) for _, events, _, _ in write.shaped)
 
     async def _append_log(self, rows: list[tuple[str, Sequence[Event], Sequence[bytes]]]) -> None:
         if any(events for _, events, _ in rows):
@@ -299,6 +322,17 @@ class Stages:
         return stats
 
 
+class _Write:
+    """A write in flight: its task, whether its replay-log part is done, the streams it writes."""
+
+    __slots__ = ("logged", "runs", "task")
+
+    def __init__(self, runs: frozenset[str]) -> None:
+        self.runs = runs
+        self.logged = asyncio.Event()
+        self.task: asyncio.Task[None] | None = None
+
+
 class ConsumerLoop:
     """fetch → :class:`Stages` → ack, for any :class:`~pipeline.bus.Consumer`."""
 
@@ -306,11 +340,10 @@ class ConsumerLoop:
         self.consumer = consumer
         self.stages = stages
         self._owned: frozenset[int] = frozenset()
-        self._inflight: asyncio.Task[None] | None = None
-        self._inflight_runs: frozenset[str] = frozenset()
-        """The streams the write in flight writes."""
+        self._writes: list[_Write] = []
+        """Writes in flight, oldest first (at most two: one in its views, one in its log)."""
         self._pending: dict[str, StreamOutput] = {}
-        """Processed batches waiting for the write in flight to finish (merged per stream)."""
+        """Processed batches waiting for the next write (merged per stream)."""
         self._pending_acks: list[Delivery] = []
         self._pending_entries = 0
         self._next_adopt = 0.0
@@ -318,13 +351,16 @@ class ConsumerLoop:
     async def loop(self, *, batch: int, tick_s: float, burst: bool) -> None:
         """Batches are pipelined, and their writes grouped while the store is busy.
 
-        Batch N+1 is decoded and processed while N is written. While a write
-        is in flight, further batches are processed and merged into one
-        pending write (up to ``PENDING_BATCHES`` batches), which starts when
-        the write in flight is durable: one replay-log transaction and one
-        delivery append per stream for all of them, so the per-write costs
-        (commit, run metadata, round trips) shrink as the backlog grows.
-        Writes stay in batch order, and each entry is acked after its writes.
+        Three things overlap: decoding and processing the next batches (this
+        task), the replay-log write of one write (the log's thread), and the
+        delivery appends and acks of the write before it (Redis/Kafka). A write
+        starts once the previous one's log part is done; until then further
+        batches are processed and merged into it (up to ``PENDING_BATCHES``
+        batches): one replay-log transaction and one delivery append per
+        stream for all of them, so the per-write costs (commit, run
+        metadata, round trips) shrink as the backlog grows. Each write's
+        views go out after its own log part and after the previous write's
+        views, so streams stay in order; each entry is acked after its writes.
         """
         block_ms = max(1, int(tick_s * 1000))
         stop = self.stages.stop
@@ -337,8 +373,8 @@ class ConsumerLoop:
                     acked, outputs = await self.stages.prepare(
                         deliveries, self._drain_for, seal=False)
                     self._merge(outputs, acked, len(deliveries))
-                    if self._inflight is None or self._inflight.done() or self._pending_entries >= most:
-                        await self._drain()
+                    if self._ready() or self._pending_entries >= most:
+                        await self._wait_ready()
                         self._start_write()
                 if len(deliveries) < batch:
                     await self._flush()
@@ -362,14 +398,32 @@ class ConsumerLoop:
         self._pending_acks.extend(acked)
         self._pending_entries += entries
 
+    def _ready(self) -> bool:
+        """Whether a new write may start: none in flight, or one whose log part is done."""
+        for write in [w for w in self._writes if w.task is not None and w.task.done()]:
+            self._writes.remove(write)
+            write.task.result()  # type: ignore[union-attr]  # a failed write fails the loop
+        return not self._writes or (len(self._writes) < 2 and self._writes[-1].logged.is_set())
+
+    async def _wait_ready(self) -> None:
+        while not self._ready():
+            newest = self._writes[-1]
+            if not newest.logged.is_set():
+                await newest.logged.wait()
+            else:
+                assert self._writes[0].task is not None
+                await asyncio.wait([self._writes[0].task])
+
     def _start_write(self) -> None:
-        """Start writing (then acking) everything pending; the previous write must be drained."""
+        """Start writing (then acking) everything pending; call only when :meth:`_ready`."""
         if not self._pending and not self._pending_acks:
             return
         outputs, acked = Processor.seal(self._pending), self._pending_acks
         self._pending, self._pending_acks, self._pending_entries = {}, [], 0
-        self._inflight_runs = frozenset(outputs)
-        self._inflight = asyncio.create_task(self._write_and_ack(outputs, acked))
+        previous = self._writes[-1].task if self._writes else None
+        write = _Write(frozenset(outputs))
+        write.task = asyncio.create_task(self._write_and_ack(outputs, acked, previous, write.logged))
+        self._writes.append(write)
 
     async def _flush(self) -> None:
         """Write and ack everything processed so far, and wait for it."""
@@ -395,17 +449,31 @@ class ConsumerLoop:
         """
         if not run_ids.isdisjoint(self._pending):
             await self._flush()
-        elif self._inflight is not None and not self._inflight_runs.isdisjoint(run_ids):
+        elif any(not write.runs.isdisjoint(run_ids) for write in self._writes):
             await self._drain()
 
     async def _drain(self) -> None:
-        """Wait for the writes (and ack) of the batch in flight."""
-        if self._inflight is not None:
-            inflight, self._inflight = self._inflight, None
-            await inflight
+        """Wait for every write in flight (and its acks)."""
+        while self._writes:
+            write = self._writes.pop(0)
+            assert write.task is not None
+            await write.task
 
-    async def _write_and_ack(self, outputs: dict[str, StreamOutput], acked: list[Delivery]) -> None:
-        await self.stages.write(outputs)
+    async def _write_and_ack(
+        self,
+        outputs: dict[str, StreamOutput],
+        acked: list[Delivery],
+        previous: asyncio.Task[None] | None,
+        logged: asyncio.Event,
+    ) -> None:
+        try:
+            encoded = self.stages.encode(outputs)
+            await self.stages.write_log(encoded)
+        finally:
+            logged.set()
+        if previous is not None:  # views in write order (a failed write fails this one too)
+            await previous
+        await self.stages.write_views(encoded)
         await self._ack(acked)
         self.stages.busy_until_now()
 

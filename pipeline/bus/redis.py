@@ -27,7 +27,6 @@ import hashlib
 import logging
 import weakref
 from collections.abc import AsyncIterator, Iterator, Mapping, Sequence
-from itertools import chain
 from typing import Any
 
 import msgspec
@@ -114,6 +113,15 @@ def _resp_evalsha(script: Script, call_keys: Sequence[str], args: Sequence[Any])
              *[key.encode() for key in call_keys],
              *[arg if type(arg) is bytes else _resp_bytes(arg) for arg in args]]
     return b"*%d\r\n" % len(parts) + b"".join([b"$%d\r\n%b\r\n" % (len(p), p) for p in parts])
+
+
+def _seq_spec(events: Sequence[Event]) -> bytes:
+    """The APPEND script's seqs argument: ``b"first+"`` for consecutive seqs (a raw view's
+    usual append), else the seqs joined by commas."""
+    seqs = [event.seq for event in events]
+    if seqs and seqs == list(range(seqs[0], seqs[0] + len(seqs))):
+        return b"%d+" % seqs[0]
+    return b",".join([b"%d" % seq for seq in seqs])
 
 
 def seq_of(entry_id: bytes | str) -> int:
@@ -312,8 +320,9 @@ class RedisBus(Bus):
         run_id, view = key
         args: list[Any] = [self.options.maxlen, self.options.ttl * 1000,
                            "0" if state is None else "1", state or b""]
-        args += chain.from_iterable(
-            zip([b"%d" % event.seq for event in events], encoded, strict=True))
+        if len(events) != len(encoded):
+            raise ValueError(f"{len(events)} events, {len(encoded)} encoded")
+        args += (_seq_spec(events), b"\n".join(encoded))
         return (APPEND, [self._stream_key(key), keys.meta_key(self.prefix, run_id, view)], args)
 
     async def _run_packed(self, calls: Sequence[ScriptCall]) -> list[Any]:

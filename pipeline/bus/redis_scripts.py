@@ -28,19 +28,35 @@ return n
 APPEND = """
 -- KEYS[1] delivery stream, KEYS[2] its meta hash (last seq, writer state)
 -- ARGV[1] approximate MAXLEN, ARGV[2] ttl ms, ARGV[3] '1' when ARGV[4] is a state to store,
--- ARGV[5..] seq, event JSON pairs (seq increasing)
+-- ARGV[5] the events' seqs (increasing): 'first+' when they are first, first+1, ...,
+--         else 'seq,seq,...'
+-- ARGV[6] the events' canonical JSON joined by "\\n" (canonical JSON never holds a raw newline)
 local last = tonumber(redis.call('HGET', KEYS[2], 'last') or '0')
-local n = 0
-for i = 5, #ARGV, 2 do
-  local seq = tonumber(ARGV[i])
+local spec, blob = ARGV[5], ARGV[6]
+local nextseq, seqs = nil, nil
+if string.sub(spec, -1) == '+' then
+  nextseq = tonumber(string.sub(spec, 1, -2))
+else
+  seqs = {}
+  for s in string.gmatch(spec, '[^,]+') do seqs[#seqs + 1] = tonumber(s) end
+end
+local n, i, pos = 0, 1, 1
+while blob ~= '' do
+  local stop = string.find(blob, '\\n', pos, true)
+  local seq
+  if seqs then seq = seqs[i] else seq = nextseq + i - 1 end
   if seq > last then
-    local ok = redis.pcall('XADD', KEYS[1], 'MAXLEN', '~', ARGV[1], ARGV[i] .. '-0', 'e', ARGV[i + 1])
+    local ok = redis.pcall('XADD', KEYS[1], 'MAXLEN', '~', ARGV[1], seq .. '-0', 'e',
+                           string.sub(blob, pos, (stop or 0) - 1))
     -- an error means the stream already holds a higher id than meta says: skip it
     if not (type(ok) == 'table' and ok.err) then
       n = n + 1
       last = seq
     end
   end
+  if not stop then break end
+  pos = stop + 1
+  i = i + 1
 end
 if n > 0 and ARGV[3] == '1' then
   redis.call('HSET', KEYS[2], 'last', last, 'state', ARGV[4])

@@ -34,16 +34,27 @@ from .base import Clock, ReplayLog, RetentionPolicy, RunInfo, SweepResult
 from .retention import split_retention, utc_now
 from .runmeta import RunDelta, summarize, summarize_run
 
-SCHEMA_VERSION = 1
+SCHEMA_VERSION = 2
+
+_EVENTS = """
+CREATE TABLE IF NOT EXISTS {name} (
+    run_id TEXT NOT NULL,
+    seq    INTEGER NOT NULL,
+    body   BLOB NOT NULL
+);
+"""
+"""Events in arrival order (rowid), found by the unique ``(run_id, seq)`` index.
+
+Schema 1 kept them in a ``WITHOUT ROWID`` table clustered by ``(run_id, seq)``:
+cheaper to read a run back, but a worker's write spreads over one leaf page
+per run it touches (hundreds of runs a write), so each row cost ~40 % more
+CPU to insert (``bench/workers.py``; docs/workers.md § Throughput). Writes
+are the hot path; a run's export still reads by the index."""
 
 _SCHEMA = """
 CREATE TABLE IF NOT EXISTS schema_version (version INTEGER NOT NULL);
-CREATE TABLE IF NOT EXISTS events (
-    run_id TEXT NOT NULL,
-    seq    INTEGER NOT NULL,
-    body   BLOB NOT NULL,
-    PRIMARY KEY (run_id, seq)
-) WITHOUT ROWID;
+""" + _EVENTS.format(name="events") + """
+CREATE UNIQUE INDEX IF NOT EXISTS events_run_seq ON events (run_id, seq);
 CREATE TABLE IF NOT EXISTS runs (
     run_id        TEXT PRIMARY KEY,
     tenant        TEXT,
@@ -67,17 +78,21 @@ CREATE INDEX IF NOT EXISTS runs_tenant_updated ON runs (tenant, updated_at);
 CREATE INDEX IF NOT EXISTS runs_updated ON runs (updated_at);
 """
 
-_ROWS_PER_INSERT = 500
-"""Rows per multi-row ``INSERT`` (1 500 parameters, well under SQLite's 32 766)."""
+_ROWS_PER_STATEMENT = 500
+"""Rows per multi-row statement (an upsert of runs: 8 000 parameters, under SQLite's 32 766)."""
+_INSERT_EVENTS = "INSERT OR IGNORE INTO events (run_id, seq, body) VALUES "
 
 
-@functools.lru_cache(maxsize=64)
-def _insert_rows_sql(rows: int) -> str:
-    return "INSERT OR IGNORE INTO events (run_id, seq, body) VALUES " + ",".join(["(?,?,?)"] * rows)
+@functools.lru_cache(maxsize=128)
+def _rows_sql(head: str, width: int, rows: int, tail: str) -> str:
+    row = "(" + ",".join(["?"] * width) + ")"
+    return head + ",".join([row] * rows) + tail
 
 
-def _insert_flat(db: sqlite3.Connection, params: list[Any]) -> None:
-    """Insert rows given as one flat ``[run_id, seq, body, run_id, …]`` list.
+def _execute_rows(
+    db: sqlite3.Connection, head: str, width: int, params: list[Any], tail: str = ""
+) -> None:
+    """Run ``head VALUES-rows tail`` for rows given as one flat list of ``width`` values each.
 
     Multi-row statements rather than ``executemany``: the sqlite3 module
     releases the GIL around every ``sqlite3_step``, once per row with
@@ -88,11 +103,12 @@ def _insert_flat(db: sqlite3.Connection, params: list[Any]) -> None:
     76–660 µs a row instead of 5–6 µs alone; 500-row statements took ~19 µs
     a row while the main thread kept ~88 % of its speed.
     """
-    step = 3 * _ROWS_PER_INSERT
-    full = _insert_rows_sql(_ROWS_PER_INSERT)
+    most = db.getlimit(sqlite3.SQLITE_LIMIT_VARIABLE_NUMBER) // width  # 999 before SQLite 3.32
+    step = width * min(_ROWS_PER_STATEMENT, most)
     for start in range(0, len(params), step):
         chunk = params[start : start + step]
-        db.execute(full if len(chunk) == step else _insert_rows_sql(len(chunk) // 3), chunk)
+        db.execute(_rows_sql(head, width, len(chunk) // width, tail), chunk)
+
 
 _UPSERT_RUN = """
 INSERT INTO runs (run_id, tenant, parent_id, root_id, state, state_seq, terminal, events,
@@ -122,6 +138,9 @@ RETURNING tenant, state, updated_at
 """
 
 _UPSERT_RUN_ONLY = _UPSERT_RUN.rsplit("RETURNING", 1)[0]
+_UPSERT_RUNS_HEAD, _UPSERT_RUNS_TAIL = _UPSERT_RUN_ONLY.replace(
+    "VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)", "VALUES {rows}").split("{rows}")
+"""The run upsert around its VALUES rows, for :func:`_execute_rows` (16 values a row)."""
 _SET_EXPIRY = """
 UPDATE runs SET expires_at = updated_at + CASE
         WHEN state = 'done' THEN ?
@@ -181,6 +200,23 @@ def _run_info(row: Sequence[Any]) -> RunInfo:
     )
 
 
+def _migrate_from_1(conn: sqlite3.Connection) -> None:
+    """Schema 1 → 2: the events move from the clustered table to a rowid table + index."""
+    conn.execute("BEGIN IMMEDIATE")
+    try:
+        conn.execute(_EVENTS.format(name="events_v2"))
+        conn.execute("INSERT INTO events_v2 (run_id, seq, body)"
+                     " SELECT run_id, seq, body FROM events ORDER BY run_id, seq")
+        conn.execute("DROP TABLE events")
+        conn.execute("ALTER TABLE events_v2 RENAME TO events")
+        conn.execute("CREATE UNIQUE INDEX events_run_seq ON events (run_id, seq)")
+        conn.execute("UPDATE schema_version SET version = 2")
+        conn.execute("COMMIT")
+    except BaseException:
+        conn.execute("ROLLBACK")
+        raise
+
+
 class SQLiteLog(ReplayLog):
     """The replay log in one SQLite file (or in memory)."""
 
@@ -227,8 +263,11 @@ class SQLiteLog(ReplayLog):
         conn.execute("PRAGMA synchronous = NORMAL")
         conn.execute("PRAGMA busy_timeout = 10000")
         conn.execute("PRAGMA cache_size = -65536")
-        conn.executescript(_SCHEMA)
+        conn.execute("CREATE TABLE IF NOT EXISTS schema_version (version INTEGER NOT NULL)")
         version = conn.execute("SELECT max(version) FROM schema_version").fetchone()[0]
+        if version == 1:
+            _migrate_from_1(conn)
+        conn.executescript(_SCHEMA)
         if version is None:
             conn.execute("INSERT INTO schema_version VALUES (?)", (SCHEMA_VERSION,))
         elif version > SCHEMA_VERSION:
@@ -298,14 +337,14 @@ class SQLiteLog(ReplayLog):
         db = self._db
         db.execute("SAVEPOINT batch")
         before = db.total_changes
-        _insert_flat(db, [value for e, b in rows for value in (e.run_id, e.seq, b)])
+        _execute_rows(db, _INSERT_EVENTS, 3, [value for e, b in rows for value in (e.run_id, e.seq, b)])
         if db.total_changes - before == len(rows):
             db.execute("RELEASE batch")
             return rows
         db.execute("ROLLBACK TO batch")
         db.execute("RELEASE batch")
         fresh = self._new_rows(rows)
-        _insert_flat(db, [value for e, b in fresh for value in (e.run_id, e.seq, b)])
+        _execute_rows(db, _INSERT_EVENTS, 3, [value for e, b in fresh for value in (e.run_id, e.seq, b)])
         return fresh
 
     def _append(self, rows: Sequence[tuple[Event, bytes]], now: float) -> int:
@@ -341,7 +380,7 @@ class SQLiteLog(ReplayLog):
         try:
             db.execute("SAVEPOINT batch")
             before = db.total_changes
-            _insert_flat(db, list(chain.from_iterable(chain.from_iterable(
+            _execute_rows(db, _INSERT_EVENTS, 3, list(chain.from_iterable(chain.from_iterable(
                 zip(repeat(run_id), map(_seq, events), encoded)
                 for run_id, events, encoded in streams))))
             if db.total_changes - before == total:
@@ -371,12 +410,12 @@ class SQLiteLog(ReplayLog):
         if not deltas:
             return
         db = self._db
-        db.executemany(_UPSERT_RUN_ONLY, [
-            (d.run_id, d.tenant, d.parent_id, d.root_id, d.state, d.state_seq, d.terminal,
-             d.events, d.last_seq, d.input_tokens, d.output_tokens, d.dropped, d.first_ts,
-             d.last_ts, now, now)
-            for d in deltas
-        ])
+        _execute_rows(db, _UPSERT_RUNS_HEAD, 16, [
+            value for d in deltas
+            for value in (d.run_id, d.tenant, d.parent_id, d.root_id, d.state, d.state_seq,
+                          d.terminal, d.events, d.last_seq, d.input_tokens, d.output_tokens,
+                          d.dropped, d.first_ts, d.last_ts, now, now)
+        ], _UPSERT_RUNS_TAIL)
         touched = _ids_json.encode([d.run_id for d in deltas])
         overridden = list(self.tenant_retention)
         db.execute(

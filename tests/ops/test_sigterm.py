@@ -136,7 +136,7 @@ def test_sigterm_mid_load_on_kafka_loses_and_duplicates_nothing(
     kafka_url: str, bus_on: Any, tmp_path: Path
 ) -> None:
     """The same on Kafka, where `runwire worker` is the faust app: SIGTERM commits what it wrote."""
-    events, ancestry = workload(trees=6)
+    events, ancestry = workload(trees=24)  # several agent batches, so SIGTERM lands mid-way
     bus = bus_on(kafka_url)
     asyncio.run(publish(bus, events))
     db = tmp_path / "replay.db"
