@@ -19,6 +19,7 @@ written and acked, then the consumer leaves its group.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import functools
 import logging
 import time
@@ -365,10 +366,18 @@ class ConsumerLoop:
         block_ms = max(1, int(tick_s * 1000))
         stop = self.stages.stop
         most = batch * PENDING_BATCHES
+        prefetch: asyncio.Task[list[Delivery]] | None = None
         try:
-            while not stop.is_set():
-                deliveries = await self.consumer.fetch(batch, block_ms=block_ms)
+            while not stop.is_set() or prefetch is not None:
+                if prefetch is not None:
+                    deliveries, prefetch = await prefetch, None
+                else:
+                    deliveries = await self.consumer.fetch(batch, block_ms=block_ms)
                 await self._check_ownership()
+                if len(deliveries) == batch and not stop.is_set():
+                    # a backlog: the next fetch's round trip (which may queue behind this
+                    # worker's own appends on the server) overlaps processing this batch
+                    prefetch = asyncio.create_task(self.consumer.fetch(batch, block_ms=block_ms))
                 if deliveries:
                     acked, outputs = await self.stages.prepare(
                         deliveries, self._drain_for, seal=False)
@@ -383,6 +392,10 @@ class ConsumerLoop:
                 if burst and not deliveries:
                     break
         finally:
+            if prefetch is not None:  # failing: leave its entries pending for a successor
+                prefetch.cancel()
+                with contextlib.suppress(asyncio.CancelledError, RunwireError):
+                    await prefetch
             await self._flush()
 
     def _merge(self, outputs: dict[str, StreamOutput], acked: list[Delivery], entries: int) -> None:
