@@ -159,10 +159,17 @@ class Processor:
     def missing(self, events: Iterable[Event]) -> set[str]:
         """Destination streams of ``events`` whose checkpoint is not loaded yet."""
         wanted: set[str] = set()
+        streams, parents = self._streams, self.parents
         for event in events:
-            self.parents.learn(event)
-            for run_id in (event.run_id, *self.parents.ancestors(event)):
-                if run_id not in self._streams:
+            if event.parent_id is None:  # a root's own event: no ancestors (most events)
+                if type(event) is ChildSpawn:
+                    parents.learn(event)
+                if event.run_id not in streams:
+                    wanted.add(event.run_id)
+                continue
+            parents.learn(event)
+            for run_id in (event.run_id, *parents.ancestors(event)):
+                if run_id not in streams:
                     wanted.add(run_id)
         return wanted
 
