@@ -120,10 +120,13 @@ class ProcessorStats(msgspec.Struct, kw_only=True):
 
 
 class _Stream:
-    __slots__ = ("coalescer", "last_activity", "sequencer")
+    __slots__ = ("coalescer", "last_activity", "run_id", "sequencer", "state")
 
     def __init__(self, run_id: str, checkpoint: Checkpoint, now: float, window_ms: int) -> None:
+        self.run_id = run_id
         self.sequencer = Sequencer(run_id, checkpoint.sequencer)
+        self.state = self.sequencer.state
+        """The sequencer's state (read on every event)."""
         self.coalescer = DeltaCoalescer(checkpoint.shaper, window_ms=window_ms)
         self.last_activity = now
 
@@ -285,25 +288,20 @@ class Processor:
             if made:  # an event runwire made fans in only where this process holds the streams
                 ancestors = self._loaded_prefix(ancestors)
         own = streams[event.run_id]
-        if ancestors and own.sequencer.state.ancestors != ancestors:
-            own.sequencer.state.ancestors = ancestors
+        if ancestors and own.state.ancestors != ancestors:
+            own.state.ancestors = ancestors
         source = event.child_id or event.run_id
-        self._admit(own, event, source, outputs, now, None)
+        self._admit(own, event, source, outputs, now, None, None)
         if type(event) is RunLifecycle and event.child_id is None and is_terminal(event):
-            own.sequencer.state.terminal = True
+            own.state.terminal = True
         if ancestors:
+            # each copy: the ancestor's run, the originating child, and the ancestor's
+            # own parent/root links (see fanin.fan_in); the root's copy has none
             root = ancestors[-1]
-            last = len(ancestors) - 1
-            for index, ancestor in enumerate(ancestors):
-                # the copy's envelope: the ancestor's run, the originating child, and
-                # the ancestor's own parent/root links (see fanin.fan_in)
-                links: dict[str, str | None] = (
-                    {"run_id": ancestor, "child_id": source, "parent_id": None, "root_id": None}
-                    if index == last
-                    else {"run_id": ancestor, "child_id": source,
-                          "parent_id": ancestors[index + 1], "root_id": root}
-                )
-                self._admit(streams[ancestor], event, source, outputs, now, links)
+            for index in range(len(ancestors) - 1):
+                self._admit(streams[ancestors[index]], event, source, outputs, now,
+                            ancestors[index + 1], root)
+            self._admit(streams[root], event, source, outputs, now, None, None, copy=True)
 
     def _admit(
         self,
@@ -312,21 +310,31 @@ class Processor:
         source: str,
         outputs: dict[str, StreamOutput],
         now: float,
-        links: dict[str, str | None] | None,
+        parent_id: str | None,
+        root_id: str | None,
+        *,
+        copy: bool = False,
     ) -> None:
-        """Sequence ``event`` (rewritten with ``links`` for an ancestor's stream) and shape it."""
-        run_id = stream.sequencer.run_id
+        """Sequence ``event`` and shape it into ``stream``.
+
+        For an ancestor's stream (``parent_id`` set, or ``copy``) the event is
+        rewritten as that stream's copy: ``run_id`` the ancestor, ``child_id``
+        the originating run, ``parent_id``/``root_id`` the ancestor's own links.
+        """
+        run_id = stream.run_id
         output = outputs.get(run_id)
         if output is None:
             output = outputs[run_id] = StreamOutput(run_id=run_id, stream=stream)
-        state = stream.sequencer.state
+        state = stream.state
         published = event.seq
+        copy = copy or parent_id is not None
         if published:
             sources = state.sources
             last = sources.get(source, 0)
             if published != last + 1:  # a duplicate, or a gap: the sequencer's general path
-                if links is not None:
-                    event = replace_struct(event, **links)
+                if copy:
+                    event = replace_struct(event, run_id=run_id, child_id=source,
+                                           parent_id=parent_id, root_id=root_id)
                 admitted = stream.sequencer.admit(event, source)
                 if not admitted:
                     self.stats.duplicates += 1
@@ -341,8 +349,9 @@ class Processor:
         stream.last_activity = now
         seq = state.last_seq = state.last_seq + 1
         stamped = (
-            replace_struct(event, seq=seq) if links is None
-            else replace_struct(event, seq=seq, **links)
+            replace_struct(event, seq=seq, run_id=run_id, child_id=source,
+                           parent_id=parent_id, root_id=root_id)
+            if copy else replace_struct(event, seq=seq)
         )
         output.raw.append(stamped)
         stream.coalescer.feed_into(stamped, output.shaped)
