@@ -8,8 +8,10 @@ For each backend, in the same run:
   fan-in, sequence, shape, replay log append, delivery appends, ack), counted
   from its first fetched batch to the end of its last batch's writes.
 * ``kafka_events_per_s`` — the same through the faust-streaming app
-  (``workers.faust_app``) on Kafka; the Kafka baseline is the bus's own
-  consumer group.
+  (``workers.faust_app``) on Kafka, the first ``--kafka-events`` events
+  (default 30,000), counted from the first fetched entries the app takes to
+  the end of its last writes; the Kafka baseline is the bus's own consumer
+  group.
 
 The workload: ``--runs`` concurrent runs (a parent and two children each), 85 %
 text/reasoning deltas, the rest tool calls and steps, 40-character texts.
@@ -140,7 +142,7 @@ def median_of(repeat: int, make_round: Callable[[], object]) -> tuple[float, flo
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--events", type=int, default=30_000)
-    parser.add_argument("--kafka-events", type=int, default=3_000)
+    parser.add_argument("--kafka-events", type=int, default=30_000)
     parser.add_argument("--runs", type=int, default=200)
     parser.add_argument("--repeat", type=int, default=3)
     parser.add_argument("--only", default="memory,redis,kafka")
@@ -176,7 +178,7 @@ def main() -> None:
             kafka_events = events[: args.kafka_events]
             figures["kafka_events"] = len(kafka_events)
             figures["kafka_events_per_s"], figures["kafka_consume_baseline_per_s"] = median_of(
-                1, lambda: faust_round(f"{url}?prefix=b{{p}}", store(), kafka_events))
+                args.repeat, lambda: faust_round(f"{url}?prefix=b{{p}}", store(), kafka_events))
     finally:
         for service in services:
             service.close()  # type: ignore[attr-defined]

@@ -2,7 +2,11 @@
 
 * **Source**: the bus's ingest topic (``<prefix>.ingest``, one partition per
   shard, keyed and partitioned by root run id — see :mod:`pipeline.bus.kafka`),
-  consumed by one faust agent in consumer group ``--group`` (the app id).
+  consumed by the app in consumer group ``--group`` (the app id). Faust's
+  consumer fetches; each fetched batch of ingest records is handed to the
+  worker whole (:class:`IngestConsumer`) rather than one message at a time
+  through faust's conductor, channel and stream, whose per-message tasks
+  cost more than all of the pipeline's own work.
 * **State**: every delivery stream's checkpoint (sequencer counters, last
   publisher seq per source run, the run's parent chain, terminal flag, open
   shaping windows) lives in the faust table ``streams``, keyed
@@ -15,19 +19,25 @@
 * **Output**: delivery events through :class:`~pipeline.bus.kafka.KafkaBus`
   (``<prefix>.delivery``) and the replay log, in the order the consumer-group
   runtime uses (log → shaped → raw with checkpoint), then the table.
-* **Offsets**: faust acks an event when the agent has finished its batch and
-  commits acked offsets after flushing its producer (table changelog), so a
-  committed offset never runs ahead of the checkpoint and the writes.
+* **Pipelining**: as in the consumer-group runtime, batch N+1 is processed
+  while batch N is written, and batches processed meanwhile are merged into
+  the next write; writes keep batch order.
+* **Offsets**: an entry is acked to faust's consumer only after its batch's
+  writes; faust commits acked offsets after flushing its producer (table
+  changelog), so a committed offset never runs ahead of the checkpoint and
+  the writes. A rebalance waits until the entries taken are written and
+  acked (``stream_wait_empty``) before the partitions move.
 * **Poison** entries go to the bus's dead-letter topic with the reason.
 
-A stop (SIGTERM/SIGINT) waits for the batch in flight, then stops the app;
-entries taken but not processed are not acked and go to the next owner.
+A stop (SIGTERM/SIGINT) writes what was processed, then stops the app;
+entries fetched but not processed are not acked and go to the next owner.
 """
 
 from __future__ import annotations
 
 import asyncio
 import base64
+import contextlib
 import contextvars
 import logging
 import time
@@ -36,30 +46,53 @@ from typing import Any
 
 import faust
 import msgspec
+from faust.serializers import codecs
+from faust.transport.consumer import CONSUMER_FETCHING
+from faust.transport.drivers import aiokafka as faust_kafka
 from faust.types import TP
 
 from pipeline.bus import DeadLetter, Delivery, open_bus
 from pipeline.bus import keys as bus_keys
 from pipeline.bus.kafka import KafkaBus
+from pipeline.errors import BusUnavailable
 from pipeline.processor import DEFAULT_SILENCE_S, Processor, StreamOutput, newest_checkpoint
 from pipeline.store import ReplayLog, open_store
 from workers.runtime import BATCH, TICK_S, Stages, WorkerStats
 
 log = logging.getLogger("runwire.faust")
 
-TAKE = 8 * BATCH
-"""Entries per agent batch: each batch is one replay-log transaction and one produce
-per delivery partition, whose costs barely grow with the batch."""
-TAKE_WITHIN_S = 0.25
-"""How long the agent waits to fill a batch (per-batch writes cost round trips to Kafka)."""
+TAKE = 4 * BATCH
+"""Entries processed in one step (the processor's batch; their writes are merged, see below)."""
+PENDING_ENTRIES = 64 * BATCH
+"""At most this many entries are processed into the pending write while a write is in flight."""
+INTAKE_LIMIT = 16 * BATCH
+"""Fetched entries waiting for the worker before faust's consumer stops fetching."""
+COMMIT_EVERY = 8 * BATCH
+"""Faust commits after this many acks (and every ``broker_commit_interval``)."""
 BURST_IDLE_S = 2.0
 """``--burst``: stop after this long with nothing new once partitions are assigned."""
 HOLE_IDLE_S = 2.0
 """A partition with unprocessed entries below its high water but nothing processed for
 this long is sought back to its first unprocessed entry (see ``_rewind_lost_tails``)."""
 _dead_json = msgspec.json.Encoder()
+_table_json = msgspec.json.Encoder()
+TABLE_CODEC = "runwire-json"
+"""The table's key and value codec: JSON text as faust's ``json`` codec writes it, encoded faster."""
 _current_partition: contextvars.ContextVar[int] = contextvars.ContextVar("partition", default=0)
-"""The ingest partition whose batch is being handled (each runs in its own task)."""
+"""The ingest partition whose entries are being processed (each runs in its own task)."""
+
+
+class _JsonText(codecs.Codec):  # type: ignore[misc]
+    """JSON for the table's text keys and values, by msgspec (faust's ``json`` reads it too)."""
+
+    def _dumps(self, obj: Any) -> bytes:
+        return _table_json.encode(obj)
+
+    def _loads(self, data: bytes) -> Any:
+        return msgspec.json.decode(data)
+
+
+codecs.register(TABLE_CODEC, _JsonText())
 
 
 class StreamTable(faust.Table):  # type: ignore[misc]
@@ -67,6 +100,169 @@ class StreamTable(faust.Table):  # type: ignore[misc]
 
     def partition_for_key(self, key: Any) -> int | None:
         return int(str(key).split(":", 1)[0])
+
+
+class Intake:
+    """Fetched ingest messages waiting for the worker, in fetch order per partition.
+
+    Faust's flow control clears it at the start of a rebalance, as it clears
+    its stream buffers: entries not yet taken are dropped (never acked, so
+    read again by whoever owns their partition next).
+    """
+
+    def __init__(self, limit: int) -> None:
+        self.limit = limit
+        self.messages: list[Any] = []
+        self.ready = asyncio.Event()
+        self.space = asyncio.Event()
+        self.space.set()
+
+    def __len__(self) -> int:
+        return len(self.messages)
+
+    def put(self, messages: list[Any]) -> None:
+        self.messages.extend(messages)
+        self.ready.set()
+        if len(self.messages) >= self.limit:
+            self.space.clear()
+
+    def take(self, most: int) -> list[Any]:
+        taken = self.messages[:most]
+        del self.messages[:most]
+        if not self.messages:
+            self.ready.clear()
+        if len(self.messages) < self.limit:
+            self.space.set()
+        return taken
+
+    def clear(self) -> None:
+        """Drop what is waiting (``FlowControlEvent.clear`` on a rebalance)."""
+        self.messages.clear()
+        self.ready.clear()
+        self.space.set()
+
+
+class IngestConsumer(faust_kafka.Consumer):  # type: ignore[misc]
+    """Faust's aiokafka consumer, handing fetched ingest records to :class:`Intake` in bulk.
+
+    The stock drain loop passes every message through the conductor into a
+    channel queue, the stream and the take buffer, creating tasks for each
+    (about 90 µs a message, more than the whole pipeline's work). Here a
+    fetched batch of ingest records is checked the same way (flow active,
+    generation unchanged, partition active, read offset and gaps), tracked as
+    unacked and appended to the intake at once. Records of other topics (the
+    table changelog during recovery) take faust's own path.
+    """
+
+    async def _drain_messages(self, fetcher: Any) -> None:  # pragma: no cover - faust task
+        intake: Intake | None = getattr(self.app, "intake", None)
+        if intake is None:
+            await super()._drain_messages(fetcher)
+            return
+        consumer_should_stop = self._stopped.is_set
+        fetcher_should_stop = fetcher._stopped.is_set
+        try:
+            while not (consumer_should_stop() or fetcher_should_stop()):
+                while not intake.space.is_set() and not self.should_stop:
+                    with contextlib.suppress(TimeoutError):
+                        await asyncio.wait_for(intake.space.wait(), 1.0)
+                if not self.flow_active:  # a rebalance or a stop: wait, checking for a stop
+                    with contextlib.suppress(TimeoutError):
+                        await asyncio.wait_for(self.can_resume_flow.wait(), 1.0)
+                    continue
+                self.diag.set_flag(CONSUMER_FETCHING)
+                try:
+                    await self._fetch_once(intake)
+                finally:
+                    self.diag.unset_flag(CONSUMER_FETCHING)
+        except self.consumer_stopped_errors:
+            if self.transport.app.should_stop:
+                return
+            raise
+        except asyncio.CancelledError:
+            if self.transport.app.should_stop:
+                return
+            raise
+
+    async def _fetch_once(self, intake: Intake) -> None:
+        """One fetch: ingest records to the intake, others through faust's callback."""
+        app = self.app
+        records, active = await self._wait_next_records(1.0)
+        await asyncio.sleep(0)
+        if records is None or self.should_stop:
+            return
+        if not self.flow_active:
+            # as faust's getmany: fetched while the flow was stopped -> back to the commits
+            with contextlib.suppress(Exception):
+                await self.perform_seek()
+            return
+        generation = app.consumer_generation_id
+        for tp, tp_records in records.items():
+            if not self.flow_active or app.consumer_generation_id != generation:
+                break
+            if not tp_records or not (
+                active is None or tp in active or tp in self._buffered_partitions
+            ):
+                continue
+            app.monitor.track_tp_end_offset(tp, self.highwater(tp))
+            if tp.topic == app.ingest_topic:
+                await self._hand_over(intake, tp, tp_records)
+            else:
+                await self._deliver_each(tp, tp_records)
+        await self._maybe_commit()
+
+    async def _hand_over(self, intake: Intake, tp: TP, records: list[Any]) -> None:
+        read_offset = self._read_offset[tp]
+        acks_enabled = self.app.topics.acks_enabled_for(tp.topic)
+        messages: list[Any] = []
+        to_message = self._to_message
+        for record in records:
+            offset = record.offset
+            if read_offset is not None and offset < read_offset:
+                continue  # faust drops what is below its read offset (re-read after a seek)
+            if read_offset and offset - read_offset > 1 and acks_enabled:
+                await self._add_gap(tp, read_offset + 1, offset)
+            messages.append(to_message(tp, record))
+            read_offset = offset
+        if messages and self.flow_active:
+            track = self.track_message
+            for message in messages:
+                track(message)
+            intake.put(messages)
+            self._read_offset[tp] = read_offset
+
+    async def _deliver_each(self, tp: TP, records: list[Any]) -> None:
+        callback = self.callback
+        for record in records:
+            offset = record.offset
+            read_offset = self._read_offset[tp]
+            if read_offset is None or offset >= read_offset:
+                if offset - (read_offset or 0) > 1 and read_offset:
+                    if self.app.topics.acks_enabled_for(tp.topic):
+                        await self._add_gap(tp, read_offset + 1, offset)
+                await self._maybe_commit()
+                await self.wait_first(callback(self._to_message(tp, record)),
+                                      self.suspend_flow.wait())
+                self._read_offset[tp] = offset
+
+    async def _maybe_commit(self) -> None:
+        if self._commit_every is not None and self._n_acked >= self._commit_every:
+            self._n_acked = 0
+            await self.commit()
+
+
+class IngestTransport(faust_kafka.Transport):  # type: ignore[misc]
+    Consumer = IngestConsumer
+
+
+class WorkerApp(faust.App):  # type: ignore[misc]
+    """The faust app, with its consumer handing ingest batches to :attr:`intake`."""
+
+    intake: Intake | None = None
+    ingest_topic: str = ""
+
+    def _new_transport(self) -> Any:
+        return IngestTransport(self.conf.broker_consumer, self)
 
 
 class FaustWorker:
@@ -87,16 +283,22 @@ class FaustWorker:
         self.stop = stop if stop is not None else asyncio.Event()
         self.burst = burst
         self.name = name
+        self.group = group
         self.stages = Stages(
             bus, store, Processor(silence_s=silence_s), self.stop,
             dead_letter=self._dead_letter, load_state=self._load_state,
         )
+        self.topic_name = bus.topics[bus_keys.KAFKA_INGEST]
+        self.intake = Intake(INTAKE_LIMIT)
         self.app = self._build_app(group)
         self.table = self._build_table()
-        self._lock = asyncio.Lock()
         self._shard_of: dict[str, int] = {}
         self._offsets: dict[int, int] = {}
-        """Highest offset processed per ingest partition."""
+        """Highest offset processed per ingest partition (before a new partition's first: its
+        start offset - 1)."""
+        self._starts: dict[int, asyncio.Future[int | None]] = {}
+        self._lookups: set[asyncio.Task[None]] = set()
+        """New partitions' start offsets (committed, else beginning), being looked up."""
         self._owned: set[int] = set()
         self._resync: set[int] = set()
         """Retained partitions waiting for the re-read after a rebalance."""
@@ -107,11 +309,19 @@ class FaustWorker:
         self._forget = False
         self._assigned = False
         self._last_batch = time.monotonic()
+        self._first_taken: float | None = None
+        self._last_written: float | None = None
+        # the write pipeline (see _consume)
+        self._inflight: asyncio.Task[None] | None = None
+        self._inflight_runs: frozenset[str] = frozenset()
+        self._pending: dict[str, StreamOutput] = {}
+        self._pending_shard: dict[str, int] = {}
+        self._pending_acks: list[Any] = []
         self._define()
 
-    def _build_app(self, group: str) -> faust.App:
+    def _build_app(self, group: str) -> WorkerApp:
         session_s = (self.bus.kafka.session_timeout_ms or self.bus.options.lease_ms) / 1000
-        return faust.App(
+        app = WorkerApp(
             group,
             broker=f"kafka://{self.bus.bootstrap}",
             store="memory://",
@@ -119,10 +329,10 @@ class FaustWorker:
             topic_partitions=self.bus.shards,
             topic_replication_factor=1,
             consumer_auto_offset_reset="earliest",
-            broker_commit_every=TAKE,
+            broker_commit_every=COMMIT_EVERY,
             broker_commit_interval=0.5,
             producer_acks=-1,
-            stream_buffer_maxsize=2 * TAKE,
+            stream_wait_empty=True,
             table_cleanup_interval=3600.0,
             # a dead worker's partitions move after its session times out (the claim idle time)
             broker_session_timeout=session_s,
@@ -130,6 +340,10 @@ class FaustWorker:
             broker_rebalance_timeout=max(session_s, 10.0),
             loghandlers=[],
         )
+        app.intake = self.intake
+        app.ingest_topic = self.topic_name
+        app.flow_control.manage_queue(self.intake)
+        return app
 
     def _build_table(self) -> StreamTable:
         table = StreamTable(
@@ -140,7 +354,8 @@ class FaustWorker:
             # JSON text both ways: faust's changelog recovery decodes values as text,
             # so the msgpack checkpoint is stored base64-encoded.
             schema=faust.Schema(
-                key_type=str, value_type=str, key_serializer="json", value_serializer="json"
+                key_type=str, value_type=str,
+                key_serializer=TABLE_CODEC, value_serializer=TABLE_CODEC,
             ),
         )
         added: StreamTable = self.app.tables.add(table)
@@ -148,86 +363,196 @@ class FaustWorker:
 
     def _define(self) -> None:
         topic = self.app.topic(
-            self.bus.topics[bus_keys.KAFKA_INGEST],
+            self.topic_name,
             key_type=bytes,
             value_type=bytes,
             key_serializer="raw",
             value_serializer="raw",
             partitions=self.bus.shards,
         )
-        self.app.agent(topic, name="runwire-pipeline", concurrency=1)(self._agent)
-        self.app.timer(TICK_S)(self._tick)
+        # subscribed as an agent's stream would be; IngestConsumer hands its records to the intake
+        self.app.topics.add(topic.clone(is_iterator=True))
         self.app.on_partitions_revoked.connect(self._on_revoked)
         self.app.on_partitions_assigned.connect(self._on_assigned)
 
-    # ---- faust callbacks ------------------------------------------------
-    async def _agent(self, stream: faust.StreamT[bytes]) -> None:
-        async for events in stream.take_events(TAKE, within=TAKE_WITHIN_S):
-            self._last_batch = time.monotonic()
-            # Hold each message: take_events acks the batch when the next one is asked
-            # for, and also when the agent is cancelled mid-batch (on stop). Our hold is
-            # released only after the writes, so a batch cut short is never committed.
-            for event in events:
-                event.message.incref()
-            async with self._lock:
-                self._maybe_forget()
-                taken = await self._handle(events)
-            self._last_batch = time.monotonic()
-            for event in taken:
-                event.message.decref()
+    # ---- the worker loop -------------------------------------------------
+    async def _consume(self) -> None:
+        """Take fetched entries, process them and write them, pipelined, until stop.
 
-    async def _handle(self, events: list[Any]) -> list[Any]:
-        """Process a batch; returns the events processed (stale ones are left unacked)."""
+        While a batch's writes are in flight the next batches are processed
+        and merged into one pending write (up to :data:`PENDING_ENTRIES`
+        entries), started when the write in flight is done. Writes keep
+        batch order; entries are acked after their writes. Ticks (shaping
+        windows, silence) go through the same pipeline, after what was
+        processed before them. On stop, what was processed is written.
+        """
+        intake = self.intake
+        next_tick = 0.0
+        pending_entries = 0
+        try:
+            while not self.stop.is_set():
+                if intake.messages:
+                    messages = intake.take(TAKE)
+                    self._last_batch = time.monotonic()
+                    if self._first_taken is None:
+                        self._first_taken = self._last_batch
+                    self._maybe_forget()
+                    pending_entries += await self._process(messages)
+                    inflight_done = self._inflight is None or self._inflight.done()
+                    if inflight_done or pending_entries >= PENDING_ENTRIES:
+                        await self._drain()
+                        self._start_write()
+                        pending_entries = 0
+                else:
+                    await self._flush()
+                    pending_entries = 0
+                    idle = time.monotonic() - self._last_batch > BURST_IDLE_S
+                    if self.burst and self._assigned and idle:
+                        self.stop.set()
+                        break
+                now = time.monotonic()
+                if now >= next_tick:
+                    next_tick = now + TICK_S
+                    await self._tick()
+                if not intake.messages:
+                    with contextlib.suppress(TimeoutError):
+                        await asyncio.wait_for(intake.ready.wait(), TICK_S)
+        finally:
+            await self._flush()
+
+    async def _process(self, messages: list[Any]) -> int:
+        """Process a batch into the pending write; returns how many entries it took."""
         by_partition: dict[int, list[Delivery]] = defaultdict(list)
         taken: list[Any] = []
-        for event in events:
-            message = event.message
-            if self._is_stale(message.partition, message.offset):
-                await self._rewind_over_hole(message.partition)
+        for partition in {message.partition for message in messages}:
+            await self._learn_start(partition)
+        for message in messages:
+            partition, offset = message.partition, message.offset
+            offsets = self._offsets  # (a rebalance may replace these while a seek is awaited)
+            last = offsets.get(partition)
+            if (last is not None and offset == last + 1 and partition in self._owned
+                    and partition not in self._resync and partition not in self._rewound):
+                pass  # the next entry of an owned partition, in order (the common case)
+            elif self._is_stale(partition, offset):
+                await self._rewind_over_hole(partition)
                 continue
-            taken.append(event)
-            self._offsets[message.partition] = max(
-                self._offsets.get(message.partition, -1), message.offset
-            )
-            self._progress[message.partition] = time.monotonic()
-            by_partition[message.partition].append(Delivery(
-                entry_id=f"{message.partition}:{message.offset}",
-                shard=message.partition,
-                data=event.value,
+            taken.append(message)
+            if last is None or offset > last:
+                offsets[partition] = offset
+            by_partition[partition].append(Delivery(
+                entry_id=f"{partition}:{offset}", shard=partition, data=message.value,
             ))
-        # Partitions hold disjoint run trees, so their batches are processed concurrently
-        # and written together: one replay-log transaction and one produce per delivery
-        # partition for the whole batch.
+        now = time.monotonic()
+        for partition in by_partition:
+            self._progress[partition] = now
+        # Partitions hold disjoint run trees, so their entries are processed concurrently.
         prepared = await asyncio.gather(*(
             self._prepare_partition(partition, deliveries)
             for partition, deliveries in by_partition.items()
         ))
-        merged: dict[str, StreamOutput] = {}
-        for outputs in prepared:
-            for run_id, output in outputs.items():
-                earlier = merged.setdefault(run_id, output)
-                if earlier is not output:  # a run fed from two partitions (bad input): keep order
-                    earlier.raw.extend(output.raw)
-                    earlier.shaped.extend(output.shaped)
-                    earlier.state = output.state
-        await self.stages.write(merged)
-        self.stages.busy_until_now()
-        for (partition, deliveries), outputs in zip(by_partition.items(), prepared, strict=True):
-            self._record(outputs, partition)
-            self.stages.stats.acked += len(deliveries)
-        return taken
+        for partition, outputs in zip(by_partition, prepared, strict=True):
+            self._merge(outputs, partition)
+        self._pending_acks.extend(taken)
+        return len(taken)
 
+    async def _prepare_partition(
+        self, partition: int, deliveries: list[Delivery]
+    ) -> dict[str, StreamOutput]:
+        log.debug("%s: partition %d entries %s..%s", self.name, partition,
+                  deliveries[0].entry_id, deliveries[-1].entry_id)
+        _current_partition.set(partition)
+        _, outputs = await self.stages.prepare(deliveries, self._drain_for)
+        return outputs
+
+    def _merge(self, outputs: dict[str, StreamOutput], partition: int | None) -> None:
+        pending = self._pending
+        for run_id, output in outputs.items():
+            shard = partition if partition is not None else self._shard_of.get(run_id)
+            if shard is not None:
+                self._shard_of[run_id] = shard
+                self._pending_shard[run_id] = shard
+            earlier = pending.get(run_id)
+            if earlier is None:
+                pending[run_id] = output
+            else:  # later entries of the same stream: its events follow, its checkpoint wins
+                earlier.raw.extend(output.raw)
+                earlier.shaped.extend(output.shaped)
+                earlier.state, earlier.stream = output.state, output.stream
+
+    def _start_write(self) -> None:
+        """Start writing (then acking) everything pending; the previous write must be drained."""
+        if not self._pending and not self._pending_acks:
+            return
+        outputs, shards, acks = self._pending, self._pending_shard, self._pending_acks
+        self._pending, self._pending_shard, self._pending_acks = {}, {}, []
+        self._inflight_runs = frozenset(outputs)
+        self._inflight = asyncio.create_task(self._write_and_ack(outputs, shards, acks))
+
+    async def _write_and_ack(
+        self, outputs: dict[str, StreamOutput], shards: dict[str, int], acks: list[Any]
+    ) -> None:
+        await self.stages.write(outputs)
+        for run_id, output in outputs.items():
+            shard = shards.get(run_id)
+            if shard is not None:
+                self.table[f"{shard}:{run_id}"] = base64.b64encode(output.state).decode()
+        ack = self.app.consumer.ack
+        for message in acks:
+            ack(message)
+        self.stages.stats.acked += len(acks)
+        if acks:
+            self._last_written = time.monotonic()
+
+    async def _drain(self) -> None:
+        """Wait for the write (and acks) in flight."""
+        if self._inflight is not None:
+            inflight, self._inflight = self._inflight, None
+            await inflight
+
+    async def _flush(self) -> None:
+        """Write and ack everything processed so far, and wait for it."""
+        await self._drain()
+        self._start_write()
+        await self._drain()
+
+    async def _drain_for(self, run_ids: set[str]) -> None:
+        """Before loading checkpoints: write what is pending or in flight for any of them first.
+
+        A stream this process does not hold but is writing (it ended in a
+        batch not yet written and was dropped from memory, or a rebalance
+        made the worker forget it) must be read back only after that write.
+        """
+        if not run_ids.isdisjoint(self._pending):
+            await self._flush()
+        elif self._inflight is not None and not self._inflight_runs.isdisjoint(run_ids):
+            await self._drain()
+
+    async def _tick(self) -> None:
+        """Seek back lost tails; close due windows and end silent runs (written in order)."""
+        self._maybe_forget()
+        await self._rewind_lost_tails()
+        highwaters: dict[int, int | None] = {}
+        outputs = self.stages.processor.tick(
+            caught_up=lambda run_id: self._caught_up(run_id, highwaters)
+        )
+        if outputs:
+            self._merge(outputs, None)
+            if self._inflight is None or self._inflight.done():
+                await self._drain()
+                self._start_write()
+
+    # ---- entries out of order -------------------------------------------
     def _is_stale(self, partition: int, offset: int) -> bool:
         """An entry taken before a rebalance, now ahead of what the stream resumes from.
 
         After a rebalance faust seeks every partition back to its committed
-        offset and drops what it had queued, but entries already in the take
-        buffer still come out first; processing them before the re-read
+        offset and drops what it had queued, but entries already taken
+        could still come first; processing them before the re-read
         entries before them would reorder the partition (and the sequencer
         would take the earlier entries for duplicates). Until the re-read
         reaches us, entries past our last processed offset are skipped and
-        left unacked; the re-read delivers them again, in order. Buffered
-        entries of a partition that moved to another worker are skipped too:
+        left unacked; the re-read delivers them again, in order. Entries of
+        a partition that moved to another worker are skipped too:
         processing them would give that partition's runs two writers.
         """
         if partition not in self._owned:  # moved to another owner: never write its runs
@@ -253,15 +578,20 @@ class FaustWorker:
         The hole of :meth:`_rewind_over_hole` can also be a partition's
         tail: nothing after it to reveal it. A partition whose high water
         is past ``last + 1`` but that has had nothing processed for
-        :data:`HOLE_IDLE_S` is sought back the same way (a busy agent only
-        causes a re-read, which the sequencer drops as duplicates).
+        :data:`HOLE_IDLE_S` is sought back the same way (a busy worker only
+        causes a re-read, which the sequencer drops as duplicates). A new
+        partition counts from its start offset (see :meth:`_on_assigned`),
+        so one that lost every entry before the first was processed is
+        sought back too.
         """
+        for partition, start in list(self._starts.items()):
+            if start.done():  # a new partition none of whose entries arrived yet
+                await self._learn_start(partition)
         now = time.monotonic()
-        topic = self.bus.topics[bus_keys.KAFKA_INGEST]
         for partition, last in list(self._offsets.items()):
-            if now - self._progress.get(partition, now) < HOLE_IDLE_S:
+            if now - self._progress.get(partition, now) < HOLE_IDLE_S or self.intake.messages:
                 continue
-            highwater = self.app.consumer.highwater(TP(topic, partition))
+            highwater = self.app.consumer.highwater(TP(self.topic_name, partition))
             if highwater is not None and highwater > last + 1:
                 await self._rewind_over_hole(partition)
 
@@ -271,7 +601,7 @@ class FaustWorker:
         Faust (0.15) resumes the stream partitions of a new assignment and
         fetches from them while its own seek to the committed offsets is
         still in flight; entries fetched in that window can fail to reach
-        the agent while the fetch position moves on past them. The ingest topic is
+        the worker while the fetch position moves on past them. The ingest topic is
         neither compacted nor transactional, so its offsets are contiguous
         and an entry past ``last + 1`` of an owned partition means entries
         in between were not delivered: they would be lost (the survivor of
@@ -289,41 +619,47 @@ class FaustWorker:
         offset = self._offsets[partition] + 1
         log.warning("%s: entries of ingest partition %d from offset %d were not delivered; "
                     "seeking back to re-read them", self.name, partition, offset)
-        await self.app.consumer.seek(TP(self.bus.topics[bus_keys.KAFKA_INGEST], partition), offset)
+        await self.app.consumer.seek(TP(self.topic_name, partition), offset)
 
-    async def _prepare_partition(
-        self, partition: int, deliveries: list[Delivery]
-    ) -> dict[str, StreamOutput]:
-        log.debug("%s: partition %d entries %s..%s", self.name, partition,
-                  deliveries[0].entry_id, deliveries[-1].entry_id)
-        _current_partition.set(partition)
-        _, outputs = await self.stages.prepare(deliveries)
-        return outputs
+    async def _learn_start(self, partition: int) -> None:
+        """Wait for a newly assigned partition's start offset; it counts as ``last + 1``."""
+        start = self._starts.get(partition)
+        if start is None:
+            return
+        offset = await start
+        if self._starts.get(partition) is start:
+            del self._starts[partition]
+            if offset is not None and partition in self._owned:
+                self._offsets.setdefault(partition, offset - 1)
 
-    def _record(self, outputs: dict[str, StreamOutput], partition: int | None = None) -> None:
-        for run_id, output in outputs.items():
-            shard = partition if partition is not None else self._shard_of.get(run_id)
-            if shard is None:
-                continue
-            self._shard_of[run_id] = shard
-            self.table[f"{shard}:{run_id}"] = base64.b64encode(output.state).decode()
+    async def _lookup_starts(self, partitions: list[int], futures: list[asyncio.Future[int | None]]) -> None:
+        try:
+            starts: dict[int, int] = {}
+            for attempt in range(3):
+                try:
+                    starts = await self.bus.start_offsets(self.group, partitions)
+                    break
+                except BusUnavailable as exc:
+                    log.warning("%s: cannot read the start offsets of %s (%s)%s", self.name,
+                                partitions, exc, "; retrying" if attempt < 2 else "")
+                    await asyncio.sleep(0.5)
+            for partition, future in zip(partitions, futures, strict=True):
+                if not future.done():
+                    future.set_result(starts.get(partition))
+        finally:
+            for future in futures:
+                if not future.done():
+                    future.set_result(None)
 
-    async def _tick(self) -> None:
-        idle = not self._lock.locked() and time.monotonic() - self._last_batch > BURST_IDLE_S
-        if self.burst and self._assigned and idle:
-            self.stop.set()
-        async with self._lock:
-            self._maybe_forget()
-            await self._rewind_lost_tails()
-            self._record(await self.stages.tick(self._caught_up))
-
-    def _caught_up(self, run_id: str) -> bool:
+    # ---- faust callbacks ------------------------------------------------
+    def _caught_up(self, run_id: str, highwaters: dict[int, int | None]) -> bool:
         """Whether everything in the stream's ingest partition up to its high water was processed."""
         partition = self._shard_of.get(run_id)
         if partition is None:
             return True
-        tp = TP(self.bus.topics[bus_keys.KAFKA_INGEST], partition)
-        highwater = self.app.consumer.highwater(tp)
+        if partition not in highwaters:
+            highwaters[partition] = self.app.consumer.highwater(TP(self.topic_name, partition))
+        highwater = highwaters[partition]
         return highwater is None or self._offsets.get(partition, -1) + 1 >= highwater
 
     async def _on_revoked(self, sender: Any, revoked: Any, **_: Any) -> None:
@@ -331,14 +667,33 @@ class FaustWorker:
         self.bus.ownership_changed()
 
     async def _on_assigned(self, sender: Any, assigned: Any, **_: Any) -> None:
-        topic = self.bus.topics[bus_keys.KAFKA_INGEST]
-        owned = sorted(tp.partition for tp in assigned if tp.topic == topic)
+        """Record the new assignment; look up where each new partition starts.
+
+        A new partition's start offset (the group's committed offset, else
+        its beginning) stands for its last processed offset + 1, so entries
+        lost before its first one is processed (see :meth:`_rewind_over_hole`)
+        are a hole like any other: the first entry past it is skipped and the
+        partition sought back, and a partition that lost all of them is
+        sought back on the timer.
+        """
+        owned = sorted(tp.partition for tp in assigned if tp.topic == self.topic_name)
         log.info("%s owns shards %s", self.name, owned)
         retained = self._owned & set(owned)
         for partition in set(self._offsets) - retained:  # another owner may have moved on
             del self._offsets[partition]
         self._resync = retained & set(self._offsets)
         self._owned = set(owned)
+        fresh = [p for p in owned if p not in self._resync]
+        now = time.monotonic()
+        for partition in fresh:
+            self._progress[partition] = now
+        if fresh:
+            futures: list[asyncio.Future[int | None]] = [
+                asyncio.get_running_loop().create_future() for _ in fresh
+            ]
+            self._starts.update(zip(fresh, futures, strict=True))
+            self._lookups.add(task := asyncio.create_task(self._lookup_starts(fresh, futures)))
+            task.add_done_callback(self._lookups.discard)
         self.bus.ownership_changed()
         self._assigned = True
         self._last_batch = time.monotonic()
@@ -367,16 +722,26 @@ class FaustWorker:
 
     # ---- running ------------------------------------------------------------
     async def run(self) -> WorkerStats:
-        """Start the app, run until stop, drain the batch in flight, stop the app."""
+        """Start the app, run until stop, write what was processed, stop the app."""
         started = time.monotonic()
         await self.app.start()
+        consuming = asyncio.create_task(self._consume(), name="runwire-faust-worker")
+        stopping = asyncio.create_task(self.stop.wait())
         try:
-            await self.stop.wait()
-            async with self._lock:  # the batch in flight is written before we leave
-                pass
+            await asyncio.wait({consuming, stopping}, return_when=asyncio.FIRST_COMPLETED)
+            self.stop.set()
+            await consuming  # writes what was processed; raises what stopped it early
         finally:
+            stopping.cancel()
+            consuming.cancel()
+            for lookup in list(self._lookups):
+                lookup.cancel()
+            self.intake.clear()  # not processed: not acked, read again by the next owner
             await self.app.stop()
             self.stages.stats.seconds = time.monotonic() - started
+            if self._first_taken is not None and self._last_written is not None:
+                # from the first fetched entries the worker took to the end of the last writes
+                self.stages.stats.busy_seconds = self._last_written - self._first_taken
         return self.stages.finish_stats()
 
 

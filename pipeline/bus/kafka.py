@@ -6,9 +6,11 @@ Topics (``<prefix>.<kind>``, created at connect; see ``docs/bus.md``):
 topic                  partitions  record key     value
 =====================  ==========  =============  ============================
 ``rw.ingest``          shards      root run id    event JSON
-``rw.delivery``        shards      run id         event JSON, header ``v`` =
-                                                  view; writer state records
-                                                  carry header ``k=s``
+``rw.delivery``        shards      run id         events' JSON, one per line;
+                                                  headers ``v`` = view, ``q``
+                                                  = last seq, ``n`` = count;
+                                                  writer state records carry
+                                                  header ``k=s``
 ``rw.control``         shards      run id         ControlCommand JSON
 ``rw.deadletter``      1           —              DeadLetter JSON
 ``rw.marks.<group>``   shards      —              a group's delivery marks
@@ -31,7 +33,11 @@ by the client's hash, so a run's shard is the same number on every backend.
   fed by one tail of the delivery topic per process; older history is the
   replay log's. An append writes the new events and the writer state as one
   record batch to one partition, which Kafka stores atomically; the state
-  record comes last, so a state is never ahead of its events.
+  record comes last, so a state is never ahead of its events. A stream's
+  new events go as few records (consecutive events, one per line), each
+  naming its last seq in header ``q``, so the tail skips records it already
+  holds (a writer's own appends, written through) without decoding them.
+  Records of one event without header ``n`` (the earlier format) are read too.
 * The brokers used in tests (Tansu) have no idempotent or transactional
   producer, so nothing relies on them: duplicates from producer retries are
   dropped by seq wherever records are read.
@@ -56,7 +62,7 @@ from aiokafka.structs import OffsetAndMetadata
 from ..envelope import Event, decode, encode
 from ..errors import BusUnavailable, ConfigError, ProtocolError
 from . import keys
-from .base import Bus, Consumer, ControlCommand, DeadLetter, Delivery, StreamKey
+from .base import Bus, Consumer, ControlCommand, DeadLetter, Delivery, EncodedAppend, StreamKey
 from .kafka_hot import HotStreams
 from .options import split_url
 
@@ -70,6 +76,11 @@ PASSTHROUGH = (
 )
 _VIEW_HEADER = "v"
 _KIND_HEADER = "k"
+_SEQ_HEADER = "q"
+_COUNT_HEADER = "n"
+_RECORD_EVENTS = 512
+_RECORD_BYTES = 256 * 1024
+"""An event record holds at most this many events / bytes of them (the broker's limit is 1 MiB)."""
 _STATE_KIND = b"s"
 _TOPIC_EXISTS = 36
 _control_json = msgspec.json.Decoder(ControlCommand)
@@ -102,6 +113,36 @@ class KafkaOptions(msgspec.Struct, kw_only=True):
 
 _OWN_STATES_MAX = 100_000
 """Own appended states remembered per epoch (then the tail is caught up on again)."""
+
+
+def _event_records(
+    partition: int,
+    key: bytes,
+    view_header: tuple[str, bytes],
+    events: Sequence[Event],
+    values: Sequence[bytes],
+) -> list[_Record]:
+    """One stream's new events as records of consecutive events each.
+
+    A record's value is its events' canonical JSON, one per line (JSON
+    text holds no raw newline); headers: the view, ``q`` = the last event's
+    seq (a reader that holds it skips the record undecoded), ``n`` = how
+    many events. Fewer records cost less to produce and to read back.
+    """
+    out: list[_Record] = []
+    start = 0
+    while start < len(values):
+        end, size = start, 0
+        while end < len(values) and end - start < _RECORD_EVENTS and (
+            end == start or size + len(values[end]) <= _RECORD_BYTES
+        ):
+            size += len(values[end]) + 1
+            end += 1
+        headers = [view_header, (_SEQ_HEADER, b"%d" % events[end - 1].seq),
+                   (_COUNT_HEADER, b"%d" % (end - start))]
+        out.append((partition, key, b"\n".join(values[start:end]), headers))
+        start = end
+    return out
 
 
 async def _guard(what: str, call: Awaitable[T]) -> T:
@@ -294,6 +335,41 @@ class KafkaBus(Bus):
         finally:
             await reader.stop()
 
+    async def start_offsets(self, group_id: str, partitions: Sequence[int]) -> dict[int, int]:
+        """Where consumer group ``group_id`` resumes each ingest partition.
+
+        Its committed offset, or without one the partition's beginning (the
+        workers reset to the earliest offset): the next offset the group's
+        new owner of the partition is to read.
+        """
+        tps = [TopicPartition(self.topics[keys.KAFKA_INGEST], p) for p in partitions]
+        if not tps:
+            return {}
+        admin = AIOKafkaAdminClient(
+            bootstrap_servers=self.bootstrap, request_timeout_ms=self.kafka.request_timeout_ms
+        )
+        await _guard("connect", admin.start())
+        try:
+            committed = await _guard(
+                "committed offsets", admin.list_consumer_group_offsets(group_id, partitions=tps)
+            )
+        finally:
+            await admin.close()
+        out = {
+            tp.partition: meta.offset for tp, meta in committed.items()
+            if meta is not None and meta.offset >= 0
+        }
+        missing = [tp for tp in tps if tp.partition not in out]
+        if missing:
+            reader = AIOKafkaConsumer(bootstrap_servers=self.bootstrap, enable_auto_commit=False)
+            await _guard("read", reader.start())
+            try:
+                begins = await _guard("read", reader.beginning_offsets(missing))
+            finally:
+                await reader.stop()
+            out.update({tp.partition: offset for tp, offset in begins.items()})
+        return out
+
     async def _last_records(self, topic: str, partitions: Sequence[int]) -> dict[int, Any]:
         """The newest record of each partition (absent when a partition is empty).
 
@@ -383,7 +459,17 @@ class KafkaBus(Bus):
         Each stream's new events and its state are consecutive records of one
         partition, state last, so a stored state never runs ahead of its stream.
         """
-        partitions = sorted({self._delivery_partition(key[0]) for key, _, _ in appends})
+        return await self._append_all([(key, events, None, state) for key, events, state in appends])
+
+    async def append_many_encoded(self, appends: Sequence[EncodedAppend]) -> list[int]:
+        """:meth:`append_many` sending the given encodings (``encode(event)``) as the record values."""
+        return await self._append_all(appends)
+
+    async def _append_all(
+        self, appends: Sequence[tuple[StreamKey, Sequence[Event], Sequence[bytes] | None, bytes | None]]
+    ) -> list[int]:
+        """``(key, events, encoded or None, state)`` appends in one send (see :meth:`append_many`)."""
+        partitions = sorted({self._delivery_partition(append[0][0]) for append in appends})
         tails = await asyncio.gather(*(self._caught_up(p) for p in partitions))
         if not tails:
             return []
@@ -391,22 +477,25 @@ class KafkaBus(Bus):
         last_of: dict[StreamKey, int] = {}
         records: list[_Record] = []
         planned: list[tuple[StreamKey, list[Event], bytes | None]] = []
-        for key, events, state in appends:
+        for key, events, encoded, state in appends:
             run_id, view = key
             last = last_of[key] if key in last_of else tail.streams.last_seq(key)
             fresh: list[Event] = []
-            for event in events:
+            values: list[bytes] = []
+            for index, event in enumerate(events):
                 if event.seq > last:
                     fresh.append(event)
+                    values.append(encode(event) if encoded is None else encoded[index])
                     last = event.seq
             last_of[key] = last
             planned.append((key, fresh, state))
             if not fresh and state is None:
                 continue
             partition = self._delivery_partition(run_id)
-            headers = [(_VIEW_HEADER, view.encode())]
+            view_header = (_VIEW_HEADER, view.encode())
+            headers = [view_header]
             key_bytes = run_id.encode()
-            records.extend((partition, key_bytes, encode(e), headers) for e in fresh)
+            records.extend(_event_records(partition, key_bytes, view_header, fresh, values))
             if state is not None:
                 records.append((partition, key_bytes, state, [*headers, (_KIND_HEADER, _STATE_KIND)]))
         if records:
@@ -511,6 +600,7 @@ class _DeliveryTail:
         self._task: asyncio.Task[None] | None = None
         self._last_sweep = time.monotonic()
 
+
     async def start(self) -> None:
         """Read the retained delivery topic up to its current end, then tail it live."""
         offsets = AIOKafkaConsumer(bootstrap_servers=self.bus.bootstrap, enable_auto_commit=False)
@@ -573,10 +663,18 @@ class _DeliveryTail:
             if headers.get(_KIND_HEADER) == _STATE_KIND:
                 self.streams.set_state(key, record.value, at)
                 continue
-            try:
-                self.streams.add(key, [decode(record.value)], at)
-            except ProtocolError as exc:
-                log.warning("kafka delivery tail: skipping a bad record at %s: %s", record.offset, exc)
+            last = headers.get(_SEQ_HEADER)
+            if last is not None and int(last) <= self.streams.last_seq(key):
+                continue  # held already (this process's own append): no need to decode it
+            values = record.value.split(b"\n") if _COUNT_HEADER in headers else [record.value]
+            events: list[Event] = []
+            for value in values:
+                try:
+                    events.append(decode(value))
+                except ProtocolError as exc:
+                    log.warning("kafka delivery tail: skipping a bad event in the record at %s: %s",
+                                record.offset, exc)
+            self.streams.add(key, events, at)
 
 
 class _Held(msgspec.Struct):

@@ -182,6 +182,8 @@ async def test_state_record_follows_its_events_in_one_partition(
     await kafka_bus.append(("run-s", "shaped"), [event("run-s", 2), event("run-s", 5)], state=b"st")
     records = await read_topic(bootstrap, f"{prefix}.delivery", 4)
     assert {r.partition for r in records} == {shard_for("run-s", 4)}
-    assert [dict(r.headers) for r in records] == [{"v": b"shaped"}, {"v": b"shaped"},
+    # the events as one record (one JSON per line, last seq and count in headers), then the state
+    assert [dict(r.headers) for r in records] == [{"v": b"shaped", "q": b"5", "n": b"2"},
                                                   {"v": b"shaped", "k": b"s"}]
-    assert [r.value for r in records[-1:]] == [b"st"]
+    assert [decode(line).seq for line in records[0].value.split(b"\n")] == [2, 5]
+    assert records[1].value == b"st"
