@@ -504,10 +504,17 @@ class FaustWorker:
             self._last_written = time.monotonic()
 
     async def _drain(self) -> None:
-        """Wait for the write (and acks) in flight."""
-        if self._inflight is not None:
-            inflight, self._inflight = self._inflight, None
+        """Wait for the write (and acks) in flight.
+
+        Partitions prepare concurrently and each may flush (:meth:`_drain_for`):
+        the reference stays until the write is done, so no concurrent flush
+        starts the next write while this one is still in flight.
+        """
+        while self._inflight is not None:
+            inflight = self._inflight
             await inflight
+            if self._inflight is inflight:
+                self._inflight = None
 
     async def _flush(self) -> None:
         """Write and ack everything processed so far, and wait for it."""
