@@ -80,6 +80,9 @@ class Checkpoint(msgspec.Struct, kw_only=True, omit_defaults=True):
 
     sequencer: SequencerState = msgspec.field(default_factory=SequencerState)
     shaper: ShaperState = msgspec.field(default_factory=ShaperState)
+    shaped_seq: int = 0
+    """The seq of the last shaped event emitted. Closing windows (a tick) moves the
+    shaped view but not the sequencer, so progress is ``(sequencer.last_seq, shaped_seq)``."""
 
 
 _encoder = msgspec.msgpack.Encoder()
@@ -87,14 +90,20 @@ _decoder = msgspec.msgpack.Decoder(Checkpoint)
 
 
 def newest_checkpoint(*stored: bytes | None) -> bytes | None:
-    """Of several stored checkpoints of one stream, the one furthest ahead (by delivery seq)."""
+    """Of several stored checkpoints of one stream, the one furthest ahead.
+
+    Ahead by delivery seq, then by shaped seq: a tick that closed windows
+    wrote a checkpoint with the same delivery seq as the one before it, and
+    restoring that earlier one would close the same windows again.
+    """
     best: bytes | None = None
-    best_seq = -1
+    best_key = (-1, -1)
     for data in stored:
         if data:
-            seq = _decoder.decode(data).sequencer.last_seq
-            if seq > best_seq:
-                best, best_seq = data, seq
+            checkpoint = _decoder.decode(data)
+            key = (checkpoint.sequencer.last_seq, checkpoint.shaped_seq)
+            if key > best_key:
+                best, best_key = data, key
     return best
 
 
@@ -120,7 +129,7 @@ class ProcessorStats(msgspec.Struct, kw_only=True):
 
 
 class _Stream:
-    __slots__ = ("coalescer", "last_activity", "run_id", "sequencer", "state")
+    __slots__ = ("coalescer", "last_activity", "run_id", "sequencer", "shaped_seq", "state")
 
     def __init__(self, run_id: str, checkpoint: Checkpoint, now: float, window_ms: int) -> None:
         self.run_id = run_id
@@ -128,12 +137,17 @@ class _Stream:
         self.state = self.sequencer.state
         """The sequencer's state (read on every event)."""
         self.coalescer = DeltaCoalescer(checkpoint.shaper, window_ms=window_ms)
+        self.shaped_seq = checkpoint.shaped_seq
         self.last_activity = now
 
-    def checkpoint(self) -> bytes:
-        return _encoder.encode(
-            Checkpoint(sequencer=self.sequencer.state, shaper=self.coalescer.state)
-        )
+    def checkpoint(self, output: StreamOutput) -> bytes:
+        """The checkpoint after ``output`` (everything this stream emitted since the last one)."""
+        if output.shaped:
+            self.shaped_seq = output.shaped[-1].seq
+        return _encoder.encode(Checkpoint(
+            sequencer=self.sequencer.state, shaper=self.coalescer.state,
+            shaped_seq=self.shaped_seq,
+        ))
 
 
 class Processor:
@@ -242,7 +256,7 @@ class Processor:
         for output in outputs.values():
             stream = output.stream
             if stream is not None:
-                output.state = stream.checkpoint()
+                output.state = stream.checkpoint(output)
                 output.stream = None
         return outputs
 
@@ -368,7 +382,7 @@ class Processor:
         for run_id, output in outputs.items():
             stream = output.stream
             if seal:
-                output.state = stream.checkpoint()
+                output.state = stream.checkpoint(output)
                 output.stream = None
             stats.raw += len(output.raw)
             stats.shaped += len(output.shaped)

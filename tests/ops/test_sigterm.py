@@ -7,7 +7,9 @@ import json
 import signal
 import sqlite3
 import subprocess
+import threading
 import time
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -41,8 +43,22 @@ async def publish(url: str, events: list[Event]) -> None:
         await publisher.publish_events(events)
 
 
+_started: list[subprocess.Popen[str]] = []
+
+
+@pytest.fixture(autouse=True)
+def _no_worker_outlives_its_test() -> Iterator[None]:
+    """A failing test must not leave `runwire worker` processes behind."""
+    yield
+    while _started:
+        proc = _started.pop()
+        if proc.poll() is None:
+            proc.kill()
+            proc.communicate()
+
+
 def start_worker(bus: str, store: str, name: str, *extra: str) -> subprocess.Popen[str]:
-    return subprocess.Popen(
+    proc = subprocess.Popen(
         [
             RUNWIRE,
             "worker",
@@ -61,6 +77,8 @@ def start_worker(bus: str, store: str, name: str, *extra: str) -> subprocess.Pop
         text=True,
         env=runwire_env(),
     )
+    _started.append(proc)
+    return proc
 
 
 def logged_rows(db: Path) -> int:
@@ -135,22 +153,39 @@ def test_sigterm_mid_load_then_a_successor_loses_and_duplicates_nothing(
 def test_sigterm_mid_load_on_kafka_loses_and_duplicates_nothing(
     kafka_url: str, bus_on: Any, tmp_path: Path
 ) -> None:
-    """The same on Kafka, where `runwire worker` is the faust app: SIGTERM commits what it wrote."""
-    events, ancestry = workload(trees=24)  # several agent batches, so SIGTERM lands mid-way
+    """The same on Kafka, where `runwire worker` is the faust app: SIGTERM commits what it wrote.
+
+    The faust app takes what is there in large batches, so the load keeps
+    arriving while it runs (a publisher thread, a slice at a time): the
+    SIGTERM lands while it is working, and the successor finds the rest.
+    """
+    events, ancestry = workload(trees=24)
     bus = bus_on(kafka_url)
-    asyncio.run(publish(bus, events))
+    slices = [events[start : start + 250] for start in range(0, len(events), 250)]
+    asyncio.run(publish(bus, slices[0]))
     db = tmp_path / "replay.db"
     store = f"sqlite:///{db}"
 
+    def publish_the_rest() -> None:
+        for part in slices[1:]:
+            asyncio.run(publish(bus, part))
+            time.sleep(0.05)
+
     first = start_worker(bus, store, "w1")
     deadline = time.monotonic() + 90
-    while logged_rows(db) == 0:
+    while logged_rows(db) == 0:  # the app is up and working
         assert first.poll() is None, first.stderr.read() if first.stderr else ""
         assert time.monotonic() < deadline, "the first worker wrote nothing"
         time.sleep(0.01)
-    first.send_signal(signal.SIGTERM)
-    first_stats = stats_of(first, timeout=90)
-    assert first_stats["entries"] < len(events), "SIGTERM must land mid-way through the load"
+    publisher = threading.Thread(target=publish_the_rest)
+    publisher.start()
+    try:
+        time.sleep(0.4)  # a few slices in
+        first.send_signal(signal.SIGTERM)
+        first_stats = stats_of(first, timeout=90)
+    finally:
+        publisher.join()
+    assert 0 < first_stats["entries"] < len(events), "SIGTERM must land mid-way through the load"
 
     second = start_worker(bus, store, "w2", "--burst")
     stats_of(second, timeout=200)

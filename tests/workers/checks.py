@@ -100,7 +100,18 @@ def assert_r1_r3(raw: Sequence[Event], shaped: Sequence[Event]) -> None:
 
     for child in {e.child_id for e in raw}:
         for kind in DELTA_TYPES:
-            assert text_of(shaped, child, kind) == text_of(raw, child, kind)
+            got, want = text_of(shaped, child, kind), text_of(raw, child, kind)
+            if got != want:
+                at = next((i for i, (a, b) in enumerate(zip(got, want, strict=False)) if a != b),
+                          min(len(got), len(want)))
+                covered = sorted(s for e in shaped if e.type == kind and e.child_id == child
+                                 for s in range(e.span[0], e.span[1] + 1) if e.span)
+                raw_seqs = [e.seq for e in raw if e.type == kind and e.child_id == child]
+                raise AssertionError(
+                    f"R1: {kind} of child {child!r} in {raw[0].run_id}: shaped text has "
+                    f"{len(got)} chars, raw {len(want)}, first difference at {at}; raw seqs "
+                    f"not covered by a shaped span: {sorted(set(raw_seqs) - set(covered))[:20]}; "
+                    f"covered twice: {sorted({s for s in covered if covered.count(s) > 1})[:20]}")
     assert [e for e in shaped if e.type not in DELTA_TYPES] == [
         e for e in raw if e.type not in DELTA_TYPES
     ]

@@ -8,7 +8,7 @@ from collections.abc import Sequence
 
 from pipeline.envelope import DELTA_TYPES, Event, replace
 from pipeline.fanin import ParentMap, fan_in
-from pipeline.processor import Processor
+from pipeline.processor import Processor, newest_checkpoint
 from pipeline.sequencing import Sequencer
 from pipeline.shaping import DeltaCoalescer, shape, ts_millis
 from tests.workers.events import BASE, RunScript
@@ -119,6 +119,27 @@ def test_processor_tick_waits_until_the_stream_is_quiet() -> None:
     now[0] += 0.2
     streams.tick(now[0])
     assert texts(streams.shaped["run_quiet"]) == "a"
+
+
+def test_the_checkpoint_after_a_tick_is_ahead_of_the_one_before() -> None:
+    """A tick closes windows without a new delivery seq; a successor that restored the
+    checkpoint from before it would close the same deltas again (R1 text doubled)."""
+    now = [time.time()]
+    streams = Streams(Processor(clock=lambda: now[0], quiet_s=0.25))
+    run = RunScript("run_ckpt")
+    streams.feed([run.text("a", 0)])
+    before = streams.states["run_ckpt"]
+    now[0] += 1.0
+    streams.tick(now[0])
+    after = streams.states["run_ckpt"]
+    assert texts(streams.shaped["run_ckpt"]) == "a"
+    assert newest_checkpoint(before, after) == newest_checkpoint(after, before) == after
+    assert newest_checkpoint(None, before) == before
+
+    successor = Streams(Processor(clock=lambda: now[0]))
+    successor.states["run_ckpt"] = newest_checkpoint(before, after)  # type: ignore[assignment]
+    successor.feed([run.text("b", 2000), run.lifecycle("done", 2001)])
+    assert texts(streams.shaped["run_ckpt"] + successor.shaped["run_ckpt"]) == "ab"
 
 
 def test_tick_closes_a_quiet_window_after_its_end() -> None:
