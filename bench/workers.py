@@ -141,7 +141,7 @@ def median_of(repeat: int, make_round: Callable[[], object]) -> tuple[float, flo
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--events", type=int, default=30_000)
+    parser.add_argument("--events", type=int, default=100_000)
     parser.add_argument("--kafka-events", type=int, default=30_000)
     parser.add_argument("--runs", type=int, default=200)
     parser.add_argument("--repeat", type=int, default=3)
