@@ -142,6 +142,12 @@ class Intake:
         self.space.set()
 
 
+if not callable(getattr(faust_kafka.Consumer, "_drain_messages", None)):  # pragma: no cover
+    raise ImportError(
+        "this faust-streaming has no Consumer._drain_messages, which the Kafka worker "
+        "replaces; install faust-streaming>=0.15.3,<0.16 (pip install 'runwire[kafka]')")
+
+
 class IngestConsumer(faust_kafka.Consumer):  # type: ignore[misc]
     """Faust's aiokafka consumer, handing fetched ingest records to :class:`Intake` in bulk.
 
