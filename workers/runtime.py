@@ -19,7 +19,6 @@ written and acked, then the consumer leaves its group.
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import functools
 import logging
 import time
@@ -372,17 +371,22 @@ class ConsumerLoop:
         stop = self.stages.stop
         most = batch * PENDING_BATCHES
         prefetch: asyncio.Task[list[Delivery]] | None = None
+        finished = False
         try:
             while not stop.is_set() or prefetch is not None:
                 if prefetch is not None:
                     deliveries, prefetch = await prefetch, None
                 else:
-                    deliveries = await self.consumer.fetch(batch, block_ms=block_ms)
+                    deliveries = await self._fetch(batch, block_ms)
+                fetched = len(deliveries)
                 await self._check_ownership()
-                if len(deliveries) == batch and not stop.is_set():
+                if any(delivery.shard not in self._owned for delivery in deliveries):
+                    # a lease lost since the fetch: the shard's new owner redoes them
+                    deliveries = [d for d in deliveries if d.shard in self._owned]
+                if fetched == batch and not stop.is_set():
                     # a backlog: the next fetch's round trip (which may queue behind this
                     # worker's own appends on the server) overlaps processing this batch
-                    prefetch = asyncio.create_task(self.consumer.fetch(batch, block_ms=block_ms))
+                    prefetch = asyncio.create_task(self._fetch(batch, block_ms))
                 if deliveries:
                     acked, outputs = await self.stages.prepare(
                         deliveries, self._drain_for, seal=False)
@@ -390,18 +394,49 @@ class ConsumerLoop:
                     if self._ready() or self._pending_entries >= most:
                         await self._wait_ready()
                         self._start_write()
-                if len(deliveries) < batch:
+                if fetched < batch:
                     await self._flush()
                     await self._adopt_silent()
                     await self.stages.tick()
-                if burst and not deliveries:
+                if burst and not fetched:
                     break
+            finished = True
         finally:
-            if prefetch is not None:  # failing: leave its entries pending for a successor
+            if prefetch is not None:  # its entries stay pending: redone by whoever owns them
                 prefetch.cancel()
-                with contextlib.suppress(asyncio.CancelledError, RunwireError):
+                try:
                     await prefetch
-            await self._flush()
+                except BaseException as error:
+                    log.debug("prefetch ended with %r", error)
+            if finished:
+                await self._flush()
+            else:
+                await self._abandon()
+
+    async def _fetch(self, batch: int, block_ms: int) -> list[Delivery]:
+        """One fetch, retried while the bus is unavailable (until a stop)."""
+        return await self.stages.retry(lambda: self.consumer.fetch(batch, block_ms=block_ms))
+
+    async def _abandon(self) -> None:
+        """The loop failed: write nothing more, so no checkpoint covers a write that failed.
+
+        Writes in flight are cancelled (each is idempotent and acks only after
+        it is complete); what was processed but not written is dropped. All of
+        it stays pending on the bus and is redone — by this worker's
+        successor, from the stored checkpoints — exactly as after a crash.
+        """
+        writes, self._writes = self._writes, []
+        for write in writes:
+            if write.task is not None:
+                write.task.cancel()
+        for write in writes:
+            if write.task is not None:
+                try:
+                    await write.task
+                except BaseException as error:
+                    log.debug("write abandoned with %r", error)
+        self._pending, self._pending_acks, self._pending_entries = {}, [], 0
+        self.stages.processor.forget_all()
 
     def _merge(self, outputs: dict[str, StreamOutput], acked: list[Delivery], entries: int) -> None:
         pending = self._pending

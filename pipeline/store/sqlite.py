@@ -201,9 +201,16 @@ def _run_info(row: Sequence[Any]) -> RunInfo:
 
 
 def _migrate_from_1(conn: sqlite3.Connection) -> None:
-    """Schema 1 → 2: the events move from the clustered table to a rowid table + index."""
+    """Schema 1 → 2: the events move from the clustered table to a rowid table + index.
+
+    One transaction (it needs free disk for a second copy of the events);
+    a process that opened the file at the same time finds it done.
+    """
     conn.execute("BEGIN IMMEDIATE")
     try:
+        if conn.execute("SELECT max(version) FROM schema_version").fetchone()[0] != 1:
+            conn.execute("COMMIT")  # another process migrated it meanwhile
+            return
         conn.execute(_EVENTS.format(name="events_v2"))
         conn.execute("INSERT INTO events_v2 (run_id, seq, body)"
                      " SELECT run_id, seq, body FROM events ORDER BY run_id, seq")
@@ -213,7 +220,8 @@ def _migrate_from_1(conn: sqlite3.Connection) -> None:
         conn.execute("UPDATE schema_version SET version = 2")
         conn.execute("COMMIT")
     except BaseException:
-        conn.execute("ROLLBACK")
+        if conn.in_transaction:  # SQLite may have rolled back already (e.g. disk full)
+            conn.execute("ROLLBACK")
         raise
 
 

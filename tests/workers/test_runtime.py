@@ -10,6 +10,7 @@ import pytest
 
 from pipeline.bus import Bus, open_bus
 from pipeline.envelope import encode
+from pipeline.errors import StoreError
 from pipeline.store import ReplayLog, open_store
 from tests.workers.checks import assert_delivered_exactly_once, read_all, run_tree
 from tests.workers.events import RunScript
@@ -169,3 +170,37 @@ async def test_append_many_is_append_in_order_and_idempotent(bus: Bus) -> None:
     assert [e.seq for e in await read_all(bus, run.run_id)] == [1, 2]
     assert await bus.load_state((run.run_id, "raw")) == b"s2"
     assert await bus.load_state((other, "raw")) == b"only-state"
+
+
+async def test_a_failed_write_is_redone_whole_never_skipped(tmp_path) -> None:  # type: ignore[no-untyped-def]
+    """A write that fails for good ends the worker without a later write's checkpoint
+    covering it: a successor redoes it from the stored checkpoints, and the streams and
+    the replay log have no hole (the failing write's events would otherwise be taken
+    for duplicates of the checkpoint and never stored)."""
+    async with open_bus("memory://?shards=1") as bus, \
+            open_store(f"sqlite:///{tmp_path}/log.db") as store:
+        run = RunScript("r-fail")
+        events = [run.tool_start(f"c{i}", ms=i) for i in range(1, 3001)]
+        await bus.publish(events)
+        real = store.append_streams
+        calls = 0
+
+        async def failing_second_write(rows):  # type: ignore[no-untyped-def]
+            nonlocal calls
+            calls += 1
+            if calls == 2:
+                await asyncio.sleep(0.2)  # the loop processes more batches meanwhile
+                raise StoreError("disk I/O error")  # not retriable
+            return await real(rows)
+
+        store.append_streams = failing_second_write  # type: ignore[method-assign]
+        with pytest.raises(StoreError):
+            await run_worker(bus, store, group="g", name="w1", burst=True, batch=100)
+        store.append_streams = real  # type: ignore[method-assign]
+        await run_worker(bus, store, group="g", name="w2", burst=True, batch=100,
+                         claim_idle_ms=1)
+        raw = await read_all(bus, "r-fail")
+        logged = await store.read("r-fail")
+    assert [e.seq for e in raw] == list(range(1, 3001))
+    assert [e.id for e in raw] == [e.id for e in events]
+    assert [(e.seq, e.id) for e in logged] == [(e.seq, e.id) for e in raw]
