@@ -100,19 +100,24 @@ def _resp_bytes(value: Any) -> bytes:
     return str(int(value)).encode()
 
 
-def _resp_command(parts: Sequence[bytes | str | int]) -> bytes:
-    """One command in RESP."""
-    encoded = [_resp_bytes(part) for part in parts]
+def _resp_command(parts: Sequence[Any]) -> bytes:
+    """One command in RESP (arguments: bytes, str or int; bytes is the fast path)."""
+    encoded = [part if type(part) is bytes else _resp_bytes(part) for part in parts]
     return b"*%d\r\n" % len(encoded) + b"".join(
         [b"$%d\r\n%b\r\n" % (len(part), part) for part in encoded])
 
 
 def _resp_evalsha(script: Script, call_keys: Sequence[str], args: Sequence[Any]) -> bytes:
-    """One ``EVALSHA`` command in RESP (arguments: bytes, str or int; bytes is the fast path)."""
-    parts = [b"EVALSHA", script.sha.encode(), b"%d" % len(call_keys),
-             *[key.encode() for key in call_keys],
-             *[arg if type(arg) is bytes else _resp_bytes(arg) for arg in args]]
-    return b"*%d\r\n" % len(parts) + b"".join([b"$%d\r\n%b\r\n" % (len(p), p) for p in parts])
+    """One ``EVALSHA`` command in RESP."""
+    return _resp_command([b"EVALSHA", script.sha, len(call_keys), *call_keys, *args])
+
+
+def _raise_errors(results: list[Any]) -> list[Any]:
+    """The replies of a pipeline, raising the first error reply among them."""
+    for result in results:
+        if isinstance(result, Exception):
+            raise result
+    return results
 
 
 def _seq_spec(events: Sequence[Event]) -> bytes:
@@ -199,10 +204,7 @@ class RedisBus(Bus):
                 again = await self._evalsha([calls[i] for i in missing])
                 for index, result in zip(missing, again, strict=True):
                     results[index] = result
-        for result in results:
-            if isinstance(result, Exception):
-                raise result
-        return results
+        return _raise_errors(results)
 
     async def _evalsha(self, calls: Sequence[ScriptCall]) -> list[Any]:
         if len(calls) == 1:
@@ -343,10 +345,7 @@ class RedisBus(Bus):
             again = await self.run_scripts([calls[i] for i in missing])
             for index, result in zip(missing, again, strict=True):
                 results[index] = result
-        for result in results:
-            if isinstance(result, Exception):
-                raise result
-        return results
+        return _raise_errors(results)
 
     async def raw_commands(self, commands: Sequence[Sequence[bytes | str | int]]) -> list[Any]:
         """Commands on a standalone server, their replies raw (no redis-py response parsing).
@@ -357,11 +356,7 @@ class RedisBus(Bus):
         lists of bytes. An error reply is raised (``ResponseError`` …).
         """
         packed = b"".join(_resp_command(command) for command in commands)
-        results = await self._send_packed(packed, len(commands))
-        for result in results:
-            if isinstance(result, Exception):
-                raise result
-        return results
+        return _raise_errors(await self._send_packed(packed, len(commands)))
 
     async def _send_packed(self, packed: bytes, replies: int) -> list[Any]:
         client = self.redis
