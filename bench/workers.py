@@ -12,6 +12,13 @@ For each backend, in the same run:
   (default 30,000), counted from the first fetched entries the app takes to
   the end of its last writes; the Kafka baseline is the bus's own consumer
   group.
+* ``<bus>_cpu_us_<part>`` — CPU µs per published event spent during the
+  worker's run by each part (``bench/cputime.py``): ``loop`` (the event loop's
+  thread), ``log`` (the replay log's SQLite thread), ``other`` threads,
+  ``redis`` (the Redis server, all its threads) or ``broker`` (a Tansu broker
+  started here), and ``_total``; ``redis_<command>_per_event``, the commands
+  Redis ran per published event (a script's inner calls included). These
+  move far less with the machine's load than events/s do.
 
 The workload: ``--runs`` concurrent runs (a parent and two children each), 85 %
 text/reasoning deltas, the rest tool calls and steps, 40-character texts.
@@ -36,7 +43,10 @@ import uuid
 from collections.abc import Callable
 from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from cputime import CpuMeter, code_root, per_event_us
+
+sys.path.insert(0, code_root())
 
 from pipeline.bus import Bus, open_bus
 from pipeline.envelope import Event, format_ts, make
@@ -109,18 +119,27 @@ async def baseline_round(bus_url: str, events: list[Event]) -> float:
         return await consume_baseline(bus, len(events))
 
 
-async def one_round(bus_url: str, store_url: str, events: list[Event]) -> tuple[float, float]:
+Figures = dict[str, float]
+
+
+async def one_round(name: str, bus_url: str, store_url: str, events: list[Event],
+                    meter: CpuMeter) -> Figures:
     baseline = await baseline_round(bus_url.replace("{p}", uuid.uuid4().hex[:8]), events)
     async with open_bus(bus_url.replace("{p}", uuid.uuid4().hex[:8])) as bus, \
             open_store(store_url) as store:
         await publish(bus, events)
+        meter.start()
         stats = await run_worker(bus, store, group=f"w-{uuid.uuid4().hex[:6]}", name="w1",
                                  burst=True, batch=2048)
+        cpu = meter.stop()
         assert stats.entries >= len(events), stats
-        return len(events) / stats.busy_seconds, baseline
+        return {f"{name}_events_per_s": len(events) / stats.busy_seconds,
+                f"{name}_consume_baseline_per_s": baseline,
+                **per_event_us(cpu, len(events), name)}
 
 
-async def faust_round(bus_url: str, store_url: str, events: list[Event]) -> tuple[float, float]:
+async def faust_round(bus_url: str, store_url: str, events: list[Event],
+                      meter: CpuMeter) -> Figures:
     from workers.faust_app import FaustWorker
 
     baseline = await baseline_round(bus_url.replace("{p}", uuid.uuid4().hex[:8]), events)
@@ -129,14 +148,20 @@ async def faust_round(bus_url: str, store_url: str, events: list[Event]) -> tupl
         await publish(bus, events)
         worker = FaustWorker(bus, store, group=f"f-{uuid.uuid4().hex[:6]}", name="f1",  # type: ignore[arg-type]
                              burst=True)
+        meter.start()
         stats = await worker.run()
+        cpu = meter.stop()
         assert stats.entries >= len(events), stats
-        return len(events) / stats.busy_seconds, baseline
+        return {"kafka_events_per_s": len(events) / stats.busy_seconds,
+                "kafka_consume_baseline_per_s": baseline,
+                **per_event_us(cpu, len(events), "kafka")}
 
 
-def median_of(repeat: int, make_round: Callable[[], object]) -> tuple[float, float]:
-    results = [asyncio.run(make_round()) for _ in range(repeat)]  # type: ignore[arg-type]
-    return statistics.median(r[0] for r in results), statistics.median(r[1] for r in results)
+def median_of(repeat: int, make_round: Callable[[], object]) -> Figures:
+    """Each figure's median over ``repeat`` rounds."""
+    results: list[Figures] = [asyncio.run(make_round()) for _ in range(repeat)]  # type: ignore[arg-type]
+    return {key: statistics.median(r.get(key, 0.0) for r in results)
+            for key in dict.fromkeys(k for r in results for k in r)}
 
 
 def main() -> None:
@@ -164,21 +189,23 @@ def main() -> None:
     services: list[object] = []
     try:
         if "memory" in wanted:
-            figures["memory_events_per_s"], figures["memory_consume_baseline_per_s"] = median_of(
-                args.repeat, lambda: one_round("memory://?max_backlog=10000000", store(), events))
+            figures |= median_of(args.repeat, lambda: one_round(
+                "memory", "memory://?max_backlog=10000000", store(), events, CpuMeter()))
         if "redis" in wanted:
             url = args.redis or _start("RedisServer", services)
-            figures["redis_events_per_s"], figures["redis_consume_baseline_per_s"] = median_of(
-                args.repeat,
-                lambda: one_round(f"{url}?prefix=b{{p}}", store(), events))
+            meter = CpuMeter(redis_url=url)
+            figures |= median_of(args.repeat, lambda: one_round(
+                "redis", f"{url}?prefix=b{{p}}", store(), events, meter))
             figures["redis_worker_to_baseline"] = (
                 figures["redis_events_per_s"] / figures["redis_consume_baseline_per_s"])
         if "kafka" in wanted:
+            started = len(services)
             url = args.kafka or _start("TansuBroker", services)
+            pids = {"broker": services[-1].proc.pid} if len(services) > started else {}  # type: ignore[attr-defined]
             kafka_events = events[: args.kafka_events]
             figures["kafka_events"] = len(kafka_events)
-            figures["kafka_events_per_s"], figures["kafka_consume_baseline_per_s"] = median_of(
-                args.repeat, lambda: faust_round(f"{url}?prefix=b{{p}}", store(), kafka_events))
+            figures |= median_of(args.repeat, lambda: faust_round(
+                f"{url}?prefix=b{{p}}", store(), kafka_events, CpuMeter(pids=pids)))
     finally:
         for service in services:
             service.close()  # type: ignore[attr-defined]
@@ -186,7 +213,7 @@ def main() -> None:
         print(json.dumps(figures, indent=2))
     else:
         for key, value in figures.items():
-            print(f"{key:36s} {value:>14,.1f}")
+            print(f"{key:40s} {value:>14,.2f}")
 
 
 def _start(kind: str, services: list[object]) -> str:
