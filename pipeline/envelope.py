@@ -1,4 +1,4 @@
-"""The canonical envelope (seed 003 §2–3) as msgspec Structs.
+"""The canonical envelope (Koder agent stream §2–3) as msgspec Structs.
 
 Every event is one JSON object ``{id, ts, type, run_id, child_id, seq, payload}``.
 Each of the eight core types is a tagged Struct with a typed payload, so one
@@ -9,12 +9,12 @@ Extensions (documented in ``docs/protocols.md``):
 * ``x.<namespace>.<name>`` types carry events of the other protocol documents
   that have no core type (``x.loom.node_enter``, ``x.cogency.execute``,
   ``x.mcp.await_questions`` …). Their payload is a JSON object kept verbatim.
-  ``x.usage`` (token usage) and ``x.gap`` (a publisher seq gap, T2) are
+  ``x.usage`` (token usage) and ``x.gap`` (a publisher seq gap, §7 T2) are
   runwire's own and typed.
 * ``ext`` (envelope, optional): fields of a source format that have no
   canonical home, keyed by format name, so that F → koder → F is lossless.
 * ``span`` (envelope, optional): on a shaped event, the raw seq range
-  ``[first, last]`` it covers (R1).
+  ``[first, last]`` it covers (§4 R1).
 * ``parent_id`` / ``root_id`` (envelope, optional): set by the publisher SDK on
   a child run's events so workers can fan them in.
 * ``tenant`` (envelope, optional): the tenant a run belongs to (auth, listing,

@@ -3,10 +3,10 @@
 An event of run ``C`` always goes to ``C``'s own stream. When ``C`` is a child
 run (its events carry ``parent_id``, and ``root_id`` for deeper trees) it also
 goes to its parent's stream and recursively up to the root's, with ``run_id``
-set to that ancestor and ``child_id`` to the originating run ``C`` (seed 003
+set to that ancestor and ``child_id`` to the originating run ``C`` (Koder agent stream
 §3.6: "events from the child stream appear in the parent stream with child_id
 set"). Each child keeps its own stream, so a client can follow it alone or see
-it only as a link (seed 004's ``child_run_linked``).
+it only as a link (the loom-mcp stream package's ``child_run_linked``).
 
 Parent links are learned from events (``parent_id``/``root_id``) and from the
 parent's ``child.spawn``. An event fans in only when it carries its own parent

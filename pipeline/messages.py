@@ -1,4 +1,4 @@
-"""Re-assemble a stored run's chat messages (seed 002, "Storage → Messages Transformation").
+"""Re-assemble a stored run's chat messages (Cogency streaming protocol, "Storage → Messages Transformation").
 
 Input is a run's canonical events in seq order (raw or shaped view: deltas
 are concatenated either way). Two output styles:
@@ -12,9 +12,9 @@ are concatenated either way). Two output styles:
     {"role": "tool", "tool_call_id": "c1", "content": "..."}
     {"role": "assistant", "content": "fixed the bug"}
 
-``cogency`` — seed 002's own wire shape: reasoning as ``<think>…</think>``,
+``cogency`` — the Cogency streaming protocol's own wire shape: reasoning as ``<think>…</think>``,
 a turn's calls batched as ``<execute>[…]</execute>``, tool results as a
-*user* message ``<results>[…]</results>`` (seed 002: "Tool results become
+*user* message ``<results>[…]</results>`` (Cogency streaming protocol: "Tool results become
 user messages"), the answer as plain assistant text.
 
 Mapping: ``x.<ns>.user`` events with a string ``content`` (cogency's ``user``
@@ -22,7 +22,7 @@ becomes ``x.cogency.user``) → user messages; ``text.delta`` → assistant
 text; ``reasoning.delta`` → left out in ``chat`` unless ``reasoning=True``
 (then ``reasoning_content``), ``<think>`` in ``cogency``; ``tool.start`` →
 a tool call of the open assistant turn; ``tool.end`` (or a result stored in
-seed 002's text form, ``x.<ns>.result``, answering the oldest open call) →
+the Cogency streaming protocol's text form, ``x.<ns>.result``, answering the oldest open call) →
 a tool result, which closes the turn. Events of child runs (``child_id`` set) are left out unless
 ``children=True``. Other events (steps, lifecycle, usage …) carry no message.
 """
@@ -48,7 +48,7 @@ def _as_text(value: Any) -> str:
 def stored_result(event: Event) -> tuple[bool, Any] | None:
     """``(ok, content)`` of a result stored in its text form (``x.<ns>.result``), else None.
 
-    Seed 002 stores ``{"type": "result", "content": "{\"outcome\": …, \"content\": …}"}``;
+    The Cogency streaming protocol stores ``{"type": "result", "content": "{\"outcome\": …, \"content\": …}"}``;
     it answers the oldest unanswered call.
     """
     if not isinstance(event, Extension) or not event.type.endswith(".result"):

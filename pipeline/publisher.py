@@ -26,7 +26,7 @@ What it guarantees:
   :class:`~pipeline.errors.DeliveryTimeout` names each ``(run_id, seq)`` that
   was not delivered; it is raised from the emits that were waiting, else from
   the next ``emit``/``flush``/``close``. The publisher stays usable: once the
-  bus answers again, new events flow (the lost seqs show up as a gap, T2).
+  bus answers again, new events flow (the lost seqs show up as a gap, Koder agent stream §7 T2).
 * **Graceful close.** Leaving the ``async with`` block flushes what is queued.
 * **Child runs.** ``pub.run(child_id, parent=run)`` puts ``parent_id`` and
   ``root_id`` on every event of the child, so workers fan it into its parent

@@ -7,7 +7,7 @@ A :class:`Sequencer` is the single writer's view of one delivery stream:
   entry the bus delivers twice is dropped and counted (``duplicates``);
 * when a source's publisher seq jumps (``seq > last + 1``) it emits an
   ``x.gap`` event naming the missing range before the event, so a client sees
-  that something was lost (seed 003 T2: "client receiving events out-of-seq
+  that something was lost (Koder agent stream §7 T2: "client receiving events out-of-seq
   detects gap").
 
 Publisher seq 0 means "not sequenced by the publisher": such events are

@@ -1,13 +1,13 @@
-"""Shaping (seed 003 §4, R1 and R3): the *shaped* view of one delivery stream.
+"""Shaping (Koder agent stream §4, R1 and R3): the *shaped* view of one delivery stream.
 
-R1 — ``reasoning.delta`` and ``text.delta`` are coalesced per
+§4 R1 — ``reasoning.delta`` and ``text.delta`` are coalesced per
 ``(child_id, type)`` in windows of 100 ms of **event time** (``ts``), each
 window anchored at its first delta; the texts are concatenated in order. A
 window closes when a later delta of the stream has ``ts`` at or past its end,
-when a non-delta event arrives (R3), or, live, when the wall clock passes its
+when a non-delta event arrives (§4 R3), or, live, when the wall clock passes its
 end (:meth:`DeltaCoalescer.tick`) so an agent's last words are not held back.
 
-R3 — any other event first flushes the stream's pending deltas, then goes out
+§4 R3 — any other event first flushes the stream's pending deltas, then goes out
 at once, never batched, its raw seq unchanged.
 
 A shaped delta has ``seq`` = the last raw seq it covers and
@@ -32,7 +32,7 @@ import msgspec
 from .envelope import Event, ReasoningDelta, TextDelta, TextPayload, replace
 
 WINDOW_MS = 100
-"""R1's aggregation window: at most 10 shaped deltas per second per (child, type)."""
+"""§4 R1's aggregation window: at most 10 shaped deltas per second per (child, type)."""
 
 
 _last_ts: tuple[str, int] = ("", 0)
@@ -101,7 +101,7 @@ class DeltaCoalescer:
         """:meth:`feed`, appending the shaped events now ready to ``out``."""
         suffix = _KEY_SUFFIX.get(type(event))
         windows = self.state.windows
-        if suffix is None:  # not a delta (R3): flush, then the event itself
+        if suffix is None:  # not a delta (§4 R3): flush, then the event itself
             if windows:
                 out.extend(self._close(_always))
             out.append(event)
@@ -128,7 +128,7 @@ class DeltaCoalescer:
         return self._close(lambda window: window.end_ms + grace_ms <= now_ms)
 
     def flush(self) -> list[Event]:
-        """Close every open window (R3: before any non-delta event; at the end of a replay)."""
+        """Close every open window (§4 R3: before any non-delta event; at the end of a replay)."""
         if not self.state.windows:
             return []
         return self._close(_always)

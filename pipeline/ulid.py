@@ -2,7 +2,7 @@
 
 A ULID is 48 bits of milliseconds and 80 random bits in Crockford base32.
 Within one millisecond this generator increments the random part, so ids are
-strictly increasing per generator (seed 003: "ULID, monotonic per stream").
+strictly increasing per generator (Koder agent stream §2: "ULID, monotonic per stream").
 python-ulid has no monotonic factory; this one is hand-written because the
 publisher makes one id per event on its hot path.
 """

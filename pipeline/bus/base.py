@@ -8,7 +8,7 @@ Three things travel on the bus:
   one shard and has one serial owner. Consumed in named consumer groups with
   explicit ack after processing (at-least-once).
 * **delivery** — per-run streams written by workers: view ``raw`` (every
-  event) and ``shaped`` (coalesced, R1). Appends are idempotent on
+  event) and ``shaped`` (deltas coalesced, Koder agent stream §4 R1). Appends are idempotent on
   ``(run_id, view, seq)``; readers read after a seq and tail live. Bounded by
   length and age; older history is in the replay log.
 * **control** — per-run commands from clients to the agent (cancel, pause …).

@@ -1,4 +1,4 @@
-"""One client's bounded queue of frames, with the R4 drop policy.
+"""One client's bounded queue of frames, with the slow-client drop policy of Koder agent stream §4 R4.
 
 The hub puts frames in without ever waiting; the client's writer takes them
 out in batches. The queue is bounded in frames and in bytes. When a frame
@@ -33,7 +33,7 @@ class ClientQueue:
         self.max_frames = max_frames
         self.max_bytes = max_bytes
         self.dropped = 0
-        """Events dropped for this client (R4); reported in its terminal run.lifecycle."""
+        """Events dropped for this client (§4 R4); reported in its terminal run.lifecycle."""
         self.dropped_by_type: dict[str, int] = {}
         self.on_overflow: Callable[[], None] | None = None
         self.last_write = time.monotonic()
@@ -58,7 +58,7 @@ class ClientQueue:
         return True
 
     def put_many(self, frames: list[Frame]) -> list[Frame]:
-        """Queue frames in order with one wake; returns the ones dropped (R4)."""
+        """Queue frames in order with one wake; returns the ones dropped (§4 R4)."""
         size = 0
         for frame in frames:
             size += frame.size

@@ -1,10 +1,10 @@
-"""Which events a feed carries: audience profile (seed 004) and child handling.
+"""Which events a feed carries: audience profile (loom-mcp stream package) and child handling.
 
 Profiles come from :mod:`pipeline.protocols.profiles` (``default``,
 ``debug``, ``user`` / ``user-chat``, ``metrics``). ``children=link`` leaves
 events that came from a child run (``child_id`` set) out of the parent
 stream; the parent's ``child.spawn`` stays as the link a UI follows to the
-child's own stream. ``flatten`` keeps them (T5).
+child's own stream. ``flatten`` keeps them (Koder agent stream §7 T5).
 """
 
 from __future__ import annotations

@@ -5,7 +5,7 @@ transport then frames those bytes once (SSE, NDJSON) and the same ``bytes``
 object is written to every client. SSE framing is a few bytes per frame
 (``id: N\\ndata: …\\n\\n``), so it is written here on the pre-encoded bytes
 rather than through ``sse-starlette``, whose per-client ``ServerSentEvent``
-objects would re-render every frame once per client (PITFALLS 17).
+objects would re-render every frame once per client. Encoding per client is what makes fan-out cost grow with clients.
 """
 
 from __future__ import annotations
@@ -19,7 +19,7 @@ from ..envelope import Event
 DROP_REASONING = 0
 DROP_TEXT = 1
 NEVER_DROP = 2
-"""Drop ranks (R4): reasoning deltas go first, then text deltas; the rest never."""
+"""Drop ranks (Koder agent stream §4 R4): reasoning deltas go first, then text deltas; the rest never."""
 
 _RANKS = {"reasoning.delta": DROP_REASONING, "text.delta": DROP_TEXT}
 _json = msgspec.json.Encoder()
@@ -28,7 +28,7 @@ VariantFactory = Callable[[int], list[bytes]]
 
 
 def drop_rank(event: Event, frame_count: int) -> int:
-    """R4 rank of an event's frames.
+    """Drop rank (§4 R4) of an event's frames.
 
     A delta whose encoding is more than one frame also opens or closes
     something in its format (AG-UI ``TEXT_MESSAGE_START``, AI SDK
@@ -78,7 +78,7 @@ class Frame:
         return self._ndjson
 
     def with_dropped(self, dropped: int) -> Frame:
-        """This terminal frame as one client sees it after ``dropped`` R4 drops."""
+        """This terminal frame as one client sees it after ``dropped`` slow-client drops."""
         if not dropped or self.variant is None:
             return self
         return Frame(self.variant(dropped), seq=self.seq, terminal=True, event_type=self.event_type)

@@ -6,7 +6,7 @@
 * A **feed** is what a group of clients asked for on one stream:
   ``(format, profile, children)``. It owns one egress encoder, so each event
   is filtered and encoded once per feed and the same bytes go to every
-  client (PITFALLS 17). Egress codecs are deterministic, so a feed created
+  client (never encoded per client). Egress codecs are deterministic, so a feed created
   mid-run is primed with the stream's history and is then in the same state
   as one that streamed it live.
 * Putting a frame in a client's queue never waits (see ``clients.py``), so a
@@ -291,7 +291,7 @@ class Hub:
                 log.exception("edge hub: dispatch failed; continuing")
 
     async def _fill_holes(self, batch: list[tuple[StreamKey, Event]]) -> list[tuple[StreamKey, Event]]:
-        """Put back what a tail read skipped, so live clients never lose events silently (PITFALLS 8).
+        """Put back what a tail read skipped, so live clients never lose events silently (a gap is filled or reported, never skipped).
 
         A burst longer than the bus's ``maxlen`` between two reads trims the
         hot stream past the hub's cursor: the read then starts after a hole.

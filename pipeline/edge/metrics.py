@@ -23,7 +23,7 @@ class EdgeMetrics:
             "runwire_edge_frames_out", "Frames written to clients", ["format"], registry=r
         )
         self.drops = Counter(
-            "runwire_edge_drops", "Events dropped for slow clients (R4)", ["type"], registry=r
+            "runwire_edge_drops", "Events dropped for slow clients (reasoning deltas first, then text deltas)", ["type"], registry=r
         )
         self.disconnects = Counter(
             "runwire_edge_disconnects", "Streams closed by the edge", ["code"], registry=r
@@ -45,7 +45,7 @@ class EdgeMetrics:
         self._drop_counters: dict[str, Counter] = {}
 
     def dropped(self, event_type: str) -> None:
-        """Count one R4 drop (label children cached: this runs once per dropped delivery)."""
+        """Count one slow-client drop (label children cached: this runs once per dropped delivery)."""
         counter = self._drop_counters.get(event_type)
         if counter is None:
             counter = self._drop_counters[event_type] = self.drops.labels(event_type)

@@ -4,7 +4,7 @@ A client resuming after seq ``c`` while the live position is ``P`` needs
 exactly the events in ``(c, P]``. The hub captured ``P`` *before* any history
 is read and buffers live events after ``P`` in the client's queue; the
 session writes history up to ``P`` and then the buffer, skipping any seq it
-already sent (PITFALLS 9: capture, buffer, dedupe). This module only reads
+already sent (capture the position, buffer live events, dedupe on seq). This module only reads
 ``(c, P]``:
 
 * from the hot delivery stream while it still covers ``c + 1``;

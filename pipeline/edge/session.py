@@ -1,6 +1,6 @@
 """One client's stream, whatever the transport: attach, catch up, go live, end.
 
-The order matters (PITFALLS 9): the client is attached to its feed first —
+The order matters (live events arrive while history is read): the client is attached to its feed first —
 from then on live frames after the feed's position ``P`` queue up for it —
 then history ``(after, P]`` is written, then the queue, skipping any seq
 already written. Nothing is lost at the seam and nothing is sent twice.
@@ -178,7 +178,7 @@ class StreamSession:
 
 
 class Overflowed(Exception):
-    """The client could not take even control events (R4): disconnect with BUF-0001."""
+    """The client could not take even control events (Koder agent stream §4 R4): disconnect with BUF-0001."""
 
     code = BUF_DROP
 

@@ -13,11 +13,11 @@ class EdgeSettings(msgspec.Struct, kw_only=True, forbid_unknown_fields=True, fro
     """
 
     keepalive_s: float = 15.0
-    """Seconds between ``: keepalive`` comments on an idle SSE stream (seed 003 §5.1)."""
+    """Seconds between ``: keepalive`` comments on an idle SSE stream (Koder agent stream §5.1)."""
     client_queue_bytes: int = 512 * 1024
-    """Bytes of encoded frames one client may have queued before R4 drops start."""
+    """Bytes of encoded frames one client may have queued before slow-client drops start (Koder agent stream §4 R4)."""
     client_queue_events: int = 2048
-    """Frames one client may have queued before R4 drops start."""
+    """Frames one client may have queued before slow-client drops start (Koder agent stream §4 R4)."""
     silence_s: float = 330.0
     """A run with no event for this long and no terminal event is ended as ``error``
     on every stream the edge serves, so no client waits forever (0 disables). A little
@@ -33,4 +33,4 @@ class EdgeSettings(msgspec.Struct, kw_only=True, forbid_unknown_fields=True, fro
     write_timeout_s: float = 2.0
     """How long a final error frame may take to reach a client before the connection is closed."""
     default_detail: str = "shaped"
-    """``detail`` when the client does not ask (``shaped`` per R1)."""
+    """``detail`` when the client does not ask (``shaped``: Koder agent stream §4 R1)."""

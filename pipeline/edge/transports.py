@@ -4,7 +4,7 @@ Streaming HTTP is served as a plain ASGI callable rather than a
 ``StreamingResponse``: it sends pre-rendered bytes (see ``frames.py``) and
 watches for ``http.disconnect`` with one small task per client. A client
 closing its connection is a disconnect (``KAI-STREAM-CONN-0001`` in the
-metrics), never a cancel of the run (PITFALLS 14).
+metrics), never a cancel of the run: cancelling is a control command, and closing a tab must not stop the agent.
 """
 
 from __future__ import annotations
@@ -75,7 +75,7 @@ class HttpSink(Sink):
 
 
 class WebSocketSink(Sink):
-    """Text frames only (seed 003 §5.2): one WebSocket message per format frame."""
+    """Text frames only (Koder agent stream §5.2): one WebSocket message per format frame."""
 
     def __init__(self, websocket: WebSocket, format_name: str) -> None:
         self.websocket = websocket

@@ -1,4 +1,4 @@
-"""``cogency``: seed 002's event stream, in and out.
+"""``cogency``: the Cogency streaming protocol's event stream, in and out.
 
 Frames are NDJSON objects ``{"type": ..., ...}`` of ten types. Mapping (see
 ``docs/protocols.md``):
@@ -26,7 +26,7 @@ cogency        canonical
                survive, so it is not terminal)
 =============  ==========================================================
 
-``timestamp`` (float seconds) becomes ``ts``. Lossless (T1): ingest renders
+``timestamp`` (float seconds) becomes ``ts``. Lossless (Koder agent stream §7 T1): ingest renders
 each event back with the egress rendering and keeps the difference in
 ``ext["cogency"]`` (:mod:`.framediff`), so cogency → canonical → cogency
 returns every frame field for field.
@@ -73,7 +73,7 @@ def _ts_of(seconds: float) -> str:
 
 
 def call_content(tool: str, args: Any) -> str:
-    """The ``content`` of a cogency ``call`` frame (``json.dumps`` default spacing, as in seed 002)."""
+    """The ``content`` of a cogency ``call`` frame (``json.dumps`` default spacing, as in the Cogency streaming protocol)."""
     return json.dumps({"name": tool, "args": args}, ensure_ascii=False)
 
 

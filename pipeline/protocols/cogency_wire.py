@@ -1,4 +1,4 @@
-"""``cogency-wire`` (ingest only): seed 002's raw LLM text protocol, parsed incrementally.
+"""``cogency-wire`` (ingest only): the Cogency streaming protocol's raw LLM text protocol, parsed incrementally.
 
 The LLM writes ``<think>…</think>``, ``<execute>[…]</execute>``,
 ``<results>[…]</results>`` and ``<respond>…</respond>``; text outside any
@@ -12,11 +12,11 @@ anywhere) and emits events as soon as they are known:
   segment is dropped, so the blank lines between blocks produce nothing.
 * ``<execute>[{"name", "args"}, …]</execute>`` → one ``tool.start`` per call
   (``call_id`` = ``<run_id>.call.<n>``, n counting calls from 1), then
-  ``x.cogency.execute`` — the same events seed 002's event stream has.
+  ``x.cogency.execute`` — the same events the Cogency streaming protocol's event stream has.
 * ``<results>[{"tool", "status", "content"}, …]</results>`` → one
   ``tool.end`` per result, answering the open calls in order
   (``ok = status == "success"``).
-* A block that is not valid JSON (seed 002: "Invalid JSON is an error:
+* A block that is not valid JSON (Cogency streaming protocol: "Invalid JSON is an error:
   Parser rejects and reports error") → ``x.cogency.error`` with
   ``{"payload": {"error": …, "block": …}}``; parsing continues after it.
 

@@ -5,14 +5,14 @@ the answer is the one format every line fits. The shapes:
 
 * ``koder`` — an object with ``id``, ``ts``, ``type``, ``run_id``, ``seq`` and
   ``payload``;
-* ``loom-export`` — an object with exactly one key, a seed 000 §6 name
+* ``loom-export`` — an object with exactly one key, a Loom streaming output §6 name
   (``RunStart``, ``Messages`` …) whose value is an object;
 * ``loom-mcp`` — a Pulse envelope: ``type`` a loom-mcp event type (or a
   canonical type name), every key one of ``type, event_key, run_id,
   session_id, timestamp, payload, server_data``, and ``run_id`` present;
-* ``loom`` — ``type`` a seed 000 event type (payload fields alongside it), or
+* ``loom`` — ``type`` a Loom streaming output event type (payload fields alongside it), or
   no ``type`` and a ``reply``;
-* ``cogency`` — ``type`` one of seed 002's ten event types;
+* ``cogency`` — ``type`` one of the Cogency streaming protocol's ten event types;
 * ``cogency-wire`` — lines that are not JSON objects, when the text holds one
   of the ``<think>``, ``<execute>``, ``<results>``, ``<respond>`` markers.
 

@@ -1,4 +1,4 @@
-"""Exact differences between two JSON values, so a source frame survives T1.
+"""Exact differences between two JSON values, so a source frame survives a round trip (Koder agent stream §7 T1).
 
 An ingest codec maps a frame onto a canonical event, then renders that event
 back with its format's own (stateless) egress rendering and stores here only

@@ -1,4 +1,4 @@
-"""``koder``: the canonical JSON envelope of seed 003, in and out."""
+"""``koder``: the canonical JSON envelope of the Koder agent stream, in and out."""
 
 from __future__ import annotations
 

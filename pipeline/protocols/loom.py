@@ -1,4 +1,4 @@
-"""``loom``: Loom Agent streaming output (seed 000), ``type`` + payload NDJSON frames.
+"""``loom``: Loom streaming output (the Loom Agent's), ``type`` + payload NDJSON frames.
 
 Frames may carry the envelope fields ``session_id``, ``node_id`` and
 ``event_id``; a frame without ``type`` but with ``reply`` is the run's final
@@ -21,7 +21,7 @@ reply (no type)     x.loom.reply
 everything else     ``x.loom.<type>`` with the payload verbatim
 ==================  =====================================================
 
-Lossless (T1): what the canonical event cannot hold (``session_id``,
+Lossless (Koder agent stream §7 T1): what the canonical event cannot hold (``session_id``,
 ``node_id``, the node name on a chunk, a missing ``event_id`` …) is kept in
 ``ext["loom"]`` as a :mod:`~pipeline.protocols.framediff` diff against
 :func:`render`, and :class:`LoomEgress` applies it back.
@@ -43,7 +43,7 @@ EXT_PREFIX = "x.loom."
 ENVELOPE_FIELDS: dict[str, Kind] = {"session_id": "str", "node_id": "str", "event_id": "num"}
 DEFAULT_NODE = "agent"
 
-# type -> (payload field kinds, required fields), seed 000 §4.2
+# type -> (payload field kinds, required fields), Loom streaming output §4.2
 LOOM_TYPES: dict[str, tuple[dict[str, Kind], tuple[str, ...]]] = {
     "run_start": ({"run_id": "str", "message": "str", "agent": "str"}, ()),
     "node_enter": ({"id": "str"}, ("id",)),
@@ -283,7 +283,7 @@ def validate(frame: dict[str, Any], *, prefix: str = "$") -> str:
     spec = LOOM_TYPES.get(kind)
     if spec is None:
         raise UnknownEventType(
-            f"unknown loom event type {kind!r}; seed 000 §4.2 lists {', '.join(LOOM_TYPES)}",
+            f"unknown loom event type {kind!r}; Loom streaming output §4.2 lists {', '.join(LOOM_TYPES)}",
             field=f"{prefix}.type",
         )
     kinds, required = spec

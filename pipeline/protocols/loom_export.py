@@ -1,4 +1,4 @@
-"""``loom-export``: the same Loom events in seed 000 §6's single-key form.
+"""``loom-export``: the same Loom events in Loom streaming output §6's single-key form.
 
 A frame is one JSON object with exactly one key, the EXPORT_SPEC name of the
 event (``RunStart``, ``TaskStart``, ``Messages`` … per §6), whose value is an
@@ -64,7 +64,7 @@ def unwrap(frame: dict[str, Any]) -> dict[str, Any]:
     kind = LOOM_TYPES_BY_KEY.get(key)
     if kind is None:
         raise UnknownEventType(
-            f"unknown loom-export event {key!r}; seed 000 §6 lists {', '.join(LOOM_TYPES_BY_KEY)}",
+            f"unknown loom-export event {key!r}; Loom streaming output §6 lists {', '.join(LOOM_TYPES_BY_KEY)}",
             field=f"$.{key}",
         )
     if not isinstance(body, dict):

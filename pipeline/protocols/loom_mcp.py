@@ -1,4 +1,4 @@
-"""``loom-mcp``: loom-mcp ``stream`` events as its Pulse sink writes them (seed 004).
+"""``loom-mcp``: loom-mcp ``stream`` events as its Pulse sink writes them (loom-mcp stream package).
 
 One frame is the sink's envelope ``{type, event_key, run_id, session_id,
 timestamp, payload, server_data}`` (``event_key``, ``session_id``,
@@ -25,7 +25,7 @@ everything else          ``x.mcp.<type>`` with the payload verbatim
                          tool_authorization, session/run stream markers)
 =======================  ==================================================
 
-Lossless (T1): ``event_key``, ``session_id``, ``server_data`` and payload
+Lossless (Koder agent stream §7 T1): ``event_key``, ``session_id``, ``server_data`` and payload
 fields with no canonical home are kept in ``ext["loom-mcp"]`` as a diff against
 :func:`render`. ``timestamp`` becomes ``ts``; a frame without one gets the
 ingest time and the diff records that the source had none.
@@ -52,7 +52,7 @@ ENVELOPE_FIELDS: dict[str, Kind] = {
     "timestamp": "str",
 }
 
-# type -> (payload field kinds, required payload fields), seed 004
+# type -> (payload field kinds, required payload fields), loom-mcp stream package
 MCP_TYPES: dict[str, tuple[dict[str, Kind], tuple[str, ...]]] = {
     "assistant_reply": ({"text": "str"}, ("text",)),
     "planner_thought": (
@@ -267,7 +267,7 @@ def validate(frame: dict[str, Any]) -> tuple[str, dict[str, Any]]:
     if spec is None:
         if kind not in EVENT_CLASSES and not is_extension_type(kind):
             raise UnknownEventType(
-                f"unknown loom-mcp event type {kind!r}; seed 004 lists {', '.join(MCP_TYPES)}",
+                f"unknown loom-mcp event type {kind!r}; the loom-mcp stream package lists {', '.join(MCP_TYPES)}",
                 field="$.type",
             )
         spec = ({}, ())

@@ -1,7 +1,7 @@
-"""Audience profiles (seed 004's ``StreamProfile``) over canonical event types.
+"""Audience profiles (the loom-mcp stream package's ``StreamProfile``) over canonical event types.
 
 A profile says which event kinds an audience sees; :func:`profile` returns
-it as a predicate on canonical events. Seed 004's flags map onto canonical
+it as a predicate on canonical events. The loom-mcp stream package's flags map onto canonical
 types (loom-mcp's own kinds arrive as ``x.mcp.<type>``):
 
 =====================  =====================================================
@@ -25,14 +25,14 @@ Workflow               ``run.lifecycle``, ``step.boundary``,
                        ``x.mcp.workflow``, ``x.mcp.run_stream_end``,
                        ``x.mcp.session_stream_started``,
                        ``x.mcp.session_stream_end``
-ChildRuns              ``child.spawn`` (seed 004's ``child_run_linked``)
+ChildRuns              ``child.spawn`` (the loom-mcp stream package's ``child_run_linked``)
 (always)               ``x.gap`` — a client must be able to tell that events
-                       were lost (T2), whatever it chose to see
+                       were lost (Koder agent stream §7 T2), whatever it chose to see
 (other)                any other ``x.*`` type (``x.cogency.*``,
                        ``x.loom.*``, …): only profiles that emit everything
 =====================  =====================================================
 
-The profiles, as seed 004 defines them:
+The profiles, as the loom-mcp stream package defines them:
 
 * ``default`` — every kind (DefaultProfile).
 * ``debug`` — every kind (AgentDebugProfile: "a verbose profile intended
@@ -44,7 +44,7 @@ The profiles, as seed 004 defines them:
 
 Profiles select *kinds*; whether a child run's events are flattened into the
 parent stream or only linked is the separate ``children=flatten|link``
-choice of the reader (seed 004's profiles all link).
+choice of the reader (the loom-mcp stream package's profiles all link).
 """
 
 from __future__ import annotations
@@ -58,7 +58,7 @@ from ..errors import ConfigError
 
 
 class StreamProfile(msgspec.Struct, frozen=True, kw_only=True):
-    """Which event kinds an audience sees (seed 004's flags)."""
+    """Which event kinds an audience sees (the loom-mcp stream package's flags)."""
 
     assistant: bool = False
     thoughts: bool = False

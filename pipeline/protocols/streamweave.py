@@ -1,11 +1,11 @@
-"""``streamweave`` (egress): seed 001's ``WeaveProgress`` view of a run.
+"""``streamweave`` (egress): the StreamWeave RPC's ``WeaveProgress`` view of a run.
 
 Frames are ``{stage, progress, message, tool_name?, timestamp,
 partial_result?}`` as the HTTP/SSE transport writes them
 (``"stage": "EXECUTION_STAGE_…"``, ``timestamp`` in unix seconds). The view
 is computed from the run's own events (the parent run's; a child run's
 events, which carry ``child_id``, do not move the parent's progress) with
-seed 001's stage/progress table:
+the StreamWeave RPC's stage/progress table:
 
 ====================  =====================================  ==================
 stage                 emitted on                             progress
@@ -51,7 +51,7 @@ def _stage(name: str) -> str:
 
 
 class StreamWeaveEgress(Egress):
-    """Canonical events → seed 001 ``WeaveProgress`` frames for one run."""
+    """Canonical events → StreamWeave RPC ``WeaveProgress`` frames for one run."""
 
     name = "streamweave"
 

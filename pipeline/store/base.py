@@ -3,7 +3,7 @@
 Holds each run's **raw delivery view** (delivery seq, child events fanned in
 with ``child_id``); the shaped view is recomputed from it deterministically.
 Selected by URL: ``sqlite:///path`` (embedded default) and
-``postgresql://…`` (production, seed 003 §6's table shape).
+``postgresql://…`` (production, Koder agent stream §6's table shape).
 
 Retention is by terminal state — done 90 days, aborted/error 30 days,
 unfinished runs by last activity — overridable per tenant; ``sweep`` deletes
@@ -227,7 +227,7 @@ class ReplayLog(ABC):
         """Write runs as JSONL (one canonical envelope a line, ascending per run).
 
         A run's lines come in delivery-seq order, which is id order: event ids
-        are monotonic per stream (seed 003). Memory is bounded by one batch.
+        are monotonic per stream (Koder agent stream §2). Memory is bounded by one batch.
         Returns the number of events written.
         """
         count = 0

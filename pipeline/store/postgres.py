@@ -5,7 +5,7 @@ parameter in the query string is passed on (``?options=-csearch_path%3Dreplay``
 puts the tables in another schema), retention parameters as in
 :mod:`.retention`.
 
-Tables (seed 003 §6 plus what runwire needs):
+Tables (Koder agent stream §6 plus what runwire needs):
 
 * ``events`` — ``id, run_id, tenant, child_id, seq, type, ts timestamptz,
   payload jsonb`` and ``body bytea`` (the canonical envelope bytes, so export

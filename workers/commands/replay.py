@@ -237,7 +237,7 @@ async def play(store: str, run_id: str, bus: str, speed: float, as_run: str | No
 @store_option
 @click.argument("run_id", metavar="RUN")
 @click.option("--style", type=click.Choice(["chat", "cogency"]), default="chat",
-              show_default=True, help="Chat-completions shape, or seed 002's wire shape.")
+              show_default=True, help="Chat-completions shape, or the Cogency streaming protocol's wire shape.")
 @click.option("--reasoning", is_flag=True, help="Keep reasoning (as reasoning_content).")
 @click.option("--children", is_flag=True, help="Include fanned-in child run events.")
 @run_async

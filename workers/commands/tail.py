@@ -2,7 +2,7 @@
 
 Reads ``GET /v1/runs/{run_id}/stream`` with httpx (SSE parsed by
 ``httpx-sse``). After a disconnect it reconnects with ``Last-Event-ID`` set
-to the last seq seen, so nothing is shown twice or skipped (T3). Exits 0
+to the last seq seen, so nothing is shown twice or skipped (Koder agent stream §7 T3). Exits 0
 when the run's own terminal ``run.lifecycle`` arrives, 1 on an error event
 (e.g. ``KAI-STREAM-CONN-0002``: the cursor expired), a 4xx answer, or when
 the edge stays unreachable for ``--retry-for`` seconds.
@@ -162,7 +162,7 @@ class StreamFollower:
     default="shaped",
     show_default=True,
     envvar="RUNWIRE_DETAIL",
-    help="full: every delta; shaped: coalesced (R1).",
+    help="full: every delta; shaped: deltas coalesced to at most 10 per second.",
 )
 @click.option(
     "--token",
