@@ -34,7 +34,7 @@ backlog of another):
    fast as one producer can; ``deliveries_per_s`` = frames received by all
    clients per second until every client has every event (or nothing arrived
    for 2 s, or 20 s passed). The runwire edge drops deltas for clients that
-   fall behind (R4); drops are not counted as deliveries. Every phase waits
+   fall behind (Koder agent stream §4 R4); drops are not counted as deliveries. Every phase waits
    (bounded) until the previous one's backlog is out.
 5. Fan-out latency: as 3, with the control events on the main run, written
    to every one of its ``clients``: ``fanout_latency_p50_ms``/``_p99_ms``

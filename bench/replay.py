@@ -10,7 +10,7 @@ of a real run (mostly text/reasoning deltas, tool calls, usage, lifecycle).
 * **runwire export** — ``ReplayLog.export_jsonl`` of every run (koder JSONL,
   seq order) into ``/dev/null``: streams the stored canonical bytes.
 * **baseline export** — the loop a user writes over a plain events table
-  (``id, run_id, tenant, child_id, seq, type, ts, payload`` — seed 003 §6):
+  (``id, run_id, tenant, child_id, seq, type, ts, payload`` — Koder agent stream §6):
   select each run's rows and ``json.dumps`` an envelope per row.
 * **runwire import** — ``ReplayLog.import_jsonl`` of the exported file
   (validates every line, maintains run metadata, idempotent).

@@ -1,4 +1,4 @@
-"""The canonical envelope (seed 003 §2–3): decode/encode, errors, size limit, T1."""
+"""The canonical envelope (Koder agent stream §2–3): decode/encode, errors, size limit, T1."""
 
 from __future__ import annotations
 
@@ -41,7 +41,7 @@ def _frame(**changes: Any) -> bytes:
     return msgspec.json.encode({k: v for k, v in data.items() if v is not ...})
 
 
-# ------------------------------------------------------------ seed 003 §3 examples
+# ------------------------------------------------------------ Koder agent stream §3 examples
 
 
 def test_every_core_type_has_a_spec_example_fixture() -> None:

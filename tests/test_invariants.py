@@ -57,7 +57,7 @@ async def test_invariant_1_order_clients_see_publish_order_and_each_childs_own_o
     redis_url: str, tmp_path: Path
 ) -> None:
     """DESIGN 1 **Order**: "within a run, clients see events in publish order; within a parent,
-    each child's events keep their own order (seed 003 T5)". T5: "the client receives each child's
+    each child's events keep their own order (Koder agent stream §7 T5)". T5: "the client receives each child's
     events in per-child order" — here two children interleaved under one parent, over SSE and NDJSON."""
     parent_id = unique("order-parent")
     async with pipeline(redis_url, sqlite_url(tmp_path)) as pipe, httpx.AsyncClient(timeout=60) as http:
@@ -110,7 +110,7 @@ async def test_invariant_2_no_loss_no_duplicates_across_a_worker_crash_and_a_cli
     event exactly once — across worker crashes, rebalances, broker reconnects and client reconnects".
     A worker is killed mid-stream (its shards and pending entries move to the other member, then it
     comes back: a rebalance), a client disconnects mid-stream and resumes with ``Last-Event-ID`` on
-    another edge instance (PITFALLS 10); the replay log is PostgreSQL."""
+    another edge instance (resume needs only shared state); the replay log is PostgreSQL."""
     runs = [unique(f"noloss{i}") for i in range(3)]
     per_run = 200
     async with pipeline(redis_url, postgres_url) as pipe, httpx.AsyncClient(timeout=60) as http:
@@ -173,8 +173,8 @@ async def test_invariant_2_no_loss_no_duplicates_across_a_worker_crash_and_a_cli
 async def test_invariant_2_a_restarted_consumer_rereads_its_pending_entries_before_new_ones(
     redis_url: str,
 ) -> None:
-    """DESIGN 2 at the bus seam (PITFALLS 1: "On restart, re-read your own pending entries before asking
-    for new ones"): a worker that comes back under its old name while another member still holds every
+    """DESIGN 2 at the bus seam (on restart, a consumer re-reads its own pending entries before asking
+    for new ones): a worker that comes back under its old name while another member still holds every
     shard gets its unacked entries first once it owns their shard again, never newer ones before them."""
     run_id = unique("repend")
     async with open_bus(bus_url(redis_url, unique("e2e"))) as bus:
@@ -304,7 +304,7 @@ async def test_invariant_3_contiguous_seq_survives_a_resume_from_the_replay_log(
     (``maxlen=20``), a client resuming with ``Last-Event-ID`` is served from the replay log, the shaped
     view recomputed — and gets exactly the seqs, spans and texts the live shaped client got after that
     cursor. The live client itself misses nothing although bursts longer than ``maxlen`` trim the hot
-    stream between two of the edge's reads (PITFALLS 8: no silent gaps)."""
+    stream between two of the edge's reads (no silent gaps)."""
     run_id = unique("relog")
     async with (
         pipeline(redis_url, sqlite_url(tmp_path), bus_options="maxlen=20") as pipe,

@@ -1,7 +1,6 @@
 """``runwire publish``: every recorded sample onto every real bus, bad lines reported.
 
-Issue 3 acceptance: "`runwire publish` moves every seed sample file onto each
-real backend". A file's events are compared with what the format's own ingest
+Every recorded sample of every ingest format goes onto each real backend. A file's events are compared with what the format's own ingest
 codec makes of it (ids and timestamps aside, which codecs may mint).
 """
 

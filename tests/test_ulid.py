@@ -1,4 +1,4 @@
-"""Event ids: seed 003 §2 "id — ULID, monotonic per stream"."""
+"""Event ids: Koder agent stream §2 "id — ULID, monotonic per stream"."""
 
 from __future__ import annotations
 

@@ -63,7 +63,7 @@ def runs_and_seqs(deliveries: Sequence[Delivery]) -> dict[str, list[int]]:
 
 
 async def test_order_per_run_across_many_concurrent_runs(bus_url: str) -> None:
-    """Invariant 1 (seed 003 T5): within a run, events arrive in publish order —
+    """Invariant 1 (Koder agent stream §7 T5): within a run, events arrive in publish order —
     200 runs × 50 events published by 4 concurrent publishers, consumed by one group."""
     runs = [f"run-{i:03d}" for i in range(200)]
 

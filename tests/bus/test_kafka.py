@@ -112,7 +112,7 @@ async def _fetch_until(consumer: Any, stop: Any, within: float = 20) -> list[Del
 
 @pytest.mark.slow
 async def test_acks_are_committed_when_partitions_are_revoked(kafka_url: str, prefix: str) -> None:
-    """PITFALLS 4: "In Kafka, commit in the revoke callback". Acks not yet committed
+    """Offsets are committed in the revoke callback (a commit after the partition moved fails). Acks not yet committed
     (a long commit interval) are committed when a rebalance takes partitions away, so
     the new owner does not get them again."""
     url = f"{kafka_url}?prefix={prefix}&shards=4&session_timeout_ms=2000&commit_interval_ms=600000"
@@ -145,7 +145,7 @@ async def test_acks_are_committed_when_partitions_are_revoked(kafka_url: str, pr
 async def test_a_new_process_rebuilds_delivery_streams_from_the_topic(
     kafka_url: str, bootstrap: str, prefix: str
 ) -> None:
-    """Resume from shared state (PITFALLS 10): a bus opened later reads the retained
+    """Resume from shared state, not from the process that wrote it: a bus opened later reads the retained
     delivery topic into its hot tier — events, bounds and writer state — and drops
     records a retried producer wrote twice (readers dedupe by seq)."""
     url = f"{kafka_url}?prefix={prefix}&shards=4"

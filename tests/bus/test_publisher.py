@@ -1,6 +1,6 @@
 """The publisher SDK on every bus: ids and seq, batching, the bound, retries, flush, child runs.
 
-Seed 003 §2: "id — ULID, monotonic per stream"; "seq — monotonically increasing
+Koder agent stream §2: "id — ULID, monotonic per stream"; "seq — monotonically increasing
 per run"; DESIGN invariant 4 (bounded memory): a slow or absent bus makes
 ``emit`` wait, it never grows the process or drops silently.
 """
@@ -267,7 +267,7 @@ async def test_bound_in_bytes_holds_while_the_bus_is_slow() -> None:
 
 
 def test_ids_stay_monotonic_across_carries_and_clock_steps() -> None:
-    """Seed 003: "ULID, monotonic per stream" — also when the random part's last
+    """Koder agent stream: "ULID, monotonic per stream" — also when the random part's last
     base32 digit carries and when the wall clock steps back."""
     from pipeline.publisher import _Clock
     from pipeline.ulid import ulid_timestamp_ms

@@ -150,7 +150,7 @@ async def test_ingest_detects_the_format_and_stamps_the_tenant(memory_bus: Bus, 
 
 async def test_control_round_trip_to_the_publisher_sdk(memory_bus: Bus, store: ReplayLog, run_id: str) -> None:
     """POST /control → the run's control channel → ``async for cmd in run.controls()`` in the agent;
-    closing a stream is a disconnect, not a cancel (PITFALLS 14)."""
+    closing a stream is a disconnect, not a cancel (the run goes on)."""
     publisher = Publisher(memory_bus)
     await publisher.start()
     run = publisher.run(run_id)

@@ -1,4 +1,4 @@
-"""R4 backpressure: bounded client queues, drop order, dropped_count, BUF-0001 for a client that stalls."""
+"""Koder agent stream §4 R4 backpressure: bounded client queues, drop order, dropped_count, BUF-0001 for a client that stalls."""
 
 from __future__ import annotations
 

@@ -80,7 +80,7 @@ async def test_agui_stream_passes_verify_events(memory_bus: Bus, store: ReplayLo
 async def test_agui_mid_run_join_passes_verify_events(
     memory_bus: Bus, store: ReplayLog, run_id: str, join: str
 ) -> None:
-    """PITFALLS 12: a client joining mid-message / mid-tool-call gets the format's preamble first,
+    """A strict client joining mid-message / mid-tool-call gets the format's preamble first,
     so verifyEvents accepts the sequence (AG-UI itself has no resume)."""
     events = story(run_id)
     await append(memory_bus, run_id, events[:5])  # a text message is open

@@ -27,7 +27,7 @@ async def short_bus(request: pytest.FixtureRequest) -> AsyncIterator[Bus]:
 async def test_resume_from_the_replay_log_after_the_hot_tier_was_trimmed(
     short_bus: Bus, store: ReplayLog, run_id: str
 ) -> None:
-    """T3 when the hot tier no longer has seq+1: history comes from the replay log, then live."""
+    """Koder agent stream §7 T3 when the hot tier no longer has seq+1: history comes from the replay log, then live."""
     events = run_events(run_id, 1000)
     await store.append(events)
     await append(short_bus, run_id, events)
@@ -46,7 +46,7 @@ async def test_resume_from_the_replay_log_after_the_hot_tier_was_trimmed(
 async def test_a_cursor_older_than_retention_gets_conn_0002_then_the_stream_closes(
     short_bus: Bus, store: ReplayLog, run_id: str
 ) -> None:
-    """KAI-STREAM-CONN-0002 — never a silent hang (PITFALLS 8), never a partial replay."""
+    """KAI-STREAM-CONN-0002 — an explicit error, never a silent hang, never a partial replay."""
     await append(short_bus, run_id, run_events(run_id, 1000, end=None))
     async with serve_edge(short_bus, store) as edge, httpx.AsyncClient(timeout=10) as http:
         async with http.stream(
@@ -63,7 +63,7 @@ async def test_a_cursor_older_than_retention_gets_conn_0002_then_the_stream_clos
 async def test_the_seam_race_events_appended_during_catch_up_are_neither_lost_nor_duplicated(
     short_bus: Bus, store: ReplayLog, run_id: str
 ) -> None:
-    """PITFALLS 9: capture the position, buffer live events while history is read, dedupe on seq."""
+    """The seam between history and live: capture the position, buffer live events while history is read, dedupe on seq."""
     history = run_events(run_id, 3000, end=None)
     await store.append(history)
     await append(short_bus, run_id, history)

@@ -19,7 +19,7 @@ from .harness import append, decoded, event, read_sse, run_events, serve_edge
 async def test_sse_serves_the_run_with_seq_ids_and_ends_after_the_terminal_event(
     bus: Bus, store: ReplayLog, run_id: str
 ) -> None:
-    """seed 003 §5.1: one event per ``data:`` line, ``id:`` = seq; the stream closes after the run's terminal event."""
+    """Koder agent stream §5.1: one event per ``data:`` line, ``id:`` = seq; the stream closes after the run's terminal event."""
     await append(bus, run_id, run_events(run_id, 6))
     async with serve_edge(bus, store) as edge, httpx.AsyncClient(timeout=10) as http:
         async with http.stream("GET", f"{edge.url}/v1/runs/{run_id}/stream?detail=full") as response:
@@ -49,7 +49,7 @@ async def test_t3_reconnect_with_last_event_id_gets_exactly_the_events_after_it(
 async def test_t3_resume_on_a_second_edge_instance_sharing_the_bus_and_store(
     bus: Bus, store: ReplayLog, run_id: str
 ) -> None:
-    """T3 across instances: a client that read from edge A resumes on edge B at seq+1 (shared state, PITFALLS 10)."""
+    """T3 across instances: a client that read from edge A resumes on edge B at seq+1 (resume needs only shared state)."""
     await append(bus, run_id, run_events(run_id, 10, end=None))
     async with serve_edge(bus, store) as first, serve_edge(bus, store) as second:
         async with httpx.AsyncClient(timeout=10) as http:
@@ -86,7 +86,7 @@ async def test_live_events_reach_a_connected_client_and_the_stream_ends_at_done(
 
 
 async def test_keepalive_comment_on_an_idle_stream(memory_bus: Bus, store: ReplayLog, run_id: str) -> None:
-    """seed 003 §5.1: ``: keepalive`` on an idle stream (interval shortened for the test)."""
+    """Koder agent stream §5.1: ``: keepalive`` on an idle stream (interval shortened for the test)."""
     await append(memory_bus, run_id, run_events(run_id, 2, end=None))
     settings = EdgeSettings(keepalive_s=0.2)
     async with serve_edge(memory_bus, store, settings) as edge, httpx.AsyncClient(timeout=10) as http:
@@ -115,7 +115,7 @@ async def test_ndjson_by_accept_header(bus: Bus, store: ReplayLog, run_id: str) 
 async def test_websocket_subprotocol_text_frames_and_detail_header(
     bus: Bus, store: ReplayLog, run_id: str
 ) -> None:
-    """seed 003 §5.2 / R2: subprotocol koder-agent-stream-v1, text frames only, ``Detail: full`` honoured."""
+    """Koder agent stream §5.2 / R2: subprotocol koder-agent-stream-v1, text frames only, ``Detail: full`` honoured."""
     events = [event(run_id, 1, "run.lifecycle", {"state": "running"})]
     events += [event(run_id, seq, "text.delta") for seq in range(2, 8)]
     events.append(event(run_id, 8, "run.lifecycle", {"state": "done"}))

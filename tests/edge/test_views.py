@@ -76,7 +76,7 @@ async def test_shaped_view_after_the_hot_tier_is_gone_is_recomputed_from_raw_eve
 async def test_children_link_leaves_child_events_out_but_keeps_the_spawn(
     memory_bus: Bus, store: ReplayLog, run_id: str
 ) -> None:
-    """children=link (seed 004): the parent stream keeps child.spawn as the link; flatten (T5) keeps all."""
+    """children=link (loom-mcp stream package): the parent stream keeps child.spawn as the link; flatten (Koder agent stream §7 T5) keeps all."""
     await append(memory_bus, run_id, story(run_id))
     async with serve_edge(memory_bus, store) as edge, httpx.AsyncClient(timeout=10) as http:
         url = f"{edge.url}/v1/runs/{run_id}/stream?detail=full"
@@ -99,7 +99,7 @@ async def test_children_link_leaves_child_events_out_but_keeps_the_spawn(
 async def test_profiles_select_what_an_audience_sees(
     memory_bus: Bus, store: ReplayLog, run_id: str, profile: str, kept: set[str]
 ) -> None:
-    """seed 004 profiles: metrics sees usage and workflow; user chat sees no thoughts."""
+    """loom-mcp stream package profiles: metrics sees usage and workflow; user chat sees no thoughts."""
     await append(memory_bus, run_id, story(run_id))
     async with serve_edge(memory_bus, store) as edge, httpx.AsyncClient(timeout=10) as http:
         async with http.stream("GET", f"{edge.url}/v1/runs/{run_id}/stream?detail=full&profile={profile}") as response:
@@ -111,7 +111,7 @@ async def test_profiles_select_what_an_audience_sees(
 async def test_a_silent_run_is_ended_as_error_so_every_stream_terminates(
     bus: Bus, store: ReplayLog, run_id: str
 ) -> None:
-    """PITFALLS 13: when the agent dies without a terminal event, the stream ends with state=error."""
+    """When the agent dies without a terminal event, the stream ends with state=error."""
     await append(bus, run_id, run_events(run_id, 3, end=None))
     async with serve_edge(bus, store, EdgeSettings(silence_s=0.6)) as edge, httpx.AsyncClient(timeout=10) as http:
         async with http.stream("GET", f"{edge.url}/v1/runs/{run_id}/stream?detail=full") as response:

@@ -99,7 +99,7 @@ def stats_of(proc: subprocess.Popen[str], timeout: float = 60) -> dict[str, Any]
 async def check(
     bus_url: str, store_url: str, events: list[Event], ancestry: dict[str, list[str]]
 ) -> None:
-    """Each stream and the replay log: every event once, in order, seq contiguous; shaped keeps R1/R3.
+    """Each stream and the replay log: every event once, in order, seq contiguous; shaped keeps Koder agent stream §4 R1/R3.
 
     (Where the shaped view cuts its 100 ms windows may differ from shaping the
     raw view offline when a backlog is processed slower than real time, since

@@ -146,7 +146,7 @@ async def publish_part(url: str, run_id: str, first: int, count: int, *, finish:
 def test_tail_resumes_on_a_restarted_edge_without_gap_or_duplicate(
     start_up: Any, bus_on: Any, redis_url: str, tmp_path: Any
 ) -> None:
-    """T3 from the terminal: after the edge goes away, tail reconnects with Last-Event-ID and
+    """Koder agent stream §7 T3 from the terminal: after the edge goes away, tail reconnects with Last-Event-ID and
     continues at exactly seq + 1 on the new edge."""
     store = f"sqlite:///{tmp_path}/replay.db"
     bus = bus_on(redis_url)

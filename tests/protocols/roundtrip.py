@@ -1,4 +1,4 @@
-"""Helpers for the T1 tests of the JSON-frame codecs: F → canonical → F."""
+"""Helpers for the Koder agent stream §7 T1 tests of the JSON-frame codecs: F → canonical → F."""
 
 from __future__ import annotations
 

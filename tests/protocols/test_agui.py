@@ -37,7 +37,7 @@ def test_every_sample_run_passes_verify_events() -> None:
 
 @pytest.mark.slow
 def test_mid_stream_join_after_every_event_passes_verify_events() -> None:
-    """PITFALLS 12: a client joining at any point gets a preamble that re-opens what is open."""
+    """A client joining at any point gets a preamble that re-opens what is open."""
     streams = {
         f"{name}@{n}": joined("agui", events, n)
         for name, events in all_runs().items()
@@ -139,7 +139,7 @@ def test_error_and_aborted_endings() -> None:
 
 
 def test_finish_ends_a_stream_without_terminal_event() -> None:
-    """PITFALLS 13: every stream ends — finish() closes what is open and reports the run as errored."""
+    """Every stream ends — finish() closes what is open and reports the run as errored."""
     frames = stream("agui", unterminated_run())
     validate(SCRIPT, frames)
     assert frames[-1]["type"] == "RUN_ERROR" and frames[-1]["code"] == "incomplete"

@@ -39,7 +39,7 @@ def test_every_sample_run_passes_read_ui_message_stream() -> None:
 
 @pytest.mark.slow
 def test_mid_stream_join_after_every_event_is_accepted() -> None:
-    """PITFALLS 12: preamble() lets a client that joins after any event continue."""
+    """A mid-stream join: preamble() lets a client that joins after any event continue."""
     streams = {
         f"{name}@{n}": joined("ai-sdk", events, n)
         for name, events in all_runs().items()

@@ -1,4 +1,4 @@
-"""The ``cogency`` codec: seed 002's event stream in and out, losslessly (T1)."""
+"""The ``cogency`` codec: the Cogency streaming protocol's event stream in and out, losslessly (Koder agent stream §7 T1)."""
 
 from __future__ import annotations
 
@@ -75,7 +75,7 @@ def test_event_schema_maps_onto_core_types() -> None:
 
 
 def test_calls_and_results_pair_in_order_and_failures_are_not_ok() -> None:
-    """Results answer calls in order (seed 002: "All results returned"); error: true → ok false."""
+    """Results answer calls in order (Cogency streaming protocol: "All results returned"); error: true → ok false."""
     events = to_canonical(lines(FIXTURES / "tools_failing.ndjson"))
     starts = [e for e in events if isinstance(e, envelope.ToolStart)]
     ends = [e for e in events if isinstance(e, envelope.ToolEnd)]
@@ -96,7 +96,7 @@ def test_call_ids_are_deterministic() -> None:
 
 
 def test_persisted_types_follow_the_spec() -> None:
-    """Seed 002: "Only conversation events are persisted to storage: user, think, call, result, respond"."""
+    """Cogency streaming protocol: "Only conversation events are persisted to storage: user, think, call, result, respond"."""
     assert PERSISTED_TYPES == {"user", "think", "call", "result", "respond"}
     events = to_canonical(lines(FIXTURES / "event_schema.ndjson"))
     kept = [cogency_type(e) for e in events if is_persisted(e)]

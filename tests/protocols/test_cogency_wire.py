@@ -1,4 +1,4 @@
-"""``cogency-wire``: the incremental parser of seed 002's LLM wire protocol."""
+"""``cogency-wire``: the incremental parser of the Cogency streaming protocol's LLM wire protocol."""
 
 from __future__ import annotations
 
@@ -41,7 +41,7 @@ def summary(events: list[envelope.Event]) -> list[tuple[str, Any]]:
 
 
 def test_single_tool_example() -> None:
-    """Seed 002's "Single tool call" example: think, one call + execute, its result, then plain text."""
+    """The Cogency streaming protocol's "Single tool call" example: think, one call + execute, its result, then plain text."""
     events = parse([(FIXTURES / "single_tool.txt").read_bytes()])
     assert summary(events) == [
         ("reasoning.delta", "I should check what files exist first."),
@@ -71,7 +71,7 @@ def test_simple_respond() -> None:
 
 
 def test_invalid_json_in_execute_is_an_error_event_and_parsing_continues() -> None:
-    """Seed 002: "Invalid JSON is an error: Parser rejects and reports error" — an event, not a crash."""
+    """Cogency streaming protocol: "Invalid JSON is an error: Parser rejects and reports error" — an event, not a crash."""
     events = parse([(FIXTURES / "invalid_execute.txt").read_bytes()])
     kinds = [e.type for e in events]
     assert kinds == [

@@ -1,4 +1,4 @@
-"""``loom`` codec (seed 000): mapping, T1 round trips, bad input, egress from other formats."""
+"""``loom`` codec (Loom streaming output): mapping, Koder agent stream §7 T1 round trips, bad input, egress from other formats."""
 
 from __future__ import annotations
 
@@ -33,7 +33,7 @@ def test_t1_every_loom_fixture_round_trips_exactly(name: str) -> None:
 
 
 def test_spec_example_maps_onto_core_types() -> None:
-    """Seed 000 §4.3's example: run_start → running, chunks → text.delta, usage → x.usage,
+    """Loom streaming output §4.3's example: run_start → running, chunks → text.delta, usage → x.usage,
     node spans → x.loom.*; event_id becomes seq; run_start's run_id names the run."""
     events = ingest_all("loom", fixture_lines("loom", "spec_with_envelope.ndjson"))
     assert [e.type for e in events] == [

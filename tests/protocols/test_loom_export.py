@@ -1,4 +1,4 @@
-"""``loom-export`` codec: seed 000 §6's single-key form, T1, equivalence with ``loom``."""
+"""``loom-export`` codec: Loom streaming output §6's single-key form, Koder agent stream §7 T1, equivalence with ``loom``."""
 
 from __future__ import annotations
 
@@ -26,7 +26,7 @@ def test_t1_every_export_fixture_round_trips_exactly(name: str) -> None:
     round_trip("loom-export", fixture_lines("loom-export", name))
 
 
-def test_every_seed_000_type_has_its_section_6_key() -> None:
+def test_every_loom_type_has_its_section_6_key() -> None:
     assert set(LOOM_TYPES) <= set(EXPORT_KEYS)
     assert EXPORT_KEYS["run_start"] == "RunStart"
     assert EXPORT_KEYS["node_enter"] == "TaskStart"

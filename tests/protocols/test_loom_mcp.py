@@ -1,4 +1,4 @@
-"""``loom-mcp`` codec (seed 004's Pulse envelopes): mapping, T1, bad input, foreign egress."""
+"""``loom-mcp`` codec (the loom-mcp stream package's Pulse envelopes): mapping, Koder agent stream §7 T1, bad input, foreign egress."""
 
 from __future__ import annotations
 
@@ -38,7 +38,7 @@ def test_t1_every_loom_mcp_fixture_round_trips_exactly(name: str) -> None:
     round_trip("loom-mcp", fixture_lines("loom-mcp", name))
 
 
-def test_fixture_covers_every_seed_004_event_type() -> None:
+def test_fixture_covers_every_loom_mcp_event_type() -> None:
     lines = fixture_lines("loom-mcp", "spec_types.ndjson")
     assert {msgspec.json.decode(line)["type"] for line in lines} == set(MCP_TYPES)
 
@@ -229,6 +229,6 @@ def mcp_frames(draw: st.DrawFn) -> dict[str, Any]:
 @settings(max_examples=120, deadline=None)
 @given(st.lists(mcp_frames(), min_size=1, max_size=10))
 def test_t1_generated_loom_mcp_streams_round_trip_exactly(frames: list[dict[str, Any]]) -> None:
-    """T1 over generated streams: every seed 004 type with optional envelope fields, empty
+    """T1 over generated streams: every loom-mcp stream package type with optional envelope fields, empty
     run ids, nanosecond timestamps, extra and odd payload fields survives loom-mcp → koder → loom-mcp."""
     round_trip("loom-mcp", [msgspec.json.encode(frame) for frame in frames])

@@ -1,4 +1,4 @@
-"""Audience profiles (seed 004's StreamProfile) as predicates over canonical events."""
+"""Audience profiles (the loom-mcp stream package's StreamProfile) as predicates over canonical events."""
 
 from __future__ import annotations
 

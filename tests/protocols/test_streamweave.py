@@ -1,4 +1,4 @@
-"""``streamweave`` egress: seed 001's WeaveProgress view computed from a run's events."""
+"""``streamweave`` egress: the StreamWeave RPC's WeaveProgress view computed from a run's events."""
 
 from __future__ import annotations
 
@@ -28,7 +28,7 @@ def view(frames: list[dict[str, Any]]) -> list[tuple[str, int, str | None]]:
 
 
 def test_tool_run_follows_the_stage_progress_table() -> None:
-    """Seed 001: LLM_GENERATION "20% + (turn × 10%)", TOOL_EXECUTION "50% + (execution_count × 5%)",
+    """StreamWeave RPC: LLM_GENERATION "20% + (turn × 10%)", TOOL_EXECUTION "50% + (execution_count × 5%)",
     ending "COMPLETED 100" with partial_result."""
     frames = stream("streamweave", tool_run())
     assert view(frames) == [

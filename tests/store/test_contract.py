@@ -1,6 +1,6 @@
 """One contract for every replay log backend: SQLite (a file) and PostgreSQL (a real server).
 
-Seed 003 §6: "The full event stream is persisted … Retention: 90 days for
+Koder agent stream §6: "The full event stream is persisted … Retention: 90 days for
 completed runs (overrideable per workspace); 30 days for aborted/error." §5.4:
 "JSONL replay — One JSON event per line, id ordered ascending".
 """
@@ -66,7 +66,7 @@ async def test_iter_events_streams_all_in_order_batch_by_batch(store_url: str) -
 
 
 async def test_jsonl_chunks_keep_seq_order_across_batches(store_url: str) -> None:
-    """Seed 003 §5.4: "One JSON event per line, id ordered ascending" — batch after batch."""
+    """Koder agent stream §5.4: "One JSON event per line, id ordered ascending" — batch after batch."""
     stored = deltas("r1", 1, 23)
     async with open_store(store_url) as log:
         await log.append(list(reversed(stored)))
@@ -153,7 +153,7 @@ async def _three_runs(log_url: str, clock: Clock, **options: object) -> None:
 
 
 async def test_retention_by_terminal_state(store_url: str, clock: Clock) -> None:
-    """Seed 003 §6: 90 days for completed runs; 30 days for aborted/error."""
+    """Koder agent stream §6: 90 days for completed runs; 30 days for aborted/error."""
     await _three_runs(store_url, clock)
     async with open_store(store_url, clock=clock) as log:
         assert (await log.sweep(now=T0 + timedelta(days=29))).runs == []
@@ -178,7 +178,7 @@ async def test_sweep_dry_run_deletes_nothing(store_url: str, clock: Clock) -> No
 async def test_retention_is_overridable_per_tenant(
     new_store_url: Callable[[], str], clock: Clock
 ) -> None:
-    """Seed 003 §6: "overrideable per workspace" — by URL parameter or constructor argument."""
+    """Koder agent stream §6: "overrideable per workspace" — by URL parameter or constructor argument."""
     by_url = new_store_url()
     sep = "&" if "?" in by_url else "?"
     by_url += f"{sep}tenant.acme.retention_done_days=7&retention_failed_days=60"
@@ -220,7 +220,7 @@ async def test_require_run_names_unknown_and_expired_runs(store_url: str, clock:
 
 
 async def test_jsonl_export_import_round_trip(new_store_url: Callable[[], str]) -> None:
-    """Seed 003 §5.4: one JSON event per line, ascending; import is idempotent; bad lines are reported."""
+    """Koder agent stream §5.4: one JSON event per line, ascending; import is idempotent; bad lines are reported."""
     source_url, copy_url = new_store_url(), new_store_url()
     originals = [*deltas("r1", 1, 30), event("r1", 31, "run.lifecycle", {"state": "done"}),
                  *deltas("r2", 1, 3, tenant="acme")]

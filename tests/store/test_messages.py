@@ -1,4 +1,4 @@
-"""Seed 002, "Storage → Messages Transformation": stored events → chat messages.
+"""Cogency streaming protocol, "Storage → Messages Transformation": stored events → chat messages.
 
 "Events grouped by role (user vs assistant turns)"; "Tool results become user
 messages (API constraint)"; "Turn structure matches wire protocol (think →
@@ -38,12 +38,12 @@ SEED_OUTPUT = [
 ]
 
 
-def test_seed_002_example_in_cogency_style() -> None:
-    """Seed 002's example input gives its example output (less the system prompt runwire can't know)."""
+def test_cogency_example_in_cogency_style() -> None:
+    """The Cogency streaming protocol's example input gives its example output (less the system prompt runwire can't know)."""
     assert to_messages(_cogency_events("storage.ndjson"), style="cogency") == SEED_OUTPUT
 
 
-def test_seed_002_example_in_chat_completions_shape() -> None:
+def test_cogency_example_in_chat_completions_shape() -> None:
     messages = to_messages(_cogency_events("storage.ndjson"))
     assert messages == [
         {"role": "user", "content": "debug app.py"},

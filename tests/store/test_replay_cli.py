@@ -94,7 +94,7 @@ def test_export_streams_many_runs_as_imported(loaded: str, jsonl: Path, tmp_path
 
 
 def test_export_shaped_in_another_format(loaded: str) -> None:
-    """--detail shaped coalesces the five deltas (R1); --format renders cogency frames."""
+    """--detail shaped coalesces the five deltas (Koder agent stream §4 R1); --format renders cogency frames."""
     result = _runwire("export", "r1", "--detail", "shaped", "--format", "cogency",
                       "--store", loaded)
     assert result.exit_code == 0, result.output

@@ -75,9 +75,9 @@ async def wait_finished(bus: Bus, roots: list[str], timeout_s: float) -> None:
 async def test_sigkill_one_redis_worker_the_survivor_takes_over_exactly_once(
     redis_url: str, postgres_url: str, tmp_path: Path
 ) -> None:
-    """Issue 4 §6: SIGKILL one worker in the middle of many runs; the survivor takes over and every
+    """SIGKILL one worker in the middle of many runs; the survivor takes over and every
     published event is in the delivery streams and the replay log exactly once, in order; the
-    shaped view still holds R1/R3."""
+    shaped view still holds Koder agent stream §4 R1/R3."""
     prefix = f"k{uuid.uuid4().hex[:8]}"
     bus_url = f"{redis_url}{'&' if '?' in redis_url else '?'}prefix={prefix}&lease_ms=2000"
     trees = [run_tree(f"{prefix}t{i}", deltas=20) for i in range(24)]

@@ -30,7 +30,7 @@ def kafka_bus_url(kafka_url: str, prefix: str, **options: object) -> str:
 async def test_faust_app_delivers_a_run_tree_exactly_once_and_dead_letters_poison(
     kafka_url: str, tmp_path: Path
 ) -> None:
-    """The faust runtime runs the same stages: fan-in, seq, shaping (R1/R3), replay log, dead letters."""
+    """The faust runtime runs the same stages: fan-in, seq, shaping (Koder agent stream §4 R1/R3), replay log, dead letters."""
     prefix = f"f{uuid.uuid4().hex[:8]}"
     events, ancestry = run_tree(prefix, deltas=20)
     poisoned = RunScript(f"{prefix}_poison")
@@ -69,7 +69,7 @@ async def _produce_raw(bus: KafkaBus, run_id: str, data: bytes) -> None:
 async def test_sigkill_one_faust_worker_the_survivor_resumes_from_the_changelog(
     kafka_url: str, postgres_url: str, tmp_path: Path
 ) -> None:
-    """Issue 4 §6 on Kafka: two `runwire worker` faust processes share the partitions; SIGKILL one
+    """Crash recovery on Kafka: two `runwire worker` faust processes share the partitions; SIGKILL one
     mid-run; the survivor restores the checkpoints from the table's changelog and every event is in
     the delivery streams and the replay log exactly once, in order; the shaped view holds R1/R3."""
     prefix = f"f{uuid.uuid4().hex[:8]}"

@@ -1,4 +1,4 @@
-"""Fan-in, sequencing and shaping as pure code (no I/O): seed 003 R1, R3, T2, T4, T5."""
+"""Fan-in, sequencing and shaping as pure code (no I/O): Koder agent stream §4 R1, R3, T2, T4, T5."""
 
 from __future__ import annotations
 
@@ -77,7 +77,7 @@ def test_r1_windows_are_100ms_of_event_time_anchored_at_first_delta() -> None:
 
 
 def test_reasoning_and_text_are_never_mixed_in_one_shaped_event() -> None:
-    """Seed 003 §1: "Text and reasoning never intermix in the same event"."""
+    """Koder agent stream §1: "Text and reasoning never intermix in the same event"."""
     run = RunScript("run_mix")
     raw = [
         replace(run.reasoning("r1", 0), seq=1),
@@ -325,7 +325,7 @@ def test_a_successor_resumes_sequencer_and_open_windows_from_the_checkpoint() ->
 
 
 def test_a_silent_run_is_ended_with_an_error_and_its_state_dropped() -> None:
-    """PITFALLS 13: every stream ends, with an error state when it must."""
+    """Every stream ends, with an error state when it must."""
     now = [BASE.timestamp()]
     processor = Processor(silence_s=1.0, clock=lambda: now[0])
     streams = Streams(processor)

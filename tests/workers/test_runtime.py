@@ -76,12 +76,12 @@ async def test_poison_entries_are_dead_lettered_with_the_reason_and_the_run_goes
     calls = [e.payload_dict().get("call_id") for e in raw if e.type == "tool.start"]
     assert calls == ["before", "after"]
     gaps = [e.payload_dict() for e in raw if e.type == "x.gap"]
-    assert gaps == [{"run_id": run.run_id, "first": 2, "last": 2}]  # T2: the lost event is visible
+    assert gaps == [{"run_id": run.run_id, "first": 2, "last": 2}]  # Koder agent stream §7 T2: the lost event is visible
     assert [e.id for e in await store.read(run.run_id)] == [e.id for e in raw]
 
 
 async def test_a_silent_run_is_ended_as_error(bus: Bus, store: ReplayLog) -> None:
-    """PITFALLS 13: when the producer dies the stream still ends, with state=error."""
+    """When the producer dies the stream still ends, with state=error."""
     run = RunScript(f"{prefix()}_silent")
     await bus.publish([run.lifecycle("running"), run.text("half a sent")])
     stop = asyncio.Event()
