@@ -62,7 +62,7 @@ async def read_topic(bootstrap: str, topic: str, partitions: int) -> list[Any]:
 async def test_topics_are_created_with_the_configured_partitions(
     kafka_url: str, bootstrap: str, prefix: str
 ) -> None:
-    """Kafka: topics created with configured partitions (issue 3); a bus whose shard count
+    """Kafka: topics created with the configured partition count; a bus whose shard count
     disagrees with existing topics is refused rather than silently re-sharding runs."""
     async with open_bus(f"{kafka_url}?prefix={prefix}&shards=6"):
         pass
