@@ -7,9 +7,13 @@
     │   ├── MalformedFrame       KAI-STREAM-PROTO-0001
     │   └── UnknownEventType     KAI-STREAM-PROTO-0002
     ├── ConfigError              a bad URL, flag or setting          (final)
-    ├── AuthError                missing/invalid token or scope      (final)
+    ├── AuthError                KAI-STREAM-AUTH-0001 (401) · -0002 (403, scope)   (final)
+    │   └── WriteRefused         KAI-STREAM-AUTH-0003: a run the write names is not the caller's
+    ├── RequestError             KAI-STREAM-REQ-*: a bad parameter or body (final)
+    │   └── BodyTooLarge         KAI-STREAM-REQ-0002 (413)
     ├── ReplayExpired            KAI-STREAM-CONN-0002: cursor older than retention (final)
-    ├── UnknownRun               no such run (or not visible to the tenant) (final)
+    ├── UnknownRun               KAI-STREAM-RUN-0001: no such run (or not the tenant's) (final)
+    ├── RunFinished              KAI-STREAM-RUN-0002: control for a run that has ended (final)
     ├── BackpressureError        KAI-STREAM-BUF-0001: client can't keep up (final for the connection)
     ├── BusError                 the bus failed
     │   ├── BusUnavailable       connection lost/refused, timeout      (retriable)
@@ -29,6 +33,15 @@ PROTO_UNKNOWN_TYPE = "KAI-STREAM-PROTO-0002"
 CONN_DISCONNECTED = "KAI-STREAM-CONN-0001"
 CONN_REPLAY_EXPIRED = "KAI-STREAM-CONN-0002"
 BUF_DROP = "KAI-STREAM-BUF-0001"
+# Codes of runwire's own (the Koder agent stream §8 list has none for these):
+AUTH_UNAUTHENTICATED = "KAI-STREAM-AUTH-0001"
+AUTH_SCOPE = "KAI-STREAM-AUTH-0002"
+AUTH_WRITE_REFUSED = "KAI-STREAM-AUTH-0003"
+REQ_BAD_PARAMETER = "KAI-STREAM-REQ-0001"
+REQ_TOO_LARGE = "KAI-STREAM-REQ-0002"
+REQ_BAD_BODY = "KAI-STREAM-REQ-0003"
+RUN_UNKNOWN = "KAI-STREAM-RUN-0001"
+RUN_FINISHED = "KAI-STREAM-RUN-0002"
 
 
 class RunwireError(Exception):
@@ -72,11 +85,40 @@ class ConfigError(RunwireError):
 
 
 class AuthError(RunwireError):
-    """A missing or invalid bearer token, or one without the needed scope."""
+    """A missing or invalid bearer token (401), or one without the needed scope (403)."""
 
     def __init__(self, message: str, *, status: int = 401) -> None:
         self.status = status
+        self.code = AUTH_UNAUTHENTICATED if status == 401 else AUTH_SCOPE
         super().__init__(message)
+
+
+class WriteRefused(AuthError):
+    """A write names a run (its ``run_id``, ``parent_id`` or ``root_id``) that belongs to
+    another tenant or lies outside the token's ``runs``: 403 ``KAI-STREAM-AUTH-0003``."""
+
+    def __init__(self, message: str) -> None:
+        super().__init__(message, status=403)
+        self.code = AUTH_WRITE_REFUSED
+
+
+class RequestError(RunwireError):
+    """A request parameter or body the edge refuses: ``status`` and a ``KAI-STREAM-REQ-*`` code."""
+
+    code = REQ_BAD_PARAMETER
+    status = 400
+
+    def __init__(self, message: str, *, code: str | None = None) -> None:
+        if code is not None:
+            self.code = code
+        super().__init__(message)
+
+
+class BodyTooLarge(RequestError):
+    """A request body over its endpoint's limit (413)."""
+
+    code = REQ_TOO_LARGE
+    status = 413
 
 
 class ReplayExpired(RunwireError):
@@ -87,6 +129,14 @@ class ReplayExpired(RunwireError):
 
 class UnknownRun(RunwireError):
     """No run with that id (or it expired, or belongs to another tenant)."""
+
+    code = RUN_UNKNOWN
+
+
+class RunFinished(RunwireError):
+    """The run has ended (``done``, ``aborted``, ``error``): nothing can control it any more."""
+
+    code = RUN_FINISHED
 
 
 class BackpressureError(RunwireError):

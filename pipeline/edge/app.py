@@ -33,13 +33,14 @@ from starlette.websockets import WebSocket
 from .. import protocols
 from ..bus.base import Bus, ControlCommand
 from ..envelope import now_ts
-from ..errors import AuthError, ConfigError, RunwireError, UnknownRun
+from ..errors import AuthError, ConfigError, RequestError, RunFinished, RunwireError, UnknownRun
 from ..store.base import ReplayLog
 from ..ulid import new_event_id
 from .auth import Gate, Principal
+from .authz import admit, authorize_write
 from .filters import CHILDREN, PROFILE_NAMES
 from .hub import Hub
-from .ingest import IngestResult, decode_body, resolve_format
+from .ingest import IngestResult, decode_body, line_error, resolve_format
 from .metrics import EdgeMetrics
 from .session import StreamRequest
 from .settings import EdgeSettings
@@ -64,10 +65,12 @@ class Edge:
 
 def error_response(exc: RunwireError) -> JSONResponse:
     """A RunwireError as a JSON error body with the right status."""
-    if isinstance(exc, AuthError):
+    if isinstance(exc, AuthError | RequestError):
         status = exc.status
     elif isinstance(exc, UnknownRun):
         status = 404
+    elif isinstance(exc, RunFinished):
+        status = 409
     else:
         status = 400
     body: dict[str, Any] = {"error": str(exc)}
@@ -166,13 +169,19 @@ def ingest_endpoint(edge: Edge) -> Any:
         run_id = request.path_params["run_id"]
         try:
             principal = edge.gate.principal(request.headers, request.query_params)
-            await edge.gate.check_run(principal, run_id, "write")
+            await authorize_write(edge.gate, principal, run_id)
             body = await _bounded_body(request, edge.settings.max_ingest_bytes)
             format_name = resolve_format(request.query_params.get("format"), body)
         except RunwireError as exc:
             return error_response(exc)
-        tenant = principal.tenant if principal else None
-        events, errors = decode_body(body, format_name, run_id, tenant)
+        lined, errors = decode_body(body, format_name, run_id)
+        try:
+            admission = await admit(edge.gate, principal, run_id, [event for _, event in lined])
+        except RunwireError as exc:  # the replay log holding the claims is down
+            return json_response({"error": str(exc), "accepted": 0}, status=503)
+        errors.extend(line_error(lined[index][0], exc) for index, exc in admission.refused)
+        errors.sort(key=lambda error: error.line)
+        events = admission.events
         if events:
             try:
                 await edge.bus.publish(events)

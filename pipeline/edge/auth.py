@@ -5,10 +5,11 @@ the tenant's runs), ``scopes`` (``read``, ``write``, ``control``), ``exp``.
 A token travels as ``Authorization: Bearer …`` or, for ``EventSource``
 which can't send headers, as ``?access_token=…``.
 
-A run's tenant comes from the replay log's run metadata or, before the log
-has it, from the ``tenant`` of the run's first event in the hot tier. A run
-of another tenant answers 404 exactly like a run that does not exist, so a
-token can't even probe for other tenants' run ids.
+A run's tenant is its **claim** in the replay log (recorded by the first
+entrance that wrote to it, see :mod:`.authz`), else the log's run metadata,
+else the ``tenant`` of the run's first event in the hot tier. A run of another
+tenant answers 404 exactly like a run that does not exist, so a reader can't
+probe for other tenants' run ids. The write rule is in :mod:`.authz`.
 """
 
 from __future__ import annotations
@@ -22,7 +23,7 @@ import msgspec
 
 from ..bus.base import Bus
 from ..errors import AuthError, UnknownRun
-from ..store.base import ReplayLog
+from ..store.base import ReplayLog, RunOwner
 
 Scope = Literal["read", "write", "control"]
 SCOPES: tuple[str, ...] = ("read", "write", "control")
@@ -100,6 +101,8 @@ class Gate:
         self.bus = bus
         self.store = store
         self._tenants: dict[str, str | None] = {}
+        self._owners: dict[str, RunOwner] = {}
+        """Claims seen by this process (a claim never changes while its run is kept)."""
 
     @property
     def enabled(self) -> bool:
@@ -135,13 +138,45 @@ class Gate:
         """The run's tenant (cached once known), or None for a run nobody has seen."""
         if run_id in self._tenants:
             return self._tenants[run_id]
-        info = await self.store.run(run_id)
-        tenant = info.tenant if info is not None else None
-        if tenant is None:
-            first = await self.bus.read((run_id, "raw"), 0, limit=1)
-            tenant = first[0].tenant if first else None
+        owner = await self.owner(run_id)
+        tenant = owner.tenant if owner is not None else await self._logged_tenant(run_id)
         if tenant is not None:
             if len(self._tenants) > 100_000:
                 self._tenants.clear()
             self._tenants[run_id] = tenant
         return tenant
+
+    async def _logged_tenant(self, run_id: str) -> str | None:
+        info = await self.store.run(run_id)
+        if info is not None and info.tenant is not None:
+            return info.tenant
+        first = await self.bus.read((run_id, "raw"), 0, limit=1)
+        return first[0].tenant if first else None
+
+    async def owner(self, run_id: str) -> RunOwner | None:
+        """The run's recorded claim, or None when no entrance has claimed it."""
+        owner = self._owners.get(run_id)
+        if owner is None:
+            owner = await self.store.run_owner(run_id)
+            if owner is not None:
+                self._remember(run_id, owner)
+        return owner
+
+    async def claim(self, run_id: str, tenant: str, root_id: str) -> RunOwner:
+        """The run's owner, claiming it for ``tenant`` (tree root ``root_id``) if unclaimed.
+
+        A run already seen in the hot tier (published straight to the bus)
+        is claimed for the tenant of its events.
+        """
+        owner = await self.owner(run_id)
+        if owner is None:
+            hot = await self.bus.read((run_id, "raw"), 0, limit=1)
+            claimant = hot[0].tenant if hot and hot[0].tenant is not None else tenant
+            owner = await self.store.claim_run(run_id, claimant, root_id)
+            self._remember(run_id, owner)
+        return owner
+
+    def _remember(self, run_id: str, owner: RunOwner) -> None:
+        if len(self._owners) > 100_000:
+            self._owners.clear()
+        self._owners[run_id] = owner

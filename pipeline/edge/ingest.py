@@ -15,9 +15,9 @@ from __future__ import annotations
 
 import msgspec
 
-from .. import envelope, protocols
+from .. import protocols
 from ..envelope import Event
-from ..errors import PROTO_MALFORMED, ConfigError, ProtocolError
+from ..errors import PROTO_MALFORMED, ConfigError, ProtocolError, RunwireError
 
 DEFAULT_FORMAT = "koder"
 
@@ -58,44 +58,36 @@ def detect_format(body: bytes) -> str:
         raise together from None
 
 
-def decode_body(
-    body: bytes, format_name: str, run_id: str, tenant: str | None
-) -> tuple[list[Event], list[LineError]]:
-    """Decode an NDJSON body into events for ``run_id`` and the errors of its bad lines."""
+def decode_body(body: bytes, format_name: str, run_id: str) -> tuple[list[tuple[int, Event]], list[LineError]]:
+    """Decode an NDJSON body for ``run_id``: ``(line, event)`` pairs and the errors of bad lines.
+
+    Whether the events may be written is :func:`.authz.admit`'s decision.
+    """
     codec = protocols.ingest(format_name, run_id=run_id)
-    events: list[Event] = []
+    events: list[tuple[int, Event]] = []
     errors: list[LineError] = []
     chunks = body.splitlines() if codec.line_based else [body]
     for number, line in enumerate(chunks, start=1):
         if not line.strip():
             continue
         try:
-            decoded = [_check(e, run_id, tenant) for e in codec.feed(line)]
+            decoded = codec.feed(line)
         except ProtocolError as exc:
-            errors.append(_line_error(number, exc))
+            errors.append(line_error(number, exc))
             continue
-        events.extend(decoded)
+        events.extend((number, event) for event in decoded)
     try:
-        events.extend(_check(e, run_id, tenant) for e in codec.close())
+        events.extend((len(chunks), event) for event in codec.close())
     except ProtocolError as exc:
-        errors.append(_line_error(len(chunks), exc))
+        errors.append(line_error(len(chunks), exc))
     return events, errors
 
 
-def _line_error(number: int, exc: ProtocolError) -> LineError:
-    return LineError(line=number, code=exc.code, message=exc.message, field=exc.field)
-
-
-def _check(event: Event, run_id: str, tenant: str | None) -> Event:
-    if run_id not in (event.run_id, event.root_id, event.parent_id):
-        raise ProtocolError(
-            f"event of run {event.run_id!r} posted to run {run_id!r}", field="$.run_id"
-        )
-    if tenant is None:
-        return event
-    if event.tenant not in (None, tenant):
-        raise ProtocolError(f"event of tenant {event.tenant!r} posted with a token of another tenant", field="$.tenant")
-    return envelope.replace(event, tenant=tenant) if event.tenant is None else event
+def line_error(number: int, exc: RunwireError) -> LineError:
+    """The per-line report of an error with a ``KAI-STREAM-*`` code."""
+    field = exc.field if isinstance(exc, ProtocolError) else None
+    message = exc.message if isinstance(exc, ProtocolError) else str(exc)
+    return LineError(line=number, code=exc.code or PROTO_MALFORMED, message=message, field=field)
 
 
 def resolve_format(requested: str | None, body: bytes) -> str:
@@ -106,4 +98,4 @@ def resolve_format(requested: str | None, body: bytes) -> str:
     return name
 
 
-__all__ = ["PROTO_MALFORMED", "IngestResult", "LineError", "decode_body", "resolve_format"]
+__all__ = ["PROTO_MALFORMED", "IngestResult", "LineError", "decode_body", "line_error", "resolve_format"]

@@ -60,6 +60,14 @@ class RunInfo(msgspec.Struct, kw_only=True):
     expires_at: datetime | None = None
 
 
+class RunOwner(msgspec.Struct, kw_only=True, frozen=True):
+    """Who owns a run id: recorded once, by the first entrance that saw it (:meth:`ReplayLog.claim_run`)."""
+
+    tenant: str
+    root_id: str
+    """The root of the run's tree as first claimed (the run itself for a root run)."""
+
+
 class SweepResult(msgspec.Struct, kw_only=True):
     runs: list[str]
     events: int
@@ -159,6 +167,21 @@ class ReplayLog(ABC):
 
     @abstractmethod
     async def run(self, run_id: str) -> RunInfo | None: ...
+
+    @abstractmethod
+    async def claim_run(self, run_id: str, tenant: str, root_id: str) -> RunOwner:
+        """Record ``tenant`` as the owner of ``run_id`` unless an owner is recorded; return the owner.
+
+        Atomic across every process sharing the log (the first claim wins; a
+        run already in the log keeps the tenant and root it was logged with),
+        so two edges seeing a fresh run id at once agree on one tenant.
+        Claims are swept with their run, or after the unfinished-run
+        retention when the run never reached the log.
+        """
+
+    @abstractmethod
+    async def run_owner(self, run_id: str) -> RunOwner | None:
+        """The recorded owner of a run id, or None when nobody claimed it."""
 
     @abstractmethod
     async def runs(

@@ -31,7 +31,7 @@ import psycopg
 from .. import envelope
 from ..envelope import Event
 from ..errors import StoreError, StoreUnavailable
-from .base import Clock, ReplayLog, RetentionPolicy, RunInfo, SweepResult
+from .base import Clock, ReplayLog, RetentionPolicy, RunInfo, RunOwner, SweepResult
 from .retention import split_retention, utc_now
 from .runmeta import RunDelta, summarize
 
@@ -74,7 +74,27 @@ CREATE TABLE IF NOT EXISTS runs (
 );
 CREATE INDEX IF NOT EXISTS runs_tenant_updated ON runs (tenant, updated_at);
 CREATE INDEX IF NOT EXISTS runs_updated ON runs (updated_at);
+CREATE TABLE IF NOT EXISTS run_owners (
+    run_id     text PRIMARY KEY,
+    tenant     text NOT NULL,
+    root_id    text NOT NULL,
+    created_at timestamptz NOT NULL DEFAULT now()
+);
 """
+
+_CLAIM = """
+WITH logged AS (SELECT tenant, coalesce(root_id, run_id) AS root FROM runs WHERE run_id = %(run)s),
+claimed AS (
+    INSERT INTO run_owners (run_id, tenant, root_id)
+    SELECT %(run)s, coalesce((SELECT tenant FROM logged), %(tenant)s),
+           coalesce((SELECT root FROM logged), %(root)s)
+    ON CONFLICT (run_id) DO NOTHING
+    RETURNING tenant, root_id
+)
+SELECT tenant, root_id FROM claimed
+UNION ALL SELECT tenant, root_id FROM run_owners WHERE run_id = %(run)s
+"""
+"""Insert the claim unless one exists, and return the owner (the new row, or the one there)."""
 
 _STAGE = """
 CREATE TEMP TABLE IF NOT EXISTS runwire_stage (
@@ -223,7 +243,7 @@ class PostgresLog(ReplayLog):
     async def ping(self) -> None:
         await self._fetch("SELECT 1", ())
 
-    async def _fetch(self, sql: str, args: Sequence[Any]) -> list[tuple[Any, ...]]:
+    async def _fetch(self, sql: str, args: Sequence[Any] | dict[str, Any]) -> list[tuple[Any, ...]]:
         async with self._reader.lock:
             try:
                 cursor = await (await self._reader.get()).execute(sql, args, binary=True)
@@ -336,6 +356,19 @@ class PostgresLog(ReplayLog):
         rows = await self._fetch(f"SELECT {_RUN_COLUMNS} FROM runs WHERE run_id = %s", (run_id,))
         return self.with_expiry(_run_info(rows[0])) if rows else None
 
+    async def claim_run(self, run_id: str, tenant: str, root_id: str) -> RunOwner:
+        args = {"run": run_id, "tenant": tenant, "root": root_id}
+        for _ in range(3):
+            # empty only when a concurrent claim committed after this statement's snapshot
+            rows = await self._fetch(_CLAIM, args)
+            if rows:
+                return RunOwner(tenant=rows[0][0], root_id=rows[0][1])
+        raise StoreError(f"could not claim run {run_id!r}")
+
+    async def run_owner(self, run_id: str) -> RunOwner | None:
+        rows = await self._fetch("SELECT tenant, root_id FROM run_owners WHERE run_id = %s", (run_id,))
+        return RunOwner(tenant=rows[0][0], root_id=rows[0][1]) if rows else None
+
     async def runs(
         self,
         *,
@@ -400,4 +433,10 @@ class PostgresLog(ReplayLog):
                 cursor = await conn.execute("DELETE FROM events WHERE run_id = ANY(%s)", (chunk,))
                 deleted += cursor.rowcount
                 await conn.execute("DELETE FROM runs WHERE run_id = ANY(%s)", (chunk,))
+                await conn.execute("DELETE FROM run_owners WHERE run_id = ANY(%s)", (chunk,))
+        await conn.execute(  # claims of runs that never reached the log
+            "DELETE FROM run_owners o WHERE created_at <= %s"
+            " AND NOT EXISTS (SELECT 1 FROM runs r WHERE r.run_id = o.run_id)",
+            (moment - self.retention.unfinished,),
+        )
         return SweepResult(runs=run_ids, events=deleted)

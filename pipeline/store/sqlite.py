@@ -30,7 +30,7 @@ import msgspec
 from .. import envelope
 from ..envelope import Event
 from ..errors import ConfigError, StoreError, StoreUnavailable
-from .base import Clock, ReplayLog, RetentionPolicy, RunInfo, SweepResult
+from .base import Clock, ReplayLog, RetentionPolicy, RunInfo, RunOwner, SweepResult
 from .retention import split_retention, utc_now
 from .runmeta import RunDelta, summarize, summarize_run
 
@@ -76,6 +76,12 @@ CREATE TABLE IF NOT EXISTS runs (
 );
 CREATE INDEX IF NOT EXISTS runs_tenant_updated ON runs (tenant, updated_at);
 CREATE INDEX IF NOT EXISTS runs_updated ON runs (updated_at);
+CREATE TABLE IF NOT EXISTS run_owners (
+    run_id     TEXT PRIMARY KEY,
+    tenant     TEXT NOT NULL,
+    root_id    TEXT NOT NULL,
+    created_at REAL NOT NULL
+);
 """
 
 _ROWS_PER_STATEMENT = 500
@@ -506,6 +512,36 @@ class SQLiteLog(ReplayLog):
         )
         return None if row is None else self.with_expiry(_run_info(row))
 
+    async def claim_run(self, run_id: str, tenant: str, root_id: str) -> RunOwner:
+        return await self._call(self._claim, run_id, tenant, root_id)
+
+    def _claim(self, run_id: str, tenant: str, root_id: str) -> RunOwner:
+        db = self._db
+        db.execute("BEGIN IMMEDIATE")  # one writer across processes sharing the file
+        try:
+            row = db.execute("SELECT tenant, root_id FROM run_owners WHERE run_id = ?", (run_id,)).fetchone()
+            if row is None:
+                logged = db.execute(
+                    "SELECT tenant, coalesce(root_id, run_id) FROM runs WHERE run_id = ?", (run_id,)
+                ).fetchone()
+                row = (logged[0] or tenant, logged[1]) if logged else (tenant, root_id)
+                db.execute("INSERT INTO run_owners VALUES (?, ?, ?, ?)",
+                           (run_id, row[0], row[1], _epoch(self.clock())))
+            db.execute("COMMIT")
+        except BaseException:
+            if db.in_transaction:
+                db.execute("ROLLBACK")
+            raise
+        return RunOwner(tenant=row[0], root_id=row[1])
+
+    async def run_owner(self, run_id: str) -> RunOwner | None:
+        row = await self._call(
+            lambda: self._db.execute(
+                "SELECT tenant, root_id FROM run_owners WHERE run_id = ?", (run_id,)
+            ).fetchone()
+        )
+        return None if row is None else RunOwner(tenant=row[0], root_id=row[1])
+
     async def runs(
         self,
         *,
@@ -557,6 +593,7 @@ class SQLiteLog(ReplayLog):
                 db.executemany("DELETE FROM events WHERE run_id = ?", chunk)
                 deleted += db.total_changes - before
                 db.executemany("DELETE FROM runs WHERE run_id = ?", chunk)
+                db.executemany("DELETE FROM run_owners WHERE run_id = ?", chunk)
                 db.execute("COMMIT")
             except BaseException:
                 db.execute("ROLLBACK")
@@ -571,4 +608,9 @@ class SQLiteLog(ReplayLog):
         run_ids = [run_id for run_id, _ in expired]
         if dry_run:
             return SweepResult(runs=run_ids, events=sum(n for _, n in expired))
-        return SweepResult(runs=run_ids, events=self._delete(run_ids))
+        deleted = self._delete(run_ids)
+        self._db.execute(  # claims of runs that never reached the log
+            "DELETE FROM run_owners WHERE created_at <= ? AND run_id NOT IN (SELECT run_id FROM runs)",
+            (_epoch(now - self.retention.unfinished),),
+        )
+        return SweepResult(runs=run_ids, events=deleted)
