@@ -546,7 +546,9 @@ async def test_invariant_6_tenants_are_isolated_a_token_cannot_touch_another_ten
 ) -> None:
     """DESIGN 6 **Tenants are isolated**: "a token for one tenant can't read, list, export or control
     another tenant's runs" (nor ingest into them). docs/edge.md: another tenant's run answers 404, "the
-    same answer, so run ids can't be probed". Each refusal is checked against the owner's success."""
+    same answer, so run ids can't be probed"; a write naming another tenant's run is refused with
+KAI-STREAM-AUTH-0003 (docs/security.md § Authorization). Each refusal is checked against the owner's
+success."""
     acme_run, globex_run = unique("acme"), unique("globex")
     settings = EdgeSettings(secret=SECRET)
     async with pipeline(redis_url, sqlite_url(tmp_path), settings) as pipe, httpx.AsyncClient(timeout=60) as http:
@@ -586,13 +588,13 @@ async def test_invariant_6_tenants_are_isolated_a_token_cannot_touch_another_ten
         assert await status("POST", control, globex, json={"command": "cancel", "args": {}}) == 202
 
         forged = _koder(globex_run, 4, "tool.start", {"call_id": "forged", "tool": "t"}, tenant="globex")
-        assert await status("POST", f"/v1/runs/{globex_run}/events", acme, content=forged) == 404
+        assert await status("POST", f"/v1/runs/{globex_run}/events", acme, content=forged) == 403
         assert await status("GET", f"/v1/runs/{acme_run}/stream?detail=full", {}) == 401
         smuggled = _koder(unique("acme-new"), 1, "tool.start", {"call_id": "smuggled", "tool": "t"}, tenant="globex")
         run_of_smuggled = msgspec.json.decode(smuggled)["run_id"]
         answer = await http.post(f"{edge}/v1/runs/{run_of_smuggled}/events", headers=acme, content=smuggled)
         assert answer.status_code == 422, answer.text  # an event of another tenant is rejected
-        assert [r["code"] for r in answer.json()["rejected"]] == ["KAI-STREAM-PROTO-0001"]
+        assert [r["code"] for r in answer.json()["rejected"]] == ["KAI-STREAM-AUTH-0003"]
         narrow = token("acme", [acme_run])
         assert await status("GET", stream, narrow) == 404
         assert globex_run not in [r["run_id"] for r in (await http.get(f"{edge}/v1/runs", headers=narrow)).json()["runs"]]
