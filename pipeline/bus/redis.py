@@ -37,11 +37,12 @@ from redis.asyncio.retry import Retry
 from redis.backoff import ExponentialWithJitterBackoff
 from redis.crc import key_slot
 
-from ..envelope import Event, decode, encode
+from ..envelope import Event, encode
 from ..errors import BusUnavailable, ConfigError
 from . import keys, redis_scripts
 from .base import Bus, Consumer, ControlCommand, DeadLetter, EncodedAppend, StreamKey
 from .options import split_url
+from .redis_entries import decode_stored, entry_args, first_seq, lines_after, seq_of
 
 log = logging.getLogger(__name__)
 
@@ -118,19 +119,6 @@ def _raise_errors(results: list[Any]) -> list[Any]:
         if isinstance(result, Exception):
             raise result
     return results
-
-
-def _seq_spec(events: Sequence[Event]) -> bytes:
-    """The APPEND script's seqs argument: ``b"first+"`` for consecutive seqs (a raw view's
-    usual append), else the seqs joined by commas."""
-    seqs = [event.seq for event in events]
-    if seqs and seqs == list(range(seqs[0], seqs[0] + len(seqs))):
-        return b"%d+" % seqs[0]
-    return b",".join([b"%d" % seq for seq in seqs])
-
-
-def seq_of(entry_id: bytes | str) -> int:
-    return int(_text(entry_id).split("-", 1)[0])
 
 
 class RedisBus(Bus):
@@ -321,10 +309,8 @@ class RedisBus(Bus):
     ) -> ScriptCall:
         run_id, view = key
         args: list[Any] = [self.options.maxlen, self.options.ttl * 1000,
-                           "0" if state is None else "1", state or b""]
-        if len(events) != len(encoded):
-            raise ValueError(f"{len(events)} events, {len(encoded)} encoded")
-        args += (_seq_spec(events), b"\n".join(encoded))
+                           "0" if state is None else "1", state or b"",
+                           *entry_args(events, encoded)]
         return (APPEND, [self._stream_key(key), keys.meta_key(self.prefix, run_id, view)], args)
 
     async def _run_packed(self, calls: Sequence[ScriptCall]) -> list[Any]:
@@ -386,10 +372,22 @@ class RedisBus(Bus):
         return None if state is None else bytes(state)
 
     async def read(self, key: StreamKey, after: int, limit: int = 1000) -> list[Event]:
+        """``XRANGE`` from the entry holding seq ``after + 1``; entries hold several events,
+        so each read asks for about as many entries as the events still wanted need."""
+        name = self._stream_key(key)
+        lines: list[bytes] = []
+        start, count, seen = f"{after + 1}-0", min(limit, 64), 0
         with unavailable_on_connection_errors("read delivery stream"):
-            entries: Any = await self.redis.xrange(
-                self._stream_key(key), f"{after + 1}-0", "+", count=limit)
-        return [decode(fields[b"e"]) for _id, fields in entries]
+            while len(lines) < limit:
+                entries: Any = await self.redis.xrange(name, start, "+", count=count)
+                lines += lines_after(entries, after)
+                seen += len(entries)
+                if len(entries) < count:
+                    break
+                start = f"{seq_of(entries[-1][0]) + 1}-0"
+                per_entry = max(1.0, len(lines) / seen)
+                count = max(8, min(limit, int((limit - len(lines)) / per_entry) + 1))
+        return decode_stored(lines[:limit])
 
     async def bounds(self, key: StreamKey) -> tuple[int, int] | None:
         name = self._stream_key(key)
@@ -400,7 +398,7 @@ class RedisBus(Bus):
             first, last = await pipe.execute()
         if not first or not last:
             return None
-        return seq_of(first[0][0]), seq_of(last[0][0])
+        return first_seq(*first[0]), seq_of(last[0][0])
 
     async def tail(
         self, cursors: Mapping[StreamKey, int], block_ms: int = 1000
@@ -418,11 +416,14 @@ class RedisBus(Bus):
             else:
                 replies = await self.redis.xread(
                     streams, count=1000, block=block_ms if block_ms > 0 else None)  # type: ignore[arg-type]
-        return [
-            (by_name[_text(name)], decode(fields[b"e"]))
-            for name, entries in replies or []
-            for _id, fields in entries
-        ]
+        keys_of: list[StreamKey] = []
+        lines: list[bytes] = []
+        for name, entries in replies or []:
+            key = by_name[_text(name)]
+            got = lines_after(entries, cursors[key])
+            keys_of += [key] * len(got)
+            lines += got
+        return list(zip(keys_of, decode_stored(lines), strict=True))
 
     async def _tail_cluster(self, streams: dict[str, str], block_ms: int) -> list[Any]:
         """Streams of many slots: a multi-key XREAD must stay in one slot, so read each

@@ -27,36 +27,62 @@ return n
 
 APPEND = """
 -- KEYS[1] delivery stream, KEYS[2] its meta hash (last seq, writer state)
--- ARGV[1] approximate MAXLEN, ARGV[2] ttl ms, ARGV[3] '1' when ARGV[4] is a state to store,
--- ARGV[5] the events' seqs (increasing): 'first+' when they are first, first+1, ...,
---         else 'seq,seq,...'
--- ARGV[6] the events' canonical JSON joined by "\\n" (canonical JSON never holds a raw newline)
-local last = tonumber(redis.call('HGET', KEYS[2], 'last') or '0')
-local spec, blob = ARGV[5], ARGV[6]
-local nextseq, seqs = nil, nil
-if string.sub(spec, -1) == '+' then
-  nextseq = tonumber(string.sub(spec, 1, -2))
-else
-  seqs = {}
-  for s in string.gmatch(spec, '[^,]+') do seqs[#seqs + 1] = tonumber(s) end
+-- ARGV[1] seqs kept (MINID ~ <last seq - ARGV[1] + 1>), ARGV[2] ttl ms,
+-- ARGV[3] '1' when ARGV[4] is a state to store,
+-- ARGV[5], ARGV[6], ... pairs, one per entry: its seqs ('first+count' when consecutive, else
+-- 'seq,seq,...', increasing) and its events' canonical JSON joined by "\\n" (canonical JSON
+-- never holds a raw newline). An entry gets id '<its last seq>-0' and fields s (seqs) and
+-- e (events); events whose seq is not above the stream's last are left out of it.
+local last = redis.call('HGET', KEYS[2], 'last')
+if last then
+  last = tonumber(last)
+else  -- no meta (new stream, or the hash was lost): the stream's last entry says
+  local top = redis.call('XREVRANGE', KEYS[1], '+', '-', 'COUNT', 1)
+  last = top[1] and tonumber(string.match(top[1][1], '^(%d+)')) or 0
 end
-local n, i, pos = 0, 1, 1
-while blob ~= '' do
-  local stop = string.find(blob, '\\n', pos, true)
-  local seq
-  if seqs then seq = seqs[i] else seq = nextseq + i - 1 end
-  if seq > last then
-    local ok = redis.pcall('XADD', KEYS[1], 'MAXLEN', '~', ARGV[1], seq .. '-0', 'e',
-                           string.sub(blob, pos, (stop or 0) - 1))
-    -- an error means the stream already holds a higher id than meta says: skip it
-    if not (type(ok) == 'table' and ok.err) then
-      n = n + 1
-      last = seq
-    end
+local keep = tonumber(ARGV[1])
+
+local function parse(spec)
+  local plus = string.find(spec, '+', 1, true)
+  if plus then
+    local first = tonumber(string.sub(spec, 1, plus - 1))
+    local count = tonumber(string.sub(spec, plus + 1))
+    return first, first + count - 1, count, nil
   end
-  if not stop then break end
-  pos = stop + 1
-  i = i + 1
+  local seqs = {}
+  for s in string.gmatch(spec, '[^,]+') do seqs[#seqs + 1] = tonumber(s) end
+  return seqs[1], seqs[#seqs], #seqs, seqs
+end
+
+-- the part of an entry above seq `above` (its last seq is above it)
+local function above_seq(spec, blob, above)
+  local first, final, count, seqs = parse(spec)
+  if first > above then return spec, blob, count end
+  local skip, rest
+  if seqs then
+    skip = 0
+    while seqs[skip + 1] <= above do skip = skip + 1 end
+    rest = table.concat(seqs, ',', skip + 1)
+  else
+    skip = above - first + 1
+    rest = (above + 1) .. '+' .. (final - above)
+  end
+  local pos = 1
+  for _ = 1, skip do pos = string.find(blob, '\\n', pos, true) + 1 end
+  return rest, string.sub(blob, pos), count - skip
+end
+
+local n = 0
+for i = 5, #ARGV, 2 do
+  local spec, blob = ARGV[i], ARGV[i + 1]
+  local _, final = parse(spec)
+  if blob ~= '' and final > last then
+    local rest, part, count = above_seq(spec, blob, last)
+    redis.call('XADD', KEYS[1], 'MINID', '~', math.max(0, final - keep + 1),
+               final .. '-0', 's', rest, 'e', part)
+    n = n + count
+    last = final
+  end
 end
 if n > 0 and ARGV[3] == '1' then
   redis.call('HSET', KEYS[2], 'last', last, 'state', ARGV[4])

@@ -1,0 +1,111 @@
+"""Delivery stream entries on Redis: several events per entry, the seq ↔ entry mapping exact.
+
+An append writes one entry per stream and up to :data:`ENTRY_EVENTS` events
+(the ``APPEND`` script in :mod:`pipeline.bus.redis_scripts`):
+
+* entry id ``<seq of its last event>-0`` — ids increase with seq, a
+  duplicate is impossible, and ``XRANGE <after+1>-0 +`` starts at the entry
+  holding the first event after ``after``;
+* field ``s``: the events' seqs, ``first+count`` when consecutive (a raw
+  view), else ``seq,seq,…`` (a shaped view's seqs skip the deltas it merged);
+* field ``e``: the events' canonical JSON, one per line.
+
+An entry without ``s`` holds one event whose seq is its id's (the format
+before multi-event entries); readers take both.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Sequence
+from typing import Any
+
+from ..envelope import Event, decode_many
+from ..errors import ProtocolError
+
+ENTRY_EVENTS = 512
+"""At most this many events per entry (a reader resuming mid-entry skips the rest undecoded)."""
+
+
+def seq_spec(seqs: Sequence[int]) -> bytes:
+    """The ``s`` field of an entry holding events with these (increasing) seqs."""
+    first = seqs[0]
+    if seqs[-1] - first == len(seqs) - 1:
+        return b"%d+%d" % (first, len(seqs))
+    return b",".join([b"%d" % seq for seq in seqs])
+
+
+def entry_args(events: Sequence[Event], encoded: Sequence[bytes]) -> list[bytes]:
+    """The ``APPEND`` script's entry arguments: ``seqs, lines`` per entry of at most
+    :data:`ENTRY_EVENTS` events."""
+    if len(events) != len(encoded):
+        raise ValueError(f"{len(events)} events, {len(encoded)} encoded")
+    args: list[bytes] = []
+    for start in range(0, len(events), ENTRY_EVENTS):
+        chunk = events[start:start + ENTRY_EVENTS]
+        args += (seq_spec([event.seq for event in chunk]),
+                 b"\n".join(encoded[start:start + ENTRY_EVENTS]))
+    return args
+
+
+def _text(value: bytes | str) -> str:
+    return value.decode() if isinstance(value, bytes) else value
+
+
+def seq_of(entry_id: bytes | str) -> int:
+    """The seq of an entry's last event (its id's first part)."""
+    return int(_text(entry_id).split("-", 1)[0])
+
+
+def _seqs(spec: bytes) -> list[int]:
+    first, plus, count = spec.partition(b"+")
+    if plus:
+        start = int(first)
+        return list(range(start, start + int(count)))
+    return [int(seq) for seq in spec.split(b",")]
+
+
+def _field(fields: Any, name: bytes) -> bytes | None:
+    if isinstance(fields, dict):
+        value = fields.get(name)
+    else:  # a raw [name, value, …] reply
+        value = dict(zip(fields[::2], fields[1::2], strict=True)).get(name)
+    return None if value is None else bytes(value)
+
+
+def first_seq(entry_id: bytes | str, fields: Any) -> int:
+    """The seq of an entry's first event."""
+    spec = _field(fields, b"s")
+    if spec is None:
+        return seq_of(entry_id)
+    first, plus, _ = spec.partition(b"+")
+    return int(first) if plus else int(spec.split(b",", 1)[0])
+
+
+def lines_after(entries: Iterable[tuple[Any, Any]], after: int) -> list[bytes]:
+    """The encoded events with seq > ``after`` of entries as ``XRANGE`` returns them, in order."""
+    out: list[bytes] = []
+    for entry_id, fields in entries:
+        data = _field(fields, b"e")
+        if data is None:
+            continue
+        spec = _field(fields, b"s")
+        if spec is None:  # one event, seq = the id's
+            if seq_of(entry_id) > after:
+                out.append(data)
+            continue
+        lines = data.split(b"\n")
+        seqs = _seqs(spec)
+        if seqs[0] > after:
+            out += lines
+        else:
+            out += [line for seq, line in zip(seqs, lines, strict=True) if seq > after]
+    return out
+
+
+def decode_stored(lines: Sequence[bytes]) -> list[Event]:
+    """Events the workers stored (canonical JSON, so one msgspec call decodes a batch)."""
+    events = decode_many(lines)
+    for event in events:
+        if isinstance(event, ProtocolError):
+            raise event
+    return events  # type: ignore[return-value]
