@@ -37,6 +37,17 @@ from .errors import MalformedFrame, ProtocolError, UnknownEventType
 
 MAX_FRAME_BYTES = 1 << 20
 """Default size limit of one encoded frame (1 MiB)."""
+MAX_DEPTH = 64
+"""Deepest JSON nesting of a frame (the envelope object is level 1, its ``payload`` level 2).
+
+Checked wherever a frame is decoded (HTTP ingest, workers, the edge, imports):
+deeper values are what make recursive code downstream (egress encoders,
+``copy.deepcopy``) raise ``RecursionError``."""
+INT64_MAX = (1 << 63) - 1
+"""Largest integer any numeric envelope or payload field may hold (checkpoints and
+the replay log store them as signed 64-bit)."""
+MAX_ID_CHARS = 256
+"""Longest run id, parent/root/child id or tenant."""
 
 _TS_PATTERN = r"^\d{4}-\d{2}-\d{2}[Tt ]\d{2}:\d{2}:\d{2}(\.\d{1,9})?([Zz]|[+-]\d{2}:\d{2})\Z"
 _TS_RE = re.compile(_TS_PATTERN, re.ASCII)  # ASCII digits only; \Z: no trailing newline
@@ -49,8 +60,12 @@ constraint: msgspec calls back into Python's ``re`` for every value, which
 cost more than the rest of decoding together; checked afterwards, the same
 regex runs once per *distinct* timestamp of a batch."""
 EventId = Annotated[str, msgspec.Meta(min_length=1, max_length=128)]
-RunId = Annotated[str, msgspec.Meta(min_length=1, max_length=256)]
-Seq = Annotated[int, msgspec.Meta(ge=0)]
+RunId = Annotated[str, msgspec.Meta(min_length=1, max_length=MAX_ID_CHARS)]
+RunRef = Annotated[str, msgspec.Meta(max_length=MAX_ID_CHARS)]
+"""A run named by another field (``child_id``, ``parent_id``, ``root_id``) or a tenant."""
+Seq = Annotated[int, msgspec.Meta(ge=0, le=INT64_MAX)]
+Count = Annotated[int, msgspec.Meta(ge=0, le=INT64_MAX)]
+"""A non-negative integer field (indexes, durations, token counts): the same bounds as ``seq``."""
 
 LifecycleState = Literal[
     "planning", "awaiting_approval", "running", "paused", "redirecting", "done", "aborted", "error"
@@ -88,12 +103,12 @@ class ToolEndPayload(_Payload):
     ok: bool
     output: Any = None
     error: Any = None
-    duration_ms: int | None = None
+    duration_ms: Count | None = None
     blob_ref: str | None = None
 
 
 class StepBoundaryPayload(_Payload):
-    step_index: int
+    step_index: Count
     step_kind: StepKind
     checkpoint_id: str | None = None
 
@@ -126,13 +141,13 @@ class PlanProposalPayload(_Payload):
 class RunLifecyclePayload(_Payload):
     state: LifecycleState
     reason: str | None = None
-    dropped_count: int | None = None
+    dropped_count: Count | None = None
 
 
 class UsagePayload(_Payload):
-    input_tokens: int = 0
-    output_tokens: int = 0
-    total_tokens: int = 0
+    input_tokens: Count = 0
+    output_tokens: Count = 0
+    total_tokens: Count = 0
     model: str | None = None
 
 
@@ -140,8 +155,8 @@ class GapPayload(_Payload):
     """A publisher's seq jumped: events ``first``..``last`` of ``run_id`` never arrived."""
 
     run_id: str
-    first: int
-    last: int
+    first: Seq
+    last: Seq
 
 
 class Envelope(
@@ -158,12 +173,12 @@ class Envelope(
     ts: Timestamp
     run_id: RunId
     seq: Seq
-    child_id: str | None = None
+    child_id: RunRef | None = None
     ext: dict[str, Any] | None = None
-    span: tuple[int, int] | None = None
-    parent_id: str | None = None
-    root_id: str | None = None
-    tenant: str | None = None
+    span: tuple[Seq, Seq] | None = None
+    parent_id: RunRef | None = None
+    root_id: RunRef | None = None
+    tenant: RunRef | None = None
 
     type_name: ClassVar[str] = ""
 
@@ -237,12 +252,12 @@ class Extension(
     run_id: RunId
     seq: Seq
     payload: dict[str, Any]
-    child_id: str | None = None
+    child_id: RunRef | None = None
     ext: dict[str, Any] | None = None
-    span: tuple[int, int] | None = None
-    parent_id: str | None = None
-    root_id: str | None = None
-    tenant: str | None = None
+    span: tuple[Seq, Seq] | None = None
+    parent_id: RunRef | None = None
+    root_id: RunRef | None = None
+    tenant: RunRef | None = None
 
     def payload_dict(self) -> dict[str, Any]:
         return self.payload
@@ -325,7 +340,8 @@ def decode(frame: bytes | str, *, max_bytes: int = MAX_FRAME_BYTES) -> Event:
     """Decode and validate one canonical JSON frame.
 
     Raises ``MalformedFrame`` (KAI-STREAM-PROTO-0001) for bad JSON, a missing
-    or mistyped field, or a frame over ``max_bytes``; ``UnknownEventType``
+    or mistyped field, a number out of its range, a frame over ``max_bytes``
+    or nested deeper than :data:`MAX_DEPTH`; ``UnknownEventType``
     (KAI-STREAM-PROTO-0002) for a type that is neither core nor ``x.*``.
     """
     if len(frame) > max_bytes:
@@ -335,11 +351,13 @@ def decode(frame: bytes | str, *, max_bytes: int = MAX_FRAME_BYTES) -> Event:
     except msgspec.ValidationError as exc:
         text, path = _field_of(str(exc))
         if path == "$.type" or text.startswith("Object missing required field `type`"):
-            return _check_ts(_decode_extension(frame, text, path))
+            return _check_depth(_check_ts(_decode_extension(frame, text, path)), frame)
         raise MalformedFrame(text, field=path) from None
     except msgspec.DecodeError as exc:
         raise MalformedFrame(f"not valid JSON: {exc}") from None
-    return _check_ts(event)
+    except RecursionError:
+        raise _too_deep() from None
+    return _check_depth(_check_ts(event), frame)
 
 
 _E = TypeVar("_E", bound=Envelope | Extension)
@@ -351,9 +369,76 @@ def _check_ts(event: _E) -> _E:
     return event
 
 
+def _too_deep() -> MalformedFrame:
+    return MalformedFrame(f"frame is nested deeper than {MAX_DEPTH} levels", field="$.payload")
+
+
+def _may_be_deep(frame: bytes | str) -> bool:
+    """False when a frame has too few brackets to nest deeper than :data:`MAX_DEPTH` (C speed)."""
+    if isinstance(frame, str):
+        return frame.count("{") + frame.count("[") > MAX_DEPTH
+    return frame.count(b"{") + frame.count(b"[") > MAX_DEPTH
+
+
+def _check_depth(event: _E, frame: bytes | str) -> _E:
+    if _may_be_deep(frame) and is_too_deep(event):
+        raise _too_deep()
+    return event
+
+
+def _deeper_than(value: Any, depth: int, limit: int) -> bool:
+    """Whether JSON data at nesting level ``depth`` reaches below level ``limit`` (no recursion)."""
+    stack = [(value, depth)]
+    while stack:
+        item, level = stack.pop()
+        if type(item) is dict:
+            children: Any = item.values()
+        elif type(item) is list:
+            children = item
+        else:
+            continue
+        if level > limit:
+            return True
+        stack.extend((child, level + 1) for child in children if type(child) in (dict, list))
+    return False
+
+
+def is_too_deep(event: Envelope | Extension) -> bool:
+    """Whether the event's canonical JSON nests deeper than :data:`MAX_DEPTH`.
+
+    Only fields of free-form JSON can nest: ``ext``, an extension's payload,
+    a tool's ``input``, ``output`` and ``error`` (levels as in the frame: the
+    envelope is 1, ``payload`` and ``ext`` are 2).
+    """
+    if event.ext is not None and _deeper_than(event.ext, 2, MAX_DEPTH):
+        return True
+    if type(event) is Extension:
+        return _deeper_than(event.payload, 2, MAX_DEPTH)
+    if type(event) is ToolStart:
+        return _deeper_than(event.payload.input, 3, MAX_DEPTH)
+    if type(event) is ToolEnd:
+        payload = event.payload
+        return _deeper_than(payload.output, 3, MAX_DEPTH) or _deeper_than(payload.error, 3, MAX_DEPTH)
+    return False
+
+
 def is_timestamp(value: object) -> bool:
     """True for a string the envelope accepts as ``ts``."""
     return isinstance(value, str) and len(value) <= 40 and _TS_RE.match(value) is not None
+
+
+def check(event: Event, *, max_bytes: int = MAX_FRAME_BYTES) -> Event:
+    """``event`` as a worker will read it, or the error a worker would dead-letter it with.
+
+    Events built in code (ingest codecs, the SDK) skip the decoder's bounds;
+    this encodes and decodes them with the very limits the worker applies, so
+    ingest refuses what a worker could not carry.
+    """
+    try:
+        frame = _encoder.encode(event)
+    except (OverflowError, RecursionError, TypeError) as exc:
+        raise MalformedFrame(f"event cannot be encoded: {exc}") from None
+    return decode(frame, max_bytes=max_bytes)
 
 
 def decode_lines(frames: bytes, *, max_bytes: int = MAX_FRAME_BYTES) -> list[Event | ProtocolError]:
@@ -369,9 +454,9 @@ def decode_lines(frames: bytes, *, max_bytes: int = MAX_FRAME_BYTES) -> list[Eve
         try:
             events: list[Event | ProtocolError] = _decoder.decode_lines(frames)
             stamps = {event.ts for event in events}  # type: ignore[union-attr]
-            if all(map(_TS_RE.match, stamps)):
+            if all(map(_TS_RE.match, stamps)) and not any(map(is_too_deep, events)):  # type: ignore[arg-type]
                 return events
-        except (msgspec.ValidationError, msgspec.DecodeError):
+        except (msgspec.ValidationError, msgspec.DecodeError, RecursionError):
             pass
     out: list[Event | ProtocolError] = []
     for line in frames.splitlines():
@@ -392,18 +477,23 @@ def decode_many(
     When every frame is a one-line canonical frame (what publishers write),
     the batch goes through one msgspec call; otherwise, or when any frame
     fails, each frame is decoded alone, so a bad frame affects only its own
-    result. (Unlike :func:`decode_lines`, nothing is skipped.)
+    result. (Unlike :func:`decode_lines`, nothing is skipped.) The limits are
+    those of :func:`decode`; the depth limit costs a bracket count per frame.
     """
     if frames and max(map(len, frames)) <= max_bytes:
         joined = b"\n".join(frames)
         if joined.count(b"\n") == len(frames) - 1:
             try:
                 events: list[Event | ProtocolError] = _decoder.decode_lines(joined)
-            except (msgspec.ValidationError, msgspec.DecodeError):
+            except (msgspec.ValidationError, msgspec.DecodeError, RecursionError):
                 events = []
             if len(events) == len(frames) and all(
                 map(_TS_RE.match, {event.ts for event in events})  # type: ignore[union-attr]
             ):
+                if any(map(_may_be_deep, frames)):
+                    for index, frame in enumerate(frames):
+                        if _may_be_deep(frame) and is_too_deep(events[index]):  # type: ignore[arg-type]
+                            events[index] = _too_deep()
                 return events
     out: list[Event | ProtocolError] = []
     for frame in frames:
@@ -419,6 +509,8 @@ def _decode_extension(frame: bytes | str, text: str, path: str | None) -> Extens
         raw = _type_probe.decode(frame)
     except msgspec.DecodeError as exc:
         raise MalformedFrame(f"not valid JSON: {exc}") from None
+    except RecursionError:
+        raise _too_deep() from None
     kind = raw.get("type")
     if not isinstance(kind, str):
         raise MalformedFrame("missing or non-string `type`", field="$.type")
@@ -430,6 +522,8 @@ def _decode_extension(frame: bytes | str, text: str, path: str | None) -> Extens
         )
     try:
         return _ext_decoder.decode(frame)
+    except RecursionError:
+        raise _too_deep() from None
     except msgspec.ValidationError as exc:
         text, path = _field_of(str(exc))
         raise MalformedFrame(text, field=path) from None

@@ -7,7 +7,9 @@ number, its ``KAI-STREAM-*`` code and the reason. The answer is ``200``
 when every line was good and ``422`` when any was bad (``accepted`` says how
 many events were published anyway). Re-posting the corrected batch is
 safe: appends downstream are idempotent on ``(run_id, seq)``, so the lines
-already accepted are not duplicated. If the bus is down nothing is
+already accepted are not duplicated. Every event is held to the limits a
+worker decodes with (:func:`pipeline.envelope.check`: numbers within int64,
+nesting, frame size), so nothing accepted here is dead-lettered there. If the bus is down nothing is
 published and the answer is ``503`` — retry the whole batch.
 """
 
@@ -15,9 +17,9 @@ from __future__ import annotations
 
 import msgspec
 
-from .. import protocols
+from .. import envelope, protocols
 from ..envelope import Event
-from ..errors import PROTO_MALFORMED, ConfigError, ProtocolError, RunwireError
+from ..errors import PROTO_MALFORMED, ConfigError, MalformedFrame, ProtocolError, RunwireError
 
 DEFAULT_FORMAT = "koder"
 
@@ -71,16 +73,26 @@ def decode_body(body: bytes, format_name: str, run_id: str) -> tuple[list[tuple[
         if not line.strip():
             continue
         try:
-            decoded = codec.feed(line)
+            decoded = [envelope.check(event) for event in _feed(codec, line)]
         except ProtocolError as exc:
             errors.append(line_error(number, exc))
             continue
         events.extend((number, event) for event in decoded)
     try:
-        events.extend((len(chunks), event) for event in codec.close())
+        events.extend((len(chunks), envelope.check(event)) for event in codec.close())
     except ProtocolError as exc:
         errors.append(line_error(len(chunks), exc))
     return events, errors
+
+
+def _feed(codec: protocols.Ingest, line: bytes) -> list[Event]:
+    """``codec.feed``; a frame nested too deep for any parser is a bad frame, not a crash."""
+    try:
+        return codec.feed(line)
+    except RecursionError:
+        raise MalformedFrame(
+            f"frame is nested deeper than {envelope.MAX_DEPTH} levels", field="$"
+        ) from None
 
 
 def line_error(number: int, exc: RunwireError) -> LineError:

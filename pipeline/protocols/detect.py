@@ -75,6 +75,8 @@ def classify(line: bytes) -> set[str]:
         frame = _decoder.decode(line)
     except msgspec.DecodeError:
         frame = None
+    except RecursionError:  # JSON too deep to read fits no format; the codec reports it per line
+        return set()
     if isinstance(frame, dict):
         return _json_formats(frame)
     if any(marker in line for marker in WIRE_MARKERS):

@@ -63,6 +63,8 @@ def decode_object(data: bytes | str, *, max_bytes: int = MAX_FRAME_BYTES) -> dic
         value = _object_decoder.decode(data)
     except msgspec.DecodeError as exc:
         raise MalformedFrame(f"not valid JSON: {exc}") from None
+    except RecursionError:
+        raise MalformedFrame(f"frame is nested deeper than {envelope.MAX_DEPTH} levels") from None
     if not isinstance(value, dict):
         raise MalformedFrame(
             f"a frame must be a JSON object, got {type(value).__name__}", field="$"
@@ -99,11 +101,11 @@ def check_fields(
 
 
 def as_int(value: Any) -> int:
-    """An int for a typed payload field; anything else is 0 (the ext diff keeps the original)."""
-    if isinstance(value, int) and not isinstance(value, bool):
-        return value
+    """A count for a typed payload field (0..int64); anything else is 0 (the ext diff keeps the original)."""
     if isinstance(value, float) and value.is_integer():
-        return int(value)
+        value = int(value)
+    if isinstance(value, int) and not isinstance(value, bool) and 0 <= value <= envelope.INT64_MAX:
+        return value
     return 0
 
 
