@@ -7,12 +7,12 @@
 The data: ``--runs`` runs (default 100) sharing ``--events`` events, the mix
 of a real run (mostly text/reasoning deltas, tool calls, usage, lifecycle).
 
-* **runwire export** — ``ReplayLog.export_jsonl`` of every run (koder JSONL,
+* **runwire export** — ``pipeline.store.jsonl.export_jsonl`` of every run (koder JSONL,
   seq order) into ``/dev/null``: streams the stored canonical bytes.
 * **baseline export** — the loop a user writes over a plain events table
   (``id, run_id, tenant, child_id, seq, type, ts, payload`` — Koder agent stream §6):
   select each run's rows and ``json.dumps`` an envelope per row.
-* **runwire import** — ``ReplayLog.import_jsonl`` of the exported file
+* **runwire import** — ``pipeline.store.jsonl.import_jsonl`` of the exported file
   (validates every line, maintains run metadata, idempotent).
 * **baseline import** — ``json.loads`` each line and ``executemany`` an
   ``INSERT … ON CONFLICT DO NOTHING`` into the plain table, 10 000 a batch.
@@ -41,6 +41,7 @@ sys.path.insert(0, str(ROOT))
 
 from pipeline import envelope  # noqa: E402
 from pipeline.store import open_store  # noqa: E402
+from pipeline.store.jsonl import export_jsonl, import_jsonl  # noqa: E402
 from pipeline.ulid import MonotonicULID  # noqa: E402
 
 BASE_COLUMNS = "id, run_id, tenant, child_id, seq, type, ts, payload"
@@ -98,14 +99,14 @@ def _median_rate(count: int, timings: list[float]) -> float:
 async def runwire_import(url: str, path: Path) -> tuple[float, int]:
     async with open_store(url) as log:
         start = time.perf_counter()
-        report = await log.import_jsonl(_lines(path))
+        report = await import_jsonl(log, _lines(path))
         return time.perf_counter() - start, report.added
 
 
 async def runwire_export(url: str, run_ids: list[str], sink: IO[bytes]) -> tuple[float, int]:
     async with open_store(url) as log:
         start = time.perf_counter()
-        count = await log.export_jsonl(run_ids, sink.write)
+        count = await export_jsonl(log, run_ids, sink.write)
         return time.perf_counter() - start, count
 
 

@@ -56,8 +56,8 @@ from pipeline.bus import keys as bus_keys
 from pipeline.bus.kafka import KafkaBus
 from pipeline.errors import BusUnavailable
 from pipeline.processor import DEFAULT_SILENCE_S, Processor, StreamOutput, newest_checkpoint
+from pipeline.stages import BATCH, TICK_S, Stages, WorkerStats
 from pipeline.store import ReplayLog, open_store
-from workers.runtime import BATCH, TICK_S, Stages, WorkerStats
 
 log = logging.getLogger("runwire.faust")
 
@@ -272,7 +272,7 @@ class WorkerApp(faust.App):  # type: ignore[misc]
 
 
 class FaustWorker:
-    """Builds and runs the faust app around :class:`~workers.runtime.Stages`."""
+    """Builds and runs the faust app around :class:`~pipeline.stages.Stages`."""
 
     def __init__(
         self,

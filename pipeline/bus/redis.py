@@ -14,35 +14,41 @@ Layout (every key is built in :mod:`pipeline.bus.keys`):
   TTL refreshed on every append;
 * a control stream per run; a dead-letter stream.
 
-Connection errors become :class:`~pipeline.errors.BusUnavailable` after
-redis-py's own ``Retry`` (exponential backoff with jitter) gave up; the
-next call reconnects.
+The connection, the scripts and the RESP packing are
+:mod:`pipeline.bus.redis_link`'s: connection errors become
+:class:`~pipeline.errors.BusUnavailable` after redis-py's own ``Retry``
+(exponential backoff with jitter) gave up; the next call reconnects.
 """
 
 from __future__ import annotations
 
 import asyncio
-import contextlib
-import hashlib
 import logging
 import weakref
-from collections.abc import AsyncIterator, Iterator, Mapping, Sequence
+from collections.abc import AsyncIterator, Mapping, Sequence
 from typing import Any
 
 import msgspec
-import redis.exceptions as rexc
 from redis.asyncio import Redis
 from redis.asyncio.cluster import RedisCluster
-from redis.asyncio.retry import Retry
 from redis.backoff import ExponentialWithJitterBackoff
 from redis.crc import key_slot
 
 from ..envelope import Event, encode
-from ..errors import BusUnavailable, ConfigError
-from . import keys, redis_scripts
+from ..errors import BusUnavailable
+from . import keys
 from .base import Bus, Consumer, ControlCommand, DeadLetter, EncodedAppend, StreamKey
 from .options import split_url
+from .redis_consumer import RedisConsumer
 from .redis_entries import decode_stored, entry_args, first_seq, lines_after, seq_of
+from .redis_link import (
+    APPEND,
+    PUBLISH,
+    RedisLink,
+    ScriptCall,
+    text,
+    unavailable_on_connection_errors,
+)
 
 log = logging.getLogger(__name__)
 
@@ -58,67 +64,8 @@ PASSTHROUGH_OPTIONS = (
 CONTROL_MAXLEN = 1000
 SLOT_POLL_COST_S = 20e-6
 """Poll-interval share of one watched slot in a Cluster ``tail`` (see ``_tail_cluster``)."""
-_CONNECTION_ERRORS = (
-    rexc.ConnectionError, rexc.TimeoutError, rexc.ClusterDownError, rexc.TryAgainError,
-    rexc.MasterDownError, rexc.RedisClusterException, rexc.BusyLoadingError, OSError,
-)
 _control_decoder = msgspec.json.Decoder(ControlCommand)
 _encoder = msgspec.json.Encoder()
-
-
-@contextlib.contextmanager
-def unavailable_on_connection_errors(what: str) -> Iterator[None]:
-    """Turn a lost/refused connection into the retriable BusUnavailable."""
-    try:
-        yield
-    except _CONNECTION_ERRORS as exc:
-        raise BusUnavailable(f"{what}: {exc}") from exc
-
-
-class Script:
-    """A Lua script called by SHA, reloaded when the server lost it (restart, failover)."""
-
-    def __init__(self, source: str) -> None:
-        self.source = source
-        self.sha = hashlib.sha1(source.encode()).hexdigest()
-
-
-PUBLISH = Script(redis_scripts.PUBLISH)
-APPEND = Script(redis_scripts.APPEND)
-MEMBERSHIP = Script(redis_scripts.MEMBERSHIP)
-ScriptCall = tuple[Script, Sequence[str], Sequence[Any]]
-
-
-def _text(value: bytes | str) -> str:
-    return value.decode() if isinstance(value, bytes) else value
-
-
-def _resp_bytes(value: Any) -> bytes:
-    if isinstance(value, bytes):
-        return value
-    if isinstance(value, str):
-        return value.encode()
-    return str(int(value)).encode()
-
-
-def _resp_command(parts: Sequence[Any]) -> bytes:
-    """One command in RESP (arguments: bytes, str or int; bytes is the fast path)."""
-    encoded = [part if type(part) is bytes else _resp_bytes(part) for part in parts]
-    return b"*%d\r\n" % len(encoded) + b"".join(
-        [b"$%d\r\n%b\r\n" % (len(part), part) for part in encoded])
-
-
-def _resp_evalsha(script: Script, call_keys: Sequence[str], args: Sequence[Any]) -> bytes:
-    """One ``EVALSHA`` command in RESP."""
-    return _resp_command([b"EVALSHA", script.sha, len(call_keys), *call_keys, *args])
-
-
-def _raise_errors(results: list[Any]) -> list[Any]:
-    """The replies of a pipeline, raising the first error reply among them."""
-    for result in results:
-        if isinstance(result, Exception):
-            raise result
-    return results
 
 
 class RedisBus(Bus):
@@ -135,77 +82,31 @@ class RedisBus(Bus):
         self.max_deliveries = options.max_deliveries
         self.claim_idle_ms = options.claim_idle_ms
         self.prefix = options.prefix
-        self._redis: Redis | RedisCluster | None = None
+        self.link = RedisLink(url, self.connect_url, cluster=self.cluster)
         self._consumers: weakref.WeakSet[Consumer] = weakref.WeakSet()
 
     # ---- connection ---------------------------------------------------
     @property
     def redis(self) -> Redis | RedisCluster:
-        if self._redis is None:
-            raise BusUnavailable(f"bus {self.url} is not connected (use `async with`)")
-        return self._redis
+        return self.link.redis
 
-    def _client(self) -> Redis | RedisCluster:
-        retry = Retry(ExponentialWithJitterBackoff(cap=1.0, base=0.05), retries=4)
-        try:
-            if self.cluster:
-                return RedisCluster.from_url(
-                    self.connect_url, retry=retry, socket_timeout=None,
-                    socket_connect_timeout=5,
-                )
-            return Redis.from_url(
-                self.connect_url, retry=retry, socket_timeout=None, socket_connect_timeout=5,
-                socket_keepalive=True,
-                retry_on_error=[rexc.ConnectionError, rexc.TimeoutError, rexc.BusyLoadingError],
-            )
-        except ValueError as exc:
-            raise ConfigError(f"bad Redis URL {self.url!r}: {exc}") from None
+    async def run_scripts(self, calls: Sequence[ScriptCall]) -> list[Any]:
+        """EVALSHA each call, all in one pipeline (see :meth:`RedisLink.run_scripts`)."""
+        return await self.link.run_scripts(calls)
 
     async def connect(self) -> None:
-        if self._redis is None:
-            self._redis = self._client()
+        self.link.open()
         await self.ping()
 
     async def close(self) -> None:
         """Close open consumers (releasing their leases), then the connections."""
         for consumer in list(self._consumers):
             await consumer.close()
-        if self._redis is not None:
-            client, self._redis = self._redis, None
-            await client.aclose()
+        await self.link.close()
 
     async def ping(self) -> None:
         with unavailable_on_connection_errors(f"ping {self.url}"):
             await self.redis.ping()
-
-    async def _load_scripts(self) -> None:
-        for script in (PUBLISH, APPEND, MEMBERSHIP):
-            await self.redis.script_load(script.source)
-
-    async def run_scripts(self, calls: Sequence[ScriptCall]) -> list[Any]:
-        """EVALSHA each call, all in one pipeline; reload scripts the server lost."""
-        with unavailable_on_connection_errors(f"script on {self.url}"):
-            results = await self._evalsha(calls)
-            missing = [i for i, r in enumerate(results) if isinstance(r, rexc.NoScriptError)]
-            if missing:
-                await self._load_scripts()
-                again = await self._evalsha([calls[i] for i in missing])
-                for index, result in zip(missing, again, strict=True):
-                    results[index] = result
-        return _raise_errors(results)
-
-    async def _evalsha(self, calls: Sequence[ScriptCall]) -> list[Any]:
-        if len(calls) == 1:
-            script, call_keys, args = calls[0]
-            try:
-                return [await self.redis.execute_command(
-                    "EVALSHA", script.sha, len(call_keys), *call_keys, *args)]
-            except rexc.NoScriptError as exc:
-                return [exc]
-        pipe = self.redis.pipeline(transaction=False)
-        for script, call_keys, args in calls:
-            pipe.execute_command("EVALSHA", script.sha, len(call_keys), *call_keys, *args)
-        return list(await pipe.execute(raise_on_error=False))
 
     # ---- ingest -------------------------------------------------------
     async def publish(self, events: Sequence[Event]) -> None:
@@ -232,10 +133,8 @@ class RedisBus(Bus):
     def consumer(
         self, group: str, name: str, *, claim_idle_ms: int | None = None
     ) -> Consumer:
-        from .redis_consumer import RedisConsumer
-
         idle = self.claim_idle_ms if claim_idle_ms is None else claim_idle_ms
-        consumer = RedisConsumer(self, group, name, claim_idle_ms=idle)
+        consumer = RedisConsumer(self.link, self.options, group, name, claim_idle_ms=idle)
         self._consumers.add(consumer)
         return consumer
 
@@ -245,30 +144,12 @@ class RedisBus(Bus):
                 keys.dead_letter_key(self.prefix), "+", "-", count=limit)
         return [
             DeadLetter(
-                entry_id=_text(f[b"entry_id"]), shard=int(f[b"shard"]), data=f[b"e"],
-                reason=_text(f[b"reason"]), deliveries=int(f[b"deliveries"]),
-                group=_text(f[b"group"]),
+                entry_id=text(f[b"entry_id"]), shard=int(f[b"shard"]), data=f[b"e"],
+                reason=text(f[b"reason"]), deliveries=int(f[b"deliveries"]),
+                group=text(f[b"group"]),
             )
             for _id, f in entries
         ]
-
-    async def write_dead_letter(
-        self, *, group: str, entry_id: str, shard: int, data: bytes, reason: str,
-        deliveries: int,
-    ) -> None:
-        """XADD to the dead-letter stream and XACK the entry (one round trip)."""
-        fields: dict[str, bytes | str | int] = {
-            "e": data, "reason": reason, "group": group, "deliveries": deliveries,
-            "shard": shard, "entry_id": entry_id,
-        }
-        with unavailable_on_connection_errors("dead-letter"):
-            pipe = self.redis.pipeline(transaction=False)
-            pipe.xadd(keys.dead_letter_key(self.prefix), fields,  # type: ignore[arg-type]
-                      maxlen=self.options.dead_letter_maxlen, approximate=True)
-            pipe.xack(keys.ingest_key(self.prefix, shard), group, entry_id)
-            await pipe.execute()
-        log.warning("dead-lettered entry %s of shard %d in group %s after %d deliveries: %s",
-                    entry_id, shard, group, deliveries, reason)
 
     # ---- delivery ----------------------------------------------------
     def _stream_key(self, key: StreamKey) -> str:
@@ -299,7 +180,7 @@ class RedisBus(Bus):
             if self.cluster or len(calls) == 1:
                 results = await self.run_scripts(calls)
             else:
-                results = await self._run_packed(calls)
+                results = await self.link.run_packed(calls)
             for index, result in zip(wanted, results, strict=True):
                 counts[index] = int(result)
         return counts
@@ -312,58 +193,6 @@ class RedisBus(Bus):
                            "0" if state is None else "1", state or b"",
                            *entry_args(events, encoded)]
         return (APPEND, [self._stream_key(key), keys.meta_key(self.prefix, run_id, view)], args)
-
-    async def _run_packed(self, calls: Sequence[ScriptCall]) -> list[Any]:
-        """:meth:`run_scripts` for a standalone server, with the pipeline packed here.
-
-        redis-py's pipeline packs each argument through its encoder (a few
-        Python calls per event); an append batch has thousands of arguments,
-        all ``bytes``/``str``/``int``, so they are written as RESP directly and
-        sent in one write on one pooled connection. The replies are read
-        exactly as redis-py's pipeline reads them; scripts the server lost are
-        reloaded and those calls run again through :meth:`run_scripts`.
-        """
-        packed = b"".join(_resp_evalsha(*call) for call in calls)
-        with unavailable_on_connection_errors(f"script on {self.url}"):
-            results = await self._send_packed(packed, len(calls))
-        missing = [i for i, r in enumerate(results) if isinstance(r, rexc.NoScriptError)]
-        if missing:
-            again = await self.run_scripts([calls[i] for i in missing])
-            for index, result in zip(missing, again, strict=True):
-                results[index] = result
-        return _raise_errors(results)
-
-    async def raw_commands(self, commands: Sequence[Sequence[bytes | str | int]]) -> list[Any]:
-        """Commands on a standalone server, their replies raw (no redis-py response parsing).
-
-        For the hot paths (a worker's fetch and ack): redis-py turns every
-        stream entry of an ``XREADGROUP`` reply into a dict and packs every
-        id of an ``XACK`` through its encoder; here the replies stay nested
-        lists of bytes. An error reply is raised (``ResponseError`` …).
-        """
-        packed = b"".join(_resp_command(command) for command in commands)
-        return _raise_errors(await self._send_packed(packed, len(commands)))
-
-    async def _send_packed(self, packed: bytes, replies: int) -> list[Any]:
-        client = self.redis
-        assert isinstance(client, Redis)  # a Cluster client routes through run_scripts
-        pool = client.connection_pool
-        connection = await pool.get_connection()  # type: ignore[no-untyped-call]
-        complete = False
-        try:
-            await connection.send_packed_command(packed)
-            results: list[Any] = []
-            for _ in range(replies):
-                try:
-                    results.append(await connection.read_response())
-                except rexc.ResponseError as exc:
-                    results.append(exc)
-            complete = True
-            return results
-        finally:
-            if not complete:  # replies left unread: the connection can't be reused
-                await connection.disconnect()
-            await pool.release(connection)
 
     async def load_state(self, key: StreamKey) -> bytes | None:
         with unavailable_on_connection_errors("load delivery state"):
@@ -419,7 +248,7 @@ class RedisBus(Bus):
         keys_of: list[StreamKey] = []
         lines: list[bytes] = []
         for name, entries in replies or []:
-            key = by_name[_text(name)]
+            key = by_name[text(name)]
             got = lines_after(entries, cursors[key])
             keys_of += [key] * len(got)
             lines += got
@@ -471,7 +300,7 @@ class RedisBus(Bus):
                     replies: Any
                     if position == "$":
                         last: Any = await self.redis.xrevrange(name, "+", "-", count=1)
-                        position = _text(last[0][0]) if last else "0-0"
+                        position = text(last[0][0]) if last else "0-0"
                     replies = await self.redis.xread({name: position}, count=100, block=1000)
                 failures = 0
             except BusUnavailable as exc:
@@ -481,5 +310,5 @@ class RedisBus(Bus):
                 continue
             for _name, entries in replies or []:
                 for entry_id, fields in entries:
-                    position = _text(entry_id)
+                    position = text(entry_id)
                     yield _control_decoder.decode(fields[b"c"])

@@ -37,17 +37,15 @@ import contextlib
 import logging
 import time
 from collections.abc import Awaitable, Callable, Sequence
-from typing import TYPE_CHECKING, Any, TypeVar
+from typing import Any, TypeVar
 
 import redis.exceptions as rexc
 
 from ..errors import BusUnavailable
 from . import keys
 from .base import Consumer, Delivery
-from .redis import MEMBERSHIP, _text, unavailable_on_connection_errors
-
-if TYPE_CHECKING:
-    from .redis import RedisBus
+from .options import BusOptions
+from .redis_link import MEMBERSHIP, RedisLink, text, unavailable_on_connection_errors
 
 log = logging.getLogger(__name__)
 T = TypeVar("T")
@@ -64,12 +62,15 @@ def _field(fields: dict[bytes, bytes] | list[bytes], name: bytes) -> bytes:
 class RedisConsumer(Consumer):
     """See the module docstring."""
 
-    def __init__(self, bus: RedisBus, group: str, name: str, *, claim_idle_ms: int) -> None:
-        self.bus = bus
+    def __init__(
+        self, link: RedisLink, options: BusOptions, group: str, name: str, *, claim_idle_ms: int
+    ) -> None:
+        self.link = link
+        self.options = options
         self.group = group
         self.name = name
         self.claim_idle_ms = claim_idle_ms
-        self.lease_ms = bus.options.lease_ms
+        self.lease_ms = options.lease_ms
         self._owned: set[int] = set()
         self._clear: set[int] = set()
         """Owned shards on which no other consumer has pending entries."""
@@ -87,22 +88,22 @@ class RedisConsumer(Consumer):
         return frozenset(self._owned)
 
     def _key(self, shard: int) -> str:
-        return keys.ingest_key(self.bus.prefix, shard)
+        return keys.ingest_key(self.options.prefix, shard)
 
     # ---- group and membership -----------------------------------------------
     async def _create_groups(self) -> None:
-        pipe = self.bus.redis.pipeline(transaction=False)
-        for shard in range(self.bus.shards):
+        pipe = self.link.redis.pipeline(transaction=False)
+        for shard in range(self.options.shards):
             pipe.xgroup_create(self._key(shard), self.group, id="0", mkstream=True)
         for result in await pipe.execute(raise_on_error=False):
             if isinstance(result, Exception) and "BUSYGROUP" not in str(result):
                 raise result
 
     async def _membership(self, mode: str) -> set[int]:
-        lease_keys = [keys.lease_key(self.bus.prefix, self.group, s)
-                      for s in range(self.bus.shards)]
-        call_keys = [keys.members_key(self.bus.prefix, self.group), *lease_keys]
-        (held,) = await self.bus.run_scripts([(MEMBERSHIP, call_keys,
+        lease_keys = [keys.lease_key(self.options.prefix, self.group, s)
+                      for s in range(self.options.shards)]
+        call_keys = [keys.members_key(self.options.prefix, self.group), *lease_keys]
+        (held,) = await self.link.run_scripts([(MEMBERSHIP, call_keys,
                                                [self.name, self.lease_ms, mode])])
         return {int(s) for s in held}
 
@@ -157,7 +158,7 @@ class RedisConsumer(Consumer):
             "consumer group %r is missing on the ingest streams of %s (Redis lost its state: "
             "restarted without persistence, failed over or flushed); recreating it from the "
             "start of each stream — entries pending before the loss are not redelivered",
-            self.group, self.bus.url,
+            self.group, self.link.url,
         )
         await self._create_groups()
         self._clear.clear()
@@ -191,14 +192,14 @@ class RedisConsumer(Consumer):
         replies = await self._xreadgroup(streams, per_shard, None)
         got: dict[int, list[Entry]] = {}
         for name, entries in replies:
-            got[int(_text(name).rsplit(":", 1)[1].rstrip("}"))] = list(entries or [])
+            got[int(text(name).rsplit(":", 1)[1].rstrip("}"))] = list(entries or [])
         for shard in shards:
             entries = got.get(shard, [])
             if len(entries) < per_shard:
                 self._own_pending_done.add(shard)
                 self._own_pending_cursor.pop(shard, None)
             else:
-                self._own_pending_cursor[shard] = _text(entries[-1][0])
+                self._own_pending_cursor[shard] = text(entries[-1][0])
         return await self._with_counts(replies)
 
     async def _claim_idle(self, max_count: int) -> list[Delivery]:
@@ -211,7 +212,7 @@ class RedisConsumer(Consumer):
         if not shards or max_count <= 0:
             return []
         per_shard = max(1, -(-max_count // len(shards)))
-        pipe = self.bus.redis.pipeline(transaction=False)
+        pipe = self.link.redis.pipeline(transaction=False)
         for shard in shards:
             pipe.xautoclaim(self._key(shard), self.group, self.name, self.claim_idle_ms,
                             "0-0", count=per_shard)
@@ -220,7 +221,7 @@ class RedisConsumer(Consumer):
             if deleted:
                 log.warning("%d pending entries of shard %d were trimmed before group %r "
                             "processed them (raise ingest_maxlen): %s", len(deleted), shard,
-                            self.group, [_text(d) for d in deleted])
+                            self.group, [text(d) for d in deleted])
             if entries:
                 replies.append((self._key(shard), entries))
         return await self._with_counts(replies)
@@ -230,18 +231,18 @@ class RedisConsumer(Consumer):
         unknown = sorted((self._owned & self._own_pending_done) - self._clear)
         if not unknown:
             return
-        pipe = self.bus.redis.pipeline(transaction=False)
+        pipe = self.link.redis.pipeline(transaction=False)
         for shard in unknown:
             pipe.xpending(self._key(shard), self.group)
         for shard, summary in zip(unknown, await pipe.execute(), strict=True):
-            others = [c for c in summary["consumers"] or [] if _text(c["name"]) != self.name]
+            others = [c for c in summary["consumers"] or [] if text(c["name"]) != self.name]
             if not others:
                 self._clear.add(shard)
 
     async def _read_new(self, max_count: int, block_ms: int) -> list[Delivery]:
         shards = sorted(self._clear)
         per_shard = max(1, -(-max_count // len(shards)))
-        if self.bus.cluster and len(shards) > 1:
+        if self.link.cluster and len(shards) > 1:
             return await self._read_new_cluster(shards, per_shard, block_ms)
         replies = await self._xreadgroup({self._key(s): ">" for s in shards}, per_shard,
                                          block_ms if block_ms > 0 else None)
@@ -255,34 +256,34 @@ class RedisConsumer(Consumer):
         loop = asyncio.get_running_loop()
         deadline = loop.time() + block_ms / 1000
         while True:
-            pipe = self.bus.redis.pipeline(transaction=False)
+            pipe = self.link.redis.pipeline(transaction=False)
             for shard in shards:
                 pipe.xreadgroup(self.group, self.name, {self._key(shard): ">"}, count=per_shard)
             replies = [item for reply in await pipe.execute() for item in reply or []]
             remaining = deadline - loop.time()
             if replies or remaining <= 0:
                 return self._deliveries(replies, {})
-            await asyncio.sleep(min(remaining, self.bus.options.tail_poll_ms / 1000))
+            await asyncio.sleep(min(remaining, self.options.tail_poll_ms / 1000))
 
     async def _xreadgroup(
         self, streams: dict[str, str], count: int, block_ms: int | None
     ) -> list[Any]:
-        if self.bus.cluster and len(streams) > 1:
-            pipe = self.bus.redis.pipeline(transaction=False)
+        if self.link.cluster and len(streams) > 1:
+            pipe = self.link.redis.pipeline(transaction=False)
             for name, position in streams.items():
                 pipe.xreadgroup(self.group, self.name, {name: position}, count=count)
             return [item for reply in await pipe.execute() for item in reply or []]
-        if self.bus.cluster:
-            replies: Any = await self.bus.redis.xreadgroup(
+        if self.link.cluster:
+            replies: Any = await self.link.redis.xreadgroup(
                 self.group, self.name, streams, count=count, block=block_ms)  # type: ignore[arg-type]
             return list(replies or [])
-        # a standalone server: the reply is parsed here (see RedisBus.raw_commands)
+        # a standalone server: the reply is parsed here (see RedisLink.raw_commands)
         command: list[bytes | str | int] = [b"XREADGROUP", b"GROUP", self.group, self.name,
                                             b"COUNT", count]
         if block_ms is not None:
             command += (b"BLOCK", block_ms)
         command += (b"STREAMS", *streams, *streams.values())
-        (reply,) = await self.bus.raw_commands([command])
+        (reply,) = await self.link.raw_commands([command])
         if isinstance(reply, dict):  # RESP3
             reply = reply.items()
         return [(name, entries) for name, entries in reply or []]  # fields stay raw lists
@@ -292,7 +293,7 @@ class RedisConsumer(Consumer):
         replies = [(name, entries) for name, entries in replies if entries]
         if not replies:
             return []
-        pipe = self.bus.redis.pipeline(transaction=False)
+        pipe = self.link.redis.pipeline(transaction=False)
         for name, entries in replies:
             for entry_id, _fields in entries:
                 pipe.xpending_range(name, self.group, entry_id, entry_id, 1)
@@ -304,7 +305,7 @@ class RedisConsumer(Consumer):
     def _deliveries(self, replies: Sequence[Any], counts: dict[bytes, int]) -> list[Delivery]:
         out: list[Delivery] = []
         for name, entries in replies:
-            shard = int(_text(name).rsplit(":", 1)[1].rstrip("}"))
+            shard = int(text(name).rsplit(":", 1)[1].rstrip("}"))
             if not counts and all(type(f) is list and f[0] == b"e" for _, f in entries):
                 # the common case: new entries as read raw, each with the one field "e"
                 out += [Delivery(entry_id=entry_id.decode(), shard=shard, data=fields[1])
@@ -312,15 +313,15 @@ class RedisConsumer(Consumer):
                 continue
             for entry_id, fields in entries:
                 if fields is None:  # trimmed while pending: nothing left to deliver
-                    log.warning("pending entry %s of shard %d was trimmed", _text(entry_id), shard)
+                    log.warning("pending entry %s of shard %d was trimmed", text(entry_id), shard)
                     continue
-                out.append(Delivery(entry_id=_text(entry_id), shard=shard,
+                out.append(Delivery(entry_id=text(entry_id), shard=shard,
                                     data=_field(fields, b"e"), deliveries=counts.get(entry_id, 1)))
         return out
 
     async def _screen(self, deliveries: list[Delivery]) -> list[Delivery]:
         """Dead-letter entries delivered more than ``max_deliveries`` times."""
-        limit = self.bus.max_deliveries
+        limit = self.options.max_deliveries
         poison = [d for d in deliveries if d.deliveries > limit]
         for delivery in poison:
             await self.dead_letter(delivery, f"delivered {delivery.deliveries} times without "
@@ -335,20 +336,30 @@ class RedisConsumer(Consumer):
         for delivery in deliveries:
             by_shard.setdefault(delivery.shard, []).append(delivery.entry_id)
         with unavailable_on_connection_errors(f"ack {self.group}/{self.name}"):
-            if not self.bus.cluster:
-                await self.bus.raw_commands([[b"XACK", self._key(shard), self.group, *ids]
+            if not self.link.cluster:
+                await self.link.raw_commands([[b"XACK", self._key(shard), self.group, *ids]
                                              for shard, ids in by_shard.items()])
                 return
-            pipe = self.bus.redis.pipeline(transaction=False)
+            pipe = self.link.redis.pipeline(transaction=False)
             for shard, ids in by_shard.items():
                 pipe.xack(self._key(shard), self.group, *ids)
             await pipe.execute()
 
     async def dead_letter(self, delivery: Delivery, reason: str) -> None:
-        await self.bus.write_dead_letter(
-            group=self.group, entry_id=delivery.entry_id, shard=delivery.shard,
-            data=delivery.data, reason=reason, deliveries=delivery.deliveries,
-        )
+        """XADD to the dead-letter stream and XACK the entry (one round trip)."""
+        fields: dict[str, bytes | str | int] = {
+            "e": delivery.data, "reason": reason, "group": self.group,
+            "deliveries": delivery.deliveries, "shard": delivery.shard,
+            "entry_id": delivery.entry_id,
+        }
+        with unavailable_on_connection_errors("dead-letter"):
+            pipe = self.link.redis.pipeline(transaction=False)
+            pipe.xadd(keys.dead_letter_key(self.options.prefix), fields,  # type: ignore[arg-type]
+                      maxlen=self.options.dead_letter_maxlen, approximate=True)
+            pipe.xack(self._key(delivery.shard), self.group, delivery.entry_id)
+            await pipe.execute()
+        log.warning("dead-lettered entry %s of shard %d in group %s after %d deliveries: %s",
+                    delivery.entry_id, delivery.shard, self.group, delivery.deliveries, reason)
 
     async def close(self) -> None:
         """Release leases and leave; unacked entries stay pending for a successor."""
@@ -359,7 +370,7 @@ class RedisConsumer(Consumer):
             self._renewer.cancel()
             with contextlib.suppress(asyncio.CancelledError):
                 await self._renewer
-        if self._started and self.bus._redis is not None:
+        if self._started and self.link.connected:
             try:
                 await self._membership("leave")
             except BusUnavailable as exc:

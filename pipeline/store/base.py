@@ -14,14 +14,16 @@ maintained on append.
 from __future__ import annotations
 
 from abc import ABC, abstractmethod
-from collections.abc import AsyncIterator, Callable, Iterable, Sequence
+from collections.abc import AsyncIterator, Callable, Sequence
 from datetime import datetime, timedelta
 from types import TracebackType
 from typing import Self
 
 import msgspec
 
+from .. import envelope
 from ..envelope import Event
+from ..errors import UnknownRun
 
 
 class RetentionPolicy(msgspec.Struct, kw_only=True, frozen=True):
@@ -71,25 +73,6 @@ class RunOwner(msgspec.Struct, kw_only=True, frozen=True):
 class SweepResult(msgspec.Struct, kw_only=True):
     runs: list[str]
     events: int
-
-
-class LineError(msgspec.Struct, kw_only=True):
-    """A JSONL line that was not a valid event: 1-based line number, error code, message."""
-
-    line: int
-    code: str
-    message: str
-
-
-class ImportReport(msgspec.Struct, kw_only=True):
-    """What :meth:`ReplayLog.import_jsonl` did."""
-
-    lines: int = 0
-    """Non-blank lines read."""
-    added: int = 0
-    """Events newly stored (re-importing the same file adds 0)."""
-    runs: list[str] = []
-    errors: list[LineError] = []
 
 
 Clock = Callable[[], datetime]
@@ -213,8 +196,6 @@ class ReplayLog(ABC):
 
     async def require_run(self, run_id: str, *, now: datetime | None = None) -> RunInfo:
         """A run's metadata; raises UnknownRun when it is unknown or its retention expired."""
-        from ..errors import UnknownRun
-
         info = await self.run(run_id)
         if info is None:
             raise UnknownRun(f"unknown run {run_id!r} (never stored, or already swept)")
@@ -235,8 +216,6 @@ class ReplayLog(ABC):
         Backends override this to stream the stored canonical bytes without
         decoding and re-encoding each event.
         """
-        from .. import envelope
-
         lines: list[bytes] = []
         async for event in self.iter_events(run_id, after, batch):
             lines.append(envelope.encode(event))
@@ -245,29 +224,3 @@ class ReplayLog(ABC):
                 lines = []
         if lines:
             yield b"\n".join(lines) + b"\n", len(lines)
-
-    async def export_jsonl(self, run_ids: Iterable[str], out: Callable[[bytes], object]) -> int:
-        """Write runs as JSONL (one canonical envelope a line, ascending per run).
-
-        A run's lines come in delivery-seq order, which is id order: event ids
-        are monotonic per stream (Koder agent stream §2). Memory is bounded by one batch.
-        Returns the number of events written.
-        """
-        count = 0
-        for run_id in run_ids:
-            async for chunk, events in self.iter_jsonl(run_id):
-                out(chunk)
-                count += events
-        return count
-
-    async def import_jsonl(
-        self, lines: Iterable[bytes], *, batch: int = 20_000
-    ) -> ImportReport:
-        """Append JSONL events (idempotent on ``(run_id, seq)``).
-
-        Invalid lines are reported with their line number and error code;
-        the valid lines around them are kept.
-        """
-        from .jsonl import import_lines
-
-        return await import_lines(self, lines, batch=batch)

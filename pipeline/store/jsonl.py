@@ -1,18 +1,56 @@
-"""JSONL import: one canonical envelope a line, bad lines reported, good ones kept."""
+"""JSONL export and import of a replay log: one canonical envelope a line.
+
+Export streams each run's stored lines (:meth:`ReplayLog.iter_jsonl`);
+import reports bad lines with their number and code and keeps the good ones.
+"""
 
 from __future__ import annotations
 
 import asyncio
-from collections.abc import Iterable
-from typing import TYPE_CHECKING
+from collections.abc import Callable, Iterable
+
+import msgspec
 
 from .. import envelope
 from ..envelope import Event
 from ..errors import ProtocolError
-from .base import ImportReport, LineError
+from .base import ReplayLog
 
-if TYPE_CHECKING:
-    from .base import ReplayLog
+
+class LineError(msgspec.Struct, kw_only=True):
+    """A JSONL line that was not a valid event: 1-based line number, error code, message."""
+
+    line: int
+    code: str
+    message: str
+
+
+class ImportReport(msgspec.Struct, kw_only=True):
+    """What :func:`import_jsonl` did."""
+
+    lines: int = 0
+    """Non-blank lines read."""
+    added: int = 0
+    """Events newly stored (re-importing the same file adds 0)."""
+    runs: list[str] = []
+    errors: list[LineError] = []
+
+
+async def export_jsonl(
+    log: ReplayLog, run_ids: Iterable[str], out: Callable[[bytes], object]
+) -> int:
+    """Write runs of ``log`` as JSONL (one canonical envelope a line, ascending per run).
+
+    A run's lines come in delivery-seq order, which is id order: event ids
+    are monotonic per stream (Koder agent stream §2). Memory is bounded by one batch.
+    Returns the number of events written.
+    """
+    count = 0
+    for run_id in run_ids:
+        async for chunk, events in log.iter_jsonl(run_id):
+            out(chunk)
+            count += events
+    return count
 
 
 def decode_line(number: int, line: bytes) -> tuple[Event, bytes] | LineError:
@@ -45,12 +83,13 @@ class _Appender:
             self.added += await task
 
 
-async def import_lines(
+async def import_jsonl(
     log: ReplayLog, lines: Iterable[bytes], *, batch: int = 20_000
 ) -> ImportReport:
-    """Decode ``lines`` and append them to ``log`` in batches of ``batch`` events.
+    """Append JSONL events to ``log`` (idempotent on ``(run_id, seq)``), ``batch`` at a time.
 
-    Decoding a batch overlaps with storing the previous one (the database
+    Invalid lines are reported with their line number and error code; the
+    valid lines around them are kept. Decoding a batch overlaps with storing the previous one (the database
     works in its own thread or server process meanwhile).
     """
     report = ImportReport()

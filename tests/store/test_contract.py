@@ -17,6 +17,7 @@ import pytest
 from pipeline import envelope
 from pipeline.errors import UnknownRun
 from pipeline.store import RetentionPolicy, open_store
+from pipeline.store.jsonl import export_jsonl, import_jsonl
 from tests.store.conftest import T0, Clock, deltas, event
 
 
@@ -227,7 +228,7 @@ async def test_jsonl_export_import_round_trip(new_store_url: Callable[[], str]) 
     async with open_store(source_url) as log:
         await log.append(originals)
         out = io.BytesIO()
-        assert await log.export_jsonl(["r1", "r2"], out.write) == 34
+        assert await export_jsonl(log, ["r1", "r2"], out.write) == 34
     exported = out.getvalue()
     lines = exported.splitlines()
     assert lines == [envelope.encode(e) for e in originals]
@@ -236,10 +237,10 @@ async def test_jsonl_export_import_round_trip(new_store_url: Callable[[], str]) 
 
     damaged = [*lines[:5], b'{"type": "nope.kind", "id": "x"}', b"not json", b"", *lines[5:]]
     async with open_store(copy_url) as copy:
-        report = await copy.import_jsonl(damaged, batch=7)
-        again = await copy.import_jsonl(lines)
+        report = await import_jsonl(copy, damaged, batch=7)
+        again = await import_jsonl(copy, lines)
         out = io.BytesIO()
-        await copy.export_jsonl(["r1", "r2"], out.write)
+        await export_jsonl(copy, ["r1", "r2"], out.write)
         info = await copy.run("r1")
     assert (report.lines, report.added, report.runs) == (36, 34, ["r1", "r2"])
     assert [(e.line, e.code) for e in report.errors] == [

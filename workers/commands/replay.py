@@ -36,6 +36,7 @@ from pipeline.errors import RunwireError
 from pipeline.stats import StatsCollector
 from pipeline.store import open_store
 from pipeline.store.base import ReplayLog, RunInfo
+from pipeline.store.jsonl import import_jsonl
 
 DEFAULT_STORE = "sqlite:///.runwire/replay.db"
 P = ParamSpec("P")
@@ -193,7 +194,7 @@ async def import_(store: str, files: tuple[IO[bytes], ...], as_json: bool) -> No
     async with open_store(store) as log:
         for source in files:
             with progress_bar(f"import {source.name}", None) as advance:
-                report = await log.import_jsonl(_lines(source, advance))
+                report = await import_jsonl(log, _lines(source, advance))
             reports[source.name] = report
     failed = False
     for name, report in reports.items():

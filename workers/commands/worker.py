@@ -19,7 +19,7 @@ import sys
 import click
 import msgspec
 
-from workers.runtime import WorkerStats
+from pipeline.stages import WorkerStats
 
 
 def default_name() -> str:

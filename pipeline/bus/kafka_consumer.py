@@ -1,0 +1,329 @@
+"""A member of a Kafka consumer group on the ingest topic, and its partition bookkeeping.
+
+Offsets are committed explicitly after the caller's ``ack`` (only the
+contiguous acked prefix of a partition, at most every
+``commit_interval_ms``), and always in the rebalance listener's
+``on_partitions_revoked`` before a partition moves and on close. Delivery
+counts survive crashes through the group's marks topic (see
+:class:`KafkaConsumer`). The consumer is handed what it needs from its bus
+(the shared clients, the options, callbacks), never the bus itself.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import time
+from collections.abc import Awaitable, Callable, Mapping, Sequence
+from typing import Any
+
+import msgspec
+from aiokafka import AIOKafkaConsumer, ConsumerRebalanceListener, TopicPartition
+from aiokafka.admin import NewTopic
+from aiokafka.errors import KafkaError
+from aiokafka.structs import OffsetAndMetadata
+
+from ..errors import BusUnavailable
+from . import keys
+from .base import Consumer, DeadLetter, Delivery
+from .kafka_io import KafkaLink, Record, guard, json_encoder
+from .options import BusOptions
+
+log = logging.getLogger(__name__)
+
+
+class _Held(msgspec.Struct):
+    delivery: Delivery
+    delivered_ms: float
+
+
+class _Mark(msgspec.Struct, array_like=True):
+    """What a partition's owner has handed out: through ``through``, with counts ≥ 2 listed."""
+
+    through: int
+    counts: list[tuple[int, int]] = []
+
+
+_mark_json = msgspec.json.Decoder(_Mark)
+
+
+class _PartitionState:
+    """One assigned partition: unacked entries, delivery counts, the commit point."""
+
+    def __init__(self, mark: _Mark | None = None) -> None:
+        self.held: dict[int, _Held] = {}
+        self.next_offset: int | None = None
+        self.committed: int | None = None
+        self.prior_through = -1 if mark is None else mark.through
+        self.prior_counts = {} if mark is None else dict(mark.counts)
+        self.counts: dict[int, int] = {}
+
+    def first_count(self, offset: int) -> int:
+        """Delivery count of an offset handed out now for the first time by this process."""
+        if offset in self.prior_counts:
+            return self.prior_counts[offset] + 1
+        return 2 if offset <= self.prior_through else 1
+
+    def commit_point(self) -> int | None:
+        if self.held:
+            return min(self.held)
+        return self.next_offset
+
+    def mark(self) -> _Mark:
+        through = max(self.prior_through, (self.next_offset or 0) - 1)
+        counts = sorted((o, c) for o, c in self.counts.items() if c >= 2 and o in self.held)
+        return _Mark(through, counts)
+
+
+class _Rebalance(ConsumerRebalanceListener):  # type: ignore[misc]
+    def __init__(self, owner: KafkaConsumer) -> None:
+        self.owner = owner
+
+    async def on_partitions_revoked(self, revoked: list[TopicPartition]) -> None:
+        await self.owner._revoked(revoked)
+
+    async def on_partitions_assigned(self, assigned: list[TopicPartition]) -> None:
+        await self.owner._assigned(assigned)
+
+
+class KafkaConsumer(Consumer):
+    """A member of a Kafka consumer group on the ingest topic (see the module docstring).
+
+    Delivery counts survive a crash: before entries are handed out, the
+    consumer writes a *mark* per partition (last offset handed out, and the
+    counts of entries handed out more than once) to the group's marks topic
+    ``<prefix>.marks.<group>``; a new owner reads the newest mark of each
+    partition it is assigned (one record, never a scan) and counts on from
+    there. An unacked entry is handed out again after ``claim_idle_ms`` and
+    dead-lettered past ``max_deliveries``.
+    """
+
+    def __init__(
+        self,
+        link: KafkaLink,
+        options: BusOptions,
+        topic: str,
+        group: str,
+        name: str,
+        *,
+        claim_idle_ms: int,
+        dead_letter: Callable[[DeadLetter], Awaitable[None]],
+        ownership_changed: Callable[[], None],
+        closed: Callable[[KafkaConsumer], None],
+    ) -> None:
+        self.link = link
+        self.options = options
+        self.kafka = link.options
+        self.group = group
+        self.name = name
+        self.claim_idle_ms = claim_idle_ms
+        self.topic = topic
+        self.marks_topic = keys.kafka_marks_topic(options.prefix, group)
+        self._send_dead_letter = dead_letter
+        self._ownership_changed = ownership_changed
+        self._on_close = closed
+        self._client: AIOKafkaConsumer | None = None
+        self._partitions: dict[int, _PartitionState] = {}
+        self._former: dict[int, _PartitionState] = {}
+        """Partitions revoked from this consumer: taken back as they were if reassigned."""
+        self._closed = False
+        self._dirty: set[int] = set()
+        """Partitions with acks not yet committed."""
+        self._last_commit = time.monotonic()
+
+    def owned_shards(self) -> frozenset[int]:
+        if self._client is None:
+            return frozenset()
+        return frozenset(tp.partition for tp in self._client.assignment())
+
+    async def _start(self) -> AIOKafkaConsumer:
+        if self._closed:
+            raise RuntimeError("consumer is closed")
+        if self._client is None:
+            await self.link.ensure_topics([NewTopic(
+                self.marks_topic, self.options.shards, 1,
+                topic_configs={"retention.ms": str(self.options.ttl * 1000)},
+            )])
+            session = self.kafka.session_timeout_ms or max(self.options.lease_ms, 6000)
+            client = AIOKafkaConsumer(
+                bootstrap_servers=self.link.bootstrap,
+                group_id=keys.kafka_group(self.options.prefix, self.group),
+                client_id=self.name,
+                enable_auto_commit=False,
+                auto_offset_reset="earliest",
+                session_timeout_ms=session,
+                heartbeat_interval_ms=max(session // 4, 100),
+                rebalance_timeout_ms=max(session, 10_000),
+                request_timeout_ms=max(self.kafka.request_timeout_ms, session + 5000),
+            )
+            client.subscribe([self.topic], listener=_Rebalance(self))
+            await guard("join group", client.start())
+            self._client = client
+        return self._client
+
+    async def _assigned(self, assigned: list[TopicPartition]) -> None:
+        """Read the newest mark of each new partition, to count redeliveries on.
+
+        A partition that comes back after a rebalance keeps this consumer's
+        state: what it handed out is not handed out again from the broker
+        (its unacked entries come back after ``claim_idle_ms`` as usual), and
+        acks that arrived in between are committed now.
+        """
+        if assigned:
+            self._ownership_changed()
+        back = [tp.partition for tp in assigned if tp.partition in self._former]
+        for partition in back:
+            self._partitions.setdefault(partition, self._former.pop(partition))
+        if back:
+            await self._commit(back)
+        fresh = [tp.partition for tp in assigned if tp.partition not in self._partitions]
+        marks = await self.link.last_records(self.marks_topic, fresh) if fresh else {}
+        for partition in fresh:
+            record = marks.get(partition)
+            if partition not in self._partitions:  # fetch may have read it meanwhile
+                self._partitions[partition] = _PartitionState(
+                    None if record is None else _mark_json.decode(record.value)
+                )
+
+    async def _revoked(self, revoked: list[TopicPartition]) -> None:
+        """Commit what was acked on partitions about to move, then forget them (so a successor starts after it)."""
+        if revoked:
+            self._ownership_changed()
+        await self._commit([tp.partition for tp in revoked])
+        for tp in revoked:
+            state = self._partitions.pop(tp.partition, None)
+            if state is not None:
+                self._former[tp.partition] = state
+
+    async def fetch(self, max_count: int = 512, block_ms: int = 1000) -> list[Delivery]:
+        client = await self._start()
+        await self._commit_due()
+        out, poison = self._redeliver(max_count)
+        for delivery in poison:
+            await self.dead_letter(delivery, f"delivered {delivery.deliveries} times without an "
+                                   f"ack (max_deliveries={self.options.max_deliveries})")
+        if len(out) < max_count:
+            wait = 0 if out else min(block_ms, max(self._next_redelivery_ms(), 0))
+            batches = await guard("fetch", client.getmany(
+                timeout_ms=int(wait), max_records=max_count - len(out)))
+            # aiokafka may fetch before our assignment listener has read the marks
+            await self._assigned([tp for tp in batches if tp.partition not in self._partitions])
+            out += self._take(batches)
+        if out:
+            await self._write_marks({int(d.entry_id.partition(":")[0]) for d in out})
+        return out
+
+    def _take(self, batches: Mapping[TopicPartition, Sequence[Any]]) -> list[Delivery]:
+        now = time.monotonic() * 1000
+        out: list[Delivery] = []
+        for tp, records in batches.items():
+            state = self._partitions[tp.partition]
+            handed_out = state.next_offset
+            if handed_out is not None and records[0].offset < handed_out:
+                # the partition came back to us and the broker replays from the last commit
+                records = [r for r in records if r.offset >= handed_out]
+                if not records:
+                    continue
+            for record in records:
+                count = state.first_count(record.offset)
+                delivery = Delivery(entry_id=f"{tp.partition}:{record.offset}", shard=tp.partition,
+                                    data=record.value, deliveries=count)
+                state.counts[record.offset] = count
+                state.held[record.offset] = _Held(delivery, now)
+                out.append(delivery)
+            state.next_offset = records[-1].offset + 1
+        return out
+
+    async def _write_marks(self, partitions: set[int]) -> None:
+        records: list[Record] = []
+        for partition in sorted(partitions):
+            state = self._partitions.get(partition)
+            if state is not None:
+                records.append((partition, None, json_encoder.encode(state.mark()), []))
+        # one batch each (a mark is read back as its partition's last record), sent together
+        await asyncio.gather(*(self.link.send(self.marks_topic, [r]) for r in records))
+
+    def _next_redelivery_ms(self) -> float:
+        now, soonest = time.monotonic() * 1000, float("inf")
+        for state in self._partitions.values():
+            for held in state.held.values():
+                soonest = min(soonest, held.delivered_ms + self.claim_idle_ms - now)
+        return soonest
+
+    def _redeliver(self, limit: int) -> tuple[list[Delivery], list[Delivery]]:
+        """Own unacked entries idle past ``claim_idle_ms``, handed out again (counted).
+
+        Returns the entries to hand out and those past ``max_deliveries`` (poison).
+        """
+        now = time.monotonic() * 1000
+        out: list[Delivery] = []
+        poison: list[Delivery] = []
+        for state in self._partitions.values():
+            for offset in sorted(state.held):
+                held = state.held[offset]
+                if len(out) >= limit:
+                    return out, poison
+                if now - held.delivered_ms < self.claim_idle_ms:
+                    continue
+                count = state.counts[offset] = state.counts.get(offset, 1) + 1
+                held.delivered_ms = now
+                held.delivery = msgspec.structs.replace(held.delivery, deliveries=count)
+                if count > self.options.max_deliveries:
+                    poison.append(held.delivery)
+                    continue
+                out.append(held.delivery)
+        return out, poison
+
+    async def ack(self, deliveries: Sequence[Delivery]) -> None:
+        for delivery in deliveries:
+            partition, _, offset = delivery.entry_id.partition(":")
+            state = self._partitions.get(int(partition)) or self._former.get(int(partition))
+            if state is not None and state.held.pop(int(offset), None) is not None:
+                state.counts.pop(int(offset), None)
+                self._dirty.add(int(partition))
+        await self._commit_due()
+
+    async def _commit_due(self) -> None:
+        """Commit the acked prefix of dirty partitions if ``commit_interval_ms`` has passed."""
+        if self._dirty and (
+            time.monotonic() - self._last_commit >= self.kafka.commit_interval_ms / 1000
+        ):
+            await self._commit(sorted(self._dirty))
+
+    async def _commit(self, partitions: Sequence[int]) -> None:
+        if self._client is None:
+            return
+        offsets: dict[TopicPartition, OffsetAndMetadata] = {}
+        self._last_commit = time.monotonic()
+        self._dirty.difference_update(partitions)
+        for partition in partitions:
+            state = self._partitions.get(partition)
+            point = None if state is None else state.commit_point()
+            if state is not None and point is not None and point != state.committed:
+                offsets[TopicPartition(self.topic, partition)] = OffsetAndMetadata(point, "")
+                state.committed = point
+        if offsets:
+            try:
+                await self._client.commit(offsets)
+            except KafkaError as exc:  # lost the partition meanwhile: the successor redelivers
+                log.warning("kafka commit for group %s failed: %r", self.group, exc)
+
+    async def dead_letter(self, delivery: Delivery, reason: str) -> None:
+        await self._send_dead_letter(DeadLetter(
+            entry_id=delivery.entry_id, shard=delivery.shard, data=delivery.data,
+            reason=reason, deliveries=delivery.deliveries, group=self.group,
+        ))
+        log.warning("dead-lettered entry %s of group %s: %s", delivery.entry_id, self.group, reason)
+        await self.ack([delivery])
+
+    async def close(self) -> None:
+        if self._closed:
+            return
+        self._closed = True
+        self._on_close(self)
+        if self._client is not None:
+            with contextlib.suppress(BusUnavailable):
+                await self._commit(sorted(self._dirty))
+            client, self._client = self._client, None
+            await client.stop()

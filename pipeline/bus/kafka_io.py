@@ -1,0 +1,235 @@
+"""What the Kafka bus, its delivery tail and its consumers share: the record
+format, the URL options, and :class:`KafkaLink` — the producer and the
+short-lived admin/reader clients, with Kafka's errors turned into
+:class:`~pipeline.errors.BusUnavailable`.
+
+The layout of the topics and their records is described in
+:mod:`pipeline.bus.kafka`.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from collections.abc import Awaitable, Callable, Sequence
+from typing import Any, TypeVar
+
+import msgspec
+from aiokafka import AIOKafkaConsumer, AIOKafkaProducer, TopicPartition
+from aiokafka.admin import AIOKafkaAdminClient, NewTopic
+from aiokafka.errors import KafkaError
+
+from ..envelope import Event
+from ..errors import BusUnavailable
+
+VIEW_HEADER = "v"
+KIND_HEADER = "k"
+SEQ_HEADER = "q"
+COUNT_HEADER = "n"
+RECORD_EVENTS = 512
+RECORD_BYTES = 256 * 1024
+"""An event record holds at most this many events / bytes of them (the broker's limit is 1 MiB)."""
+STATE_KIND = b"s"
+TOPIC_EXISTS = 36
+json_encoder = msgspec.json.Encoder()
+
+Record = tuple[int, bytes | None, bytes, list[tuple[str, bytes]]]
+"""``(partition, key, value, headers)`` of one record to send."""
+
+T = TypeVar("T")
+
+
+class KafkaOptions(msgspec.Struct, kw_only=True):
+    """Kafka-only URL options (``kafka://h:p?session_timeout_ms=3000``)."""
+
+    session_timeout_ms: int | None = None
+    """Group session timeout (how soon a dead member's partitions move).
+
+    Default: ``lease_ms``, but at least 6 s — Kafka's own lower bound
+    (``group.min.session.timeout.ms``), and a margin against heartbeats
+    delayed by a busy event loop, which would cost a needless rebalance.
+    """
+    hot_events: int = 500_000
+    """Events the hot tier holds over all delivery streams."""
+    request_timeout_ms: int = 10_000
+    linger_ms: int = 1
+    commit_interval_ms: int = 100
+    """Acks are committed at most this often (and always on revoke and on close)."""
+
+
+def event_records(
+    partition: int,
+    key: bytes,
+    view_header: tuple[str, bytes],
+    events: Sequence[Event],
+    values: Sequence[bytes],
+) -> list[Record]:
+    """One stream's new events as records of consecutive events each.
+
+    A record's value is its events' canonical JSON, one per line (JSON
+    text holds no raw newline); headers: the view, ``q`` = the last event's
+    seq (a reader that holds it skips the record undecoded), ``n`` = how
+    many events. Fewer records cost less to produce and to read back.
+    """
+    out: list[Record] = []
+    start = 0
+    while start < len(values):
+        end, size = start, 0
+        while end < len(values) and end - start < RECORD_EVENTS and (
+            end == start or size + len(values[end]) <= RECORD_BYTES
+        ):
+            size += len(values[end]) + 1
+            end += 1
+        headers = [view_header, (SEQ_HEADER, b"%d" % events[end - 1].seq),
+                   (COUNT_HEADER, b"%d" % (end - start))]
+        out.append((partition, key, b"\n".join(values[start:end]), headers))
+        start = end
+    return out
+
+
+async def guard(what: str, call: Awaitable[T]) -> T:
+    """Await a client call, turning Kafka and connection errors into BusUnavailable."""
+    try:
+        return await call
+    except (KafkaError, OSError, TimeoutError) as exc:
+        raise BusUnavailable(f"kafka: {what} failed: {exc!r}") from exc
+
+
+class KafkaLink:
+    """The bus's producer, and the admin and reader clients it opens for one call each."""
+
+    def __init__(self, bootstrap: str, options: KafkaOptions) -> None:
+        self.bootstrap = bootstrap
+        self.options = options
+        self._producer: AIOKafkaProducer | None = None
+
+    async def start(self) -> None:
+        producer = AIOKafkaProducer(
+            bootstrap_servers=self.bootstrap,
+            enable_idempotence=False,
+            acks="all",
+            linger_ms=self.options.linger_ms,
+            max_batch_size=1 << 20,
+            request_timeout_ms=self.options.request_timeout_ms,
+        )
+        try:
+            await guard("connect", producer.start())
+        except BusUnavailable:
+            await producer.stop()
+            raise
+        self._producer = producer
+
+    async def stop(self) -> None:
+        if self._producer is not None:
+            await self._producer.stop()
+            self._producer = None
+
+    @property
+    def producer(self) -> AIOKafkaProducer:
+        if self._producer is None:
+            raise BusUnavailable("kafka bus is not connected (use `async with open_bus(url)`)")
+        return self._producer
+
+    def admin(self) -> AIOKafkaAdminClient:
+        return AIOKafkaAdminClient(
+            bootstrap_servers=self.bootstrap, request_timeout_ms=self.options.request_timeout_ms
+        )
+
+    def reader(self) -> AIOKafkaConsumer:
+        """A consumer outside any group, for reading partitions it is assigned."""
+        return AIOKafkaConsumer(bootstrap_servers=self.bootstrap, enable_auto_commit=False)
+
+    async def ensure_topics(
+        self,
+        wanted: list[NewTopic],
+        check: Callable[[AIOKafkaAdminClient], Awaitable[None]] | None = None,
+    ) -> None:
+        """Create topics that don't exist yet (an existing one is left as it is)."""
+        admin = self.admin()
+        await guard("connect", admin.start())
+        try:
+            response = await guard("create topics", admin.create_topics(wanted))
+            for topic, code, message in response.topic_errors:
+                if code not in (0, TOPIC_EXISTS):
+                    raise BusUnavailable(f"kafka: cannot create topic {topic}: {message} ({code})")
+            if check is not None:
+                await check(admin)
+        finally:
+            await admin.close()
+
+    async def send(self, topic: str, records: Sequence[Record]) -> None:
+        """Send ``(partition, key, value, headers)`` records, one batch per partition run.
+
+        Records of one partition keep their order (aiokafka has one batch
+        in flight per partition). Raises BusUnavailable unless all are stored.
+        """
+        producer = self.producer
+        batches: dict[int, Any] = {}
+        sent: list[asyncio.Future[Any]] = []
+        for partition, key, value, headers in records:
+            batch = batches.get(partition)
+            if batch is None:
+                batch = batches[partition] = producer.create_batch()
+            if batch.append(key=key, value=value, timestamp=None, headers=headers) is None:
+                sent.append(await guard("send", producer.send_batch(batch, topic, partition=partition)))
+                batch = batches[partition] = producer.create_batch()
+                if batch.append(key=key, value=value, timestamp=None, headers=headers) is None:
+                    raise BusUnavailable(f"kafka: a record of {len(value)} bytes exceeds the batch size")
+        for partition, batch in batches.items():
+            sent.append(await guard("send", producer.send_batch(batch, topic, partition=partition)))
+        await guard("send", asyncio.gather(*sent))
+
+    async def read_partition(
+        self, tp: TopicPartition, start_at: Callable[[int, int], int]
+    ) -> list[Any]:
+        """Records of one partition from ``start_at(end, beginning)`` to its end."""
+        reader = self.reader()
+        await guard("read", reader.start())
+        try:
+            end = (await guard("read", reader.end_offsets([tp])))[tp]
+            begin = (await guard("read", reader.beginning_offsets([tp])))[tp]
+            if end <= begin:
+                return []
+            reader.assign([tp])
+            reader.seek(tp, start_at(end, begin))
+            out: list[Any] = []
+            while await reader.position(tp) < end:
+                batch = await guard("read", reader.getmany(tp, timeout_ms=1000))
+                if not batch:
+                    break
+                out.extend(batch.get(tp, []))
+            return out
+        finally:
+            await reader.stop()
+
+    async def last_records(self, topic: str, partitions: Sequence[int]) -> dict[int, Any]:
+        """The newest record of each partition (absent when a partition is empty).
+
+        Reads one record per partition, never the partition's history: each
+        record read this way must have been sent on its own (one batch).
+        """
+        reader = self.reader()
+        await guard("read", reader.start())
+        try:
+            tps = [TopicPartition(topic, p) for p in partitions]
+            ends = await guard("read", reader.end_offsets(tps))
+            begins = await guard("read", reader.beginning_offsets(tps))
+            waiting = {tp for tp in tps if ends[tp] > begins[tp]}
+            if not waiting:
+                return {}
+            reader.assign(list(waiting))
+            for tp in waiting:
+                reader.seek(tp, ends[tp] - 1)
+            out: dict[int, Any] = {}
+            deadline = time.monotonic() + 10
+            while waiting and time.monotonic() < deadline:
+                batches = await guard("read", reader.getmany(*waiting, timeout_ms=500))
+                for tp, records in batches.items():
+                    out[tp.partition] = records[-1]
+                    if await reader.position(tp) >= ends[tp]:
+                        waiting.discard(tp)
+            if waiting:
+                raise BusUnavailable(f"kafka: could not read the end of {topic}")
+            return out
+        finally:
+            await reader.stop()

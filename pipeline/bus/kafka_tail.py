@@ -1,0 +1,127 @@
+"""The Kafka bus's delivery tail: one process-wide reader of the delivery
+topic feeding the hot tier (:class:`~pipeline.bus.kafka_hot.HotStreams`).
+
+Records a stream already holds (a writer's own appends, written through) are
+skipped by their header ``q`` without being decoded; see
+:mod:`pipeline.bus.kafka` for the record format.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import time
+from collections.abc import Sequence
+from typing import Any
+
+from aiokafka import AIOKafkaConsumer, TopicPartition
+from aiokafka.errors import KafkaError
+
+from ..envelope import Event, decode
+from ..errors import BusUnavailable, ProtocolError
+from .base import StreamKey
+from .kafka_hot import HotStreams
+from .kafka_io import (
+    COUNT_HEADER,
+    KIND_HEADER,
+    SEQ_HEADER,
+    STATE_KIND,
+    VIEW_HEADER,
+    KafkaLink,
+    guard,
+)
+
+log = logging.getLogger(__name__)
+
+
+class DeliveryTail:
+    """One process-wide reader of the delivery topic feeding the hot tier."""
+
+    def __init__(self, link: KafkaLink, topic: str, shards: int, streams: HotStreams) -> None:
+        self.link = link
+        self.topic = topic
+        self.shards = shards
+        self.streams = streams
+        self.positions: dict[int, int] = {}
+        self._progress = asyncio.Event()
+        self._reader: AIOKafkaConsumer | None = None
+        self._offsets: AIOKafkaConsumer | None = None
+        """Asks for end offsets: a client that fetches nothing answers at once."""
+        self._task: asyncio.Task[None] | None = None
+        self._last_sweep = time.monotonic()
+
+    async def start(self) -> None:
+        """Read the retained delivery topic up to its current end, then tail it live."""
+        offsets = self.link.reader()
+        await guard("delivery tail", offsets.start())
+        self._offsets = offsets
+        reader = self.link.reader()
+        await guard("delivery tail", reader.start())
+        tps = [TopicPartition(self.topic, p) for p in range(self.shards)]
+        reader.assign(tps)
+        await reader.seek_to_beginning(*tps)
+        for tp in tps:
+            self.positions[tp.partition] = await reader.position(tp)
+        self._reader = reader
+        self._task = asyncio.create_task(self._run(reader), name="runwire-kafka-delivery-tail")
+        await self.sync(*range(self.shards))
+
+    async def stop(self) -> None:
+        if self._task is not None:
+            self._task.cancel()
+            await asyncio.gather(self._task, return_exceptions=True)
+        for client in (self._reader, self._offsets):
+            if client is not None:
+                await client.stop()
+
+    async def sync(self, *partitions: int) -> None:
+        """Wait until the hot tier holds everything in ``partitions`` as of now."""
+        assert self._offsets is not None
+        tps = [TopicPartition(self.topic, p) for p in partitions]
+        ends = await guard("delivery sync", self._offsets.end_offsets(tps))
+        # Past the end offset (not at it): some brokers report the last batch's base offset + 1.
+        while any(self.positions.get(tp.partition, 0) < ends[tp] for tp in tps):
+            if self._task is None or self._task.done():
+                raise BusUnavailable("kafka: the delivery tail stopped")
+            self._progress.clear()
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(self._progress.wait(), 1.0)
+
+    async def _run(self, reader: AIOKafkaConsumer) -> None:
+        while True:
+            try:
+                batches = await reader.getmany(timeout_ms=500, max_records=5000)
+            except KafkaError as exc:
+                log.warning("kafka delivery tail: %r; retrying", exc)
+                await asyncio.sleep(0.5)
+                continue
+            for tp, records in batches.items():
+                self._absorb(records)
+                self.positions[tp.partition] = records[-1].offset + 1
+            self._progress.set()
+            if time.monotonic() - self._last_sweep > 60:
+                self._last_sweep = time.monotonic()
+                self.streams.sweep()
+
+    def _absorb(self, records: Sequence[Any]) -> None:
+        for record in records:
+            headers = dict(record.headers)
+            view = headers.get(VIEW_HEADER, b"raw").decode()
+            key: StreamKey = (record.key.decode(), "shaped" if view == "shaped" else "raw")
+            at = record.timestamp / 1000 if record.timestamp and record.timestamp > 0 else None
+            if headers.get(KIND_HEADER) == STATE_KIND:
+                self.streams.set_state(key, record.value, at)
+                continue
+            last = headers.get(SEQ_HEADER)
+            if last is not None and int(last) <= self.streams.last_seq(key):
+                continue  # held already (this process's own append): no need to decode it
+            values = record.value.split(b"\n") if COUNT_HEADER in headers else [record.value]
+            events: list[Event] = []
+            for value in values:
+                try:
+                    events.append(decode(value))
+                except ProtocolError as exc:
+                    log.warning("kafka delivery tail: skipping a bad event in the record at %s: %s",
+                                record.offset, exc)
+            self.streams.add(key, events, at)

@@ -1,0 +1,247 @@
+"""The consumer-group worker loop: fetch → :class:`~pipeline.stages.Stages` → ack.
+
+One loop for any :class:`~pipeline.bus.Consumer` (``memory://``,
+``redis://``, and any bus's generic consumer API): fetch a batch of ingest
+entries → decode (poison → dead letter) → restore the checkpoints of streams
+this process has not seen → process (fan-in, sequencing, shaping) → write →
+ack; the ack comes only after the writes are durable.
+
+Whenever the consumer has caught up (a fetch returned less than a full
+batch), a tick closes shaping windows whose end has passed and ends silent
+runs; ticks also run every ``tick_s`` while idle.
+
+A stop event ends the loop between batches: the batch in flight is finished,
+written and acked, then the caller closes the consumer.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import time
+
+from .bus import Consumer, Delivery
+from .processor import Processor, StreamOutput
+from .stages import PENDING_BATCHES, Stages
+
+log = logging.getLogger("runwire.worker")
+
+
+class _Write:
+    """A write in flight: its task, whether its replay-log part is done, the streams it writes."""
+
+    __slots__ = ("logged", "runs", "task")
+
+    def __init__(self, runs: frozenset[str]) -> None:
+        self.runs = runs
+        self.logged = asyncio.Event()
+        self.task: asyncio.Task[None] | None = None
+
+
+class ConsumerLoop:
+    """fetch → :class:`Stages` → ack, for any :class:`~pipeline.bus.Consumer`."""
+
+    def __init__(self, consumer: Consumer, stages: Stages) -> None:
+        self.consumer = consumer
+        self.stages = stages
+        self._owned: frozenset[int] = frozenset()
+        self._writes: list[_Write] = []
+        """Writes in flight, oldest first (at most two: one in its views, one in its log)."""
+        self._pending: dict[str, StreamOutput] = {}
+        """Processed batches waiting for the next write (merged per stream)."""
+        self._pending_acks: list[Delivery] = []
+        self._pending_entries = 0
+        self._next_adopt = 0.0
+
+    async def loop(self, *, batch: int, tick_s: float, burst: bool) -> None:
+        """Batches are pipelined, and their writes grouped while the store is busy.
+
+        Three things overlap: decoding and processing the next batches (this
+        task), the replay-log write of one write (the log's thread), and the
+        delivery appends and acks of the write before it (Redis/Kafka). A write
+        starts once the previous one's log part is done; until then further
+        batches are processed and merged into it (up to ``PENDING_BATCHES``
+        batches): one replay-log transaction and one delivery append per
+        stream for all of them, so the per-write costs (commit, run
+        metadata, round trips) shrink as the backlog grows. Each write's
+        views go out after its own log part and after the previous write's
+        views, so streams stay in order; each entry is acked after its writes.
+        """
+        block_ms = max(1, int(tick_s * 1000))
+        stop = self.stages.stop
+        most = batch * PENDING_BATCHES
+        prefetch: asyncio.Task[list[Delivery]] | None = None
+        finished = False
+        try:
+            while not stop.is_set() or prefetch is not None:
+                if prefetch is not None:
+                    deliveries, prefetch = await prefetch, None
+                else:
+                    deliveries = await self._fetch(batch, block_ms)
+                fetched = len(deliveries)
+                await self._check_ownership()
+                if any(delivery.shard not in self._owned for delivery in deliveries):
+                    # a lease lost since the fetch: the shard's new owner redoes them
+                    deliveries = [d for d in deliveries if d.shard in self._owned]
+                if fetched == batch and not stop.is_set():
+                    # a backlog: the next fetch's round trip (which may queue behind this
+                    # worker's own appends on the server) overlaps processing this batch
+                    prefetch = asyncio.create_task(self._fetch(batch, block_ms))
+                if deliveries:
+                    acked, outputs = await self.stages.prepare(
+                        deliveries, self._drain_for, seal=False)
+                    self._merge(outputs, acked, len(deliveries))
+                    if self._ready() or self._pending_entries >= most:
+                        await self._wait_ready()
+                        self._start_write()
+                if fetched < batch:
+                    await self._flush()
+                    await self._adopt_silent()
+                    await self.stages.tick()
+                if burst and not fetched:
+                    break
+            finished = True
+        finally:
+            if prefetch is not None:  # its entries stay pending: redone by whoever owns them
+                prefetch.cancel()
+                try:
+                    await prefetch
+                except BaseException as error:
+                    log.debug("prefetch ended with %r", error)
+            if finished:
+                await self._flush()
+            else:
+                await self._abandon()
+
+    async def _fetch(self, batch: int, block_ms: int) -> list[Delivery]:
+        """One fetch, retried while the bus is unavailable (until a stop)."""
+        return await self.stages.retry(lambda: self.consumer.fetch(batch, block_ms=block_ms))
+
+    async def _abandon(self) -> None:
+        """The loop failed: write nothing more, so no checkpoint covers a write that failed.
+
+        Writes in flight are cancelled (each is idempotent and acks only after
+        it is complete); what was processed but not written is dropped. All of
+        it stays pending on the bus and is redone — by this worker's
+        successor, from the stored checkpoints — exactly as after a crash.
+        """
+        writes, self._writes = self._writes, []
+        for write in writes:
+            if write.task is not None:
+                write.task.cancel()
+        for write in writes:
+            if write.task is not None:
+                try:
+                    await write.task
+                except BaseException as error:
+                    log.debug("write abandoned with %r", error)
+        self._pending, self._pending_acks, self._pending_entries = {}, [], 0
+        self.stages.processor.forget_all()
+
+    def _merge(self, outputs: dict[str, StreamOutput], acked: list[Delivery], entries: int) -> None:
+        pending = self._pending
+        for run_id, output in outputs.items():
+            earlier = pending.get(run_id)
+            if earlier is None:
+                pending[run_id] = output
+            else:  # a later batch of the same stream: its events follow, its checkpoint wins
+                earlier.raw.extend(output.raw)
+                earlier.shaped.extend(output.shaped)
+                earlier.state, earlier.stream = output.state, output.stream
+        self._pending_acks.extend(acked)
+        self._pending_entries += entries
+
+    def _ready(self) -> bool:
+        """Whether a new write may start: none in flight, or one whose log part is done."""
+        for write in [w for w in self._writes if w.task is not None and w.task.done()]:
+            self._writes.remove(write)
+            write.task.result()  # type: ignore[union-attr]  # a failed write fails the loop
+        return not self._writes or (len(self._writes) < 2 and self._writes[-1].logged.is_set())
+
+    async def _wait_ready(self) -> None:
+        while not self._ready():
+            newest = self._writes[-1]
+            if not newest.logged.is_set():
+                await newest.logged.wait()
+            else:
+                assert self._writes[0].task is not None
+                await asyncio.wait([self._writes[0].task])
+
+    def _start_write(self) -> None:
+        """Start writing (then acking) everything pending; call only when :meth:`_ready`."""
+        if not self._pending and not self._pending_acks:
+            return
+        outputs, acked = Processor.seal(self._pending), self._pending_acks
+        self._pending, self._pending_acks, self._pending_entries = {}, [], 0
+        previous = self._writes[-1].task if self._writes else None
+        write = _Write(frozenset(outputs))
+        write.task = asyncio.create_task(self._write_and_ack(outputs, acked, previous, write.logged))
+        self._writes.append(write)
+
+    async def _flush(self) -> None:
+        """Write and ack everything processed so far, and wait for it."""
+        await self._drain()
+        self._start_write()
+        await self._drain()
+
+    async def _adopt_silent(self) -> None:
+        now = time.monotonic()
+        if now < self._next_adopt:
+            return
+        self._next_adopt = now + max(1.0, self.stages.processor.silence_s / 2)
+        owned = self.consumer.owned_shards()
+        if owned:
+            await self.stages.adopt_silent(owned, self.stages.bus.shards)
+
+    async def _drain_for(self, run_ids: set[str]) -> None:
+        """Before loading checkpoints: write what is pending or in flight for any of them first.
+
+        A stream this process does not hold but is writing (it ended in a
+        batch not yet durable and was dropped from memory) must be read back
+        only after that write; any other stream's stored checkpoint is final.
+        """
+        if not run_ids.isdisjoint(self._pending):
+            await self._flush()
+        elif any(not write.runs.isdisjoint(run_ids) for write in self._writes):
+            await self._drain()
+
+    async def _drain(self) -> None:
+        """Wait for every write in flight (and its acks)."""
+        while self._writes:
+            write = self._writes.pop(0)
+            assert write.task is not None
+            await write.task
+
+    async def _write_and_ack(
+        self,
+        outputs: dict[str, StreamOutput],
+        acked: list[Delivery],
+        previous: asyncio.Task[None] | None,
+        logged: asyncio.Event,
+    ) -> None:
+        try:
+            encoded = self.stages.encode(outputs)
+            await self.stages.write_log(encoded)
+        finally:
+            logged.set()
+        if previous is not None:  # views in write order (a failed write fails this one too)
+            await previous
+        await self.stages.write_views(encoded)
+        await self._ack(acked)
+        self.stages.busy_until_now()
+
+    async def _ack(self, acked: list[Delivery]) -> None:
+        if acked:
+            await self.stages.retry(lambda: self.consumer.ack(acked))
+            self.stages.stats.acked += len(acked)
+
+    async def _check_ownership(self) -> None:
+        owned = self.consumer.owned_shards()
+        lost = self._owned - owned
+        if lost:  # their streams may have a new writer: reload checkpoints when needed again
+            await self._flush()
+            log.info("%s lost shards %s; dropping in-memory state", self.consumer.name, sorted(lost))
+            self.stages.processor.forget_all()
+        if owned - self._owned:
+            log.info("%s owns shards %s", self.consumer.name, sorted(owned))
+        self._owned = owned
