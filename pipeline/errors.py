@@ -23,10 +23,15 @@
 
 ``retriable`` is part of the type: a caller may retry a retriable error with
 backoff; a final one is reported. Wire-facing errors carry the spec's
-``KAI-STREAM-*`` code in ``code``.
+``KAI-STREAM-*`` code in ``code``. The messages of ConfigError, BusError and
+StoreError — the ones that name URLs — are redacted when the error is made
+(``pipeline.redaction``): no password or token reaches a log, a traceback or
+an answer through them.
 """
 
 from __future__ import annotations
+
+from .redaction import redact_text
 
 PROTO_MALFORMED = "KAI-STREAM-PROTO-0001"
 PROTO_UNKNOWN_TYPE = "KAI-STREAM-PROTO-0002"
@@ -80,7 +85,14 @@ class UnknownEventType(ProtocolError):
     code = PROTO_UNKNOWN_TYPE
 
 
-class ConfigError(RunwireError):
+class _Redacted(RunwireError):
+    """An error whose message may name a URL: its password and secret parameters become ``***``."""
+
+    def __init__(self, message: str = "") -> None:
+        super().__init__(redact_text(message))
+
+
+class ConfigError(_Redacted):
     """A bad URL, flag or setting; the message says which and why."""
 
 
@@ -145,7 +157,7 @@ class BackpressureError(RunwireError):
     code = BUF_DROP
 
 
-class BusError(RunwireError):
+class BusError(_Redacted):
     """The bus failed."""
 
 
@@ -163,7 +175,7 @@ class DeliveryTimeout(BusError):
         super().__init__(message)
 
 
-class StoreError(RunwireError):
+class StoreError(_Redacted):
     """The replay log failed."""
 
 

@@ -34,16 +34,14 @@ import tomllib
 from collections.abc import Callable, Iterator, Mapping
 from pathlib import Path
 from typing import Any
-from urllib.parse import parse_qsl, urlencode, urlsplit
 
 import click
 from click.core import ParameterSource
 
+from pipeline.redaction import REDACTED, is_secret_name, redact_url
+
 CONFIG_ENVVAR = "RUNWIRE_CONFIG"
 DEFAULT_CONFIG_FILE = Path("runwire.toml")
-REDACTED = "***"
-SECRET_WORDS = ("secret", "password", "passwd", "token", "key")
-"""Option names (and URL query parameters) containing one of these are redacted."""
 
 CommandLoader = Callable[[], click.Command | None]
 """Loads one subcommand; None when its module can't be imported here."""
@@ -194,34 +192,6 @@ def subcommands_of(command: click.Command) -> dict[str, click.Command]:
 
 
 # ---- reporting ------------------------------------------------------------
-
-
-def is_secret_name(name: str) -> bool:
-    """Whether an option or query parameter name holds a secret."""
-    lowered = name.lower()
-    return any(word in lowered for word in SECRET_WORDS)
-
-
-def redact_url(value: str) -> str:
-    """A URL with its password and secret-looking query parameters replaced by ``***``.
-
-    Only those parts change; the rest of the URL is kept character for character.
-    """
-    if "://" not in value:
-        return value
-    parts = urlsplit(value)
-    redacted = value
-    if "@" in parts.netloc:
-        userinfo, _, hosts = parts.netloc.rpartition("@")
-        user, sep, _password = userinfo.partition(":")
-        netloc = f"{user}{sep}{REDACTED if sep else ''}@{hosts}"
-        redacted = redacted.replace(f"//{parts.netloc}", f"//{netloc}", 1)
-    if parts.query:
-        pairs = parse_qsl(parts.query, keep_blank_values=True)
-        query = urlencode([(k, REDACTED if is_secret_name(k) else v) for k, v in pairs], safe="*")
-        if any(is_secret_name(k) for k, _ in pairs):
-            redacted = redacted.replace(f"?{parts.query}", f"?{query}", 1)
-    return redacted
 
 
 def redact(name: str, value: Any) -> Any:

@@ -16,6 +16,7 @@ Endpoints (``docs/edge.md`` has the full table):
 from __future__ import annotations
 
 import contextlib
+import logging
 from collections.abc import AsyncIterator
 from datetime import datetime
 from pathlib import Path
@@ -34,6 +35,7 @@ from .. import protocols
 from ..bus.base import Bus, ControlCommand
 from ..envelope import now_ts
 from ..errors import AuthError, ConfigError, RequestError, RunFinished, RunwireError, UnknownRun
+from ..redaction import redact_logs, redact_text
 from ..store.base import ReplayLog
 from ..ulid import new_event_id
 from .auth import Gate, Principal
@@ -46,6 +48,7 @@ from .session import StreamRequest
 from .settings import EdgeSettings
 from .transports import NDJSON_MEDIA_TYPE, serve_http_stream, serve_websocket
 
+log = logging.getLogger(__name__)
 STATIC = Path(__file__).parent / "static"
 CONTROL_COMMANDS = frozenset({"cancel", "pause", "resume", "redirect", "approve", "deny", "answer"})
 _json = msgspec.json.Encoder()
@@ -298,19 +301,21 @@ def ops_routes(edge: Edge) -> list[Route]:
         return JSONResponse({"ok": True})
 
     async def readyz(request: Request) -> Response:
+        """Open to anyone, so it names the failing part only; the reason goes to the log, redacted."""
         problems: dict[str, str] = {}
         for name, check in (("bus", edge.bus.ping), ("store", edge.store.ping)):
             try:
                 await check()
             except Exception as exc:  # readiness reports any failure, it never raises
-                problems[name] = str(exc) or type(exc).__name__
+                problems[name] = "unavailable"
+                log.warning("readyz: the %s is unavailable: %s", name, redact_text(str(exc) or type(exc).__name__))
         status = 503 if problems else 200
         return JSONResponse({"ok": not problems, **problems}, status_code=status)
 
     async def metrics(request: Request) -> Response:
         try:
             principal = edge.gate.principal(request.headers, request.query_params)
-            edge.gate.require_scope(principal, "read")
+            edge.gate.require_scope(principal, "ops")
         except RunwireError as exc:
             return error_response(exc)
         return Response(edge.metrics.render(), media_type="text/plain; version=0.0.4")
@@ -344,6 +349,7 @@ def page_routes(edge: Edge) -> list[Route | Mount]:
 def create_app(bus: Bus, store: ReplayLog, settings: EdgeSettings | None = None) -> Starlette:
     """The edge as an ASGI app. ``bus`` and ``store`` must be connected; the app starts its hub."""
     settings = settings or EdgeSettings()
+    redact_logs()  # request paths in uvicorn's access log may carry ?access_token=
     if settings.secret is not None and len(settings.secret.encode()) < 32:
         raise ConfigError("the edge secret must be at least 32 bytes (HS256 key)")
     edge = Edge(bus, store, settings)

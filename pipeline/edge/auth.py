@@ -1,7 +1,8 @@
 """Bearer tokens: HS256 JWTs scoping a client to one tenant, some runs and some scopes.
 
 Claims: ``tenant`` (str), ``runs`` (a list of run ids, or ``"*"`` for all of
-the tenant's runs), ``scopes`` (``read``, ``write``, ``control``), ``exp``.
+the tenant's runs), ``scopes`` (``read``, ``write``, ``control``, ``ops`` — the
+last for ``/metrics``, process-wide figures of every tenant), ``exp``.
 A token travels as ``Authorization: Bearer …`` or, for ``EventSource``
 which can't send headers, as ``?access_token=…``.
 
@@ -25,8 +26,8 @@ from ..bus.base import Bus
 from ..errors import AuthError, UnknownRun
 from ..store.base import ReplayLog, RunOwner
 
-Scope = Literal["read", "write", "control"]
-SCOPES: tuple[str, ...] = ("read", "write", "control")
+Scope = Literal["read", "write", "control", "ops"]
+SCOPES: tuple[str, ...] = ("read", "write", "control", "ops")
 ALGORITHM = "HS256"
 
 

@@ -13,6 +13,8 @@ from typing import TYPE_CHECKING
 
 import click
 
+from pipeline.redaction import redact_logs
+
 if TYPE_CHECKING:
     from pipeline.edge import EdgeSettings
 
@@ -85,6 +87,7 @@ def edge(
         client_queue_events=client_queue_events,
     )
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s %(levelname)s %(message)s")
+    redact_logs()
     asyncio.run(serve(bus, store, host, port, settings))
 
 

@@ -8,8 +8,8 @@ import click
 @click.command()
 @click.option("--tenant", required=True, help="The tenant the token speaks for.")
 @click.option("--run", "runs", multiple=True, help="A run id the token may touch (repeat); default: all.")
-@click.option("--scope", "scopes", multiple=True, type=click.Choice(["read", "write", "control"]),
-              help="read, write (ingest), control (repeat) [default: read].")
+@click.option("--scope", "scopes", multiple=True, type=click.Choice(["read", "write", "control", "ops"]),
+              help="read, write (ingest), control, ops (/metrics) (repeat) [default: read].")
 @click.option("--ttl", default=3600, show_default=True, type=click.IntRange(min=1),
               help="Seconds until the token expires.")
 @click.option("--secret", required=True, envvar="RUNWIRE_SECRET", show_envvar=True,

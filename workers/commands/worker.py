@@ -19,6 +19,7 @@ import sys
 import click
 import msgspec
 
+from pipeline.redaction import redact_logs
 from pipeline.stages import WorkerStats
 
 
@@ -59,6 +60,7 @@ def worker(
 ) -> None:
     """Run a worker until SIGTERM/SIGINT (or, with --burst, until the bus is drained)."""
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s %(levelname)s %(message)s")
+    redact_logs()
     if os.environ.get("RUNWIRE_DEBUG"):
         logging.getLogger("runwire").setLevel(logging.DEBUG)
     if bus.startswith("kafka://"):
