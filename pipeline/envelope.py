@@ -19,6 +19,8 @@ Extensions (documented in ``docs/protocols.md``):
   a child run's events so workers can fan them in.
 * ``tenant`` (envelope, optional): the tenant a run belongs to (auth, listing,
   retention overrides).
+* ``thread_id`` (envelope, optional): the chat/thread a run answers (AI SDK
+  ``chatId``); a run's own events carry it, so a thread's runs can be found.
 
 Unknown fields are rejected, not dropped: a frame either round-trips exactly
 or fails with ``KAI-STREAM-PROTO-0001`` naming the field.
@@ -62,7 +64,7 @@ regex runs once per *distinct* timestamp of a batch."""
 EventId = Annotated[str, msgspec.Meta(min_length=1, max_length=128)]
 RunId = Annotated[str, msgspec.Meta(min_length=1, max_length=MAX_ID_CHARS)]
 RunRef = Annotated[str, msgspec.Meta(max_length=MAX_ID_CHARS)]
-"""A run named by another field (``child_id``, ``parent_id``, ``root_id``) or a tenant."""
+"""A run named by another field (``child_id``, ``parent_id``, ``root_id``), a tenant or a thread."""
 Seq = Annotated[int, msgspec.Meta(ge=0, le=INT64_MAX)]
 Count = Annotated[int, msgspec.Meta(ge=0, le=INT64_MAX)]
 """A non-negative integer field (indexes, durations, token counts): the same bounds as ``seq``."""
@@ -179,6 +181,7 @@ class Envelope(
     parent_id: RunRef | None = None
     root_id: RunRef | None = None
     tenant: RunRef | None = None
+    thread_id: RunRef | None = None
 
     type_name: ClassVar[str] = ""
 
@@ -258,6 +261,7 @@ class Extension(
     parent_id: RunRef | None = None
     root_id: RunRef | None = None
     tenant: RunRef | None = None
+    thread_id: RunRef | None = None
 
     def payload_dict(self) -> dict[str, Any]:
         return self.payload

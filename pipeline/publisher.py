@@ -3,7 +3,7 @@
 ::
 
     async with Publisher.connect("redis://localhost:6379/0") as pub:
-        run = pub.run("run_123", tenant="acme")
+        run = pub.run("run_123", tenant="acme", thread="chat_9")
         await run.emit("text.delta", {"text": "hi"})
         await run.finish("done")
 
@@ -100,17 +100,20 @@ class Run:
         tenant: str | None = None,
         parent_id: str | None = None,
         root_id: str | None = None,
+        thread_id: str | None = None,
     ) -> None:
         self.publisher = publisher
         self.run_id = run_id
         self.tenant = tenant
         self.parent_id = parent_id
         self.root_id = root_id
+        self.thread_id = thread_id
         self.seq = 0
         """The seq of the last event emitted (0 before the first)."""
         self._fields: dict[str, Any] = {
             k: v
-            for k, v in (("parent_id", parent_id), ("root_id", root_id), ("tenant", tenant))
+            for k, v in (("parent_id", parent_id), ("root_id", root_id), ("tenant", tenant),
+                         ("thread_id", thread_id))
             if v is not None
         }
 
@@ -279,12 +282,17 @@ class Publisher:
         parent: Run | str | None = None,
         *,
         root: str | None = None,
+        thread: str | None = None,
     ) -> Run:
         """A handle for publishing run ``run_id`` (seq from 1).
 
         ``parent`` (a :class:`Run` or a run id) makes it a child run; its
         root is the parent's root when ``parent`` is a Run, else ``root`` if
-        given, else the parent id.
+        given, else the parent id. ``thread`` is the chat/thread the run
+        answers (the AI SDK's ``chatId``): every event of the run carries it
+        as ``thread_id``, and the edge serves a thread's active run at
+        ``/v1/threads/{thread}/stream``. A child run is not given its
+        parent's thread: a thread's runs are the turns a chat shows.
         """
         parent_id: str | None = None
         root_id: str | None = None
@@ -295,7 +303,8 @@ class Publisher:
         elif parent is not None:
             parent_id = parent
             root_id = root or parent
-        return Run(self, run_id, tenant=tenant, parent_id=parent_id, root_id=root_id)
+        return Run(self, run_id, tenant=tenant, parent_id=parent_id, root_id=root_id,
+                   thread_id=thread)
 
     async def publish_events(self, events: Iterable[Event]) -> int:
         """Enqueue pre-built envelopes as they are (ids and seqs kept); returns how many."""

@@ -6,7 +6,8 @@ Endpoints (``docs/edge.md`` has the full table):
 ``GET  /v1/runs/{run_id}/stream``               SSE, NDJSON (``Accept``) or WebSocket
 ``POST /v1/runs/{run_id}/events``               HTTP ingest (NDJSON, any ingest format)
 ``POST /v1/runs/{run_id}/control``              cancel / pause / resume / redirect / …
-``GET  /v1/runs``                               the tenant's runs (``state``, ``since``, ``until``)
+``GET  /v1/runs``                               the tenant's runs (``state``, ``since``, ``thread_id`` …)
+``GET  /v1/threads/{thread_id}/stream``         a thread's active run for AI SDK resume (or 204)
 ``GET  /v1/runs/{run_id}/events.jsonl``         export (``?format=``)
 ``GET  /healthz`` · ``/readyz`` · ``/metrics``  operations
 ``GET  /`` · ``/runs/{run_id}``                 the live page
@@ -46,6 +47,7 @@ from .ingest import IngestResult, decode_body, line_error, resolve_format
 from .metrics import EdgeMetrics
 from .session import StreamRequest
 from .settings import EdgeSettings
+from .threads import AI_SDK_HEADERS, thread_stream
 from .transports import NDJSON_MEDIA_TYPE, serve_http_stream, serve_websocket
 
 log = logging.getLogger(__name__)
@@ -146,6 +148,24 @@ class StreamEndpoint:
         await serve_http_stream(self.edge.hub, stream, receive, send, sse=sse, headers=headers)
 
 
+class ThreadStreamEndpoint:
+    """``GET /v1/threads/{thread_id}/stream``: the thread's active run for AI SDK resume, or 204."""
+
+    def __init__(self, edge: Edge) -> None:
+        self.edge = edge
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        try:
+            stream = await thread_stream(self.edge, Request(scope, receive))
+        except RunwireError as exc:
+            await error_response(exc)(scope, receive, send)
+            return
+        if stream is None:
+            await Response(status_code=204)(scope, receive, send)
+            return
+        await serve_http_stream(self.edge.hub, stream, receive, send, sse=True, headers=AI_SDK_HEADERS)
+
+
 async def authorize_stream(edge: Edge, conn: HTTPConnection) -> StreamRequest:
     """Check read access to the run and parse the stream parameters (HTTP or WebSocket)."""
     run_id = conn.path_params["run_id"]
@@ -177,7 +197,8 @@ def ingest_endpoint(edge: Edge) -> Any:
             format_name = resolve_format(request.query_params.get("format"), body)
         except RunwireError as exc:
             return error_response(exc)
-        lined, errors = decode_body(body, format_name, run_id)
+        thread_id = request.headers.get("thread-id") or request.query_params.get("thread_id") or None
+        lined, errors = decode_body(body, format_name, run_id, thread_id)
         try:
             admission = await admit(edge.gate, principal, run_id, [event for _, event in lined])
         except RunwireError as exc:  # the replay log holding the claims is down
@@ -251,6 +272,7 @@ def runs_endpoint(edge: Edge) -> Any:
                 since=_time(query.get("since")),
                 until=_time(query.get("until")),
                 limit=min(int(query.get("limit", "100")), 1000),
+                thread_id=query.get("thread_id") or None,
             )
         except ValueError as exc:
             return JSONResponse({"error": str(exc)}, status_code=400)
@@ -369,6 +391,7 @@ def create_app(bus: Bus, store: ReplayLog, settings: EdgeSettings | None = None)
         Route("/v1/runs/{run_id}/events", ingest_endpoint(edge), methods=["POST"]),
         Route("/v1/runs/{run_id}/events.jsonl", export_endpoint(edge)),
         Route("/v1/runs/{run_id}/control", control_endpoint(edge), methods=["POST"]),
+        Route("/v1/threads/{thread_id}/stream", ThreadStreamEndpoint(edge)),
         *ops_routes(edge),
         *page_routes(edge),
     ]

@@ -60,10 +60,14 @@ def detect_format(body: bytes) -> str:
         raise together from None
 
 
-def decode_body(body: bytes, format_name: str, run_id: str) -> tuple[list[tuple[int, Event]], list[LineError]]:
+def decode_body(
+    body: bytes, format_name: str, run_id: str, thread_id: str | None = None
+) -> tuple[list[tuple[int, Event]], list[LineError]]:
     """Decode an NDJSON body for ``run_id``: ``(line, event)`` pairs and the errors of bad lines.
 
     Whether the events may be written is :func:`.authz.admit`'s decision.
+    ``thread_id`` (the ``Thread-Id`` header or ``?thread_id=``) is stamped on
+    the run's own events that have none; one naming another thread is rejected.
     """
     codec = protocols.ingest(format_name, run_id=run_id)
     events: list[tuple[int, Event]] = []
@@ -73,13 +77,13 @@ def decode_body(body: bytes, format_name: str, run_id: str) -> tuple[list[tuple[
         if not line.strip():
             continue
         try:
-            decoded = [envelope.check(event) for event in _feed(codec, line)]
+            decoded = [_thread(envelope.check(e), run_id, thread_id) for e in _feed(codec, line)]
         except ProtocolError as exc:
             errors.append(line_error(number, exc))
             continue
         events.extend((number, event) for event in decoded)
     try:
-        events.extend((len(chunks), envelope.check(event)) for event in codec.close())
+        events.extend((len(chunks), _thread(envelope.check(e), run_id, thread_id)) for e in codec.close())
     except ProtocolError as exc:
         errors.append(line_error(len(chunks), exc))
     return events, errors
@@ -100,6 +104,17 @@ def line_error(number: int, exc: RunwireError) -> LineError:
     field = exc.field if isinstance(exc, ProtocolError) else None
     message = exc.message if isinstance(exc, ProtocolError) else str(exc)
     return LineError(line=number, code=exc.code or PROTO_MALFORMED, message=message, field=field)
+
+
+def _thread(event: Event, run_id: str, thread_id: str | None) -> Event:
+    """The run's own event with the request's thread (ProtocolError for another thread)."""
+    if thread_id is None or event.run_id != run_id:
+        return event
+    if event.thread_id not in (None, thread_id):
+        raise ProtocolError(
+            f"event of thread {event.thread_id!r} posted with Thread-Id {thread_id!r}", field="$.thread_id"
+        )
+    return event if event.thread_id is not None else envelope.replace(event, thread_id=thread_id)
 
 
 def resolve_format(requested: str | None, body: bytes) -> str:

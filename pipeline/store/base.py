@@ -7,7 +7,7 @@ Selected by URL: ``sqlite:///path`` (embedded default) and
 
 Retention is by terminal state — done 90 days, aborted/error 30 days,
 unfinished runs by last activity — overridable per tenant; ``sweep`` deletes
-what expired. Run metadata (tenant, parent, state, counts, tokens, times) is
+what expired. Run metadata (tenant, parent, thread, state, counts, tokens, times) is
 maintained on append.
 """
 
@@ -46,6 +46,8 @@ class RunInfo(msgspec.Struct, kw_only=True):
     tenant: str | None = None
     parent_id: str | None = None
     root_id: str | None = None
+    thread_id: str | None = None
+    """The chat/thread the run answers (its own events' ``thread_id``)."""
     state: str | None = None
     """Last run.lifecycle state seen (None before any)."""
     terminal: bool = False
@@ -175,8 +177,9 @@ class ReplayLog(ABC):
         since: datetime | None = None,
         until: datetime | None = None,
         limit: int = 100,
+        thread_id: str | None = None,
     ) -> list[RunInfo]:
-        """Runs newest first, filtered by tenant, last state and activity time."""
+        """Runs newest first, filtered by tenant, last state, activity time and thread."""
 
     def policy_for(self, tenant: str | None) -> RetentionPolicy:
         """The retention policy of a tenant (its override, else the default)."""

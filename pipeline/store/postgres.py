@@ -11,7 +11,8 @@ Tables (Koder agent stream §6 plus what runwire needs):
   payload jsonb`` and ``body bytea`` (the canonical envelope bytes, so export
   streams them without re-encoding); primary key ``(run_id, seq)`` (the
   idempotency key), index ``(tenant, ts)``.
-* ``runs`` — one row of metadata per run, maintained on append.
+* ``runs`` — one row of metadata per run (``thread_id`` since schema 2),
+  maintained on append.
 * ``runwire_schema`` — the schema version.
 
 One connection writes (appends, sweeps) and one reads, each used by one
@@ -35,7 +36,7 @@ from .base import Clock, ReplayLog, RetentionPolicy, RunInfo, RunOwner, SweepRes
 from .retention import split_retention, utc_now
 from .runmeta import RunDelta, summarize
 
-SCHEMA_VERSION = 1
+SCHEMA_VERSION = 2
 COPY_THRESHOLD = 256
 
 _SCHEMA = """
@@ -80,7 +81,10 @@ CREATE TABLE IF NOT EXISTS run_owners (
     root_id    text NOT NULL,
     created_at timestamptz NOT NULL DEFAULT now()
 );
+ALTER TABLE runs ADD COLUMN IF NOT EXISTS thread_id text;
+CREATE INDEX IF NOT EXISTS runs_thread ON runs (thread_id, updated_at) WHERE thread_id IS NOT NULL;
 """
+"""Schema 2 added ``runs.thread_id``: ``ADD COLUMN IF NOT EXISTS`` migrates a schema-1 database."""
 
 _CLAIM = """
 WITH logged AS (SELECT tenant, coalesce(root_id, run_id) AS root FROM runs WHERE run_id = %(run)s),
@@ -116,14 +120,15 @@ _FROM_ARRAYS = _FROM_STAGE.format(
 )
 
 _UPSERT_RUN = """
-INSERT INTO runs AS r (run_id, tenant, parent_id, root_id, state, state_seq, terminal, events,
-                       last_seq, input_tokens, output_tokens, dropped, first_ts, last_ts,
-                       created_at, updated_at)
-VALUES (%s, %s, %s, %s, %s, %s, %s, %s, %s, %s, %s, %s, %s, %s, %s, %s)
+INSERT INTO runs AS r (run_id, tenant, parent_id, root_id, thread_id, state, state_seq,
+                       terminal, events, last_seq, input_tokens, output_tokens, dropped,
+                       first_ts, last_ts, created_at, updated_at)
+VALUES (%s, %s, %s, %s, %s, %s, %s, %s, %s, %s, %s, %s, %s, %s, %s, %s, %s)
 ON CONFLICT (run_id) DO UPDATE SET
     tenant = coalesce(r.tenant, excluded.tenant),
     parent_id = coalesce(r.parent_id, excluded.parent_id),
     root_id = coalesce(r.root_id, excluded.root_id),
+    thread_id = coalesce(r.thread_id, excluded.thread_id),
     state = CASE WHEN excluded.state IS NOT NULL AND excluded.state_seq >= r.state_seq
                  THEN excluded.state ELSE r.state END,
     terminal = CASE WHEN excluded.state IS NOT NULL AND excluded.state_seq >= r.state_seq
@@ -142,7 +147,7 @@ RETURNING tenant, state, updated_at
 
 _RUN_COLUMNS = (
     "run_id, tenant, parent_id, root_id, state, terminal, events, last_seq, input_tokens,"
-    " output_tokens, dropped, first_ts, last_ts, created_at, updated_at, expires_at"
+    " output_tokens, dropped, first_ts, last_ts, created_at, updated_at, expires_at, thread_id"
 )
 
 
@@ -151,7 +156,7 @@ def _run_info(row: Sequence[Any]) -> RunInfo:
         run_id=row[0], tenant=row[1], parent_id=row[2], root_id=row[3], state=row[4],
         terminal=row[5], events=row[6], last_seq=row[7], input_tokens=row[8],
         output_tokens=row[9], dropped=row[10], first_ts=row[11], last_ts=row[12],
-        created_at=row[13], updated_at=row[14], expires_at=row[15],
+        created_at=row[13], updated_at=row[14], expires_at=row[15], thread_id=row[16],
     )
 
 
@@ -232,6 +237,8 @@ class PostgresLog(ReplayLog):
                 )
             elif version > SCHEMA_VERSION:
                 raise StoreError(f"database has schema {version}, newer than {SCHEMA_VERSION}")
+            elif version < SCHEMA_VERSION:
+                await conn.execute("UPDATE runwire_schema SET version = %s", (SCHEMA_VERSION,))
         await conn.execute(_STAGE)
 
     async def close(self) -> None:
@@ -299,7 +306,7 @@ class PostgresLog(ReplayLog):
     ) -> None:
         cursor = await conn.execute(
             _UPSERT_RUN,
-            (delta.run_id, delta.tenant, delta.parent_id, delta.root_id, delta.state,
+            (delta.run_id, delta.tenant, delta.parent_id, delta.root_id, delta.thread_id, delta.state,
              delta.state_seq, delta.terminal, delta.events, delta.last_seq,
              delta.input_tokens, delta.output_tokens, delta.dropped, delta.first_ts,
              delta.last_ts, now, now),
@@ -377,10 +384,12 @@ class PostgresLog(ReplayLog):
         since: datetime | None = None,
         until: datetime | None = None,
         limit: int = 100,
+        thread_id: str | None = None,
     ) -> list[RunInfo]:
         where, args = ["true"], []
         for clause, value in (
             ("tenant = %s", tenant),
+            ("thread_id = %s", thread_id),
             ("state = %s", state),
             ("updated_at >= %s", since),
             ("created_at <= %s", until),

@@ -3,8 +3,9 @@
 :func:`summarize` folds the *newly stored* events of one append into one
 :class:`RunDelta` per run; a backend merges it into its runs table with an
 upsert (counts add up, the later lifecycle state wins by seq). Only a run's
-own events (``child_id`` unset) move its state, tokens and drops: a child's
-``run.lifecycle done`` fanned into the parent does not end the parent.
+own events (``child_id`` unset) move its state, tokens and drops and give its
+thread: a child's ``run.lifecycle done`` fanned into the parent does not end
+the parent.
 """
 
 from __future__ import annotations
@@ -24,6 +25,7 @@ class RunDelta(msgspec.Struct, kw_only=True):
     tenant: str | None = None
     parent_id: str | None = None
     root_id: str | None = None
+    thread_id: str | None = None
     state: str | None = None
     state_seq: int = 0
     events: int = 0
@@ -60,6 +62,7 @@ _seq = attrgetter("seq")
 _ts = attrgetter("ts")
 _tenant = attrgetter("tenant")
 _parent = attrgetter("parent_id")
+_thread = attrgetter("thread_id")
 
 
 def summarize_run(run_id: str, events: Sequence[Event]) -> RunDelta:
@@ -81,6 +84,9 @@ def summarize_run(run_id: str, events: Sequence[Event]) -> RunDelta:
         linked = next((e for e in events if e.parent_id is not None and e.child_id is None), None)
         if linked is not None:
             delta.parent_id, delta.root_id = linked.parent_id, linked.root_id
+    if set(map(_thread, events)) != _ONLY_NONE:
+        delta.thread_id = next(
+            (e.thread_id for e in events if e.thread_id is not None and e.child_id is None), None)
     if not _METERED.isdisjoint(map(type, events)):
         for event in events:
             if type(event) in _METERED and event.child_id is None:

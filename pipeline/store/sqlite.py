@@ -34,7 +34,7 @@ from .base import Clock, ReplayLog, RetentionPolicy, RunInfo, RunOwner, SweepRes
 from .retention import split_retention, utc_now
 from .runmeta import RunDelta, summarize, summarize_run
 
-SCHEMA_VERSION = 2
+SCHEMA_VERSION = 3
 
 _EVENTS = """
 CREATE TABLE IF NOT EXISTS {name} (
@@ -60,6 +60,7 @@ CREATE TABLE IF NOT EXISTS runs (
     tenant        TEXT,
     parent_id     TEXT,
     root_id       TEXT,
+    thread_id     TEXT,
     state         TEXT,
     state_seq     INTEGER NOT NULL DEFAULT 0,
     terminal      INTEGER NOT NULL DEFAULT 0,
@@ -82,6 +83,7 @@ CREATE TABLE IF NOT EXISTS run_owners (
     root_id    TEXT NOT NULL,
     created_at REAL NOT NULL
 );
+CREATE INDEX IF NOT EXISTS runs_thread ON runs (thread_id, updated_at) WHERE thread_id IS NOT NULL;
 """
 
 _ROWS_PER_STATEMENT = 500
@@ -117,14 +119,15 @@ def _execute_rows(
 
 
 _UPSERT_RUN = """
-INSERT INTO runs (run_id, tenant, parent_id, root_id, state, state_seq, terminal, events,
-                  last_seq, input_tokens, output_tokens, dropped, first_ts, last_ts,
+INSERT INTO runs (run_id, tenant, parent_id, root_id, thread_id, state, state_seq, terminal,
+                  events, last_seq, input_tokens, output_tokens, dropped, first_ts, last_ts,
                   created_at, updated_at)
-VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)
+VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)
 ON CONFLICT (run_id) DO UPDATE SET
     tenant = coalesce(runs.tenant, excluded.tenant),
     parent_id = coalesce(runs.parent_id, excluded.parent_id),
     root_id = coalesce(runs.root_id, excluded.root_id),
+    thread_id = coalesce(runs.thread_id, excluded.thread_id),
     state = CASE WHEN excluded.state IS NOT NULL AND excluded.state_seq >= runs.state_seq
                  THEN excluded.state ELSE runs.state END,
     terminal = CASE WHEN excluded.state IS NOT NULL AND excluded.state_seq >= runs.state_seq
@@ -145,8 +148,8 @@ RETURNING tenant, state, updated_at
 
 _UPSERT_RUN_ONLY = _UPSERT_RUN.rsplit("RETURNING", 1)[0]
 _UPSERT_RUNS_HEAD, _UPSERT_RUNS_TAIL = _UPSERT_RUN_ONLY.replace(
-    "VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)", "VALUES {rows}").split("{rows}")
-"""The run upsert around its VALUES rows, for :func:`_execute_rows` (16 values a row)."""
+    "VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)", "VALUES {rows}").split("{rows}")
+"""The run upsert around its VALUES rows, for :func:`_execute_rows` (17 values a row)."""
 _SET_EXPIRY = """
 UPDATE runs SET expires_at = updated_at + CASE
         WHEN state = 'done' THEN ?
@@ -172,7 +175,7 @@ row by row in seq order; the export test checks the order."""
 
 _RUN_COLUMNS = (
     "run_id, tenant, parent_id, root_id, state, terminal, events, last_seq, input_tokens,"
-    " output_tokens, dropped, first_ts, last_ts, created_at, updated_at, expires_at"
+    " output_tokens, dropped, first_ts, last_ts, created_at, updated_at, expires_at, thread_id"
 )
 
 T = TypeVar("T")
@@ -203,6 +206,7 @@ def _run_info(row: Sequence[Any]) -> RunInfo:
         terminal=bool(row[5]), events=row[6], last_seq=row[7], input_tokens=row[8],
         output_tokens=row[9], dropped=row[10], first_ts=row[11], last_ts=row[12],
         created_at=_moment(row[13]), updated_at=_moment(row[14]), expires_at=_moment(row[15]),
+        thread_id=row[16],
     )
 
 
@@ -227,6 +231,22 @@ def _migrate_from_1(conn: sqlite3.Connection) -> None:
         conn.execute("COMMIT")
     except BaseException:
         if conn.in_transaction:  # SQLite may have rolled back already (e.g. disk full)
+            conn.execute("ROLLBACK")
+        raise
+
+
+def _migrate_from_2(conn: sqlite3.Connection) -> None:
+    """Schema 2 → 3: runs gain ``thread_id`` (NULL for the runs stored before)."""
+    conn.execute("BEGIN IMMEDIATE")
+    try:
+        if conn.execute("SELECT max(version) FROM schema_version").fetchone()[0] != 2:
+            conn.execute("COMMIT")  # another process migrated it meanwhile
+            return
+        conn.execute("ALTER TABLE runs ADD COLUMN thread_id TEXT")
+        conn.execute("UPDATE schema_version SET version = 3")
+        conn.execute("COMMIT")
+    except BaseException:
+        if conn.in_transaction:
             conn.execute("ROLLBACK")
         raise
 
@@ -281,6 +301,8 @@ class SQLiteLog(ReplayLog):
         version = conn.execute("SELECT max(version) FROM schema_version").fetchone()[0]
         if version == 1:
             _migrate_from_1(conn)
+        if version in (1, 2):
+            _migrate_from_2(conn)
         conn.executescript(_SCHEMA)
         if version is None:
             conn.execute("INSERT INTO schema_version VALUES (?)", (SCHEMA_VERSION,))
@@ -424,10 +446,10 @@ class SQLiteLog(ReplayLog):
         if not deltas:
             return
         db = self._db
-        _execute_rows(db, _UPSERT_RUNS_HEAD, 16, [
+        _execute_rows(db, _UPSERT_RUNS_HEAD, 17, [
             value for d in deltas
-            for value in (d.run_id, d.tenant, d.parent_id, d.root_id, d.state, d.state_seq,
-                          d.terminal, d.events, d.last_seq, d.input_tokens, d.output_tokens,
+            for value in (d.run_id, d.tenant, d.parent_id, d.root_id, d.thread_id, d.state,
+                          d.state_seq, d.terminal, d.events, d.last_seq, d.input_tokens, d.output_tokens,
                           d.dropped, d.first_ts, d.last_ts, now, now)
         ], _UPSERT_RUNS_TAIL)
         touched = _ids_json.encode([d.run_id for d in deltas])
@@ -550,10 +572,12 @@ class SQLiteLog(ReplayLog):
         since: datetime | None = None,
         until: datetime | None = None,
         limit: int = 100,
+        thread_id: str | None = None,
     ) -> list[RunInfo]:
         where, args = ["1 = 1"], []
         for clause, value in (
             ("tenant = ?", tenant),
+            ("thread_id = ?", thread_id),
             ("state = ?", state),
             ("updated_at >= ?", since and _epoch(since)),
             ("created_at <= ?", until and _epoch(until)),

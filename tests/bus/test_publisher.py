@@ -135,6 +135,20 @@ async def test_child_runs_carry_parent_root_and_tenant(pub_url: str) -> None:
     assert len(shards) == 1
 
 
+async def test_a_runs_thread_travels_on_every_event_and_children_have_their_own(pub_url: str) -> None:
+    """``pub.run(..., thread=)`` puts ``thread_id`` on each of the run's events (the worker
+    writes run metadata from them); a child run is not one of the thread's turns."""
+    async with Publisher.connect(pub_url) as pub:
+        turn = pub.run("run-turn", tenant="acme", thread="chat-1")
+        child = pub.run("run-helper", parent=turn)
+        for run in (turn, child):
+            await run.emit("text.delta", {"text": "x"})
+            await run.finish()
+    got = by_run(await consume(pub_url, 4))
+    assert [e.thread_id for e in got["run-turn"]] == ["chat-1", "chat-1"]
+    assert [e.thread_id for e in got["run-helper"]] == [None, None]
+
+
 async def test_invalid_events_are_rejected_before_queueing() -> None:
     """A bad payload or type raises the protocol error; the run's seq is not used up."""
     async with Publisher.connect(f"memory://{_unique()}") as pub:

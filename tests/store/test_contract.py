@@ -145,6 +145,27 @@ async def test_runs_are_listed_by_tenant_state_and_time(store_url: str, clock: C
     assert one == ["c"]
 
 
+async def test_a_runs_thread_comes_from_its_own_events_and_filters_the_listing(
+    store_url: str, clock: Clock
+) -> None:
+    """A run's thread is its own events' ``thread_id``; a child's thread fanned into it is not."""
+    async with open_store(store_url, clock=clock) as log:
+        await log.append([event("t1", 1, "run.lifecycle", {"state": "running"}, tenant="acme")])
+        await log.append([event("t1", 2, thread_id="chat-7", child_id="kid"),
+                          event("t1", 3, thread_id="chat-1")])
+        clock.advance(minutes=1)
+        await log.append([event("t2", 1, thread_id="chat-1"), event("other", 1)])
+        first, plain = await log.run("t1"), await log.run("other")
+        thread = [r.run_id for r in await log.runs(thread_id="chat-1")]
+        nothing = await log.runs(thread_id="chat-7")
+        acme = [r.run_id for r in await log.runs(thread_id="chat-1", tenant="acme")]
+    assert first is not None and first.thread_id == "chat-1"
+    assert plain is not None and plain.thread_id is None
+    assert thread == ["t2", "t1"]
+    assert nothing == []
+    assert acme == ["t1"]
+
+
 async def _three_runs(log_url: str, clock: Clock, **options: object) -> None:
     async with open_store(log_url, clock=clock, **options) as log:
         await log.append([event("done", 1, "run.lifecycle", {"state": "done"}, tenant="acme")])

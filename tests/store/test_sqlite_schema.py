@@ -46,9 +46,51 @@ async def test_a_schema_1_file_is_migrated_and_keeps_every_event(tmp_path: Path)
     assert info is not None and info.events == 4
     conn = sqlite3.connect(path)
     try:
-        assert conn.execute("SELECT max(version) FROM schema_version").fetchone() == (2,)
+        assert conn.execute("SELECT max(version) FROM schema_version").fetchone() == (3,)
         ddl = conn.execute("SELECT sql FROM sqlite_master WHERE name = 'events'").fetchone()[0]
         assert "WITHOUT ROWID" not in ddl
         assert conn.execute("SELECT count(*) FROM events").fetchone() == (5,)
+    finally:
+        conn.close()
+
+
+SCHEMA_2_RUNS = """
+CREATE TABLE schema_version (version INTEGER NOT NULL);
+CREATE TABLE events (run_id TEXT NOT NULL, seq INTEGER NOT NULL, body BLOB NOT NULL);
+CREATE UNIQUE INDEX events_run_seq ON events (run_id, seq);
+CREATE TABLE runs (
+    run_id TEXT PRIMARY KEY, tenant TEXT, parent_id TEXT, root_id TEXT, state TEXT,
+    state_seq INTEGER NOT NULL DEFAULT 0, terminal INTEGER NOT NULL DEFAULT 0,
+    events INTEGER NOT NULL DEFAULT 0, last_seq INTEGER NOT NULL DEFAULT 0,
+    input_tokens INTEGER NOT NULL DEFAULT 0, output_tokens INTEGER NOT NULL DEFAULT 0,
+    dropped INTEGER NOT NULL DEFAULT 0, first_ts TEXT, last_ts TEXT,
+    created_at REAL NOT NULL, updated_at REAL NOT NULL, expires_at REAL
+);
+INSERT INTO schema_version VALUES (2);
+"""
+
+
+async def test_a_schema_2_file_gains_thread_ids_and_keeps_its_runs(tmp_path: Path) -> None:
+    path = tmp_path / "v2.db"
+    old = event("r1", 1)
+    conn = sqlite3.connect(path)
+    conn.executescript(SCHEMA_2_RUNS)
+    conn.execute("INSERT INTO events VALUES (?, ?, ?)", (old.run_id, old.seq, envelope.encode(old)))
+    conn.execute("INSERT INTO runs (run_id, tenant, events, last_seq, created_at, updated_at)"
+                 " VALUES ('r1', 'acme', 1, 1, 0, 0)")
+    conn.commit()
+    conn.close()
+
+    async with open_store(f"sqlite:///{path}") as log:
+        before = await log.run("r1")
+        await log.append([event("r1", 2, thread_id="chat-1"), event("r2", 1, thread_id="chat-1")])
+        after = await log.run("r1")
+        listed = {r.run_id for r in await log.runs(thread_id="chat-1")}
+    assert before is not None and (before.tenant, before.thread_id, before.events) == ("acme", None, 1)
+    assert after is not None and (after.thread_id, after.events) == ("chat-1", 2)
+    assert listed == {"r1", "r2"}
+    conn = sqlite3.connect(path)
+    try:
+        assert conn.execute("SELECT max(version) FROM schema_version").fetchone() == (3,)
     finally:
         conn.close()
