@@ -28,6 +28,9 @@ What it guarantees:
   the next ``emit``/``flush``/``close``. The publisher stays usable: once the
   bus answers again, new events flow (the lost seqs show up as a gap, Koder agent stream §7 T2).
 * **Graceful close.** Leaving the ``async with`` block flushes what is queued.
+* **Requests.** ``async for request in pub.requests(): run = pub.run_for(request)``
+  answers the chat turns clients send through the edge (see
+  :mod:`pipeline.bus.requests`).
 * **Child runs.** ``pub.run(child_id, parent=run)`` puts ``parent_id`` and
   ``root_id`` on every event of the child, so workers fan it into its parent
   and one worker owns the whole tree (ingest is partitioned by root run id).
@@ -47,6 +50,7 @@ from redis.backoff import FullJitterBackoff
 
 from . import envelope
 from .bus import Bus, ControlCommand, open_bus
+from .bus.requests import DEFAULT_CHANNEL, DEFAULT_TTL_S, AgentRequest, consume_requests
 from .envelope import Event
 from .errors import BusUnavailable, DeliveryTimeout
 from .ulid import MonotonicULID
@@ -305,6 +309,22 @@ class Publisher:
             root_id = root or parent
         return Run(self, run_id, tenant=tenant, parent_id=parent_id, root_id=root_id,
                    thread_id=thread)
+
+    def requests(
+        self, channel: str = DEFAULT_CHANNEL, *, ttl_s: float = DEFAULT_TTL_S
+    ) -> AsyncIterator[AgentRequest]:
+        """Requests that an agent start a run (AI SDK chat turns sent over the edge's WebSocket).
+
+        ``async for request in pub.requests("default"): run = pub.run_for(request)``.
+        While iterating, this consumer announces itself on the channel (a heartbeat every
+        ``ttl_s / 3``); with none alive the edge refuses a client's turn at once. See
+        :mod:`pipeline.bus.requests`.
+        """
+        return consume_requests(self.bus, channel, ttl_s=ttl_s)
+
+    def run_for(self, request: AgentRequest) -> Run:
+        """The run answering ``request``: its run id, tenant and thread (the client is streaming it)."""
+        return self.run(request.run_id, tenant=request.tenant, thread=request.thread_id)
 
     async def publish_events(self, events: Iterable[Event]) -> int:
         """Enqueue pre-built envelopes as they are (ids and seqs kept); returns how many."""

@@ -8,6 +8,7 @@ Endpoints (``docs/edge.md`` has the full table):
 ``POST /v1/runs/{run_id}/control``              cancel / pause / resume / redirect / …
 ``GET  /v1/runs``                               the tenant's runs (``state``, ``since``, ``thread_id`` …)
 ``GET  /v1/threads/{thread_id}/stream``         a thread's active run for AI SDK resume (or 204)
+``WS   /v1/threads``                            AI SDK ``WebSocketChatTransport`` (send/resume/abort)
 ``GET  /v1/runs/{run_id}/events.jsonl``         export (``?format=``)
 ``GET  /healthz`` · ``/readyz`` · ``/metrics``  operations
 ``GET  /`` · ``/runs/{run_id}``                 the live page
@@ -41,6 +42,7 @@ from ..store.base import ReplayLog
 from ..ulid import new_event_id
 from .auth import Gate, Principal
 from .authz import admit, authorize_write
+from .chat import serve_chat
 from .filters import CHILDREN, PROFILE_NAMES
 from .hub import Hub
 from .ingest import IngestResult, decode_body, line_error, resolve_format
@@ -172,6 +174,13 @@ async def authorize_stream(edge: Edge, conn: HTTPConnection) -> StreamRequest:
     principal = edge.gate.principal(conn.headers, conn.query_params)
     await edge.gate.check_run(principal, run_id, "read")
     return stream_request(run_id, dict(conn.query_params), dict(conn.headers), edge.settings)
+
+
+def chat_endpoint(edge: Edge) -> Any:
+    async def endpoint(websocket: WebSocket) -> None:
+        await serve_chat(edge, websocket)
+
+    return endpoint
 
 
 def websocket_endpoint(edge: Edge) -> Any:
@@ -392,6 +401,7 @@ def create_app(bus: Bus, store: ReplayLog, settings: EdgeSettings | None = None)
         Route("/v1/runs/{run_id}/events.jsonl", export_endpoint(edge)),
         Route("/v1/runs/{run_id}/control", control_endpoint(edge), methods=["POST"]),
         Route("/v1/threads/{thread_id}/stream", ThreadStreamEndpoint(edge)),
+        WebSocketRoute("/v1/threads", chat_endpoint(edge)),
         *ops_routes(edge),
         *page_routes(edge),
     ]
