@@ -31,6 +31,7 @@ from __future__ import annotations
 import re
 from collections.abc import Mapping, Sequence
 from datetime import UTC, datetime
+from itertools import repeat
 from typing import Annotated, Any, ClassVar, Literal, TypeVar
 
 import msgspec
@@ -340,13 +341,17 @@ def _field_of(message: str) -> tuple[str, str | None]:
     return text, path
 
 
-def decode(frame: bytes | str, *, max_bytes: int = MAX_FRAME_BYTES) -> Event:
+def decode(
+    frame: bytes | str, *, max_bytes: int = MAX_FRAME_BYTES, max_depth: int | None = MAX_DEPTH
+) -> Event:
     """Decode and validate one canonical JSON frame.
 
     Raises ``MalformedFrame`` (KAI-STREAM-PROTO-0001) for bad JSON, a missing
     or mistyped field, a number out of its range, a frame over ``max_bytes``
     or nested deeper than :data:`MAX_DEPTH`; ``UnknownEventType``
     (KAI-STREAM-PROTO-0002) for a type that is neither core nor ``x.*``.
+    ``max_depth=None`` skips the nesting limit: for events runwire stored
+    itself, which an older release may have accepted deeper.
     """
     if len(frame) > max_bytes:
         raise MalformedFrame(f"frame is {len(frame)} bytes, over the {max_bytes}-byte limit")
@@ -355,13 +360,13 @@ def decode(frame: bytes | str, *, max_bytes: int = MAX_FRAME_BYTES) -> Event:
     except msgspec.ValidationError as exc:
         text, path = _field_of(str(exc))
         if path == "$.type" or text.startswith("Object missing required field `type`"):
-            return _check_depth(_check_ts(_decode_extension(frame, text, path)), frame)
+            return _check_depth(_check_ts(_decode_extension(frame, text, path)), frame, max_depth)
         raise MalformedFrame(text, field=path) from None
     except msgspec.DecodeError as exc:
         raise MalformedFrame(f"not valid JSON: {exc}") from None
     except RecursionError:
         raise _too_deep() from None
-    return _check_depth(_check_ts(event), frame)
+    return _check_depth(_check_ts(event), frame, max_depth)
 
 
 _E = TypeVar("_E", bound=Envelope | Extension)
@@ -373,20 +378,20 @@ def _check_ts(event: _E) -> _E:
     return event
 
 
-def _too_deep() -> MalformedFrame:
-    return MalformedFrame(f"frame is nested deeper than {MAX_DEPTH} levels", field="$.payload")
+def _too_deep(limit: int = MAX_DEPTH) -> MalformedFrame:
+    return MalformedFrame(f"frame is nested deeper than {limit} levels", field="$.payload")
 
 
-def _may_be_deep(frame: bytes | str) -> bool:
-    """False when a frame has too few brackets to nest deeper than :data:`MAX_DEPTH` (C speed)."""
+def _may_be_deep(frame: bytes | str, limit: int = MAX_DEPTH) -> bool:
+    """False when a frame has too few brackets to nest deeper than ``limit`` (C speed)."""
     if isinstance(frame, str):
-        return frame.count("{") + frame.count("[") > MAX_DEPTH
-    return frame.count(b"{") + frame.count(b"[") > MAX_DEPTH
+        return frame.count("{") + frame.count("[") > limit
+    return frame.count(b"{") + frame.count(b"[") > limit
 
 
-def _check_depth(event: _E, frame: bytes | str) -> _E:
-    if _may_be_deep(frame) and is_too_deep(event):
-        raise _too_deep()
+def _check_depth(event: _E, frame: bytes | str, limit: int | None) -> _E:
+    if limit is not None and _may_be_deep(frame, limit) and is_too_deep(event, limit):
+        raise _too_deep(limit)
     return event
 
 
@@ -407,22 +412,22 @@ def _deeper_than(value: Any, depth: int, limit: int) -> bool:
     return False
 
 
-def is_too_deep(event: Envelope | Extension) -> bool:
-    """Whether the event's canonical JSON nests deeper than :data:`MAX_DEPTH`.
+def is_too_deep(event: Envelope | Extension, limit: int = MAX_DEPTH) -> bool:
+    """Whether the event's canonical JSON nests deeper than ``limit`` (:data:`MAX_DEPTH`).
 
     Only fields of free-form JSON can nest: ``ext``, an extension's payload,
     a tool's ``input``, ``output`` and ``error`` (levels as in the frame: the
     envelope is 1, ``payload`` and ``ext`` are 2).
     """
-    if event.ext is not None and _deeper_than(event.ext, 2, MAX_DEPTH):
+    if event.ext is not None and _deeper_than(event.ext, 2, limit):
         return True
     if type(event) is Extension:
-        return _deeper_than(event.payload, 2, MAX_DEPTH)
+        return _deeper_than(event.payload, 2, limit)
     if type(event) is ToolStart:
-        return _deeper_than(event.payload.input, 3, MAX_DEPTH)
+        return _deeper_than(event.payload.input, 3, limit)
     if type(event) is ToolEnd:
         payload = event.payload
-        return _deeper_than(payload.output, 3, MAX_DEPTH) or _deeper_than(payload.error, 3, MAX_DEPTH)
+        return _deeper_than(payload.output, 3, limit) or _deeper_than(payload.error, 3, limit)
     return False
 
 
@@ -474,7 +479,7 @@ def decode_lines(frames: bytes, *, max_bytes: int = MAX_FRAME_BYTES) -> list[Eve
 
 
 def decode_many(
-    frames: Sequence[bytes], *, max_bytes: int = MAX_FRAME_BYTES
+    frames: Sequence[bytes], *, max_bytes: int = MAX_FRAME_BYTES, max_depth: int | None = MAX_DEPTH
 ) -> list[Event | ProtocolError]:
     """Decode separate frames: exactly one result per frame, the event or its error, in order.
 
@@ -494,15 +499,15 @@ def decode_many(
             if len(events) == len(frames) and all(
                 map(_TS_RE.match, {event.ts for event in events})  # type: ignore[union-attr]
             ):
-                if any(map(_may_be_deep, frames)):
+                if max_depth is not None and any(map(_may_be_deep, frames, repeat(max_depth))):
                     for index, frame in enumerate(frames):
-                        if _may_be_deep(frame) and is_too_deep(events[index]):  # type: ignore[arg-type]
-                            events[index] = _too_deep()
+                        if _may_be_deep(frame, max_depth) and is_too_deep(events[index], max_depth):  # type: ignore[arg-type]
+                            events[index] = _too_deep(max_depth)
                 return events
     out: list[Event | ProtocolError] = []
     for frame in frames:
         try:
-            out.append(decode(frame, max_bytes=max_bytes))
+            out.append(decode(frame, max_bytes=max_bytes, max_depth=max_depth))
         except ProtocolError as exc:
             out.append(exc)
     return out

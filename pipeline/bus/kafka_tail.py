@@ -120,7 +120,7 @@ class DeliveryTail:
             events: list[Event] = []
             for value in values:
                 try:
-                    events.append(decode(value))
+                    events.append(decode(value, max_depth=None))
                 except ProtocolError as exc:
                     log.warning("kafka delivery tail: skipping a bad event in the record at %s: %s",
                                 record.offset, exc)

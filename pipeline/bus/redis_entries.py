@@ -103,8 +103,12 @@ def lines_after(entries: Iterable[tuple[Any, Any]], after: int) -> list[bytes]:
 
 
 def decode_stored(lines: Sequence[bytes]) -> list[Event]:
-    """Events the workers stored (canonical JSON, so one msgspec call decodes a batch)."""
-    events = decode_many(lines)
+    """Events the workers stored (canonical JSON, so one msgspec call decodes a batch).
+
+    Without the nesting limit: the workers checked these at ingest, and an
+    older release accepted deeper payloads, which the edge still serves.
+    """
+    events = decode_many(lines, max_depth=None)
     for event in events:
         if isinstance(event, ProtocolError):
             raise event

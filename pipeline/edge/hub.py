@@ -23,9 +23,12 @@ import time
 from collections.abc import Callable
 from typing import NamedTuple
 
+import msgspec
+
 from .. import envelope
 from ..bus.base import Bus, StreamKey
-from ..envelope import Event, RunLifecycle, RunLifecyclePayload
+from ..envelope import Event, Extension, RunLifecycle, RunLifecyclePayload
+from ..errors import PROTO_MALFORMED
 from ..protocols import egress
 from ..protocols.base import Egress
 from ..store.base import ReplayLog
@@ -38,6 +41,7 @@ from .resume import first_covered, history
 from .settings import EdgeSettings
 
 log = logging.getLogger(__name__)
+_json = msgspec.json.Encoder()
 
 
 HOLE_ATTEMPTS = 6
@@ -93,13 +97,20 @@ class Feed:
         return self.encode(event)
 
     def encode(self, event: Event) -> Frame | None:
-        """Filter and encode one event with this feed's encoder (updating its state)."""
+        """Filter and encode one event with this feed's encoder (updating its state).
+
+        An event this feed's format cannot encode (an encoder bug, or a payload
+        too deep for a recursive encoder) is skipped by this feed alone: its
+        clients get a coded ``x.runwire.skipped`` frame in its place (same seq,
+        so a resume continues after it), and the stream's other feeds, other
+        runs and this feed's later events go on.
+        """
         if not self.accepts(event):
             return None
         terminal = ends_stream(event)
         if terminal:
             self.terminal_seq = event.seq
-        return encode_frame(self.encoder, event, terminal)
+        return frame_or_skip(self.encoder, event, terminal, self.key.format)
 
     def fan_out(self, frames: list[Frame], metrics: EdgeMetrics) -> None:
         """Queue a batch of frames for every client: one call and one wake per client per batch."""
@@ -112,6 +123,57 @@ class Feed:
         self.ready.set()
         for event in backlog:
             self.offer(event, metrics)
+
+
+SKIPPED_TYPE = "x.runwire.skipped"
+
+
+def skipped_event(event: Event, format_name: str, error: BaseException) -> Extension:
+    """An extension event telling a feed's clients which event they will not see, and why."""
+    return Extension(
+        id=event.id, ts=event.ts, type=SKIPPED_TYPE, run_id=event.run_id, seq=event.seq,
+        child_id=event.child_id,
+        payload={
+            "code": PROTO_MALFORMED,
+            "message": f"event {event.seq} ({event.type}) cannot be encoded as {format_name}: "
+                       f"{type(error).__name__}; the other formats have it",
+            "seq": event.seq,
+            "event_type": event.type,
+        },
+    )
+
+
+def frame_or_skip(encoder: Egress, event: Event, terminal: bool, format_name: str) -> Frame:
+    """:func:`encode_frame`, or the ``x.runwire.skipped`` frame when the format cannot encode the event.
+
+    Used by the feeds and by a client's catch-up alike, so a client sees the
+    same frames whether it followed the run live or resumed it.
+    """
+    try:
+        return encode_frame(encoder, event, terminal)
+    except Exception as error:  # isolate the failure to this format and this event
+        log.warning("edge hub: %s seq %d of %s cannot be encoded as %s: %r; skipped in that format",
+                    event.type, event.seq, event.run_id, format_name, error)
+        notice = skipped_event(event, format_name, error)
+    try:
+        payloads = encoder.encode(notice)
+    except Exception:
+        payloads = []
+    if not payloads:  # a format with no place for extension events: the format-neutral shape
+        payloads = [_json.encode({"type": "error", **notice.payload})]
+    return Frame(payloads, seq=event.seq, event_type=notice.type, terminal=terminal)
+
+
+def encode_preamble(encoder: Egress) -> list[bytes]:
+    """The format's preamble frames, leaving out any its state cannot encode (see :func:`frame_or_skip`)."""
+    out: list[bytes] = []
+    for frame in encoder.preamble():
+        try:
+            out.append(_json.encode(frame))
+        except Exception as error:
+            log.warning("edge hub: a %s preamble frame cannot be encoded: %r; left out",
+                        encoder.name, error)
+    return out
 
 
 def ends_stream(event: Event) -> bool:
@@ -133,8 +195,11 @@ def encode_frame(encoder: Egress, event: Event, terminal: bool) -> Frame:
     )
 
 
-def _dropped_variant(encoder: Egress, event: Event) -> Callable[[int], list[bytes]]:
-    snapshot = copy.deepcopy(encoder)
+def _dropped_variant(encoder: Egress, event: Event) -> Callable[[int], list[bytes]] | None:
+    try:
+        snapshot = copy.deepcopy(encoder)
+    except RecursionError:  # state holding a value too deep to copy: the frame goes without a variant
+        return None
 
     def render(dropped: int) -> list[bytes]:
         assert isinstance(event, RunLifecycle)
@@ -341,18 +406,22 @@ class Hub:
             stream = self.streams.get(key)
             if stream is None or event.seq <= stream.cursor:
                 continue
+            for feed in stream.feeds.values():
+                frame = feed.accept(event)  # never raises: a failure is that feed's skip frame
+                if frame is not None:
+                    pending.setdefault(feed, []).append(frame)
             stream.cursor = event.seq
             stream.last_activity = now
             self.metrics.events_in.inc()
-            self.metrics.observe_lag(wall, event.ts)
+            with contextlib.suppress(ValueError):  # a timestamp without an instant: no lag figure
+                self.metrics.observe_lag(wall, event.ts)
             if ends_stream(event):
                 stream.ended = True
-            for feed in stream.feeds.values():
-                frame = feed.accept(event)
-                if frame is not None:
-                    pending.setdefault(feed, []).append(frame)
         for feed, frames in pending.items():
-            feed.fan_out(frames, self.metrics)
+            try:
+                feed.fan_out(frames, self.metrics)
+            except Exception:  # one feed's clients must not cost the others their frames
+                log.exception("edge hub: fan-out of %s failed", feed.key)
 
     # ---- keepalive: one sweep for every client ----------------------------
     async def _keepalive_loop(self) -> None:

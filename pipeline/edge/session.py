@@ -18,7 +18,7 @@ from ..errors import BUF_DROP, ReplayExpired
 from ..protocols import egress
 from .clients import ClientQueue
 from .frames import Frame, error_frame
-from .hub import Feed, FeedKey, Hub, encode_frame, ends_stream, is_stateless
+from .hub import Feed, FeedKey, Hub, encode_preamble, ends_stream, frame_or_skip, is_stateless
 from .resume import history
 
 
@@ -102,7 +102,7 @@ class StreamSession:
     def _preamble(feed: Feed) -> list[Frame]:
         if is_stateless(feed.key.format):
             return []
-        payloads = [msgspec.json.encode(f) for f in feed.encoder.preamble()]
+        payloads = encode_preamble(feed.encoder)
         return [Frame(payloads, seq=None)] if payloads else []
 
     async def _catch_up(self, position: int) -> bool:
@@ -118,8 +118,10 @@ class StreamSession:
             async for _source, events in history(
                 self.hub.bus, self.hub.store, key.stream, 0, after, settings.history_batch
             ):
-                encoder.encode_all(e for e in events if accepts(e))
-            payloads = [msgspec.json.encode(f) for f in encoder.preamble()]
+                for e in events:
+                    if accepts(e):
+                        frame_or_skip(encoder, e, False, key.format)
+            payloads = encode_preamble(encoder)
             if payloads:
                 await self._send([Frame(payloads, seq=None)])
         counted = False
@@ -129,7 +131,7 @@ class StreamSession:
             if not counted:
                 self.hub.metrics.resumes.labels(source).inc()
                 counted = True
-            frames = [encode_frame(encoder, e, ends_stream(e)) for e in events if accepts(e)]
+            frames = [frame_or_skip(encoder, e, ends_stream(e), key.format) for e in events if accepts(e)]
             if await self._send(frames):
                 return True
         return False

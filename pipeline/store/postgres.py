@@ -327,7 +327,7 @@ class PostgresLog(ReplayLog):
         return await self._fetch(sql + " LIMIT %s", (run_id, after, limit))
 
     async def read(self, run_id: str, after: int = 0, limit: int | None = None) -> list[Event]:
-        return [envelope.decode(body) for _, body in await self._bodies(run_id, after, limit)]
+        return [envelope.decode(body, max_depth=None) for _, body in await self._bodies(run_id, after, limit)]
 
     async def _batches(
         self, run_id: str, after: int, batch: int
@@ -346,7 +346,7 @@ class PostgresLog(ReplayLog):
     ) -> AsyncIterator[Event]:
         async for rows in self._batches(run_id, after, batch):
             for _, body in rows:
-                yield envelope.decode(body)
+                yield envelope.decode(body, max_depth=None)
 
     async def iter_jsonl(
         self, run_id: str, after: int = 0, batch: int = 20_000

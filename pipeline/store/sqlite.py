@@ -470,14 +470,14 @@ class SQLiteLog(ReplayLog):
 
     async def read(self, run_id: str, after: int = 0, limit: int | None = None) -> list[Event]:
         rows = await self._call(self._bodies, run_id, after, -1 if limit is None else limit)
-        return [envelope.decode(body) for _, body in rows]
+        return [envelope.decode(body, max_depth=None) for _, body in rows]
 
     async def iter_events(
         self, run_id: str, after: int = 0, batch: int = 5000
     ) -> AsyncIterator[Event]:
         async for rows in self._batches(run_id, after, batch):
             for _, body in rows:
-                yield envelope.decode(body)
+                yield envelope.decode(body, max_depth=None)
 
     def _chunk(self, run_id: str, after: int, limit: int) -> tuple[bytes, int, int]:
         """One batch of stored bytes joined by SQLite itself: ``(lines, count, last seq)``.
