@@ -31,6 +31,8 @@ an answer through them.
 
 from __future__ import annotations
 
+import msgspec
+
 from .redaction import redact_text
 
 PROTO_MALFORMED = "KAI-STREAM-PROTO-0001"
@@ -183,3 +185,20 @@ class StoreUnavailable(StoreError):
     """The replay log could not be reached; retry with backoff."""
 
     retriable = True
+
+
+class LineError(msgspec.Struct, kw_only=True, omit_defaults=True):
+    """A bad line of an input (HTTP ingest body, JSONL import): 1-based line number,
+    ``KAI-STREAM-*`` code, reason, and the field at fault when one is known."""
+
+    line: int
+    code: str
+    message: str
+    field: str | None = None
+
+
+def line_error(number: int, exc: RunwireError) -> LineError:
+    """The per-line report of an error with a ``KAI-STREAM-*`` code."""
+    field = exc.field if isinstance(exc, ProtocolError) else None
+    message = exc.message if isinstance(exc, ProtocolError) else str(exc)
+    return LineError(line=number, code=exc.code or PROTO_MALFORMED, message=message, field=field)

@@ -42,8 +42,7 @@ import asyncio
 import time
 from collections import deque
 from collections.abc import AsyncIterator, Iterable, Mapping
-from types import TracebackType
-from typing import Any, Self
+from typing import Any
 
 import msgspec
 from redis.backoff import FullJitterBackoff
@@ -53,6 +52,8 @@ from .bus import Bus, ControlCommand, open_bus
 from .bus.requests import DEFAULT_CHANNEL, DEFAULT_TTL_S, AgentRequest, consume_requests
 from .envelope import Event
 from .errors import BusUnavailable, DeliveryTimeout
+from .lifecycle import AsyncResource
+from .retry import Retry
 from .ulid import MonotonicULID
 
 __all__ = ["Publisher", "Run"]
@@ -165,7 +166,7 @@ class Run:
         return self.publisher.bus.controls(self.run_id, after=after)
 
 
-class Publisher:
+class Publisher(AsyncResource):
     """Batches, bounds and retries events on their way onto a bus. See the module docs."""
 
     def __init__(
@@ -188,13 +189,18 @@ class Publisher:
         self.max_pending = max_pending
         self.max_pending_bytes = max_pending_bytes
         self.delivery_timeout = delivery_timeout
-        self._backoff = FullJitterBackoff(cap=backoff_cap, base=backoff_base)
+        backoff = FullJitterBackoff(cap=backoff_cap, base=backoff_base)
+        self._connect_retry = Retry(backoff, deadline_s=delivery_timeout)
+        self._deliver_retry = Retry(
+            backoff, deadline_s=delivery_timeout,
+            retry_on=(BusUnavailable, TimeoutError), retriable=lambda _: True,
+        )
         self._own_bus = own_bus
         self._clock = _Clock()
         self._queue: deque[Event] = deque()
         self._encoded: deque[bytes] = deque()
         """Each queued event's canonical JSON: its size is what the byte bound counts, and a
-        bus with ``publish_encoded`` (Kafka) sends these bytes instead of encoding again."""
+        bus whose ``publish_encoded`` uses them (Kafka) sends these bytes instead of encoding again."""
         self._count = 0
         """Events queued or in flight."""
         self._queued = 0
@@ -239,30 +245,10 @@ class Publisher:
 
     async def _connect(self) -> None:
         """Connect, retrying an unreachable bus with backoff for up to ``delivery_timeout``."""
-        deadline = time.monotonic() + self.delivery_timeout
-        failures = 0
-        while True:
-            try:
-                await self.bus.connect()
-                return
-            except BusUnavailable:
-                failures += 1
-                pause = self._backoff.compute(failures)
-                if time.monotonic() + pause >= deadline:
-                    raise
-                await asyncio.sleep(pause)
+        await self._connect_retry.call(self.bus.connect)
 
-    async def __aenter__(self) -> Self:
+    async def _enter(self) -> None:
         await self.start()
-        return self
-
-    async def __aexit__(
-        self,
-        exc_type: type[BaseException] | None,
-        exc: BaseException | None,
-        tb: TracebackType | None,
-    ) -> None:
-        await self.close()
 
     async def close(self) -> None:
         """Flush what is queued (up to the delivery deadline), stop, and close the bus."""
@@ -422,31 +408,19 @@ class Publisher:
             await self._deliver(self._in_flight, data)
 
     async def _deliver(self, events: list[Event], data: list[bytes]) -> None:
-        publish_encoded = getattr(self.bus, "publish_encoded", None)
-        failures = 0
-        first_failure = 0.0
-        while True:
-            try:
-                async with asyncio.timeout(self.delivery_timeout):
-                    if publish_encoded is not None:
-                        await publish_encoded(events, data)
-                    else:
-                        await self.bus.publish(events)
-            except (BusUnavailable, TimeoutError) as exc:
-                now = time.monotonic()
-                failures += 1
-                if failures == 1:
-                    first_failure = now
-                if now - first_failure >= self.delivery_timeout:
-                    self._give_up(f"gave up after {self.delivery_timeout:g}s of bus errors ({exc!r})")
-                    return
-                await asyncio.sleep(self._backoff.compute(failures))
-                continue
-            except Exception as exc:  # not retriable: report it rather than loop
-                self._give_up(f"the bus refused the batch ({exc!r})")
-                return
-            self._done(events)
+        async def attempt() -> None:
+            async with asyncio.timeout(self.delivery_timeout):
+                await self.bus.publish_encoded(events, data)
+
+        try:
+            await self._deliver_retry.call(attempt)
+        except (BusUnavailable, TimeoutError) as exc:
+            self._give_up(f"gave up after {self.delivery_timeout:g}s of bus errors ({exc!r})")
             return
+        except Exception as exc:  # not retriable: report it rather than loop
+            self._give_up(f"the bus refused the batch ({exc!r})")
+            return
+        self._done(events)
 
     def _done(self, events: list[Event]) -> None:
         self.published += len(events)

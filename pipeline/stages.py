@@ -19,12 +19,14 @@ from datetime import UTC, datetime, timedelta
 from typing import TypeVar
 
 import msgspec
+from redis.backoff import ExponentialWithJitterBackoff
 
 from .bus import Bus, Delivery, EncodedAppend
 from .bus.keys import shard_for
 from .envelope import Event, decode_many, encode
-from .errors import ProtocolError, RunwireError
+from .errors import ProtocolError
 from .processor import Processor, StreamOutput, validate
+from .retry import Retry
 from .store import ReplayLog
 
 log = logging.getLogger("runwire.worker")
@@ -44,6 +46,13 @@ PENDING_BATCHES = 8
 APPEND_CHUNK = 256
 """Delivery appends sent together (one pipeline on Redis)."""
 T = TypeVar("T")
+RETRY = Retry(ExponentialWithJitterBackoff(cap=RETRY_MAX_S, base=0.025))
+"""A worker's writes, loads, fetches and acks: retriable errors (bus or store
+unavailable) are retried without a deadline until the worker stops."""
+
+
+def _log_retry(error: Exception, pause: float) -> None:
+    log.warning("retrying after %s (in %.2fs)", error, pause)
 
 
 class EncodedWrite:
@@ -267,16 +276,8 @@ class Stages:
         return await self.bus.load_state((run_id, "raw"))
 
     async def retry(self, call: Callable[[], Awaitable[T]]) -> T:
-        delay = 0.05
-        while True:
-            try:
-                return await call()
-            except RunwireError as error:
-                if not error.retriable or self.stop.is_set():
-                    raise
-                log.warning("retrying after %s (in %.2fs)", error, delay)
-                await asyncio.sleep(delay)
-                delay = min(delay * 2, RETRY_MAX_S)
+        """``call()`` under :data:`RETRY`, until it succeeds or this worker stops."""
+        return await RETRY.call(call, stop=self.stop.is_set, on_retry=_log_retry)
 
     def finish_stats(self) -> WorkerStats:
         stats = self.stats

@@ -6,12 +6,12 @@ config file (``--config``/``RUNWIRE_CONFIG``/``./runwire.toml``) > default.
 
 from __future__ import annotations
 
-import importlib
 from functools import partial
 from pathlib import Path
 
 import click
 
+from pipeline.loader import load
 from workers.config import CONFIG_ENVVAR, build_default_map, find_config_file, read_config_file
 
 COMMANDS: dict[str, str] = {
@@ -32,8 +32,7 @@ CONFIG_PATH_KEY = "runwire.config_path"
 
 def load_command(name: str) -> click.Command:
     """The click command registered under ``name`` in COMMANDS (imports its module)."""
-    module, _, attr = COMMANDS[name].partition(":")
-    command: click.Command = getattr(importlib.import_module(module), attr)
+    command: click.Command = load(COMMANDS[name])
     return command
 
 

@@ -10,10 +10,9 @@
 
 from __future__ import annotations
 
-import importlib
 from typing import Any
 
-from ..errors import ConfigError
+from ..loader import load_entry, url_scheme
 from .base import (
     Bus,
     Consumer,
@@ -36,13 +35,9 @@ BACKENDS: dict[str, str] = {
 
 def open_bus(url: str, **options: Any) -> Bus:
     """The bus for ``url`` (not yet connected: ``async with open_bus(url) as bus``)."""
-    scheme = url.split("://", 1)[0] if "://" in url else ""
-    target = BACKENDS.get(scheme)
-    if target is None:
-        known = ", ".join(f"{s}://" for s in BACKENDS)
-        raise ConfigError(f"unsupported bus URL {url!r}; use one of {known}")
-    module, _, attr = target.partition(":")
-    bus: Bus = getattr(importlib.import_module(module), attr)(url, **options)
+    known = ", ".join(f"{s}://" for s in BACKENDS)
+    unknown = f"unsupported bus URL {url!r}; use one of {known}"
+    bus: Bus = load_entry(BACKENDS, url_scheme(url), unknown)(url, **options)
     return bus
 
 

@@ -18,14 +18,14 @@ Heavy clients load only when their scheme is used (see ``open_bus``).
 
 from __future__ import annotations
 
-from abc import ABC, abstractmethod
+from abc import abstractmethod
 from collections.abc import AsyncIterator, Mapping, Sequence
-from types import TracebackType
-from typing import Any, Literal, Self
+from typing import Any, Literal
 
 import msgspec
 
 from ..envelope import Event
+from ..lifecycle import AsyncResource
 from .keys import shard_for
 
 View = Literal["raw", "shaped"]
@@ -70,7 +70,7 @@ class DeadLetter(msgspec.Struct, kw_only=True):
     group: str
 
 
-class Consumer(ABC):
+class Consumer(AsyncResource):
     """A member of a consumer group on the ingest shards.
 
     ``fetch`` returns, in this order: this consumer's own unacked entries
@@ -109,19 +109,9 @@ class Consumer(ABC):
     async def close(self) -> None:
         """Leave the group; unacked entries stay pending for a successor."""
 
-    async def __aenter__(self) -> Self:
-        return self
-
-    async def __aexit__(
-        self,
-        exc_type: type[BaseException] | None,
-        exc: BaseException | None,
-        tb: TracebackType | None,
-    ) -> None:
-        await self.close()
 
 
-class Bus(ABC):
+class Bus(AsyncResource):
     """One bus, selected by URL. Use as ``async with open_bus(url) as bus``."""
 
     url: str
@@ -131,17 +121,8 @@ class Bus(ABC):
     claim_idle_ms: int = 30_000
     """Default idle time before a pending entry is claimed by another consumer."""
 
-    async def __aenter__(self) -> Self:
+    async def _enter(self) -> None:
         await self.connect()
-        return self
-
-    async def __aexit__(
-        self,
-        exc_type: type[BaseException] | None,
-        exc: BaseException | None,
-        tb: TracebackType | None,
-    ) -> None:
-        await self.close()
 
     @abstractmethod
     async def connect(self) -> None:
@@ -166,6 +147,12 @@ class Bus(ABC):
         All-or-error: on failure raise BusUnavailable; the caller retries the
         whole batch (workers dedupe on ``(run_id, seq)``).
         """
+
+    async def publish_encoded(self, events: Sequence[Event], data: Sequence[bytes]) -> None:
+        """:meth:`publish` with each event's canonical JSON given (``data[i]`` is
+        ``envelope.encode(events[i])``, e.g. the publisher's). Backends that send
+        bytes use them; the default publishes the events."""
+        await self.publish(events)
 
     @abstractmethod
     def consumer(

@@ -17,9 +17,11 @@ from typing import Any
 
 from aiokafka import AIOKafkaConsumer, TopicPartition
 from aiokafka.errors import KafkaError
+from redis.backoff import ConstantBackoff
 
 from ..envelope import Event, decode
 from ..errors import BusUnavailable, ProtocolError
+from ..retry import Retry
 from .base import StreamKey
 from .kafka_hot import HotStreams
 from .kafka_io import (
@@ -33,6 +35,12 @@ from .kafka_io import (
 )
 
 log = logging.getLogger(__name__)
+_RETRY = Retry(ConstantBackoff(0.5), retry_on=(KafkaError,), retriable=lambda _: True)
+"""The tail reads for as long as the process lives, through any broker outage."""
+
+
+def _report(exc: Exception, _pause: float) -> None:
+    log.warning("kafka delivery tail: %r; retrying", exc)
 
 
 class DeliveryTail:
@@ -90,12 +98,8 @@ class DeliveryTail:
 
     async def _run(self, reader: AIOKafkaConsumer) -> None:
         while True:
-            try:
-                batches = await reader.getmany(timeout_ms=500, max_records=5000)
-            except KafkaError as exc:
-                log.warning("kafka delivery tail: %r; retrying", exc)
-                await asyncio.sleep(0.5)
-                continue
+            batches = await _RETRY.call(
+                lambda: reader.getmany(timeout_ms=500, max_records=5000), on_retry=_report)
             for tp, records in batches.items():
                 self._absorb(records)
                 self.positions[tp.partition] = records[-1].offset + 1

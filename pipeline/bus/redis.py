@@ -35,7 +35,7 @@ from redis.backoff import ExponentialWithJitterBackoff
 from redis.crc import key_slot
 
 from ..envelope import Event, encode
-from ..errors import BusUnavailable
+from ..retry import Retry
 from . import keys
 from .base import Bus, Consumer, ControlCommand, DeadLetter, EncodedAppend, StreamKey
 from .options import split_url
@@ -64,6 +64,8 @@ PASSTHROUGH_OPTIONS = (
 CONTROL_MAXLEN = 1000
 SLOT_POLL_COST_S = 20e-6
 """Poll-interval share of one watched slot in a Cluster ``tail`` (see ``_tail_cluster``)."""
+CONTROL_RETRY = Retry(ExponentialWithJitterBackoff(cap=2.0, base=0.05))
+"""A control channel's reader rides out connection blips for as long as it is read."""
 _control_decoder = msgspec.json.Decoder(ControlCommand)
 _encoder = msgspec.json.Encoder()
 
@@ -292,22 +294,21 @@ class RedisBus(Bus):
     async def controls(self, run_id: str, *, after: str = "$") -> AsyncIterator[ControlCommand]:
         """Live commands of one run; rides out connection blips with backoff + jitter."""
         name = keys.control_key(self.prefix, run_id)
-        backoff = ExponentialWithJitterBackoff(cap=2.0, base=0.05)
-        position, failures = after, 0
+        position = after
+
+        async def read() -> Any:
+            nonlocal position
+            with unavailable_on_connection_errors("read control"):
+                if position == "$":
+                    last: Any = await self.redis.xrevrange(name, "+", "-", count=1)
+                    position = text(last[0][0]) if last else "0-0"
+                return await self.redis.xread({name: position}, count=100, block=1000)
+
+        def report(exc: Exception, _pause: float) -> None:
+            log.warning("control channel of %s unavailable (%s); retrying", run_id, exc)
+
         while True:
-            try:
-                with unavailable_on_connection_errors("read control"):
-                    replies: Any
-                    if position == "$":
-                        last: Any = await self.redis.xrevrange(name, "+", "-", count=1)
-                        position = text(last[0][0]) if last else "0-0"
-                    replies = await self.redis.xread({name: position}, count=100, block=1000)
-                failures = 0
-            except BusUnavailable as exc:
-                failures += 1
-                log.warning("control channel of %s unavailable (%s); retrying", run_id, exc)
-                await asyncio.sleep(backoff.compute(failures))
-                continue
+            replies = await CONTROL_RETRY.call(read, on_retry=report)
             for _name, entries in replies or []:
                 for entry_id, fields in entries:
                     position = text(entry_id)

@@ -19,16 +19,16 @@ import msgspec
 
 from .. import envelope, protocols
 from ..envelope import Event
-from ..errors import PROTO_MALFORMED, ConfigError, MalformedFrame, ProtocolError, RunwireError
+from ..errors import (
+    PROTO_MALFORMED,
+    ConfigError,
+    LineError,
+    MalformedFrame,
+    ProtocolError,
+    line_error,
+)
 
 DEFAULT_FORMAT = "koder"
-
-
-class LineError(msgspec.Struct, kw_only=True, omit_defaults=True):
-    line: int
-    code: str
-    message: str
-    field: str | None = None
 
 
 class IngestResult(msgspec.Struct, kw_only=True):
@@ -97,13 +97,6 @@ def _feed(codec: protocols.Ingest, line: bytes) -> list[Event]:
         raise MalformedFrame(
             f"frame is nested deeper than {envelope.MAX_DEPTH} levels", field="$"
         ) from None
-
-
-def line_error(number: int, exc: RunwireError) -> LineError:
-    """The per-line report of an error with a ``KAI-STREAM-*`` code."""
-    field = exc.field if isinstance(exc, ProtocolError) else None
-    message = exc.message if isinstance(exc, ProtocolError) else str(exc)
-    return LineError(line=number, code=exc.code or PROTO_MALFORMED, message=message, field=field)
 
 
 def _thread(event: Event, run_id: str, thread_id: str | None) -> Event:

@@ -7,10 +7,9 @@ See ``docs/protocols.md`` for the mapping table.
 
 from __future__ import annotations
 
-import importlib
 from typing import Any
 
-from ..errors import ConfigError
+from ..loader import load_entry
 from .base import Egress, Ingest
 
 INGEST: dict[str, str] = {
@@ -34,13 +33,8 @@ EGRESS: dict[str, str] = {
 
 
 def _load(table: dict[str, str], name: str, kind: str) -> Any:
-    try:
-        target = table[name]
-    except KeyError:
-        known = ", ".join(sorted(table))
-        raise ConfigError(f"unknown {kind} format {name!r}; known: {known}") from None
-    module, _, attr = target.partition(":")
-    return getattr(importlib.import_module(module), attr)
+    known = ", ".join(sorted(table))
+    return load_entry(table, name, f"unknown {kind} format {name!r}; known: {known}")
 
 
 def ingest(name: str, **options: Any) -> Ingest:

@@ -8,10 +8,9 @@
 
 from __future__ import annotations
 
-import importlib
 from typing import Any
 
-from ..errors import ConfigError
+from ..loader import load_entry, url_scheme
 from .base import ReplayLog, RetentionPolicy, RunInfo, SweepResult
 
 BACKENDS: dict[str, str] = {
@@ -23,14 +22,8 @@ BACKENDS: dict[str, str] = {
 
 def open_store(url: str, **options: Any) -> ReplayLog:
     """The replay log for ``url`` (not yet connected: ``async with open_store(url) as log``)."""
-    scheme = url.split("://", 1)[0] if "://" in url else ""
-    target = BACKENDS.get(scheme)
-    if target is None:
-        raise ConfigError(
-            f"unsupported store URL {url!r}; use sqlite:///path or postgresql://user@host/db"
-        )
-    module, _, attr = target.partition(":")
-    log: ReplayLog = getattr(importlib.import_module(module), attr)(url, **options)
+    unknown = f"unsupported store URL {url!r}; use sqlite:///path or postgresql://user@host/db"
+    log: ReplayLog = load_entry(BACKENDS, url_scheme(url), unknown)(url, **options)
     return log
 
 

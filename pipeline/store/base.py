@@ -13,17 +13,16 @@ maintained on append.
 
 from __future__ import annotations
 
-from abc import ABC, abstractmethod
+from abc import abstractmethod
 from collections.abc import AsyncIterator, Callable, Sequence
 from datetime import datetime, timedelta
-from types import TracebackType
-from typing import Self
 
 import msgspec
 
 from .. import envelope
 from ..envelope import Event
 from ..errors import UnknownRun
+from ..lifecycle import AsyncResource
 
 
 class RetentionPolicy(msgspec.Struct, kw_only=True, frozen=True):
@@ -80,7 +79,7 @@ class SweepResult(msgspec.Struct, kw_only=True):
 Clock = Callable[[], datetime]
 
 
-class ReplayLog(ABC):
+class ReplayLog(AsyncResource):
     """One replay log, selected by URL. ``async with open_store(url) as log``."""
 
     url: str
@@ -89,17 +88,8 @@ class ReplayLog(ABC):
     clock: Clock
     """Wall clock for activity times and expiry (injectable in tests)."""
 
-    async def __aenter__(self) -> Self:
+    async def _enter(self) -> None:
         await self.connect()
-        return self
-
-    async def __aexit__(
-        self,
-        exc_type: type[BaseException] | None,
-        exc: BaseException | None,
-        tb: TracebackType | None,
-    ) -> None:
-        await self.close()
 
     @abstractmethod
     async def connect(self) -> None:

@@ -13,16 +13,8 @@ import msgspec
 
 from .. import envelope
 from ..envelope import Event
-from ..errors import ProtocolError
+from ..errors import LineError, ProtocolError, line_error
 from .base import ReplayLog
-
-
-class LineError(msgspec.Struct, kw_only=True):
-    """A JSONL line that was not a valid event: 1-based line number, error code, message."""
-
-    line: int
-    code: str
-    message: str
 
 
 class ImportReport(msgspec.Struct, kw_only=True):
@@ -58,9 +50,7 @@ def decode_line(number: int, line: bytes) -> tuple[Event, bytes] | LineError:
     try:
         event = envelope.decode(line)
     except ProtocolError as exc:
-        code = exc.code or "KAI-STREAM-PROTO-0001"
-        where = f" at `{exc.field}`" if exc.field else ""
-        return LineError(line=number, code=code, message=exc.message + where)
+        return line_error(number, exc)
     return event, envelope.encode(event)
 
 

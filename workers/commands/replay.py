@@ -200,7 +200,8 @@ async def import_(store: str, files: tuple[IO[bytes], ...], as_json: bool) -> No
     for name, report in reports.items():
         for error in report.errors:
             failed = True
-            click.echo(f"{name}:{error.line}: {error.code}: {error.message}", err=True)
+            where = f" at `{error.field}`" if error.field else ""
+            click.echo(f"{name}:{error.line}: {error.code}: {error.message}{where}", err=True)
         if not as_json:
             click.echo(f"{name}: {report.lines} lines, {report.added} events added, "
                        f"{len(report.runs)} runs, {len(report.errors)} bad lines")
