@@ -34,7 +34,7 @@ from ..envelope import Event
 from ..errors import StoreError, StoreUnavailable
 from .base import Clock, ReplayLog, RetentionPolicy, RunInfo, RunOwner, SweepResult
 from .retention import split_retention, utc_now
-from .runmeta import RunDelta, summarize
+from .runmeta import RUN_COLUMNS, RunDelta, run_info, summarize, upsert_run_sql
 
 SCHEMA_VERSION = 2
 COPY_THRESHOLD = 256
@@ -119,45 +119,7 @@ _FROM_ARRAYS = _FROM_STAGE.format(
     " %s::text[], %s::bytea[]) AS u(id, run_id, tenant, child_id, seq, type, ts, body)"
 )
 
-_UPSERT_RUN = """
-INSERT INTO runs AS r (run_id, tenant, parent_id, root_id, thread_id, state, state_seq,
-                       terminal, events, last_seq, input_tokens, output_tokens, dropped,
-                       first_ts, last_ts, created_at, updated_at)
-VALUES (%s, %s, %s, %s, %s, %s, %s, %s, %s, %s, %s, %s, %s, %s, %s, %s, %s)
-ON CONFLICT (run_id) DO UPDATE SET
-    tenant = coalesce(r.tenant, excluded.tenant),
-    parent_id = coalesce(r.parent_id, excluded.parent_id),
-    root_id = coalesce(r.root_id, excluded.root_id),
-    thread_id = coalesce(r.thread_id, excluded.thread_id),
-    state = CASE WHEN excluded.state IS NOT NULL AND excluded.state_seq >= r.state_seq
-                 THEN excluded.state ELSE r.state END,
-    terminal = CASE WHEN excluded.state IS NOT NULL AND excluded.state_seq >= r.state_seq
-                    THEN excluded.terminal ELSE r.terminal END,
-    state_seq = greatest(r.state_seq, excluded.state_seq),
-    events = r.events + excluded.events,
-    last_seq = greatest(r.last_seq, excluded.last_seq),
-    input_tokens = r.input_tokens + excluded.input_tokens,
-    output_tokens = r.output_tokens + excluded.output_tokens,
-    dropped = r.dropped + excluded.dropped,
-    first_ts = least(r.first_ts, excluded.first_ts),
-    last_ts = greatest(r.last_ts, excluded.last_ts),
-    updated_at = greatest(r.updated_at, excluded.updated_at)
-RETURNING tenant, state, updated_at
-"""
-
-_RUN_COLUMNS = (
-    "run_id, tenant, parent_id, root_id, state, terminal, events, last_seq, input_tokens,"
-    " output_tokens, dropped, first_ts, last_ts, created_at, updated_at, expires_at, thread_id"
-)
-
-
-def _run_info(row: Sequence[Any]) -> RunInfo:
-    return RunInfo(
-        run_id=row[0], tenant=row[1], parent_id=row[2], root_id=row[3], state=row[4],
-        terminal=row[5], events=row[6], last_seq=row[7], input_tokens=row[8],
-        output_tokens=row[9], dropped=row[10], first_ts=row[11], last_ts=row[12],
-        created_at=row[13], updated_at=row[14], expires_at=row[15], thread_id=row[16],
-    )
+_UPSERT_RUN = upsert_run_sql("%s", "greatest")
 
 
 def _stage_row(event: Event, body: bytes) -> tuple[Any, ...]:
@@ -360,8 +322,8 @@ class PostgresLog(ReplayLog):
         return value
 
     async def run(self, run_id: str) -> RunInfo | None:
-        rows = await self._fetch(f"SELECT {_RUN_COLUMNS} FROM runs WHERE run_id = %s", (run_id,))
-        return self.with_expiry(_run_info(rows[0])) if rows else None
+        rows = await self._fetch(f"SELECT {RUN_COLUMNS} FROM runs WHERE run_id = %s", (run_id,))
+        return self.with_expiry(run_info(rows[0])) if rows else None
 
     async def claim_run(self, run_id: str, tenant: str, root_id: str) -> RunOwner:
         args = {"run": run_id, "tenant": tenant, "root": root_id}
@@ -397,9 +359,9 @@ class PostgresLog(ReplayLog):
             if value is not None:
                 where.append(clause)
                 args.append(value)
-        sql = (f"SELECT {_RUN_COLUMNS} FROM runs WHERE {' AND '.join(where)}"
+        sql = (f"SELECT {RUN_COLUMNS} FROM runs WHERE {' AND '.join(where)}"
                " ORDER BY updated_at DESC, run_id LIMIT %s")
-        return [self.with_expiry(_run_info(row)) for row in await self._fetch(sql, (*args, limit))]
+        return [self.with_expiry(run_info(row)) for row in await self._fetch(sql, (*args, limit))]
 
     # ---- retention -----------------------------------------------------
     async def _expired(

@@ -10,12 +10,15 @@ the parent.
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
+from datetime import datetime
 from operator import attrgetter
+from typing import Any
 
 import msgspec
 
 from ..envelope import TERMINAL_STATES, Event, Gap, RunLifecycle, Usage
+from .base import RunInfo
 
 
 class RunDelta(msgspec.Struct, kw_only=True):
@@ -108,3 +111,58 @@ def summarize(events: Sequence[Event]) -> dict[str, RunDelta]:
     for event in events:
         groups.setdefault(event.run_id, []).append(event)
     return {run_id: summarize_run(run_id, group) for run_id, group in groups.items()}
+
+
+RUN_COLUMNS = (
+    "run_id, tenant, parent_id, root_id, state, terminal, events, last_seq, input_tokens,"
+    " output_tokens, dropped, first_ts, last_ts, created_at, updated_at, expires_at, thread_id"
+)
+"""The columns of ``runs`` that :func:`run_info` maps, in its order."""
+
+
+def _same(value: Any) -> Any:
+    return value
+
+
+def run_info(row: Sequence[Any], moment: Callable[[Any], datetime | None] = _same) -> RunInfo:
+    """A ``SELECT {RUN_COLUMNS}`` row as RunInfo; ``moment`` reads a stored time."""
+    return RunInfo(
+        run_id=row[0], tenant=row[1], parent_id=row[2], root_id=row[3], state=row[4],
+        terminal=bool(row[5]), events=row[6], last_seq=row[7], input_tokens=row[8],
+        output_tokens=row[9], dropped=row[10], first_ts=row[11], last_ts=row[12],
+        created_at=moment(row[13]), updated_at=moment(row[14]), expires_at=moment(row[15]),
+        thread_id=row[16],
+    )
+
+
+def upsert_run_sql(param: str, greatest: str) -> str:
+    """The statement merging one :class:`RunDelta` into ``runs`` (17 values, see the
+    backends), in a dialect: its placeholder and its two-argument maximum."""
+    values = ", ".join([param] * 17)
+    return f"""
+INSERT INTO runs (run_id, tenant, parent_id, root_id, thread_id, state, state_seq, terminal,
+                  events, last_seq, input_tokens, output_tokens, dropped, first_ts, last_ts,
+                  created_at, updated_at)
+VALUES ({values})
+ON CONFLICT (run_id) DO UPDATE SET
+    tenant = coalesce(runs.tenant, excluded.tenant),
+    parent_id = coalesce(runs.parent_id, excluded.parent_id),
+    root_id = coalesce(runs.root_id, excluded.root_id),
+    thread_id = coalesce(runs.thread_id, excluded.thread_id),
+    state = CASE WHEN excluded.state IS NOT NULL AND excluded.state_seq >= runs.state_seq
+                 THEN excluded.state ELSE runs.state END,
+    terminal = CASE WHEN excluded.state IS NOT NULL AND excluded.state_seq >= runs.state_seq
+                    THEN excluded.terminal ELSE runs.terminal END,
+    state_seq = {greatest}(runs.state_seq, excluded.state_seq),
+    events = runs.events + excluded.events,
+    last_seq = {greatest}(runs.last_seq, excluded.last_seq),
+    input_tokens = runs.input_tokens + excluded.input_tokens,
+    output_tokens = runs.output_tokens + excluded.output_tokens,
+    dropped = runs.dropped + excluded.dropped,
+    first_ts = CASE WHEN runs.first_ts IS NULL OR excluded.first_ts < runs.first_ts
+                    THEN excluded.first_ts ELSE runs.first_ts END,
+    last_ts = CASE WHEN runs.last_ts IS NULL OR excluded.last_ts > runs.last_ts
+                   THEN excluded.last_ts ELSE runs.last_ts END,
+    updated_at = {greatest}(runs.updated_at, excluded.updated_at)
+RETURNING tenant, state, updated_at
+"""

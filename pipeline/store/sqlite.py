@@ -32,7 +32,7 @@ from ..envelope import Event
 from ..errors import ConfigError, StoreError, StoreUnavailable
 from .base import Clock, ReplayLog, RetentionPolicy, RunInfo, RunOwner, SweepResult
 from .retention import split_retention, utc_now
-from .runmeta import RunDelta, summarize, summarize_run
+from .runmeta import RUN_COLUMNS, RunDelta, run_info, summarize, summarize_run, upsert_run_sql
 
 SCHEMA_VERSION = 3
 
@@ -118,34 +118,7 @@ def _execute_rows(
         db.execute(_rows_sql(head, width, len(chunk) // width, tail), chunk)
 
 
-_UPSERT_RUN = """
-INSERT INTO runs (run_id, tenant, parent_id, root_id, thread_id, state, state_seq, terminal,
-                  events, last_seq, input_tokens, output_tokens, dropped, first_ts, last_ts,
-                  created_at, updated_at)
-VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)
-ON CONFLICT (run_id) DO UPDATE SET
-    tenant = coalesce(runs.tenant, excluded.tenant),
-    parent_id = coalesce(runs.parent_id, excluded.parent_id),
-    root_id = coalesce(runs.root_id, excluded.root_id),
-    thread_id = coalesce(runs.thread_id, excluded.thread_id),
-    state = CASE WHEN excluded.state IS NOT NULL AND excluded.state_seq >= runs.state_seq
-                 THEN excluded.state ELSE runs.state END,
-    terminal = CASE WHEN excluded.state IS NOT NULL AND excluded.state_seq >= runs.state_seq
-                    THEN excluded.terminal ELSE runs.terminal END,
-    state_seq = max(runs.state_seq, excluded.state_seq),
-    events = runs.events + excluded.events,
-    last_seq = max(runs.last_seq, excluded.last_seq),
-    input_tokens = runs.input_tokens + excluded.input_tokens,
-    output_tokens = runs.output_tokens + excluded.output_tokens,
-    dropped = runs.dropped + excluded.dropped,
-    first_ts = CASE WHEN runs.first_ts IS NULL OR excluded.first_ts < runs.first_ts
-                    THEN excluded.first_ts ELSE runs.first_ts END,
-    last_ts = CASE WHEN runs.last_ts IS NULL OR excluded.last_ts > runs.last_ts
-                   THEN excluded.last_ts ELSE runs.last_ts END,
-    updated_at = max(runs.updated_at, excluded.updated_at)
-RETURNING tenant, state, updated_at
-"""
-
+_UPSERT_RUN = upsert_run_sql("?", "max")
 _UPSERT_RUN_ONLY = _UPSERT_RUN.rsplit("RETURNING", 1)[0]
 _UPSERT_RUNS_HEAD, _UPSERT_RUNS_TAIL = _UPSERT_RUN_ONLY.replace(
     "VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)", "VALUES {rows}").split("{rows}")
@@ -173,11 +146,6 @@ _JOINED = (
 the ordered subquery, which SQLite runs as a co-routine feeding the aggregate
 row by row in seq order; the export test checks the order."""
 
-_RUN_COLUMNS = (
-    "run_id, tenant, parent_id, root_id, state, terminal, events, last_seq, input_tokens,"
-    " output_tokens, dropped, first_ts, last_ts, created_at, updated_at, expires_at, thread_id"
-)
-
 T = TypeVar("T")
 _seq = attrgetter("seq")
 _ids_json = msgspec.json.Encoder()
@@ -198,16 +166,6 @@ def _epoch(moment: datetime) -> float:
 
 def _moment(value: float | None) -> datetime | None:
     return None if value is None else datetime.fromtimestamp(value, UTC)
-
-
-def _run_info(row: Sequence[Any]) -> RunInfo:
-    return RunInfo(
-        run_id=row[0], tenant=row[1], parent_id=row[2], root_id=row[3], state=row[4],
-        terminal=bool(row[5]), events=row[6], last_seq=row[7], input_tokens=row[8],
-        output_tokens=row[9], dropped=row[10], first_ts=row[11], last_ts=row[12],
-        created_at=_moment(row[13]), updated_at=_moment(row[14]), expires_at=_moment(row[15]),
-        thread_id=row[16],
-    )
 
 
 def _migrate_from_1(conn: sqlite3.Connection) -> None:
@@ -529,10 +487,10 @@ class SQLiteLog(ReplayLog):
     async def run(self, run_id: str) -> RunInfo | None:
         row = await self._call(
             lambda: self._db.execute(
-                f"SELECT {_RUN_COLUMNS} FROM runs WHERE run_id = ?", (run_id,)
+                f"SELECT {RUN_COLUMNS} FROM runs WHERE run_id = ?", (run_id,)
             ).fetchone()
         )
-        return None if row is None else self.with_expiry(_run_info(row))
+        return None if row is None else self.with_expiry(run_info(row, _moment))
 
     async def claim_run(self, run_id: str, tenant: str, root_id: str) -> RunOwner:
         return await self._call(self._claim, run_id, tenant, root_id)
@@ -585,10 +543,10 @@ class SQLiteLog(ReplayLog):
             if value is not None:
                 where.append(clause)
                 args.append(value)
-        sql = (f"SELECT {_RUN_COLUMNS} FROM runs WHERE {' AND '.join(where)}"
+        sql = (f"SELECT {RUN_COLUMNS} FROM runs WHERE {' AND '.join(where)}"
                " ORDER BY updated_at DESC, run_id LIMIT ?")
         rows = await self._call(lambda: self._db.execute(sql, (*args, limit)).fetchall())
-        return [self.with_expiry(_run_info(row)) for row in rows]
+        return [self.with_expiry(run_info(row, _moment)) for row in rows]
 
     # ---- retention -----------------------------------------------------
     def _expired(self, now: datetime) -> list[tuple[str, int]]:
