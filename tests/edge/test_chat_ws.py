@@ -15,7 +15,7 @@ import websockets
 
 from pipeline.bus.base import Bus, ControlCommand
 from pipeline.bus.requests import AgentRequest, consume_requests, consumer_alive
-from pipeline.edge import EdgeSettings
+from pipeline.edge import EdgeSettings, issue_token
 from pipeline.envelope import Event
 from pipeline.store.base import ReplayLog
 
@@ -269,3 +269,29 @@ async def test_the_raw_protocol_resumes_after_last_sequence(memory_bus: Bus, sto
     assert frames[0] == {"type": "start", "requestId": "r1"}
     assert [f["sequence"] for f in frames if f["type"] == "chunk"][:2] == [3, 4]
     assert frames[-1] == {"type": "end", "requestId": "r1"}
+
+
+async def test_frames_are_held_to_the_tokens_tenant_and_scopes(memory_bus: Bus, store: ReplayLog) -> None:
+    """DESIGN invariant 6 on the chat socket: another tenant's thread has no active run for you,
+    a token without ``write`` can't send a turn, without ``control`` can't stop one; no token, no socket."""
+    secret = "test-secret-please-rotate-0123456789abcdef"
+    await publish(memory_bus, store, run_events("run-acme", 3, end=None, tenant="acme", thread_id="chat-a"))
+    reader = issue_token(secret, tenant="acme", scopes=["read"])
+    other = issue_token(secret, tenant="other", scopes=["read", "write", "control"])
+    async with serve_edge(memory_bus, store, EdgeSettings(secret=secret)) as edge:
+        with pytest.raises(websockets.InvalidStatus):
+            async with websockets.connect(ws_url(edge)):
+                pass
+        async with websockets.connect(ws_url(edge, f"?access_token={other}")) as ws:
+            await ws.send(resume("r1", "chat-a"))
+            not_theirs = await frames_until_done(ws, "r1")
+        async with websockets.connect(ws_url(edge, f"?access_token={reader}")) as ws:
+            await ws.send(send("s1", "chat-a2"))
+            no_write = await frames_until_done(ws, "s1")
+            await ws.send(resume("r2", "chat-a"))
+            assert json.loads(await asyncio.wait_for(ws.recv(), 10))["type"] == "start"
+            await ws.send(json.dumps({"type": "abort", "requestId": "r2"}))
+            no_control = await frames_until_done(ws, "r2")
+    assert not_theirs == [{"type": "no-active", "requestId": "r1"}]
+    assert no_write[0]["type"] == "error" and "write" in no_write[0]["errorText"]
+    assert no_control[-1]["type"] == "error" and "control" in no_control[-1]["errorText"]

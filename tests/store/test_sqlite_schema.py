@@ -1,9 +1,12 @@
-"""The embedded replay log's on-disk schema: a file written by an older runwire opens."""
+"""The replay logs' schemas: a SQLite file or a PostgreSQL database written by an older runwire opens."""
 
 from __future__ import annotations
 
 import sqlite3
+import uuid
 from pathlib import Path
+
+import psycopg
 
 from pipeline import envelope
 from pipeline.store import open_store
@@ -94,3 +97,28 @@ async def test_a_schema_2_file_gains_thread_ids_and_keeps_its_runs(tmp_path: Pat
         assert conn.execute("SELECT max(version) FROM schema_version").fetchone() == (3,)
     finally:
         conn.close()
+
+
+async def test_a_postgres_schema_1_database_gains_thread_ids(postgres_url: str) -> None:
+    """PostgreSQL schema 1 (no ``runs.thread_id``) is migrated when opened, keeping its runs."""
+    schema = f"t_{uuid.uuid4().hex[:12]}"
+    url = f"{postgres_url}?options=-csearch_path%3D{schema}"
+    with psycopg.connect(postgres_url, autocommit=True) as admin:
+        admin.execute(f"CREATE SCHEMA {schema}")
+    try:
+        async with open_store(url) as log:  # today's schema, then made a schema-1 database
+            await log.append([event("r1", 1)])
+        with psycopg.connect(postgres_url, autocommit=True) as conn:
+            conn.execute(f"ALTER TABLE {schema}.runs DROP COLUMN thread_id")
+            conn.execute(f"UPDATE {schema}.runwire_schema SET version = 1")
+        async with open_store(url) as log:
+            await log.append([event("r1", 2, thread_id="chat-1")])
+            info = await log.run("r1")
+            listed = [r.run_id for r in await log.runs(thread_id="chat-1")]
+        with psycopg.connect(postgres_url, autocommit=True) as conn:
+            version = conn.execute(f"SELECT max(version) FROM {schema}.runwire_schema").fetchone()
+    finally:
+        with psycopg.connect(postgres_url, autocommit=True) as admin:
+            admin.execute(f"DROP SCHEMA IF EXISTS {schema} CASCADE")
+    assert info is not None and (info.events, info.thread_id) == (2, "chat-1")
+    assert listed == ["r1"] and version == (2,)
