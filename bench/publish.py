@@ -42,7 +42,10 @@ from contextlib import ExitStack
 from pathlib import Path
 from typing import Any
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from cputime import code_root
+
+sys.path.insert(0, code_root())
 
 from pipeline import Publisher
 from pipeline.envelope import encode, make

@@ -47,6 +47,10 @@ class Delivery(msgspec.Struct, kw_only=True):
     """The canonical JSON of one envelope (decode it; it may be poison)."""
     deliveries: int = 1
     """How many times this entry has been handed out, this time included."""
+    part: int = 0
+    """This event's place in its entry, when an entry holds several events (Redis ingest):
+    they share ``entry_id``, and the entry is acked once each of them is acked or
+    dead-lettered."""
 
 
 class ControlCommand(msgspec.Struct, kw_only=True, omit_defaults=True):

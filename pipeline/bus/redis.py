@@ -2,16 +2,18 @@
 
 Layout (every key is built in :mod:`pipeline.bus.keys`):
 
-* ingest: ``shards`` streams, one entry per event (field ``e`` = canonical
-  JSON); a batch is one ``EVALSHA`` per shard, all shards in one pipeline —
-  one round trip per batch;
+* ingest: ``shards`` streams; an entry holds one event (field ``e`` =
+  canonical JSON) or several of one publish (field ``m``, one per line,
+  see :mod:`pipeline.bus.redis_entries`); a batch is one ``XADD`` per shard
+  and 64 events, all in one pipeline — one round trip per batch;
 * consumer groups created at id ``0`` on every shard (a group created after
   publishing still sees what is in the streams), consumed by
   :class:`~pipeline.bus.redis_consumer.RedisConsumer`;
-* delivery streams with entry id ``<seq>-0`` (reading after a seq is an
-  O(log n) ``XRANGE``; a duplicate id is impossible), appended by one Lua
-  script together with the writer's state, bounded by ``MAXLEN ~`` and by a
-  TTL refreshed on every append;
+* delivery streams of entries holding up to 512 events, entry id ``<last
+  seq>-0`` (reading after a seq is an O(log n) ``XRANGE``; a duplicate id is
+  impossible; see :mod:`pipeline.bus.redis_entries`), appended by one Lua
+  script together with the writer's state, bounded by ``MINID ~`` (the last
+  ``maxlen`` seqs) and by a TTL refreshed on every append;
 * a control stream per run; a dead-letter stream.
 
 The connection, the scripts and the RESP packing are
@@ -40,10 +42,16 @@ from . import keys
 from .base import Bus, Consumer, ControlCommand, DeadLetter, EncodedAppend, StreamKey
 from .options import split_url
 from .redis_consumer import RedisConsumer
-from .redis_entries import decode_stored, entry_args, first_seq, lines_after, seq_of
+from .redis_entries import (
+    decode_stored,
+    entry_args,
+    first_seq,
+    ingest_xadd,
+    lines_after,
+    seq_of,
+)
 from .redis_link import (
     APPEND,
-    PUBLISH,
     RedisLink,
     ScriptCall,
     text,
@@ -112,7 +120,13 @@ class RedisBus(Bus):
 
     # ---- ingest -------------------------------------------------------
     async def publish(self, events: Sequence[Event]) -> None:
-        """One round trip per batch: one script call per shard, pipelined.
+        """See :meth:`publish_encoded`."""
+        await self.publish_encoded(events, [encode(event) for event in events])
+
+    async def publish_encoded(self, events: Sequence[Event], data: Sequence[bytes]) -> None:
+        """One round trip per batch: an ``XADD`` per shard and up to
+        :data:`~pipeline.bus.redis_entries.INGEST_ENTRY_EVENTS` events, pipelined
+        (``data[i]`` is ``encode(events[i])``).
 
         All-or-error: a connection error raises BusUnavailable and the caller
         retries the whole batch (shards that made it get duplicates, which
@@ -121,13 +135,22 @@ class RedisBus(Bus):
         if not events:
             return
         by_shard: dict[int, list[bytes]] = {}
-        for event in events:
-            by_shard.setdefault(self.shard_of(event), []).append(encode(event))
+        for event, encoded in zip(events, data, strict=True):
+            by_shard.setdefault(self.shard_of(event), []).append(encoded)
         maxlen = self.options.ingest_maxlen
-        await self.run_scripts([
-            (PUBLISH, [keys.ingest_key(self.prefix, shard)], [maxlen, b"\n".join(batch)])
+        commands = [
+            command
             for shard, batch in by_shard.items()
-        ])
+            for command in ingest_xadd(keys.ingest_key(self.prefix, shard), batch, maxlen)
+        ]
+        with unavailable_on_connection_errors(f"publish to {self.url}"):
+            if not self.cluster:
+                await self.link.raw_commands(commands)
+                return
+            pipe = self.redis.pipeline(transaction=False)
+            for command in commands:
+                pipe.execute_command(*command)
+            await pipe.execute()
 
     def ingest_keys(self) -> list[str]:
         return [keys.ingest_key(self.prefix, shard) for shard in range(self.shards)]

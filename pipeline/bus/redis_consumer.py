@@ -45,18 +45,12 @@ from ..errors import BusUnavailable
 from . import keys
 from .base import Consumer, Delivery
 from .options import BusOptions
+from .redis_entries import ingest_frames
 from .redis_link import MEMBERSHIP, RedisLink, text, unavailable_on_connection_errors
 
 log = logging.getLogger(__name__)
 T = TypeVar("T")
 Entry = tuple[bytes, dict[bytes, bytes] | list[bytes] | None]
-
-
-def _field(fields: dict[bytes, bytes] | list[bytes], name: bytes) -> bytes:
-    """A field of a stream entry, from redis-py's dict or a raw ``[name, value, …]`` reply."""
-    if isinstance(fields, dict):
-        return fields[name]
-    return dict(zip(fields[::2], fields[1::2], strict=True))[name]
 
 
 class RedisConsumer(Consumer):
@@ -83,6 +77,10 @@ class RedisConsumer(Consumer):
         self._next_rebalance = 0.0
         self._next_sweep = 0.0
         self._closed = False
+        self._open: dict[str, set[int]] = {}
+        """Entries of several events handed out → their events not yet acked or dead-lettered."""
+        self._per_entry = 1.0
+        """Events per entry in the last fetch: ``max_count`` events ≈ this many entries."""
 
     def owned_shards(self) -> frozenset[int]:
         return frozenset(self._owned)
@@ -145,7 +143,8 @@ class RedisConsumer(Consumer):
                 self._renewer = asyncio.create_task(self._renew_forever())
                 self._started = True
             await self._rebalance()
-            deliveries = await self._recreating_group(lambda: self._collect(max_count, block_ms))
+            entries = max(1, int(max_count / self._per_entry))
+            deliveries = await self._recreating_group(lambda: self._collect(entries, block_ms))
         return await self._screen(deliveries)
 
     async def _recreating_group(self, step: Callable[[], Awaitable[T]]) -> T:
@@ -303,11 +302,14 @@ class RedisConsumer(Consumer):
         return self._deliveries(replies, counts)
 
     def _deliveries(self, replies: Sequence[Any], counts: dict[bytes, int]) -> list[Delivery]:
+        """One delivery per event; the events of a multi-event entry share its id."""
         out: list[Delivery] = []
+        entries_seen = 0
         for name, entries in replies:
             shard = int(text(name).rsplit(":", 1)[1].rstrip("}"))
+            entries_seen += len(entries)
             if not counts and all(type(f) is list and f[0] == b"e" for _, f in entries):
-                # the common case: new entries as read raw, each with the one field "e"
+                # new single-event entries as read raw, each with the one field "e"
                 out += [Delivery(entry_id=entry_id.decode(), shard=shard, data=fields[1])
                         for entry_id, fields in entries]
                 continue
@@ -315,8 +317,17 @@ class RedisConsumer(Consumer):
                 if fields is None:  # trimmed while pending: nothing left to deliver
                     log.warning("pending entry %s of shard %d was trimmed", text(entry_id), shard)
                     continue
-                out.append(Delivery(entry_id=text(entry_id), shard=shard,
-                                    data=_field(fields, b"e"), deliveries=counts.get(entry_id, 1)))
+                ident, times = text(entry_id), counts.get(entry_id, 1)
+                frames = ingest_frames(fields) or [b""]  # no event field: poison
+                if len(frames) == 1:
+                    out.append(Delivery(entry_id=ident, shard=shard, data=frames[0],
+                                        deliveries=times))
+                    continue
+                self._open.setdefault(ident, set(range(len(frames))))
+                out += [Delivery(entry_id=ident, shard=shard, data=frame, deliveries=times,
+                                 part=part) for part, frame in enumerate(frames)]
+        if entries_seen:
+            self._per_entry = max(1.0, len(out) / entries_seen)
         return out
 
     async def _screen(self, deliveries: list[Delivery]) -> list[Delivery]:
@@ -330,11 +341,16 @@ class RedisConsumer(Consumer):
 
     # ---- ack, dead letters, leaving --------------------------------------------
     async def ack(self, deliveries: Sequence[Delivery]) -> None:
+        """XACK the entries of ``deliveries``; an entry of several events once each of them
+        was acked or dead-lettered (a worker acks them together, after one write)."""
         if not deliveries:
             return
         by_shard: dict[int, list[str]] = {}
         for delivery in deliveries:
-            by_shard.setdefault(delivery.shard, []).append(delivery.entry_id)
+            if self._settle(delivery):
+                by_shard.setdefault(delivery.shard, []).append(delivery.entry_id)
+        if not by_shard:
+            return
         with unavailable_on_connection_errors(f"ack {self.group}/{self.name}"):
             if not self.link.cluster:
                 await self.link.raw_commands([[b"XACK", self._key(shard), self.group, *ids]
@@ -346,7 +362,8 @@ class RedisConsumer(Consumer):
             await pipe.execute()
 
     async def dead_letter(self, delivery: Delivery, reason: str) -> None:
-        """XADD to the dead-letter stream and XACK the entry (one round trip)."""
+        """XADD to the dead-letter stream and XACK the entry (one round trip); an entry
+        holding other events too is acked once each of them is acked or dead-lettered."""
         fields: dict[str, bytes | str | int] = {
             "e": delivery.data, "reason": reason, "group": self.group,
             "deliveries": delivery.deliveries, "shard": delivery.shard,
@@ -356,10 +373,22 @@ class RedisConsumer(Consumer):
             pipe = self.link.redis.pipeline(transaction=False)
             pipe.xadd(keys.dead_letter_key(self.options.prefix), fields,  # type: ignore[arg-type]
                       maxlen=self.options.dead_letter_maxlen, approximate=True)
-            pipe.xack(self._key(delivery.shard), self.group, delivery.entry_id)
+            if self._settle(delivery):
+                pipe.xack(self._key(delivery.shard), self.group, delivery.entry_id)
             await pipe.execute()
         log.warning("dead-lettered entry %s of shard %d in group %s after %d deliveries: %s",
                     delivery.entry_id, delivery.shard, self.group, delivery.deliveries, reason)
+
+    def _settle(self, delivery: Delivery) -> bool:
+        """Mark one event done; True when its entry has no other event left open."""
+        left = self._open.get(delivery.entry_id)
+        if left is None:
+            return True
+        left.discard(delivery.part)
+        if left:
+            return False
+        del self._open[delivery.entry_id]
+        return True
 
     async def close(self) -> None:
         """Release leases and leave; unacked entries stay pending for a successor."""

@@ -1,4 +1,12 @@
-"""Delivery stream entries on Redis: several events per entry, the seq ↔ entry mapping exact.
+"""Stream entries on Redis that hold several events: ingest and delivery.
+
+**Ingest.** A publish writes one entry per shard and up to
+:data:`INGEST_ENTRY_EVENTS` events: field ``m``, the events' canonical JSON
+one per line (canonical JSON never holds a raw newline). A lone event is
+an entry with field ``e`` as before, which is also what a hand-written
+``XADD`` sends; consumers take both (:func:`ingest_frames`).
+
+**Delivery streams.** Several events per entry, the seq ↔ entry mapping exact.
 
 An append writes one entry per stream and up to :data:`ENTRY_EVENTS` events
 (the ``APPEND`` script in :mod:`pipeline.bus.redis_scripts`):
@@ -23,7 +31,48 @@ from ..envelope import Event, decode_many
 from ..errors import ProtocolError
 
 ENTRY_EVENTS = 512
-"""At most this many events per entry (a reader resuming mid-entry skips the rest undecoded)."""
+"""At most this many events per delivery entry (a reader resuming mid-entry skips the rest
+undecoded)."""
+INGEST_ENTRY_EVENTS = 64
+"""At most this many events per ingest entry (an entry is one unit of a consumer's fetch,
+claim and ack)."""
+INGEST_FIELD = b"e"
+INGEST_MANY_FIELD = b"m"
+
+
+def ingest_xadd(key: str, frames: Sequence[bytes], maxlen: int) -> list[list[bytes | str | int]]:
+    """The ``XADD`` commands that append ``frames`` to an ingest stream, in order.
+
+    ``maxlen`` (events, 0 = unbounded) bounds the stream approximately: an entry of
+    ``n`` events trims to ``maxlen // n`` entries.
+    """
+    commands: list[list[bytes | str | int]] = []
+    for start in range(0, len(frames), INGEST_ENTRY_EVENTS):
+        chunk = frames[start:start + INGEST_ENTRY_EVENTS]
+        command: list[bytes | str | int] = ["XADD", key]
+        if maxlen:
+            command += ("MAXLEN", "~", max(1, maxlen // len(chunk)))
+        if len(chunk) == 1:
+            command += ("*", INGEST_FIELD, chunk[0])
+        else:
+            command += ("*", INGEST_MANY_FIELD, b"\n".join(chunk))
+        commands.append(command)
+    return commands
+
+
+def ingest_frames(fields: Any) -> list[bytes] | None:
+    """The events of an ingest entry (raw ``[name, value, …]`` or a dict), None without any."""
+    if isinstance(fields, list) and len(fields) == 2:
+        name, value = fields
+        if name == INGEST_FIELD:
+            return [value]
+        if name == INGEST_MANY_FIELD:
+            return value.split(b"\n")  # type: ignore[no-any-return]
+    many = _field(fields, INGEST_MANY_FIELD)
+    if many is not None:
+        return many.split(b"\n")
+    one = _field(fields, INGEST_FIELD)
+    return None if one is None else [one]
 
 
 def seq_spec(seqs: Sequence[int]) -> bytes:

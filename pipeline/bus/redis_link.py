@@ -44,7 +44,6 @@ class Script:
         self.sha = hashlib.sha1(source.encode()).hexdigest()
 
 
-PUBLISH = Script(redis_scripts.PUBLISH)
 APPEND = Script(redis_scripts.APPEND)
 MEMBERSHIP = Script(redis_scripts.MEMBERSHIP)
 ScriptCall = tuple[Script, Sequence[str], Sequence[Any]]
@@ -129,7 +128,7 @@ class RedisLink:
             raise ConfigError(f"bad Redis URL {self.url!r}: {exc}") from None
 
     async def _load_scripts(self) -> None:
-        for script in (PUBLISH, APPEND, MEMBERSHIP):
+        for script in (APPEND, MEMBERSHIP):
             await self.redis.script_load(script.source)
 
     async def run_scripts(self, calls: Sequence[ScriptCall]) -> list[Any]:

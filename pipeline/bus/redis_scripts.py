@@ -1,29 +1,10 @@
 """The Lua scripts of the Redis bus (each touches keys of one Cluster slot only).
 
-Scripts are hand-written for two reasons: atomicity (a delivery append and
-the writer's state are one step) and round trips (a whole batch of one shard
-is one ``EVALSHA``; packing one argument instead of five per event is what
-takes publish from ~45 k to ~240 k events/s on one Python process).
+Scripts are hand-written for atomicity: a delivery append and the writer's
+state are one step, and group membership with its leases is another.
 """
 
 from __future__ import annotations
-
-PUBLISH = """
--- KEYS[1] ingest shard stream
--- ARGV[1] approximate MAXLEN (0 = none), ARGV[2] events' canonical JSON joined by "\\n"
--- (canonical JSON never contains a raw newline)
-local key, maxlen, blob = KEYS[1], ARGV[1], ARGV[2]
-local n, pos = 0, 1
-while true do
-  local stop = string.find(blob, '\\n', pos, true)
-  redis.call('XADD', key, '*', 'e', string.sub(blob, pos, (stop or 0) - 1))
-  n = n + 1
-  if not stop then break end
-  pos = stop + 1
-end
-if maxlen ~= '0' then redis.call('XTRIM', key, 'MAXLEN', '~', maxlen) end
-return n
-"""
 
 APPEND = """
 -- KEYS[1] delivery stream, KEYS[2] its meta hash (last seq, writer state)

@@ -96,9 +96,16 @@ async def test_unacked_entries_come_back_first_after_a_restart(bus_url: str) -> 
         await bus.publish([event("run-a", s) for s in range(11, 13)])
         async with bus.consumer("g", "worker-1") as again:
             redelivered = await drain(again, 8)
-    assert [decode(d.data).seq for d in redelivered] == list(range(5, 13))
-    assert [d.deliveries for d in redelivered[:6]] == [2] * 6
-    assert [d.deliveries for d in redelivered[6:]] == [1, 1]
+            last = decode(redelivered[-1].data).seq
+            if last < 12:  # the pending entry held acked events too: newer ones come next
+                redelivered += await drain(again, 12 - last)
+    # Every unacked event comes back, in order, before newer ones. An entry holding several
+    # events (Redis: one per publish and shard) is acked whole once all of them are, so the
+    # events acked beside unacked ones of their entry come back too (at-least-once).
+    seqs = [decode(d.data).seq for d in redelivered]
+    assert seqs[-8:] == list(range(5, 13)) and seqs == list(range(seqs[0], 13))
+    assert [d.deliveries for d in redelivered[:-2]] == [2] * (len(seqs) - 2)
+    assert [d.deliveries for d in redelivered[-2:]] == [1, 1]
 
 
 async def test_entries_of_a_departed_consumer_are_claimed_after_idle(bus_url: str) -> None:

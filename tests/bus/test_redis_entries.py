@@ -1,7 +1,9 @@
-"""Redis delivery streams hold several events per entry; resume stays exact to the seq.
+"""Redis streams hold several events per entry: delivery streams (resume stays exact to
+the seq) and ingest streams (an entry is acked once every event of it is done).
 
 DESIGN invariants 2 (no loss, no duplicates) and 3 (contiguous seq) for the
-hot tier a client resumes from (Koder agent stream §4, resume after a seq).
+hot tier a client resumes from (Koder agent stream §4, resume after a seq),
+and for the ingest entries workers ack.
 """
 
 from __future__ import annotations
@@ -13,9 +15,9 @@ from redis.asyncio import Redis
 
 from pipeline.bus import open_bus
 from pipeline.bus.base import StreamKey
-from pipeline.bus.keys import delivery_key, meta_key
+from pipeline.bus.keys import delivery_key, ingest_key, meta_key
 from pipeline.bus.redis_entries import ENTRY_EVENTS
-from pipeline.envelope import Event, encode, make
+from pipeline.envelope import Event, decode, encode, make
 
 
 def event(run_id: str, seq: int) -> Event:
@@ -102,3 +104,57 @@ async def test_an_append_after_the_meta_was_lost_adds_no_duplicate(
         assert await bus.append(key, [event("run-lost", s) for s in range(6, 16)]) == 5
         assert await bus.append(key, [event("run-lost", s) for s in range(1, 9)]) == 0
         assert [e.seq for e in await bus.read(key, 0)] == list(range(1, 16))
+
+
+# ---- ingest entries of several events ---------------------------------------------
+
+
+async def test_a_published_batch_is_one_ingest_entry_per_shard_and_64_events(
+    redis_url: str, prefix: str,
+) -> None:
+    async with open_bus(f"{redis_url}?prefix={prefix}&shards=1") as bus:
+        await bus.publish([event("run-in", s) for s in range(1, 101)])
+        await bus.publish([event("run-in", 101)])
+        client = Redis.from_url(redis_url)
+        try:
+            entries = await client.xrange(ingest_key(prefix, 0))
+        finally:
+            await client.aclose()
+        assert [sorted(fields) for _, fields in entries] == [[b"m"], [b"m"], [b"e"]]
+        async with bus.consumer("g", "c") as consumer:
+            got = await consumer.fetch(1000, block_ms=100)
+        assert [decode(d.data).seq for d in got] == list(range(1, 102))
+        assert len({d.entry_id for d in got}) == 3
+
+
+async def test_an_entry_of_several_events_is_acked_once_all_of_them_are(
+    redis_url: str, prefix: str,
+) -> None:
+    """Acking some events of an entry leaves it pending; dead-lettering one event keeps
+    the others pending until they are acked; an entry all of whose events are poison is
+    acked by the last dead letter."""
+    url = f"{redis_url}?prefix={prefix}&shards=1&claim_idle_ms=100000"
+    async with open_bus(url) as bus:
+        await bus.publish([event("run-ack", s) for s in range(1, 4)])
+        await bus.publish([event("run-ack", s) for s in range(4, 6)])
+        client = Redis.from_url(redis_url)
+
+        async def pending() -> int:
+            return int((await client.xpending(ingest_key(prefix, 0), "g"))["pending"])
+
+        try:
+            async with bus.consumer("g", "c") as consumer:
+                first, second = [], []
+                for d in await consumer.fetch(100, block_ms=100):
+                    (first if decode(d.data).seq <= 3 else second).append(d)
+                assert await pending() == 2
+                await consumer.ack(first[:2])
+                await consumer.dead_letter(second[0], "bad")
+                assert await pending() == 2
+                await consumer.ack(first[2:])
+                assert await pending() == 1
+                await consumer.dead_letter(second[1], "bad too")
+                assert await pending() == 0
+        finally:
+            await client.aclose()
+        assert [d.reason for d in await bus.dead_letters()] == ["bad too", "bad"]
