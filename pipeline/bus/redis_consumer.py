@@ -45,7 +45,7 @@ from ..errors import BusUnavailable
 from . import keys
 from .base import Consumer, Delivery
 from .options import BusOptions
-from .redis_entries import ingest_frames
+from .redis_entries import INGEST_ENTRY_EVENTS, ingest_frames
 from .redis_link import MEMBERSHIP, RedisLink, text, unavailable_on_connection_errors
 
 log = logging.getLogger(__name__)
@@ -79,8 +79,9 @@ class RedisConsumer(Consumer):
         self._closed = False
         self._open: dict[str, set[int]] = {}
         """Entries of several events handed out → their events not yet acked or dead-lettered."""
-        self._per_entry = 1.0
-        """Events per entry in the last fetch: ``max_count`` events ≈ this many entries."""
+        self._per_entry = float(INGEST_ENTRY_EVENTS)
+        """Events per entry in the last fetch (at first the most an entry holds), so that a
+        fetch of ``max_count`` events asks for ``max_count / _per_entry`` entries."""
 
     def owned_shards(self) -> frozenset[int]:
         return frozenset(self._owned)
