@@ -15,6 +15,9 @@ Cases:
 
 * ``runwire → memory/Redis/Kafka`` — ``Publisher`` + ``run.emit`` per event;
   ``runwire publish_events → Redis`` — pre-built envelopes.
+* ``emit_cpu_us_loop`` / ``emit_cpu_us_redis`` — CPU µs per event of ``runwire emit →
+  Redis`` on the publishing thread and in the Redis server (``kafka_emit_cpu_us_loop``
+  likewise); these move far less with the machine's load than events/s.
 * ``redis-py xadd`` — ``await redis.xadd(stream, {"e": data})`` per event.
 * ``redis-py pipeline`` — ``pipe.xadd`` per event, ``await pipe.execute()``
   every 1000 (the baseline: ``baseline_events_per_s``).
@@ -43,7 +46,7 @@ from pathlib import Path
 from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from cputime import code_root
+from cputime import CpuMeter, code_root
 
 sys.path.insert(0, code_root())
 
@@ -67,7 +70,12 @@ async def timed(n: int, body: Callable[[], Awaitable[None]]) -> float:
 # ---- runwire ------------------------------------------------------------------
 
 
-async def runwire_emit(url: str, n: int) -> float:
+CPU_US: dict[str, list[float]] = {}
+"""CPU µs per event of the runwire emit cases, per part (``bench/cputime.py``), every round."""
+
+
+async def runwire_emit(url: str, n: int, cpu_key: str | None = None,
+                       meter: CpuMeter | None = None) -> float:
     async with Publisher.connect(url) as pub:
         run = pub.run(f"bench-{uuid.uuid4().hex[:8]}")
         await run.emit("text.delta", {"text": "warm-up"})
@@ -79,7 +87,14 @@ async def runwire_emit(url: str, n: int) -> float:
                 await run.emit("text.delta", payload)
             await pub.flush()
 
-        return await timed(n, body)
+        meter = meter or CpuMeter()
+        meter.start()
+        rate = await timed(n, body)
+        if cpu_key:
+            for part, seconds in meter.stop().items():
+                if part in ("loop", "redis"):
+                    CPU_US.setdefault(f"{cpu_key}_cpu_us_{part}", []).append(seconds * 1e6 / n)
+        return rate
 
 
 async def runwire_prebuilt(url: str, n: int) -> float:
@@ -243,7 +258,8 @@ def measure(args: argparse.Namespace, redis_url: str, kafka_url: str) -> dict[st
     memory_url = "memory://bench?max_backlog=100000000"
     cases: dict[str, tuple[str, Callable[[], Awaitable[float]]]] = {
         "memory_events_per_s": ("runwire emit → memory", lambda: runwire_emit(memory_url, n)),
-        "events_per_s": ("runwire emit → Redis", lambda: runwire_emit(redis_url, n)),
+        "events_per_s": ("runwire emit → Redis", lambda: runwire_emit(
+            redis_url, n, "emit", CpuMeter(redis_url=redis_url))),
         "prebuilt_events_per_s": ("runwire publish_events → Redis",
                                   lambda: runwire_prebuilt(redis_url, n)),
         "baseline_events_per_s": ("redis-py pipeline loop (1000/execute)",
@@ -251,7 +267,8 @@ def measure(args: argparse.Namespace, redis_url: str, kafka_url: str) -> dict[st
         "xadd_events_per_s": ("redis-py await xadd per event", lambda: redis_xadd(redis_url, slow_n)),
         "peer_redis_events_per_s": ("faststream RedisBroker.publish",
                                     lambda: faststream_redis(redis_url, slow_n)),
-        "kafka_events_per_s": ("runwire emit → Kafka", lambda: runwire_emit(kafka_url, n)),
+        "kafka_events_per_s": ("runwire emit → Kafka", lambda: runwire_emit(
+            kafka_url, n, "kafka_emit")),
         "kafka_baseline_events_per_s": ("aiokafka send loop", lambda: aiokafka_send(bootstrap, n)),
         "peer_kafka_events_per_s": ("faststream KafkaBroker.publish(no_confirm)",
                                     lambda: faststream_kafka(bootstrap, n)),
@@ -263,6 +280,10 @@ def measure(args: argparse.Namespace, redis_url: str, kafka_url: str) -> dict[st
         labels[key] = label
         if not args.json:
             print(f"  {label:<44} {figures[key]:>10,} events/s", flush=True)
+    for key, values in CPU_US.items():
+        figures[key] = round(statistics.median(values), 2)
+        if not args.json:
+            print(f"  {key:<44} {figures[key]:>10} µs/event", flush=True)
     figures["redis_server_xadd_per_s"] = redis_benchmark_ceiling(redis_url)
     if not args.json:
         print(f"  {'(redis-benchmark -P 64 XADD, server ceiling)':<44} "
