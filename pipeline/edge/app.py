@@ -34,18 +34,17 @@ from starlette.types import Receive, Scope, Send
 from starlette.websockets import WebSocket
 
 from .. import protocols
-from ..bus.base import Bus, ControlCommand
-from ..envelope import now_ts
+from ..bus.base import Bus
 from ..errors import AuthError, ConfigError, RequestError, RunFinished, RunwireError, UnknownRun
 from ..redaction import redact_logs, redact_text
-from ..store.base import ReplayLog
-from ..ulid import new_event_id
+from ..store.base import ReplayLog, RunInfo
 from .auth import Gate, Principal
-from .authz import admit, authorize_write
+from .authz import authorize_write
 from .chat import serve_chat
+from .control import send_control
 from .filters import CHILDREN, PROFILE_NAMES
 from .hub import Hub
-from .ingest import IngestResult, decode_body, line_error, resolve_format
+from .ingest import publish_body, resolve_format
 from .metrics import EdgeMetrics
 from .session import StreamRequest
 from .settings import EdgeSettings
@@ -54,7 +53,6 @@ from .transports import NDJSON_MEDIA_TYPE, serve_http_stream, serve_websocket
 
 log = logging.getLogger(__name__)
 STATIC = Path(__file__).parent / "static"
-CONTROL_COMMANDS = frozenset({"cancel", "pause", "resume", "redirect", "approve", "deny", "answer"})
 _json = msgspec.json.Encoder()
 
 
@@ -207,22 +205,13 @@ def ingest_endpoint(edge: Edge) -> Any:
         except RunwireError as exc:
             return error_response(exc)
         thread_id = request.headers.get("thread-id") or request.query_params.get("thread_id") or None
-        lined, errors = decode_body(body, format_name, run_id, thread_id)
         try:
-            admission = await admit(edge.gate, principal, run_id, [event for _, event in lined])
-        except RunwireError as exc:  # the replay log holding the claims is down
+            result = await publish_body(
+                edge.bus, edge.gate, edge.metrics, principal, run_id, body, format_name, thread_id
+            )
+        except RunwireError as exc:  # the replay log holding the claims, or the bus, is down
             return json_response({"error": str(exc), "accepted": 0}, status=503)
-        errors.extend(line_error(lined[index][0], exc) for index, exc in admission.refused)
-        errors.sort(key=lambda error: error.line)
-        events = admission.events
-        if events:
-            try:
-                await edge.bus.publish(events)
-            except RunwireError as exc:
-                return json_response({"error": str(exc), "accepted": 0}, status=503)
-            edge.metrics.ingested.inc(len(events))
-        result = IngestResult(format=format_name, accepted=len(events), rejected=errors)
-        return json_response(result, status=422 if errors else 200)
+        return json_response(result, status=422 if result.rejected else 200)
 
     return endpoint
 
@@ -250,23 +239,40 @@ def control_endpoint(edge: Edge) -> Any:
             principal = edge.gate.principal(request.headers, request.query_params)
             await edge.gate.check_run(principal, run_id, "control")
             body = msgspec.json.decode(await request.body(), type=ControlRequest)
-            _choice(body.command, CONTROL_COMMANDS, "command")
+            command = await send_control(
+                edge.bus, edge.gate, principal, run_id, body.command, body.args
+            )
         except (msgspec.ValidationError, msgspec.DecodeError) as exc:
             return JSONResponse({"error": f"bad control body: {exc}"}, status_code=400)
         except RunwireError as exc:
             return error_response(exc)
-        command = ControlCommand(
-            command=body.command,
-            run_id=run_id,
-            id=new_event_id(),
-            ts=now_ts(),
-            args=body.args,
-            by=principal.tenant if principal else None,
-        )
-        await edge.bus.send_control(command)
         return json_response({"id": command.id, "command": command.command}, status=202)
 
     return endpoint
+
+
+async def list_runs(
+    edge: Edge,
+    principal: Principal | None,
+    *,
+    tenant: str | None,
+    state: str | None,
+    since: datetime | None,
+    until: datetime | None,
+    limit: int,
+    thread_id: str | None = None,
+) -> list[RunInfo]:
+    """The runs a caller may see, newest first (``tenant`` applies only without auth)."""
+    edge.gate.require_scope(principal, "read")
+    runs = await edge.store.runs(
+        tenant=principal.tenant if principal else tenant,
+        state=state,
+        since=since,
+        until=until,
+        limit=min(limit, 1000),
+        thread_id=thread_id,
+    )
+    return [r for r in runs if principal is None or principal.covers(r.run_id)]
 
 
 def runs_endpoint(edge: Edge) -> Any:
@@ -274,26 +280,26 @@ def runs_endpoint(edge: Edge) -> Any:
         query = request.query_params
         try:
             principal = edge.gate.principal(request.headers, query)
-            edge.gate.require_scope(principal, "read")
-            runs = await edge.store.runs(
-                tenant=principal.tenant if principal else query.get("tenant"),
+            visible = await list_runs(
+                edge,
+                principal,
+                tenant=query.get("tenant"),
                 state=query.get("state"),
-                since=_time(query.get("since")),
-                until=_time(query.get("until")),
-                limit=min(int(query.get("limit", "100")), 1000),
+                since=parse_time(query.get("since")),
+                until=parse_time(query.get("until")),
+                limit=int(query.get("limit", "100")),
                 thread_id=query.get("thread_id") or None,
             )
         except ValueError as exc:
             return JSONResponse({"error": str(exc)}, status_code=400)
         except RunwireError as exc:
             return error_response(exc)
-        visible = [r for r in runs if principal is None or principal.covers(r.run_id)]
         return json_response({"runs": visible})
 
     return endpoint
 
 
-def _time(value: str | None) -> datetime | None:
+def parse_time(value: str | None) -> datetime | None:
     if not value:
         return None
     return datetime.fromisoformat(value.replace("Z", "+00:00"))

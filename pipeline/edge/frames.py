@@ -42,7 +42,7 @@ def drop_rank(event: Event, frame_count: int) -> int:
 class Frame:
     """The encoded output of one event (or a preamble/error) for one format."""
 
-    __slots__ = ("_ndjson", "_sse", "event_type", "payloads", "rank", "seq", "size", "terminal", "variant")
+    __slots__ = ("_encoded", "_ndjson", "_sse", "event_type", "payloads", "rank", "seq", "size", "terminal", "variant")
 
     def __init__(
         self,
@@ -64,6 +64,7 @@ class Frame:
         self.size = sum(len(p) for p in payloads) + 16 * len(payloads) + 24
         self._sse: bytes | None = None
         self._ndjson: bytes | None = None
+        self._encoded: dict[str, bytes] | None = None
 
     def sse(self) -> bytes:
         """SSE bytes: one ``data:`` event per payload, ``id: seq`` on the last one (cached)."""
@@ -76,6 +77,16 @@ class Frame:
         if self._ndjson is None:
             self._ndjson = b"".join(p + b"\n" for p in self.payloads)
         return self._ndjson
+
+    def encoded(self, kind: str, render: Callable[[Frame], bytes]) -> bytes:
+        """This frame rendered by ``render`` (a gRPC message), once for every client (cached by ``kind``)."""
+        cache = self._encoded
+        if cache is None:
+            cache = self._encoded = {}
+        data = cache.get(kind)
+        if data is None:
+            data = cache[kind] = render(self)
+        return data
 
     def with_dropped(self, dropped: int) -> Frame:
         """This terminal frame as one client sees it after ``dropped`` slow-client drops."""

@@ -18,6 +18,7 @@ from __future__ import annotations
 import msgspec
 
 from .. import envelope, protocols
+from ..bus.base import Bus
 from ..envelope import Event
 from ..errors import (
     PROTO_MALFORMED,
@@ -27,6 +28,9 @@ from ..errors import (
     ProtocolError,
     line_error,
 )
+from .auth import Gate, Principal
+from .authz import admit
+from .metrics import EdgeMetrics
 
 DEFAULT_FORMAT = "koder"
 
@@ -89,6 +93,33 @@ def decode_body(
     return events, errors
 
 
+async def publish_body(
+    bus: Bus,
+    gate: Gate,
+    metrics: EdgeMetrics,
+    principal: Principal | None,
+    run_id: str,
+    body: bytes,
+    format_name: str,
+    thread_id: str | None = None,
+) -> IngestResult:
+    """Decode a body posted to ``run_id``, admit its events (the write rule), publish them in order.
+
+    Every ingest entrance's path (HTTP ``POST …/events``, gRPC ``Ingest``); the
+    caller has called :func:`.authz.authorize_write` for ``run_id``. Raises
+    the replay log's or the bus's error (nothing published) when either is down.
+    """
+    lined, errors = decode_body(body, format_name, run_id, thread_id)
+    admission = await admit(gate, principal, run_id, [event for _, event in lined])
+    errors.extend(line_error(lined[index][0], exc) for index, exc in admission.refused)
+    errors.sort(key=lambda error: error.line)
+    events = admission.events
+    if events:
+        await bus.publish(events)
+        metrics.ingested.inc(len(events))
+    return IngestResult(format=format_name, accepted=len(events), rejected=errors)
+
+
 def _feed(codec: protocols.Ingest, line: bytes) -> list[Event]:
     """``codec.feed``; a frame nested too deep for any parser is a bad frame, not a crash."""
     try:
@@ -118,4 +149,6 @@ def resolve_format(requested: str | None, body: bytes) -> str:
     return name
 
 
-__all__ = ["PROTO_MALFORMED", "IngestResult", "LineError", "decode_body", "line_error", "resolve_format"]
+__all__ = [
+    "PROTO_MALFORMED", "IngestResult", "LineError", "decode_body", "line_error", "publish_body", "resolve_format",
+]

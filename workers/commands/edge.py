@@ -1,15 +1,18 @@
-"""``runwire edge``: serve runs to SSE / WebSocket / NDJSON clients (uvicorn).
+"""``runwire edge``: serve runs to SSE / WebSocket / NDJSON clients (uvicorn), and gRPC beside it.
 
 Without ``RUNWIRE_SECRET`` the edge serves without auth and therefore binds
 only to a loopback address; set a secret (≥ 32 bytes) to bind anywhere.
+``--grpc-port`` adds the gRPC server (the ``grpc`` extra) on the same host,
+from the same hub.
 """
 
 from __future__ import annotations
 
 import asyncio
+import importlib.util
 import ipaddress
 import logging
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 import click
 
@@ -17,6 +20,15 @@ from pipeline.redaction import redact_logs
 
 if TYPE_CHECKING:
     from pipeline.edge import EdgeSettings
+    from pipeline.edge.grpc_server import GrpcServer
+
+GRPC_MISSING = "--grpc-port needs the grpc extra: pip install 'runwire[grpc]'"
+
+
+def check_grpc_available() -> None:
+    """A clear error before anything starts when gRPC is asked for but not installed."""
+    if importlib.util.find_spec("grpc") is None or importlib.util.find_spec("grpc_health") is None:
+        raise click.UsageError(GRPC_MISSING)
 
 
 def tune_gc() -> None:
@@ -48,6 +60,8 @@ def is_loopback(host: str) -> bool:
               help="Address to bind (non-loopback needs RUNWIRE_SECRET).")
 @click.option("--port", default=8765, show_default=True, type=click.IntRange(0, 65535),
               envvar="RUNWIRE_PORT", help="Port to bind.")
+@click.option("--grpc-port", default=None, type=click.IntRange(0, 65535), envvar="RUNWIRE_GRPC_PORT",
+              help="Also serve gRPC (runwire.v1, StreamWeave, health, reflection) on this port.")
 @click.option("--secret", default=None, envvar="RUNWIRE_SECRET", show_envvar=True,
               help="HS256 key for bearer tokens (≥ 32 bytes).")
 @click.option("--keepalive", "keepalive_s", default=15.0, show_default=True, type=click.FloatRange(min=0.1),
@@ -56,14 +70,15 @@ def is_loopback(host: str) -> bool:
               envvar="RUNWIRE_EDGE_SILENCE",
               help="End a run's streams as error after this many silent seconds (0: never).")
 @click.option("--client-queue-bytes", default=512 * 1024, show_default=True, type=click.IntRange(min=1024),
-              envvar="RUNWIRE_CLIENT_QUEUE_BYTES", help="Per-client queue bound in bytes; past it deltas are dropped, reasoning first.")
+              envvar="RUNWIRE_CLIENT_QUEUE_BYTES", help="Per-client queue bound in bytes (R4).")
 @click.option("--client-queue-events", default=2048, show_default=True, type=click.IntRange(min=8),
-              envvar="RUNWIRE_CLIENT_QUEUE_EVENTS", help="Per-client queue bound in frames; past it deltas are dropped, reasoning first.")
+              envvar="RUNWIRE_CLIENT_QUEUE_EVENTS", help="Per-client queue bound in frames (R4).")
 def edge(
     bus: str,
     store: str,
     host: str,
     port: int,
+    grpc_port: int | None,
     secret: str | None,
     keepalive_s: float,
     silence_s: float,
@@ -79,6 +94,8 @@ def edge(
         )
     if secret is not None and len(secret.encode()) < 32:
         raise click.UsageError("RUNWIRE_SECRET must be at least 32 bytes (HS256 key)")
+    if grpc_port is not None:
+        check_grpc_available()
     settings = EdgeSettings(
         secret=secret,
         keepalive_s=keepalive_s,
@@ -88,11 +105,13 @@ def edge(
     )
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s %(levelname)s %(message)s")
     redact_logs()
-    asyncio.run(serve(bus, store, host, port, settings))
+    asyncio.run(serve(bus, store, host, port, settings, grpc_port))
 
 
-async def serve(bus_url: str, store_url: str, host: str, port: int, settings: EdgeSettings) -> None:
-    """Open the bus and the replay log, then run uvicorn until SIGINT/SIGTERM."""
+async def serve(
+    bus_url: str, store_url: str, host: str, port: int, settings: EdgeSettings, grpc_port: int | None = None
+) -> None:
+    """Open the bus and the replay log, then run uvicorn (and gRPC) until SIGINT/SIGTERM."""
     import uvicorn
 
     from pipeline.bus import open_bus
@@ -106,4 +125,38 @@ async def serve(bus_url: str, store_url: str, host: str, port: int, settings: Ed
             app, host=host, port=port, log_level="info", lifespan="on",
             timeout_graceful_shutdown=5, proxy_headers=True,
         )
-        await uvicorn.Server(config).serve()
+        server = _server_class()(config)
+        if grpc_port is None:
+            await server.serve()
+            return
+        task = asyncio.create_task(server.serve())
+        await _until_started(server, task)
+        if not task.done():
+            from pipeline.edge.grpc_server import start_grpc
+
+            server.grpc = await start_grpc(app.state.edge, host, grpc_port)
+            logging.getLogger("runwire.edge").info("gRPC on %s:%d", host, server.grpc.port)
+        await task
+
+
+async def _until_started(server: Any, task: asyncio.Task[None]) -> None:
+    """uvicorn offers no event for "listening and lifespan done": poll its flag every 20 ms."""
+    while True:
+        if server.started or task.done():
+            return
+        await asyncio.sleep(0.02)
+
+
+def _server_class() -> Any:
+    """uvicorn's Server, stopping the gRPC server first when it shuts down (the hub still runs)."""
+    import uvicorn
+
+    class EdgeServer(uvicorn.Server):
+        grpc: GrpcServer | None = None
+
+        async def shutdown(self, sockets: Any = None) -> None:
+            if self.grpc is not None:
+                await self.grpc.stop(2.0)
+            await super().shutdown(sockets)
+
+    return EdgeServer

@@ -35,6 +35,7 @@ from pipeline.edge.app import create_app
 from pipeline.edge.settings import EdgeSettings
 from pipeline.publisher import Publisher
 from pipeline.store import ReplayLog, open_store
+from workers.commands.edge import check_grpc_available
 from workers.config import redact_url
 from workers.runtime import run_worker
 
@@ -50,6 +51,7 @@ class UpSettings(msgspec.Struct, kw_only=True, frozen=True):
     store: str
     host: str = "127.0.0.1"
     port: int = 8765
+    grpc_port: int | None = None
     group: str = "runwire"
     name: str
     secret: str | None = None
@@ -130,6 +132,13 @@ def is_loopback(host: str) -> bool:
     help="Port the edge binds (0: any free port).",
 )
 @click.option(
+    "--grpc-port",
+    type=click.IntRange(0, 65535),
+    default=None,
+    envvar="RUNWIRE_GRPC_PORT",
+    help="Also serve gRPC (runwire.v1, StreamWeave, health, reflection) on this port.",
+)
+@click.option(
     "--group",
     default="runwire",
     show_default=True,
@@ -157,6 +166,7 @@ def up(
     store: str | None,
     host: str,
     port: int,
+    grpc_port: int | None,
     group: str,
     name: str,
     secret: str | None,
@@ -170,11 +180,14 @@ def up(
         raise click.UsageError(
             f"RUNWIRE_SECRET must be at least {MIN_SECRET_BYTES} bytes (HS256 key)"
         )
+    if grpc_port is not None:
+        check_grpc_available()
     settings = UpSettings(
         bus=bus,
         store=store or store_for(data_dir),
         host=host,
         port=port,
+        grpc_port=grpc_port,
         group=group,
         name=name,
         secret=secret or None,
@@ -215,7 +228,7 @@ async def serve(settings: UpSettings) -> None:
     async with open_bus(settings.bus) as bus, open_store(settings.store) as store:
         parts = _Parts(bus, store, settings)
         await parts.start(sock)
-        _announce(settings, sock.getsockname()[1])
+        _announce(settings, sock.getsockname()[1], parts.grpc_port)
         await parts.run_until(stop)
         click.echo("runwire up: draining…", err=True)
         failure = await parts.drain()
@@ -230,6 +243,8 @@ class _Parts:
     def __init__(self, bus: Bus, store: ReplayLog, settings: UpSettings) -> None:
         self.bus, self.store, self.settings = bus, store, settings
         app = create_app(bus, store, EdgeSettings(secret=settings.secret))
+        self.app = app
+        self.grpc: Any = None
         config = uvicorn.Config(
             app, log_level="warning", timeout_graceful_shutdown=2, lifespan="on"
         )
@@ -253,9 +268,17 @@ class _Parts:
         self.edge = asyncio.create_task(self.server.serve(sockets=[sock]), name="runwire-edge")
         self.tasks = {self.worker, self.edge}
         await _until_started(self.server, self.edge)
+        if settings.grpc_port is not None and not self.edge.done():
+            from pipeline.edge.grpc_server import start_grpc
+
+            self.grpc = await start_grpc(self.app.state.edge, settings.host, settings.grpc_port)
         if settings.demo and not self.edge.done():
             self.demo = asyncio.create_task(self._demo(), name="runwire-demo")
             self.tasks.add(self.demo)
+
+    @property
+    def grpc_port(self) -> int | None:
+        return None if self.grpc is None else int(self.grpc.port)
 
     async def _demo(self) -> None:
         async with Publisher(self.bus) as publisher:
@@ -276,6 +299,8 @@ class _Parts:
         """Stop the demo, then the edge, then the worker; return the first failure, if any."""
         failure = _failure(self.tasks)
         self.demo_stop.set()
+        if self.grpc is not None:
+            await self.grpc.stop(2.0)
         self.server.should_exit = True
         self.worker_stop.set()
         for task in (getattr(self, "demo", None), self.edge, self.worker):
@@ -289,10 +314,12 @@ class _Parts:
         return failure
 
 
-def _announce(settings: UpSettings, port: int) -> None:
+def _announce(settings: UpSettings, port: int, grpc_port: int | None = None) -> None:
     host = settings.host if ":" not in settings.host else f"[{settings.host}]"
     url = f"http://{host}:{port}/"
     click.echo(f"runwire up: {url}  (bus {_safe(settings.bus)}, store {_safe(settings.store)})")
+    if grpc_port is not None:
+        click.echo(f"runwire up: gRPC on {host}:{grpc_port}")
     if settings.demo:
         click.echo(f"runwire up: publishing demo runs ({settings.demo_rate:g}/s)")
     sys.stdout.flush()

@@ -1,0 +1,48 @@
+"""Client → agent commands: one code path for every edge entrance (HTTP and gRPC).
+
+A command goes onto the run's control channel, where the agent reads it from
+``async for cmd in run.controls()`` (publisher SDK). Closing a stream is a
+disconnect, never a cancel (PITFALLS 14); cancelling does not need a stream.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from ..bus.base import Bus, ControlCommand
+from ..envelope import now_ts
+from ..errors import ConfigError
+from ..ulid import new_event_id
+from .auth import Gate, Principal
+
+CONTROL_COMMANDS = frozenset({"cancel", "pause", "resume", "redirect", "approve", "deny", "answer"})
+
+
+async def send_control(
+    bus: Bus,
+    gate: Gate,
+    principal: Principal | None,
+    run_id: str,
+    command: str,
+    args: dict[str, Any],
+) -> ControlCommand:
+    """Check the caller may control ``run_id``, validate ``command``, and send it.
+
+    Raises AuthError / UnknownRun like every run endpoint, ConfigError for an
+    unknown command, and the bus's error when it can't take the command.
+    """
+    await gate.check_run(principal, run_id, "control")
+    if command not in CONTROL_COMMANDS:
+        raise ConfigError(
+            f"unknown command {command!r}; use one of {', '.join(sorted(CONTROL_COMMANDS))}"
+        )
+    sent = ControlCommand(
+        command=command,
+        run_id=run_id,
+        id=new_event_id(),
+        ts=now_ts(),
+        args=args,
+        by=principal.tenant if principal else None,
+    )
+    await bus.send_control(sent)
+    return sent

@@ -1,0 +1,414 @@
+"""gRPC beside HTTP: ``runwire.v1.Runwire`` (``proto/runwire/v1/runwire.proto``) from the edge's hub.
+
+The Koder agent stream §5.3 names a gRPC server stream with the same shape
+as the JSON envelope; the StreamWeave RPC defines ``StreamWeave``. Both are
+served here from the **same** :class:`~pipeline.edge.app.Edge` as the HTTP
+app in the same process — one hub (one bus reader), one encode per feed,
+the same resume, R1 shaping, R4 drops, gate (tokens, tenants, scopes),
+control path and ingest path:
+
+=========================  ====================================================
+``Stream``                 a run's events (``Event``), exact resume from
+                           ``after_seq`` on any instance; OK after the run's
+                           terminal ``run.lifecycle``
+``StreamWeave``            the StreamWeave RPC's progress view; FAILED, then
+                           status ``INTERNAL`` with the same message; the
+                           client cancelling sends ``cancel`` to the run
+``Control``                ``control.send_control`` (as ``POST …/control``)
+``Ingest``                 ``authz.authorize_write`` per run, then
+                           ``ingest.publish_body`` (as ``POST …/events``)
+``ListRuns``               ``app.list_runs`` (as ``GET /v1/runs``)
+=========================  ====================================================
+
+Errors map to status codes in :func:`status_of`; a ``KAI-STREAM-*`` code
+leads the status message and is in the trailing metadata
+``runwire-error-code``. Frames are serialized once per frame (not per
+client) and written with an identity serializer.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from collections.abc import AsyncIterator
+from typing import Any, NoReturn
+
+import grpc
+import msgspec
+from grpc_health.v1 import health, health_pb2, health_pb2_grpc
+from grpc_reflection.v1alpha import reflection
+
+from ..errors import (
+    BUF_DROP,
+    CONN_DISCONNECTED,
+    PROTO_MALFORMED,
+    AuthError,
+    ConfigError,
+    ProtocolError,
+    ReplayExpired,
+    RequestError,
+    RunFinished,
+    RunwireError,
+    UnknownRun,
+)
+from .app import Edge, list_runs, parse_time, stream_request
+from .auth import Principal
+from .authz import authorize_write
+from .control import send_control
+from .frames import Frame
+from .grpc_messages import (
+    EVENT,
+    WEAVE,
+    event_line,
+    event_message,
+    frames_message,
+    run_info,
+    weave_message,
+)
+from .ingest import publish_body
+from .proto.runwire.v1 import runwire_pb2 as pb
+from .session import Overflowed, Sink, StreamRequest, StreamSession
+
+log = logging.getLogger(__name__)
+
+SERVICE = "runwire.v1.Runwire"
+LOOM_SERVICE = "loom.v1.LoomService"
+"""The StreamWeave RPC's own service name, so a Loom client works unchanged."""
+ERROR_CODE_KEY = "runwire-error-code"
+INGEST_BATCH = 1000
+"""Ingest publishes every this many messages (and at the end of the call)."""
+FAILED_STAGE = "EXECUTION_STAGE_FAILED"
+
+Context = grpc.aio.ServicerContext[Any, Any]
+
+
+def status_of(exc: RunwireError) -> grpc.StatusCode:
+    """The gRPC status for an error (the HTTP edge's 401/403/404/400/503 in gRPC terms)."""
+    if isinstance(exc, AuthError):
+        return grpc.StatusCode.UNAUTHENTICATED if exc.status == 401 else grpc.StatusCode.PERMISSION_DENIED
+    if isinstance(exc, UnknownRun):
+        return grpc.StatusCode.NOT_FOUND
+    if isinstance(exc, ReplayExpired):
+        return grpc.StatusCode.OUT_OF_RANGE
+    if isinstance(exc, ConfigError | ProtocolError | RequestError):
+        return grpc.StatusCode.INVALID_ARGUMENT
+    if isinstance(exc, RunFinished):
+        return grpc.StatusCode.FAILED_PRECONDITION
+    return grpc.StatusCode.UNAVAILABLE if exc.retriable else grpc.StatusCode.INTERNAL
+
+
+async def abort(context: Context, code: grpc.StatusCode, message: str, error_code: str | None = None) -> NoReturn:
+    """End the call with ``code``; a ``KAI-STREAM-*`` code leads the message and is in the trailers."""
+    if error_code:
+        context.set_trailing_metadata(((ERROR_CODE_KEY, error_code),))
+        if not message.startswith(error_code):
+            message = f"{error_code}: {message}"
+    await context.abort(code, message)
+    raise AssertionError("unreachable: context.abort raises")
+
+
+async def abort_with(context: Context, exc: RunwireError) -> NoReturn:
+    await abort(context, status_of(exc), str(exc), exc.code)
+
+
+class EventSink(Sink):
+    """``Stream``: each frame as one ``Event`` message, serialized once per frame."""
+
+    def __init__(self, context: Context, format_name: str) -> None:
+        self.context = context
+        self.format_name = format_name
+        self.render = event_message if format_name == "koder" else frames_message
+
+    async def send(self, frames: list[Frame]) -> None:
+        for frame in frames:
+            await self.context.write(frame.encoded(EVENT, self.render))
+
+    async def keepalive(self) -> None:
+        """HTTP/2 keeps a gRPC call alive (server pings); nothing to send."""
+
+
+class WeaveSink(Sink):
+    """``StreamWeave``: each progress frame as one ``WeaveProgress``; remembers a FAILED ending."""
+
+    format_name = "streamweave"
+
+    def __init__(self, context: Context) -> None:
+        self.context = context
+        self.failed: str | None = None
+
+    async def send(self, frames: list[Frame]) -> None:
+        for frame in frames:
+            if len(frame.payloads) != 1:
+                continue  # an event the progress view renders as nothing
+            if frame.terminal:
+                data = msgspec.json.decode(frame.payloads[0])
+                if data.get("stage") == FAILED_STAGE:
+                    self.failed = str(data.get("message") or "execution failed")
+            await self.context.write(frame.encoded(WEAVE, weave_message))
+
+    async def keepalive(self) -> None:
+        """HTTP/2 keeps a gRPC call alive (server pings); nothing to send."""
+
+
+class RunwireService:
+    """The ``runwire.v1.Runwire`` handlers over one edge."""
+
+    def __init__(self, edge: Edge) -> None:
+        self.edge = edge
+        self.stopping = False
+        """Set while the server shuts down: calls it cancels are not the clients' cancels."""
+        self._background: set[asyncio.Task[None]] = set()
+
+    def principal(self, context: Context) -> Principal | None:
+        metadata = {key: value for key, value in context.invocation_metadata() or () if isinstance(value, str)}
+        return self.edge.gate.principal(metadata, {})
+
+    # ---- streams ----------------------------------------------------------
+    async def stream(self, request: pb.StreamRequest, context: Context) -> None:
+        try:
+            principal = self.principal(context)
+            if not request.run_id:
+                raise ConfigError("run_id is required")
+            await self.edge.gate.check_run(principal, request.run_id, "read")
+            stream = self.stream_request(request)
+        except RunwireError as exc:
+            await abort_with(context, exc)
+        await self.serve(context, stream, EventSink(context, stream.format))
+
+    def stream_request(self, request: pb.StreamRequest) -> StreamRequest:
+        """The HTTP edge's validation of the same parameters (``app.stream_request``)."""
+        query = {
+            "detail": request.detail,
+            "format": request.format or "koder",
+            "profile": request.profile or "default",
+            "children": request.children or "flatten",
+            "after": "live" if request.live else str(request.after_seq),
+        }
+        return stream_request(request.run_id, {k: v for k, v in query.items() if v}, {}, self.edge.settings)
+
+    async def serve(self, context: Context, stream: StreamRequest, sink: Sink) -> None:
+        """One session until the run ends (OK), the client leaves, or it must be cut off."""
+        metrics = self.edge.hub.metrics
+        try:
+            await StreamSession(self.edge.hub, stream, sink).run()
+        except Overflowed:
+            metrics.disconnects.labels(BUF_DROP).inc()
+            await abort(
+                context,
+                grpc.StatusCode.RESOURCE_EXHAUSTED,
+                "the client fell too far behind to receive control events; call again with after_seq to resume",
+                BUF_DROP,
+            )
+        except RunwireError as exc:
+            metrics.disconnects.labels(exc.code or "").inc()
+            await abort_with(context, exc)
+        except asyncio.CancelledError:
+            if not self.stopping:
+                metrics.disconnects.labels(CONN_DISCONNECTED).inc()
+            raise
+
+    async def stream_weave(self, request: pb.WeaveRequest, context: Context) -> None:
+        """The StreamWeave RPC for the run named by ``session_id``."""
+        run_id = request.session_id
+        try:
+            principal = self.principal(context)
+            if not run_id:
+                raise ConfigError("session_id is required: it names the run to follow")
+            await self.edge.gate.check_run(principal, run_id, "read")
+        except RunwireError as exc:
+            await abort_with(context, exc)
+        sink = WeaveSink(context)
+        try:
+            await self.serve(context, StreamRequest(run_id=run_id, format="streamweave"), sink)
+        except asyncio.CancelledError:
+            if not self.stopping:
+                self._cancel_run(principal, run_id)
+            raise
+        if sink.failed is not None:
+            await abort(context, grpc.StatusCode.INTERNAL, sink.failed)
+
+    def _cancel_run(self, principal: Principal | None, run_id: str) -> None:
+        """The client cancelled the call: the StreamWeave RPC stops the agent too."""
+        task = asyncio.create_task(self._send_cancel(principal, run_id), name="runwire-grpc-cancel")
+        self._background.add(task)
+        task.add_done_callback(self._background.discard)
+
+    async def _send_cancel(self, principal: Principal | None, run_id: str) -> None:
+        try:
+            await send_control(
+                self.edge.bus, self.edge.gate, principal, run_id, "cancel",
+                {"reason": "the StreamWeave call was cancelled by its client"},
+            )
+        except RunwireError as exc:
+            log.warning("StreamWeave call on %s cancelled; cancel not sent: %s", run_id, exc)
+
+    # ---- unary and client-streaming calls ----------------------------------
+    async def control(self, request: pb.ControlRequest, context: Context) -> pb.ControlReply:
+        try:
+            principal = self.principal(context)
+            args = _json_object(request.args, "args")
+            sent = await send_control(
+                self.edge.bus, self.edge.gate, principal, request.run_id, request.command, args
+            )
+        except RunwireError as exc:
+            await abort_with(context, exc)
+        return pb.ControlReply(id=sent.id, command=sent.command)
+
+    async def ingest(self, messages: AsyncIterator[pb.Event], context: Context) -> pb.IngestReply:
+        try:
+            principal = self.principal(context)
+            return await Ingestion(self, principal).run(messages)
+        except RunwireError as exc:
+            await abort_with(context, exc)
+
+    async def list_runs(self, request: pb.ListRunsRequest, context: Context) -> pb.ListRunsReply:
+        try:
+            principal = self.principal(context)
+            runs = await list_runs(
+                self.edge,
+                principal,
+                tenant=request.tenant or None,
+                state=request.state or None,
+                since=parse_time(request.since),
+                until=parse_time(request.until),
+                limit=request.limit or 100,
+            )
+        except ValueError as exc:
+            await abort(context, grpc.StatusCode.INVALID_ARGUMENT, str(exc))
+        except RunwireError as exc:
+            await abort_with(context, exc)
+        return pb.ListRunsReply(runs=[run_info(r) for r in runs])
+
+    # ---- registration -------------------------------------------------------
+    def handlers(self) -> tuple[grpc.GenericRpcHandler, ...]:
+        weave = grpc.unary_stream_rpc_method_handler(
+            self.stream_weave, request_deserializer=pb.WeaveRequest.FromString, response_serializer=_raw
+        )
+        runwire = grpc.method_handlers_generic_handler(SERVICE, {
+            "Stream": grpc.unary_stream_rpc_method_handler(
+                self.stream, request_deserializer=pb.StreamRequest.FromString, response_serializer=_raw
+            ),
+            "StreamWeave": weave,
+            "Control": grpc.unary_unary_rpc_method_handler(
+                self.control, request_deserializer=pb.ControlRequest.FromString,
+                response_serializer=pb.ControlReply.SerializeToString,
+            ),
+            "Ingest": grpc.stream_unary_rpc_method_handler(
+                self.ingest, request_deserializer=pb.Event.FromString,
+                response_serializer=pb.IngestReply.SerializeToString,
+            ),
+            "ListRuns": grpc.unary_unary_rpc_method_handler(
+                self.list_runs, request_deserializer=pb.ListRunsRequest.FromString,
+                response_serializer=pb.ListRunsReply.SerializeToString,
+            ),
+        })
+        loom = grpc.method_handlers_generic_handler(LOOM_SERVICE, {"StreamWeave": weave})
+        return runwire, loom
+
+
+class Ingestion:
+    """One ``Ingest`` call: messages grouped by run, published through the HTTP ingest path."""
+
+    def __init__(self, service: RunwireService, principal: Principal | None) -> None:
+        self.edge = service.edge
+        self.principal = principal
+        self.reply = pb.IngestReply()
+        self.allowed: set[str] = set()
+        self.pending: dict[str, list[tuple[int, bytes]]] = {}
+        self.count = 0
+
+    async def run(self, messages: AsyncIterator[pb.Event]) -> pb.IngestReply:
+        index = 0
+        async for message in messages:
+            index += 1
+            await self.add(index, message)
+            if self.count >= INGEST_BATCH:
+                await self.flush()
+        await self.flush()
+        return self.reply
+
+    async def add(self, index: int, message: pb.Event) -> None:
+        run_id = message.root_id or message.run_id
+        if not run_id:
+            self.reply.rejected.add(
+                index=index, code=PROTO_MALFORMED, message="an event needs a run_id", field="$.run_id"
+            )
+            return
+        if run_id not in self.allowed:
+            await authorize_write(self.edge.gate, self.principal, run_id)
+            self.allowed.add(run_id)
+        self.pending.setdefault(run_id, []).append((index, event_line(message)))
+        self.count += 1
+
+    async def flush(self) -> None:
+        pending, self.pending, self.count = self.pending, {}, 0
+        for run_id, items in pending.items():
+            body = b"\n".join(line for _, line in items)
+            result = await publish_body(
+                self.edge.bus, self.edge.gate, self.edge.metrics, self.principal, run_id, body, "koder"
+            )
+            self.reply.accepted += result.accepted
+            for error in result.rejected:
+                index = items[min(error.line, len(items)) - 1][0]
+                self.reply.rejected.add(index=index, code=error.code, message=error.message, field=error.field or "")
+
+
+def _raw(data: bytes) -> bytes:
+    """Frames are serialized once per frame; the call writes those bytes as they are."""
+    return data
+
+
+def _json_object(text: str, name: str) -> dict[str, Any]:
+    if not text:
+        return {}
+    try:
+        value = msgspec.json.decode(text)
+    except msgspec.DecodeError as exc:
+        raise ConfigError(f"{name} is not valid JSON: {exc}") from None
+    if not isinstance(value, dict):
+        raise ConfigError(f"{name} must be a JSON object")
+    return value
+
+
+class GrpcServer:
+    """A started gRPC server over an edge; :meth:`stop` drains it."""
+
+    def __init__(self, server: grpc.aio.Server, service: RunwireService,
+                 health_servicer: health.aio.HealthServicer, port: int) -> None:
+        self.server = server
+        self.service = service
+        self.health = health_servicer
+        self.port = port
+
+    async def stop(self, grace: float | None = 2.0) -> None:
+        """Refuse new calls, let running ones end for ``grace`` seconds, then cancel them.
+
+        Calls cancelled here are not client cancels: no run is cancelled.
+        """
+        self.service.stopping = True
+        await self.health.enter_graceful_shutdown()
+        await self.server.stop(grace)
+
+
+async def start_grpc(edge: Edge, host: str, port: int) -> GrpcServer:
+    """Serve ``runwire.v1.Runwire``, StreamWeave, health and reflection on ``host:port`` (0: any)."""
+    server = grpc.aio.server(options=[("grpc.so_reuseport", 0)])
+    service = RunwireService(edge)
+    server.add_generic_rpc_handlers(service.handlers())
+    health_servicer = health.aio.HealthServicer()
+    health_pb2_grpc.add_HealthServicer_to_server(health_servicer, server)
+    reflection.enable_server_reflection(
+        (SERVICE, health.SERVICE_NAME, reflection.SERVICE_NAME), server
+    )
+    address = f"[{host}]:{port}" if ":" in host else f"{host}:{port}"
+    try:
+        bound = server.add_insecure_port(address)
+    except RuntimeError as exc:
+        raise ConfigError(f"cannot listen for gRPC on {address}: {exc}") from None
+    await server.start()
+    for name in ("", SERVICE):
+        await health_servicer.set(name, health_pb2.HealthCheckResponse.SERVING)
+    return GrpcServer(server, service, health_servicer, bound)
+
+
+__all__ = ["GrpcServer", "RunwireService", "start_grpc", "status_of"]
