@@ -70,9 +70,9 @@ def is_loopback(host: str) -> bool:
               envvar="RUNWIRE_EDGE_SILENCE",
               help="End a run's streams as error after this many silent seconds (0: never).")
 @click.option("--client-queue-bytes", default=512 * 1024, show_default=True, type=click.IntRange(min=1024),
-              envvar="RUNWIRE_CLIENT_QUEUE_BYTES", help="Per-client queue bound in bytes (R4).")
+              envvar="RUNWIRE_CLIENT_QUEUE_BYTES", help="Per-client queue bound in bytes; past it deltas are dropped, reasoning first.")
 @click.option("--client-queue-events", default=2048, show_default=True, type=click.IntRange(min=8),
-              envvar="RUNWIRE_CLIENT_QUEUE_EVENTS", help="Per-client queue bound in frames (R4).")
+              envvar="RUNWIRE_CLIENT_QUEUE_EVENTS", help="Per-client queue bound in frames; past it deltas are dropped, reasoning first.")
 def edge(
     bus: str,
     store: str,
