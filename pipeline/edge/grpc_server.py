@@ -41,7 +41,6 @@ from grpc_reflection.v1alpha import reflection
 from ..errors import (
     BUF_DROP,
     CONN_DISCONNECTED,
-    PROTO_MALFORMED,
     AuthError,
     ConfigError,
     ProtocolError,
@@ -53,19 +52,17 @@ from ..errors import (
 )
 from .app import Edge, list_runs, parse_time, stream_request
 from .auth import Principal
-from .authz import authorize_write
 from .control import send_control
 from .frames import Frame
+from .grpc_ingest import Ingestion
 from .grpc_messages import (
     EVENT,
     WEAVE,
-    event_line,
     event_message,
     frames_message,
     run_info,
     weave_message,
 )
-from .ingest import publish_body
 from .proto.runwire.v1 import runwire_pb2 as pb
 from .session import Overflowed, Sink, StreamRequest, StreamSession
 
@@ -75,8 +72,6 @@ SERVICE = "runwire.v1.Runwire"
 LOOM_SERVICE = "loom.v1.LoomService"
 """The StreamWeave RPC's own service name, so a Loom client works unchanged."""
 ERROR_CODE_KEY = "runwire-error-code"
-INGEST_BATCH = 1000
-"""Ingest publishes every this many messages (and at the end of the call)."""
 FAILED_STAGE = "EXECUTION_STAGE_FAILED"
 
 Context = grpc.aio.ServicerContext[Any, Any]
@@ -257,7 +252,7 @@ class RunwireService:
     async def ingest(self, messages: AsyncIterator[pb.Event], context: Context) -> pb.IngestReply:
         try:
             principal = self.principal(context)
-            return await Ingestion(self, principal).run(messages)
+            return await Ingestion(self.edge, principal).run(messages)
         except RunwireError as exc:
             await abort_with(context, exc)
 
@@ -304,53 +299,6 @@ class RunwireService:
         })
         loom = grpc.method_handlers_generic_handler(LOOM_SERVICE, {"StreamWeave": weave})
         return runwire, loom
-
-
-class Ingestion:
-    """One ``Ingest`` call: messages grouped by run, published through the HTTP ingest path."""
-
-    def __init__(self, service: RunwireService, principal: Principal | None) -> None:
-        self.edge = service.edge
-        self.principal = principal
-        self.reply = pb.IngestReply()
-        self.allowed: set[str] = set()
-        self.pending: dict[str, list[tuple[int, bytes]]] = {}
-        self.count = 0
-
-    async def run(self, messages: AsyncIterator[pb.Event]) -> pb.IngestReply:
-        index = 0
-        async for message in messages:
-            index += 1
-            await self.add(index, message)
-            if self.count >= INGEST_BATCH:
-                await self.flush()
-        await self.flush()
-        return self.reply
-
-    async def add(self, index: int, message: pb.Event) -> None:
-        run_id = message.root_id or message.run_id
-        if not run_id:
-            self.reply.rejected.add(
-                index=index, code=PROTO_MALFORMED, message="an event needs a run_id", field="$.run_id"
-            )
-            return
-        if run_id not in self.allowed:
-            await authorize_write(self.edge.gate, self.principal, run_id)
-            self.allowed.add(run_id)
-        self.pending.setdefault(run_id, []).append((index, event_line(message)))
-        self.count += 1
-
-    async def flush(self) -> None:
-        pending, self.pending, self.count = self.pending, {}, 0
-        for run_id, items in pending.items():
-            body = b"\n".join(line for _, line in items)
-            result = await publish_body(
-                self.edge.bus, self.edge.gate, self.edge.metrics, self.principal, run_id, body, "koder"
-            )
-            self.reply.accepted += result.accepted
-            for error in result.rejected:
-                index = items[min(error.line, len(items)) - 1][0]
-                self.reply.rejected.add(index=index, code=error.code, message=error.message, field=error.field or "")
 
 
 def _raw(data: bytes) -> bytes:
