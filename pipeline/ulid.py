@@ -51,7 +51,7 @@ class MonotonicULID:
         self._head = self._tail = ""
 
     def new(self, now_ms: int | None = None) -> str:
-        ms = int(time.time() * 1000) if now_ms is None else now_ms
+        ms = int(time.time() * 1000) if now_ms is None else max(0, now_ms)  # a source's pre-1970 time
         if ms > self._last_ms:
             self._last_ms = ms
             self._head = self._prefix + _encode(ms, 10)

@@ -191,7 +191,7 @@ class CogencyIngest(Ingest):
         except msgspec.DecodeError as exc:
             raise MalformedFrame(f"not a JSON object: {exc}") from None
         kind = frame.get("type")
-        if kind not in COGENCY_TYPES:
+        if not isinstance(kind, str) or kind not in COGENCY_TYPES:
             raise MalformedFrame(
                 f"unknown cogency type {kind!r}; expected one of {', '.join(sorted(COGENCY_TYPES))}",
                 field="$.type",
