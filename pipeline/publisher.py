@@ -34,13 +34,16 @@ What it guarantees:
 * **Child runs.** ``pub.run(child_id, parent=run)`` puts ``parent_id`` and
   ``root_id`` on every event of the child, so workers fan it into its parent
   and one worker owns the whole tree (ingest is partitioned by root run id).
+  A parent named by id gets its root from the runs this publisher started;
+  across services, ``run.context()`` is a token that carries the tree
+  (``pub.run(child_id, context=token)``, see :mod:`pipeline.runcontext`).
 """
 
 from __future__ import annotations
 
 import asyncio
 import time
-from collections import deque
+from collections import OrderedDict, deque
 from collections.abc import AsyncIterator, Iterable, Mapping
 from typing import Any
 
@@ -54,11 +57,14 @@ from .envelope import Event
 from .errors import BusUnavailable, DeliveryTimeout
 from .lifecycle import AsyncResource
 from .retry import Retry
+from .runcontext import RunContext
 from .ulid import MonotonicULID
 
 __all__ = ["Publisher", "Run"]
 
 _encoder = msgspec.json.Encoder()
+MAX_KNOWN_RUNS = 100_000
+"""Runs a publisher remembers the root of (for ``parent=`` given as an id); the oldest go first."""
 
 
 class _Clock:
@@ -161,6 +167,15 @@ class Run:
             payload["reason"] = reason
         return await self.emit("run.lifecycle", payload)
 
+    def context(self) -> str:
+        """A token naming this run and its tree, for a sub-agent in another service.
+
+        ``pub.run(child_id, context=token)`` there (or the ``Runwire-Run-Context``
+        header on HTTP ingest) makes the child a child of this run with this
+        run's root, so its events reach every ancestor's stream.
+        """
+        return RunContext(run=self.run_id, root=self.root_id, tenant=self.tenant).token()
+
     def controls(self, *, after: str = "$") -> AsyncIterator[ControlCommand]:
         """The run's control channel (cancel, pause, approve …), live from now by default."""
         return self.publisher.bus.controls(self.run_id, after=after)
@@ -197,6 +212,8 @@ class Publisher(AsyncResource):
         )
         self._own_bus = own_bus
         self._clock = _Clock()
+        self._roots: OrderedDict[str, tuple[str, str | None]] = OrderedDict()
+        """Runs this publisher started: run id → (its root, its tenant), newest last (bounded)."""
         self._queue: deque[Event] = deque()
         self._encoded: deque[bytes] = deque()
         """Each queued event's canonical JSON: its size is what the byte bound counts, and a
@@ -273,12 +290,17 @@ class Publisher(AsyncResource):
         *,
         root: str | None = None,
         thread: str | None = None,
+        context: str | RunContext | None = None,
     ) -> Run:
         """A handle for publishing run ``run_id`` (seq from 1).
 
-        ``parent`` (a :class:`Run` or a run id) makes it a child run; its
-        root is the parent's root when ``parent`` is a Run, else ``root`` if
-        given, else the parent id. ``thread`` is the chat/thread the run
+        ``parent`` (a :class:`Run` or a run id) makes it a child run. Its root
+        is the parent's root: taken from the Run, from ``root`` if given, else
+        from the runs this publisher started (so ``parent="child-id"`` of a
+        child it started still reaches the tree's root); a parent id it has
+        never seen is taken as a root. ``context`` — a token from
+        :meth:`Run.context` in another service — states parent, root and
+        tenant at once. ``thread`` is the chat/thread the run
         answers (the AI SDK's ``chatId``): every event of the run carries it
         as ``thread_id``, and the edge serves a thread's active run at
         ``/v1/threads/{thread}/stream``. A child run is not given its
@@ -286,15 +308,30 @@ class Publisher(AsyncResource):
         """
         parent_id: str | None = None
         root_id: str | None = None
-        if isinstance(parent, Run):
+        if context is not None:
+            known = context if isinstance(context, RunContext) else RunContext.parse(context)
+            parent_id, root_id = known.run, known.root_id
+            tenant = tenant if tenant is not None else known.tenant
+        elif isinstance(parent, Run):
             parent_id = parent.run_id
             root_id = parent.root_id or parent.run_id
             tenant = tenant if tenant is not None else parent.tenant
         elif parent is not None:
             parent_id = parent
-            root_id = root or parent
+            seen = self._roots.get(parent)
+            root_id = root or (seen[0] if seen else parent)
+            if tenant is None and seen is not None:
+                tenant = seen[1]
+        self._remember(run_id, root_id or run_id, tenant)
         return Run(self, run_id, tenant=tenant, parent_id=parent_id, root_id=root_id,
                    thread_id=thread)
+
+    def _remember(self, run_id: str, root_id: str, tenant: str | None) -> None:
+        roots = self._roots
+        roots[run_id] = (root_id, tenant)
+        roots.move_to_end(run_id)
+        if len(roots) > MAX_KNOWN_RUNS:
+            roots.popitem(last=False)
 
     def requests(
         self, channel: str = DEFAULT_CHANNEL, *, ttl_s: float = DEFAULT_TTL_S

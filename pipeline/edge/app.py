@@ -37,6 +37,7 @@ from .. import protocols
 from ..bus.base import Bus
 from ..errors import AuthError, ConfigError, RequestError, RunFinished, RunwireError, UnknownRun
 from ..redaction import redact_logs, redact_text
+from ..runcontext import CONTEXT_HEADER, RunContext
 from ..store.base import ReplayLog, RunInfo
 from .auth import Gate, Principal
 from .authz import authorize_write
@@ -202,12 +203,15 @@ def ingest_endpoint(edge: Edge) -> Any:
             await authorize_write(edge.gate, principal, run_id)
             body = await _bounded_body(request, edge.settings.max_ingest_bytes)
             format_name = resolve_format(request.query_params.get("format"), body)
+            token = request.headers.get(CONTEXT_HEADER)
+            context = RunContext.parse(token) if token else None
         except RunwireError as exc:
             return error_response(exc)
         thread_id = request.headers.get("thread-id") or request.query_params.get("thread_id") or None
         try:
             result = await publish_body(
-                edge.bus, edge.gate, edge.metrics, principal, run_id, body, format_name, thread_id
+                edge.bus, edge.gate, edge.metrics, principal, run_id, body, format_name, thread_id,
+                context,
             )
         except RunwireError as exc:  # the replay log holding the claims, or the bus, is down
             return json_response({"error": str(exc), "accepted": 0}, status=503)

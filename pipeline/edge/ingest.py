@@ -28,6 +28,7 @@ from ..errors import (
     ProtocolError,
     line_error,
 )
+from ..runcontext import RunContext
 from .auth import Gate, Principal
 from .authz import admit
 from .metrics import EdgeMetrics
@@ -65,13 +66,19 @@ def detect_format(body: bytes) -> str:
 
 
 def decode_body(
-    body: bytes, format_name: str, run_id: str, thread_id: str | None = None
+    body: bytes,
+    format_name: str,
+    run_id: str,
+    thread_id: str | None = None,
+    context: RunContext | None = None,
 ) -> tuple[list[tuple[int, Event]], list[LineError]]:
     """Decode an NDJSON body for ``run_id``: ``(line, event)`` pairs and the errors of bad lines.
 
     Whether the events may be written is :func:`.authz.admit`'s decision.
     ``thread_id`` (the ``Thread-Id`` header or ``?thread_id=``) is stamped on
     the run's own events that have none; one naming another thread is rejected.
+    ``context`` (the ``Runwire-Run-Context`` header) makes the run a child:
+    its own events that name no parent get the token's parent and root.
     """
     codec = protocols.ingest(format_name, run_id=run_id)
     events: list[tuple[int, Event]] = []
@@ -81,13 +88,15 @@ def decode_body(
         if not line.strip():
             continue
         try:
-            decoded = [_thread(envelope.check(e), run_id, thread_id) for e in _feed(codec, line)]
+            decoded = [_in_tree(_thread(envelope.check(e), run_id, thread_id), run_id, context)
+                       for e in _feed(codec, line)]
         except ProtocolError as exc:
             errors.append(line_error(number, exc))
             continue
         events.extend((number, event) for event in decoded)
     try:
-        events.extend((len(chunks), _thread(envelope.check(e), run_id, thread_id)) for e in codec.close())
+        events.extend((len(chunks), _in_tree(_thread(envelope.check(e), run_id, thread_id), run_id, context))
+                      for e in codec.close())
     except ProtocolError as exc:
         errors.append(line_error(len(chunks), exc))
     return events, errors
@@ -102,6 +111,7 @@ async def publish_body(
     body: bytes,
     format_name: str,
     thread_id: str | None = None,
+    context: RunContext | None = None,
 ) -> IngestResult:
     """Decode a body posted to ``run_id``, admit its events (the write rule), publish them in order.
 
@@ -109,7 +119,7 @@ async def publish_body(
     caller has called :func:`.authz.authorize_write` for ``run_id``. Raises
     the replay log's or the bus's error (nothing published) when either is down.
     """
-    lined, errors = decode_body(body, format_name, run_id, thread_id)
+    lined, errors = decode_body(body, format_name, run_id, thread_id, context)
     admission = await admit(gate, principal, run_id, [event for _, event in lined])
     errors.extend(line_error(lined[index][0], exc) for index, exc in admission.refused)
     errors.sort(key=lambda error: error.line)
@@ -118,6 +128,12 @@ async def publish_body(
         await bus.publish(events)
         metrics.ingested.inc(len(events))
     return IngestResult(format=format_name, accepted=len(events), rejected=errors)
+
+
+def _in_tree(event: Event, run_id: str, context: RunContext | None) -> Event:
+    if context is None or event.run_id != run_id or event.parent_id is not None:
+        return event
+    return envelope.replace(event, parent_id=context.run, root_id=context.root_id)
 
 
 def _feed(codec: protocols.Ingest, line: bytes) -> list[Event]:

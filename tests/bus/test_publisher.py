@@ -122,7 +122,7 @@ async def test_child_runs_carry_parent_root_and_tenant(pub_url: str) -> None:
         "run-root": (None, None, "acme"),
         "run-child": ("run-root", "run-root", "acme"),
         "run-grand": ("run-child", "run-root", "acme"),
-        "run-by-id": ("run-child", "run-root", None),
+        "run-by-id": ("run-child", "run-root", "acme"),  # a run this publisher started: its tenant
         "run-orphan": ("run-elsewhere", "run-elsewhere", None),
     }
     for run_id, (parent_id, root_id, tenant) in expect.items():

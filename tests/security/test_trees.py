@@ -1,0 +1,125 @@
+"""Run trees across services (Koder agent stream §3.6: child events appear in the parent stream
+with ``child_id`` set — for every ancestor up to the root).
+
+A grandchild named by its parent's *id* — as a sub-agent in another service knows it — must still
+reach the root's stream: the publisher infers the root of runs it started, and a context token
+(``run.context()``, or the ``Runwire-Run-Context`` header on HTTP ingest) carries the tree to
+another service.
+"""
+
+from __future__ import annotations
+
+import uuid
+from collections.abc import AsyncIterator
+from pathlib import Path
+
+import httpx
+import pytest
+
+from pipeline import envelope
+from pipeline.bus import Bus, open_bus
+from pipeline.errors import RequestError
+from pipeline.publisher import Publisher
+from pipeline.runcontext import RunContext
+from pipeline.store import ReplayLog, open_store
+from tests.edge.harness import serve_edge
+from tests.workers.checks import read_all
+from tests.workers.events import RunScript
+from workers.runtime import run_worker
+
+
+@pytest.fixture
+async def redis_bus(redis_url: str) -> AsyncIterator[Bus]:
+    url = f"{redis_url}{'&' if '?' in redis_url else '?'}prefix=t{uuid.uuid4().hex[:10]}"
+    async with open_bus(url) as opened:
+        yield opened
+
+
+@pytest.fixture
+async def store(tmp_path: Path) -> AsyncIterator[ReplayLog]:
+    async with open_store(f"sqlite:///{tmp_path / 'replay.db'}") as opened:
+        yield opened
+
+
+def ids() -> tuple[str, str, str]:
+    tag = uuid.uuid4().hex[:8]
+    return f"root-{tag}", f"child-{tag}", f"grand-{tag}"
+
+
+async def origins(bus: Bus, run_id: str) -> list[str]:
+    """Which run each event of a stream came from."""
+    return [e.child_id or e.run_id for e in await read_all(bus, run_id)]
+
+
+async def test_a_grandchild_named_by_its_parents_id_reaches_the_root(
+    redis_bus: Bus, store: ReplayLog
+) -> None:
+    root_id, child_id, grand_id = ids()
+    async with Publisher(redis_bus) as pub:
+        root = pub.run(root_id, tenant="acme")
+        child = pub.run(child_id, parent=root)
+        grand = pub.run(grand_id, parent=child_id)  # a plain id, no root given
+        for run in (root, child, grand):
+            await run.emit("text.delta", {"text": run.run_id})
+        for run in (grand, child, root):
+            await run.finish()
+    assert (grand.root_id, grand.tenant) == (root_id, "acme")
+    await run_worker(redis_bus, store, group="g", name="w", burst=True)
+    assert (await origins(redis_bus, root_id)).count(grand_id) == 2
+    assert (await origins(redis_bus, child_id)).count(grand_id) == 2
+
+
+async def test_a_context_token_carries_the_tree_to_another_service(
+    redis_bus: Bus, store: ReplayLog
+) -> None:
+    root_id, child_id, grand_id = ids()
+    async with Publisher(redis_bus) as service_a, Publisher(redis_bus) as service_b:
+        root = service_a.run(root_id, tenant="acme")
+        child = service_a.run(child_id, parent=root)
+        token = child.context()
+        grand = service_b.run(grand_id, context=token)  # knows nothing but the token
+        for run in (root, child, grand):
+            await run.emit("text.delta", {"text": run.run_id})
+        await grand.finish()
+        await child.finish()
+        await root.finish()
+    assert (grand.parent_id, grand.root_id, grand.tenant) == (child_id, root_id, "acme")
+    await run_worker(redis_bus, store, group="g", name="w", burst=True)
+    assert (await origins(redis_bus, root_id)).count(grand_id) == 2
+    assert (await origins(redis_bus, child_id)).count(grand_id) == 2
+    assert (await origins(redis_bus, grand_id)) == [grand_id, grand_id]
+
+
+async def test_http_ingest_takes_the_tree_from_the_run_context_header(
+    redis_bus: Bus, store: ReplayLog
+) -> None:
+    root_id, child_id, grand_id = ids()
+    root = RunScript(root_id)
+    child = RunScript(child_id, parent=root_id)
+    await redis_bus.publish([root.lifecycle("running"), child.lifecycle("running")])
+    token = RunContext(run=child_id, root=root_id).token()
+    grand = RunScript(grand_id)  # what an agent in another service posts: no parent, no root
+    body = b"\n".join(envelope.encode(e) for e in [grand.text("hello"), grand.lifecycle("done")])
+    async with serve_edge(redis_bus, store) as edge, httpx.AsyncClient(timeout=10) as http:
+        url = f"{edge.url}/v1/runs/{grand_id}/events"
+        response = await http.post(url, content=body, headers={"Runwire-Run-Context": token})
+        refused = await http.post(url, content=body, headers={"Runwire-Run-Context": "rw1.????"})
+    assert response.status_code == 200, response.text
+    assert refused.status_code == 400 and refused.json()["code"] == "KAI-STREAM-REQ-0001"
+    await run_worker(redis_bus, store, group="g", name="w", burst=True)
+    assert (await origins(redis_bus, root_id)).count(grand_id) == 2
+    assert (await origins(redis_bus, child_id)).count(grand_id) == 2
+
+
+@pytest.mark.parametrize("token", ["", "rw1.", "rw2.eyJydW4iOiJjIn0", "rw1.eyJydW4iOjF9",
+                                   "rw1.eyJydW4iOiJjIiwiZXZpbCI6MX0", "rw1." + "A" * 5000])
+def test_a_malformed_context_token_is_a_request_error(token: str) -> None:
+    with pytest.raises(RequestError) as refused:
+        RunContext.parse(token)
+    assert refused.value.code == "KAI-STREAM-REQ-0001"
+
+
+def test_a_context_token_round_trips() -> None:
+    context = RunContext(run="c", root="r", tenant="acme")
+    assert RunContext.parse(context.token()) == context
+    assert RunContext.parse(RunContext(run="r").token()).root_id == "r"
