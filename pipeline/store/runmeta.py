@@ -17,7 +17,7 @@ from typing import Any
 
 import msgspec
 
-from ..envelope import TERMINAL_STATES, Event, Gap, RunLifecycle, Usage
+from ..envelope import INT64_MAX, TERMINAL_STATES, Event, Gap, RunLifecycle, Usage
 from .base import RunInfo
 
 
@@ -53,12 +53,17 @@ def _meter(delta: RunDelta, event: Event) -> None:
     if isinstance(event, RunLifecycle):
         if event.seq >= delta.state_seq:
             delta.state, delta.state_seq = event.payload.state, event.seq
-        delta.dropped += event.payload.dropped_count or 0
+        delta.dropped = _add(delta.dropped, event.payload.dropped_count or 0)
     elif isinstance(event, Usage):
-        delta.input_tokens += event.payload.input_tokens
-        delta.output_tokens += event.payload.output_tokens
+        delta.input_tokens = _add(delta.input_tokens, event.payload.input_tokens)
+        delta.output_tokens = _add(delta.output_tokens, event.payload.output_tokens)
     elif isinstance(event, Gap):
-        delta.dropped += event.payload.last - event.payload.first + 1
+        delta.dropped = _add(delta.dropped, event.payload.last - event.payload.first + 1)
+
+
+def _add(total: int, more: int) -> int:
+    """Counters saturate at the largest BIGINT: an agent's absurd figures must not stop the writes."""
+    return min(INT64_MAX, total + max(0, more))
 
 
 _seq = attrgetter("seq")
@@ -156,9 +161,12 @@ ON CONFLICT (run_id) DO UPDATE SET
     state_seq = {greatest}(runs.state_seq, excluded.state_seq),
     events = runs.events + excluded.events,
     last_seq = {greatest}(runs.last_seq, excluded.last_seq),
-    input_tokens = runs.input_tokens + excluded.input_tokens,
-    output_tokens = runs.output_tokens + excluded.output_tokens,
-    dropped = runs.dropped + excluded.dropped,
+    input_tokens = CASE WHEN runs.input_tokens > {INT64_MAX} - excluded.input_tokens THEN {INT64_MAX}
+                 ELSE runs.input_tokens + excluded.input_tokens END,
+    output_tokens = CASE WHEN runs.output_tokens > {INT64_MAX} - excluded.output_tokens THEN {INT64_MAX}
+                 ELSE runs.output_tokens + excluded.output_tokens END,
+    dropped = CASE WHEN runs.dropped > {INT64_MAX} - excluded.dropped THEN {INT64_MAX}
+                 ELSE runs.dropped + excluded.dropped END,
     first_ts = CASE WHEN runs.first_ts IS NULL OR excluded.first_ts < runs.first_ts
                     THEN excluded.first_ts ELSE runs.first_ts END,
     last_ts = CASE WHEN runs.last_ts IS NULL OR excluded.last_ts > runs.last_ts

@@ -180,3 +180,29 @@ async def test_a_worker_dead_letters_hostile_entries_alone_and_the_rest_of_the_b
     assert [e.id for e in await store.read(run_id)] == [e.id for e in raw]
     again = await run_worker(redis_bus, store, group="g", name="w2", burst=True)
     assert again.dead_lettered == 0  # nothing left pending to crash-loop on
+
+
+@pytest.fixture(params=["sqlite", "postgresql"])
+async def any_store(request: pytest.FixtureRequest, tmp_path: Path) -> AsyncIterator[ReplayLog]:
+    url = (f"sqlite:///{tmp_path / 'replay.db'}" if request.param == "sqlite"
+           else request.getfixturevalue("postgres_url"))
+    async with open_store(url) as opened:
+        yield opened
+
+
+async def test_token_counts_saturate_in_run_metadata_instead_of_stopping_the_writes(
+    any_store: ReplayLog,
+) -> None:
+    """Each count is within int64, their sum is not: the replay log's run totals stop at the
+    largest BIGINT rather than failing every write of the worker (found by the fuzz suite)."""
+    run_id = f"run-{uuid.uuid4().hex[:8]}"
+    usage = {"type": "x.usage", "payload": {"input_tokens": INT64_MAX, "output_tokens": INT64_MAX}}
+    async with open_bus("memory://") as bus:
+        await publish_raw(bus, run_id, [hostile(usage, run_id, 1), hostile(usage, run_id, 2)])
+        await run_worker(bus, any_store, group="g", name="w", burst=True)
+        await publish_raw(bus, run_id, [hostile(usage, run_id, 3), frame(run_id, 4)])
+        stats = await run_worker(bus, any_store, group="g", name="w", burst=True)
+        assert stats.dead_lettered == 0
+        info = await any_store.run(run_id)
+        assert info is not None and info.input_tokens == info.output_tokens == INT64_MAX
+        assert [e.seq for e in await any_store.read(run_id)] == [1, 2, 3, 4]
