@@ -42,14 +42,14 @@ import contextvars
 import logging
 import time
 from collections import defaultdict
-from typing import Any
+from pathlib import Path
+from typing import Any, cast
 
 import faust
 import msgspec
 from faust.serializers import codecs
-from faust.transport.consumer import CONSUMER_FETCHING
-from faust.transport.drivers import aiokafka as faust_kafka
-from faust.types import TP
+from faust.types import TP, TopicT
+from mode.utils.queues import FlowControlQueue
 
 from pipeline.bus import DeadLetter, Delivery, open_bus
 from pipeline.bus import keys as bus_keys
@@ -58,6 +58,7 @@ from pipeline.errors import BusUnavailable
 from pipeline.processor import DEFAULT_SILENCE_S, Processor, StreamOutput, newest_checkpoint
 from pipeline.stages import BATCH, TICK_S, Stages, WorkerStats
 from pipeline.store import ReplayLog, open_store
+from workers.faust_seam import Intake, WorkerApp, check_faust_version
 
 log = logging.getLogger("runwire.faust")
 
@@ -76,13 +77,15 @@ HOLE_IDLE_S = 2.0
 this long is sought back to its first unprocessed entry (see ``_rewind_lost_tails``)."""
 _dead_json = msgspec.json.Encoder()
 _table_json = msgspec.json.Encoder()
+DEFAULT_DATA_DIR = Path(".runwire")
+"""runwire's data directory (as ``runwire up --data-dir``); faust's goes in ``faust/<group>``."""
 TABLE_CODEC = "runwire-json"
 """The table's key and value codec: JSON text as faust's ``json`` codec writes it, encoded faster."""
 _current_partition: contextvars.ContextVar[int] = contextvars.ContextVar("partition", default=0)
 """The ingest partition whose entries are being processed (each runs in its own task)."""
 
 
-class _JsonText(codecs.Codec):  # type: ignore[misc]
+class _JsonText(codecs.Codec):
     """JSON for the table's text keys and values, by msgspec (faust's ``json`` reads it too)."""
 
     def _dumps(self, obj: Any) -> bytes:
@@ -95,180 +98,11 @@ class _JsonText(codecs.Codec):  # type: ignore[misc]
 codecs.register(TABLE_CODEC, _JsonText())
 
 
-class StreamTable(faust.Table):  # type: ignore[misc]
+class StreamTable(faust.Table[str, str]):
     """A table whose key names its partition (``"<partition>:<run_id>"``)."""
 
     def partition_for_key(self, key: Any) -> int | None:
         return int(str(key).split(":", 1)[0])
-
-
-class Intake:
-    """Fetched ingest messages waiting for the worker, in fetch order per partition.
-
-    Faust's flow control clears it at the start of a rebalance, as it clears
-    its stream buffers: entries not yet taken are dropped (never acked, so
-    read again by whoever owns their partition next).
-    """
-
-    def __init__(self, limit: int) -> None:
-        self.limit = limit
-        self.messages: list[Any] = []
-        self.ready = asyncio.Event()
-        self.space = asyncio.Event()
-        self.space.set()
-
-    def __len__(self) -> int:
-        return len(self.messages)
-
-    def put(self, messages: list[Any]) -> None:
-        self.messages.extend(messages)
-        self.ready.set()
-        if len(self.messages) >= self.limit:
-            self.space.clear()
-
-    def take(self, most: int) -> list[Any]:
-        taken = self.messages[:most]
-        del self.messages[:most]
-        if not self.messages:
-            self.ready.clear()
-        if len(self.messages) < self.limit:
-            self.space.set()
-        return taken
-
-    def clear(self) -> None:
-        """Drop what is waiting (``FlowControlEvent.clear`` on a rebalance)."""
-        self.messages.clear()
-        self.ready.clear()
-        self.space.set()
-
-
-if not callable(getattr(faust_kafka.Consumer, "_drain_messages", None)):  # pragma: no cover
-    raise ImportError(
-        "this faust-streaming has no Consumer._drain_messages, which the Kafka worker "
-        "replaces; install faust-streaming>=0.15.3,<0.16 (pip install 'runwire[kafka]')")
-
-
-class IngestConsumer(faust_kafka.Consumer):  # type: ignore[misc]
-    """Faust's aiokafka consumer, handing fetched ingest records to :class:`Intake` in bulk.
-
-    The stock drain loop passes every message through the conductor into a
-    channel queue, the stream and the take buffer, creating tasks for each
-    (about 90 µs a message, more than the whole pipeline's work). Here a
-    fetched batch of ingest records is checked the same way (flow active,
-    generation unchanged, partition active, read offset and gaps), tracked as
-    unacked and appended to the intake at once. Records of other topics (the
-    table changelog during recovery) take faust's own path.
-    """
-
-    async def _drain_messages(self, fetcher: Any) -> None:  # pragma: no cover - faust task
-        intake: Intake | None = getattr(self.app, "intake", None)
-        if intake is None:
-            await super()._drain_messages(fetcher)
-            return
-        consumer_should_stop = self._stopped.is_set
-        fetcher_should_stop = fetcher._stopped.is_set
-        try:
-            while not (consumer_should_stop() or fetcher_should_stop()):
-                while not intake.space.is_set() and not self.should_stop:
-                    with contextlib.suppress(TimeoutError):
-                        await asyncio.wait_for(intake.space.wait(), 1.0)
-                if not self.flow_active:  # a rebalance or a stop: wait, checking for a stop
-                    with contextlib.suppress(TimeoutError):
-                        await asyncio.wait_for(self.can_resume_flow.wait(), 1.0)
-                    continue
-                self.diag.set_flag(CONSUMER_FETCHING)
-                try:
-                    await self._fetch_once(intake)
-                finally:
-                    self.diag.unset_flag(CONSUMER_FETCHING)
-        except self.consumer_stopped_errors:
-            if self.transport.app.should_stop:
-                return
-            raise
-        except asyncio.CancelledError:
-            if self.transport.app.should_stop:
-                return
-            raise
-
-    async def _fetch_once(self, intake: Intake) -> None:
-        """One fetch: ingest records to the intake, others through faust's callback."""
-        app = self.app
-        records, active = await self._wait_next_records(1.0)
-        await asyncio.sleep(0)
-        if records is None or self.should_stop:
-            return
-        if not self.flow_active:
-            # as faust's getmany: fetched while the flow was stopped -> back to the commits
-            with contextlib.suppress(Exception):
-                await self.perform_seek()
-            return
-        generation = app.consumer_generation_id
-        for tp, tp_records in records.items():
-            if not self.flow_active or app.consumer_generation_id != generation:
-                break
-            if not tp_records or not (
-                active is None or tp in active or tp in self._buffered_partitions
-            ):
-                continue
-            app.monitor.track_tp_end_offset(tp, self.highwater(tp))
-            if tp.topic == app.ingest_topic:
-                await self._hand_over(intake, tp, tp_records)
-            else:
-                await self._deliver_each(tp, tp_records)
-        await self._maybe_commit()
-
-    async def _hand_over(self, intake: Intake, tp: TP, records: list[Any]) -> None:
-        read_offset = self._read_offset[tp]
-        acks_enabled = self.app.topics.acks_enabled_for(tp.topic)
-        messages: list[Any] = []
-        to_message = self._to_message
-        for record in records:
-            offset = record.offset
-            if read_offset is not None and offset < read_offset:
-                continue  # faust drops what is below its read offset (re-read after a seek)
-            if read_offset and offset - read_offset > 1 and acks_enabled:
-                await self._add_gap(tp, read_offset + 1, offset)
-            messages.append(to_message(tp, record))
-            read_offset = offset
-        if messages and self.flow_active:
-            track = self.track_message
-            for message in messages:
-                track(message)
-            intake.put(messages)
-            self._read_offset[tp] = read_offset
-
-    async def _deliver_each(self, tp: TP, records: list[Any]) -> None:
-        callback = self.callback
-        for record in records:
-            offset = record.offset
-            read_offset = self._read_offset[tp]
-            if read_offset is None or offset >= read_offset:
-                if offset - (read_offset or 0) > 1 and read_offset:
-                    if self.app.topics.acks_enabled_for(tp.topic):
-                        await self._add_gap(tp, read_offset + 1, offset)
-                await self._maybe_commit()
-                await self.wait_first(callback(self._to_message(tp, record)),
-                                      self.suspend_flow.wait())
-                self._read_offset[tp] = offset
-
-    async def _maybe_commit(self) -> None:
-        if self._commit_every is not None and self._n_acked >= self._commit_every:
-            self._n_acked = 0
-            await self.commit()
-
-
-class IngestTransport(faust_kafka.Transport):  # type: ignore[misc]
-    Consumer = IngestConsumer
-
-
-class WorkerApp(faust.App):  # type: ignore[misc]
-    """The faust app, with its consumer handing ingest batches to :attr:`intake`."""
-
-    intake: Intake | None = None
-    ingest_topic: str = ""
-
-    def _new_transport(self) -> Any:
-        return IngestTransport(self.conf.broker_consumer, self)
 
 
 class FaustWorker:
@@ -284,8 +118,10 @@ class FaustWorker:
         silence_s: float = DEFAULT_SILENCE_S,
         burst: bool = False,
         stop: asyncio.Event | None = None,
+        data_dir: str | Path = DEFAULT_DATA_DIR,
     ) -> None:
         self.bus = bus
+        self.data_dir = Path(data_dir)
         self.stop = stop if stop is not None else asyncio.Event()
         self.burst = burst
         self.name = name
@@ -332,6 +168,8 @@ class FaustWorker:
             broker=f"kafka://{self.bus.bootstrap}",
             store="memory://",
             web_enabled=False,
+            # faust's own files (none with the in-memory table store) go under runwire's data dir
+            datadir=str(self.data_dir / "faust" / "{conf.name}"),
             topic_partitions=self.bus.shards,
             topic_replication_factor=1,
             consumer_auto_offset_reset="earliest",
@@ -348,7 +186,8 @@ class FaustWorker:
         )
         app.intake = self.intake
         app.ingest_topic = self.topic_name
-        app.flow_control.manage_queue(self.intake)
+        # faust only calls clear() on a managed queue (at the start of a rebalance)
+        app.flow_control.manage_queue(cast("FlowControlQueue[Any]", self.intake))
         return app
 
     def _build_table(self) -> StreamTable:
@@ -364,8 +203,7 @@ class FaustWorker:
                 key_serializer=TABLE_CODEC, value_serializer=TABLE_CODEC,
             ),
         )
-        added: StreamTable = self.app.tables.add(table)
-        return added
+        return cast(StreamTable, self.app.tables.add(table))
 
     def _define(self) -> None:
         topic = self.app.topic(
@@ -377,9 +215,10 @@ class FaustWorker:
             partitions=self.bus.shards,
         )
         # subscribed as an agent's stream would be; IngestConsumer hands its records to the intake
-        self.app.topics.add(topic.clone(is_iterator=True))
-        self.app.on_partitions_revoked.connect(self._on_revoked)
-        self.app.on_partitions_assigned.connect(self._on_assigned)
+        self.app.topics.add(cast(TopicT, topic.clone(is_iterator=True)))
+        # faust calls a receiver as receiver(sender, partitions, signal=...)
+        self.app.on_partitions_revoked.connect(self._on_revoked)  # type: ignore[arg-type]
+        self.app.on_partitions_assigned.connect(self._on_assigned)  # type: ignore[arg-type]
 
     # ---- the worker loop -------------------------------------------------
     async def _consume(self) -> None:
@@ -737,6 +576,8 @@ class FaustWorker:
     async def run(self) -> WorkerStats:
         """Start the app, run until stop, write what was processed, stop the app."""
         started = time.monotonic()
+        check_faust_version()
+        (self.data_dir / "faust").mkdir(parents=True, exist_ok=True)
         await self.app.start()
         consuming = asyncio.create_task(self._consume(), name="runwire-faust-worker")
         stopping = asyncio.create_task(self.stop.wait())
@@ -766,13 +607,15 @@ def run_faust_worker(
     name: str,
     burst: bool = False,
     silence_s: float = DEFAULT_SILENCE_S,
+    data_dir: str | Path = DEFAULT_DATA_DIR,
 ) -> WorkerStats:
     """``runwire worker --bus kafka://…``: run the faust app until SIGTERM/SIGINT (or idle with burst)."""
-    return asyncio.run(_main(bus_url, store_url, group, name, burst, silence_s))
+    return asyncio.run(_main(bus_url, store_url, group, name, burst, silence_s, Path(data_dir)))
 
 
 async def _main(
-    bus_url: str, store_url: str, group: str, name: str, burst: bool, silence_s: float
+    bus_url: str, store_url: str, group: str, name: str, burst: bool, silence_s: float,
+    data_dir: Path,
 ) -> WorkerStats:
     import signal
 
@@ -784,6 +627,7 @@ async def _main(
         if not isinstance(bus, KafkaBus):
             raise TypeError(f"the faust worker needs a kafka:// bus, not {bus_url!r}")
         worker = FaustWorker(
-            bus, store, group=group, name=name, silence_s=silence_s, burst=burst, stop=stop
+            bus, store, group=group, name=name, silence_s=silence_s, burst=burst, stop=stop,
+            data_dir=data_dir,
         )
         return await worker.run()

@@ -19,6 +19,7 @@ from tests.workers.checks import assert_delivered_exactly_once, read_all, run_tr
 from tests.workers.events import RunScript
 from tests.workers.test_crash import publish_trees, start_worker, wait_finished, wait_sharing
 from workers.faust_app import FaustWorker
+from workers.faust_seam import IngestConsumer
 
 
 def kafka_bus_url(kafka_url: str, prefix: str, **options: object) -> str:
@@ -28,9 +29,14 @@ def kafka_bus_url(kafka_url: str, prefix: str, **options: object) -> str:
 
 @pytest.mark.slow
 async def test_faust_app_delivers_a_run_tree_exactly_once_and_dead_letters_poison(
-    kafka_url: str, tmp_path: Path
+    kafka_url: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    """The faust runtime runs the same stages: fan-in, seq, shaping (Koder agent stream §4 R1/R3), replay log, dead letters."""
+    """The faust runtime runs the same stages: fan-in, seq, shaping (Koder agent stream §4 R1/R3),
+    replay log, dead letters — with every fetched ingest batch handed over by the consumer seam, and
+    faust's files under runwire's data directory, none in the working directory."""
+    cwd = tmp_path / "cwd"
+    cwd.mkdir()
+    monkeypatch.chdir(cwd)
     prefix = f"f{uuid.uuid4().hex[:8]}"
     events, ancestry = run_tree(prefix, deltas=20)
     poisoned = RunScript(f"{prefix}_poison")
@@ -43,9 +49,14 @@ async def test_faust_app_delivers_a_run_tree_exactly_once_and_dead_letters_poiso
         await bus.publish(good[:1])
         await _produce_raw(bus, poisoned.run_id, b"}{ not json")
         await bus.publish(good[1:])
-        worker = FaustWorker(bus, store, group=f"{prefix}-g", name="f1", burst=True)
+        worker = FaustWorker(bus, store, group=f"{prefix}-g", name="f1", burst=True,
+                             data_dir=tmp_path / "data")
         stats = await asyncio.wait_for(worker.run(), 60)
+        assert isinstance(worker.app.consumer, IngestConsumer)
+        assert stats.entries == len(events) + 20 + len(good) + 1  # all through the seam's intake
         assert stats.duplicates >= 20
+        assert list(cwd.iterdir()) == []
+        assert (tmp_path / "data" / "faust" / f"{prefix}-g").is_dir()
         await assert_delivered_exactly_once(bus, store, events, ancestry)
         raw = await read_all(bus, poisoned.run_id)
         assert [e.payload_dict()["call_id"] for e in raw] == ["before", "after"]

@@ -34,9 +34,9 @@ from pipeline.demo import publish_runs
 from pipeline.edge.app import create_app
 from pipeline.edge.settings import EdgeSettings
 from pipeline.publisher import Publisher
+from pipeline.redaction import redact_url
 from pipeline.store import ReplayLog, open_store
 from workers.commands.edge import check_grpc_available
-from workers.config import redact_url
 from workers.runtime import run_worker
 
 DEFAULT_DATA_DIR = Path(".runwire")

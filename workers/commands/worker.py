@@ -49,6 +49,9 @@ def default_name() -> str:
 @click.option("--claim-idle-ms", type=click.IntRange(min=1), default=None,
               envvar="RUNWIRE_CLAIM_IDLE_MS",
               help="Idle time before a dead worker's pending entries are claimed [default: bus's].")
+@click.option("--data-dir", type=click.Path(file_okay=False), default=".runwire",
+              show_default=True, envvar="RUNWIRE_DATA_DIR",
+              help="runwire's data directory (the Kafka worker keeps faust's files under it).")
 def worker(
     bus: str,
     store: str,
@@ -57,6 +60,7 @@ def worker(
     burst: bool,
     silence_s: float,
     claim_idle_ms: int | None,
+    data_dir: str,
 ) -> None:
     """Run a worker until SIGTERM/SIGINT (or, with --burst, until the bus is drained)."""
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s %(levelname)s %(message)s")
@@ -67,7 +71,8 @@ def worker(
         from workers.faust_app import run_faust_worker
 
         stats = run_faust_worker(
-            bus, store, group=group, name=name, burst=burst, silence_s=silence_s
+            bus, store, group=group, name=name, burst=burst, silence_s=silence_s,
+            data_dir=data_dir,
         )
     else:
         stats = asyncio.run(_run(bus, store, group, name, burst, silence_s, claim_idle_ms))

@@ -1,0 +1,225 @@
+"""The seam between runwire and faust-streaming's private consumer internals.
+
+The Kafka worker hands each fetched batch of ingest records to the worker
+whole (:class:`Intake`) instead of one message at a time through faust's
+conductor, channel and stream, whose per-message tasks cost more than all
+of the pipeline's own work (about 90 µs a message). That means replacing
+faust's consumer drain loop, and everything here leans on internals of
+faust-streaming's ``Consumer`` that are not a public API:
+
+=============================  ===============================================
+``_drain_messages(fetcher)``   the loop replaced (:meth:`IngestConsumer._drain_messages`)
+``_wait_next_records``         one fetch, as faust's own loop does it
+``_read_offset``               faust's last read offset per partition
+``_add_gap``                   records an offset gap (acks past it still commit)
+``_n_acked``, ``_commit_every``  faust's commit-after-N-acks counter
+``_to_message``, ``_buffered_partitions``, ``_stopped``  as faust's loop uses them
+=============================  ===============================================
+
+They were written and tested against the versions in
+:data:`TESTED_FAUST_VERSIONS`; :func:`check_faust_version` refuses any other
+at the worker's start (``RUNWIRE_FAUST_UNTESTED=1`` runs it anyway), since
+a change to any of them could lose or reorder entries silently.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import os
+from typing import Any, cast
+
+import faust
+from faust.transport.consumer import CONSUMER_FETCHING
+from faust.transport.drivers import aiokafka as faust_kafka
+from faust.types import TP
+
+from pipeline.errors import ConfigError
+
+TESTED_FAUST_VERSIONS = frozenset({"0.15.3"})
+"""faust-streaming releases the seam was tested with."""
+UNTESTED_ENVVAR = "RUNWIRE_FAUST_UNTESTED"
+_PRIVATE = ("_drain_messages", "_wait_next_records", "_to_message", "_add_gap",
+            "track_message", "perform_seek")
+
+
+def check_faust_version(version: str | None = None) -> None:
+    """Raise ConfigError unless ``version`` (default: the installed faust) was tested here.
+
+    Also checks that the private consumer methods the seam uses exist.
+    """
+    version = faust.__version__ if version is None else version
+    missing = [name for name in _PRIVATE if not callable(getattr(faust_kafka.Consumer, name, None))]
+    if missing:
+        raise ConfigError(
+            f"faust-streaming {version} has no Consumer.{', '.join(missing)}, which the Kafka "
+            f"worker relies on; install faust-streaming=={max(TESTED_FAUST_VERSIONS)}")
+    if version not in TESTED_FAUST_VERSIONS and not os.environ.get(UNTESTED_ENVVAR):
+        tested = ", ".join(sorted(TESTED_FAUST_VERSIONS))
+        raise ConfigError(
+            f"the Kafka worker replaces internals of faust-streaming's consumer and was tested "
+            f"with faust-streaming {tested}, not {version}: install one of those, or set "
+            f"{UNTESTED_ENVVAR}=1 to run it anyway")
+
+
+class Intake:
+    """Fetched ingest messages waiting for the worker, in fetch order per partition.
+
+    Faust's flow control clears it at the start of a rebalance, as it clears
+    its stream buffers: entries not yet taken are dropped (never acked, so
+    read again by whoever owns their partition next).
+    """
+
+    def __init__(self, limit: int) -> None:
+        self.limit = limit
+        self.messages: list[Any] = []
+        self.ready = asyncio.Event()
+        self.space = asyncio.Event()
+        self.space.set()
+
+    def __len__(self) -> int:
+        return len(self.messages)
+
+    def put(self, messages: list[Any]) -> None:
+        self.messages.extend(messages)
+        self.ready.set()
+        if len(self.messages) >= self.limit:
+            self.space.clear()
+
+    def take(self, most: int) -> list[Any]:
+        taken = self.messages[:most]
+        del self.messages[:most]
+        if not self.messages:
+            self.ready.clear()
+        if len(self.messages) < self.limit:
+            self.space.set()
+        return taken
+
+    def clear(self) -> None:
+        """Drop what is waiting (``FlowControlEvent.clear`` on a rebalance)."""
+        self.messages.clear()
+        self.ready.clear()
+        self.space.set()
+
+
+class IngestConsumer(faust_kafka.Consumer):
+    """Faust's aiokafka consumer, handing fetched ingest records to :class:`Intake` in bulk.
+
+    The stock drain loop passes every message through the conductor into a
+    channel queue, the stream and the take buffer, creating tasks for each
+    (about 90 µs a message, more than the whole pipeline's work). Here a
+    fetched batch of ingest records is checked the same way (flow active,
+    generation unchanged, partition active, read offset and gaps), tracked as
+    unacked and appended to the intake at once. Records of other topics (the
+    table changelog during recovery) take faust's own path.
+    """
+
+    async def _drain_messages(self, fetcher: Any) -> None:
+        intake: Intake | None = getattr(self.app, "intake", None)  # None: not a WorkerApp
+        if intake is None:
+            await super()._drain_messages(fetcher)
+            return
+        consumer_should_stop = self._stopped.is_set
+        fetcher_should_stop = fetcher._stopped.is_set
+        try:
+            while not (consumer_should_stop() or fetcher_should_stop()):
+                while not intake.space.is_set() and not self.should_stop:
+                    with contextlib.suppress(TimeoutError):
+                        await asyncio.wait_for(intake.space.wait(), 1.0)
+                if not self.flow_active:  # a rebalance or a stop: wait, checking for a stop
+                    with contextlib.suppress(TimeoutError):
+                        await asyncio.wait_for(self.can_resume_flow.wait(), 1.0)
+                    continue
+                self.diag.set_flag(CONSUMER_FETCHING)
+                try:
+                    await self._fetch_once(intake)
+                finally:
+                    self.diag.unset_flag(CONSUMER_FETCHING)
+        except self.consumer_stopped_errors:
+            if self.transport.app.should_stop:
+                return
+            raise
+        except asyncio.CancelledError:
+            if self.transport.app.should_stop:
+                return
+            raise
+
+    async def _fetch_once(self, intake: Intake) -> None:
+        """One fetch: ingest records to the intake, others through faust's callback."""
+        app = cast(WorkerApp, self.app)
+        records, active = await self._wait_next_records(1.0)
+        await asyncio.sleep(0)
+        if records is None or self.should_stop:
+            return
+        if not self.flow_active:
+            # as faust's getmany: fetched while the flow was stopped -> back to the commits
+            with contextlib.suppress(Exception):
+                await self.perform_seek()
+            return
+        generation = app.consumer_generation_id
+        for tp, tp_records in records.items():
+            if not self.flow_active or app.consumer_generation_id != generation:
+                break
+            if not tp_records or not (
+                active is None or tp in active or tp in self._buffered_partitions
+            ):
+                continue
+            app.monitor.track_tp_end_offset(tp, self.highwater(tp))
+            if tp.topic == app.ingest_topic:
+                await self._hand_over(intake, tp, tp_records)
+            else:
+                await self._deliver_each(tp, tp_records)
+        await self._maybe_commit()
+
+    async def _hand_over(self, intake: Intake, tp: TP, records: list[Any]) -> None:
+        read_offset = self._read_offset[tp]
+        acks_enabled = self.app.topics.acks_enabled_for(tp.topic)
+        messages: list[Any] = []
+        to_message = self._to_message
+        for record in records:
+            offset = record.offset
+            if read_offset is not None and offset < read_offset:
+                continue  # faust drops what is below its read offset (re-read after a seek)
+            if read_offset and offset - read_offset > 1 and acks_enabled:
+                await self._add_gap(tp, read_offset + 1, offset)
+            messages.append(to_message(tp, record))
+            read_offset = offset
+        if messages and self.flow_active:
+            track = self.track_message
+            for message in messages:
+                track(message)
+            intake.put(messages)
+            self._read_offset[tp] = read_offset
+
+    async def _deliver_each(self, tp: TP, records: list[Any]) -> None:
+        callback = self.callback
+        for record in records:
+            offset = record.offset
+            read_offset = self._read_offset[tp]
+            if read_offset is None or offset >= read_offset:
+                if offset - (read_offset or 0) > 1 and read_offset:
+                    if self.app.topics.acks_enabled_for(tp.topic):
+                        await self._add_gap(tp, read_offset + 1, offset)
+                await self._maybe_commit()
+                await self.wait_first(callback(self._to_message(tp, record)),
+                                      self.suspend_flow.wait())
+                self._read_offset[tp] = offset
+
+    async def _maybe_commit(self) -> None:
+        if self._commit_every is not None and self._n_acked >= self._commit_every:
+            self._n_acked = 0
+            await self.commit()
+
+
+class IngestTransport(faust_kafka.Transport):
+    Consumer = IngestConsumer
+
+
+class WorkerApp(faust.App):
+    """The faust app, with its consumer handing ingest batches to :attr:`intake`."""
+
+    intake: Intake | None = None
+    ingest_topic: str = ""
+
+    def _new_transport(self) -> Any:
+        return IngestTransport(self.conf.broker_consumer, self)
