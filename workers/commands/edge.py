@@ -116,12 +116,13 @@ async def serve(
 
     from pipeline.bus import open_bus
     from pipeline.edge import create_app
+    from pipeline.edge.server import edge_config
     from pipeline.store import open_store
 
     async with open_bus(bus_url) as bus, open_store(store_url) as store:
         app = create_app(bus, store, settings)
         tune_gc()
-        config = uvicorn.Config(
+        config = edge_config(
             app, host=host, port=port, log_level="info", lifespan="on",
             timeout_graceful_shutdown=5, proxy_headers=True,
         )

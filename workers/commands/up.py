@@ -32,6 +32,7 @@ import uvicorn
 from pipeline.bus import Bus, open_bus
 from pipeline.demo import publish_runs
 from pipeline.edge.app import create_app
+from pipeline.edge.server import edge_config
 from pipeline.edge.settings import EdgeSettings
 from pipeline.publisher import Publisher
 from pipeline.redaction import redact_url
@@ -245,9 +246,7 @@ class _Parts:
         app = create_app(bus, store, EdgeSettings(secret=settings.secret))
         self.app = app
         self.grpc: Any = None
-        config = uvicorn.Config(
-            app, log_level="warning", timeout_graceful_shutdown=2, lifespan="on"
-        )
+        config = edge_config(app, log_level="warning", timeout_graceful_shutdown=2, lifespan="on")
         self.server = _EdgeServer(config)
         self.worker_stop = asyncio.Event()
         self.demo_stop = asyncio.Event()
