@@ -585,7 +585,7 @@ success."""
 
         control = f"/v1/runs/{globex_run}/control"
         assert await status("POST", control, acme, json={"command": "cancel", "args": {}}) == 404
-        assert await status("POST", control, globex, json={"command": "cancel", "args": {}}) == 202
+        assert await status("POST", control, globex, json={"command": "cancel", "args": {}}) == 409  # ended
 
         forged = _koder(globex_run, 4, "tool.start", {"call_id": "forged", "tool": "t"}, tenant="globex")
         assert await status("POST", f"/v1/runs/{globex_run}/events", acme, content=forged) == 403

@@ -35,7 +35,16 @@ from starlette.websockets import WebSocket
 
 from .. import protocols
 from ..bus.base import Bus
-from ..errors import AuthError, ConfigError, RequestError, RunFinished, RunwireError, UnknownRun
+from ..errors import (
+    REQ_BAD_BODY,
+    REQ_BAD_PARAMETER,
+    AuthError,
+    ConfigError,
+    RequestError,
+    RunFinished,
+    RunwireError,
+    UnknownRun,
+)
 from ..redaction import redact_logs, redact_text
 from ..runcontext import CONTEXT_HEADER, RunContext
 from ..store.base import ReplayLog, RunInfo
@@ -47,10 +56,11 @@ from .filters import CHILDREN, PROFILE_NAMES
 from .hub import Hub
 from .ingest import publish_body, resolve_format
 from .metrics import EdgeMetrics
+from .params import bounded_body, choice, cursor, list_limit, moment
 from .session import StreamRequest
 from .settings import EdgeSettings
 from .threads import AI_SDK_HEADERS, thread_stream
-from .transports import NDJSON_MEDIA_TYPE, serve_http_stream, serve_websocket
+from .transports import NDJSON_MEDIA_TYPE, refuse_websocket, serve_http_stream, serve_websocket
 
 log = logging.getLogger(__name__)
 STATIC = Path(__file__).parent / "static"
@@ -66,22 +76,27 @@ class Edge:
         self.settings = settings
         self.metrics = EdgeMetrics()
         self.hub = Hub(bus, store, settings, self.metrics)
-        self.gate = Gate(settings.secret, bus, store)
+        self.gate = Gate(settings.secret, bus, store, refusal_floor_s=settings.refusal_floor_s)
+
+
+def status_of(exc: RunwireError) -> int:
+    """The HTTP status of a refusal (a WebSocket closes with 4000 + it)."""
+    if isinstance(exc, AuthError | RequestError):
+        return exc.status
+    if isinstance(exc, UnknownRun):
+        return 404
+    if isinstance(exc, RunFinished):
+        return 409
+    return 400
 
 
 def error_response(exc: RunwireError) -> JSONResponse:
     """A RunwireError as a JSON error body with the right status."""
-    if isinstance(exc, AuthError | RequestError):
-        status = exc.status
-    elif isinstance(exc, UnknownRun):
-        status = 404
-    elif isinstance(exc, RunFinished):
-        status = 409
-    else:
-        status = 400
+    status = status_of(exc)
     body: dict[str, Any] = {"error": str(exc)}
-    if exc.code:
-        body["code"] = exc.code
+    code = exc.code or (REQ_BAD_PARAMETER if status == 400 else None)
+    if code:
+        body["code"] = code
     headers = {"www-authenticate": "Bearer"} if status == 401 else None
     return JSONResponse(body, status_code=status, headers=headers)
 
@@ -91,23 +106,8 @@ def json_response(data: Any, status: int = 200) -> Response:
 
 
 # ---- parameters -----------------------------------------------------------
-def _choice(value: str, allowed: tuple[str, ...] | frozenset[str], name: str) -> str:
-    if value not in allowed:
-        raise ConfigError(f"unknown {name} {value!r}; use one of {', '.join(sorted(allowed))}")
-    return value
-
-
-def _cursor(query: dict[str, str], last_event_id: str | None) -> tuple[int, bool]:
-    raw = last_event_id or query.get("after") or "0"
-    if raw == "live":
-        return 0, True
-    try:
-        value = int(raw)
-    except ValueError:
-        raise ConfigError(f"bad cursor {raw!r}: Last-Event-ID / after must be a seq or 'live'") from None
-    if value < 0:
-        raise ConfigError("the cursor must not be negative")
-    return value, False
+_choice = choice
+_cursor = cursor
 
 
 def stream_request(
@@ -187,7 +187,7 @@ def websocket_endpoint(edge: Edge) -> Any:
         try:
             stream = await authorize_stream(edge, websocket)
         except RunwireError as exc:
-            await websocket.close(code=1008, reason=str(exc)[:120])
+            await refuse_websocket(websocket, status_of(exc), exc.code or REQ_BAD_PARAMETER, str(exc))
             return
         await serve_websocket(edge.hub, websocket, stream)
 
@@ -201,7 +201,9 @@ def ingest_endpoint(edge: Edge) -> Any:
         try:
             principal = edge.gate.principal(request.headers, request.query_params)
             await authorize_write(edge.gate, principal, run_id)
-            body = await _bounded_body(request, edge.settings.max_ingest_bytes)
+            body = await bounded_body(
+                request, edge.settings.max_ingest_bytes, timeout_s=edge.settings.body_timeout_s, what="ingest"
+            )
             format_name = resolve_format(request.query_params.get("format"), body)
             token = request.headers.get(CONTEXT_HEADER)
             context = RunContext.parse(token) if token else None
@@ -220,20 +222,19 @@ def ingest_endpoint(edge: Edge) -> Any:
     return endpoint
 
 
-async def _bounded_body(request: Request, limit: int) -> bytes:
-    chunks: list[bytes] = []
-    size = 0
-    async for chunk in request.stream():
-        size += len(chunk)
-        if size > limit:
-            raise ConfigError(f"request body over the {limit}-byte ingest limit; split the batch")
-        chunks.append(chunk)
-    return b"".join(chunks)
-
-
 class ControlRequest(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
     command: str
     args: dict[str, Any] = {}
+
+
+def control_request(body: bytes) -> ControlRequest:
+    """A control body, decoded (``send_control`` checks the command and the args' nesting)."""
+    try:
+        return msgspec.json.decode(body, type=ControlRequest)
+    except (msgspec.ValidationError, msgspec.DecodeError) as exc:
+        raise RequestError(f"bad control body: {exc}", code=REQ_BAD_BODY) from None
+    except RecursionError:
+        raise RequestError("bad control body: nested too deep", code=REQ_BAD_BODY) from None
 
 
 def control_endpoint(edge: Edge) -> Any:
@@ -241,13 +242,10 @@ def control_endpoint(edge: Edge) -> Any:
         run_id = request.path_params["run_id"]
         try:
             principal = edge.gate.principal(request.headers, request.query_params)
-            await edge.gate.check_run(principal, run_id, "control")
-            body = msgspec.json.decode(await request.body(), type=ControlRequest)
-            command = await send_control(
-                edge.bus, edge.gate, principal, run_id, body.command, body.args
-            )
-        except (msgspec.ValidationError, msgspec.DecodeError) as exc:
-            return JSONResponse({"error": f"bad control body: {exc}"}, status_code=400)
+            body = control_request(await bounded_body(
+                request, edge.settings.max_control_bytes, timeout_s=edge.settings.body_timeout_s, what="control"
+            ))
+            command = await send_control(edge.bus, edge.gate, principal, run_id, body.command, body.args)
         except RunwireError as exc:
             return error_response(exc)
         return json_response({"id": command.id, "command": command.command}, status=202)
@@ -266,14 +264,16 @@ async def list_runs(
     limit: int,
     thread_id: str | None = None,
 ) -> list[RunInfo]:
-    """The runs a caller may see, newest first (``tenant`` applies only without auth)."""
+    """The runs a caller may see, newest first (``tenant`` applies only without auth; ``limit`` 1–1000)."""
     edge.gate.require_scope(principal, "read")
+    if not 1 <= limit <= 1000:
+        raise RequestError(f"bad limit {limit}: must be between 1 and 1000")
     runs = await edge.store.runs(
         tenant=principal.tenant if principal else tenant,
         state=state,
         since=since,
         until=until,
-        limit=min(limit, 1000),
+        limit=limit,
         thread_id=thread_id,
     )
     return [r for r in runs if principal is None or principal.covers(r.run_id)]
@@ -289,13 +289,11 @@ def runs_endpoint(edge: Edge) -> Any:
                 principal,
                 tenant=query.get("tenant"),
                 state=query.get("state"),
-                since=parse_time(query.get("since")),
-                until=parse_time(query.get("until")),
-                limit=int(query.get("limit", "100")),
+                since=parse_time(query.get("since"), "since"),
+                until=parse_time(query.get("until"), "until"),
+                limit=list_limit(query.get("limit")),
                 thread_id=query.get("thread_id") or None,
             )
-        except ValueError as exc:
-            return JSONResponse({"error": str(exc)}, status_code=400)
         except RunwireError as exc:
             return error_response(exc)
         return json_response({"runs": visible})
@@ -303,10 +301,9 @@ def runs_endpoint(edge: Edge) -> Any:
     return endpoint
 
 
-def parse_time(value: str | None) -> datetime | None:
-    if not value:
-        return None
-    return datetime.fromisoformat(value.replace("Z", "+00:00"))
+def parse_time(value: str | None, name: str = "time") -> datetime | None:
+    """A time parameter (RFC 3339); RequestError ``KAI-STREAM-REQ-0001`` when it isn't one."""
+    return moment(value, name)
 
 
 def export_endpoint(edge: Edge) -> Any:

@@ -15,6 +15,7 @@ probe for other tenants' run ids. The write rule is in :mod:`.authz`.
 
 from __future__ import annotations
 
+import asyncio
 import time
 from collections.abc import Mapping, Sequence
 from typing import Literal
@@ -97,8 +98,9 @@ def token_of(headers: Mapping[str, str], query: Mapping[str, str]) -> str | None
 class Gate:
     """Decides what a request may do. With no secret every request is let through."""
 
-    def __init__(self, secret: str | None, bus: Bus, store: ReplayLog) -> None:
+    def __init__(self, secret: str | None, bus: Bus, store: ReplayLog, *, refusal_floor_s: float = 0.0) -> None:
         self.secret = secret
+        self.refusal_floor_s = refusal_floor_s
         self.bus = bus
         self.store = store
         self._tenants: dict[str, str | None] = {}
@@ -123,10 +125,28 @@ class Gate:
             raise AuthError(f"token lacks the {scope!r} scope", status=403)
 
     async def check_run(self, principal: Principal | None, run_id: str, scope: str) -> None:
-        """AuthError(403) without the scope; UnknownRun when the run is not the caller's."""
+        """AuthError(403) without the scope; UnknownRun when the run is not the caller's.
+
+        An UnknownRun comes no sooner than ``refusal_floor_s`` after the check
+        began, whether the run is another tenant's or doesn't exist.
+        """
         if principal is None:
             return
         self.require_scope(principal, scope)
+        started = time.monotonic()
+        try:
+            await self._check_tenant(principal, run_id, scope)
+        except UnknownRun:
+            await self.pad_refusal(started)
+            raise
+
+    async def pad_refusal(self, started: float) -> None:
+        """Sleep until ``refusal_floor_s`` after ``started`` (a ``time.monotonic()``)."""
+        left = self.refusal_floor_s - (time.monotonic() - started)
+        if left > 0:
+            await asyncio.sleep(left)
+
+    async def _check_tenant(self, principal: Principal, run_id: str, scope: str) -> None:
         if not principal.covers(run_id):
             raise UnknownRun(f"no run {run_id!r}")
         tenant = await self.tenant_of(run_id)

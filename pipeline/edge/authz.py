@@ -36,19 +36,24 @@ With auth off (no secret) only the first check applies. Usage::
     await edge.bus.publish(admission.events)
     for index, error in admission.refused: ...                   # error.code, str(error)
 
+Control has its own entrance check, :func:`authorize_control`: the run must
+be the caller's, exist, and not have ended.
+
 The rule lives here and nowhere else; ``docs/security.md`` § Authorization
 explains it.
 """
 
 from __future__ import annotations
 
+import time
 from collections.abc import Sequence
 
 import msgspec
 
 from .. import envelope
-from ..envelope import Event
-from ..errors import ProtocolError, RunwireError, WriteRefused
+from ..bus.base import StreamKey
+from ..envelope import TERMINAL_STATES, Event, RunLifecycle
+from ..errors import ProtocolError, RunFinished, RunwireError, UnknownRun, WriteRefused
 from .auth import Gate, Principal
 
 
@@ -90,6 +95,43 @@ async def admit(
         except (ProtocolError, WriteRefused) as exc:
             refused.append((index, exc))
     return Admission(events=admitted, refused=refused)
+
+
+async def authorize_control(gate: Gate, principal: Principal | None, run_id: str) -> None:
+    """Raise unless a command may be sent to ``run_id`` now.
+
+    AuthError without the ``control`` scope; UnknownRun (404) for a run that
+    is not the caller's or that nobody has seen — the same answer, no sooner
+    than the gate's refusal floor; RunFinished (409) once the run has ended.
+    """
+    started = time.monotonic()
+    await gate.check_run(principal, run_id, "control")
+    finished = await run_finished(gate, run_id)
+    if finished is None:
+        if principal is not None:
+            await gate.pad_refusal(started)
+        raise UnknownRun(f"no run {run_id!r}")
+    if finished:
+        raise RunFinished(f"run {run_id!r} has ended; nothing can control it any more")
+
+
+async def run_finished(gate: Gate, run_id: str) -> bool | None:
+    """Whether a run has ended (its own terminal ``run.lifecycle``); None for a run nobody has seen."""
+    info = await gate.store.run(run_id)
+    if info is not None and info.terminal:
+        return True
+    key: StreamKey = (run_id, "raw")
+    bounds = await gate.bus.bounds(key)
+    if bounds is not None:
+        last = await gate.bus.read(key, bounds[1] - 1, limit=1)
+        return bool(last) and _ends(last[0])
+    if info is not None or await gate.owner(run_id) is not None:
+        return False  # logged, or claimed with its events still in the ingest backlog
+    return None
+
+
+def _ends(event: Event) -> bool:
+    return isinstance(event, RunLifecycle) and event.child_id is None and event.payload.state in TERMINAL_STATES
 
 
 def runs_written(event: Event) -> list[tuple[str, str]]:

@@ -11,9 +11,10 @@ from typing import Any
 
 from ..bus.base import Bus, ControlCommand
 from ..envelope import now_ts
-from ..errors import ConfigError
 from ..ulid import new_event_id
 from .auth import Gate, Principal
+from .authz import authorize_control
+from .params import check_depth, choice
 
 CONTROL_COMMANDS = frozenset({"cancel", "pause", "resume", "redirect", "approve", "deny", "answer"})
 
@@ -28,14 +29,15 @@ async def send_control(
 ) -> ControlCommand:
     """Check the caller may control ``run_id``, validate ``command``, and send it.
 
-    Raises AuthError / UnknownRun like every run endpoint, ConfigError for an
-    unknown command, and the bus's error when it can't take the command.
+    Raises AuthError / UnknownRun like every run endpoint, RunFinished for a
+    run that has ended (:func:`.authz.authorize_control`), RequestError for an
+    unknown command (``KAI-STREAM-REQ-0001``) or args nested deeper than 64
+    levels (``KAI-STREAM-REQ-0003``), and the bus's error when it can't take
+    the command.
     """
-    await gate.check_run(principal, run_id, "control")
-    if command not in CONTROL_COMMANDS:
-        raise ConfigError(
-            f"unknown command {command!r}; use one of {', '.join(sorted(CONTROL_COMMANDS))}"
-        )
+    await authorize_control(gate, principal, run_id)
+    choice(command, CONTROL_COMMANDS, "command")
+    check_depth(args, "control args")
     sent = ControlCommand(
         command=command,
         run_id=run_id,

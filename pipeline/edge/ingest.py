@@ -26,6 +26,7 @@ from ..errors import (
     LineError,
     MalformedFrame,
     ProtocolError,
+    RequestError,
     line_error,
 )
 from ..runcontext import RunContext
@@ -158,11 +159,19 @@ def _thread(event: Event, run_id: str, thread_id: str | None) -> Event:
 
 
 def resolve_format(requested: str | None, body: bytes) -> str:
-    """The format to decode with; ConfigError for an unknown ``?format=``."""
-    name = requested or detect_format(body)
-    if name not in protocols.INGEST:
-        raise ConfigError(f"unknown ingest format {name!r}; known: {', '.join(sorted(protocols.INGEST))}")
-    return name
+    """The format to decode with; RequestError for an unknown ``?format=``.
+
+    A body none of whose lines fits any format is decoded as ``koder``, so
+    each line is reported with its own code instead of one "cannot detect".
+    """
+    if not requested:
+        try:
+            return detect_format(body)
+        except ConfigError:
+            return DEFAULT_FORMAT
+    if requested not in protocols.INGEST:
+        raise RequestError(f"unknown ingest format {requested!r}; known: {', '.join(sorted(protocols.INGEST))}")
+    return requested
 
 
 __all__ = [

@@ -30,6 +30,13 @@ class EdgeSettings(msgspec.Struct, kw_only=True, forbid_unknown_fields=True, fro
     """Events per read while a client catches up."""
     max_ingest_bytes: int = 16 * 1024 * 1024
     """Largest HTTP ingest body accepted."""
+    max_control_bytes: int = 64 * 1024
+    """Largest control body accepted (a command and its arguments)."""
+    body_timeout_s: float = 60.0
+    """Time a client has to send an ingest or control body (408 past it)."""
+    refusal_floor_s: float = 0.05
+    """With auth, a 404 for a run (another tenant's, or none) is answered no sooner than this
+    after the lookup began, so the time it takes doesn't tell the two apart."""
     write_timeout_s: float = 2.0
     """How long a final error frame may take to reach a client before the connection is closed."""
     default_detail: str = "shaped"

@@ -183,3 +183,21 @@ async def serve_websocket(hub: Hub, websocket: WebSocket, request: StreamRequest
             code = WS_CLOSE_BUF if final.payloads[0].find(b"BUF-0001") >= 0 else WS_CLOSE_EXPIRED
             await asyncio.wait_for(websocket.send_text(final.payloads[0].decode()), timeout)
         await asyncio.wait_for(websocket.close(code=code), timeout)
+
+
+async def refuse_websocket(websocket: WebSocket, status: int, code: str | None, message: str) -> None:
+    """Refuse a WebSocket the way a browser can see: accept, send an error frame, close with a code.
+
+    A refusal before the handshake is a bare HTTP 403 that the WebSocket API
+    hides from scripts. The close code is 4000 + the HTTP status the same
+    refusal gets over HTTP (4400 bad parameter, 4401 no valid token, 4403
+    missing scope, 4404 no such run); the reason is the ``KAI-STREAM-*``
+    code and message, cut to the 123 bytes a close frame allows.
+    """
+    offered = websocket.scope.get("subprotocols") or []
+    frame = {"type": "error", "code": code, "message": message}
+    reason = f"{code}: {message}" if code else message
+    with contextlib.suppress(OSError, RuntimeError, WebSocketDisconnect):
+        await websocket.accept(subprotocol=SUBPROTOCOL if SUBPROTOCOL in offered else None)
+        await websocket.send_json(frame)
+        await websocket.close(code=4000 + status, reason=reason.encode()[:123].decode(errors="ignore"))

@@ -64,13 +64,16 @@ async def test_auth_matrix_a_tenant_cannot_touch_another_tenants_run(secured: Ed
         assert (ingest.status_code, ingest.json()["code"]) == (403, "KAI-STREAM-AUTH-0003")
         control = {"command": "cancel"}
         assert (await http.post(f"/v1/runs/{RUN_B}/control", json=control, headers=a)).status_code == 404
-        assert (await http.post(f"/v1/runs/{RUN_A}/control", json=control, headers=a)).status_code == 202
+        own = await http.post(f"/v1/runs/{RUN_A}/control", json=control, headers=a)
+        assert (own.status_code, own.json()["code"]) == (409, "KAI-STREAM-RUN-0002")  # A's run has ended
         listed = (await http.get("/v1/runs", headers=a)).json()["runs"]
         assert [r["run_id"] for r in listed] == [RUN_A]
     ws_url = secured.url.replace("http", "ws") + f"/v1/runs/{RUN_B}/stream"
-    with pytest.raises(websockets.exceptions.InvalidStatus):
-        async with websockets.connect(ws_url, additional_headers=a) as ws:
+    async with websockets.connect(ws_url, additional_headers=a) as ws:
+        assert json.loads(await ws.recv())["code"] == "KAI-STREAM-RUN-0001"
+        with pytest.raises(websockets.exceptions.ConnectionClosed) as closed:
             await ws.recv()
+        assert closed.value.rcvd is not None and closed.value.rcvd.code == 4404
     async with websockets.connect(ws_url.replace(RUN_B, RUN_A), additional_headers=a) as ws:
         assert json.loads(await ws.recv())["run_id"] == RUN_A
 

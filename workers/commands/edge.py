@@ -112,7 +112,6 @@ async def serve(
     bus_url: str, store_url: str, host: str, port: int, settings: EdgeSettings, grpc_port: int | None = None
 ) -> None:
     """Open the bus and the replay log, then run uvicorn (and gRPC) until SIGINT/SIGTERM."""
-    import uvicorn
 
     from pipeline.bus import open_bus
     from pipeline.edge import create_app
