@@ -30,6 +30,8 @@ _CANONICAL = re.compile(r"0|[1-9][0-9]*")
 
 def canonical_int(raw: str, name: str, *, low: int = 0, high: int = MAX_SEQ) -> int:
     """``raw`` as an integer in ``[low, high]``, written canonically; RequestError otherwise."""
+    if raw.startswith("-") and raw[1:].isdigit():
+        raise RequestError(f"bad {name} {raw!r}: must not be negative")
     if len(raw) > 19 or not _CANONICAL.fullmatch(raw):
         raise RequestError(f"bad {name} {raw!r}: a decimal integer without sign, spaces, underscores or leading zeros")
     value = int(raw)

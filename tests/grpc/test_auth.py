@@ -71,7 +71,7 @@ async def test_auth_matrix_tokens_tenants_and_scopes(secured: Served) -> None:
     assert await status(secured.client(token("A", runs=[RUN_B])).stream(RUN_A)) == grpc.StatusCode.NOT_FOUND
     assert await status(full_a.weave(RUN_B)) == grpc.StatusCode.NOT_FOUND
     assert await status(full_a.control(RUN_B, "cancel")) == grpc.StatusCode.NOT_FOUND
-    assert await status(full_a.control(RUN_A, "pause")) == OK
+    assert await status(full_a.control(RUN_A, "pause")) == grpc.StatusCode.FAILED_PRECONDITION  # A's run ended
     assert await status(full_a.ingest([b_event])) == grpc.StatusCode.PERMISSION_DENIED
     listed = await full_a.list_runs()
     assert [r.run_id for r in listed.runs] == [RUN_A]
