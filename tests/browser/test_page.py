@@ -16,7 +16,8 @@ from pipeline.bus.base import Bus
 from pipeline.edge import EdgeSettings
 from pipeline.store import open_store
 from pipeline.store.base import ReplayLog
-from tests.edge.harness import EdgeServer, append, event
+from tests.edge.harness import EdgeServer, append
+from tests.events import event
 
 HERE = Path(__file__).parent
 CHROMIUM = os.environ.get("CHROMIUM", "/usr/bin/chromium")

@@ -24,17 +24,11 @@ import pytest
 
 from pipeline.bus import ControlCommand, Delivery, open_bus
 from pipeline.bus.base import Bus, Consumer, StreamKey
-from pipeline.envelope import Event, decode, encode, make
+from pipeline.envelope import decode, encode
 from pipeline.errors import BusUnavailable, ConfigError
+from tests.events import event
 
 ROOT = Path(__file__).resolve().parents[2]
-
-
-def event(run_id: str, seq: int, text: str = "") -> Event:
-    return make(
-        "text.delta", {"text": text or f"{run_id}:{seq}"},
-        id=f"evt_{run_id}_{seq:06d}", ts="2026-01-01T00:00:00.000Z", run_id=run_id, seq=seq,
-    )
 
 
 async def drain(

@@ -18,13 +18,9 @@ from aiokafka.admin import AIOKafkaAdminClient
 
 from pipeline.bus import Delivery, open_bus
 from pipeline.bus.keys import shard_for
-from pipeline.envelope import Event, decode, encode, make
+from pipeline.envelope import decode, encode
 from pipeline.errors import ConfigError
-
-
-def event(run_id: str, seq: int, **envelope: Any) -> Event:
-    return make("text.delta", {"text": f"{run_id}:{seq}"}, id=f"evt_{run_id}_{seq:06d}",
-                ts="2026-01-01T00:00:00.000Z", run_id=run_id, seq=seq, **envelope)
+from tests.events import event
 
 
 @pytest.fixture

@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import itertools
 import socket
 from collections.abc import AsyncIterator, Sequence
 from typing import Any
@@ -13,13 +12,11 @@ import httpx
 import msgspec
 import uvicorn
 
-from pipeline import envelope
 from pipeline.bus.base import Bus
 from pipeline.edge import EdgeSettings, create_app
 from pipeline.envelope import Event
 from pipeline.store.base import ReplayLog
-
-_ids = itertools.count(1)
+from tests.events import event
 
 
 def free_port() -> int:
@@ -74,18 +71,6 @@ async def serve_edge(
         yield server
     finally:
         await server.stop()
-
-
-def event(
-    run_id: str, seq: int, type: str = "text.delta", payload: dict[str, Any] | None = None, **extra: Any
-) -> Event:
-    """A canonical event with a delivery seq."""
-    if payload is None:
-        payload = {"text": f"t{seq}"} if type.endswith(".delta") else {}
-    n = next(_ids)
-    return envelope.make(
-        type, payload, id=f"01J{n:023d}", ts=envelope.now_ts(), run_id=run_id, seq=seq, **extra
-    )
 
 
 def run_events(run_id: str, count: int, *, end: str | None = "done", start: int = 1, **extra: Any) -> list[Event]:

@@ -17,8 +17,9 @@ from pipeline.bus.base import Bus
 from pipeline.edge import EdgeSettings, issue_token
 from pipeline.publisher import Publisher
 from pipeline.store.base import ReplayLog
+from tests.events import event
 
-from .harness import EdgeServer, append, event, read_sse, run_events, serve_edge
+from .harness import EdgeServer, append, read_sse, run_events, serve_edge
 
 SECRET = "test-secret-please-rotate-0123456789abcdef"
 RUN_A = "run-tenant-a"

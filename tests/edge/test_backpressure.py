@@ -15,8 +15,9 @@ from pipeline.edge import EdgeSettings
 from pipeline.edge.clients import ClientQueue
 from pipeline.edge.frames import DROP_REASONING, DROP_TEXT, NEVER_DROP, Frame
 from pipeline.store.base import ReplayLog
+from tests.events import event
 
-from .harness import append, decoded, event, read_sse, serve_edge
+from .harness import append, decoded, read_sse, serve_edge
 
 BIG = "x" * 8_000
 

@@ -12,9 +12,10 @@ from pipeline import protocols
 from pipeline.bus.base import Bus
 from pipeline.envelope import Event
 from pipeline.store.base import ReplayLog
+from tests.events import event
+from tests.nodecheck import validate
 
-from .harness import append, decoded, event, read_sse, serve_edge
-from .nodecheck import validate
+from .harness import append, decoded, read_sse, serve_edge
 
 
 def story(run_id: str) -> list[Event]:
@@ -71,7 +72,7 @@ async def test_agui_stream_passes_verify_events(memory_bus: Bus, store: ReplayLo
     await append(memory_bus, run_id, story(run_id))
     async with serve_edge(memory_bus, store) as edge:
         frames, _ = await _frames(f"{edge.url}/v1/runs/{run_id}/stream?detail=full&format=agui")
-    summary = await validate("verify-agui.mjs", frames)
+    summary = await asyncio.to_thread(validate, "verify-agui.mjs", frames)
     assert summary["events"] == len(frames)
 
 
@@ -91,7 +92,7 @@ async def test_agui_mid_run_join_passes_verify_events(
         await append(memory_bus, run_id, events[5:])
         frames, _ = await reader
     assert frames[0]["type"] == "RUN_STARTED"
-    await validate("verify-agui.mjs", frames)
+    await asyncio.to_thread(validate, "verify-agui.mjs", frames)
 
 
 @pytest.mark.node
@@ -107,4 +108,4 @@ async def test_ai_sdk_stream_reads_with_read_ui_message_stream(
             events, _ = await read_sse(response)
             assert response.headers["x-vercel-ai-ui-message-stream"] == "v1"
     assert events[-1].data == "[DONE]"
-    await validate("verify-ai-sdk.mjs", decoded(events))
+    await asyncio.to_thread(validate, "verify-ai-sdk.mjs", decoded(events))

@@ -11,8 +11,9 @@ import pytest
 from pipeline.bus import open_bus
 from pipeline.bus.base import Bus
 from pipeline.store.base import ReplayLog
+from tests.events import event
 
-from .harness import append, decoded, event, read_sse, run_events, serve_edge
+from .harness import append, decoded, read_sse, run_events, serve_edge
 
 
 @pytest.fixture(params=["memory", "redis"])

@@ -12,8 +12,9 @@ import websockets
 from pipeline.bus.base import Bus
 from pipeline.edge import EdgeSettings
 from pipeline.store.base import ReplayLog
+from tests.events import event
 
-from .harness import append, decoded, event, read_sse, run_events, serve_edge
+from .harness import append, decoded, read_sse, run_events, serve_edge
 
 
 async def test_sse_serves_the_run_with_seq_ids_and_ends_after_the_terminal_event(

@@ -7,7 +7,7 @@ from typing import Any
 import pytest
 
 from pipeline.protocols import egress
-from tests.protocols.nodecheck import rejects, validate, validate_many
+from tests.nodecheck import rejects, validate, validate_many
 from tests.protocols.runs import (
     all_runs,
     child_run,

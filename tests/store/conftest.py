@@ -4,16 +4,12 @@ from __future__ import annotations
 
 import uuid
 from collections.abc import Callable, Iterator
-from datetime import UTC, datetime, timedelta
+from datetime import datetime, timedelta
 from pathlib import Path
 
 import pytest
 
-from pipeline import envelope
-from pipeline.envelope import Event
-from pipeline.ulid import MonotonicULID
-
-T0 = datetime(2026, 1, 1, tzinfo=UTC)
+from tests.events import T0
 
 
 class Clock:
@@ -67,19 +63,3 @@ def store_url(new_store_url: Callable[[], str]) -> str:
     return new_store_url()
 
 
-_ids = MonotonicULID("evt_")
-
-
-def event(
-    run_id: str, seq: int, type: str = "text.delta", payload: dict[str, object] | None = None,
-    *, second: float | None = None, **fields: object,
-) -> Event:
-    """A canonical event of ``run_id`` at ``seq`` (ts = T0 + ``second`` or + seq seconds)."""
-    offset = seq if second is None else second
-    ts = envelope.format_ts(T0 + timedelta(seconds=offset))
-    body = payload if payload is not None else {"text": f"t{seq} "}
-    return envelope.make(type, body, id=_ids.new(), ts=ts, run_id=run_id, seq=seq, **fields)
-
-
-def deltas(run_id: str, first: int, last: int, **fields: object) -> list[Event]:
-    return [event(run_id, seq, **fields) for seq in range(first, last + 1)]

@@ -18,7 +18,8 @@ from pipeline import envelope
 from pipeline.errors import UnknownRun
 from pipeline.store import RetentionPolicy, open_store
 from pipeline.store.jsonl import export_jsonl, import_jsonl
-from tests.store.conftest import T0, Clock, deltas, event
+from tests.events import T0, deltas, event
+from tests.store.conftest import Clock
 
 
 async def test_append_is_idempotent_on_run_and_seq(store_url: str) -> None:

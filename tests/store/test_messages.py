@@ -15,7 +15,7 @@ from pipeline.envelope import Event
 from pipeline.messages import to_messages
 from pipeline.protocols.cogency import CogencyIngest
 from pipeline.store import open_store
-from tests.store.conftest import event
+from tests.events import event
 
 FIXTURES = Path(__file__).parent.parent / "fixtures" / "cogency"
 

@@ -16,7 +16,7 @@ from pipeline.bus import open_bus
 from pipeline.envelope import Event
 from pipeline.replay import play_run
 from pipeline.store import open_store
-from tests.store.conftest import event
+from tests.events import event
 from workers.cli import main
 
 

@@ -10,7 +10,7 @@ import psycopg
 
 from pipeline import envelope
 from pipeline.store import open_store
-from tests.store.conftest import event
+from tests.events import event
 
 SCHEMA_1 = """
 CREATE TABLE schema_version (version INTEGER NOT NULL);

@@ -5,7 +5,8 @@ from __future__ import annotations
 from datetime import UTC, datetime, timedelta
 from typing import Any
 
-from pipeline.envelope import Event, format_ts, make
+from pipeline.envelope import Event, format_ts
+from tests.events import event
 
 BASE = datetime(2026, 5, 14, 19, 42, 13, tzinfo=UTC)
 
@@ -30,15 +31,7 @@ class RunScript:
         if self.parent is not None:
             links["parent_id"] = self.parent
             links["root_id"] = self.root or self.parent
-        return make(
-            type,
-            payload,
-            id=f"evt_{self.run_id}_{self.seq:06d}",
-            ts=at(ms),
-            run_id=self.run_id,
-            seq=self.seq,
-            **links,
-        )
+        return event(self.run_id, self.seq, type, payload, ts=at(ms), **links)
 
     def text(self, text: str, ms: float = 0) -> Event:
         return self.event("text.delta", {"text": text}, ms)

@@ -17,7 +17,7 @@ from typing import Any
 import msgspec
 import pytest
 
-NODE_DIR = Path(__file__).resolve().parent.parent / "node"
+NODE_DIR = Path(__file__).resolve().parent / "node"
 HINT = "install Node.js ≥ 20 and run `npm install` in tests/node (scripts/bootstrap does both)"
 MODULES = ("@ag-ui/client", "@ag-ui/core", "ai", "rxjs")
 
