@@ -10,6 +10,7 @@ from pipeline.envelope import Event, format_ts, make
 
 T0 = datetime(2026, 1, 1, tzinfo=UTC)
 """The time test events are stamped relative to."""
+_YEAR = 365 * 86_400
 
 
 def event(
@@ -30,13 +31,14 @@ def event(
     ``"<run_id>:<seq>"``) and to ``{}`` otherwise. ``id`` defaults to
     ``evt_<run_id>_<seq>``, so the same (run, seq) is the same event when built
     twice (a redelivery). ``ts`` defaults to ``T0`` + ``second`` seconds
-    (``second`` defaults to ``seq``). Other envelope fields (``child_id``,
+    (``second`` defaults to ``seq``, or 0 for a seq beyond a year of seconds). Other envelope fields (``child_id``,
     ``tenant``, ``parent_id``, ``span`` …) pass through.
     """
     if payload is None:
         payload = {"text": f"{run_id}:{seq}" if text is None else text} if type.endswith(".delta") else {}
     if ts is None:
-        ts = format_ts(T0 + timedelta(seconds=seq if second is None else second))
+        offset = (seq if seq < _YEAR else 0) if second is None else second
+        ts = format_ts(T0 + timedelta(seconds=offset))
     return make(type, payload, id=id or f"evt_{run_id}_{seq:06d}", ts=ts, run_id=run_id, seq=seq, **fields)
 
 

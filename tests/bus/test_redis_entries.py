@@ -2,7 +2,7 @@
 the seq) and ingest streams (an entry is acked once every event of it is done).
 
 DESIGN invariants 2 (no loss, no duplicates) and 3 (contiguous seq) for the
-hot tier a client resumes from (Koder agent stream §4, resume after a seq),
+hot tier a client resumes from (Koder agent stream §5.1 and §7 T3: resume after a seq),
 and for the ingest entries workers ack.
 """
 
@@ -17,12 +17,8 @@ from pipeline.bus import open_bus
 from pipeline.bus.base import StreamKey
 from pipeline.bus.keys import delivery_key, ingest_key, meta_key
 from pipeline.bus.redis_entries import ENTRY_EVENTS
-from pipeline.envelope import Event, decode, encode, make
-
-
-def event(run_id: str, seq: int) -> Event:
-    return make("text.delta", {"text": f"{run_id}:{seq}"}, id=f"evt_{run_id}_{seq:06d}",
-                ts="2026-01-01T00:00:00.000Z", run_id=run_id, seq=seq)
+from pipeline.envelope import decode, encode
+from tests.events import event
 
 
 @pytest.fixture

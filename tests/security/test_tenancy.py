@@ -21,7 +21,8 @@ from pipeline.edge import EdgeSettings, issue_token
 from pipeline.envelope import Event
 from pipeline.store import open_store
 from pipeline.store.base import ReplayLog
-from tests.edge.harness import EdgeServer, append, event, run_events, serve_edge
+from tests.edge.harness import EdgeServer, append, run_events, serve_edge
+from tests.events import event
 
 from .conftest import SECRET, new_id
 
