@@ -1,4 +1,4 @@
-"""DESIGN.md's six invariants ("each one a test"), end to end on real services.
+"""The six invariants of docs/architecture.md, end to end on real services.
 
 Each test runs the whole path: the publisher SDK → a Redis bus (a key prefix
 of its own) → two workers sharing one consumer group (``run_worker``) →
@@ -56,7 +56,7 @@ def child_and_call(event: dict[str, Any]) -> tuple[str | None, str]:
 async def test_invariant_1_order_clients_see_publish_order_and_each_childs_own_order(
     redis_url: str, tmp_path: Path
 ) -> None:
-    """DESIGN 1 **Order**: "within a run, clients see events in publish order; within a parent,
+    """Invariant 1 **Order**: "within a run, clients see events in publish order; within a parent,
     each child's events keep their own order (Koder agent stream §7 T5)". T5: "the client receives each child's
     events in per-child order" — here two children interleaved under one parent, over SSE and NDJSON."""
     parent_id = unique("order-parent")
@@ -106,7 +106,7 @@ async def test_invariant_1_order_clients_see_publish_order_and_each_childs_own_o
 async def test_invariant_2_no_loss_no_duplicates_across_a_worker_crash_and_a_client_reconnect(
     redis_url: str, postgres_url: str
 ) -> None:
-    """DESIGN 2 **No loss, no duplicates**: "what a client and the replay log see is every published
+    """Invariant 2 **No loss, no duplicates**: "what a client and the replay log see is every published
     event exactly once — across worker crashes, rebalances, broker reconnects and client reconnects".
     A worker is killed mid-stream (its shards and pending entries move to the other member, then it
     comes back: a rebalance), a client disconnects mid-stream and resumes with ``Last-Event-ID`` on
@@ -173,7 +173,7 @@ async def test_invariant_2_no_loss_no_duplicates_across_a_worker_crash_and_a_cli
 async def test_invariant_2_a_restarted_consumer_rereads_its_pending_entries_before_new_ones(
     redis_url: str,
 ) -> None:
-    """DESIGN 2 at the bus seam (on restart, a consumer re-reads its own pending entries before asking
+    """Invariant 2 at the bus seam (on restart, a consumer re-reads its own pending entries before asking
     for new ones): a worker that comes back under its old name while another member still holds every
     shard gets its unacked entries first once it owns their shard again, never newer ones before them."""
     run_id = unique("repend")
@@ -208,7 +208,7 @@ def _event(run_id: str, seq: int) -> envelope.Event:
 async def test_invariant_2_no_loss_no_duplicates_when_a_worker_process_is_killed(
     redis_url: str, postgres_url: str
 ) -> None:
-    """DESIGN 2 across a real crash: a ``runwire worker`` process owning shards is SIGKILLed mid-stream
+    """Invariant 2 across a real crash: a ``runwire worker`` process owning shards is SIGKILLed mid-stream
     (no drain, no goodbye: its leases expire, its pending entries are claimed by the survivor). The
     replay log (PostgreSQL) and every raw stream still hold every published event exactly once."""
     async with pipeline(redis_url, postgres_url, workers=1) as pipe:
@@ -264,7 +264,7 @@ async def test_invariant_2_no_loss_no_duplicates_when_a_worker_process_is_killed
 async def test_invariant_3_contiguous_seq_raw_and_shaped_and_a_publisher_gap_is_visible(
     redis_url: str, tmp_path: Path
 ) -> None:
-    """DESIGN 3 **Contiguous seq**: "a delivery stream's seq has no gaps unless an event was dropped,
+    """Invariant 3 **Contiguous seq**: "a delivery stream's seq has no gaps unless an event was dropped,
     and a client can tell (T2)". The raw view's seq is 1, 2, 3 …; the shaped view's spans tile the
     same seq space (a client checks ``span[0] == previous seq + 1``); an event the publisher lost
     shows up as ``x.gap {run_id, first, last}`` in both views."""
@@ -300,7 +300,7 @@ async def test_invariant_3_contiguous_seq_raw_and_shaped_and_a_publisher_gap_is_
 async def test_invariant_3_contiguous_seq_survives_a_resume_from_the_replay_log(
     redis_url: str, tmp_path: Path
 ) -> None:
-    """DESIGN 3 and docs/architecture.md "One seq space means one cursor": with the hot tier trimmed
+    """Invariant 3 and docs/architecture.md "One seq space means one cursor": with the hot tier trimmed
     (``maxlen=20``), a client resuming with ``Last-Event-ID`` is served from the replay log, the shaped
     view recomputed — and gets exactly the seqs, spans and texts the live shaped client got after that
     cursor. The live client itself misses nothing although bursts longer than ``maxlen`` trim the hot
@@ -347,7 +347,7 @@ async def test_invariant_3_contiguous_seq_survives_a_resume_from_the_replay_log(
 async def test_invariant_3_shaped_spans_stay_contiguous_across_a_crash_with_windows_open(
     redis_url: str, tmp_path: Path
 ) -> None:
-    """DESIGN 3 across a takeover (docs/workers.md: the checkpoint carries "the open shaping windows
+    """Invariant 3 across a takeover (docs/workers.md: the checkpoint carries "the open shaping windows
     (their deltas so far)", so "the shaped view after a takeover is what the dead worker would have
     produced"): both workers are killed while deltas stream, then restarted. The live shaped client's
     spans tile the seq space and equal ``shaping.shape`` of the logged raw events."""
@@ -402,7 +402,7 @@ BIG = "x" * 8_000
 async def test_invariant_4_bounded_memory_a_slow_client_drops_per_r4_a_fast_one_gets_everything(
     redis_url: str, tmp_path: Path
 ) -> None:
-    """DESIGN 4 **Bounded memory**: "a slow client, a flood of deltas or a dead consumer never grows a
+    """Invariant 4 **Bounded memory**: "a slow client, a flood of deltas or a dead consumer never grows a
     process without bound; drops follow R4 and are counted". R4: drop ``reasoning.delta`` first, then
     ``text.delta``, never tool/lifecycle events; the terminal event carries ``dropped_count``. The slow
     client's queue is sampled all along and never exceeds its bound; a fast client loses nothing."""
@@ -468,7 +468,7 @@ async def test_invariant_4_bounded_memory_a_slow_client_drops_per_r4_a_fast_one_
 async def test_invariant_5_bad_input_is_dead_lettered_or_refused_and_the_run_goes_on(
     redis_url: str, tmp_path: Path
 ) -> None:
-    """DESIGN 5 **Bad input never kills a process**: "it gets a clear error (HTTP 4xx with a
+    """Invariant 5 **Bad input never kills a process**: "it gets a clear error (HTTP 4xx with a
     ``KAI-STREAM-*`` code, or a dead-letter entry with the reason); valid events around it are
     unaffected". Poison entries on the bus are dead-lettered while both workers keep running;
     HTTP ingest answers 422 naming each bad line, and the good lines reach the client."""
@@ -544,7 +544,7 @@ def token(tenant: str, runs: str | list[str] = "*") -> dict[str, str]:
 async def test_invariant_6_tenants_are_isolated_a_token_cannot_touch_another_tenants_run(
     redis_url: str, tmp_path: Path
 ) -> None:
-    """DESIGN 6 **Tenants are isolated**: "a token for one tenant can't read, list, export or control
+    """Invariant 6 **Tenants are isolated**: "a token for one tenant can't read, list, export or control
     another tenant's runs" (nor ingest into them). docs/edge.md: another tenant's run answers 404, "the
     same answer, so run ids can't be probed"; a write naming another tenant's run is refused with
 KAI-STREAM-AUTH-0003 (docs/security.md § Authorization). Each refusal is checked against the owner's

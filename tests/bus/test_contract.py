@@ -1,6 +1,6 @@
 """The bus contract: the same behaviour on every backend (``bus_url`` in conftest).
 
-DESIGN invariants exercised here: 1 (order within a run), 2 (no loss, no
+Invariants (docs/architecture.md) exercised here: 1 (order within a run), 2 (no loss, no
 duplicates: at-least-once delivery + idempotent appends), 4 (bounded memory),
 5 (bad input never kills a process: poison goes to the dead-letter stream).
 """

@@ -1,7 +1,7 @@
 """The publisher SDK on every bus: ids and seq, batching, the bound, retries, flush, child runs.
 
 Koder agent stream §2: "id — ULID, monotonic per stream"; "seq — monotonically increasing
-per run"; DESIGN invariant 4 (bounded memory): a slow or absent bus makes
+per run"; invariant 4 (bounded memory, docs/architecture.md): a slow or absent bus makes
 ``emit`` wait, it never grows the process or drops silently.
 """
 

@@ -1,7 +1,7 @@
 """Redis streams hold several events per entry: delivery streams (resume stays exact to
 the seq) and ingest streams (an entry is acked once every event of it is done).
 
-DESIGN invariants 2 (no loss, no duplicates) and 3 (contiguous seq) for the
+Invariants 2 (no loss, no duplicates) and 3 (contiguous seq) for the
 hot tier a client resumes from (Koder agent stream §5.1 and §7 T3: resume after a seq),
 and for the ingest entries workers ack.
 """

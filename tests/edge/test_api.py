@@ -53,7 +53,7 @@ async def _stream_status(http: httpx.AsyncClient, url: str, headers: dict[str, s
 
 
 async def test_auth_matrix_a_tenant_cannot_touch_another_tenants_run(secured: EdgeServer) -> None:
-    """DESIGN invariant 6: a token of tenant A can't read, list, export, ingest into or control B's runs."""
+    """Invariant 6 (tenants are isolated): a token of tenant A can't read, list, export, ingest into or control B's runs."""
     a = bearer(token("A", "read", "write", "control"))
     line = envelope.encode(event(RUN_B, 9, "text.delta")) + b"\n"
     async with httpx.AsyncClient(base_url=secured.url, timeout=10) as http:

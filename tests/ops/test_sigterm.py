@@ -126,7 +126,7 @@ async def check(
 def test_sigterm_mid_load_then_a_successor_loses_and_duplicates_nothing(
     own_redis: Any, tmp_path: Path
 ) -> None:
-    """DESIGN invariant 2 across a SIGTERM: every published event in the replay log exactly once."""
+    """Invariant 2 (no loss, no duplicates) across a SIGTERM: every published event in the replay log exactly once."""
     events, ancestry = workload()
     asyncio.run(publish(own_redis.url, events))
     db = tmp_path / "replay.db"

@@ -1,6 +1,6 @@
 """One write rule at every entrance: an event writes only to runs of the caller's tenant.
 
-DESIGN invariant 6 (tenants are isolated) for writes: every run an event
+Invariant 6 (tenants are isolated) for writes: every run an event
 writes to — its ``run_id``, ``parent_id`` and ``root_id`` — is claimed for
 the caller's tenant the first time any entrance sees it, atomically in the
 replay log shared by every edge, and a writer of another tenant is refused

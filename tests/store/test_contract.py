@@ -23,7 +23,7 @@ from tests.store.conftest import Clock
 
 
 async def test_append_is_idempotent_on_run_and_seq(store_url: str) -> None:
-    """DESIGN invariant 2: appends are idempotent on (run_id, seq) — a redelivery adds nothing."""
+    """Invariant 2 (no loss, no duplicates): appends are idempotent on (run_id, seq) — a redelivery adds nothing."""
     async with open_store(store_url) as log:
         assert await log.append(deltas("r1", 1, 5)) == 5
         assert await log.append(deltas("r1", 3, 7)) == 2

@@ -66,7 +66,7 @@ async def assert_delivered_exactly_once(
 ) -> None:
     """Every published event in every stream it belongs to and in the replay log, once, in order.
 
-    Also: delivery seq contiguous from 1 (DESIGN invariant 3), per-child order in
+    Also: delivery seq contiguous from 1 (invariant 3), per-child order in
     a parent (Koder agent stream §7 T5), and the shaped view holding R1/R3 — equal to shaping the raw
     view when ``exact_shape`` (no crash: every window closed by event time).
     """

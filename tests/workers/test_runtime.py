@@ -57,7 +57,7 @@ async def test_published_run_tree_reaches_streams_and_replay_log_exactly_once(
 async def test_poison_entries_are_dead_lettered_with_the_reason_and_the_run_goes_on(
     bus: Bus, store: ReplayLog
 ) -> None:
-    """DESIGN invariant 5: bad input gets a dead-letter entry with the reason; valid events around it are unaffected."""
+    """Invariant 5 (bad input never kills a process): bad input gets a dead-letter entry with the reason; valid events around it are unaffected."""
     run = RunScript(f"{prefix()}_poison")
     before = run.tool_start("before")
     bad_ts = run.tool_start("bad-ts")
