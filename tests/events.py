@@ -28,14 +28,14 @@ def event(
     """An event of ``run_id`` at ``seq``.
 
     ``payload`` defaults to ``{"text": text}`` for a delta (``text`` defaults to
-    ``"<run_id>:<seq>"``) and to ``{}`` otherwise. ``id`` defaults to
+    ``"t<seq>"``) and to ``{}`` otherwise. ``id`` defaults to
     ``evt_<run_id>_<seq>``, so the same (run, seq) is the same event when built
     twice (a redelivery). ``ts`` defaults to ``T0`` + ``second`` seconds
     (``second`` defaults to ``seq``, or 0 for a seq beyond a year of seconds). Other envelope fields (``child_id``,
     ``tenant``, ``parent_id``, ``span`` …) pass through.
     """
     if payload is None:
-        payload = {"text": f"{run_id}:{seq}" if text is None else text} if type.endswith(".delta") else {}
+        payload = {"text": f"t{seq}" if text is None else text} if type.endswith(".delta") else {}
     if ts is None:
         offset = (seq if seq < _YEAR else 0) if second is None else second
         ts = format_ts(T0 + timedelta(seconds=offset))

@@ -23,7 +23,7 @@ client frame    what the edge does
 of the run's stream (same ``detail``/``profile``/``children``), from 0.
 Egress codecs are deterministic, so every edge instance numbers a run's
 chunks alike and a resume with ``lastSequence`` continues exactly, here or
-on another instance. A chunk dropped for a slow client (R4) would break
+on another instance. A chunk dropped for a slow client (Koder agent stream §4 R4) would break
 that numbering, so instead the request gets an ``error`` frame and the
 client resumes (``reconnectToStream`` replays from 0).
 

@@ -9,7 +9,7 @@ from typing import Any
 
 import pytest
 
-from .nodecheck import NODE_DIR
+from tests.nodecheck import NODE_DIR
 
 
 async def start_chat_client(**options: Any) -> asyncio.subprocess.Process:

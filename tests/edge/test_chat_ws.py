@@ -18,9 +18,10 @@ from pipeline.bus.requests import AgentRequest, consume_requests, consumer_alive
 from pipeline.edge import EdgeSettings, issue_token
 from pipeline.envelope import Event
 from pipeline.store.base import ReplayLog
+from tests.events import event
 
 from .chatnode import chat_result, run_chat_client, start_chat_client, wait_for_streams
-from .harness import EdgeServer, event, run_events, serve_edge
+from .harness import EdgeServer, run_events, serve_edge
 from .test_threads import publish
 
 USER_MESSAGE = {"id": "u1", "role": "user", "parts": [{"type": "text", "text": "hello"}]}

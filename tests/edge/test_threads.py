@@ -17,9 +17,10 @@ from pipeline.bus.base import Bus
 from pipeline.edge import EdgeSettings, issue_token
 from pipeline.envelope import Event, decode, encode
 from pipeline.store.base import ReplayLog
+from tests.events import event
 
 from .chatnode import chat_result, run_chat_client, start_chat_client, wait_for_streams
-from .harness import decoded, event, read_sse, run_events, serve_edge
+from .harness import decoded, read_sse, run_events, serve_edge
 
 SECRET = "test-secret-please-rotate-0123456789abcdef"
 
@@ -86,7 +87,7 @@ async def test_the_active_run_is_replayed_from_its_start_and_ends_with_done(memo
 
 
 async def test_a_thread_is_its_tenants_only(memory_bus: Bus, store: ReplayLog) -> None:
-    """DESIGN invariant 6: another tenant's token finds no active run in the thread (204, not its stream)."""
+    """Invariant 6 (tenants are isolated): another tenant's token finds no active run in the thread (204, not its stream)."""
     await publish(memory_bus, store, run_events("run-acme", 3, end=None, tenant="acme", thread_id="chat-1"))
     settings = EdgeSettings(secret=SECRET)
     mine = issue_token(SECRET, tenant="acme", scopes=["read"])
