@@ -2,7 +2,7 @@
 
 A command goes onto the run's control channel, where the agent reads it from
 ``async for cmd in run.controls()`` (publisher SDK). Closing a stream is a
-disconnect, never a cancel (PITFALLS 14); cancelling does not need a stream.
+disconnect, never a cancel (closing a tab must not stop the agent); cancelling does not need a stream.
 """
 
 from __future__ import annotations

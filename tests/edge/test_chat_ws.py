@@ -273,7 +273,7 @@ async def test_the_raw_protocol_resumes_after_last_sequence(memory_bus: Bus, sto
 
 
 async def test_frames_are_held_to_the_tokens_tenant_and_scopes(memory_bus: Bus, store: ReplayLog) -> None:
-    """DESIGN invariant 6 on the chat socket: another tenant's thread has no active run for you,
+    """Invariant 6 (tenants are isolated) on the chat socket: another tenant's thread has no active run for you,
     a token without ``write`` can't send a turn, without ``control`` can't stop one; no token, no socket."""
     secret = "test-secret-please-rotate-0123456789abcdef"
     await publish(memory_bus, store, run_events("run-acme", 3, end=None, tenant="acme", thread_id="chat-a"))

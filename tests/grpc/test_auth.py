@@ -54,7 +54,7 @@ async def status(call: object) -> grpc.StatusCode:
 
 
 async def test_auth_matrix_tokens_tenants_and_scopes(secured: Served) -> None:
-    """DESIGN invariant 6 over gRPC: a token of tenant A can't read, control or list B's runs
+    """Invariant 6 (tenants are isolated) over gRPC: a token of tenant A can't read, control or list B's runs
     (NOT_FOUND, as for a run that does not exist) nor ingest into them (PERMISSION_DENIED, the
     write rule's KAI-STREAM-AUTH-0003, as HTTP's 403); no, expired or forged tokens are
     UNAUTHENTICATED; a token without the method's scope is PERMISSION_DENIED."""

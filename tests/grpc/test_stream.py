@@ -17,8 +17,9 @@ from pipeline.edge import EdgeSettings
 from pipeline.edge.proto.runwire.v1 import runwire_pb2 as pb
 from pipeline.shaping import shape
 from pipeline.store.base import ReplayLog
-from tests.edge.harness import append, decoded, event, read_sse, run_events
+from tests.edge.harness import append, decoded, read_sse, run_events
 from tests.edge.test_views import spaced
+from tests.events import event
 
 from .harness import read_all, read_rest, serve
 
@@ -201,7 +202,7 @@ async def test_bad_stream_requests_are_invalid_argument(
 async def test_closing_the_call_is_a_disconnect_not_a_cancel(
     memory_bus: Bus, store: ReplayLog, run_id: str
 ) -> None:
-    """PITFALLS 14 over gRPC: cancelling a Stream call leaves the run alone and frees the client."""
+    """Stop is not disconnect, over gRPC: cancelling a Stream call leaves the run alone and frees the client."""
     await append(memory_bus, run_id, run_events(run_id, 3, end=None))
     async with serve(memory_bus, store) as edge:
         controls = memory_bus.controls(run_id, after="0")

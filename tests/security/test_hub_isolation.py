@@ -22,7 +22,8 @@ from pipeline import envelope
 from pipeline.bus.base import Bus
 from pipeline.envelope import Event, ToolStart, ToolStartPayload
 from pipeline.store.base import ReplayLog
-from tests.edge.harness import append, decoded, event, read_sse, serve_edge
+from tests.edge.harness import append, decoded, read_sse, serve_edge
+from tests.events import event
 
 FORMATS = ["ai-sdk", "agui", "koder", "loom"]
 DEPTH = 20_000
