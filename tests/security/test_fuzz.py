@@ -1,7 +1,7 @@
 """Property-based: generated frames of every ingest format — valid, malformed, huge, deep, hostile —
 at the codec, at HTTP ingest and at a real worker (Redis bus, SQLite replay log).
 
-What must hold for any input (DESIGN invariant 5, Koder agent stream §7 error codes): no crash;
+What must hold for any input (invariant 5, Koder agent stream §8 error codes): no crash;
 every bad event reported with a ``KAI-STREAM-*`` code (a per-line error at ingest, a dead-letter
 entry in the worker); every valid event delivered exactly once, as sent.
 
