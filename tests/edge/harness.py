@@ -16,7 +16,7 @@ from pipeline.bus.base import Bus
 from pipeline.edge import EdgeSettings, create_app
 from pipeline.envelope import Event
 from pipeline.store.base import ReplayLog
-from tests.events import event
+from tests.events import event as event  # the one test event factory, also importable from here
 
 
 def free_port() -> int:

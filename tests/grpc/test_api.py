@@ -12,7 +12,8 @@ from pipeline.bus.base import Bus
 from pipeline.edge.proto.runwire.v1 import runwire_pb2 as pb
 from pipeline.publisher import Publisher
 from pipeline.store.base import ReplayLog
-from tests.edge.harness import event, run_events
+from tests.edge.harness import run_events
+from tests.events import event
 
 from .harness import serve
 

@@ -16,7 +16,8 @@ from pipeline.envelope import Event
 from pipeline.publisher import Publisher
 from pipeline.shaping import shape
 from pipeline.store.base import ReplayLog
-from tests.edge.harness import append, event
+from tests.edge.harness import append
+from tests.events import event
 
 from .harness import read_all, serve
 

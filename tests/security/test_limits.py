@@ -20,7 +20,8 @@ from pipeline.bus.base import Bus
 from pipeline.edge import EdgeSettings, create_app, issue_token
 from pipeline.edge.server import edge_config
 from pipeline.store.base import ReplayLog
-from tests.edge.harness import append, event, free_port, run_events, serve_edge
+from tests.edge.harness import append, free_port, run_events, serve_edge
+from tests.events import event
 
 from .conftest import SECRET, new_id
 
