@@ -37,6 +37,9 @@ What it guarantees:
   A parent named by id gets its root from the runs this publisher started;
   across services, ``run.context()`` is a token that carries the tree
   (``pub.run(child_id, context=token)``, see :mod:`pipeline.runcontext`).
+
+Longer than ~400 lines: the queue, its bounds, the flusher and the give-up
+report are one piece of state that every emit and the flusher share.
 """
 
 from __future__ import annotations

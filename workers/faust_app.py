@@ -43,22 +43,19 @@ import logging
 import time
 from collections import defaultdict
 from pathlib import Path
-from typing import Any, cast
+from typing import Any
 
-import faust
 import msgspec
-from faust.serializers import codecs
-from faust.types import TP, TopicT
-from mode.utils.queues import FlowControlQueue
 
 from pipeline.bus import DeadLetter, Delivery, open_bus
 from pipeline.bus import keys as bus_keys
 from pipeline.bus.kafka import KafkaBus
-from pipeline.errors import BusUnavailable
 from pipeline.processor import DEFAULT_SILENCE_S, Processor, StreamOutput, newest_checkpoint
 from pipeline.stages import BATCH, TICK_S, Stages, WorkerStats
 from pipeline.store import ReplayLog, open_store
-from workers.faust_seam import Intake, WorkerApp, check_faust_version
+from workers.faust_partitions import PartitionTracker
+from workers.faust_seam import Intake, check_faust_version
+from workers.faust_setup import build_app, build_table, subscribe
 
 log = logging.getLogger("runwire.faust")
 
@@ -68,41 +65,13 @@ PENDING_ENTRIES = 64 * BATCH
 """At most this many entries are processed into the pending write while a write is in flight."""
 INTAKE_LIMIT = 16 * BATCH
 """Fetched entries waiting for the worker before faust's consumer stops fetching."""
-COMMIT_EVERY = 8 * BATCH
-"""Faust commits after this many acks (and every ``broker_commit_interval``)."""
 BURST_IDLE_S = 2.0
 """``--burst``: stop after this long with nothing new once partitions are assigned."""
-HOLE_IDLE_S = 2.0
-"""A partition with unprocessed entries below its high water but nothing processed for
-this long is sought back to its first unprocessed entry (see ``_rewind_lost_tails``)."""
 _dead_json = msgspec.json.Encoder()
-_table_json = msgspec.json.Encoder()
 DEFAULT_DATA_DIR = Path(".runwire")
 """runwire's data directory (as ``runwire up --data-dir``); faust's goes in ``faust/<group>``."""
-TABLE_CODEC = "runwire-json"
-"""The table's key and value codec: JSON text as faust's ``json`` codec writes it, encoded faster."""
 _current_partition: contextvars.ContextVar[int] = contextvars.ContextVar("partition", default=0)
 """The ingest partition whose entries are being processed (each runs in its own task)."""
-
-
-class _JsonText(codecs.Codec):
-    """JSON for the table's text keys and values, by msgspec (faust's ``json`` reads it too)."""
-
-    def _dumps(self, obj: Any) -> bytes:
-        return _table_json.encode(obj)
-
-    def _loads(self, data: bytes) -> Any:
-        return msgspec.json.decode(data)
-
-
-codecs.register(TABLE_CODEC, _JsonText())
-
-
-class StreamTable(faust.Table[str, str]):
-    """A table whose key names its partition (``"<partition>:<run_id>"``)."""
-
-    def partition_for_key(self, key: Any) -> int | None:
-        return int(str(key).split(":", 1)[0])
 
 
 class FaustWorker:
@@ -132,22 +101,14 @@ class FaustWorker:
         )
         self.topic_name = bus.topics[bus_keys.KAFKA_INGEST]
         self.intake = Intake(INTAKE_LIMIT)
-        self.app = self._build_app(group)
-        self.table = self._build_table()
+        self.app = build_app(bus, group, self.intake, self.topic_name, self.data_dir)
+        self.table = build_table(self.app, bus.shards)
         self._shard_of: dict[str, int] = {}
-        self._offsets: dict[int, int] = {}
-        """Highest offset processed per ingest partition (before a new partition's first: its
-        start offset - 1)."""
-        self._starts: dict[int, asyncio.Future[int | None]] = {}
-        self._lookups: set[asyncio.Task[None]] = set()
-        """New partitions' start offsets (committed, else beginning), being looked up."""
-        self._owned: set[int] = set()
-        self._resync: set[int] = set()
-        """Retained partitions waiting for the re-read after a rebalance."""
-        self._rewound: dict[int, float] = {}
-        """Partitions sought back over a hole in their entries (when, monotonic)."""
-        self._progress: dict[int, float] = {}
-        """When each partition last had an entry processed (monotonic)."""
+        self.partitions = PartitionTracker(
+            name=name, topic=self.topic_name, consumer=lambda: self.app.consumer,
+            start_offsets=lambda partitions: bus.start_offsets(group, partitions),
+            busy=lambda: bool(self.intake.messages),
+        )
         self._forget = False
         self._assigned = False
         self._last_batch = time.monotonic()
@@ -161,61 +122,8 @@ class FaustWorker:
         self._pending_acks: list[Any] = []
         self._define()
 
-    def _build_app(self, group: str) -> WorkerApp:
-        session_s = (self.bus.kafka.session_timeout_ms or self.bus.options.lease_ms) / 1000
-        app = WorkerApp(
-            group,
-            broker=f"kafka://{self.bus.bootstrap}",
-            store="memory://",
-            web_enabled=False,
-            # faust's own files (none with the in-memory table store) go under runwire's data dir
-            datadir=str(self.data_dir / "faust" / "{conf.name}"),
-            topic_partitions=self.bus.shards,
-            topic_replication_factor=1,
-            consumer_auto_offset_reset="earliest",
-            broker_commit_every=COMMIT_EVERY,
-            broker_commit_interval=0.5,
-            producer_acks=-1,
-            stream_wait_empty=True,
-            table_cleanup_interval=3600.0,
-            # a dead worker's partitions move after its session times out (the claim idle time)
-            broker_session_timeout=session_s,
-            broker_heartbeat_interval=max(0.3, session_s / 5),
-            broker_rebalance_timeout=max(session_s, 10.0),
-            loghandlers=[],
-        )
-        app.intake = self.intake
-        app.ingest_topic = self.topic_name
-        # faust only calls clear() on a managed queue (at the start of a rebalance)
-        app.flow_control.manage_queue(cast("FlowControlQueue[Any]", self.intake))
-        return app
-
-    def _build_table(self) -> StreamTable:
-        table = StreamTable(
-            self.app,
-            name="streams",
-            default=None,
-            partitions=self.bus.shards,
-            # JSON text both ways: faust's changelog recovery decodes values as text,
-            # so the msgpack checkpoint is stored base64-encoded.
-            schema=faust.Schema(
-                key_type=str, value_type=str,
-                key_serializer=TABLE_CODEC, value_serializer=TABLE_CODEC,
-            ),
-        )
-        return cast(StreamTable, self.app.tables.add(table))
-
     def _define(self) -> None:
-        topic = self.app.topic(
-            self.topic_name,
-            key_type=bytes,
-            value_type=bytes,
-            key_serializer="raw",
-            value_serializer="raw",
-            partitions=self.bus.shards,
-        )
-        # subscribed as an agent's stream would be; IngestConsumer hands its records to the intake
-        self.app.topics.add(cast(TopicT, topic.clone(is_iterator=True)))
+        subscribe(self.app, self.topic_name, self.bus.shards)
         # faust calls a receiver as receiver(sender, partitions, signal=...)
         self.app.on_partitions_revoked.connect(self._on_revoked)  # type: ignore[arg-type]
         self.app.on_partitions_assigned.connect(self._on_assigned)  # type: ignore[arg-type]
@@ -270,26 +178,16 @@ class FaustWorker:
         by_partition: dict[int, list[Delivery]] = defaultdict(list)
         taken: list[Any] = []
         for partition in {message.partition for message in messages}:
-            await self._learn_start(partition)
+            await self.partitions.learn_start(partition)
         for message in messages:
             partition, offset = message.partition, message.offset
-            offsets = self._offsets  # (a rebalance may replace these while a seek is awaited)
-            last = offsets.get(partition)
-            if (last is not None and offset == last + 1 and partition in self._owned
-                    and partition not in self._resync and partition not in self._rewound):
-                pass  # the next entry of an owned partition, in order (the common case)
-            elif self._is_stale(partition, offset):
-                await self._rewind_over_hole(partition)
+            if not await self.partitions.accept(partition, offset):
                 continue
             taken.append(message)
-            if last is None or offset > last:
-                offsets[partition] = offset
             by_partition[partition].append(Delivery(
                 entry_id=f"{partition}:{offset}", shard=partition, data=message.value,
             ))
-        now = time.monotonic()
-        for partition in by_partition:
-            self._progress[partition] = now
+        self.partitions.processed(list(by_partition))
         # Partitions hold disjoint run trees, so their entries are processed concurrently.
         prepared = await asyncio.gather(*(
             self._prepare_partition(partition, deliveries)
@@ -382,7 +280,7 @@ class FaustWorker:
     async def _tick(self) -> None:
         """Seek back lost tails; close due windows and end silent runs (written in order)."""
         self._maybe_forget()
-        await self._rewind_lost_tails()
+        await self.partitions.rewind_lost_tails()
         highwaters: dict[int, int | None] = {}
         outputs = self.stages.processor.tick(
             caught_up=lambda run_id: self._caught_up(run_id, highwaters)
@@ -394,158 +292,21 @@ class FaustWorker:
                 self._start_write()
 
     # ---- entries out of order -------------------------------------------
-    def _is_stale(self, partition: int, offset: int) -> bool:
-        """An entry taken before a rebalance, now ahead of what the stream resumes from.
-
-        After a rebalance faust seeks every partition back to its committed
-        offset and drops what it had queued, but entries already taken
-        could still come first; processing them before the re-read
-        entries before them would reorder the partition (and the sequencer
-        would take the earlier entries for duplicates). Until the re-read
-        reaches us, entries past our last processed offset are skipped and
-        left unacked; the re-read delivers them again, in order. Entries of
-        a partition that moved to another worker are skipped too:
-        processing them would give that partition's runs two writers.
-        """
-        if partition not in self._owned:  # moved to another owner: never write its runs
-            log.info("%s: skipping entry %d:%d of a partition it no longer owns",
-                     self.name, partition, offset)
-            return True
-        last = self._offsets.get(partition)
-        if last is None or offset <= last + 1:
-            self._resync.discard(partition)
-            self._rewound.pop(partition, None)
-            return False
-        if partition in self._resync:
-            log.info("%s: skipping stale entry %d:%d taken before the rebalance",
-                     self.name, partition, offset)
-        else:
-            log.info("%s: skipping entry %d:%d past a hole after %d:%d",
-                     self.name, partition, offset, partition, last)
-        return True
-
-    async def _rewind_lost_tails(self) -> None:
-        """Seek back partitions whose entries past the last processed one never arrive.
-
-        The hole of :meth:`_rewind_over_hole` can also be a partition's
-        tail: nothing after it to reveal it. A partition whose high water
-        is past ``last + 1`` but that has had nothing processed for
-        :data:`HOLE_IDLE_S` is sought back the same way (a busy worker only
-        causes a re-read, which the sequencer drops as duplicates). A new
-        partition counts from its start offset (see :meth:`_on_assigned`),
-        so one that lost every entry before the first was processed is
-        sought back too.
-        """
-        for partition, start in list(self._starts.items()):
-            if start.done():  # a new partition none of whose entries arrived yet
-                await self._learn_start(partition)
-        now = time.monotonic()
-        for partition, last in list(self._offsets.items()):
-            if now - self._progress.get(partition, now) < HOLE_IDLE_S or self.intake.messages:
-                continue
-            highwater = self.app.consumer.highwater(TP(self.topic_name, partition))
-            if highwater is not None and highwater > last + 1:
-                await self._rewind_over_hole(partition)
-
-    async def _rewind_over_hole(self, partition: int) -> None:
-        """Seek a partition back to its first unprocessed entry when the fetcher skipped some.
-
-        Faust (0.15) resumes the stream partitions of a new assignment and
-        fetches from them while its own seek to the committed offsets is
-        still in flight; entries fetched in that window can fail to reach
-        the worker while the fetch position moves on past them. The ingest topic is
-        neither compacted nor transactional, so its offsets are contiguous
-        and an entry past ``last + 1`` of an owned partition means entries
-        in between were not delivered: they would be lost (the survivor of
-        a takeover recorded them as an ``x.gap``). Seeking back to
-        ``last + 1`` re-reads them; entries past the hole are skipped
-        unacked until the re-read reaches them (at most one seek per
-        :data:`HOLE_IDLE_S` while waiting, in case a seek is itself overtaken).
-        """
-        if partition in self._resync or partition not in self._owned:
-            return  # faust's own seek after the rebalance re-reads them / not ours
-        now = time.monotonic()
-        if now - self._rewound.get(partition, -HOLE_IDLE_S) < HOLE_IDLE_S:
-            return
-        self._rewound[partition] = now
-        offset = self._offsets[partition] + 1
-        log.warning("%s: entries of ingest partition %d from offset %d were not delivered; "
-                    "seeking back to re-read them", self.name, partition, offset)
-        await self.app.consumer.seek(TP(self.topic_name, partition), offset)
-
-    async def _learn_start(self, partition: int) -> None:
-        """Wait for a newly assigned partition's start offset; it counts as ``last + 1``."""
-        start = self._starts.get(partition)
-        if start is None:
-            return
-        offset = await start
-        if self._starts.get(partition) is start:
-            del self._starts[partition]
-            if offset is not None and partition in self._owned:
-                self._offsets.setdefault(partition, offset - 1)
-
-    async def _lookup_starts(self, partitions: list[int], futures: list[asyncio.Future[int | None]]) -> None:
-        try:
-            starts: dict[int, int] = {}
-            for attempt in range(3):
-                try:
-                    starts = await self.bus.start_offsets(self.group, partitions)
-                    break
-                except BusUnavailable as exc:
-                    log.warning("%s: cannot read the start offsets of %s (%s)%s", self.name,
-                                partitions, exc, "; retrying" if attempt < 2 else "")
-                    await asyncio.sleep(0.5)
-            for partition, future in zip(partitions, futures, strict=True):
-                if not future.done():
-                    future.set_result(starts.get(partition))
-        finally:
-            for future in futures:
-                if not future.done():
-                    future.set_result(None)
-
     # ---- faust callbacks ------------------------------------------------
     def _caught_up(self, run_id: str, highwaters: dict[int, int | None]) -> bool:
         """Whether everything in the stream's ingest partition up to its high water was processed."""
         partition = self._shard_of.get(run_id)
-        if partition is None:
-            return True
-        if partition not in highwaters:
-            highwaters[partition] = self.app.consumer.highwater(TP(self.topic_name, partition))
-        highwater = highwaters[partition]
-        return highwater is None or self._offsets.get(partition, -1) + 1 >= highwater
+        return partition is None or self.partitions.caught_up(partition, highwaters)
 
     async def _on_revoked(self, sender: Any, revoked: Any, **_: Any) -> None:
         self._forget = True
         self.bus.ownership_changed()
 
     async def _on_assigned(self, sender: Any, assigned: Any, **_: Any) -> None:
-        """Record the new assignment; look up where each new partition starts.
-
-        A new partition's start offset (the group's committed offset, else
-        its beginning) stands for its last processed offset + 1, so entries
-        lost before its first one is processed (see :meth:`_rewind_over_hole`)
-        are a hole like any other: the first entry past it is skipped and the
-        partition sought back, and a partition that lost all of them is
-        sought back on the timer.
-        """
+        """Record the new assignment (see :meth:`PartitionTracker.assign`)."""
         owned = sorted(tp.partition for tp in assigned if tp.topic == self.topic_name)
         log.info("%s owns shards %s", self.name, owned)
-        retained = self._owned & set(owned)
-        for partition in set(self._offsets) - retained:  # another owner may have moved on
-            del self._offsets[partition]
-        self._resync = retained & set(self._offsets)
-        self._owned = set(owned)
-        fresh = [p for p in owned if p not in self._resync]
-        now = time.monotonic()
-        for partition in fresh:
-            self._progress[partition] = now
-        if fresh:
-            futures: list[asyncio.Future[int | None]] = [
-                asyncio.get_running_loop().create_future() for _ in fresh
-            ]
-            self._starts.update(zip(fresh, futures, strict=True))
-            self._lookups.add(task := asyncio.create_task(self._lookup_starts(fresh, futures)))
-            task.add_done_callback(self._lookups.discard)
+        self.partitions.assign(owned)
         self.bus.ownership_changed()
         self._assigned = True
         self._last_batch = time.monotonic()
@@ -570,7 +331,7 @@ class FaustWorker:
             entry_id=delivery.entry_id, shard=delivery.shard, data=delivery.data,
             reason=reason, deliveries=delivery.deliveries, group=self.app.conf.id,
         )
-        await self.bus._dead_letter(dead)
+        await self.bus.send_dead_letter(dead)
 
     # ---- running ------------------------------------------------------------
     async def run(self) -> WorkerStats:
@@ -588,8 +349,7 @@ class FaustWorker:
         finally:
             stopping.cancel()
             consuming.cancel()
-            for lookup in list(self._lookups):
-                lookup.cancel()
+            self.partitions.stop()
             self.intake.clear()  # not processed: not acked, read again by the next owner
             await self.app.stop()
             self.stages.stats.seconds = time.monotonic() - started

@@ -45,6 +45,10 @@ by the client's hash, so a run's shard is the same number on every backend.
 * The brokers used in tests (Tansu) have no idempotent or transactional
   producer, so nothing relies on them: duplicates from producer retries are
   dropped by seq wherever records are read.
+
+Longer than ~400 lines because of this description of the topics and their
+records; the code is the bus alone (its consumer, tail and clients are the
+modules named above).
 """
 
 from __future__ import annotations
@@ -182,13 +186,14 @@ class KafkaBus(Bus):
         idle = self.claim_idle_ms if claim_idle_ms is None else claim_idle_ms
         consumer = KafkaConsumer(
             self.link, self.options, self.topics[keys.KAFKA_INGEST], group, name,
-            claim_idle_ms=idle, dead_letter=self._dead_letter,
+            claim_idle_ms=idle, dead_letter=self.send_dead_letter,
             ownership_changed=self.ownership_changed, closed=self._consumers.discard,
         )
         self._consumers.add(consumer)
         return consumer
 
-    async def _dead_letter(self, dead: DeadLetter) -> None:
+    async def send_dead_letter(self, dead: DeadLetter) -> None:
+        """Write a dead letter to the dead-letter topic (a consumer of this bus acks the entry)."""
         await self.link.send(self.topics[keys.KAFKA_DEAD_LETTER], [(0, None, json_encoder.encode(dead), [])])
 
     async def dead_letters(self, limit: int = 100) -> list[DeadLetter]:

@@ -10,6 +10,10 @@ same thing (one thread per connection, calls queued to it) behind another
 dependency, and the per-call hop is paid once per batch of 5 000–20 000 rows,
 so it does not show in the figures (``bench/replay.py``). Each event row keeps
 its canonical JSON bytes, so export streams them without re-encoding.
+
+Longer than ~400 lines: one backend — schema, migrations, the writer thread's
+batched statements and the queries — whose parts share the connection's
+thread and locks; what it shares with PostgreSQL is in ``runmeta.py``.
 """
 
 from __future__ import annotations
