@@ -15,7 +15,7 @@ import msgspec
 
 from . import envelope
 from .bus.base import Bus
-from .envelope import Event, Gap
+from .envelope import ChildSpawn, Event, Gap
 from .protocols import egress
 from .shaping import DeltaCoalescer
 from .store.base import ReplayLog
@@ -100,6 +100,47 @@ def republished(event: Event, run_id: str, seq: int, ids: MonotonicULID) -> Even
     )
 
 
+class _Tree:
+    """The played tree: each original run's new id, its parent, and its next publisher seq."""
+
+    def __init__(self, log: ReplayLog, run_id: str, target: str) -> None:
+        self.log = log
+        self.root, self.target = run_id, target
+        self.parents: dict[str, str] = {}
+        self.seqs: dict[str, int] = {}
+
+    def new_id(self, original: str) -> str:
+        """``--as`` renames the tree: ``root-child`` of ``root`` played as ``copy`` is ``copy-child``."""
+        if original == self.root:
+            return self.target
+        if self.target == self.root:
+            return original
+        if original.startswith(self.root):
+            return self.target + original[len(self.root):]
+        return f"{self.target}.{original}"
+
+    async def parent_of(self, origin: str) -> str:
+        parent = self.parents.get(origin)
+        if parent is None:  # no child.spawn seen: the child's own metadata, else the root
+            info = await self.log.run(origin)
+            parent = info.parent_id if info is not None and info.parent_id else self.root
+            self.parents[origin] = parent
+        return parent
+
+    async def play(self, event: Event, ids: MonotonicULID) -> Event:
+        origin = event.child_id or self.root
+        seq = self.seqs[origin] = self.seqs.get(origin, 0) + 1
+        if isinstance(event, ChildSpawn):
+            self.parents.setdefault(event.payload.child_id, origin)
+            event = envelope.replace(event, payload=msgspec.structs.replace(
+                event.payload, child_id=self.new_id(event.payload.child_id)))
+        played = republished(envelope.replace(event, child_id=None), self.new_id(origin), seq, ids)
+        if origin == self.root:
+            return played
+        parent = self.new_id(await self.parent_of(origin))
+        return envelope.replace(played, parent_id=parent, root_id=self.target)
+
+
 async def play_run(
     log: ReplayLog,
     bus: Bus,
@@ -110,22 +151,26 @@ async def play_run(
     batch: int = 500,
     progress: Progress = lambda _: None,
 ) -> int:
-    """Re-publish a stored run onto ``bus`` with its original relative timing.
+    """Re-publish a stored run — its whole tree — onto ``bus`` with its original relative timing.
 
-    Only the run's own events go out (fanned-in child events and the
-    workers' ``x.gap`` markers are left out: the workers re-create them),
-    re-sequenced from 1 as a publisher would, under ``as_run`` (default: the
-    same run id). ``speed`` scales time (2 = twice as fast, 0 = no waiting).
-    Returns the number of events published.
+    The run's own events go out under ``as_run`` (default: the same run id),
+    re-sequenced from 1 as a publisher would. Its children's and
+    grandchildren's events (fanned into its stream with ``child_id``) go out
+    as events of those runs again — ids derived from ``as_run``, parents and
+    root set, ``child.spawn`` naming the new ids — so the workers fan them
+    into the played run exactly as into the original, and the played run
+    matches it event for event. The workers' ``x.gap`` markers are left out
+    (the workers re-create them). ``speed`` scales time (2 = twice as fast,
+    0 = no waiting). Returns the number of events published.
     """
-    target = as_run or run_id
+    tree = _Tree(log, run_id, as_run or run_id)
     ids = MonotonicULID("evt_")
     start = time.monotonic()
     first_ms: int | None = None
     pending: list[Event] = []
-    seq = 0
+    sent = 0
     async for event in log.iter_events(run_id):
-        if event.child_id is not None or isinstance(event, Gap):
+        if isinstance(event, Gap):
             continue
         moment = envelope.ts_ms(event.ts)
         if first_ms is None:  # the clock starts at the first event, not at the first read
@@ -138,11 +183,11 @@ async def play_run(
             delay = wait - (time.monotonic() - start)
         if delay > 0:
             await asyncio.sleep(delay)
-        seq += 1
-        pending.append(republished(event, target, seq, ids))
+        pending.append(await tree.play(event, ids))
+        sent += 1
     if pending:
         await _publish(bus, pending, progress)
-    return seq
+    return sent
 
 
 async def _publish(bus: Bus, events: Sequence[Event], progress: Progress) -> None:

@@ -123,3 +123,38 @@ def test_a_context_token_round_trips() -> None:
     context = RunContext(run="c", root="r", tenant="acme")
     assert RunContext.parse(context.token()) == context
     assert RunContext.parse(RunContext(run="r").token()).root_id == "r"
+
+
+async def test_replay_play_replays_the_whole_tree_event_for_event(
+    redis_bus: Bus, store: ReplayLog, tmp_path: Path
+) -> None:
+    """A played run matches the original: children re-published as children of the played root,
+    their ids derived from ``--as``."""
+    from pipeline.replay import play_run
+    from tests.workers.checks import run_tree
+
+    prefix = f"t{uuid.uuid4().hex[:8]}"
+    events, _ancestry = run_tree(prefix)
+    await redis_bus.publish(events)
+    await run_worker(redis_bus, store, group="g", name="w", burst=True)
+    root = f"{prefix}_root"
+    original = await store.read(root, limit=100_000)
+    assert len(original) == len(events)  # the root's stream holds the whole tree
+    async with open_bus("memory://") as target, open_store(f"sqlite:///{tmp_path / 'p.db'}") as played_log:
+        sent = await play_run(store, target, root, as_run="copy", speed=0)
+        assert sent == len(original)
+        await run_worker(target, played_log, group="g", name="w", burst=True)
+        played = await played_log.read("copy", limit=100_000)
+        grand = await played_log.read(f"copy.{prefix}_g", limit=100_000)
+
+    def shape(event: object, rename: dict[str, str]) -> tuple[object, ...]:
+        payload = event.payload_dict()  # type: ignore[attr-defined]
+        if "child_id" in payload:
+            payload = {**payload, "child_id": rename.get(payload["child_id"], payload["child_id"])}
+        child = event.child_id  # type: ignore[attr-defined]
+        return (event.type, rename.get(child, child), payload)  # type: ignore[attr-defined]
+
+    # ids under the root's own (``<root>-x``) would become ``copy-x``; these are not, so ``copy.<id>``
+    rename = {run: "copy" if run == root else f"copy.{run}" for run in {e.run_id for e in events}}
+    assert [shape(e, rename) for e in played] == [shape(e, rename) for e in original]
+    assert grand and all(e.parent_id == f"copy.{prefix}_c0" and e.root_id == "copy" for e in grand)

@@ -190,7 +190,7 @@ def test_play_republishes_onto_redis(loaded: str, redis_url: str) -> None:
     assert span_ms >= 9000 / 4 - 50  # the original 9 s, four times faster
 
 
-async def test_play_keeps_relative_timing_and_leaves_child_events_out(
+async def test_play_keeps_relative_timing_and_plays_child_events_as_the_child_run(
     new_store_url: Callable[[], str],
 ) -> None:
     stored = [
@@ -202,10 +202,11 @@ async def test_play_keeps_relative_timing_and_leaves_child_events_out(
     async with open_store(new_store_url()) as log, open_bus("memory://") as bus:
         await log.append(stored)
         consumer = bus.consumer("g", "c")
-        assert await play_run(log, bus, "p", speed=2) == 2
+        assert await play_run(log, bus, "p", speed=2) == 3
         got = [envelope.decode(d.data) for d in await consumer.fetch(block_ms=100)]
-    assert [(e.run_id, e.seq) for e in got] == [("p", 1), ("p", 2)]
-    assert envelope.ts_ms(got[1].ts) - envelope.ts_ms(got[0].ts) >= 290
+    assert [(e.run_id, e.seq, e.parent_id, e.root_id, e.child_id) for e in got] == [
+        ("p", 1, None, None, None), ("kid", 1, "p", "p", None), ("p", 2, None, None, None)]
+    assert envelope.ts_ms(got[2].ts) - envelope.ts_ms(got[0].ts) >= 290
 
 
 def test_export_speaks_every_egress_format(loaded: str) -> None:

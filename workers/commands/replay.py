@@ -218,10 +218,11 @@ async def import_(store: str, files: tuple[IO[bytes], ...], as_json: bool) -> No
 @click.option("--bus", envvar="RUNWIRE_BUS", required=True, help="Bus URL to publish onto.")
 @click.option("--speed", type=click.FloatRange(min=0), default=1.0, show_default=True,
               help="Time scale: 2 = twice as fast, 0 = no waiting.")
-@click.option("--as", "as_run", help="Publish under this run id (default: the original).")
+@click.option("--as", "as_run", help="Publish under this run id (default: the original); "
+              "child runs get ids derived from it.")
 @run_async
 async def play(store: str, run_id: str, bus: str, speed: float, as_run: str | None) -> None:
-    """Re-publish a stored run with its original relative timing, seq from 1."""
+    """Re-publish a stored run and its child runs with the original relative timing, seq from 1."""
     from pipeline.bus import open_bus
     from pipeline.replay import play_run
 
