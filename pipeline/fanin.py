@@ -64,6 +64,20 @@ class ParentMap:
             self.link(child, ancestor)
             child = ancestor
 
+    def root_of(self, run_id: str) -> str:
+        """The furthest known ancestor of ``run_id`` (itself when it has no known parent)."""
+        parents = self._parents
+        if run_id not in parents:  # a root (every event of a correctly published tree)
+            return run_id
+        seen = {run_id}
+        while len(seen) <= MAX_DEPTH:
+            parent = parents.get(run_id)
+            if parent is None or parent in seen:
+                return run_id
+            seen.add(parent)
+            run_id = parent
+        return run_id
+
     def forget(self, run_id: str) -> None:
         self._parents.pop(run_id, None)
 

@@ -75,6 +75,23 @@ def validate(event: Event) -> None:
         raise MalformedFrame(f"ts {event.ts!r} is not a valid instant: {error}", field="$.ts") from None
 
 
+class Misrooted(Exception):
+    """An event claims a root that is itself a child run (known from that run's checkpoint).
+
+    Fanning it in here would split the tree: the claimed root's stream would get a
+    second writer and the true root's stream would never see the event. The
+    runtime re-publishes :attr:`rerouted` (the true root set) onto the ingest
+    shard of the true root, whose single writer fans it in everywhere.
+    """
+
+    def __init__(self, event: Event, root: str) -> None:
+        super().__init__(f"{event.type} of run {event.run_id} claims root {event.root_id}, "
+                         f"a child of the tree rooted at {root}")
+        self.event = event
+        self.claimed = event.root_id or event.run_id
+        self.rerouted = replace_struct(event, root_id=root)
+
+
 class Checkpoint(msgspec.Struct, kw_only=True, omit_defaults=True):
     """What a stream's writer stores with each raw append to resume exactly."""
 
@@ -170,6 +187,8 @@ class Processor:
         self.parents = ParentMap()
         self.stats = ProcessorStats()
         self._streams: dict[str, _Stream] = {}
+        self._restored: set[str] = set()
+        """Streams loaded since the last :meth:`process_each` (dropped again if only a misrooted event wanted them)."""
         self._ids = MonotonicULID("evt_")
 
     # ---- checkpoints ----------------------------------------------------
@@ -200,6 +219,7 @@ class Processor:
         self.parents.learn_chain(run_id, checkpoint.sequencer.ancestors)
         now = self.clock() if last_activity is None else last_activity
         self._streams[run_id] = _Stream(run_id, checkpoint, now, self.window_ms)
+        self._restored.add(run_id)
 
     def holds(self, run_id: str) -> bool:
         """Whether the stream's state is in memory."""
@@ -223,6 +243,7 @@ class Processor:
         """
         outputs: dict[str, StreamOutput] = {}
         now = self.clock()
+        self._restored.clear()
         for event in events:
             self._one(event, outputs, now)
         return self._finish(outputs, seal)
@@ -244,6 +265,12 @@ class Processor:
                 one(event, outputs, now)
             except Exception as error:  # isolate one poison event
                 failures.append((index, error))
+        for _, failure in failures:
+            if isinstance(failure, Misrooted):  # streams loaded only for it belong to another writer
+                for run_id in (failure.event.run_id, failure.claimed):
+                    if run_id in self._restored and run_id not in outputs:
+                        self._streams.pop(run_id, None)
+        self._restored.clear()
         return self._finish(outputs, seal), failures
 
     @staticmethod
@@ -298,6 +325,10 @@ class Processor:
             ancestors: list[str] = _NONE
         else:
             self.parents.learn(event)
+            if not made and event.child_id is None and event.root_id is not None:
+                root = self.parents.root_of(event.root_id)
+                if root != event.root_id:
+                    raise Misrooted(event, root)
             ancestors = self.parents.ancestors(event)
             if made:  # an event runwire made fans in only where this process holds the streams
                 ancestors = self._loaded_prefix(ancestors)

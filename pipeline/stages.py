@@ -25,7 +25,7 @@ from .bus import Bus, Delivery, EncodedAppend
 from .bus.keys import shard_for
 from .envelope import Event, decode_many, encode
 from .errors import ProtocolError
-from .processor import Processor, StreamOutput, validate
+from .processor import Misrooted, Processor, StreamOutput, validate
 from .retry import Retry
 from .store import ReplayLog
 
@@ -77,6 +77,8 @@ class WorkerStats(msgspec.Struct, kw_only=True):
     duplicates: int = 0
     gaps: int = 0
     dead_lettered: int = 0
+    rerouted: int = 0
+    """Events re-published to their tree's root shard (they named a child run as root)."""
     silenced: int = 0
     seconds: float = 0.0
     busy_seconds: float = 0.0
@@ -157,9 +159,13 @@ class Stages:
                 events.append(result)
         await self._restore(events, before_restore)
         outputs, failures = self.processor.process_each(events, seal=seal)
+        rerouted = [error for _, error in failures if isinstance(error, Misrooted)]
+        if rerouted:
+            await self._reroute(rerouted)
         for index, error in failures:
-            await self._dead_letter(good[index], f"processing failed: {error!r}")
-        failed = {index for index, _ in failures}
+            if not isinstance(error, Misrooted):
+                await self._dead_letter(good[index], f"processing failed: {error!r}")
+        failed = {index for index, error in failures if not isinstance(error, Misrooted)}
         return [d for i, d in enumerate(good) if i not in failed], outputs
 
     async def adopt_silent(self, owned: frozenset[int], shards: int) -> None:
@@ -247,6 +253,19 @@ class Stages:
         for start in range(0, len(appends), APPEND_CHUNK):
             chunk = appends[start : start + APPEND_CHUNK]
             await self.retry(functools.partial(self.bus.append_many_encoded, chunk))
+
+    async def _reroute(self, misrooted: list[Misrooted]) -> None:
+        """Re-publish events that claimed a child run as their root, with the true root.
+
+        Their entries are then acked like processed ones: the true root's shard
+        has the events (a redelivery re-publishes them, and the sequencer drops
+        the copy as a duplicate of its publisher seq).
+        """
+        for error in misrooted[:1]:
+            log.warning("re-publishing %d event(s) to their tree's root shard: %s", len(misrooted), error)
+        events = [error.rerouted for error in misrooted]
+        await self.retry(lambda: self.bus.publish(events))
+        self.stats.rerouted += len(events)
 
     async def _dead_letter(self, delivery: Delivery, reason: str) -> None:
         log.warning("dead-lettering %s (shard %d): %s", delivery.entry_id, delivery.shard, reason)

@@ -158,3 +158,25 @@ async def test_replay_play_replays_the_whole_tree_event_for_event(
     rename = {run: "copy" if run == root else f"copy.{run}" for run in {e.run_id for e in events}}
     assert [shape(e, rename) for e in played] == [shape(e, rename) for e in original]
     assert grand and all(e.parent_id == f"copy.{prefix}_c0" and e.root_id == "copy" for e in grand)
+
+
+async def test_an_event_naming_a_child_as_its_root_is_rerouted_to_the_true_root(
+    redis_bus: Bus, store: ReplayLog
+) -> None:
+    """An older or foreign publisher claims the parent as root: the worker knows (from the parent's
+    checkpoint) that the parent is a child, and re-publishes the events to the true root's shard —
+    the tree is repaired, not split, and every stream gets them exactly once."""
+    root_id, child_id, grand_id = ids()
+    root, child = RunScript(root_id), RunScript(child_id, parent=root_id)
+    await redis_bus.publish([root.lifecycle("running"), root.spawn(child_id), child.lifecycle("running")])
+    await run_worker(redis_bus, store, group="g", name="w", burst=True)
+    grand = RunScript(grand_id, parent=child_id)  # root_id = the parent: the claim of the bug
+    assert grand.text("x").root_id == child_id
+    grand.seq = 0
+    await redis_bus.publish([grand.text("one"), grand.text("two"), grand.lifecycle("done")])
+    stats = await run_worker(redis_bus, store, group="g", name="w", burst=True)
+    assert stats.rerouted == 3 and stats.dead_lettered == 0
+    assert (await origins(redis_bus, root_id)).count(grand_id) == 3
+    assert (await origins(redis_bus, child_id)).count(grand_id) == 3
+    assert (await origins(redis_bus, grand_id)) == [grand_id] * 3
+    assert [e.root_id for e in await read_all(redis_bus, grand_id)] == [root_id] * 3
