@@ -24,7 +24,8 @@ def message(run_id: str, seq: int, type: str = "text.delta", payload: str = '{"t
 
 async def test_control_reaches_the_agents_run_controls(memory_bus: Bus, store: ReplayLog, run_id: str) -> None:
     """Control → the run's control channel → ``async for cmd in run.controls()`` in the agent,
-    with its args; an unknown command or args that are not a JSON object are INVALID_ARGUMENT."""
+    with its args; an unknown command or args that are not a JSON object are INVALID_ARGUMENT, a run
+    nobody has seen NOT_FOUND."""
     publisher = Publisher(memory_bus)
     await publisher.start()
     run = publisher.run(run_id)
@@ -37,8 +38,12 @@ async def test_control_reaches_the_agents_run_controls(memory_bus: Bus, store: R
                 return
 
     listener = asyncio.create_task(agent())
+    await memory_bus.append((run_id, "raw"), run_events(run_id, 2, end=None))  # a live run: control needs one
     async with serve(memory_bus, store) as edge:
         client = edge.client()
+        with pytest.raises(grpc.aio.AioRpcError) as unknown:
+            await client.control("run-nobody-has-seen", "pause")
+        assert unknown.value.code() == grpc.StatusCode.NOT_FOUND
         for command, args in (("explode", ""), ("pause", "[1]"), ("pause", "{not json")):
             with pytest.raises(grpc.aio.AioRpcError) as bad:
                 await client.control(run_id, command, args)
