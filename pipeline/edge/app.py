@@ -48,14 +48,13 @@ from ..errors import (
 from ..redaction import redact_logs, redact_text
 from ..runcontext import CONTEXT_HEADER, RunContext
 from ..store.base import ReplayLog, RunInfo
-from .auth import Gate, Principal
+from .auth import Principal
 from .authz import authorize_write
 from .chat import serve_chat
+from .context import Edge
 from .control import send_control
 from .filters import CHILDREN, PROFILE_NAMES
-from .hub import Hub
 from .ingest import publish_body, resolve_format
-from .metrics import EdgeMetrics
 from .params import bounded_body, choice, cursor, list_limit, moment
 from .session import StreamRequest
 from .settings import EdgeSettings
@@ -65,18 +64,6 @@ from .transports import NDJSON_MEDIA_TYPE, refuse_websocket, serve_http_stream, 
 log = logging.getLogger(__name__)
 STATIC = Path(__file__).parent / "static"
 _json = msgspec.json.Encoder()
-
-
-class Edge:
-    """What the endpoints share: the bus, the replay log, the hub, the gate, the metrics."""
-
-    def __init__(self, bus: Bus, store: ReplayLog, settings: EdgeSettings) -> None:
-        self.bus = bus
-        self.store = store
-        self.settings = settings
-        self.metrics = EdgeMetrics()
-        self.hub = Hub(bus, store, settings, self.metrics)
-        self.gate = Gate(settings.secret, bus, store, refusal_floor_s=settings.refusal_floor_s)
 
 
 def status_of(exc: RunwireError) -> int:

@@ -36,7 +36,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-from typing import TYPE_CHECKING, Annotated, Any, Literal
+from typing import Annotated, Any, Literal
 
 import msgspec
 from starlette.websockets import WebSocket, WebSocketDisconnect
@@ -48,12 +48,10 @@ from ..errors import RunwireError
 from ..ulid import MonotonicULID, new_event_id
 from .auth import Principal
 from .authz import authorize_write
+from .context import Edge
 from .frames import Frame
 from .session import Overflowed, Sink, StreamSession
 from .threads import active_run, chat_stream
-
-if TYPE_CHECKING:
-    from .app import Edge
 
 _json = msgspec.json.Encoder()
 _run_ids = MonotonicULID("run_")

@@ -14,9 +14,9 @@ from __future__ import annotations
 from collections.abc import AsyncIterator
 
 from ..errors import PROTO_MALFORMED
-from .app import Edge
 from .auth import Principal
 from .authz import authorize_write
+from .context import Edge
 from .grpc_messages import event_line
 from .ingest import publish_body
 from .proto.runwire.v1 import runwire_pb2 as pb

@@ -50,8 +50,9 @@ from ..errors import (
     RunwireError,
     UnknownRun,
 )
-from .app import Edge, list_runs, parse_time, stream_request
+from .app import list_runs, parse_time, stream_request
 from .auth import Principal
+from .context import Edge
 from .control import send_control
 from .frames import Frame
 from .grpc_ingest import Ingestion

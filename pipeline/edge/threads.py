@@ -20,7 +20,6 @@ from __future__ import annotations
 
 import time
 from collections.abc import Mapping
-from typing import TYPE_CHECKING
 
 from starlette.requests import Request
 
@@ -28,11 +27,9 @@ from .. import protocols
 from ..errors import ConfigError
 from ..store.base import RunInfo
 from .auth import Principal
+from .context import Edge
 from .filters import CHILDREN, PROFILE_NAMES
 from .session import StreamRequest
-
-if TYPE_CHECKING:
-    from .app import Edge
 
 AI_SDK = "ai-sdk"
 THREAD_RUNS = 20

@@ -12,7 +12,7 @@ import uvicorn
 
 from pipeline.bus.base import Bus
 from pipeline.edge import EdgeSettings, create_app
-from pipeline.edge.app import Edge
+from pipeline.edge.context import Edge
 from pipeline.edge.grpc_server import GrpcServer, start_grpc
 from pipeline.edge.proto.runwire.v1 import runwire_pb2 as pb
 from pipeline.store.base import ReplayLog

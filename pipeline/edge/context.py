@@ -1,0 +1,26 @@
+"""What the edge's endpoints share: the bus, the replay log, the hub, the gate, the metrics.
+
+Its own module so the endpoint modules (``app.py``, ``chat.py``, ``threads.py``,
+the gRPC server) can all take an :class:`Edge` without importing each other.
+"""
+
+from __future__ import annotations
+
+from ..bus.base import Bus
+from ..store.base import ReplayLog
+from .auth import Gate
+from .hub import Hub
+from .metrics import EdgeMetrics
+from .settings import EdgeSettings
+
+
+class Edge:
+    """What the endpoints share: the bus, the replay log, the hub, the gate, the metrics."""
+
+    def __init__(self, bus: Bus, store: ReplayLog, settings: EdgeSettings) -> None:
+        self.bus = bus
+        self.store = store
+        self.settings = settings
+        self.metrics = EdgeMetrics()
+        self.hub = Hub(bus, store, settings, self.metrics)
+        self.gate = Gate(settings.secret, bus, store, refusal_floor_s=settings.refusal_floor_s)
