@@ -13,6 +13,7 @@
     │   └── BodyTooLarge         KAI-STREAM-REQ-0002 (413)
     ├── ReplayExpired            KAI-STREAM-CONN-0002: cursor older than retention (final)
     ├── UnknownRun               KAI-STREAM-RUN-0001: no such run (or not the tenant's) (final)
+    │   └── RunNotPublished      KAI-STREAM-RUN-0003: nothing published within the edge's wait
     ├── RunFinished              KAI-STREAM-RUN-0002: control for a run that has ended (final)
     ├── BackpressureError        KAI-STREAM-BUF-0001: client can't keep up (final for the connection)
     ├── BusError                 the bus failed
@@ -50,6 +51,7 @@ REQ_BAD_BODY = "KAI-STREAM-REQ-0003"
 REQ_SLOW_BODY = "KAI-STREAM-REQ-0004"
 RUN_UNKNOWN = "KAI-STREAM-RUN-0001"
 RUN_FINISHED = "KAI-STREAM-RUN-0002"
+RUN_NOT_PUBLISHED = "KAI-STREAM-RUN-0003"
 
 
 class RunwireError(Exception):
@@ -152,6 +154,12 @@ class RunFinished(RunwireError):
     """The run has ended (``done``, ``aborted``, ``error``): nothing can control it any more."""
 
     code = RUN_FINISHED
+
+
+class RunNotPublished(UnknownRun):
+    """A stream asked for a run that nobody published within the edge's ``unpublished_wait_s``."""
+
+    code = RUN_NOT_PUBLISHED
 
 
 class BackpressureError(RunwireError):

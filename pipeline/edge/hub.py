@@ -44,6 +44,8 @@ log = logging.getLogger(__name__)
 _json = msgspec.json.Encoder()
 
 
+SILENCED_KEPT = 10_000
+"""Silenced streams remembered (oldest forgotten first): a reconnect to one ends at once."""
 HOLE_ATTEMPTS = 6
 """Reads of a trimmed hole before giving up (50 ms, 100 ms … apart: about a second)."""
 
@@ -212,6 +214,10 @@ def _dropped_variant(encoder: Egress, event: Event) -> Callable[[int], list[byte
     return render
 
 
+def _state(event: Event) -> str | None:
+    return event.payload.state if isinstance(event, RunLifecycle) else None
+
+
 class Stream:
     """One subscribed delivery stream: its tail cursor and its feeds."""
 
@@ -221,7 +227,26 @@ class Stream:
         self.feeds: dict[FeedKey, Feed] = {}
         self.last_activity = idle_since
         self.ended = False
+        self.terminal_seq: int | None = None
+        """Seq of the run's own terminal ``run.lifecycle`` once this stream has it."""
+        self.terminal_state: str | None = None
+        self.silence: Event | None = None
+        """The synthesized ``run.lifecycle`` error that ended a silent run (no delivery seq)."""
+        self.published = asyncio.Event()
+        """Set once the run has any event (in the hot tier, the replay log, or live)."""
         self.tenant: str | None = None
+
+    def mark_ended(self, seq: int, state: str | None) -> None:
+        self.ended = True
+        self.terminal_seq = seq
+        self.terminal_state = state
+
+    @property
+    def end_seq(self) -> int | None:
+        """The last seq a client can get: the terminal event's, or the cursor of a silenced run."""
+        if self.terminal_seq is not None:
+            return self.terminal_seq
+        return self.cursor if self.silence is not None else None
 
 
 class Hub:
@@ -239,6 +264,8 @@ class Hub:
         self._priming: set[asyncio.Task[None]] = set()
         self._wake = asyncio.Event()
         self._lock = asyncio.Lock()
+        self._silenced: dict[StreamKey, Event] = {}
+        """Streams this process ended for silence, remembered after their last client left."""
 
     async def start(self) -> None:
         self._reader = asyncio.create_task(self._read_loop(), name="runwire-edge-hub")
@@ -312,8 +339,18 @@ class Hub:
         if info is not None and info.updated_at is not None:
             age = time.time() - info.updated_at.timestamp()
             idle_since -= max(0.0, age)
+        last = await self.bus.read(key, bounds[1] - 1, limit=1) if bounds is not None else []
         stream = Stream(key, cursor, idle_since)
-        stream.ended = bool(info and info.terminal)
+        if info is not None and info.terminal:
+            stream.mark_ended(info.last_seq, info.state)
+        elif last and ends_stream(last[0]):
+            stream.mark_ended(last[0].seq, _state(last[0]))
+        else:
+            silence = self._silenced.get(key)
+            if silence is not None and silence.seq == cursor:
+                stream.ended, stream.silence = True, silence
+        if bounds is not None or info is not None or (key[1] != "raw" and await self.bus.bounds((key[0], "raw"))):
+            stream.published.set()
         self.streams[key] = stream
         self._wake.set()
         return stream
@@ -412,11 +449,12 @@ class Hub:
                     pending.setdefault(feed, []).append(frame)
             stream.cursor = event.seq
             stream.last_activity = now
+            stream.published.set()
             self.metrics.events_in.inc()
             with contextlib.suppress(ValueError):  # a timestamp without an instant: no lag figure
                 self.metrics.observe_lag(wall, event.ts)
             if ends_stream(event):
-                stream.ended = True
+                stream.mark_ended(event.seq, _state(event))
         for feed, frames in pending.items():
             try:
                 feed.fan_out(frames, self.metrics)
@@ -451,7 +489,7 @@ class Hub:
     def end_silent(self, stream: Stream, limit: float) -> None:
         """End a stream whose agent went silent: a synthesized ``run.lifecycle`` error (seq unchanged)."""
         stream.ended = True
-        event = RunLifecycle(
+        stream.silence = event = self._silenced[stream.key] = RunLifecycle(
             id=new_event_id(),
             ts=envelope.now_ts(),
             run_id=stream.key[0],
@@ -460,9 +498,28 @@ class Hub:
                 state="error", reason=f"no events for {limit:g} s; the agent is presumed dead"
             ),
         )
+        if len(self._silenced) > SILENCED_KEPT:
+            del self._silenced[next(iter(self._silenced))]
         for feed in list(stream.feeds.values()):
             if feed.ready.is_set() and feed.terminal_seq is None:
                 frame = feed.encode(event)
                 if frame is not None:
                     frame.seq = None  # not a delivery seq: a resume continues after the last real one
                     feed.fan_out([frame], self.metrics)
+
+    def stream_of(self, feed: Feed) -> Stream:
+        """The stream a feed belongs to (present while a client is attached to the feed)."""
+        return self.streams[feed.key.stream]
+
+    @staticmethod
+    def silence_frame(feed: Feed, stream: Stream) -> Frame | None:
+        """A silenced run's synthesized end, for a client that attached after it went out."""
+        if stream.silence is None or not feed.accepts(stream.silence):
+            return None
+        try:
+            encoder = copy.deepcopy(feed.encoder)
+        except Exception:  # an encoder that cannot be copied: its state after the end no longer matters
+            encoder = feed.encoder
+        frame = frame_or_skip(encoder, stream.silence, True, feed.key.format)
+        frame.seq = None
+        return frame

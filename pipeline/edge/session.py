@@ -14,11 +14,20 @@ from abc import ABC, abstractmethod
 
 import msgspec
 
-from ..errors import BUF_DROP, ReplayExpired
+from ..errors import BUF_DROP, ReplayExpired, RunNotPublished
 from ..protocols import egress
 from .clients import ClientQueue
 from .frames import Frame, error_frame
-from .hub import Feed, FeedKey, Hub, encode_preamble, ends_stream, frame_or_skip, is_stateless
+from .hub import (
+    Feed,
+    FeedKey,
+    Hub,
+    Stream,
+    encode_preamble,
+    ends_stream,
+    frame_or_skip,
+    is_stateless,
+)
 from .resume import history
 
 
@@ -45,6 +54,9 @@ class Sink(ABC):
     """A transport's side of a stream: SSE, NDJSON or WebSocket."""
 
     format_name: str = "koder"
+
+    async def begin(self) -> None:  # noqa: B027 - optional hook, most sinks have nothing to do
+        """Called once the stream is going to be served (HTTP sends its status and headers here)."""
 
     @abstractmethod
     async def send(self, frames: list[Frame]) -> None:
@@ -81,22 +93,56 @@ class StreamSession:
             self._task.cancel()
 
     async def run(self) -> None:
-        """Stream to the client; raises ReplayExpired for a cursor nobody keeps any more."""
+        """Stream to the client until the run ends.
+
+        Raises, before :meth:`Sink.begin`: :class:`RunEnded` when the cursor is
+        at or past the end of a finished run, :class:`RunNotPublished` when
+        nobody published the run within ``unpublished_wait_s``. Raises
+        ReplayExpired for a cursor nobody keeps any more.
+        """
         self._task = asyncio.current_task()
         feed = await self.hub.feed(self.request.feed_key)
         self.feed = feed
-        position = self.hub.attach(feed, self.client)
+        self.hub.attach(feed, self.client)
         try:
-            after = self.request.after
-            if self.request.live or (after > 0 and after >= position):
+            stream = self.hub.stream_of(feed)
+            await self._await_published(stream)
+            after = await self._cursor(stream, feed)
+            await self.sink.begin()
+            # Frames after the feed's position are queued for this client from here on.
+            position = feed.position
+            if self.request.live or after >= position:
                 # Joining at the live position: no history, the format's preamble first.
                 self.last = position if self.request.live else after
                 await self._send(self._preamble(feed))
-            elif await self._catch_up(position):
+            elif await self._catch_up(after, position):
                 return
-            await self._live()
+            await self._live(stream)
         finally:
             self.hub.detach(feed, self.client)
+
+    async def _await_published(self, stream: Stream) -> None:
+        if stream.published.is_set():
+            return
+        wait = self.hub.settings.unpublished_wait_s
+        try:
+            await asyncio.wait_for(stream.published.wait(), wait)
+        except TimeoutError:
+            raise RunNotPublished(
+                f"no events of run {self.request.run_id!r} were published within {wait:g} s"
+            ) from None
+
+    async def _cursor(self, stream: Stream, feed: Feed) -> int:
+        """The cursor to serve from: the request's, or the run's end when it is past it."""
+        after = self.request.after
+        end = stream.end_seq
+        if end is not None and (self.request.live or after >= end):
+            raise RunEnded(self.request.run_id, end, stream.terminal_state or "error")
+        if after > feed.position:
+            # Past the end of a live run (or of this hub's read): served from where the run is.
+            bounds = await self.hub.bus.bounds(feed.key.stream)
+            return min(after, max(feed.position, bounds[1] if bounds else 0))
+        return after
 
     @staticmethod
     def _preamble(feed: Feed) -> list[Frame]:
@@ -105,9 +151,9 @@ class StreamSession:
         payloads = encode_preamble(feed.encoder)
         return [Frame(payloads, seq=None)] if payloads else []
 
-    async def _catch_up(self, position: int) -> bool:
+    async def _catch_up(self, after: int, position: int) -> bool:
         """Write history ``(after, position]``; True when it ended the run."""
-        after = self.request.after
+        self.last = after
         if after >= position:
             return False
         key = self.request.feed_key
@@ -136,7 +182,12 @@ class StreamSession:
                 return True
         return False
 
-    async def _live(self) -> None:
+    async def _live(self, stream: Stream) -> None:
+        if stream.silence is not None and self.feed is not None:
+            # The run was ended for silence before this client came: end it the same way.
+            frame = self.hub.silence_frame(self.feed, stream)
+            await self._send([frame] if frame else [])
+            return
         while True:
             if not await self.client.wait():
                 await self.sink.keepalive()
@@ -177,6 +228,23 @@ class StreamSession:
             self._sending = False
         self._frames_out.inc(len(out))
         return ended
+
+
+class RunEnded(Exception):
+    """The cursor is at or past the end of a finished run: nothing will ever follow it."""
+
+    def __init__(self, run_id: str, seq: int, state: str) -> None:
+        self.run_id = run_id
+        self.seq = seq
+        self.state = state
+        super().__init__(f"run {run_id!r} ended ({state}) at seq {seq}; nothing follows it")
+
+    def frame(self) -> Frame:
+        """The final message NDJSON and WebSocket clients get (SSE gets 204 No Content)."""
+        body = msgspec.json.encode(
+            {"type": "end", "run_id": self.run_id, "state": self.state, "seq": self.seq, "message": str(self)}
+        )
+        return Frame([body], seq=None, terminal=True, event_type="end")
 
 
 class Overflowed(Exception):

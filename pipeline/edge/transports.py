@@ -17,10 +17,18 @@ from typing import Any
 from starlette.types import Message, Receive, Send
 from starlette.websockets import WebSocket, WebSocketDisconnect
 
-from ..errors import CONN_DISCONNECTED, ReplayExpired
-from .frames import Frame
+from ..errors import CONN_DISCONNECTED, ReplayExpired, RunNotPublished
+from .frames import Frame, error_frame
 from .hub import Hub
-from .session import Overflowed, Sink, StreamRequest, StreamSession, expired_frame, overflow_frame
+from .session import (
+    Overflowed,
+    RunEnded,
+    Sink,
+    StreamRequest,
+    StreamSession,
+    expired_frame,
+    overflow_frame,
+)
 
 SUBPROTOCOL = "koder-agent-stream-v1"
 SSE_MEDIA_TYPE = "text/event-stream"
@@ -30,6 +38,8 @@ WS_CLOSE_BUF = 1013
 """BUF-0001: try again (resume) later."""
 WS_CLOSE_EXPIRED = 4002
 """CONN-0002: the cursor is older than retention."""
+WS_CLOSE_NOT_PUBLISHED = 4004
+"""CONN-0003: nobody published the run within the edge's wait."""
 
 _AI_SDK_DONE = b"data: [DONE]\n\n"
 
@@ -42,8 +52,12 @@ class HttpSink(Sink):
         self.sse = sse
         self.format_name = format_name
         self.headers = headers
+        self.started = False
 
-    async def start(self) -> None:
+    async def begin(self) -> None:
+        if self.started:
+            return
+        self.started = True
         media = SSE_MEDIA_TYPE if self.sse else NDJSON_MEDIA_TYPE
         headers = {
             "content-type": media + ("; charset=utf-8" if self.sse else ""),
@@ -72,6 +86,14 @@ class HttpSink(Sink):
 
     async def finish(self) -> None:
         await self._send({"type": "http.response.body", "body": b"", "more_body": False})
+
+    async def refuse(self, status: int, body: bytes, media_type: str) -> None:
+        """Answer without a stream (the response has not started)."""
+        headers = [(b"cache-control", b"no-store")]
+        if body:
+            headers += [(b"content-type", media_type.encode()), (b"content-length", str(len(body)).encode())]
+        await self._send({"type": "http.response.start", "status": status, "headers": headers})
+        await self._send({"type": "http.response.body", "body": body, "more_body": False})
 
 
 class WebSocketSink(Sink):
@@ -120,13 +142,17 @@ class _Disconnect:
             self.task.cancel()
 
 
+Outcome = tuple[Frame | None, bool, RunEnded | RunNotPublished | None]
+"""(final error frame or None, whether the client is gone, why it was not streamed at all)."""
+
+
 async def _run_session(
     hub: Hub, session: StreamSession, watcher: Callable[[_Disconnect], Coroutine[Any, Any, None]]
-) -> tuple[Frame | None, bool]:
-    """Run a session; returns (final error frame or None, whether the client is gone)."""
+) -> Outcome:
     disconnect = _Disconnect()
     watch = asyncio.create_task(watcher(disconnect))
     final: Frame | None = None
+    refused: RunEnded | RunNotPublished | None = None
     try:
         await session.run()
     except asyncio.CancelledError:
@@ -142,30 +168,52 @@ async def _run_session(
     except ReplayExpired as exc:
         final = expired_frame(exc)
         hub.metrics.disconnects.labels(exc.code or "").inc()
+    except RunNotPublished as exc:
+        refused = exc
+        hub.metrics.disconnects.labels(exc.code or "").inc()
+    except RunEnded as exc:
+        refused = exc
     finally:
         watch.cancel()
         with contextlib.suppress(asyncio.CancelledError):
             await watch
-    return final, disconnect.gone
+    return final, disconnect.gone, refused
 
 
 async def serve_http_stream(
     hub: Hub, request: StreamRequest, receive: Receive, send: Send, *, sse: bool, headers: dict[str, str]
 ) -> None:
-    """Serve one SSE or NDJSON client until the run ends, it leaves, or it must be cut off."""
+    """Serve one SSE or NDJSON client until the run ends, it leaves, or it must be cut off.
+
+    A cursor at or past the end of a finished run gets ``204 No Content`` on
+    SSE (the HTML standard's way to stop ``EventSource`` reconnecting) and one
+    ``{"type": "end", …}`` line on NDJSON; a run nobody published within the
+    wait gets ``404`` with ``KAI-STREAM-RUN-0003``.
+    """
     sink = HttpSink(send, sse=sse, format_name=request.format, headers=headers)
-    await sink.start()
     session = StreamSession(hub, request, sink)
-    final, gone = await _run_session(
-        hub, session, lambda d: _watch_http(receive, d)
-    )
+    final, gone, refused = await _run_session(hub, session, lambda d: _watch_http(receive, d))
     if gone:
         return
     timeout = hub.settings.write_timeout_s
     with contextlib.suppress(TimeoutError, OSError):
+        if refused is not None and not sink.started:
+            await asyncio.wait_for(_refuse(sink, refused), timeout)
+            return
+        await sink.begin()
         if final is not None:
             await asyncio.wait_for(sink.send([final]), timeout)
         await asyncio.wait_for(sink.finish(), timeout)
+
+
+async def _refuse(sink: HttpSink, why: RunEnded | RunNotPublished) -> None:
+    if isinstance(why, RunNotPublished):
+        body = error_frame(why.code or "", str(why)).payloads[0]
+        await sink.refuse(404, body, "application/json")
+    elif sink.sse:
+        await sink.refuse(204, b"", "")
+    else:
+        await sink.refuse(200, why.frame().ndjson(), NDJSON_MEDIA_TYPE)
 
 
 async def serve_websocket(hub: Hub, websocket: WebSocket, request: StreamRequest) -> None:
@@ -173,14 +221,19 @@ async def serve_websocket(hub: Hub, websocket: WebSocket, request: StreamRequest
     offered = websocket.scope.get("subprotocols") or []
     await websocket.accept(subprotocol=SUBPROTOCOL if SUBPROTOCOL in offered else None)
     session = StreamSession(hub, request, WebSocketSink(websocket, request.format))
-    final, gone = await _run_session(hub, session, lambda d: _watch_ws(websocket, d))
+    final, gone, refused = await _run_session(hub, session, lambda d: _watch_ws(websocket, d))
     if gone:
         return
     code = WS_CLOSE_ENDED
+    if isinstance(refused, RunEnded):
+        final = refused.frame()
+    elif isinstance(refused, RunNotPublished):
+        final, code = error_frame(refused.code or "", str(refused)), WS_CLOSE_NOT_PUBLISHED
+    elif final is not None:
+        code = WS_CLOSE_BUF if final.payloads[0].find(b"BUF-0001") >= 0 else WS_CLOSE_EXPIRED
     timeout = hub.settings.write_timeout_s
     with contextlib.suppress(TimeoutError, OSError, RuntimeError, WebSocketDisconnect):
         if final is not None:
-            code = WS_CLOSE_BUF if final.payloads[0].find(b"BUF-0001") >= 0 else WS_CLOSE_EXPIRED
             await asyncio.wait_for(websocket.send_text(final.payloads[0].decode()), timeout)
         await asyncio.wait_for(websocket.close(code=code), timeout)
 

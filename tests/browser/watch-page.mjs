@@ -6,7 +6,8 @@
 // live; then for every line "expect <text>" it reads on stdin it waits until
 // the page shows that text and prints "seen <text>" (or "timeout <text>" and
 // exits 1). "state <s>" waits for the run's state badge. "dump" prints the
-// page's text. EOF closes the browser.
+// page's text. "pending" waits up to 3 s for every stream request to finish
+// and prints "pending <n>" (n still open). EOF closes the browser.
 import { chromium } from "playwright-core";
 import { createInterface } from "node:readline";
 
@@ -17,6 +18,10 @@ const browser = await chromium.launch({
          "--disable-component-update", "--disable-sync"],
 });
 const page = await browser.newPage();
+const open = new Set();
+page.on("request", (r) => { if (r.url().includes("/stream")) open.add(r); });
+page.on("requestfinished", (r) => open.delete(r));
+page.on("requestfailed", (r) => open.delete(r));
 page.on("console", (msg) => process.stderr.write(`console: ${msg.text()}\n`));
 await page.goto(process.argv[2]);
 await page.waitForSelector("#connection:text('live')", { timeout: 15000 });
@@ -33,6 +38,9 @@ for await (const line of lines) {
     } else if (command === "state") {
       await page.waitForFunction((s) => document.getElementById("state").textContent === s, arg, { timeout: 15000 });
       console.log(`state ${arg}`);
+    } else if (command === "pending") {
+      for (let i = 0; i < 60 && open.size; i++) await new Promise((r) => setTimeout(r, 50));
+      console.log(`pending ${open.size}`);
     } else if (command === "dump") {
       const text = await page.evaluate(() => document.body.innerText);
       console.log(`dump ${JSON.stringify(text)}`);

@@ -69,6 +69,9 @@ def is_loopback(host: str) -> bool:
 @click.option("--silence", "silence_s", default=330.0, show_default=True, type=click.FloatRange(min=0),
               envvar="RUNWIRE_EDGE_SILENCE",
               help="End a run's streams as error after this many silent seconds (0: never).")
+@click.option("--unpublished-wait", "unpublished_wait_s", default=30.0, show_default=True,
+              type=click.FloatRange(min=0), envvar="RUNWIRE_EDGE_UNPUBLISHED_WAIT",
+              help="Seconds a stream request waits for a run nobody has published yet (then 404).")
 @click.option("--client-queue-bytes", default=512 * 1024, show_default=True, type=click.IntRange(min=1024),
               envvar="RUNWIRE_CLIENT_QUEUE_BYTES", help="Per-client queue bound in bytes; past it deltas are dropped, reasoning first.")
 @click.option("--client-queue-events", default=2048, show_default=True, type=click.IntRange(min=8),
@@ -82,6 +85,7 @@ def edge(
     secret: str | None,
     keepalive_s: float,
     silence_s: float,
+    unpublished_wait_s: float,
     client_queue_bytes: int,
     client_queue_events: int,
 ) -> None:
@@ -100,6 +104,7 @@ def edge(
         secret=secret,
         keepalive_s=keepalive_s,
         silence_s=silence_s,
+        unpublished_wait_s=unpublished_wait_s,
         client_queue_bytes=client_queue_bytes,
         client_queue_events=client_queue_events,
     )

@@ -159,6 +159,13 @@ const connection = document.getElementById("connection");
 source.onopen = () => { connection.textContent = "live"; connection.className = "badge live"; };
 source.onerror = () => {
   if (ended) return;
+  if (source.readyState === EventSource.CLOSED) {
+    // 204 (the run ended before this reconnect) or a refusal (404, 401): EventSource gave up.
+    ended = true;
+    connection.textContent = "ended";
+    connection.className = "badge";
+    return;
+  }
   connection.textContent = "reconnecting";
   connection.className = "badge offline";
 };
