@@ -95,10 +95,11 @@ class StreamSession:
     async def run(self) -> None:
         """Stream to the client until the run ends.
 
-        Raises, before :meth:`Sink.begin`: :class:`RunEnded` when the cursor is
-        at or past the end of a finished run, :class:`RunNotPublished` when
-        nobody published the run within ``unpublished_wait_s``. Raises
-        ReplayExpired for a cursor nobody keeps any more.
+        Raises :class:`RunEnded` when the cursor is at or past the end of a
+        finished run (before :meth:`Sink.begin` unless the run was unpublished
+        when the client came), :class:`RunNotPublished` when nobody published
+        the run within ``unpublished_wait_s``, and ReplayExpired for a cursor
+        nobody keeps any more.
         """
         self._task = asyncio.current_task()
         feed = await self.hub.feed(self.request.feed_key)
@@ -106,9 +107,14 @@ class StreamSession:
         self.hub.attach(feed, self.client)
         try:
             stream = self.hub.stream_of(feed)
-            await self._await_published(stream)
-            after = await self._cursor(stream, feed)
+            published = stream.published.is_set()
+            if published:
+                after = await self._cursor(stream, feed)
+            # Headers go out before any wait: a client may open the stream, then start its agent.
             await self.sink.begin()
+            if not published:
+                await self._await_published(stream)
+                after = await self._cursor(stream, feed)
             # Frames after the feed's position are queued for this client from here on.
             position = feed.position
             if self.request.live or after >= position:

@@ -26,7 +26,7 @@ class EdgeSettings(msgspec.Struct, kw_only=True, forbid_unknown_fields=True, fro
     """HS256 key for bearer tokens (``RUNWIRE_SECRET``); None serves without auth (loopback only)."""
     unpublished_wait_s: float = 30.0
     """How long a stream request for a run nobody has published yet waits for its first
-    event before it is answered 404 ``KAI-STREAM-RUN-0003`` (no request waits without bound)."""
+    event before it gets the error ``KAI-STREAM-RUN-0003`` (no request waits without bound)."""
     tail_block_ms: int = 200
     """How long one multiplexed bus read waits when no stream has news."""
     history_batch: int = 1000

@@ -38,7 +38,7 @@ WS_CLOSE_BUF = 1013
 """BUF-0001: try again (resume) later."""
 WS_CLOSE_EXPIRED = 4002
 """CONN-0002: the cursor is older than retention."""
-WS_CLOSE_NOT_PUBLISHED = 4004
+WS_CLOSE_NOT_PUBLISHED = 4404
 """CONN-0003: nobody published the run within the edge's wait."""
 
 _AI_SDK_DONE = b"data: [DONE]\n\n"
@@ -188,7 +188,7 @@ async def serve_http_stream(
     A cursor at or past the end of a finished run gets ``204 No Content`` on
     SSE (the HTML standard's way to stop ``EventSource`` reconnecting) and one
     ``{"type": "end", …}`` line on NDJSON; a run nobody published within the
-    wait gets ``404`` with ``KAI-STREAM-RUN-0003``.
+    wait gets an error frame ``KAI-STREAM-RUN-0003`` and the end.
     """
     sink = HttpSink(send, sse=sse, format_name=request.format, headers=headers)
     session = StreamSession(hub, request, sink)
@@ -197,23 +197,25 @@ async def serve_http_stream(
         return
     timeout = hub.settings.write_timeout_s
     with contextlib.suppress(TimeoutError, OSError):
-        if refused is not None and not sink.started:
-            await asyncio.wait_for(_refuse(sink, refused), timeout)
+        if isinstance(refused, RunEnded) and not sink.started:
+            if sse:
+                await asyncio.wait_for(sink.refuse(204, b"", ""), timeout)
+            else:
+                await asyncio.wait_for(sink.refuse(200, refused.frame().ndjson(), NDJSON_MEDIA_TYPE), timeout)
             return
         await sink.begin()
+        if refused is not None:
+            final = _final(refused, sse)
         if final is not None:
             await asyncio.wait_for(sink.send([final]), timeout)
         await asyncio.wait_for(sink.finish(), timeout)
 
 
-async def _refuse(sink: HttpSink, why: RunEnded | RunNotPublished) -> None:
+def _final(why: RunEnded | RunNotPublished, sse: bool) -> Frame | None:
+    """The last frame of a stream that was refused after it started."""
     if isinstance(why, RunNotPublished):
-        body = error_frame(why.code or "", str(why)).payloads[0]
-        await sink.refuse(404, body, "application/json")
-    elif sink.sse:
-        await sink.refuse(204, b"", "")
-    else:
-        await sink.refuse(200, why.frame().ndjson(), NDJSON_MEDIA_TYPE)
+        return error_frame(why.code or "", str(why))
+    return None if sse else why.frame()
 
 
 async def serve_websocket(hub: Hub, websocket: WebSocket, request: StreamRequest) -> None:
@@ -225,10 +227,9 @@ async def serve_websocket(hub: Hub, websocket: WebSocket, request: StreamRequest
     if gone:
         return
     code = WS_CLOSE_ENDED
-    if isinstance(refused, RunEnded):
-        final = refused.frame()
-    elif isinstance(refused, RunNotPublished):
-        final, code = error_frame(refused.code or "", str(refused)), WS_CLOSE_NOT_PUBLISHED
+    if refused is not None:
+        final = _final(refused, sse=False)
+        code = WS_CLOSE_NOT_PUBLISHED if isinstance(refused, RunNotPublished) else WS_CLOSE_ENDED
     elif final is not None:
         code = WS_CLOSE_BUF if final.payloads[0].find(b"BUF-0001") >= 0 else WS_CLOSE_EXPIRED
     timeout = hub.settings.write_timeout_s

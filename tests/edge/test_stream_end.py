@@ -93,14 +93,17 @@ async def test_a_cursor_past_the_end_of_a_live_run_is_served_from_where_the_run_
     assert [e.id for e in events] == ["6", "7"]
 
 
-async def test_a_run_nobody_published_is_waited_for_then_answered_404_conn_0003(
+async def test_a_run_nobody_published_is_waited_for_then_answered_run_0003(
     bus: Bus, store: ReplayLog, run_id: str
 ) -> None:
+    """Headers go out at once (a client may open the stream and then start its agent); after
+    ``unpublished_wait_s`` with no event the stream gets one coded error frame and ends."""
     settings = EdgeSettings(unpublished_wait_s=0.5)
     async with serve_edge(bus, store, settings) as edge, httpx.AsyncClient(timeout=10) as http:
         url = f"{edge.url}/v1/runs/{run_id}/stream"
         started = time.monotonic()
-        response = await http.get(url)
+        async with http.stream("GET", url) as response:
+            events, _ = await asyncio.wait_for(read_sse(response), 5)
         waited = time.monotonic() - started
         ndjson = await http.get(url, headers=NDJSON)
         async with websockets.connect(url.replace("http", "ws")) as ws:
@@ -108,12 +111,14 @@ async def test_a_run_nobody_published_is_waited_for_then_answered_404_conn_0003(
             with pytest.raises(websockets.ConnectionClosedError):
                 await ws.recv()
             close_code = ws.close_code
-    assert response.status_code == 404
-    assert response.json()["code"] == "KAI-STREAM-RUN-0003"
+    assert response.status_code == 200
+    (error,) = decoded(events)
+    assert error["type"] == "error"
+    assert error["code"] == "KAI-STREAM-RUN-0003"
     assert waited >= 0.4
-    assert ndjson.status_code == 404
+    assert json.loads(ndjson.text)["code"] == "KAI-STREAM-RUN-0003"
     assert frames[0]["code"] == "KAI-STREAM-RUN-0003"
-    assert close_code == 4004
+    assert close_code == 4404
 
 
 async def test_a_run_published_while_its_client_waits_is_streamed_from_its_first_event(

@@ -71,7 +71,7 @@ def is_loopback(host: str) -> bool:
               help="End a run's streams as error after this many silent seconds (0: never).")
 @click.option("--unpublished-wait", "unpublished_wait_s", default=30.0, show_default=True,
               type=click.FloatRange(min=0), envvar="RUNWIRE_EDGE_UNPUBLISHED_WAIT",
-              help="Seconds a stream request waits for a run nobody has published yet (then 404).")
+              help="Seconds a stream request waits for a run nobody has published yet (then an error).")
 @click.option("--client-queue-bytes", default=512 * 1024, show_default=True, type=click.IntRange(min=1024),
               envvar="RUNWIRE_CLIENT_QUEUE_BYTES", help="Per-client queue bound in bytes; past it deltas are dropped, reasoning first.")
 @click.option("--client-queue-events", default=2048, show_default=True, type=click.IntRange(min=8),
