@@ -37,7 +37,7 @@ from .clients import ClientQueue
 from .filters import event_filter
 from .frames import Frame, drop_rank
 from .metrics import EdgeMetrics
-from .resume import first_covered, history
+from .resume import first_covered, history, probe
 from .settings import EdgeSettings
 
 log = logging.getLogger(__name__)
@@ -332,24 +332,15 @@ class Hub:
             self.streams.pop(stream.key, None)
 
     async def _open_stream(self, key: StreamKey) -> Stream:
-        bounds = await self.bus.bounds(key)
-        info = await self.store.run(key[0])
-        cursor = max(bounds[1] if bounds else 0, info.last_seq if info and not bounds else 0)
-        idle_since = time.monotonic()
-        if info is not None and info.updated_at is not None:
-            age = time.time() - info.updated_at.timestamp()
-            idle_since -= max(0.0, age)
-        last = await self.bus.read(key, bounds[1] - 1, limit=1) if bounds is not None else []
-        stream = Stream(key, cursor, idle_since)
-        if info is not None and info.terminal:
-            stream.mark_ended(info.last_seq, info.state)
-        elif last and ends_stream(last[0]):
-            stream.mark_ended(last[0].seq, _state(last[0]))
+        found = await probe(self.bus, self.store, key)
+        stream = Stream(key, found.tail, time.monotonic() - found.idle_s)
+        if found.end_seq is not None:
+            stream.mark_ended(found.end_seq, found.end_state)
         else:
             silence = self._silenced.get(key)
-            if silence is not None and silence.seq == cursor:
+            if silence is not None and silence.seq == found.tail:
                 stream.ended, stream.silence = True, silence
-        if bounds is not None or info is not None or (key[1] != "raw" and await self.bus.bounds((key[0], "raw"))):
+        if found.published:
             stream.published.set()
         self.streams[key] = stream
         self._wake.set()

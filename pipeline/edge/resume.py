@@ -17,16 +17,54 @@ already sent (capture the position, buffer live events, dedupe on seq). This mod
 
 from __future__ import annotations
 
+import time
 from collections.abc import AsyncIterator
 
+import msgspec
+
+from .. import envelope
 from ..bus.base import Bus, StreamKey
-from ..envelope import Event
+from ..envelope import Event, RunLifecycle
 from ..errors import ReplayExpired
 from ..store.base import ReplayLog
 
 FIRST_BATCH = 32
 HOT = "hot"
 LOG = "log"
+
+
+class Probe(msgspec.Struct, kw_only=True):
+    """Where a delivery stream is, from the hot tier and the replay log (one look, no subscription)."""
+
+    tail: int
+    """The last seq there is (0 for none)."""
+    end_seq: int | None = None
+    """The seq of the run's own terminal ``run.lifecycle`` when the run has ended."""
+    end_state: str | None = None
+    published: bool = False
+    """The run has events somewhere (either view, hot tier or replay log)."""
+    idle_s: float = 0.0
+    """Seconds since the replay log last saw the run (0 when it has not)."""
+
+
+async def probe(bus: Bus, store: ReplayLog, key: StreamKey) -> Probe:
+    """The state of a delivery stream: its tail, whether and where the run ended, whether it exists."""
+    bounds = await bus.bounds(key)
+    info = await store.run(key[0])
+    tail = max(bounds[1] if bounds else 0, info.last_seq if info and not bounds else 0)
+    found = Probe(tail=tail, published=bounds is not None or info is not None)
+    if info is not None and info.updated_at is not None:
+        found.idle_s = max(0.0, time.time() - info.updated_at.timestamp())
+    if info is not None and info.terminal:
+        found.end_seq, found.end_state = info.last_seq, info.state
+    elif bounds is not None:
+        last = await bus.read(key, bounds[1] - 1, limit=1)
+        if last and last[0].child_id is None and envelope.is_terminal(last[0]):
+            assert isinstance(last[0], RunLifecycle)
+            found.end_seq, found.end_state = last[0].seq, last[0].payload.state
+    if not found.published and key[1] != "raw":
+        found.published = await bus.bounds((key[0], "raw")) is not None
+    return found
 
 
 def first_covered(event: Event) -> int:

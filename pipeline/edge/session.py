@@ -11,9 +11,11 @@ from __future__ import annotations
 import asyncio
 import time
 from abc import ABC, abstractmethod
+from collections.abc import AsyncGenerator, Callable
 
 import msgspec
 
+from ..envelope import Event
 from ..errors import BUF_DROP, ReplayExpired, RunNotPublished
 from ..protocols import egress
 from .clients import ClientQueue
@@ -162,28 +164,12 @@ class StreamSession:
         self.last = after
         if after >= position:
             return False
-        key = self.request.feed_key
-        encoder = egress(key.format)
         accepts = self.feed.accepts if self.feed else (lambda _e: True)
-        settings = self.hub.settings
-        if after > 0 and not is_stateless(key.format):
-            async for _source, events in history(
-                self.hub.bus, self.hub.store, key.stream, 0, after, settings.history_batch
-            ):
-                for e in events:
-                    if accepts(e):
-                        frame_or_skip(encoder, e, False, key.format)
-            payloads = encode_preamble(encoder)
-            if payloads:
-                await self._send([Frame(payloads, seq=None)])
         counted = False
-        async for source, events in history(
-            self.hub.bus, self.hub.store, key.stream, after, position, settings.history_batch
-        ):
-            if not counted:
+        async for source, frames, _last in replay(self.hub, self.request.feed_key, accepts, after, position):
+            if not counted and source != PREAMBLE:
                 self.hub.metrics.resumes.labels(source).inc()
                 counted = True
-            frames = [frame_or_skip(encoder, e, ends_stream(e), key.format) for e in events if accepts(e)]
             if await self._send(frames):
                 return True
         return False
@@ -251,6 +237,33 @@ class RunEnded(Exception):
             {"type": "end", "run_id": self.run_id, "state": self.state, "seq": self.seq, "message": str(self)}
         )
         return Frame([body], seq=None, terminal=True, event_type="end")
+
+
+PREAMBLE = "preamble"
+
+
+async def replay(
+    hub: Hub, key: FeedKey, accepts: Callable[[Event], bool], after: int, upto: int
+) -> AsyncGenerator[tuple[str, list[Frame], int]]:
+    """Frames of ``(after, upto]`` in a feed's format, as ``(source, frames, last seq read)`` batches.
+
+    A stateful format resumed mid-run first gets its encoder primed with the
+    events up to ``after`` and the format's preamble (source ``preamble``),
+    so the frames are exactly what a client that followed live received.
+    """
+    encoder = egress(key.format)
+    batch = hub.settings.history_batch
+    if after > 0 and not is_stateless(key.format):
+        async for _source, events in history(hub.bus, hub.store, key.stream, 0, after, batch):
+            for event in events:
+                if accepts(event):
+                    frame_or_skip(encoder, event, False, key.format)
+        payloads = encode_preamble(encoder)
+        if payloads:
+            yield PREAMBLE, [Frame(payloads, seq=None)], after
+    async for source, events in history(hub.bus, hub.store, key.stream, after, upto, batch):
+        frames = [frame_or_skip(encoder, e, ends_stream(e), key.format) for e in events if accepts(e)]
+        yield source, frames, events[-1].seq if events else after
 
 
 class Overflowed(Exception):

@@ -112,7 +112,7 @@ class WebSocketSink(Sink):
         """WebSocket keeps itself alive with protocol pings (the server sends them)."""
 
 
-async def _watch_http(receive: Receive, on_gone: Callable[[], None]) -> None:
+async def watch_http(receive: Receive, on_gone: Callable[[], None]) -> None:
     while True:
         message: Message = await receive()
         if message["type"] == "http.disconnect":
@@ -146,7 +146,7 @@ Outcome = tuple[Frame | None, bool, RunEnded | RunNotPublished | None]
 """(final error frame or None, whether the client is gone, why it was not streamed at all)."""
 
 
-async def _run_session(
+async def run_session(
     hub: Hub, session: StreamSession, watcher: Callable[[_Disconnect], Coroutine[Any, Any, None]]
 ) -> Outcome:
     disconnect = _Disconnect()
@@ -192,7 +192,7 @@ async def serve_http_stream(
     """
     sink = HttpSink(send, sse=sse, format_name=request.format, headers=headers)
     session = StreamSession(hub, request, sink)
-    final, gone, refused = await _run_session(hub, session, lambda d: _watch_http(receive, d))
+    final, gone, refused = await run_session(hub, session, lambda d: watch_http(receive, d))
     if gone:
         return
     timeout = hub.settings.write_timeout_s
@@ -223,7 +223,7 @@ async def serve_websocket(hub: Hub, websocket: WebSocket, request: StreamRequest
     offered = websocket.scope.get("subprotocols") or []
     await websocket.accept(subprotocol=SUBPROTOCOL if SUBPROTOCOL in offered else None)
     session = StreamSession(hub, request, WebSocketSink(websocket, request.format))
-    final, gone, refused = await _run_session(hub, session, lambda d: _watch_ws(websocket, d))
+    final, gone, refused = await run_session(hub, session, lambda d: _watch_ws(websocket, d))
     if gone:
         return
     code = WS_CLOSE_ENDED
