@@ -13,9 +13,9 @@ import pytest
 from pipeline.bus.base import Bus
 from pipeline.edge import EdgeSettings
 from pipeline.store.base import ReplayLog
+from tests.nodecheck import NODE_DIR
 
 from .harness import append, event, run_events, serve_edge
-from .nodecheck import NODE_DIR
 
 
 async def node(args: dict[str, Any]) -> dict[str, Any]:
