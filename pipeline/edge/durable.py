@@ -29,7 +29,6 @@ import hashlib
 import random
 import time
 from collections.abc import Awaitable, Callable
-from typing import TYPE_CHECKING
 
 import msgspec
 from starlette.requests import HTTPConnection, Request
@@ -38,15 +37,13 @@ from starlette.types import Receive, Scope, Send
 
 from ..errors import CONN_REPLAY_EXPIRED, ConfigError, ReplayExpired, RunwireError, UnknownRun
 from .clients import ClientQueue
+from .context import Edge
 from .filters import event_filter
 from .frames import Frame
 from .hub import FeedKey
 from .resume import Probe, probe
 from .session import RunEnded, Sink, StreamRequest, StreamSession, replay
 from .transports import run_session, watch_http
-
-if TYPE_CHECKING:
-    from .app import Edge
 
 JSON = "application/json"
 OFFSET_DIGITS = 20
@@ -56,7 +53,7 @@ CURSOR_INTERVAL_S = 20
 SAFETY = {"x-content-type-options": "nosniff", "cross-origin-resource-policy": "cross-origin"}
 _json = msgspec.json.Encoder()
 
-Authorize = Callable[["Edge", HTTPConnection], Awaitable[StreamRequest]]
+Authorize = Callable[[Edge, HTTPConnection], Awaitable[StreamRequest]]
 ErrorResponse = Callable[[RunwireError], Response]
 
 
