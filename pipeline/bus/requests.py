@@ -138,11 +138,13 @@ async def consume_requests(
             if command.command == "request":
                 yield msgspec.convert(command.args, AgentRequest)
     finally:
-        for task in (pending, beating):
-            if task is not None:
-                task.cancel()
-                with contextlib.suppress(BaseException):
-                    await task
+        tasks = [task for task in (pending, beating) if task is not None]
+        for task in tasks:
+            task.cancel()
+        await asyncio.wait(tasks)  # a cancel of this consumer itself still propagates
+        for task in tasks:
+            if not task.cancelled():
+                task.exception()  # retrieved: a reader that failed while closing is not an error here
         with contextlib.suppress(Exception):
             await reader.aclose()  # type: ignore[attr-defined]
 

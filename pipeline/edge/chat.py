@@ -134,9 +134,11 @@ class ChatSocket:
     async def serve(self) -> None:
         try:
             while True:
-                text = await self.websocket.receive_text()
+                message = await self.websocket.receive()
+                if message["type"] == "websocket.disconnect":
+                    return
                 try:
-                    frame = _frame.decode(text)
+                    frame = _frame.decode(message.get("text") or message.get("bytes") or b"")
                 except (msgspec.ValidationError, msgspec.DecodeError):
                     await self.websocket.close(code=CLOSE_INVALID, reason="Invalid frame")
                     return

@@ -196,8 +196,11 @@ async def test_abort_cancels_the_run_and_a_disconnect_does_not(bus: Bus, store: 
     assert got["run-keep"] == []
 
 
-@pytest.mark.parametrize("frame", ['{"type": "resume"}', "not json", '{"type": "send", "requestId": "x", "trigger": "nope"}'])
-async def test_an_invalid_frame_closes_the_socket_with_1008(memory_bus: Bus, store: ReplayLog, frame: str) -> None:
+@pytest.mark.parametrize("frame", ['{"type": "resume"}', "not json", '{"type": "send", "requestId": "x", "trigger": "nope"}',
+                                   b"\x00binary"])
+async def test_an_invalid_frame_closes_the_socket_with_1008(
+    memory_bus: Bus, store: ReplayLog, frame: str | bytes
+) -> None:
     async with serve_edge(memory_bus, store) as edge, websockets.connect(ws_url(edge)) as ws:
         await ws.send(frame)
         with pytest.raises(websockets.ConnectionClosed) as closed:
