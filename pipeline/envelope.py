@@ -31,7 +31,8 @@ from __future__ import annotations
 import re
 from collections.abc import Mapping, Sequence
 from datetime import UTC, datetime
-from itertools import repeat
+from itertools import compress
+from operator import attrgetter
 from typing import Annotated, Any, ClassVar, Literal, TypeVar
 
 import msgspec
@@ -310,6 +311,10 @@ _TypedEvent = (
     | Gap
 )
 
+_FREE_FORM: frozenset[type] = frozenset({ToolStart, ToolEnd, Extension})
+"""Event types with free-form JSON in their payload (besides ``ext``, which any event may have)."""
+_ext_of = attrgetter("ext")
+
 _decoder = msgspec.json.Decoder(_TypedEvent)
 _ext_decoder = msgspec.json.Decoder(Extension)
 _many_decoder = msgspec.json.Decoder(list[_TypedEvent])
@@ -366,7 +371,11 @@ def decode(
         raise MalformedFrame(f"not valid JSON: {exc}") from None
     except RecursionError:
         raise _too_deep() from None
-    return _check_depth(_check_ts(event), frame, max_depth)
+    if _TS_RE.match(event.ts) is None:
+        _check_ts(event)
+    if max_depth is not None and (type(event) in _FREE_FORM or event.ext is not None):
+        _check_depth(event, frame, max_depth)
+    return event
 
 
 _E = TypeVar("_E", bound=Envelope | Extension)
@@ -393,6 +402,18 @@ def _check_depth(event: _E, frame: bytes | str, limit: int | None) -> _E:
     if limit is not None and _may_be_deep(frame, limit) and is_too_deep(event, limit):
         raise _too_deep(limit)
     return event
+
+
+def _deep_candidates(events: list[Any]) -> list[int]:
+    """Indexes of events with free-form JSON fields (the only ones that can nest deeply).
+
+    Two C-level passes over the batch: most batches are deltas and need no more.
+    """
+    indexes = range(len(events))
+    found = list(compress(indexes, map(_FREE_FORM.__contains__, map(type, events))))
+    if any(map(_ext_of, events)):  # rare: an ingest codec's leftovers
+        found = sorted({*found, *compress(indexes, map(_ext_of, events))})
+    return found
 
 
 def _deeper_than(value: Any, depth: int, limit: int) -> bool:
@@ -447,7 +468,12 @@ def check(event: Event, *, max_bytes: int = MAX_FRAME_BYTES) -> Event:
         frame = _encoder.encode(event)
     except (OverflowError, RecursionError, TypeError) as exc:
         raise MalformedFrame(f"event cannot be encoded: {exc}") from None
-    return decode(frame, max_bytes=max_bytes)
+    checked = decode(frame, max_bytes=max_bytes)
+    try:
+        parse_ts(checked.ts)
+    except ValueError as error:  # the pattern admits month 13; a worker needs a real instant
+        raise MalformedFrame(f"ts {checked.ts!r} is not a valid instant: {error}", field="$.ts") from None
+    return checked
 
 
 def decode_lines(frames: bytes, *, max_bytes: int = MAX_FRAME_BYTES) -> list[Event | ProtocolError]:
@@ -463,7 +489,9 @@ def decode_lines(frames: bytes, *, max_bytes: int = MAX_FRAME_BYTES) -> list[Eve
         try:
             events: list[Event | ProtocolError] = _decoder.decode_lines(frames)
             stamps = {event.ts for event in events}  # type: ignore[union-attr]
-            if all(map(_TS_RE.match, stamps)) and not any(map(is_too_deep, events)):  # type: ignore[arg-type]
+            if all(map(_TS_RE.match, stamps)) and not any(
+                is_too_deep(events[i]) for i in _deep_candidates(events)  # type: ignore[arg-type]
+            ):
                 return events
         except (msgspec.ValidationError, msgspec.DecodeError, RecursionError):
             pass
@@ -499,9 +527,11 @@ def decode_many(
             if len(events) == len(frames) and all(
                 map(_TS_RE.match, {event.ts for event in events})  # type: ignore[union-attr]
             ):
-                if max_depth is not None and any(map(_may_be_deep, frames, repeat(max_depth))):
-                    for index, frame in enumerate(frames):
-                        if _may_be_deep(frame, max_depth) and is_too_deep(events[index], max_depth):  # type: ignore[arg-type]
+                if max_depth is not None:
+                    for index in _deep_candidates(events):
+                        if _may_be_deep(frames[index], max_depth) and is_too_deep(
+                            events[index], max_depth  # type: ignore[arg-type]
+                        ):
                             events[index] = _too_deep(max_depth)
                 return events
     out: list[Event | ProtocolError] = []

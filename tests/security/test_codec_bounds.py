@@ -115,6 +115,10 @@ def test_check_holds_events_built_in_code_to_the_decoder_limits() -> None:
                          id="e", ts=envelope.now_ts(), run_id="r", seq=1)
     with pytest.raises(MalformedFrame, match="byte limit"):
         envelope.check(huge)
+    month_13 = envelope.make("text.delta", {"text": "x"}, id="e", ts="2026-13-45T10:00:00.000Z",
+                             run_id="r", seq=1)
+    with pytest.raises(MalformedFrame, match="not a valid instant"):  # a worker would dead-letter it
+        envelope.check(month_13)
 
 
 @pytest.fixture
