@@ -38,10 +38,8 @@ from ..bus.base import Bus
 from ..errors import (
     REQ_BAD_BODY,
     REQ_BAD_PARAMETER,
-    AuthError,
     ConfigError,
     RequestError,
-    RunFinished,
     RunwireError,
     UnknownRun,
 )
@@ -60,27 +58,24 @@ from .params import bounded_body, choice, cursor, list_limit, moment
 from .session import StreamRequest
 from .settings import EdgeSettings
 from .threads import AI_SDK_HEADERS, thread_stream
-from .transports import NDJSON_MEDIA_TYPE, refuse_websocket, serve_http_stream, serve_websocket
+from .transports import (
+    NDJSON_MEDIA_TYPE,
+    http_status,
+    refuse_websocket,
+    serve_http_stream,
+    serve_websocket,
+)
 
 log = logging.getLogger(__name__)
 STATIC = Path(__file__).parent / "static"
 _json = msgspec.json.Encoder()
 
 
-def status_of(exc: RunwireError) -> int:
-    """The HTTP status of a refusal (a WebSocket closes with 4000 + it)."""
-    if isinstance(exc, AuthError | RequestError):
-        return exc.status
-    if isinstance(exc, UnknownRun):
-        return 404
-    if isinstance(exc, RunFinished):
-        return 409
-    return 400
 
 
 def error_response(exc: RunwireError) -> JSONResponse:
     """A RunwireError as a JSON error body with the right status."""
-    status = status_of(exc)
+    status = http_status(exc)
     body: dict[str, Any] = {"error": str(exc)}
     code = exc.code or (REQ_BAD_PARAMETER if status == 400 else None)
     if code:
@@ -175,7 +170,7 @@ def websocket_endpoint(edge: Edge) -> Any:
         try:
             stream = await authorize_stream(edge, websocket)
         except RunwireError as exc:
-            await refuse_websocket(websocket, status_of(exc), exc.code or REQ_BAD_PARAMETER, str(exc))
+            await refuse_websocket(websocket, exc)
             return
         await serve_websocket(edge.hub, websocket, stream)
 

@@ -17,7 +17,17 @@ from typing import Any
 from starlette.types import Message, Receive, Send
 from starlette.websockets import WebSocket, WebSocketDisconnect
 
-from ..errors import CONN_DISCONNECTED, ReplayExpired, RunNotPublished
+from ..errors import (
+    CONN_DISCONNECTED,
+    REQ_BAD_PARAMETER,
+    AuthError,
+    ReplayExpired,
+    RequestError,
+    RunFinished,
+    RunNotPublished,
+    RunwireError,
+    UnknownRun,
+)
 from .frames import Frame, error_frame
 from .hub import Hub
 from .session import (
@@ -239,7 +249,18 @@ async def serve_websocket(hub: Hub, websocket: WebSocket, request: StreamRequest
         await asyncio.wait_for(websocket.close(code=code), timeout)
 
 
-async def refuse_websocket(websocket: WebSocket, status: int, code: str | None, message: str) -> None:
+def http_status(exc: RunwireError) -> int:
+    """The HTTP status of a refusal (a refused WebSocket closes with 4000 + it)."""
+    if isinstance(exc, AuthError | RequestError):
+        return exc.status
+    if isinstance(exc, UnknownRun):
+        return 404
+    if isinstance(exc, RunFinished):
+        return 409
+    return 400
+
+
+async def refuse_websocket(websocket: WebSocket, exc: RunwireError) -> None:
     """Refuse a WebSocket the way a browser can see: accept, send an error frame, close with a code.
 
     A refusal before the handshake is a bare HTTP 403 that the WebSocket API
@@ -248,10 +269,11 @@ async def refuse_websocket(websocket: WebSocket, status: int, code: str | None, 
     missing scope, 4404 no such run); the reason is the ``KAI-STREAM-*``
     code and message, cut to the 123 bytes a close frame allows.
     """
+    code = exc.code or REQ_BAD_PARAMETER
+    message = str(exc)
     offered = websocket.scope.get("subprotocols") or []
-    frame = {"type": "error", "code": code, "message": message}
-    reason = f"{code}: {message}" if code else message
+    reason = f"{code}: {message}"
     with contextlib.suppress(OSError, RuntimeError, WebSocketDisconnect):
         await websocket.accept(subprotocol=SUBPROTOCOL if SUBPROTOCOL in offered else None)
-        await websocket.send_json(frame)
-        await websocket.close(code=4000 + status, reason=reason.encode()[:123].decode(errors="ignore"))
+        await websocket.send_json({"type": "error", "code": code, "message": message})
+        await websocket.close(code=4000 + http_status(exc), reason=reason.encode()[:123].decode(errors="ignore"))

@@ -283,9 +283,11 @@ async def test_frames_are_held_to_the_tokens_tenant_and_scopes(memory_bus: Bus, 
     reader = issue_token(secret, tenant="acme", scopes=["read"])
     other = issue_token(secret, tenant="other", scopes=["read", "write", "control"])
     async with serve_edge(memory_bus, store, EdgeSettings(secret=secret)) as edge:
-        with pytest.raises(websockets.InvalidStatus):
-            async with websockets.connect(ws_url(edge)):
-                pass
+        async with websockets.connect(ws_url(edge)) as refused:  # no token: an error frame, then 4401
+            assert json.loads(await refused.recv())["code"] == "KAI-STREAM-AUTH-0001"
+            with pytest.raises(websockets.ConnectionClosed) as closed:
+                await refused.recv()
+            assert closed.value.rcvd is not None and closed.value.rcvd.code == 4401
         async with websockets.connect(ws_url(edge, f"?access_token={other}")) as ws:
             await ws.send(resume("r1", "chat-a"))
             not_theirs = await frames_until_done(ws, "r1")
