@@ -63,7 +63,7 @@ def chunks(frames: list[dict[str, Any]]) -> list[tuple[int, dict[str, Any]]]:
 
 @contextlib.asynccontextmanager
 async def agent(bus: Bus, store: ReplayLog, *, deltas: Sequence[str] = ("Hi", " there"),
-                finish: bool = True) -> AsyncIterator[list[AgentRequest]]:
+                finish: bool = True, answer: bool = True) -> AsyncIterator[list[AgentRequest]]:
     """An agent on the ``default`` requests channel; it answers each request with a short run
     (what its publisher and the workers would write)."""
     seen: list[AgentRequest] = []
@@ -81,6 +81,8 @@ async def agent(bus: Bus, store: ReplayLog, *, deltas: Sequence[str] = ("Hi", " 
             request = await pending
             pending = asyncio.ensure_future(anext(requests))
             seen.append(request)
+            if not answer:
+                continue
             run = request.run_id
             extra = {"thread_id": request.thread_id, "tenant": request.tenant}
             events: list[Event] = [event(run, 1, "run.lifecycle", {"state": "running"}, **extra)]
@@ -158,6 +160,17 @@ async def test_send_hands_the_turn_to_the_agent_and_streams_its_run(bus: Bus, st
     assert "".join(c["delta"] for _, c in got if c["type"] == "text-delta") == "Hi there"
     assert frames[-1] == {"type": "end", "requestId": "s1"}
     assert [r.run_id for r in listed] == [request.run_id]
+
+
+async def test_a_turn_the_agent_never_answers_ends_with_an_error(bus: Bus, store: ReplayLog) -> None:
+    """No request waits without bound: nothing published within ``unpublished_wait_s`` → ``error``."""
+    settings = EdgeSettings(unpublished_wait_s=0.5)
+    async with agent(bus, store, answer=False) as seen, serve_edge(bus, store, settings) as edge, \
+            websockets.connect(ws_url(edge)) as ws:
+        await ws.send(send("s1", "chat-mute"))
+        frames = await frames_until_done(ws, "s1")
+    assert len(seen) == 1
+    assert frames[-1]["type"] == "error" and "were published within 0.5 s" in frames[-1]["errorText"]
 
 
 async def test_a_second_turn_while_one_is_active_is_refused(bus: Bus, store: ReplayLog) -> None:
