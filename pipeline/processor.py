@@ -124,6 +124,35 @@ def newest_checkpoint(*stored: bytes | None) -> bytes | None:
     return best
 
 
+def open_windows(data: bytes | None) -> bool:
+    """Whether a stored checkpoint holds open shaping windows."""
+    return bool(data) and bool(_decoder.decode(data).shaper.windows)  # type: ignore[arg-type]
+
+
+def settle_windows(data: bytes, shaped_last: int) -> bytes:
+    """A checkpoint with the windows the shaped view already shows taken out.
+
+    A writer appends a write's shaped events before the raw append that
+    stores its checkpoint; a writer that died between the two left a
+    checkpoint whose windows are open although the shaped view has them. A
+    successor that kept them open would let later deltas join a window the
+    clients already saw, and send it again with a span reaching back over
+    events since (Koder agent stream §7 T2: spans would overlap). Windows
+    close in order of their last raw seq, every window ending before a
+    closing one with it, so each open window whose last seq is at or below
+    the shaped view's last seq was emitted.
+    """
+    checkpoint = _decoder.decode(data)
+    windows = checkpoint.shaper.windows
+    emitted = [key for key, window in windows.items() if window.last.seq <= shaped_last]
+    if not emitted and checkpoint.shaped_seq >= shaped_last:
+        return data
+    for key in emitted:
+        del windows[key]
+    checkpoint.shaped_seq = max(checkpoint.shaped_seq, shaped_last)
+    return _encoder.encode(checkpoint)
+
+
 class StreamOutput(msgspec.Struct, kw_only=True):
     """What one delivery stream receives from a batch."""
 

@@ -25,7 +25,7 @@ from .bus import Bus, Delivery, EncodedAppend
 from .bus.keys import shard_for
 from .envelope import Event, decode_many, encode
 from .errors import ProtocolError
-from .processor import Misrooted, Processor, StreamOutput, validate
+from .processor import Misrooted, Processor, StreamOutput, open_windows, settle_windows, validate
 from .retry import Retry
 from .store import ReplayLog
 
@@ -289,7 +289,11 @@ class Stages:
 
     async def _load_state(self, run_id: str) -> bytes | None:
         async with self._appends:
-            return await self.retry(lambda: self._load(run_id))
+            data = await self.retry(lambda: self._load(run_id))
+            if data is None or not open_windows(data):
+                return data
+            bounds = await self.retry(lambda: self.bus.bounds((run_id, "shaped")))
+            return settle_windows(data, bounds[1]) if bounds else data
 
     async def _bus_state(self, run_id: str) -> bytes | None:
         return await self.bus.load_state((run_id, "raw"))

@@ -51,7 +51,13 @@ async def probe(bus: Bus, store: ReplayLog, key: StreamKey) -> Probe:
     """The state of a delivery stream: its tail, whether and where the run ended, whether it exists."""
     bounds = await bus.bounds(key)
     info = await store.run(key[0])
-    tail = max(bounds[1] if bounds else 0, info.last_seq if info and not bounds else 0)
+    # With no delivery stream yet, the replay log's last seq is where the stream starts. It is a raw
+    # seq: for the shaped view it is a window boundary only once the run has ended (its terminal
+    # event flushed every window, Koder agent stream §4 R3). A worker may log a write before it
+    # appends the shaped view, so a live run's shaped stream starts at 0 and takes the worker's own
+    # windows as they come.
+    logged = info.last_seq if info and not bounds and (key[1] == "raw" or info.terminal) else 0
+    tail = max(bounds[1] if bounds else 0, logged)
     found = Probe(tail=tail, published=bounds is not None or info is not None)
     if info is not None and info.updated_at is not None:
         found.idle_s = max(0.0, time.time() - info.updated_at.timestamp())

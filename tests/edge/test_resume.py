@@ -126,3 +126,28 @@ async def test_t3_on_kafka_resume_on_another_edge_instance(
                     resumed, _ = await asyncio.wait_for(read_sse(response), 20)
                 await producer
     assert [int(e.id or 0) for e in resumed] == list(range(7, 14))
+
+
+async def test_a_shaped_client_joining_before_the_shaped_stream_exists_sees_spans_that_tile(
+    bus: Bus, store: ReplayLog, run_id: str
+) -> None:
+    """Koder agent stream §7 T2 on the shaped view: a worker may write a write's replay-log rows before
+    its delivery streams, so a client can arrive while the log has raw seqs 1..2 and the shaped
+    stream does not exist yet. The raw log's last seq is no window boundary of a live run: starting
+    there would send a shaped delta ``[2, 2]`` recomputed from the log, and then the worker's own
+    window ``[2, 4]`` — two events claiming seq 2."""
+    raw = [
+        event(run_id, 1, "run.lifecycle", {"state": "running"}),
+        *(event(run_id, seq, "text.delta", second=1 + seq / 1000) for seq in (2, 3, 4)),
+        event(run_id, 5, "run.lifecycle", {"state": "done"}, second=2),
+    ]
+    await store.append(raw[:2])
+    async with serve_edge(bus, store) as edge, httpx.AsyncClient(timeout=10) as http:
+        async with http.stream("GET", f"{edge.url}/v1/runs/{run_id}/stream") as response:
+            await store.append(raw[2:])
+            window = event(run_id, 4, "text.delta", {"text": "t2t3t4"}, second=1.004, span=(2, 4))
+            await append(bus, run_id, raw, "raw")
+            await append(bus, run_id, [raw[0], window, raw[4]], "shaped")
+            got, _ = await asyncio.wait_for(read_sse(response), 5)
+    body = decoded(got)
+    assert [(e["seq"], e.get("span")) for e in body] == [(1, None), (4, [2, 4]), (5, None)]

@@ -8,7 +8,7 @@ from collections.abc import Sequence
 
 from pipeline.envelope import DELTA_TYPES, Event, replace
 from pipeline.fanin import ParentMap, fan_in
-from pipeline.processor import Processor, newest_checkpoint
+from pipeline.processor import Processor, newest_checkpoint, settle_windows
 from pipeline.sequencing import Sequencer
 from pipeline.shaping import DeltaCoalescer, shape, ts_millis
 from tests.workers.events import BASE, RunScript
@@ -140,6 +140,32 @@ def test_the_checkpoint_after_a_tick_is_ahead_of_the_one_before() -> None:
     successor.states["run_ckpt"] = newest_checkpoint(before, after)  # type: ignore[assignment]
     successor.feed([run.text("b", 2000), run.lifecycle("done", 2001)])
     assert texts(streams.shaped["run_ckpt"] + successor.shaped["run_ckpt"]) == "ab"
+
+
+def test_a_successor_of_a_writer_that_died_after_a_ticks_shaped_append_keeps_spans_tiling() -> None:
+    """A tick's shaped events are appended before the raw append that stores the checkpoint with the
+    windows closed. A writer that died between the two left windows open in its checkpoint that
+    clients already saw; the successor settles them against the shaped view's last seq, so a late
+    delta opens a new window instead of sending the old one again with a span reaching back over the
+    events since (Koder agent stream §7 T2)."""
+    now = [time.time()]
+    streams = Streams(Processor(clock=lambda: now[0], quiet_s=0.25))
+    run = RunScript("run_died")
+    streams.feed([run.lifecycle("running", 0), run.reasoning("r1 ", 10), run.text("t1 ", 20)])
+    stale = streams.states["run_died"]  # both windows open
+    now[0] += 1.0
+    streams.tick(now[0])  # the shaped view now shows both windows ...
+    shown = streams.shaped["run_died"]
+    assert [(e.seq, e.span) for e in shown] == [(1, None), (2, (2, 2)), (3, (3, 3))]
+
+    successor = Streams(Processor(clock=lambda: now[0]))
+    successor.states["run_died"] = settle_windows(stale, shown[-1].seq)  # ... the checkpoint does not
+    successor.shaped["run_died"] = list(shown)
+    successor.feed([run.reasoning("r2 ", 30), run.lifecycle("done", 40)])
+    assert [(e.seq, e.span) for e in successor.shaped["run_died"]] == [
+        (1, None), (2, (2, 2)), (3, (3, 3)), (4, (4, 4)), (5, None)
+    ]
+    assert settle_windows(streams.states["run_died"], 3) == streams.states["run_died"]
 
 
 def test_tick_closes_a_quiet_window_after_its_end() -> None:
