@@ -52,6 +52,7 @@ from .chat import serve_chat
 from .context import Edge
 from .control import send_control
 from .durable import DurableRead
+from .durable_write import DurableWrite
 from .filters import CHILDREN, PROFILE_NAMES
 from .ingest import publish_body, resolve_format
 from .params import bounded_body, choice, cursor, list_limit, moment
@@ -392,6 +393,7 @@ def create_app(bus: Bus, store: ReplayLog, settings: EdgeSettings | None = None)
         Route("/v1/runs/{run_id}/control", control_endpoint(edge), methods=["POST"]),
         Route("/v1/threads/{thread_id}/stream", ThreadStreamEndpoint(edge)),
         Route("/v1/ds/runs/{run_id}", DurableRead(edge, authorize_stream, error_response), methods=["GET", "HEAD"]),
+        Route("/v1/ds/runs/{run_id}", DurableWrite(edge, error_response).endpoint, methods=["PUT", "POST"]),
         WebSocketRoute("/v1/threads", chat_endpoint(edge)),
         *ops_routes(edge),
         *page_routes(edge),

@@ -125,7 +125,7 @@ class DurableRead:
     async def position(self, stream: StreamRequest) -> Probe:
         """Where the run is; UnknownRun (404) when nobody published it."""
         found = await probe(self.edge.bus, self.edge.store, stream.feed_key.stream)
-        if not found.published:
+        if not found.published and await self.edge.store.stream_state(stream.run_id) is None:
             raise UnknownRun(f"no run {stream.run_id!r}")
         if found.end_seq is not None:
             found.tail = min(found.tail, found.end_seq)

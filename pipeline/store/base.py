@@ -23,6 +23,7 @@ from .. import envelope
 from ..envelope import Event
 from ..errors import UnknownRun
 from ..lifecycle import AsyncResource
+from .producers import Reservation
 
 
 class RetentionPolicy(msgspec.Struct, kw_only=True, frozen=True):
@@ -157,6 +158,30 @@ class ReplayLog(AsyncResource):
     @abstractmethod
     async def run_owner(self, run_id: str) -> RunOwner | None:
         """The recorded owner of a run id, or None when nobody claimed it."""
+
+    # ---- Durable Streams write state (pipeline.store.producers) ----------
+    @abstractmethod
+    async def stream_create(self, run_id: str) -> bool:
+        """Record ``run_id`` as a Durable Streams stream; False when it already was one."""
+
+    @abstractmethod
+    async def stream_state(self, run_id: str) -> tuple[int, bool] | None:
+        """``(next_seq, closed)`` of a stream created with :meth:`stream_create`, else None."""
+
+    @abstractmethod
+    async def stream_reserve(
+        self, run_id: str, producer: tuple[str, int, int] | None, count: int, *, close: bool, hold_s: float
+    ) -> Reservation:
+        """Decide a batch of ``count`` events (``producer`` = id, epoch, seq) and number it, atomically.
+
+        ``busy`` while another batch holds the stream (retry shortly), ``missing`` for a run that
+        is not a stream, ``closed`` after a closing batch; an accepted batch holds the stream
+        for ``hold_s`` or until :meth:`stream_release`. ``close`` marks the stream closed.
+        """
+
+    @abstractmethod
+    async def stream_release(self, run_id: str) -> None:
+        """The batch reserved last has been published: the next may go."""
 
     @abstractmethod
     async def runs(

@@ -26,6 +26,7 @@ queries); what it shares with SQLite is in ``runmeta.py``.
 from __future__ import annotations
 
 import asyncio
+import time
 from collections.abc import AsyncIterator, Awaitable, Callable, Sequence
 from datetime import datetime
 from typing import Any
@@ -36,6 +37,7 @@ from .. import envelope
 from ..envelope import Event
 from ..errors import StoreError, StoreUnavailable
 from .base import Clock, ReplayLog, RetentionPolicy, RunInfo, RunOwner, SweepResult
+from .producers import ProducerState, Reservation, reserve
 from .retention import split_retention, utc_now
 from .runmeta import RUN_COLUMNS, RunDelta, run_info, summarize, upsert_run_sql
 
@@ -85,6 +87,21 @@ CREATE TABLE IF NOT EXISTS run_owners (
     created_at timestamptz NOT NULL DEFAULT now()
 );
 ALTER TABLE runs ADD COLUMN IF NOT EXISTS thread_id text;
+CREATE TABLE IF NOT EXISTS ds_streams (
+    run_id     text PRIMARY KEY,
+    next_seq   bigint NOT NULL DEFAULT 0,
+    closed     boolean NOT NULL DEFAULT false,
+    busy_until double precision NOT NULL DEFAULT 0,
+    created_at timestamptz NOT NULL DEFAULT now()
+);
+CREATE TABLE IF NOT EXISTS ds_producers (
+    run_id      text NOT NULL,
+    producer_id text NOT NULL,
+    epoch       bigint NOT NULL,
+    last_seq    bigint NOT NULL,
+    last_base   bigint NOT NULL,
+    PRIMARY KEY (run_id, producer_id)
+);
 CREATE INDEX IF NOT EXISTS runs_thread ON runs (thread_id, updated_at) WHERE thread_id IS NOT NULL;
 """
 """Schema 2 added ``runs.thread_id``: ``ADD COLUMN IF NOT EXISTS`` migrates a schema-1 database."""
@@ -337,6 +354,64 @@ class PostgresLog(ReplayLog):
                 return RunOwner(tenant=rows[0][0], root_id=rows[0][1])
         raise StoreError(f"could not claim run {run_id!r}")
 
+    # ---- Durable Streams write state ---------------------------------------
+    async def stream_create(self, run_id: str) -> bool:
+        rows = await self._fetch(
+            "INSERT INTO ds_streams (run_id) VALUES (%s) ON CONFLICT (run_id) DO NOTHING RETURNING run_id",
+            (run_id,),
+        )
+        return bool(rows)
+
+    async def stream_state(self, run_id: str) -> tuple[int, bool] | None:
+        rows = await self._fetch("SELECT next_seq, closed FROM ds_streams WHERE run_id = %s", (run_id,))
+        return (int(rows[0][0]), bool(rows[0][1])) if rows else None
+
+    async def stream_reserve(
+        self, run_id: str, producer: tuple[str, int, int] | None, count: int, *, close: bool, hold_s: float
+    ) -> Reservation:
+        async with self._writer.lock:
+            conn = await self._writer.get()
+            try:
+                async with conn.transaction():
+                    return await self._reserve(conn, run_id, producer, count, close, hold_s)
+            except psycopg.OperationalError as exc:
+                raise StoreUnavailable(f"PostgreSQL: {exc}") from exc
+            except psycopg.Error as exc:
+                raise StoreError(f"PostgreSQL: {exc}") from exc
+
+    async def _reserve(
+        self, conn: psycopg.AsyncConnection[Any], run_id: str, producer: tuple[str, int, int] | None,
+        count: int, close: bool, hold_s: float,
+    ) -> Reservation:
+        row = await (await conn.execute(  # the row lock orders batches across edges
+            "SELECT next_seq, closed, busy_until FROM ds_streams WHERE run_id = %s FOR UPDATE", (run_id,)
+        )).fetchone()
+        stream = (int(row[0]), int(row[1]), float(row[2])) if row else None
+        state = None
+        if row is not None and producer is not None:
+            found = await (await conn.execute(
+                "SELECT epoch, last_seq, last_base FROM ds_producers WHERE run_id = %s AND producer_id = %s",
+                (run_id, producer[0]),
+            )).fetchone()
+            state = ProducerState(epoch=found[0], last_seq=found[1], last_base=found[2]) if found else None
+        decision = reserve(stream, state, producer, time.time())
+        if decision.outcome == "append":
+            await conn.execute(
+                "UPDATE ds_streams SET next_seq = %s, closed = closed OR %s, busy_until = %s WHERE run_id = %s",
+                (decision.base + count, close, time.time() + hold_s, run_id),
+            )
+            if producer is not None:
+                await conn.execute(
+                    "INSERT INTO ds_producers VALUES (%s, %s, %s, %s, %s) ON CONFLICT (run_id, producer_id)"
+                    " DO UPDATE SET epoch = excluded.epoch, last_seq = excluded.last_seq,"
+                    " last_base = excluded.last_base",
+                    (run_id, producer[0], producer[1], producer[2], decision.base),
+                )
+        return decision
+
+    async def stream_release(self, run_id: str) -> None:
+        await self._fetch("UPDATE ds_streams SET busy_until = 0 WHERE run_id = %s RETURNING run_id", (run_id,))
+
     async def run_owner(self, run_id: str) -> RunOwner | None:
         rows = await self._fetch("SELECT tenant, root_id FROM run_owners WHERE run_id = %s", (run_id,))
         return RunOwner(tenant=rows[0][0], root_id=rows[0][1]) if rows else None
@@ -408,6 +483,8 @@ class PostgresLog(ReplayLog):
                 deleted += cursor.rowcount
                 await conn.execute("DELETE FROM runs WHERE run_id = ANY(%s)", (chunk,))
                 await conn.execute("DELETE FROM run_owners WHERE run_id = ANY(%s)", (chunk,))
+                await conn.execute("DELETE FROM ds_streams WHERE run_id = ANY(%s)", (chunk,))
+                await conn.execute("DELETE FROM ds_producers WHERE run_id = ANY(%s)", (chunk,))
         await conn.execute(  # claims of runs that never reached the log
             "DELETE FROM run_owners o WHERE created_at <= %s"
             " AND NOT EXISTS (SELECT 1 FROM runs r WHERE r.run_id = o.run_id)",

@@ -21,6 +21,7 @@ from __future__ import annotations
 import asyncio
 import functools
 import sqlite3
+import time
 from collections.abc import AsyncIterator, Callable, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from datetime import UTC, datetime
@@ -35,6 +36,7 @@ from .. import envelope
 from ..envelope import Event
 from ..errors import ConfigError, StoreError, StoreUnavailable
 from .base import Clock, ReplayLog, RetentionPolicy, RunInfo, RunOwner, SweepResult
+from .producers import ProducerState, Reservation, reserve
 from .retention import split_retention, utc_now
 from .runmeta import RUN_COLUMNS, RunDelta, run_info, summarize, summarize_run, upsert_run_sql
 
@@ -88,6 +90,21 @@ CREATE TABLE IF NOT EXISTS run_owners (
     created_at REAL NOT NULL
 );
 CREATE INDEX IF NOT EXISTS runs_thread ON runs (thread_id, updated_at) WHERE thread_id IS NOT NULL;
+CREATE TABLE IF NOT EXISTS ds_streams (
+    run_id     TEXT PRIMARY KEY,
+    next_seq   INTEGER NOT NULL DEFAULT 0,
+    closed     INTEGER NOT NULL DEFAULT 0,
+    busy_until REAL NOT NULL DEFAULT 0,
+    created_at REAL NOT NULL
+);
+CREATE TABLE IF NOT EXISTS ds_producers (
+    run_id      TEXT NOT NULL,
+    producer_id TEXT NOT NULL,
+    epoch       INTEGER NOT NULL,
+    last_seq    INTEGER NOT NULL,
+    last_base   INTEGER NOT NULL,
+    PRIMARY KEY (run_id, producer_id)
+);
 """
 
 _ROWS_PER_STATEMENT = 500
@@ -518,6 +535,58 @@ class SQLiteLog(ReplayLog):
             raise
         return RunOwner(tenant=row[0], root_id=row[1])
 
+    # ---- Durable Streams write state ---------------------------------------
+    async def stream_create(self, run_id: str) -> bool:
+        def create() -> bool:
+            before = self._db.total_changes
+            self._db.execute("INSERT OR IGNORE INTO ds_streams (run_id, created_at) VALUES (?, ?)",
+                             (run_id, _epoch(self.clock())))
+            return self._db.total_changes > before
+
+        return await self._call(create)
+
+    async def stream_state(self, run_id: str) -> tuple[int, bool] | None:
+        row = await self._call(lambda: self._db.execute(
+            "SELECT next_seq, closed FROM ds_streams WHERE run_id = ?", (run_id,)).fetchone())
+        return None if row is None else (row[0], bool(row[1]))
+
+    async def stream_reserve(
+        self, run_id: str, producer: tuple[str, int, int] | None, count: int, *, close: bool, hold_s: float
+    ) -> Reservation:
+        return await self._call(self._reserve, run_id, producer, count, close, hold_s)
+
+    def _reserve(
+        self, run_id: str, producer: tuple[str, int, int] | None, count: int, close: bool, hold_s: float
+    ) -> Reservation:
+        db = self._db
+        db.execute("BEGIN IMMEDIATE")  # one writer across processes sharing the file
+        try:
+            row = db.execute("SELECT next_seq, closed, busy_until FROM ds_streams WHERE run_id = ?",
+                             (run_id,)).fetchone()
+            state = None
+            if row is not None and producer is not None:
+                found = db.execute("SELECT epoch, last_seq, last_base FROM ds_producers "
+                                   "WHERE run_id = ? AND producer_id = ?", (run_id, producer[0])).fetchone()
+                state = ProducerState(epoch=found[0], last_seq=found[1], last_base=found[2]) if found else None
+            decision = reserve(row, state, producer, time.time())
+            if decision.outcome == "append":
+                db.execute("UPDATE ds_streams SET next_seq = ?, closed = ?, busy_until = ? WHERE run_id = ?",
+                           (decision.base + count, int(close or bool(row and row[1])),
+                            time.time() + hold_s, run_id))
+                if producer is not None:
+                    db.execute("INSERT OR REPLACE INTO ds_producers VALUES (?, ?, ?, ?, ?)",
+                               (run_id, producer[0], producer[1], producer[2], decision.base))
+            db.execute("COMMIT")
+        except BaseException:
+            if db.in_transaction:
+                db.execute("ROLLBACK")
+            raise
+        return decision
+
+    async def stream_release(self, run_id: str) -> None:
+        await self._call(lambda: self._db.execute(
+            "UPDATE ds_streams SET busy_until = 0 WHERE run_id = ?", (run_id,)))
+
     async def run_owner(self, run_id: str) -> RunOwner | None:
         row = await self._call(
             lambda: self._db.execute(
@@ -580,6 +649,8 @@ class SQLiteLog(ReplayLog):
                 deleted += db.total_changes - before
                 db.executemany("DELETE FROM runs WHERE run_id = ?", chunk)
                 db.executemany("DELETE FROM run_owners WHERE run_id = ?", chunk)
+                db.executemany("DELETE FROM ds_streams WHERE run_id = ?", chunk)
+                db.executemany("DELETE FROM ds_producers WHERE run_id = ?", chunk)
                 db.execute("COMMIT")
             except BaseException:
                 db.execute("ROLLBACK")

@@ -9,7 +9,8 @@
 //   {"mode": "produce", "url": …, "producer": "p1", "epoch": 0, "messages": [...],
 //    "repeat_seq": 1, "headers": {…}}
 //     IdempotentProducer appends the messages one batch per flush; the request carrying
-//     Producer-Seq = repeat_seq is sent twice (a retrying proxy whose first answer was lost):
+//     Producer-Seq = repeat_seq is sent twice (a retrying proxy whose first answer was lost);
+//     with "close": true the producer closes the stream at the end:
 //     {"statuses": [every HTTP status the edge answered, in order]}
 import { DurableStream, IdempotentProducer, stream } from "@durable-streams/client";
 
@@ -59,7 +60,8 @@ if (args.mode === "read") {
     producer.append(JSON.stringify(message));
     await producer.flush();
   }
-  await producer.detach();
+  if (args.close) await producer.close();
+  else await producer.detach();
   out({ statuses });
 } else {
   throw new Error(`unknown mode ${args.mode}`);
