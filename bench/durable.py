@@ -36,12 +36,10 @@ import time
 from pathlib import Path
 from typing import Any
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-
-from pipeline import envelope  # noqa: E402
-from pipeline.bus import open_bus  # noqa: E402
-from pipeline.envelope import Event  # noqa: E402
-from pipeline.store import open_store  # noqa: E402
+from pipeline import envelope
+from pipeline.bus import open_bus
+from pipeline.envelope import Event
+from pipeline.store import open_store
 
 RUN = "bench-ds"
 
