@@ -36,6 +36,8 @@ import time
 from pathlib import Path
 from typing import Any
 
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
 from pipeline import envelope
 from pipeline.bus import open_bus
 from pipeline.envelope import Event
