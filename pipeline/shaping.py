@@ -7,6 +7,14 @@ window closes when a later delta of the stream has ``ts`` at or past its end,
 when a non-delta event arrives (§4 R3), or, live, when the wall clock passes its
 end (:meth:`DeltaCoalescer.tick`) so an agent's last words are not held back.
 
+One source (a run, or one child in a parent stream) streams reasoning and
+text one after the other, so a delta of the other type closes that source's
+open window: its span then never reaches over the other type's seqs, and the
+spans of a stream whose children do not stream at the same time tile its seq
+space (Koder agent stream §7 T2: a client checks ``span[0] == previous seq +
+1``). Windows of children streaming at the same time overlap; there only the raw
+view lets a client check for drops.
+
 §4 R3 — any other event first flushes the stream's pending deltas, then goes out
 at once, never batched, its raw seq unchanged.
 
@@ -73,6 +81,11 @@ _KEY_SUFFIX: dict[type, str] = {
     TextDelta: "|" + TextDelta.type_name,
 }
 """A window's key is ``"<child_id>|<type>"``; the delta classes' suffixes."""
+_OTHER: dict[str, str] = {
+    _KEY_SUFFIX[ReasoningDelta]: _KEY_SUFFIX[TextDelta],
+    _KEY_SUFFIX[TextDelta]: _KEY_SUFFIX[ReasoningDelta],
+}
+"""The suffix of the other delta type: a source's switch between the two closes its open window."""
 
 
 class DeltaCoalescer:
@@ -111,6 +124,10 @@ class DeltaCoalescer:
             out.extend(self._close(lambda window: window.end_ms <= now))
         child = event.child_id
         key = child + suffix if child else suffix
+        if windows:
+            other = windows.get(child + _OTHER[suffix] if child else _OTHER[suffix])
+            if other is not None:  # one source switched between reasoning and text
+                out.extend(self._close(lambda window: window is other))
         window = windows.get(key)
         if window is None:
             end_ms = now + self.window_ms

@@ -87,8 +87,31 @@ def test_reasoning_and_text_are_never_mixed_in_one_shaped_event() -> None:
     ]
     shaped = shape(raw)
     assert [(e.type, texts([e]), e.span) for e in shaped] == [
-        ("reasoning.delta", "r1r2", (1, 3)),
-        ("text.delta", "t1t2", (2, 4)),
+        ("reasoning.delta", "r1", (1, 1)),
+        ("text.delta", "t1", (2, 2)),
+        ("reasoning.delta", "r2", (3, 3)),
+        ("text.delta", "t2", (4, 4)),
+    ]
+
+
+def test_a_switch_between_reasoning_and_text_closes_the_window_so_spans_tile() -> None:
+    """Koder agent stream §7 T2 on the shaped view: reasoning, then text, then reasoning again within
+    one 100 ms window (R1). Were the first reasoning window kept open, the second reasoning burst
+    would join it and its span would reach back over the text's seqs, so a client checking
+    ``span[0] == previous seq + 1`` would see an overlap."""
+    run = RunScript("run_switch")
+    raw = [replace(run.lifecycle("running", 0), seq=1)]
+    raw += [replace(run.reasoning(f"r{i} ", 1 + i), seq=2 + i) for i in range(20)]
+    raw += [replace(run.text(f"t{i} ", 30 + i), seq=22 + i) for i in range(20)]
+    raw += [replace(run.reasoning(f"s{i} ", 60 + i), seq=42 + i) for i in range(20)]
+    raw.append(replace(run.lifecycle("done", 90), seq=62))
+    shaped = shape(raw)
+    assert [(e.type, e.span) for e in shaped] == [
+        ("run.lifecycle", None),
+        ("reasoning.delta", (2, 21)),
+        ("text.delta", (22, 41)),
+        ("reasoning.delta", (42, 61)),
+        ("run.lifecycle", None),
     ]
 
 
