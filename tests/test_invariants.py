@@ -204,7 +204,20 @@ def _event(run_id: str, seq: int) -> envelope.Event:
                          ts=envelope.now_ts(), run_id=run_id, seq=seq)
 
 
+async def _has_entries_in_flight(
+    client: aioredis.Redis, prefix: str, holders: list[bytes | None], member: bytes
+) -> bool:
+    """Whether ``member`` holds a shard lease and has entries of that shard delivered but not acked."""
+    for shard, holder in enumerate(holders):
+        if holder == member:
+            consumers = await client.xinfo_consumers(ingest_key(prefix, shard), GROUP)
+            if any(c["name"] in (member, member.decode()) and c["pending"] > 0 for c in consumers):
+                return True
+    return False
+
+
 @pytest.mark.slow
+@pytest.mark.timeout(240)
 async def test_invariant_2_no_loss_no_duplicates_when_a_worker_process_is_killed(
     redis_url: str, postgres_url: str
 ) -> None:
@@ -227,21 +240,30 @@ async def test_invariant_2_no_loss_no_duplicates_when_a_worker_process_is_killed
             client = aioredis.Redis.from_url(pipe.url.split("?", 1)[0])
             prefix = pipe.bus.options.prefix  # type: ignore[attr-defined]
             holders: list[bytes | None] = []
+            killed_at: int | None = None
             try:
-                for index in range(300):
+                # The process takes its share of the shards only once it has started and joined the
+                # group, which on a loaded machine takes seconds: keep publishing until it holds a
+                # lease and has entries of its own in flight, kill it then, and keep publishing.
+                async with asyncio.timeout(90):
+                    index = 0
+                    while killed_at is None or index < killed_at + 150:
+                        for handle in handles:
+                            if index == 0:
+                                event = await handle.emit("run.lifecycle", {"state": "running"})
+                            else:
+                                event = await handle.emit("tool.start", {"call_id": f"c{index}", "tool": "t"})
+                            published[handle.run_id].append(event.id)
+                        await asyncio.sleep(0.01)
+                        if killed_at is None and index >= 150:
+                            holders = [await client.get(lease_key(prefix, GROUP, s)) for s in range(shards)]
+                            if await _has_entries_in_flight(client, prefix, holders, b"w0"):
+                                worker.kill()  # SIGKILL while events keep coming
+                                await worker.wait()
+                                killed_at = index
+                        index += 1
                     for handle in handles:
-                        if index == 0:
-                            event = await handle.emit("run.lifecycle", {"state": "running"})
-                        elif index == 299:
-                            event = await handle.finish("done")
-                        else:
-                            event = await handle.emit("tool.start", {"call_id": f"c{index}", "tool": "t"})
-                        published[handle.run_id].append(event.id)
-                    await asyncio.sleep(0.01)
-                    if index == 150:
-                        holders = [await client.get(lease_key(prefix, GROUP, s)) for s in range(shards)]
-                        worker.kill()  # SIGKILL while events keep coming
-                        await worker.wait()
+                        published[handle.run_id].append((await handle.finish("done")).id)
             finally:
                 await client.aclose()
             await pipe.publisher.flush()
