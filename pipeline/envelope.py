@@ -476,6 +476,18 @@ def check(event: Event, *, max_bytes: int = MAX_FRAME_BYTES) -> Event:
     return checked
 
 
+def check_encoded(event: Event, frame: bytes, *, max_bytes: int = MAX_FRAME_BYTES) -> None:
+    """The decoder's size and nesting limits for an event built and encoded in code (no decode).
+
+    For the publisher SDK, which encodes every event anyway: an event a
+    worker would dead-letter is refused at ``emit`` instead.
+    """
+    if len(frame) > max_bytes:
+        raise MalformedFrame(f"event is {len(frame)} bytes encoded, over the {max_bytes}-byte limit")
+    if (type(event) in _FREE_FORM or event.ext is not None) and _may_be_deep(frame) and is_too_deep(event):
+        raise _too_deep()
+
+
 def decode_lines(frames: bytes, *, max_bytes: int = MAX_FRAME_BYTES) -> list[Event | ProtocolError]:
     """Decode a batch of newline-delimited canonical frames (the bus reads batches).
 

@@ -57,7 +57,7 @@ from . import envelope
 from .bus import Bus, ControlCommand, open_bus
 from .bus.requests import DEFAULT_CHANNEL, DEFAULT_TTL_S, AgentRequest, consume_requests
 from .envelope import Event
-from .errors import BusUnavailable, DeliveryTimeout
+from .errors import BusUnavailable, DeliveryTimeout, MalformedFrame
 from .lifecycle import AsyncResource
 from .retry import Retry
 from .runcontext import RunContext
@@ -154,11 +154,16 @@ class Run:
         """Publish one event of any canonical (or ``x.*``) type; returns it.
 
         Raises ``MalformedFrame``/``UnknownEventType`` for an invalid payload
-        or type (nothing is published, seq is not used up), and
+        or type, or one a worker could not carry (over 1 MiB encoded, nested
+        deeper than 64 levels; nothing is published, seq is not used up), and
         ``DeliveryTimeout`` when the publisher gave up on earlier events.
         """
         event = self.event(type, payload)
-        await self.publisher._enqueue(event)
+        try:
+            await self.publisher._enqueue(event)
+        except MalformedFrame:  # refused before anything awaited: the seq is not used up
+            self.seq -= 1
+            raise
         return event
 
     async def finish(self, state: str = "done", reason: str | None = None) -> Event:
@@ -385,7 +390,11 @@ class Publisher(AsyncResource):
     async def _enqueue(self, event: Event) -> None:
         if self._failure is not None:
             self._raise_failure()
-        data = _encoder.encode(event)
+        try:
+            data = _encoder.encode(event)
+        except RecursionError:
+            raise MalformedFrame(f"event is nested deeper than {envelope.MAX_DEPTH} levels") from None
+        envelope.check_encoded(event, data)  # what a worker would dead-letter is refused here
         size = len(data)
         if self._queued and (
             self._queued >= self.max_pending or self._queued_bytes + size > self.max_pending_bytes

@@ -210,3 +210,20 @@ async def test_token_counts_saturate_in_run_metadata_instead_of_stopping_the_wri
         info = await any_store.run(run_id)
         assert info is not None and info.input_tokens == info.output_tokens == INT64_MAX
         assert [e.seq for e in await any_store.read(run_id)] == [1, 2, 3, 4]
+
+
+async def test_the_sdk_refuses_at_emit_what_a_worker_would_dead_letter() -> None:
+    """An agent hears about a payload too deep or too big when it emits it, not never."""
+    from pipeline.publisher import Publisher
+
+    deep: Any = []
+    for _ in range(MAX_DEPTH + 5):
+        deep = [deep]
+    async with open_bus("memory://") as bus, Publisher(bus) as pub:
+        run = pub.run(f"run-{uuid.uuid4().hex[:8]}")
+        with pytest.raises(MalformedFrame, match=f"deeper than {MAX_DEPTH}"):
+            await run.emit("tool.start", {"call_id": "c", "tool": "t", "input": deep})
+        with pytest.raises(MalformedFrame, match="byte limit"):
+            await run.emit("text.delta", {"text": "x" * (1 << 20)})
+        sent = await run.emit("text.delta", {"text": "fine"})
+    assert sent.seq == 1  # the refused emits used up no seq: no gap downstream
