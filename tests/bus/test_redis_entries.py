@@ -157,3 +157,22 @@ async def test_an_entry_of_several_events_is_acked_once_all_of_them_are(
         finally:
             await client.aclose()
         assert [d.reason for d in await bus.dead_letters()] == ["bad too", "bad"]
+
+
+async def test_ingest_maxlen_bounds_the_events_of_multi_event_entries(
+    redis_url: str, prefix: str,
+) -> None:
+    """Invariant 4 (bounded memory): ``ingest_maxlen`` counts events, also when an entry
+    holds 64 of them (it trims to ``ingest_maxlen / 64`` entries, approximately)."""
+    async with open_bus(f"{redis_url}?prefix={prefix}&shards=1&ingest_maxlen=256") as bus:
+        for start in range(1, 2561, 64):
+            await bus.publish([event("run-max", s) for s in range(start, start + 64)])
+        client = Redis.from_url(redis_url)
+        try:
+            entries = await client.xrange(ingest_key(prefix, 0))
+        finally:
+            await client.aclose()
+    held = sum(fields[b"m"].count(b"\n") + 1 for _, fields in entries)
+    assert 256 <= held <= 1024, held
+    last = decode(entries[-1][1][b"m"].rsplit(b"\n", 1)[1])
+    assert last.seq == 2560
