@@ -82,6 +82,9 @@ class RedisConsumer(Consumer):
         self._closed = False
         self._open: dict[str, set[int]] = {}
         """Entries of several events handed out → their events not yet acked or dead-lettered."""
+        self._held: list[Delivery] = []
+        """Events of the last fetch's entries past its ``max_count``: the next fetch's first."""
+        self._entries_read = 0
         self._per_entry = float(INGEST_ENTRY_EVENTS)
         """Events per entry in the last fetch (at first the most an entry holds), so that a
         fetch of ``max_count`` events asks for ``max_count / _per_entry`` entries."""
@@ -139,17 +142,32 @@ class RedisConsumer(Consumer):
 
     # ---- fetch ---------------------------------------------------------------
     async def fetch(self, max_count: int = 512, block_ms: int = 1000) -> list[Delivery]:
+        """Up to ``max_count`` events, fewer only when no more are ready (a runtime takes
+        that as caught up). Entries hold several events, so this reads about as many
+        entries as the events wanted need, again while a read came back full, and keeps
+        the events past ``max_count`` for the next fetch (an entry is acked once all its
+        events are, whichever fetches handed them out)."""
         if self._closed:
             raise RuntimeError("consumer is closed")
+        out, self._held = self._held[:max_count], self._held[max_count:]
+        if len(out) == max_count:
+            return out
         with unavailable_on_connection_errors(f"fetch {self.group}/{self.name}"):
             if not self._started:
                 await self._create_groups()
                 self._renewer = asyncio.create_task(self._renew_forever())
                 self._started = True
             await self._rebalance()
-            entries = max(1, int(max_count / self._per_entry))
-            deliveries = await self._recreating_group(lambda: self._collect(entries, block_ms))
-        return await self._screen(deliveries)
+            while True:
+                asked = max(1, -(-(max_count - len(out)) // round(self._per_entry)))
+                self._entries_read = 0
+                wait = 0 if out else block_ms
+                got = await self._recreating_group(lambda: self._collect(asked, wait))  # noqa: B023
+                out += await self._screen(got)
+                if len(out) >= max_count or self._entries_read < asked or not got:
+                    break
+        out, self._held = out[:max_count], out[max_count:]
+        return out
 
     async def _recreating_group(self, step: Callable[[], Awaitable[T]]) -> T:
         try:
@@ -332,6 +350,7 @@ class RedisConsumer(Consumer):
                                  part=part) for part, frame in enumerate(frames)]
         if entries_seen:
             self._per_entry = max(1.0, len(out) / entries_seen)
+        self._entries_read += entries_seen
         return out
 
     async def _screen(self, deliveries: list[Delivery]) -> list[Delivery]:
@@ -399,6 +418,7 @@ class RedisConsumer(Consumer):
         if self._closed:
             return
         self._closed = True
+        self._held = []
         if self._renewer is not None:
             self._renewer.cancel()
             with contextlib.suppress(asyncio.CancelledError):

@@ -176,3 +176,29 @@ async def test_ingest_maxlen_bounds_the_events_of_multi_event_entries(
     assert 256 <= held <= 1024, held
     last = decode(entries[-1][1][b"m"].rsplit(b"\n", 1)[1])
     assert last.seq == 2560
+
+
+async def test_a_fetch_returns_max_count_events_while_more_are_ready(
+    redis_url: str, prefix: str,
+) -> None:
+    """A worker takes a fetch of fewer than it asked for as "caught up" (then it closes quiet
+    shaping windows): so a fetch returns exactly ``max_count`` events while more are ready,
+    splitting an entry if need be, and the entry is acked once all its events are."""
+    async with open_bus(f"{redis_url}?prefix={prefix}&shards=1") as bus:
+        await bus.publish([event("run-split", s) for s in range(1, 101)])  # entries of 64 + 36
+        await bus.publish([event("run-split", 101)])
+        client = Redis.from_url(redis_url)
+        try:
+            async with bus.consumer("g", "c") as consumer:
+                first = await consumer.fetch(50, block_ms=100)
+                second = await consumer.fetch(50, block_ms=100)
+                third = await consumer.fetch(50, block_ms=100)
+                assert [len(first), len(second), len(third)] == [50, 50, 1]
+                seqs = [decode(d.data).seq for d in first + second + third]
+                assert seqs == list(range(1, 102))
+                await consumer.ack(first)
+                assert int((await client.xpending(ingest_key(prefix, 0), "g"))["pending"]) == 3
+                await consumer.ack(second + third)
+                assert int((await client.xpending(ingest_key(prefix, 0), "g"))["pending"]) == 0
+        finally:
+            await client.aclose()
