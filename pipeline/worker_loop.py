@@ -83,7 +83,7 @@ class ConsumerLoop:
                 if any(delivery.shard not in self._owned for delivery in deliveries):
                     # a lease lost since the fetch: the shard's new owner redoes them
                     deliveries = [d for d in deliveries if d.shard in self._owned]
-                if fetched == batch and not stop.is_set():
+                if fetched >= batch and not stop.is_set():
                     # a backlog: the next fetch's round trip (which may queue behind this
                     # worker's own appends on the server) overlaps processing this batch
                     prefetch = asyncio.create_task(self._fetch(batch, block_ms))

@@ -95,7 +95,12 @@ class Consumer(AsyncResource):
 
     @abstractmethod
     async def fetch(self, max_count: int = 512, block_ms: int = 1000) -> list[Delivery]:
-        """Up to ``max_count`` entries, waiting up to ``block_ms`` when none are ready."""
+        """Up to ``max_count`` entries, waiting up to ``block_ms`` when none are ready.
+
+        Fewer than ``max_count`` only when no more are ready (runtimes take that as
+        caught up). Where an entry holds several events (Redis ingest), one delivery
+        per event, ``max_count`` counts events, and an entry comes whole, so the last
+        one may take a fetch past ``max_count``."""
 
     @abstractmethod
     async def ack(self, deliveries: Sequence[Delivery]) -> None:

@@ -82,8 +82,6 @@ class RedisConsumer(Consumer):
         self._closed = False
         self._open: dict[str, set[int]] = {}
         """Entries of several events handed out → their events not yet acked or dead-lettered."""
-        self._held: list[Delivery] = []
-        """Events of the last fetch's entries past its ``max_count``: the next fetch's first."""
         self._entries_read = 0
         self._per_entry = float(INGEST_ENTRY_EVENTS)
         """Events per entry in the last fetch (at first the most an entry holds), so that a
@@ -142,16 +140,13 @@ class RedisConsumer(Consumer):
 
     # ---- fetch ---------------------------------------------------------------
     async def fetch(self, max_count: int = 512, block_ms: int = 1000) -> list[Delivery]:
-        """Up to ``max_count`` events, fewer only when no more are ready (a runtime takes
-        that as caught up). Entries hold several events, so this reads about as many
-        entries as the events wanted need, again while a read came back full, and keeps
-        the events past ``max_count`` for the next fetch (an entry is acked once all its
-        events are, whichever fetches handed them out)."""
+        """``max_count`` events while more are ready, fewer only when none are (a runtime
+        takes that as caught up). Entries hold several events, so this reads about as many
+        entries as the events wanted need, again while a read came back full; an entry is
+        handed out whole, so the last one may take a fetch past ``max_count``."""
         if self._closed:
             raise RuntimeError("consumer is closed")
-        out, self._held = self._held[:max_count], self._held[max_count:]
-        if len(out) == max_count:
-            return out
+        out: list[Delivery] = []
         with unavailable_on_connection_errors(f"fetch {self.group}/{self.name}"):
             if not self._started:
                 await self._create_groups()
@@ -165,9 +160,7 @@ class RedisConsumer(Consumer):
                 got = await self._recreating_group(lambda: self._collect(asked, wait))  # noqa: B023
                 out += await self._screen(got)
                 if len(out) >= max_count or self._entries_read < asked or not got:
-                    break
-        out, self._held = out[:max_count], out[max_count:]
-        return out
+                    return out
 
     async def _recreating_group(self, step: Callable[[], Awaitable[T]]) -> T:
         try:
@@ -418,7 +411,6 @@ class RedisConsumer(Consumer):
         if self._closed:
             return
         self._closed = True
-        self._held = []
         if self._renewer is not None:
             self._renewer.cancel()
             with contextlib.suppress(asyncio.CancelledError):
