@@ -229,7 +229,8 @@ class DurableSseSink(Sink):
         self._send = send
         self.offset = offset
         self.tail = tail
-        self.cursor = cursor
+        self.cursor = next_cursor(cursor)
+        """One cursor per connection (§10.1): it only has to differ from the one the client sent."""
         self.session: StreamSession | None = None
         self.started = False
 
@@ -261,7 +262,6 @@ class DurableSseSink(Sink):
                 self.offset = max(self.offset, frame.seq)
             closed = closed or frame.terminal
         body = b"event: data\ndata: [%s]\n\n" % b",".join(payloads) if payloads else b""
-        self.cursor = next_cursor(self.cursor)
         up_to_date = closed or self.offset >= self._position()
         await self._write(body + _control(self.offset, self.cursor, closed=closed, up_to_date=up_to_date))
 
@@ -275,13 +275,13 @@ class DurableSseSink(Sink):
         await self._send({"type": "http.response.body", "body": body, "more_body": True})
 
 
-def _control(offset: int, cursor: str | None, *, closed: bool, up_to_date: bool) -> bytes:
+def _control(offset: int, cursor: str, *, closed: bool, up_to_date: bool) -> bytes:
     control: dict[str, object] = {"streamNextOffset": encode_offset(offset)}
     if closed:
         control["streamClosed"] = True
         control["upToDate"] = True
     else:
-        control["streamCursor"] = cursor or next_cursor(None)
+        control["streamCursor"] = cursor
         if up_to_date:
             control["upToDate"] = True
     return b"event: control\ndata: %s\n\n" % _json.encode(control)
