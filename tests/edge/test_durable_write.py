@@ -133,3 +133,23 @@ async def test_ds_idempotent_producer_appends_through_a_retried_request_without_
     assert [e["payload"].get("text") for e in events[1:4]] == texts
     assert [e["seq"] for e in events] == [1, 2, 3, 4, 5]
     assert read.headers["stream-closed"] == "true"
+
+
+async def test_pipelined_batches_land_once_and_in_order(redis_url: str, tmp_path: Path) -> None:
+    """``IdempotentProducer`` with five batches in flight (§5.2.1 "HTTP requests can arrive out of
+    order"): a batch that arrives before its predecessor gets 409 and is retried by the client; every
+    message lands once, in append order."""
+    run_id = unique("ds-pipelined")
+    async with pipeline(redis_url, f"sqlite:///{tmp_path / 'replay.db'}") as pipe, httpx.AsyncClient(timeout=30) as http:
+        url = f"{pipe.edge.url}/v1/ds/runs/{run_id}"
+        assert (await http.put(url, headers=JSON_HEADERS)).status_code == 201
+        texts = [f"t{i} " for i in range(60)]
+        messages = [message(run_id, "run.lifecycle")] + [message(run_id, text=t) for t in texts]
+        answer = await node({"mode": "produce", "url": url, "producer": "agent-2", "messages": messages,
+                             "repeat_seq": -1, "close": True, "pipelined": True, "in_flight": 5, "batch_bytes": 600})
+        await wait_for_terminal(pipe.store, run_id)
+        read = await http.get(url, params={"offset": "-1", "detail": "full"})
+    assert len(answer["statuses"]) >= 10  # many batches, several in flight at once
+    events = read.json()
+    assert [e["payload"].get("text") for e in events[1:-1]] == texts
+    assert [e["seq"] for e in events] == list(range(1, len(texts) + 3))

@@ -10,7 +10,8 @@
 //    "repeat_seq": 1, "headers": {…}}
 //     IdempotentProducer appends the messages one batch per flush; the request carrying
 //     Producer-Seq = repeat_seq is sent twice (a retrying proxy whose first answer was lost);
-//     with "close": true the producer closes the stream at the end:
+//     with "close": true the producer closes the stream at the end; with "pipelined": true and
+//     "in_flight": N, "batch_bytes": B, batches of at most B bytes go out N at a time:
 //     {"statuses": [every HTTP status the edge answered, in order]}
 import { DurableStream, IdempotentProducer, stream } from "@durable-streams/client";
 
@@ -53,13 +54,15 @@ if (args.mode === "read") {
   };
   const handle = new DurableStream({ url: args.url, contentType: "application/json", headers: args.headers ?? {} });
   const producer = new IdempotentProducer(handle, args.producer, {
-    epoch: args.epoch ?? 0, fetch: retrying, headers: args.headers ?? {}, lingerMs: 0, maxInFlight: 1,
+    epoch: args.epoch ?? 0, fetch: retrying, headers: args.headers ?? {}, lingerMs: 0,
+    maxInFlight: args.in_flight ?? 1, maxBatchBytes: args.batch_bytes ?? 1024 * 1024,
     onError: (error) => { out({ error: String(error) }); process.exit(1); },
   });
   for (const message of args.messages) {
     producer.append(JSON.stringify(message));
-    await producer.flush();
+    if (!args.pipelined) await producer.flush();  // pipelined: batches go out concurrently
   }
+  await producer.flush();
   if (args.close) await producer.close();
   else await producer.detach();
   out({ statuses });
