@@ -209,10 +209,14 @@ class DurableRead:
             except ReplayExpired as exc:
                 await _json_error(410, str(exc), CONN_REPLAY_EXPIRED)(request.scope, receive, send)
                 return
-        sink = DurableSseSink(send, stream.after, found.tail, request.query_params.get("cursor"))
+        sink = DurableSseSink(send, stream.after, found.tail, request.query_params.get("cursor"),
+                              self.edge.settings.durable_sse_s)
         session = StreamSession(self.edge.hub, stream, sink)
         sink.session = session
-        _final, gone, refused = await run_session(self.edge.hub, session, lambda d: watch_http(receive, d))
+        try:
+            _final, gone, refused = await run_session(self.edge.hub, session, lambda d: watch_http(receive, d))
+        except Rotate:
+            gone, refused = False, None
         if gone:
             return
         with contextlib.suppress(OSError):
@@ -225,7 +229,7 @@ class DurableRead:
 class DurableSseSink(Sink):
     """``event: data`` (a JSON array of the frames' messages) then ``event: control``, per write."""
 
-    def __init__(self, send: Send, offset: int, tail: int, cursor: str | None) -> None:
+    def __init__(self, send: Send, offset: int, tail: int, cursor: str | None, rotate_s: float) -> None:
         self._send = send
         self.offset = offset
         self.tail = tail
@@ -233,6 +237,12 @@ class DurableSseSink(Sink):
         """One cursor per connection (§10.1): it only has to differ from the one the client sent."""
         self.session: StreamSession | None = None
         self.started = False
+        self.rotate_at = time.monotonic() + rotate_s if rotate_s > 0 else float("inf")
+
+    def _rotate(self) -> None:
+        """End a long connection after a control event (§10.2); the client reconnects at its offset."""
+        if time.monotonic() >= self.rotate_at:
+            raise Rotate()
 
     async def begin(self) -> None:
         if self.started:
@@ -264,15 +274,22 @@ class DurableSseSink(Sink):
         body = b"event: data\ndata: [%s]\n\n" % b",".join(payloads) if payloads else b""
         up_to_date = closed or self.offset >= self._position()
         await self._write(body + _control(self.offset, self.cursor, closed=closed, up_to_date=up_to_date))
+        if not closed:
+            self._rotate()
 
     async def keepalive(self) -> None:
         await self._write(_control(self.offset, self.cursor, closed=False, up_to_date=True))
+        self._rotate()
 
     async def finish(self) -> None:
         await self._send({"type": "http.response.body", "body": b"", "more_body": False})
 
     async def _write(self, body: bytes) -> None:
         await self._send({"type": "http.response.body", "body": body, "more_body": True})
+
+
+class Rotate(Exception):
+    """A Durable Streams SSE connection reached its age: end it after the control event just sent."""
 
 
 def _control(offset: int, cursor: str, *, closed: bool, up_to_date: bool) -> bytes:

@@ -27,6 +27,9 @@ class EdgeSettings(msgspec.Struct, kw_only=True, forbid_unknown_fields=True, fro
     unpublished_wait_s: float = 30.0
     """How long a stream request for a run nobody has published yet waits for its first
     event before it gets the error ``KAI-STREAM-RUN-0003`` (no request waits without bound)."""
+    durable_sse_s: float = 60.0
+    """A Durable Streams ``live=sse`` response ends after about this long (after a control event;
+    the client reconnects at its offset), so a CDN can collapse readers (0: only at the run's end)."""
     long_poll_s: float = 20.0
     """How long a Durable Streams ``live=long-poll`` read waits for new events before ``204``."""
     tail_block_ms: int = 200

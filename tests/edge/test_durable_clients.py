@@ -42,7 +42,7 @@ async def test_ds_client_reads_a_live_run_saves_its_offset_and_resumes_on_a_seco
     """§5.6 catch-up, then §5.7 long-poll / §5.8 SSE live; the saved ``Stream-Next-Offset`` resumes on
     another edge instance (offsets are delivery seqs: shared state only) and ``Stream-Closed`` ends it."""
     await append(bus, run_id, run_events(run_id, 5, end=None))
-    settings = EdgeSettings(long_poll_s=2)
+    settings = EdgeSettings(long_poll_s=2, durable_sse_s=0.4, keepalive_s=0.2)  # SSE reconnects midway too
     async with serve_edge(bus, store, settings) as first, serve_edge(bus, store, settings) as second:
         path = f"/v1/ds/runs/{run_id}?detail=full"
         head = await node({"mode": "read", "url": first.url + path, "live": live, "count": 5})

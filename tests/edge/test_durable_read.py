@@ -164,3 +164,21 @@ async def test_same_auth_and_tenancy_as_every_stream(memory_bus: Bus, store: Rep
     assert other.status_code == 404
     assert ok.status_code == 200 and len(ok.json()) == 3
     assert ok.headers["cache-control"].startswith("private")
+
+
+async def test_sse_connections_end_after_their_age_so_a_cdn_can_collapse_readers(
+    memory_bus: Bus, store: ReplayLog, run_id: str
+) -> None:
+    """§10.2: an SSE response on a run that goes on ends after ``durable_sse_s`` with a control event that
+    is not ``streamClosed``; the client reconnects at its ``streamNextOffset``."""
+    await append(memory_bus, run_id, run_events(run_id, 3, end=None))
+    settings = EdgeSettings(durable_sse_s=0.3, keepalive_s=0.1)
+    async with serve_edge(memory_bus, store, settings) as edge, httpx.AsyncClient(timeout=10) as http:
+        started = time.monotonic()
+        response = await http.get(f"{edge.url}/v1/ds/runs/{run_id}",
+                                  params={"detail": "full", "offset": "-1", "live": "sse"})
+        took = time.monotonic() - started
+    controls = [json.loads(b.split("\n")[1][6:]) for b in response.text.split("\n\n") if b.startswith("event: control")]
+    assert took < 3
+    assert controls[-1]["streamNextOffset"] == offset(3)
+    assert "streamClosed" not in controls[-1]
