@@ -340,7 +340,10 @@ class GrpcServer:
 
 
 async def start_grpc(edge: Edge, host: str, port: int) -> GrpcServer:
-    """Serve ``runwire.v1.Runwire``, StreamWeave, health and reflection on ``host:port`` (0: any)."""
+    """Serve ``runwire.v1.Runwire``, StreamWeave, health and reflection on ``host:port`` (0: any).
+
+    Keep the returned server: grpcio stops a server whose object is garbage collected.
+    """
     server = grpc.aio.server(options=[("grpc.so_reuseport", 0)])
     service = RunwireService(edge)
     server.add_generic_rpc_handlers(service.handlers())
