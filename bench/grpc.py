@@ -7,8 +7,8 @@ One edge server process (``--role server``) serves HTTP (uvicorn) and gRPC
 real Redis (started on a free port unless ``--bus`` is given). The same
 phases run twice, each time against a fresh server: once with ``clients``
 gRPC ``Stream`` calls (grpcio asyncio clients in a separate process, 100
-calls per channel, messages counted without decoding except on probe
-calls), once with ``clients`` raw SSE readers (``bench/edge.py``'s client
+calls per channel, opened 200 at a time, messages counted without
+decoding except on probe calls), once with ``clients`` raw SSE readers (``bench/edge.py``'s client
 process). Per transport:
 
 1. ``clients`` streams on one run plus 2 on each of 50 background runs and
@@ -21,10 +21,10 @@ process). Per transport:
    ``deliveries_per_s`` = messages received by all clients per second
    (R4 drops are not deliveries).
 
-Then, against the gRPC server with its streams still connected,
-``control_rpc_p50_ms``/``_p99_ms``: 200 ``Control`` calls, call → the command
-read from the run's control channel (what the agent's ``run.controls()``
-does). And ``--payload`` adds a micro-benchmark of the ``Event.payload``
+Between 2 and 3, against the gRPC server with every stream connected and
+idle, ``control_rpc_p50_ms``/``_p99_ms``: 200 ``Control`` calls one after
+another, call → the command read from the run's control channel (what the
+agent's ``run.controls()`` does). And ``--payload`` adds a micro-benchmark of the ``Event.payload``
 choice: JSON text vs ``google.protobuf.Struct`` (encode, decode, bytes).
 """
 
@@ -58,6 +58,7 @@ eb = importlib.util.module_from_spec(_spec)
 _spec.loader.exec_module(eb)
 
 PER_CHANNEL = 100
+OPEN_AT_ONCE = 200
 STREAM = "/runwire.v1.Runwire/Stream"
 
 
@@ -88,8 +89,24 @@ def serve(bus_url: str, port: int, grpc_port: int) -> None:
 
 
 # ---------------------------------------------------------------- gRPC clients
+async def opened(counters: Any, total: int) -> None:
+    """Wait (bounded) until ``total`` calls got their first message or failed."""
+    deadline = time.monotonic() + 120
+    while True:
+        if counters.connected + len(counters.failed) >= total or time.monotonic() > deadline:
+            return
+        await asyncio.sleep(0.05)
+
+
 async def read(call: Any, probe: bool, counters: Any) -> None:
     """Count a call's messages; a probe decodes tool.start events for their publish stamp."""
+    try:
+        await _read(call, probe, counters)
+    except grpc.aio.AioRpcError as exc:
+        counters.failed.append(f"{exc.code().name}: {exc.details()}")
+
+
+async def _read(call: Any, probe: bool, counters: Any) -> None:
     first = True
     async for message in call:
         if first:
@@ -106,6 +123,7 @@ async def read(call: Any, probe: bool, counters: Any) -> None:
 async def grpc_client_role(port: int, specs: list[str]) -> None:
     """Open ``run_id*count`` Stream calls (100 per channel); answer ``report`` like edge.py's clients."""
     counters = eb.Counters()
+    counters.failed = []
     channels: list[grpc.aio.Channel] = []
     calls: list[Any] = []
     tasks: list[asyncio.Task[None]] = []
@@ -123,11 +141,12 @@ async def grpc_client_role(port: int, specs: list[str]) -> None:
             calls.append(call)
             probe = run_id.endswith("-ctl")
             tasks.append(asyncio.create_task(read(call, probe, counters)))
+            if len(calls) % OPEN_AT_ONCE == 0:  # as edge.py's clients: 200 openings in flight
+                await opened(counters, len(calls))
     total = len(calls)
-    while True:
-        if counters.connected >= total:
-            break
-        await asyncio.sleep(0.1)
+    await opened(counters, total)
+    if counters.failed:
+        print(f"{len(counters.failed)} calls failed, e.g. {counters.failed[0]}", file=sys.stderr, flush=True)
     print(json.dumps({"connected": counters.connected}), flush=True)
     loop = asyncio.get_running_loop()
     while True:
@@ -195,13 +214,13 @@ async def measure(transport: str, bus_url: str, clients: int, seconds: float) ->
                 latencies = await eb.control_latency(bus, seqs, load, seconds, main_run, ctl_run)
                 eb.progress(f"{transport}: latency done ({len(latencies)} samples)")
                 await eb.settle(load)
+                rpc = []
+                if transport == "grpc":  # Control calls while every stream is connected and idle
+                    rpc = await asyncio.wait_for(control_rpc_latency(bus, grpc_port, ctl_run), 120)
+                await eb.settle(load)
                 load.main = clients
                 deliveries = await eb.saturate(bus, seqs, load, max(200, 4_000_000 // clients), main_run)
                 eb.progress(f"{transport}: saturation done")
-                await eb.settle(load)
-                rpc = []
-                if transport == "grpc":
-                    rpc = await asyncio.wait_for(control_rpc_latency(bus, grpc_port, ctl_run), 120)
             finally:
                 load.stop()
         finally:
