@@ -19,7 +19,7 @@ process). Per transport:
    run: publish → client p50/p99.
 3. Saturation: 4 000 000 / ``clients`` events appended to the main run:
    ``deliveries_per_s`` = messages received by all clients per second
-   (R4 drops are not deliveries).
+   (drops by Koder agent stream §4 R4 are not deliveries).
 
 Between 2 and 3, against the gRPC server with every stream connected and
 idle, ``control_rpc_p50_ms``/``_p99_ms``: 200 ``Control`` calls one after
