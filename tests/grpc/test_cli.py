@@ -6,6 +6,7 @@ import asyncio
 import json
 import os
 import signal
+import socket
 import subprocess
 import sys
 from pathlib import Path
@@ -82,3 +83,20 @@ def test_the_edge_does_not_import_grpcio_unless_asked() -> None:
         "('grpc', 'grpc_health', 'grpc_reflection', 'google')] else 0)"
     )
     assert subprocess.run([sys.executable, "-c", code], check=False).returncode == 0
+
+
+def test_edge_on_a_taken_grpc_port_fails_with_one_clear_error(tmp_path: Path) -> None:
+    """A gRPC port another process holds is one error line, not a traceback (and not a second
+    server silently sharing the port: SO_REUSEPORT is off)."""
+    with socket.socket() as holder:
+        holder.bind(("127.0.0.1", 0))
+        holder.listen()
+        taken = holder.getsockname()[1]
+        result = subprocess.run(
+            [str(RUNWIRE), "edge", "--port", str(free_port()), "--grpc-port", str(taken),
+             "--store", f"sqlite:///{tmp_path / 'replay.db'}"],
+            capture_output=True, text=True, timeout=60, cwd=tmp_path,
+            env={k: v for k, v in os.environ.items() if k != "RUNWIRE_SECRET"},
+        )
+    assert result.returncode == 1, result.stderr
+    assert "cannot listen for gRPC on 127.0.0.1:" in result.stderr and "Traceback" not in result.stderr

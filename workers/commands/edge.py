@@ -131,25 +131,21 @@ async def serve(
             timeout_graceful_shutdown=5, proxy_headers=True,
         )
         server = _server_class()(config)
-        if grpc_port is None:
-            await server.serve()
-            return
-        task = asyncio.create_task(server.serve())
-        await _until_started(server, task)
-        if not task.done():
-            from pipeline.edge.grpc_server import start_grpc
-
-            server.grpc = await start_grpc(app.state.edge, host, grpc_port)
+        if grpc_port is not None:
+            server.grpc = await start_grpc_or_exit(app.state.edge, host, grpc_port)
             logging.getLogger("runwire.edge").info("gRPC on %s:%d", host, server.grpc.port)
-        await task
+        await server.serve()
 
 
-async def _until_started(server: Any, task: asyncio.Task[None]) -> None:
-    """uvicorn offers no event for "listening and lifespan done": poll its flag every 20 ms."""
-    while True:
-        if server.started or task.done():
-            return
-        await asyncio.sleep(0.02)
+async def start_grpc_or_exit(edge: Any, host: str, port: int) -> GrpcServer:
+    """The gRPC server, started before anything else so a taken port is one clear error."""
+    from pipeline.edge.grpc_server import start_grpc
+    from pipeline.errors import ConfigError
+
+    try:
+        return await start_grpc(edge, host, port)
+    except ConfigError as exc:
+        raise click.ClickException(str(exc)) from None
 
 
 def _server_class() -> Any:

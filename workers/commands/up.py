@@ -37,7 +37,7 @@ from pipeline.edge.settings import EdgeSettings
 from pipeline.publisher import Publisher
 from pipeline.redaction import redact_url
 from pipeline.store import ReplayLog, open_store
-from workers.commands.edge import check_grpc_available
+from workers.commands.edge import check_grpc_available, start_grpc_or_exit
 from workers.runtime import run_worker
 
 DEFAULT_DATA_DIR = Path(".runwire")
@@ -254,6 +254,8 @@ class _Parts:
 
     async def start(self, sock: socket.socket) -> None:
         settings = self.settings
+        if settings.grpc_port is not None:  # first: a taken port is one clear error, nothing to stop
+            self.grpc = await start_grpc_or_exit(self.app.state.edge, settings.host, settings.grpc_port)
         self.worker = asyncio.create_task(
             run_worker(
                 self.bus,
@@ -267,10 +269,6 @@ class _Parts:
         self.edge = asyncio.create_task(self.server.serve(sockets=[sock]), name="runwire-edge")
         self.tasks = {self.worker, self.edge}
         await _until_started(self.server, self.edge)
-        if settings.grpc_port is not None and not self.edge.done():
-            from pipeline.edge.grpc_server import start_grpc
-
-            self.grpc = await start_grpc(self.app.state.edge, settings.host, settings.grpc_port)
         if settings.demo and not self.edge.done():
             self.demo = asyncio.create_task(self._demo(), name="runwire-demo")
             self.tasks.add(self.demo)
