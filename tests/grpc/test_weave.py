@@ -140,3 +140,24 @@ async def test_cancelling_the_call_sends_cancel_to_the_agents_run_controls(
         await asyncio.wait_for(listener, 5)
     await publisher.close()
     assert received == ["cancel"]
+
+
+async def test_a_read_only_token_cancelling_its_call_does_not_cancel_the_run(
+    memory_bus: Bus, store: ReplayLog, run_id: str
+) -> None:
+    """Cancelling needs the control scope: a read-only StreamWeave client that goes away is only a
+    disconnect, and nothing reaches the agent's control channel."""
+    from pipeline.edge import EdgeSettings, issue_token
+
+    secret = "test-secret-please-rotate-0123456789abcdef"
+    events = [event(run_id, seq, e.type, e.payload_dict(), tenant="T") for seq, e in
+              enumerate(agent_run(run_id, None)[:3], start=1)]
+    await append(memory_bus, run_id, events)
+    await append(memory_bus, run_id, events, view="shaped")
+    controls = memory_bus.controls(run_id, after="0")
+    async with serve(memory_bus, store, EdgeSettings(secret=secret)) as edge:
+        call = edge.client(issue_token(secret, tenant="T", scopes=("read",))).weave(run_id)
+        assert (await asyncio.wait_for(call.read(), 5)).progress == 10
+        call.cancel()
+        with pytest.raises(TimeoutError):
+            await asyncio.wait_for(anext(aiter(controls)), 1.0)
