@@ -34,8 +34,24 @@ HINTS = {
 }
 
 
-def free_port(low: int = 20_000, high: int = 45_000) -> int:
-    """A free TCP port in [low, high) (cluster nodes need port + 10000 free as well)."""
+def _ephemeral_low() -> int:
+    """The lowest port the kernel hands out to outgoing connections (Linux; else the IANA range)."""
+    try:
+        return int(Path("/proc/sys/net/ipv4/ip_local_port_range").read_text().split()[0])
+    except (OSError, ValueError, IndexError):
+        return 49_152
+
+
+def free_port(low: int = 10_000) -> int:
+    """A free TCP port for a server of a test's own, below the ephemeral range (and so is
+    port + 10000: cluster nodes need that one free as well).
+
+    Servers are restarted on the same port (``RedisServer.restart``, an edge or ``runwire up``
+    coming back). While one is down, its port must not be taken by someone else: a port in the
+    ephemeral range may become the local end of any outgoing connection on the machine — the
+    clients retrying that very port included (TCP self-connect) — and the restart then fails
+    with "address in use"."""
+    high = max(_ephemeral_low() - 10_000, low + 1_000)
     for _ in range(200):
         port = random.randrange(low, high)
         try:

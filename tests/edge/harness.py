@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import socket
 from collections.abc import AsyncIterator, Sequence
 from typing import Any
 
@@ -17,13 +16,7 @@ from pipeline.edge import EdgeSettings, create_app
 from pipeline.envelope import Event
 from pipeline.store.base import ReplayLog
 from tests.events import event as event  # the one test event factory, also importable from here
-
-
-def free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        port: int = sock.getsockname()[1]
-        return port
+from tests.services import free_port as free_port  # restartable on the same port
 
 
 class EdgeServer:
