@@ -36,6 +36,7 @@ from operator import attrgetter
 from typing import Annotated, Any, ClassVar, Literal, TypeVar
 
 import msgspec
+from msgspec import UNSET, UnsetType
 
 from .errors import MalformedFrame, ProtocolError, UnknownEventType
 
@@ -98,44 +99,44 @@ class TextPayload(_Payload):
 class ToolStartPayload(_Payload):
     call_id: str
     tool: str
-    input: Any = None
-    skill_id: str | None = None
+    input: Any | UnsetType = UNSET
+    skill_id: str | None | UnsetType = UNSET
 
 
 class ToolEndPayload(_Payload):
     call_id: str
     ok: bool
-    output: Any = None
-    error: Any = None
-    duration_ms: Count | None = None
-    blob_ref: str | None = None
+    output: Any | UnsetType = UNSET
+    error: Any | UnsetType = UNSET
+    duration_ms: Count | None | UnsetType = UNSET
+    blob_ref: str | None | UnsetType = UNSET
 
 
 class StepBoundaryPayload(_Payload):
     step_index: Count
     step_kind: StepKind
-    checkpoint_id: str | None = None
+    checkpoint_id: str | None | UnsetType = UNSET
 
 
 class ChildSpawnPayload(_Payload):
     child_id: str
-    prompt: str | None = None
-    tools_allowed: list[str] | None = None
+    prompt: str | None | UnsetType = UNSET
+    tools_allowed: list[str] | None | UnsetType = UNSET
 
 
 class PlanStep(_Payload):
     id: str
     title: str
     intent: StepIntent = "other"
-    est_tools: list[str] | None = None
-    est_cost_usd: float | None = None
+    est_tools: list[str] | None | UnsetType = UNSET
+    est_cost_usd: float | None | UnsetType = UNSET
 
 
 class Plan(_Payload):
     id: str
     steps: list[PlanStep]
-    run_id: str | None = None
-    est_total_cost_usd: float | None = None
+    run_id: str | None | UnsetType = UNSET
+    est_total_cost_usd: float | None | UnsetType = UNSET
 
 
 class PlanProposalPayload(_Payload):
@@ -144,15 +145,15 @@ class PlanProposalPayload(_Payload):
 
 class RunLifecyclePayload(_Payload):
     state: LifecycleState
-    reason: str | None = None
-    dropped_count: Count | None = None
+    reason: str | None | UnsetType = UNSET
+    dropped_count: Count | None | UnsetType = UNSET
 
 
 class UsagePayload(_Payload):
     input_tokens: Count = 0
     output_tokens: Count = 0
     total_tokens: Count = 0
-    model: str | None = None
+    model: str | None | UnsetType = UNSET
 
 
 class GapPayload(_Payload):
@@ -177,7 +178,7 @@ class Envelope(
     ts: Timestamp
     run_id: RunId
     seq: Seq
-    child_id: RunRef | None = None
+    child_ref: RunRef | None | UnsetType = msgspec.field(default=UNSET, name="child_id")
     ext: dict[str, Any] | None = None
     span: tuple[Seq, Seq] | None = None
     parent_id: RunRef | None = None
@@ -190,6 +191,11 @@ class Envelope(
     @property
     def type(self) -> str:
         return self.type_name
+
+    @property
+    def child_id(self) -> str | None:
+        """The child run this event came from, ``None`` when it is the run's own (absent or null)."""
+        return None if self.child_ref is UNSET else self.child_ref
 
     def payload_dict(self) -> dict[str, Any]:
         """The payload as plain JSON-ready data."""
@@ -257,13 +263,18 @@ class Extension(
     run_id: RunId
     seq: Seq
     payload: dict[str, Any]
-    child_id: RunRef | None = None
+    child_ref: RunRef | None | UnsetType = msgspec.field(default=UNSET, name="child_id")
     ext: dict[str, Any] | None = None
     span: tuple[Seq, Seq] | None = None
     parent_id: RunRef | None = None
     root_id: RunRef | None = None
     tenant: RunRef | None = None
     thread_id: RunRef | None = None
+
+    @property
+    def child_id(self) -> str | None:
+        """The child run this event came from, ``None`` when it is the run's own (absent or null)."""
+        return None if self.child_ref is UNSET else self.child_ref
 
     def payload_dict(self) -> dict[str, Any]:
         return self.payload
@@ -609,7 +620,11 @@ def make(
     """Build an event from a type name and payload, validating the payload.
 
     Raises the same errors as :func:`decode` for an unknown type or bad payload.
+    ``child_id=None`` leaves the field absent, as in :func:`replace`.
     """
+    if "child_id" in envelope:
+        child = envelope.pop("child_id")
+        envelope["child_ref"] = UNSET if child is None else child
     cls = EVENT_CLASSES.get(type)
     if cls is None:
         if not is_extension_type(type):
@@ -674,5 +689,20 @@ def is_terminal(event: Event) -> bool:
 
 
 def replace(event: Event, **changes: Any) -> Event:
-    """A copy of ``event`` with envelope fields changed."""
+    """A copy of ``event`` with envelope fields changed.
+
+    ``child_id=`` sets the field behind :attr:`Envelope.child_id`; ``None``
+    makes it absent (an event of the run itself), not an explicit null.
+    """
+    if "child_id" in changes:
+        child = changes.pop("child_id")
+        changes["child_ref"] = UNSET if child is None else child
     return msgspec.structs.replace(event, **changes)
+
+
+_T = TypeVar("_T")
+
+
+def known(value: _T | UnsetType) -> _T | None:
+    """An optional field's value with "absent" (``UNSET``) read as ``None``."""
+    return None if value is UNSET else value

@@ -33,7 +33,7 @@ import json
 from collections.abc import Iterable
 from typing import Any, Literal
 
-from .envelope import Event, Extension, ReasoningDelta, TextDelta, ToolEnd, ToolStart
+from .envelope import Event, Extension, ReasoningDelta, TextDelta, ToolEnd, ToolStart, known
 
 Message = dict[str, Any]
 Style = Literal["chat", "cogency"]
@@ -120,7 +120,8 @@ class MessageAssembler:
             payload = event.payload
             if payload.call_id in self._unanswered:
                 self._unanswered.remove(payload.call_id)
-            content = payload.output if payload.ok else (payload.error or payload.output)
+            output = known(payload.output)
+            content = output if payload.ok else (known(payload.error) or output)
             self._add_result(payload.call_id, payload.ok, content)
         else:
             result = stored_result(event)
@@ -181,7 +182,7 @@ class MessageAssembler:
 
 
 def _chat_call(call: ToolStart) -> dict[str, Any]:
-    arguments = call.payload.input
+    arguments = known(call.payload.input)
     return {
         "id": call.payload.call_id,
         "type": "function",
@@ -197,7 +198,7 @@ def _cogency_turn(turn: _Turn) -> str:
     if turn.reasoning:
         parts.append(f"<think>{''.join(turn.reasoning)}</think>")
     if turn.calls:
-        calls = [{"name": c.payload.tool, "args": c.payload.input} for c in turn.calls]
+        calls = [{"name": c.payload.tool, "args": known(c.payload.input)} for c in turn.calls]
         parts.append(f"<execute>\n{json.dumps(calls, ensure_ascii=False)}\n</execute>")
     if turn.text:
         parts.append("".join(turn.text))

@@ -407,7 +407,7 @@ class Processor:
             last = sources.get(source, 0)
             if published != last + 1:  # a duplicate, or a gap: the sequencer's general path
                 if copy:
-                    event = replace_struct(event, run_id=run_id, child_id=source,
+                    event = replace_struct(event, run_id=run_id, child_ref=source,
                                            parent_id=parent_id, root_id=root_id)
                 admitted = stream.sequencer.admit(event, source)
                 if not admitted:
@@ -423,7 +423,7 @@ class Processor:
         stream.last_activity = now
         seq = state.last_seq = state.last_seq + 1
         stamped = (
-            replace_struct(event, seq=seq, run_id=run_id, child_id=source,
+            replace_struct(event, seq=seq, run_id=run_id, child_ref=source,
                            parent_id=parent_id, root_id=root_id)
             if copy else replace_struct(event, seq=seq)
         )

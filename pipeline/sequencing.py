@@ -88,7 +88,7 @@ class Sequencer:
             ts=event.ts,
             run_id=self.run_id,
             seq=0,
-            child_id=event.child_id,
+            child_ref=event.child_ref,
             tenant=event.tenant,
             payload=GapPayload(run_id=source, first=last + 1, last=published - 1),
         )

@@ -122,3 +122,24 @@ def test_undetectable_input_is_a_usage_error() -> None:
     result = CliRunner().invoke(main, ["convert", "--to", "koder"], input=b"just words\n")
     assert result.exit_code == 2
     assert "cannot detect the input format" in result.stderr
+
+
+def test_koder_to_koder_keeps_explicit_nulls_and_leaves_out_what_was_absent() -> None:
+    """Koder agent stream §2: the envelope example carries ``"child_id": null``; a payload's
+    explicit nulls (``reason``, ``error`` …) come back as null, fields left out stay out."""
+    frames = [
+        {"id": "e1", "ts": "2026-01-01T00:00:00Z", "type": "run.lifecycle", "run_id": "r",
+         "child_id": None, "seq": 1, "payload": {"state": "error", "reason": None, "dropped_count": None}},
+        {"id": "e2", "ts": "2026-01-01T00:00:00Z", "type": "tool.end", "run_id": "r", "seq": 2,
+         "payload": {"call_id": "c", "ok": False, "output": None, "error": None}},
+        {"id": "e3", "ts": "2026-01-01T00:00:00Z", "type": "child.spawn", "run_id": "r", "seq": 3,
+         "child_id": None, "payload": {"child_id": "k", "prompt": None, "tools_allowed": None}},
+        {"id": "e4", "ts": "2026-01-01T00:00:00Z", "type": "x.usage", "run_id": "r", "seq": 4,
+         "payload": {"input_tokens": 1, "model": None}},
+        {"id": "e5", "ts": "2026-01-01T00:00:00Z", "type": "run.lifecycle", "run_id": "r", "seq": 5,
+         "payload": {"state": "done"}},
+    ]
+    stdin = b"\n".join(msgspec.json.encode(frame) for frame in frames)
+    code, out, err = _run("--from", "koder", "--to", "koder", stdin=stdin)
+    assert (code, err) == (0, "")
+    assert _objects(out) == frames

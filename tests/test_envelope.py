@@ -245,7 +245,8 @@ json_values = st.recursive(
 )
 json_objects = st.dictionaries(st.text(max_size=8), json_values, max_size=4)
 names = st.text(min_size=1, max_size=24)
-maybe = lambda strategy: st.none() | strategy  # noqa: E731
+maybe = lambda strategy: st.just(msgspec.UNSET) | st.none() | strategy  # noqa: E731
+"""An optional field: absent, an explicit null, or a value (each must round-trip as itself)."""
 
 timestamps = st.builds(
     lambda moment, offset, digits: _ts(moment, offset, digits),
@@ -273,15 +274,15 @@ payloads: dict[str, st.SearchStrategy[Any]] = {
         envelope.ToolStartPayload,
         call_id=names,
         tool=names,
-        input=json_values,
+        input=st.just(msgspec.UNSET) | json_values,
         skill_id=maybe(names),
     ),
     "tool.end": st.builds(
         envelope.ToolEndPayload,
         call_id=names,
         ok=st.booleans(),
-        output=json_values,
-        error=json_values,
+        output=st.just(msgspec.UNSET) | json_values,
+        error=st.just(msgspec.UNSET) | json_values,
         duration_ms=maybe(st.integers(min_value=0, max_value=10**9)),
         blob_ref=maybe(names),
     ),
@@ -360,7 +361,7 @@ envelope_fields = st.fixed_dictionaries(
         "seq": st.integers(min_value=0, max_value=2**62),
     },
     optional={
-        "child_id": names,
+        "child_ref": maybe(names),
         "ext": st.dictionaries(
             st.sampled_from(["loom", "loom-mcp", "cogency"]), json_objects, max_size=2
         ),

@@ -134,7 +134,7 @@ def skipped_event(event: Event, format_name: str, error: BaseException) -> Exten
     """An extension event telling a feed's clients which event they will not see, and why."""
     return Extension(
         id=event.id, ts=event.ts, type=SKIPPED_TYPE, run_id=event.run_id, seq=event.seq,
-        child_id=event.child_id,
+        child_ref=event.child_ref,
         payload={
             "code": PROTO_MALFORMED,
             "message": f"event {event.seq} ({event.type}) cannot be encoded as {format_name}: "

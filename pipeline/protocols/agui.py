@@ -49,7 +49,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from .. import envelope
-from ..envelope import Event
+from ..envelope import Event, known
 from .base import Egress
 
 Frame = dict[str, Any]
@@ -78,7 +78,8 @@ def _dumps(value: Any) -> str:
 
 
 def _content(payload: envelope.ToolEndPayload) -> str:
-    value = payload.output if payload.ok else (payload.error if payload.error is not None else payload.output)
+    output, error = known(payload.output), known(payload.error)
+    value = output if payload.ok else (error if error is not None else output)
     if value is None:
         return ""
     return value if isinstance(value, str) else _dumps(value)
@@ -219,8 +220,8 @@ class AguiEgress(Egress):
         out.extend(self._open_step(lane))
         call_id = event.payload.call_id
         frames = [self._frame("TOOL_CALL_START", lane, toolCallId=call_id, toolCallName=event.payload.tool)]
-        if event.payload.input is not None:
-            frames.append(self._frame("TOOL_CALL_ARGS", lane, toolCallId=call_id, delta=_dumps(event.payload.input)))
+        if (arguments := known(event.payload.input)) is not None:
+            frames.append(self._frame("TOOL_CALL_ARGS", lane, toolCallId=call_id, delta=_dumps(arguments)))
         frames.append(self._frame("TOOL_CALL_END", lane, toolCallId=call_id))
         self._pending[call_id] = _PendingCall(lane.subagent, frames)
         return [*out, *frames]
@@ -229,10 +230,10 @@ class AguiEgress(Egress):
         p = event.payload
         self._pending.pop(p.call_id, None)
         meta: dict[str, Any] = {"ok": p.ok}
-        if p.duration_ms is not None:
-            meta["duration_ms"] = p.duration_ms
-        if p.blob_ref is not None:
-            meta["blob_ref"] = p.blob_ref
+        if (duration := known(p.duration_ms)) is not None:
+            meta["duration_ms"] = duration
+        if (blob := known(p.blob_ref)) is not None:
+            meta["blob_ref"] = blob
         return [self._frame("TOOL_CALL_RESULT", lane, messageId=f"{p.call_id}:result", toolCallId=p.call_id,
                             content=_content(p), role="tool", metadata={"runwire": meta})]
 
@@ -240,8 +241,8 @@ class AguiEgress(Egress):
         out = self._close_messages(lane)
         out.extend(self._open_step(lane))
         meta: dict[str, Any] = {"step_index": event.payload.step_index, "step_kind": event.payload.step_kind}
-        if event.payload.checkpoint_id is not None:
-            meta["checkpoint_id"] = event.payload.checkpoint_id
+        if (checkpoint := known(event.payload.checkpoint_id)) is not None:
+            meta["checkpoint_id"] = checkpoint
         out.append(self._frame("STEP_FINISHED", lane, stepName=lane.step_name, metadata={"runwire": meta}))
         lane.step_name = None
         lane.steps_done += 1
@@ -251,9 +252,9 @@ class AguiEgress(Egress):
         child = event.payload.child_id
         if child in self._subagents or child in self._subagents_done:
             return [self._frame("CUSTOM", lane, name=event.type, value=event.payload_dict())]
-        frames = self._start_subagent(child, lane.subagent, event.payload.prompt)
-        if event.payload.tools_allowed is not None:
-            frames[0]["metadata"] = {"runwire": {"tools_allowed": event.payload.tools_allowed}}
+        frames = self._start_subagent(child, lane.subagent, known(event.payload.prompt))
+        if (tools := known(event.payload.tools_allowed)) is not None:
+            frames[0]["metadata"] = {"runwire": {"tools_allowed": tools}}
         return frames
 
     def _lifecycle(self, event: envelope.RunLifecycle, lane: _Lane) -> list[Frame]:

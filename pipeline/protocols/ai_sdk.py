@@ -44,7 +44,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from .. import envelope
-from ..envelope import Event
+from ..envelope import Event, known
 from .base import Egress
 
 Frame = dict[str, Any]
@@ -147,7 +147,7 @@ class AiSdkEgress(Egress):
 
     def _tool_start(self, event: envelope.ToolStart, lane: _Lane) -> list[Frame]:
         out = [*self._close_reasoning(lane), *self._close_text(lane), *self._open_step()]
-        frames = self._tool_input(event.payload.call_id, event.payload.tool, event.payload.input, lane)
+        frames = self._tool_input(event.payload.call_id, event.payload.tool, known(event.payload.input), lane)
         self._pending[event.payload.call_id] = frames
         return [*out, *frames]
 
@@ -166,10 +166,10 @@ class AiSdkEgress(Egress):
         if self._pending.pop(p.call_id, None) is None:  # a result whose call this stream never saw
             out.extend([*self._open_step(), *self._tool_input(p.call_id, "unknown", None, lane)])
         if p.ok:
-            out.append({"type": "tool-output-available", "toolCallId": p.call_id, "output": p.output,
+            out.append({"type": "tool-output-available", "toolCallId": p.call_id, "output": known(p.output),
                         "dynamic": True})
         else:
-            error = p.error if isinstance(p.error, str) else json.dumps(p.error, ensure_ascii=False)
+            error = p.error if isinstance(p.error, str) else json.dumps(known(p.error), ensure_ascii=False)
             out.append({"type": "tool-output-error", "toolCallId": p.call_id, "errorText": error,
                         "dynamic": True})
         return out

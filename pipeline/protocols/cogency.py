@@ -46,7 +46,7 @@ from typing import Any
 import msgspec
 
 from .. import envelope
-from ..envelope import Event, Extension
+from ..envelope import Event, Extension, known
 from ..errors import MalformedFrame
 from ..ulid import MonotonicULID
 from . import framediff
@@ -81,8 +81,9 @@ def call_content(tool: str, args: Any) -> str:
 
 
 def _render_tool_end(payload: envelope.ToolEndPayload) -> Frame:
-    outcome = "success" if payload.ok else _text(payload.error)
-    content = payload.output if payload.ok or payload.output is not None else payload.error
+    output, error = known(payload.output), known(payload.error)
+    outcome = "success" if payload.ok else _text(error)
+    content = output if payload.ok or output is not None else error
     return {"outcome": outcome, "content": content, "error": not payload.ok}
 
 
@@ -114,7 +115,7 @@ def _render_body(event: Event) -> Frame | None:
     if isinstance(event, envelope.TextDelta):
         return {"type": "respond", "content": event.payload.text}
     if isinstance(event, envelope.ToolStart):
-        return {"type": "call", "content": call_content(event.payload.tool, event.payload.input)}
+        return {"type": "call", "content": call_content(event.payload.tool, known(event.payload.input))}
     if isinstance(event, envelope.ToolEnd):
         return {"type": "result", "payload": _render_tool_end(event.payload)}
     if isinstance(event, envelope.RunLifecycle):

@@ -32,7 +32,7 @@ from __future__ import annotations
 from typing import Any
 
 from .. import envelope
-from ..envelope import EVENT_CLASSES, Event, is_extension_type
+from ..envelope import EVENT_CLASSES, Event, is_extension_type, known
 from ..errors import MalformedFrame, ProtocolError, UnknownEventType
 from .base import Egress, Ingest
 from .framediff import apply
@@ -104,10 +104,11 @@ def _render_core(event: Event) -> dict[str, Any]:
         return {"type": "message_chunk", "content": event.payload.text, "id": DEFAULT_NODE}
     if isinstance(event, envelope.ToolStart):
         p = event.payload
-        return {"type": "tool_call", "call_id": p.call_id, "name": p.tool, "arguments": p.input}
+        return {"type": "tool_call", "call_id": p.call_id, "name": p.tool, "arguments": known(p.input)}
     if isinstance(event, envelope.ToolEnd):
         e = event.payload
-        result = e.output if e.ok else (e.error if e.error is not None else e.output)
+        output, error = known(e.output), known(e.error)
+        result = output if e.ok else (error if error is not None else output)
         return {
             "type": "tool_end",
             "call_id": e.call_id,

@@ -36,7 +36,7 @@ from __future__ import annotations
 from typing import Any
 
 from .. import envelope
-from ..envelope import EVENT_CLASSES, Event, is_extension_type
+from ..envelope import EVENT_CLASSES, Event, is_extension_type, known
 from ..errors import MalformedFrame, UnknownEventType
 from .base import Egress, Ingest
 from .framediff import apply
@@ -177,8 +177,8 @@ def _render_payload(event: Event) -> tuple[str, Any]:
             "tool_call_id": event.payload.call_id,
             "tool_name": event.payload.tool,
         }
-        if event.payload.input is not None:
-            start["payload"] = event.payload.input
+        if (arguments := known(event.payload.input)) is not None:
+            start["payload"] = arguments
         return "tool_start", start
     if isinstance(event, envelope.ToolEnd):
         return "tool_end", _render_tool_end(event.payload)
@@ -189,8 +189,8 @@ def _render_payload(event: Event) -> tuple[str, Any]:
             "output_tokens": u.output_tokens,
             "total_tokens": u.total_tokens,
         }
-        if u.model is not None:
-            usage["model"] = u.model
+        if (model := known(u.model)) is not None:
+            usage["model"] = model
         return "usage", usage
     if isinstance(event, envelope.RunLifecycle):
         return "workflow", _render_workflow(event.payload)
@@ -206,19 +206,20 @@ def _render_payload(event: Event) -> tuple[str, Any]:
 
 def _render_tool_end(p: envelope.ToolEndPayload) -> dict[str, Any]:
     out: dict[str, Any] = {"tool_call_id": p.call_id, "tool_name": ""}
-    if p.output is not None:
-        out["result"] = p.output
+    if (output := known(p.output)) is not None:
+        out["result"] = output
     out["duration"] = (p.duration_ms or 0) * _NS_PER_MS
     if not p.ok:
-        error = p.error if p.error is not None else "tool failed"
+        error = known(p.error)
+        error = error if error is not None else "tool failed"
         out["error"] = {"message": error} if isinstance(error, str) else error
     return out
 
 
 def _render_workflow(p: envelope.RunLifecyclePayload) -> dict[str, Any]:
     out: dict[str, Any] = dict(STATE_TO_WORKFLOW.get(p.state, {"phase": p.state}))
-    if p.state == "error" and p.reason is not None:
-        out["error"] = p.reason
+    if p.state == "error" and (reason := known(p.reason)) is not None:
+        out["error"] = reason
     out["retryable"] = False
     return out
 

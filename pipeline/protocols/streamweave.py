@@ -38,7 +38,7 @@ import json
 from typing import Any
 
 from .. import envelope
-from ..envelope import Event
+from ..envelope import Event, known
 from .base import Egress
 
 Frame = dict[str, Any]
@@ -128,9 +128,9 @@ class StreamWeaveEgress(Egress):
     def _tool_end(self, payload: envelope.ToolEndPayload) -> Frame | None:
         tool = self._tool_names.pop(payload.call_id, "tool")
         if payload.ok:
-            self._last_output = payload.output
+            self._last_output = known(payload.output)
             return None
-        error = payload.error if isinstance(payload.error, str) else json.dumps(payload.error)
+        error = payload.error if isinstance(payload.error, str) else json.dumps(known(payload.error))
         return self._progress("SELF_CORRECTION", 90, f"Tool execution failed: {tool}: {error}", tool_name=tool)
 
     def _lifecycle(self, payload: envelope.RunLifecyclePayload) -> Frame | None:

@@ -9,11 +9,13 @@ another service.
 
 from __future__ import annotations
 
+import asyncio
 import uuid
 from collections.abc import AsyncIterator
 from pathlib import Path
 
 import httpx
+import msgspec
 import pytest
 
 from pipeline import envelope
@@ -22,7 +24,7 @@ from pipeline.errors import RequestError
 from pipeline.publisher import Publisher
 from pipeline.runcontext import RunContext
 from pipeline.store import ReplayLog, open_store
-from tests.edge.harness import serve_edge
+from tests.edge.harness import decoded, read_sse, serve_edge
 from tests.workers.checks import read_all
 from tests.workers.events import RunScript
 from workers.runtime import run_worker
@@ -180,3 +182,42 @@ async def test_an_event_naming_a_child_as_its_root_is_rerouted_to_the_true_root(
     assert (await origins(redis_bus, child_id)).count(grand_id) == 3
     assert (await origins(redis_bus, grand_id)) == [grand_id] * 3
     assert [e.root_id for e in await read_all(redis_bus, grand_id)] == [root_id] * 3
+
+
+def frames_with_nulls(run_id: str) -> list[dict[str, object]]:
+    """A run as an agent sends it: explicit nulls (``child_id`` as in the envelope example of the
+    Koder agent stream §2, optional payload fields) next to fields left out."""
+    base = {"ts": "2026-01-01T00:00:00.000Z", "run_id": run_id}
+    payloads: list[tuple[str, dict[str, object], dict[str, object]]] = [
+        ("run.lifecycle", {"state": "running", "reason": None}, {"child_id": None}),
+        ("tool.start", {"call_id": "c1", "tool": "search", "input": None, "skill_id": None}, {"child_id": None}),
+        ("tool.end", {"call_id": "c1", "ok": False, "output": None, "error": None, "duration_ms": None,
+                      "blob_ref": None}, {}),
+        ("step.boundary", {"step_index": 1, "step_kind": "tool-roundtrip", "checkpoint_id": None}, {}),
+        ("text.delta", {"text": "done"}, {}),
+        ("run.lifecycle", {"state": "done", "reason": None, "dropped_count": None}, {"child_id": None}),
+    ]
+    return [{"id": f"{run_id}-{seq}", **base, "type": kind, "seq": seq, **extra, "payload": payload}
+            for seq, (kind, payload, extra) in enumerate(payloads, 1)]
+
+
+@pytest.mark.parametrize("detail", ["full", "shaped"])
+async def test_explicit_nulls_reach_koder_clients_as_sent(
+    redis_bus: Bus, store: ReplayLog, detail: str
+) -> None:
+    """Payloads reach clients as agents sent them, nulls included, in the canonical format:
+    a ``"child_id": null`` or ``"reason": null`` comes out as null, a field left out stays out
+    (publish over HTTP ingest → worker → edge SSE, Redis between them)."""
+    run_id = ids()[0]
+    sent = frames_with_nulls(run_id)
+    body = b"\n".join(msgspec.json.encode(frame) for frame in sent)
+    async with serve_edge(redis_bus, store) as edge, httpx.AsyncClient(timeout=10) as http:
+        posted = await http.post(f"{edge.url}/v1/runs/{run_id}/events", content=body)
+        assert posted.status_code == 200, posted.text
+        await run_worker(redis_bus, store, group="g", name="w", burst=True)
+        url = f"{edge.url}/v1/runs/{run_id}/stream?format=koder&detail={detail}"
+        async with http.stream("GET", url) as response:
+            got = decoded((await asyncio.wait_for(read_sse(response), 10))[0])
+    if detail == "shaped":  # a shaped delta names the raw seqs it covers (§4 R1), nothing else changes
+        sent[4]["span"] = [5, 5]
+    assert got == sent
