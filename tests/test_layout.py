@@ -1,0 +1,190 @@
+"""The house rules a reader can check: modules of one idea, no import cycles.
+
+* A module under ``pipeline/`` or ``workers/`` stays under ~400 lines
+  (``MAX_LINES``), or says why not in its docstring, in a paragraph starting
+  ``Longer than ~400 lines`` (or ``Just over ~400 lines``).
+* No import cycle. Two checks, because each misses what the other sees: every
+  module is imported on its own (what a user's first import does — a cycle of
+  top-level imports fails there), and the static import graph, imports inside
+  functions and ``TYPE_CHECKING`` blocks included, has no cycle (an import
+  moved into a function hides a cycle from the first check without removing
+  it). Plugin tables of ``"module:Class"`` strings load backends by URL scheme
+  on purpose; they are not imports.
+"""
+
+from __future__ import annotations
+
+import ast
+import re
+import subprocess
+import sys
+import textwrap
+from collections.abc import Iterator
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+PACKAGES = ("pipeline", "workers")
+MAX_LINES = 420
+"""~400: a module a few lines over is not worth a split or a paragraph."""
+REASON = re.compile(r"^(Longer than|Just over) ~400 lines")
+PENDING_SPLITS = {
+    "pipeline/edge/hub.py": "a feed's encoding (Feed, encode_frame, frame_or_skip, skipped frames) apart from the hub",
+    "pipeline/processor.py": "checkpoints (Checkpoint, newest_checkpoint, settle_windows) apart from the processor",
+    "pipeline/envelope.py": "the bounded decoding (decode, decode_many, decode_lines, depth and ts checks) apart "
+                            "from the Structs",
+}
+"""Modules known to hold two ideas, each with the split it wants. The list only shrinks:
+a module on it that is no longer too long fails the test until it is taken off."""
+
+
+def sources() -> Iterator[Path]:
+    for package in PACKAGES:
+        yield from sorted((ROOT / package).rglob("*.py"))
+
+
+def module_name(path: Path) -> str:
+    parts = list(path.relative_to(ROOT).with_suffix("").parts)
+    if parts[-1] == "__init__":
+        parts.pop()
+    return ".".join(parts)
+
+
+MODULES = {module_name(path): path for path in sources()}
+
+
+# ---- length -------------------------------------------------------------------------------
+
+
+def too_long() -> dict[str, int]:
+    """Modules over the limit whose docstring does not say why (relative path → lines)."""
+    found = {}
+    for path in MODULES.values():
+        text = path.read_text()
+        lines = text.count("\n")
+        docstring = ast.get_docstring(ast.parse(text)) or ""
+        if lines > MAX_LINES and not any(REASON.match(line.strip()) for line in docstring.splitlines()):
+            found[str(path.relative_to(ROOT))] = lines
+    return found
+
+
+def test_long_modules_say_why() -> None:
+    unexplained = {path: lines for path, lines in too_long().items() if path not in PENDING_SPLITS}
+    assert not unexplained, (
+        "split these by idea, or say why one idea needs more than ~400 lines in the module docstring, "
+        "in a paragraph starting 'Longer than ~400 lines' (CONTRIBUTING.md):\n"
+        + "\n".join(f"{path}: {lines} lines" for path, lines in unexplained.items())
+    )
+
+
+def test_pending_splits_are_still_pending() -> None:
+    done = set(PENDING_SPLITS) - set(too_long())
+    assert not done, f"split or explained now: take them off PENDING_SPLITS: {sorted(done)}"
+
+
+# ---- imports, one module at a time ------------------------------------------------------------
+
+_IMPORT_EACH = textwrap.dedent(
+    """
+    import importlib, sys, traceback
+    failures = []
+    for name in sys.argv[1:]:
+        for loaded in [m for m in sys.modules if m.split(".")[0] in {packages!r}]:
+            del sys.modules[loaded]
+        try:
+            importlib.import_module(name)
+        except BaseException:
+            failures.append(name + ":\\n" + traceback.format_exc(limit=-3))
+    print("\\n".join(failures))
+    sys.exit(1 if failures else 0)
+    """
+)
+
+
+def test_every_module_imports_on_its_own() -> None:
+    """Each module imported first, with no module of ours loaded before it."""
+    script = _IMPORT_EACH.format(packages=set(PACKAGES))
+    done = subprocess.run(
+        [sys.executable, "-c", script, *MODULES], cwd=ROOT, capture_output=True, text=True, timeout=300,
+        check=False,
+    )
+    assert done.returncode == 0, f"modules that fail when imported first:\n{done.stdout}{done.stderr[-3000:]}"
+
+
+# ---- imports, the static graph ------------------------------------------------------------------
+
+
+def imports_of(name: str, path: Path) -> set[str]:
+    """Modules of ours that ``name`` imports anywhere in its source."""
+    package = name if path.name == "__init__.py" else name.rpartition(".")[0]
+    found: set[str] = set()
+    for node in ast.walk(ast.parse(path.read_text())):
+        if isinstance(node, ast.Import):
+            targets = [alias.name for alias in node.names]
+        elif isinstance(node, ast.ImportFrom):
+            base = node.module or ""
+            if node.level:
+                anchor = package.split(".")
+                anchor = anchor[: len(anchor) - (node.level - 1)]
+                base = ".".join([*anchor, *([base] if base else [])])
+            # ``from pkg import sub`` imports the submodule when there is one.
+            targets = [f"{base}.{alias.name}" if f"{base}.{alias.name}" in MODULES else base
+                       for alias in node.names]
+        else:
+            continue
+        for target in targets:
+            while target and target not in MODULES:  # ``import a.b.c`` names a.b.c itself
+                target = target.rpartition(".")[0]
+            if target and target != name:
+                found.add(target)
+    return found
+
+
+def cycles(graph: dict[str, set[str]]) -> list[list[str]]:
+    """Strongly connected components with more than one module (Tarjan)."""
+    index: dict[str, int] = {}
+    low: dict[str, int] = {}
+    stack: list[str] = []
+    on_stack: set[str] = set()
+    found: list[list[str]] = []
+
+    def visit(node: str) -> None:
+        index[node] = low[node] = len(index)
+        stack.append(node)
+        on_stack.add(node)
+        for nxt in sorted(graph[node]):
+            if nxt not in index:
+                visit(nxt)
+                low[node] = min(low[node], low[nxt])
+            elif nxt in on_stack:
+                low[node] = min(low[node], index[nxt])
+        if low[node] == index[node]:
+            component = []
+            while True:
+                member = stack.pop()
+                on_stack.discard(member)
+                component.append(member)
+                if member == node:
+                    break
+            if len(component) > 1:
+                found.append(sorted(component))
+
+    sys.setrecursionlimit(max(sys.getrecursionlimit(), 10 * len(graph)))
+    for node in sorted(graph):
+        if node not in index:
+            visit(node)
+    return found
+
+
+def test_no_import_cycle_even_through_imports_inside_functions() -> None:
+    graph = {name: imports_of(name, path) for name, path in MODULES.items()}
+    found = cycles(graph)
+    described = [" ↔ ".join(c) + "\n    " + "\n    ".join(
+        f"{a} imports {', '.join(sorted(graph[a] & set(c)))}" for a in c) for c in found]
+    assert not found, "import cycles (move what both sides need into a module below them):\n" + "\n".join(described)
+
+
+def test_the_cycle_check_finds_a_cycle_hidden_in_a_function() -> None:
+    graph = {"a": {"b"}, "b": set(), "c": {"a"}}
+    assert cycles(graph) == []
+    graph["b"] = {"c"}  # e.g. ``def f(): from c import x`` in b
+    assert cycles(graph) == [["a", "b", "c"]]
