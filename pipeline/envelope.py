@@ -1,326 +1,93 @@
-"""The canonical envelope (Koder agent stream §2–3) as msgspec Structs.
+"""Reading and writing the canonical envelope: bounded decoding, encoding, building events.
 
-Every event is one JSON object ``{id, ts, type, run_id, child_id, seq, payload}``.
-Each of the eight core types is a tagged Struct with a typed payload, so one
-decoder reads the tag and validates the matching shape in a single pass.
-
-Extensions (documented in ``docs/protocols.md``):
-
-* ``x.<namespace>.<name>`` types carry events of the other protocol documents
-  that have no core type (``x.loom.node_enter``, ``x.cogency.execute``,
-  ``x.mcp.await_questions`` …). Their payload is a JSON object kept verbatim.
-  ``x.usage`` (token usage) and ``x.gap`` (a publisher seq gap, §7 T2) are
-  runwire's own and typed.
-* ``ext`` (envelope, optional): fields of a source format that have no
-  canonical home, keyed by format name, so that F → koder → F is lossless.
-* ``span`` (envelope, optional): on a shaped event, the raw seq range
-  ``[first, last]`` it covers (§4 R1).
-* ``parent_id`` / ``root_id`` (envelope, optional): set by the publisher SDK on
-  a child run's events so workers can fan them in.
-* ``tenant`` (envelope, optional): the tenant a run belongs to (auth, listing,
-  retention overrides).
-* ``thread_id`` (envelope, optional): the chat/thread a run answers (AI SDK
-  ``chatId``); a run's own events carry it, so a thread's runs can be found.
-
-Unknown fields are rejected, not dropped: a frame either round-trips exactly
-or fails with ``KAI-STREAM-PROTO-0001`` naming the field.
+The Structs themselves (Koder agent stream §2–3: the eight core types, runwire's
+typed extensions, :class:`Extension`) are in :mod:`.events` and re-exported
+here, so ``pipeline.envelope`` stays the one import for events. This module
+decodes with the limits every entrance shares (nesting depth, frame size,
+real timestamps — the same at ingest and in the worker), reports a bad frame
+as ``KAI-STREAM-PROTO-0001`` naming the field, and encodes each event once.
 """
 
 from __future__ import annotations
 
 import re
 from collections.abc import Mapping, Sequence
-from datetime import UTC, datetime
 from itertools import compress
 from operator import attrgetter
-from typing import Annotated, Any, ClassVar, Literal, TypeVar
+from typing import Any, TypeVar
 
 import msgspec
-from msgspec import UNSET, UnsetType
+from msgspec import UNSET
 
 from .errors import MalformedFrame, ProtocolError, UnknownEventType
-
-MAX_FRAME_BYTES = 1 << 20
-"""Default size limit of one encoded frame (1 MiB)."""
-MAX_DEPTH = 64
-"""Deepest JSON nesting of a frame (the envelope object is level 1, its ``payload`` level 2).
-
-Checked wherever a frame is decoded (HTTP ingest, workers, the edge, imports):
-deeper values are what make recursive code downstream (egress encoders,
-``copy.deepcopy``) raise ``RecursionError``."""
-INT64_MAX = (1 << 63) - 1
-"""Largest integer any numeric envelope or payload field may hold (checkpoints and
-the replay log store them as signed 64-bit)."""
-MAX_ID_CHARS = 256
-"""Longest run id, parent/root/child id or tenant."""
-
-_TS_PATTERN = r"^\d{4}-\d{2}-\d{2}[Tt ]\d{2}:\d{2}:\d{2}(\.\d{1,9})?([Zz]|[+-]\d{2}:\d{2})\Z"
-_TS_RE = re.compile(_TS_PATTERN, re.ASCII)  # ASCII digits only; \Z: no trailing newline
-_EXT_TYPE_RE = re.compile(r"^x\.[a-z0-9_-]+(\.[A-Za-z0-9_.-]+)*$")
-
-Timestamp = Annotated[str, msgspec.Meta(min_length=10, max_length=40)]
-"""An RFC 3339 timestamp. The pattern is checked by :func:`decode` /
-:func:`decode_lines` after msgspec's pass rather than as a ``Meta(pattern=)``
-constraint: msgspec calls back into Python's ``re`` for every value, which
-cost more than the rest of decoding together; checked afterwards, the same
-regex runs once per *distinct* timestamp of a batch."""
-EventId = Annotated[str, msgspec.Meta(min_length=1, max_length=128)]
-RunId = Annotated[str, msgspec.Meta(min_length=1, max_length=MAX_ID_CHARS)]
-RunRef = Annotated[str, msgspec.Meta(max_length=MAX_ID_CHARS)]
-"""A run named by another field (``child_id``, ``parent_id``, ``root_id``), a tenant or a thread."""
-Seq = Annotated[int, msgspec.Meta(ge=0, le=INT64_MAX)]
-Count = Annotated[int, msgspec.Meta(ge=0, le=INT64_MAX)]
-"""A non-negative integer field (indexes, durations, token counts): the same bounds as ``seq``."""
-
-LifecycleState = Literal[
-    "planning", "awaiting_approval", "running", "paused", "redirecting", "done", "aborted", "error"
-]
-TERMINAL_STATES: frozenset[str] = frozenset({"done", "aborted", "error"})
-StepKind = Literal["plan", "tool-roundtrip", "text-only", "fan-out", "fan-in", "done"]
-StepIntent = Literal["research", "write", "edit", "execute", "verify", "report", "other"]
-
-
-class _Payload(
-    msgspec.Struct, forbid_unknown_fields=True, omit_defaults=True, kw_only=True, gc=False
-):
-    """Base of the typed payloads.
-
-    ``gc=False`` (msgspec's perf tip): events hold JSON data only, which cannot
-    form reference cycles, so the cycle collector need not track them; decoding
-    a batch of events no longer triggers collections, which doubles batch
-    decode throughput.
-    """
-
-
-class TextPayload(_Payload):
-    text: str
-
-
-class ToolStartPayload(_Payload):
-    call_id: str
-    tool: str
-    input: Any | UnsetType = UNSET
-    skill_id: str | None | UnsetType = UNSET
-
-
-class ToolEndPayload(_Payload):
-    call_id: str
-    ok: bool
-    output: Any | UnsetType = UNSET
-    error: Any | UnsetType = UNSET
-    duration_ms: Count | None | UnsetType = UNSET
-    blob_ref: str | None | UnsetType = UNSET
-
-
-class StepBoundaryPayload(_Payload):
-    step_index: Count
-    step_kind: StepKind
-    checkpoint_id: str | None | UnsetType = UNSET
-
-
-class ChildSpawnPayload(_Payload):
-    child_id: str
-    prompt: str | None | UnsetType = UNSET
-    tools_allowed: list[str] | None | UnsetType = UNSET
-
-
-class PlanStep(_Payload):
-    id: str
-    title: str
-    intent: StepIntent = "other"
-    est_tools: list[str] | None | UnsetType = UNSET
-    est_cost_usd: float | None | UnsetType = UNSET
-
-
-class Plan(_Payload):
-    id: str
-    steps: list[PlanStep]
-    run_id: str | None | UnsetType = UNSET
-    est_total_cost_usd: float | None | UnsetType = UNSET
-
-
-class PlanProposalPayload(_Payload):
-    plan: Plan
-
-
-class RunLifecyclePayload(_Payload):
-    state: LifecycleState
-    reason: str | None | UnsetType = UNSET
-    dropped_count: Count | None | UnsetType = UNSET
-
-
-class UsagePayload(_Payload):
-    input_tokens: Count = 0
-    output_tokens: Count = 0
-    total_tokens: Count = 0
-    model: str | None | UnsetType = UNSET
-
-
-class GapPayload(_Payload):
-    """A publisher's seq jumped: events ``first``..``last`` of ``run_id`` never arrived."""
-
-    run_id: str
-    first: Seq
-    last: Seq
-
-
-class Envelope(
-    msgspec.Struct,
-    tag_field="type",
-    forbid_unknown_fields=True,
-    omit_defaults=True,
-    kw_only=True,
-    gc=False,
-):
-    """Fields every event shares. Concrete classes below fix ``type`` and ``payload``."""
-
-    id: EventId
-    ts: Timestamp
-    run_id: RunId
-    seq: Seq
-    child_ref: RunRef | None | UnsetType = msgspec.field(default=UNSET, name="child_id")
-    ext: dict[str, Any] | None = None
-    span: tuple[Seq, Seq] | None = None
-    parent_id: RunRef | None = None
-    root_id: RunRef | None = None
-    tenant: RunRef | None = None
-    thread_id: RunRef | None = None
-
-    type_name: ClassVar[str] = ""
-
-    @property
-    def type(self) -> str:
-        return self.type_name
-
-    @property
-    def child_id(self) -> str | None:
-        """The child run this event came from, ``None`` when it is the run's own (absent or null)."""
-        return None if self.child_ref is UNSET else self.child_ref
-
-    def payload_dict(self) -> dict[str, Any]:
-        """The payload as plain JSON-ready data."""
-        return msgspec.to_builtins(self.payload)  # type: ignore[attr-defined, no-any-return]
-
-
-class ReasoningDelta(Envelope, tag="reasoning.delta"):
-    type_name: ClassVar[str] = "reasoning.delta"
-    payload: TextPayload
-
-
-class TextDelta(Envelope, tag="text.delta"):
-    type_name: ClassVar[str] = "text.delta"
-    payload: TextPayload
-
-
-class ToolStart(Envelope, tag="tool.start"):
-    type_name: ClassVar[str] = "tool.start"
-    payload: ToolStartPayload
-
-
-class ToolEnd(Envelope, tag="tool.end"):
-    type_name: ClassVar[str] = "tool.end"
-    payload: ToolEndPayload
-
-
-class StepBoundary(Envelope, tag="step.boundary"):
-    type_name: ClassVar[str] = "step.boundary"
-    payload: StepBoundaryPayload
-
-
-class ChildSpawn(Envelope, tag="child.spawn"):
-    type_name: ClassVar[str] = "child.spawn"
-    payload: ChildSpawnPayload
-
-
-class PlanProposal(Envelope, tag="plan.proposal"):
-    type_name: ClassVar[str] = "plan.proposal"
-    payload: PlanProposalPayload
-
-
-class RunLifecycle(Envelope, tag="run.lifecycle"):
-    type_name: ClassVar[str] = "run.lifecycle"
-    payload: RunLifecyclePayload
-
-
-class Usage(Envelope, tag="x.usage"):
-    type_name: ClassVar[str] = "x.usage"
-    payload: UsagePayload
-
-
-class Gap(Envelope, tag="x.gap"):
-    type_name: ClassVar[str] = "x.gap"
-    payload: GapPayload
-
-
-class Extension(
-    msgspec.Struct, forbid_unknown_fields=True, omit_defaults=True, kw_only=True, gc=False
-):
-    """An ``x.<namespace>.<name>`` event whose payload is kept verbatim."""
-
-    id: EventId
-    ts: Timestamp
-    type: str
-    run_id: RunId
-    seq: Seq
-    payload: dict[str, Any]
-    child_ref: RunRef | None | UnsetType = msgspec.field(default=UNSET, name="child_id")
-    ext: dict[str, Any] | None = None
-    span: tuple[Seq, Seq] | None = None
-    parent_id: RunRef | None = None
-    root_id: RunRef | None = None
-    tenant: RunRef | None = None
-    thread_id: RunRef | None = None
-
-    @property
-    def child_id(self) -> str | None:
-        """The child run this event came from, ``None`` when it is the run's own (absent or null)."""
-        return None if self.child_ref is UNSET else self.child_ref
-
-    def payload_dict(self) -> dict[str, Any]:
-        return self.payload
-
-
-CORE_TYPES: tuple[type[Envelope], ...] = (
-    ReasoningDelta,
-    TextDelta,
-    ToolStart,
-    ToolEnd,
-    StepBoundary,
+from .events import (
+    _TS_RE,
+    CORE_TYPES,
+    DELTA_TYPES,
+    EVENT_CLASSES,
+    INT64_MAX,
+    MAX_DEPTH,
+    MAX_FRAME_BYTES,
+    MAX_ID_CHARS,
+    TERMINAL_STATES,
+    TYPED,
     ChildSpawn,
+    ChildSpawnPayload,
+    Count,
+    Envelope,
+    Event,
+    EventId,
+    Extension,
+    Gap,
+    GapPayload,
+    LifecycleState,
+    Plan,
     PlanProposal,
+    PlanProposalPayload,
+    PlanStep,
+    ReasoningDelta,
+    RunId,
     RunLifecycle,
+    RunLifecyclePayload,
+    RunRef,
+    Seq,
+    StepBoundary,
+    StepBoundaryPayload,
+    StepIntent,
+    StepKind,
+    TextDelta,
+    TextPayload,
+    Timestamp,
+    ToolEnd,
+    ToolEndPayload,
+    ToolStart,
+    ToolStartPayload,
+    Usage,
+    UsagePayload,
+    _TypedEvent,
+    format_ts,
+    is_extension_type,
+    is_terminal,
+    known,
+    now_ts,
+    parse_ts,
+    replace,
+    to_builtins,
+    ts_ms,
 )
-TYPED: tuple[type[Envelope], ...] = (*CORE_TYPES, Usage, Gap)
-EVENT_CLASSES: dict[str, type[Envelope]] = {cls.type_name: cls for cls in TYPED}
-DELTA_TYPES: frozenset[str] = frozenset({"reasoning.delta", "text.delta"})
 
-Event = (
-    ReasoningDelta
-    | TextDelta
-    | ToolStart
-    | ToolEnd
-    | StepBoundary
-    | ChildSpawn
-    | PlanProposal
-    | RunLifecycle
-    | Usage
-    | Gap
-    | Extension
-)
-"""Any event runwire carries."""
-
-_TypedEvent = (
-    ReasoningDelta
-    | TextDelta
-    | ToolStart
-    | ToolEnd
-    | StepBoundary
-    | ChildSpawn
-    | PlanProposal
-    | RunLifecycle
-    | Usage
-    | Gap
-)
+__all__ = [
+    "CORE_TYPES", "ChildSpawn", "ChildSpawnPayload", "Count", "DELTA_TYPES", "EVENT_CLASSES",
+    "Envelope", "Event", "EventId", "Extension", "Gap", "GapPayload", "INT64_MAX",
+    "LifecycleState", "MAX_DEPTH", "MAX_FRAME_BYTES", "MAX_ID_CHARS", "Plan", "PlanProposal",
+    "PlanProposalPayload", "PlanStep", "ReasoningDelta", "RunId", "RunLifecycle",
+    "RunLifecyclePayload", "RunRef", "Seq", "StepBoundary", "StepBoundaryPayload", "StepIntent",
+    "StepKind", "TERMINAL_STATES", "TYPED", "TextDelta", "TextPayload", "Timestamp", "ToolEnd",
+    "ToolEndPayload", "ToolStart", "ToolStartPayload", "Usage", "UsagePayload", "check",
+    "check_encoded", "decode", "decode_lines", "decode_many", "encode", "format_ts",
+    "from_builtins", "is_extension_type", "is_terminal", "is_timestamp", "is_too_deep", "known",
+    "make", "now_ts", "parse_ts", "replace", "to_builtins", "ts_ms",
+]
 
 _FREE_FORM: frozenset[type] = frozenset({ToolStart, ToolEnd, Extension})
 """Event types with free-form JSON in their payload (besides ``ext``, which any event may have)."""
@@ -331,10 +98,6 @@ _ext_decoder = msgspec.json.Decoder(Extension)
 _many_decoder = msgspec.json.Decoder(list[_TypedEvent])
 _encoder = msgspec.json.Encoder()
 _type_probe = msgspec.json.Decoder(dict[str, Any])
-
-
-def is_extension_type(name: str) -> bool:
-    return name not in EVENT_CLASSES and bool(_EXT_TYPE_RE.match(name))
 
 
 _NAMED_FIELD_RE = re.compile(r"^Object (?:missing required|contains unknown) field `([^`]*)`")
@@ -596,12 +359,6 @@ def encode(event: Event) -> bytes:
     return _encoder.encode(event)
 
 
-def to_builtins(event: Event) -> dict[str, Any]:
-    """The event as a plain dict (``type`` included)."""
-    out: dict[str, Any] = msgspec.to_builtins(event)
-    return out
-
-
 def from_builtins(data: Mapping[str, Any]) -> Event:
     """Validate a plain dict (as decoded JSON) into an event."""
     return decode(_encoder.encode(data))
@@ -658,51 +415,3 @@ _PAYLOAD_CLASSES: dict[str, type[msgspec.Struct]] = {
     "x.usage": UsagePayload,
     "x.gap": GapPayload,
 }
-
-
-def now_ts() -> str:
-    """The current time as RFC 3339 with milliseconds and ``Z``."""
-    return format_ts(datetime.now(UTC))
-
-
-def format_ts(moment: datetime) -> str:
-    return (
-        moment.astimezone(UTC).strftime("%Y-%m-%dT%H:%M:%S.") + f"{moment.microsecond // 1000:03d}Z"
-    )
-
-
-def parse_ts(ts: str) -> datetime:
-    """Parse an RFC 3339 timestamp into an aware datetime."""
-    if not _TS_RE.match(ts):
-        raise MalformedFrame(f"not an RFC 3339 timestamp: {ts!r}", field="$.ts")
-    return datetime.fromisoformat(ts.replace("z", "Z").replace("t", "T"))
-
-
-def ts_ms(ts: str) -> int:
-    """Milliseconds since the epoch of an RFC 3339 timestamp."""
-    return int(parse_ts(ts).timestamp() * 1000)
-
-
-def is_terminal(event: Event) -> bool:
-    """True for a ``run.lifecycle`` event whose state ends the run."""
-    return isinstance(event, RunLifecycle) and event.payload.state in TERMINAL_STATES
-
-
-def replace(event: Event, **changes: Any) -> Event:
-    """A copy of ``event`` with envelope fields changed.
-
-    ``child_id=`` sets the field behind :attr:`Envelope.child_id`; ``None``
-    makes it absent (an event of the run itself), not an explicit null.
-    """
-    if "child_id" in changes:
-        child = changes.pop("child_id")
-        changes["child_ref"] = UNSET if child is None else child
-    return msgspec.structs.replace(event, **changes)
-
-
-_T = TypeVar("_T")
-
-
-def known(value: _T | UnsetType) -> _T | None:
-    """An optional field's value with "absent" (``UNSET``) read as ``None``."""
-    return None if value is UNSET else value

@@ -23,6 +23,8 @@ from __future__ import annotations
 
 from collections.abc import Iterable
 
+from msgspec.structs import replace as replace_struct
+
 from .envelope import ChildSpawn, Event, replace
 
 MAX_DEPTH = 64
@@ -121,3 +123,20 @@ def fan_in(event: Event, ancestors: list[str]) -> list[Event]:
             )
         )
     return copies
+
+
+class Misrooted(Exception):
+    """An event claims a root that is itself a child run (known from that run's checkpoint).
+
+    Fanning it in here would split the tree: the claimed root's stream would get a
+    second writer and the true root's stream would never see the event. The
+    runtime re-publishes :attr:`rerouted` (the true root set) onto the ingest
+    shard of the true root, whose single writer fans it in everywhere.
+    """
+
+    def __init__(self, event: Event, root: str) -> None:
+        super().__init__(f"{event.type} of run {event.run_id} claims root {event.root_id}, "
+                         f"a child of the tree rooted at {root}")
+        self.event = event
+        self.claimed = event.root_id or event.run_id
+        self.rerouted = replace_struct(event, root_id=root)

@@ -9,7 +9,8 @@ For every decoded event, in shard order, the :class:`Processor`:
 3. shapes it per destination (:mod:`.shaping`).
 
 The result per touched stream is a :class:`StreamOutput`: the raw events, the
-shaped events and the stream's checkpoint (sequencer + open shaping windows).
+shaped events and the stream's checkpoint (sequencer + open shaping windows,
+:mod:`.checkpoint`).
 A runtime writes them in this order — replay log, shaped stream, raw stream
 with the checkpoint — and only then acks the ingest entries; each write is
 idempotent on seq and the checkpoint only moves with the raw append, so a
@@ -35,6 +36,7 @@ from typing import Any
 import msgspec
 from msgspec.structs import replace as replace_struct
 
+from .checkpoint import Checkpoint, decode_checkpoint, encode_checkpoint
 from .envelope import (
     ChildSpawn,
     Event,
@@ -44,9 +46,9 @@ from .envelope import (
     is_terminal,
 )
 from .errors import MalformedFrame
-from .fanin import ParentMap
-from .sequencing import Sequencer, SequencerState
-from .shaping import WINDOW_MS, DeltaCoalescer, ShaperState, ts_millis
+from .fanin import Misrooted, ParentMap
+from .sequencing import Sequencer
+from .shaping import WINDOW_MS, DeltaCoalescer, ts_millis
 from .ulid import MonotonicULID
 
 DEFAULT_SILENCE_S = 300.0
@@ -73,84 +75,6 @@ def validate(event: Event) -> None:
         ts_millis(event.ts)
     except ValueError as error:
         raise MalformedFrame(f"ts {event.ts!r} is not a valid instant: {error}", field="$.ts") from None
-
-
-class Misrooted(Exception):
-    """An event claims a root that is itself a child run (known from that run's checkpoint).
-
-    Fanning it in here would split the tree: the claimed root's stream would get a
-    second writer and the true root's stream would never see the event. The
-    runtime re-publishes :attr:`rerouted` (the true root set) onto the ingest
-    shard of the true root, whose single writer fans it in everywhere.
-    """
-
-    def __init__(self, event: Event, root: str) -> None:
-        super().__init__(f"{event.type} of run {event.run_id} claims root {event.root_id}, "
-                         f"a child of the tree rooted at {root}")
-        self.event = event
-        self.claimed = event.root_id or event.run_id
-        self.rerouted = replace_struct(event, root_id=root)
-
-
-class Checkpoint(msgspec.Struct, kw_only=True, omit_defaults=True):
-    """What a stream's writer stores with each raw append to resume exactly."""
-
-    sequencer: SequencerState = msgspec.field(default_factory=SequencerState)
-    shaper: ShaperState = msgspec.field(default_factory=ShaperState)
-    shaped_seq: int = 0
-    """The seq of the last shaped event emitted. Closing windows (a tick) moves the
-    shaped view but not the sequencer, so progress is ``(sequencer.last_seq, shaped_seq)``."""
-
-
-_encoder = msgspec.msgpack.Encoder()
-_decoder = msgspec.msgpack.Decoder(Checkpoint)
-
-
-def newest_checkpoint(*stored: bytes | None) -> bytes | None:
-    """Of several stored checkpoints of one stream, the one furthest ahead.
-
-    Ahead by delivery seq, then by shaped seq: a tick that closed windows
-    wrote a checkpoint with the same delivery seq as the one before it, and
-    restoring that earlier one would close the same windows again.
-    """
-    best: bytes | None = None
-    best_key = (-1, -1)
-    for data in stored:
-        if data:
-            checkpoint = _decoder.decode(data)
-            key = (checkpoint.sequencer.last_seq, checkpoint.shaped_seq)
-            if key > best_key:
-                best, best_key = data, key
-    return best
-
-
-def open_windows(data: bytes | None) -> bool:
-    """Whether a stored checkpoint holds open shaping windows."""
-    return bool(data) and bool(_decoder.decode(data).shaper.windows)  # type: ignore[arg-type]
-
-
-def settle_windows(data: bytes, shaped_last: int) -> bytes:
-    """A checkpoint with the windows the shaped view already shows taken out.
-
-    A writer appends a write's shaped events before the raw append that
-    stores its checkpoint; a writer that died between the two left a
-    checkpoint whose windows are open although the shaped view has them. A
-    successor that kept them open would let later deltas join a window the
-    clients already saw, and send it again with a span reaching back over
-    events since (Koder agent stream §7 T2: spans would overlap). Windows
-    close in order of their last raw seq, every window ending before a
-    closing one with it, so each open window whose last seq is at or below
-    the shaped view's last seq was emitted.
-    """
-    checkpoint = _decoder.decode(data)
-    windows = checkpoint.shaper.windows
-    emitted = [key for key, window in windows.items() if window.last.seq <= shaped_last]
-    if not emitted and checkpoint.shaped_seq >= shaped_last:
-        return data
-    for key in emitted:
-        del windows[key]
-    checkpoint.shaped_seq = max(checkpoint.shaped_seq, shaped_last)
-    return _encoder.encode(checkpoint)
 
 
 class StreamOutput(msgspec.Struct, kw_only=True):
@@ -190,7 +114,7 @@ class _Stream:
         """The checkpoint after ``output`` (everything this stream emitted since the last one)."""
         if output.shaped:
             self.shaped_seq = output.shaped[-1].seq
-        return _encoder.encode(Checkpoint(
+        return encode_checkpoint(Checkpoint(
             sequencer=self.sequencer.state, shaper=self.coalescer.state,
             shaped_seq=self.shaped_seq,
         ))
@@ -244,7 +168,7 @@ class Processor:
         ``last_activity`` (epoch seconds) starts the stream's silence clock in
         the past, for a run adopted from the replay log after its owner died.
         """
-        checkpoint = _decoder.decode(data) if data else Checkpoint()
+        checkpoint = decode_checkpoint(data) if data else Checkpoint()
         self.parents.learn_chain(run_id, checkpoint.sequencer.ancestors)
         now = self.clock() if last_activity is None else last_activity
         self._streams[run_id] = _Stream(run_id, checkpoint, now, self.window_ms)

@@ -23,9 +23,11 @@ from redis.backoff import ExponentialWithJitterBackoff
 
 from .bus import Bus, Delivery, EncodedAppend
 from .bus.keys import shard_for
+from .checkpoint import open_windows, settle_windows
 from .envelope import Event, decode_many, encode
 from .errors import ProtocolError
-from .processor import Misrooted, Processor, StreamOutput, open_windows, settle_windows, validate
+from .fanin import Misrooted
+from .processor import Processor, StreamOutput, validate
 from .retry import Retry
 from .store import ReplayLog
 

@@ -50,7 +50,8 @@ import msgspec
 from pipeline.bus import DeadLetter, Delivery, open_bus
 from pipeline.bus import keys as bus_keys
 from pipeline.bus.kafka import KafkaBus
-from pipeline.processor import DEFAULT_SILENCE_S, Processor, StreamOutput, newest_checkpoint
+from pipeline.checkpoint import newest_checkpoint
+from pipeline.processor import DEFAULT_SILENCE_S, Processor, StreamOutput
 from pipeline.stages import BATCH, TICK_S, Stages, WorkerStats
 from pipeline.store import ReplayLog, open_store
 from workers.faust_partitions import PartitionTracker

@@ -38,9 +38,9 @@ from starlette.types import Receive, Scope, Send
 from ..errors import CONN_REPLAY_EXPIRED, ConfigError, ReplayExpired, RunwireError, UnknownRun
 from .clients import ClientQueue
 from .context import Edge
+from .feed import FeedKey
 from .filters import event_filter
 from .frames import Frame
-from .hub import FeedKey
 from .resume import Probe, probe
 from .session import RunEnded, Sink, StreamRequest, StreamSession, replay
 from .transports import run_session, watch_http

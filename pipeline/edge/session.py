@@ -19,17 +19,9 @@ from ..envelope import Event
 from ..errors import BUF_DROP, ReplayExpired, RunNotPublished
 from ..protocols import egress
 from .clients import ClientQueue
+from .feed import Feed, FeedKey, encode_preamble, ends_stream, frame_or_skip, is_stateless
 from .frames import Frame, error_frame
-from .hub import (
-    Feed,
-    FeedKey,
-    Hub,
-    Stream,
-    encode_preamble,
-    ends_stream,
-    frame_or_skip,
-    is_stateless,
-)
+from .hub import Hub, Stream
 from .resume import history
 
 

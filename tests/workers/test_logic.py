@@ -6,9 +6,10 @@ import time
 from collections import defaultdict
 from collections.abc import Sequence
 
+from pipeline.checkpoint import newest_checkpoint, settle_windows
 from pipeline.envelope import DELTA_TYPES, Event, replace
 from pipeline.fanin import ParentMap, fan_in
-from pipeline.processor import Processor, newest_checkpoint, settle_windows
+from pipeline.processor import Processor
 from pipeline.sequencing import Sequencer
 from pipeline.shaping import DeltaCoalescer, shape, ts_millis
 from tests.workers.events import BASE, RunScript
