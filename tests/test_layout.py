@@ -22,6 +22,8 @@ import textwrap
 from collections.abc import Iterator
 from pathlib import Path
 
+import pytest
+
 ROOT = Path(__file__).resolve().parents[1]
 PACKAGES = ("pipeline", "workers")
 MAX_LINES = 420
@@ -95,6 +97,7 @@ _IMPORT_EACH = textwrap.dedent(
 )
 
 
+@pytest.mark.timeout(300)
 def test_every_module_imports_on_its_own() -> None:
     """Each module imported first, with no module of ours loaded before it."""
     script = _IMPORT_EACH.format(packages=set(PACKAGES))
