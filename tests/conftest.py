@@ -2,10 +2,16 @@
 
 from __future__ import annotations
 
-from collections.abc import Iterator
+import uuid
+from collections.abc import AsyncIterator, Iterator
+from pathlib import Path
 
 import pytest
 
+from pipeline.bus import open_bus
+from pipeline.bus.base import Bus
+from pipeline.store import open_store
+from pipeline.store.base import ReplayLog
 from tests.services import (
     PostgresServer,
     RedisCluster,
@@ -47,3 +53,42 @@ def kafka_url() -> Iterator[str]:
 @pytest.fixture(scope="session")
 def postgres_url() -> Iterator[str]:
     yield from provide("postgres", "RUNWIRE_TEST_POSTGRES_URL", PostgresServer)
+
+
+# ---- a bus, a replay log and a run id for a test (a directory's conftest may override) ----
+
+
+@pytest.fixture(params=["memory", "redis"])
+async def bus(request: pytest.FixtureRequest) -> AsyncIterator[Bus]:
+    """The bus on each backend: in-process and real Redis (keys under a prefix of its own)."""
+    url = "memory://" if request.param == "memory" else _own_prefix(request.getfixturevalue("redis_url"))
+    async with open_bus(url) as opened:
+        yield opened
+
+
+@pytest.fixture
+async def memory_bus() -> AsyncIterator[Bus]:
+    async with open_bus("memory://") as opened:
+        yield opened
+
+
+@pytest.fixture
+async def redis_bus(redis_url: str) -> AsyncIterator[Bus]:
+    async with open_bus(_own_prefix(redis_url)) as opened:
+        yield opened
+
+
+@pytest.fixture
+async def store(tmp_path: Path) -> AsyncIterator[ReplayLog]:
+    """A fresh SQLite replay log."""
+    async with open_store(f"sqlite:///{tmp_path / 'replay.db'}") as opened:
+        yield opened
+
+
+@pytest.fixture
+def run_id() -> str:
+    return f"run-{uuid.uuid4().hex[:12]}"
+
+
+def _own_prefix(redis_url: str) -> str:
+    return f"{redis_url}{'&' if '?' in redis_url else '?'}prefix=t{uuid.uuid4().hex[:10]}"

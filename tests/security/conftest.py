@@ -3,37 +3,12 @@
 from __future__ import annotations
 
 import uuid
-from collections.abc import AsyncIterator, Iterator
+from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
 
-from pipeline.bus import open_bus
-from pipeline.bus.base import Bus
-from pipeline.store import open_store
-from pipeline.store.base import ReplayLog
-
 SECRET = "security-test-secret-0123456789abcdefghij"
-
-
-@pytest.fixture
-async def memory_bus() -> AsyncIterator[Bus]:
-    async with open_bus("memory://") as opened:
-        yield opened
-
-
-@pytest.fixture(params=["memory", "redis"])
-async def bus(request: pytest.FixtureRequest) -> AsyncIterator[Bus]:
-    """The bus in-process and on a real Redis."""
-    url = "memory://" if request.param == "memory" else request.getfixturevalue("redis_url")
-    async with open_bus(url) as opened:
-        yield opened
-
-
-@pytest.fixture
-async def store(tmp_path: Path) -> AsyncIterator[ReplayLog]:
-    async with open_store(f"sqlite:///{tmp_path / 'replay.db'}") as opened:
-        yield opened
 
 
 @pytest.fixture(params=["sqlite", "postgres"])
@@ -52,10 +27,6 @@ def store_url(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[str]:
     with psycopg.connect(base, autocommit=True) as conn:
         conn.execute(f"DROP SCHEMA IF EXISTS {schema} CASCADE")
 
-
-@pytest.fixture
-def run_id() -> str:
-    return f"run-{uuid.uuid4().hex[:12]}"
 
 
 def new_id(prefix: str = "run") -> str:

@@ -14,7 +14,6 @@ from __future__ import annotations
 import os
 import uuid
 from collections.abc import AsyncIterator
-from pathlib import Path
 
 import httpx
 import pytest
@@ -22,11 +21,11 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from pipeline import envelope, protocols
-from pipeline.bus import Bus, open_bus
+from pipeline.bus import Bus
 from pipeline.edge.ingest import decode_body
 from pipeline.envelope import Event
 from pipeline.errors import ProtocolError
-from pipeline.store import ReplayLog, open_store
+from pipeline.store import ReplayLog
 from tests.edge.harness import EdgeServer, serve_edge
 from tests.security.fuzzgen import format_line, koder_batch
 from tests.security.hostile import publish_raw
@@ -83,17 +82,6 @@ def test_ingest_decoding_of_every_format_never_crashes_and_codes_every_bad_line(
         assert envelope.decode(envelope.encode(event)) == event  # what a worker will read back
 
 
-@pytest.fixture
-async def redis_bus(redis_url: str) -> AsyncIterator[Bus]:
-    url = f"{redis_url}{'&' if '?' in redis_url else '?'}prefix=z{uuid.uuid4().hex[:10]}"
-    async with open_bus(url) as opened:
-        yield opened
-
-
-@pytest.fixture
-async def store(tmp_path: Path) -> AsyncIterator[ReplayLog]:
-    async with open_store(f"sqlite:///{tmp_path / 'replay.db'}") as opened:
-        yield opened
 
 
 @pytest.fixture

@@ -11,7 +11,6 @@ from __future__ import annotations
 
 import asyncio
 import uuid
-from collections.abc import AsyncIterator
 from pathlib import Path
 
 import httpx
@@ -28,19 +27,6 @@ from tests.edge.harness import decoded, read_sse, serve_edge
 from tests.workers.checks import read_all
 from tests.workers.events import RunScript
 from workers.runtime import run_worker
-
-
-@pytest.fixture
-async def redis_bus(redis_url: str) -> AsyncIterator[Bus]:
-    url = f"{redis_url}{'&' if '?' in redis_url else '?'}prefix=t{uuid.uuid4().hex[:10]}"
-    async with open_bus(url) as opened:
-        yield opened
-
-
-@pytest.fixture
-async def store(tmp_path: Path) -> AsyncIterator[ReplayLog]:
-    async with open_store(f"sqlite:///{tmp_path / 'replay.db'}") as opened:
-        yield opened
 
 
 def ids() -> tuple[str, str, str]:
