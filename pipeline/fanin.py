@@ -17,6 +17,16 @@ anything else would give a parent stream two writers. A child event that arrives
 the parent's ``child.spawn``, or whose parent is unknown, is therefore neither
 lost (it is in its own stream) nor misattributed (it is never guessed into
 some parent's stream).
+
+**Links never cross tenants** (docs/security.md, "References inside events").
+Every link remembers the tenant of the event that stated it, and a chain is
+followed for an event only along links its own tenant stated: a
+``child.spawn`` that names another tenant's run, or an event whose
+``parent_id`` names one, links nothing that the other tenant's events
+follow, so no event is fanned into a tree of another tenant and no tree is
+rerouted under another tenant's root. A link stated by the run's own events
+(its ``parent_id``) replaces one stated by a spawn of another tenant: the run's
+own writer decides whose child it is.
 """
 
 from __future__ import annotations
@@ -31,13 +41,20 @@ MAX_DEPTH = 64
 """A parent chain longer than this is cut (guards against a cycle in bad input)."""
 
 
-class ParentMap:
-    """Child run → parent run links, learned from events."""
+ANY_TENANT = "\x00any"
+"""The tenant of a link restored from a checkpoint written before links carried one (followed by all)."""
 
-    __slots__ = ("_parents",)
+
+class ParentMap:
+    """Child run → parent run links, learned from events, each with the tenant that stated it."""
+
+    __slots__ = ("_parents", "_spawned", "_tenants")
 
     def __init__(self) -> None:
         self._parents: dict[str, str] = {}
+        self._tenants: dict[str, str | None] = {}
+        self._spawned: set[str] = set()
+        """Children whose link only a ``child.spawn`` states (their own events may replace it)."""
 
     def __len__(self) -> int:
         return len(self._parents)
@@ -45,36 +62,55 @@ class ParentMap:
     def parent_of(self, run_id: str) -> str | None:
         return self._parents.get(run_id)
 
-    def link(self, child: str, parent: str) -> None:
-        """Record that ``child`` is a sub-run of ``parent`` (self-links are ignored)."""
-        if child != parent:
-            self._parents[child] = parent
+    def link(self, child: str, parent: str, tenant: str | None = ANY_TENANT, *, own: bool = True) -> None:
+        """Record that ``child`` is a sub-run of ``parent``, as stated by ``tenant`` (self-links ignored).
+
+        ``own``: the child's own events state it (else a spawn does). A link of
+        another tenant is replaced only by the child's own events replacing a spawn's.
+        """
+        if child == parent:
+            return
+        if child in self._parents and self._tenants.get(child) != tenant:
+            if not (own and child in self._spawned):
+                return
+        self._parents[child] = parent
+        self._tenants[child] = tenant
+        if own:
+            self._spawned.discard(child)
+        else:
+            self._spawned.add(child)
+
+    def _follows(self, child: str, tenant: str | None) -> bool:
+        stated = self._tenants.get(child, ANY_TENANT)
+        return stated == tenant or stated == ANY_TENANT
 
     def learn(self, event: Event) -> None:
-        """Learn the parent links an event states."""
+        """Learn the parent links an event states (each tagged with the event's tenant)."""
+        tenant = event.tenant
         if event.parent_id is not None:
-            self.link(event.run_id, event.parent_id)
-            if event.root_id is not None and event.root_id != event.parent_id:
-                self._parents.setdefault(event.parent_id, event.root_id)
+            self.link(event.run_id, event.parent_id, tenant)
+            root = event.root_id
+            if root is not None and root != event.parent_id and event.parent_id not in self._parents:
+                self.link(event.parent_id, root, tenant)
         if isinstance(event, ChildSpawn):
-            self.link(event.payload.child_id, event.run_id)
+            self.link(event.payload.child_id, event.run_id, tenant, own=False)
 
-    def learn_chain(self, run_id: str, ancestors: Iterable[str]) -> None:
-        """Record a known ancestor chain (parent first, root last)."""
+    def learn_chain(self, run_id: str, ancestors: Iterable[str], tenant: str | None = ANY_TENANT) -> None:
+        """Record a known ancestor chain (parent first, root last) of a run of ``tenant``."""
         child = run_id
         for ancestor in ancestors:
-            self.link(child, ancestor)
+            self.link(child, ancestor, tenant)
             child = ancestor
 
-    def root_of(self, run_id: str) -> str:
-        """The furthest known ancestor of ``run_id`` (itself when it has no known parent)."""
+    def root_of(self, run_id: str, tenant: str | None = ANY_TENANT) -> str:
+        """The furthest ancestor of ``run_id`` linked by ``tenant`` (itself when it has none)."""
         parents = self._parents
         if run_id not in parents:  # a root (every event of a correctly published tree)
             return run_id
         seen = {run_id}
         while len(seen) <= MAX_DEPTH:
             parent = parents.get(run_id)
-            if parent is None or parent in seen:
+            if parent is None or parent in seen or not self._follows(run_id, tenant):
                 return run_id
             seen.add(parent)
             run_id = parent
@@ -82,16 +118,22 @@ class ParentMap:
 
     def forget(self, run_id: str) -> None:
         self._parents.pop(run_id, None)
+        self._tenants.pop(run_id, None)
+        self._spawned.discard(run_id)
 
     def ancestors(self, event: Event) -> list[str]:
-        """Parent first, root last; empty unless the event carries its parent and root links."""
+        """Parent first, root last; empty unless the event carries its parent and root links.
+
+        Only links stated by the event's own tenant are followed.
+        """
         if event.parent_id is None or event.root_id is None:
             return []
+        tenant = event.tenant
         chain = [event.parent_id]
         seen = {event.run_id, event.parent_id}
         while chain[-1] != event.root_id and len(chain) < MAX_DEPTH:  # never past the root
             parent = self._parents.get(chain[-1])
-            if parent is None or parent in seen:
+            if parent is None or parent in seen or not self._follows(chain[-1], tenant):
                 break
             chain.append(parent)
             seen.add(parent)

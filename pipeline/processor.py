@@ -45,9 +45,9 @@ from .envelope import (
     format_ts,
     is_terminal,
 )
-from .errors import MalformedFrame
-from .fanin import Misrooted, ParentMap
-from .sequencing import Sequencer
+from .errors import MalformedFrame, WriteRefused
+from .fanin import ANY_TENANT, Misrooted, ParentMap
+from .sequencing import Sequencer, SequencerState
 from .shaping import WINDOW_MS, DeltaCoalescer, ts_millis
 from .ulid import MonotonicULID
 
@@ -96,6 +96,8 @@ class ProcessorStats(msgspec.Struct, kw_only=True):
     duplicates: int = 0
     gaps: int = 0
     silenced: int = 0
+    foreign: int = 0
+    """Events refused, or not fanned in, because a run they name belongs to another tenant."""
 
 
 class _Stream:
@@ -169,7 +171,8 @@ class Processor:
         the past, for a run adopted from the replay log after its owner died.
         """
         checkpoint = decode_checkpoint(data) if data else Checkpoint()
-        self.parents.learn_chain(run_id, checkpoint.sequencer.ancestors)
+        state = checkpoint.sequencer
+        self.parents.learn_chain(run_id, state.ancestors, state.tenant if state.owned else ANY_TENANT)
         now = self.clock() if last_activity is None else last_activity
         self._streams[run_id] = _Stream(run_id, checkpoint, now, self.window_ms)
         self._restored.add(run_id)
@@ -272,6 +275,9 @@ class Processor:
     ) -> None:
         self.stats.events += 1
         streams = self._streams
+        own = streams[event.run_id]
+        if not made and (not own.state.owned or own.state.tenant != event.tenant):
+            self._check_owner(own.state, event)
         if event.parent_id is None:
             if type(event) is ChildSpawn:
                 self.parents.learn(event)
@@ -279,13 +285,14 @@ class Processor:
         else:
             self.parents.learn(event)
             if not made and event.child_id is None and event.root_id is not None:
-                root = self.parents.root_of(event.root_id)
+                root = self.parents.root_of(event.root_id, event.tenant)
                 if root != event.root_id:
                     raise Misrooted(event, root)
             ancestors = self.parents.ancestors(event)
             if made:  # an event runwire made fans in only where this process holds the streams
                 ancestors = self._loaded_prefix(ancestors)
-        own = streams[event.run_id]
+            elif ancestors:
+                ancestors = self._same_tenant(ancestors, event.tenant)
         if ancestors and own.state.ancestors != ancestors:
             own.state.ancestors = ancestors
         source = event.child_id or event.run_id
@@ -375,6 +382,27 @@ class Processor:
                     del streams[run_id]
                     self.parents.forget(run_id)
         return outputs
+
+    def _check_owner(self, state: SequencerState, event: Event) -> None:
+        """The run's first writer's tenant owns it: another tenant's event is refused (dead-lettered)."""
+        if not state.owned:
+            state.owned, state.tenant = True, event.tenant
+        elif state.tenant != event.tenant:
+            self.stats.foreign += 1
+            raise WriteRefused(f"{event.type} of tenant {event.tenant!r} written to run {event.run_id!r}, "
+                               f"which belongs to tenant {state.tenant!r}")
+
+    def _same_tenant(self, ancestors: list[str], tenant: str | None) -> list[str]:
+        """The ancestors up to the first run of another tenant (fan-in never crosses tenants)."""
+        streams = self._streams
+        for index, ancestor in enumerate(ancestors):
+            state = streams[ancestor].state
+            if not state.owned:
+                state.owned, state.tenant = True, tenant
+            elif state.tenant != tenant:
+                self.stats.foreign += 1
+                return ancestors[:index]
+        return ancestors
 
     def _loaded_prefix(self, ancestors: list[str]) -> list[str]:
         loaded: list[str] = []

@@ -38,6 +38,10 @@ class SequencerState(msgspec.Struct, kw_only=True, omit_defaults=True):
     duplicates: int = 0
     gaps: int = 0
     terminal: bool = False
+    owned: bool = False
+    """Whether ``tenant`` is decided: the first event written to the stream decides it."""
+    tenant: str | None = None
+    """The tenant that owns the run (its first writer's); another tenant's event is refused."""
 
 
 _encoder = msgspec.msgpack.Encoder()

@@ -11,8 +11,9 @@ two functions and nothing else decides:
    events it admits (stamped with the caller's tenant) and the refused ones
    with their error. Publish ``admission.events`` only.
 
-The rule for one event, checked for each distinct run it writes to — its
-``root_id``, then ``parent_id``, then ``run_id`` (ancestors first, so a
+The rule for one event, checked for each distinct run it names — its
+``root_id``, then ``parent_id``, then ``run_id``, then a client-set
+``child_id`` and the child a ``child.spawn`` attaches (ancestors first, so a
 refused ancestor claims nothing below it):
 
 * the event belongs to the run of the path (that run is its ``run_id``,
@@ -52,7 +53,7 @@ import msgspec
 
 from .. import envelope
 from ..bus.base import StreamKey
-from ..envelope import TERMINAL_STATES, Event, RunLifecycle
+from ..envelope import TERMINAL_STATES, ChildSpawn, Event, RunLifecycle
 from ..errors import ProtocolError, RunFinished, RunwireError, UnknownRun, WriteRefused
 from .auth import Gate, Principal
 
@@ -135,10 +136,19 @@ def _ends(event: Event) -> bool:
 
 
 def runs_written(event: Event) -> list[tuple[str, str]]:
-    """The distinct runs an event writes to, ancestors first, each with the root it claims."""
+    """The distinct runs an event names, ancestors first, each with the root it claims.
+
+    Every reference counts, not only the envelope's: the run a ``child.spawn``
+    attaches and a client-set ``child_id`` (the run the event says it came
+    from) are runs of the event's tree, so they are claimed like its own run —
+    a tenant cannot attach another tenant's run as its child and so read it.
+    """
     root = event.root_id or event.parent_id or event.run_id
+    named = [event.root_id, event.parent_id, event.run_id, event.child_id]
+    if isinstance(event, ChildSpawn):
+        named.append(event.payload.child_id)
     out: list[tuple[str, str]] = []
-    for run in (event.root_id, event.parent_id, event.run_id):
+    for run in named:
         if run is not None and all(run != seen for seen, _ in out):
             out.append((run, root if run != event.root_id else run))
     return out
