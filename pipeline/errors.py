@@ -10,7 +10,8 @@
     ├── AuthError                KAI-STREAM-AUTH-0001 (401) · -0002 (403, scope)   (final)
     │   └── WriteRefused         KAI-STREAM-AUTH-0003: a run the write names is not the caller's
     ├── RequestError             KAI-STREAM-REQ-*: a bad parameter or body (final)
-    │   └── BodyTooLarge         KAI-STREAM-REQ-0002 (413)
+    │   ├── BodyTooLarge         KAI-STREAM-REQ-0002 (413)
+    │   └── QuotaExceeded        KAI-STREAM-REQ-0005 (429 + Retry-After): a token or socket is at its quota
     ├── ReplayExpired            KAI-STREAM-CONN-0002: cursor older than retention (final)
     ├── UnknownRun               KAI-STREAM-RUN-0001: no such run (or not the tenant's) (final)
     │   └── RunNotPublished      KAI-STREAM-RUN-0003: nothing published within the edge's wait
@@ -49,6 +50,7 @@ REQ_BAD_PARAMETER = "KAI-STREAM-REQ-0001"
 REQ_TOO_LARGE = "KAI-STREAM-REQ-0002"
 REQ_BAD_BODY = "KAI-STREAM-REQ-0003"
 REQ_SLOW_BODY = "KAI-STREAM-REQ-0004"
+REQ_QUOTA = "KAI-STREAM-REQ-0005"
 RUN_UNKNOWN = "KAI-STREAM-RUN-0001"
 RUN_FINISHED = "KAI-STREAM-RUN-0002"
 RUN_NOT_PUBLISHED = "KAI-STREAM-RUN-0003"
@@ -136,6 +138,21 @@ class BodyTooLarge(RequestError):
 
     code = REQ_TOO_LARGE
     status = 413
+
+
+class QuotaExceeded(RequestError):
+    """A token (or one socket) holds as much of the edge as its quota allows: 429, retry later.
+
+    HTTP answers 429 with ``Retry-After``, a WebSocket closes with 1008 (policy
+    violation), gRPC ends the call with ``RESOURCE_EXHAUSTED``.
+    """
+
+    code = REQ_QUOTA
+    status = 429
+
+    def __init__(self, message: str, *, retry_after_s: int = 1) -> None:
+        super().__init__(message)
+        self.retry_after_s = retry_after_s
 
 
 class ReplayExpired(RunwireError):

@@ -35,11 +35,12 @@ from typing import Annotated, Any, ClassVar, Literal, TypeVar
 import msgspec
 from msgspec import UNSET, UnsetType
 
+from . import limits
 from .errors import MalformedFrame
 
-MAX_FRAME_BYTES = 1 << 20
+MAX_FRAME_BYTES = limits.FRAME_BYTES
 """Default size limit of one encoded frame (1 MiB)."""
-MAX_DEPTH = 64
+MAX_DEPTH = limits.DEPTH
 """Deepest JSON nesting of a frame (the envelope object is level 1, its ``payload`` level 2).
 
 Checked wherever a frame is decoded (HTTP ingest, workers, the edge, imports):
@@ -48,7 +49,7 @@ deeper values are what make recursive code downstream (egress encoders,
 INT64_MAX = (1 << 63) - 1
 """Largest integer any numeric envelope or payload field may hold (checkpoints and
 the replay log store them as signed 64-bit)."""
-MAX_ID_CHARS = 256
+MAX_ID_CHARS = limits.ID_CHARS
 """Longest run id, parent/root/child id or tenant."""
 
 _TS_PATTERN = r"^\d{4}-\d{2}-\d{2}[Tt ]\d{2}:\d{2}:\d{2}(\.\d{1,9})?([Zz]|[+-]\d{2}:\d{2})\Z"

@@ -82,6 +82,8 @@ class WorkerStats(msgspec.Struct, kw_only=True):
     rerouted: int = 0
     """Events re-published to their tree's root shard (they named a child run as root)."""
     silenced: int = 0
+    foreign: int = 0
+    """Events refused, or kept out of an ancestor's stream, because that run is another tenant's."""
     seconds: float = 0.0
     busy_seconds: float = 0.0
     """From the first fetched batch to the end of the last batch's writes."""
@@ -309,4 +311,5 @@ class Stages:
         stats.duplicates = self.processor.stats.duplicates
         stats.gaps = self.processor.stats.gaps
         stats.silenced = self.processor.stats.silenced
+        stats.foreign = self.processor.stats.foreign
         return stats

@@ -39,6 +39,7 @@ from ..errors import (
     REQ_BAD_BODY,
     REQ_BAD_PARAMETER,
     ConfigError,
+    QuotaExceeded,
     RequestError,
     RunwireError,
     UnknownRun,
@@ -82,6 +83,8 @@ def error_response(exc: RunwireError) -> JSONResponse:
     if code:
         body["code"] = code
     headers = {"www-authenticate": "Bearer"} if status == 401 else None
+    if isinstance(exc, QuotaExceeded):
+        headers = {"retry-after": str(exc.retry_after_s)}
     return JSONResponse(body, status_code=status, headers=headers)
 
 
@@ -124,13 +127,15 @@ class StreamEndpoint:
         request = Request(scope, receive)
         try:
             stream = await authorize_stream(self.edge, request)
+            hold = self.edge.quotas.stream(stream.holder)
         except RunwireError as exc:
             await error_response(exc)(scope, receive, send)
             return
         accept = request.headers.get("accept", "")
         sse = NDJSON_MEDIA_TYPE not in accept
         headers = dict(protocols.egress(stream.format).headers)
-        await serve_http_stream(self.edge.hub, stream, receive, send, sse=sse, headers=headers)
+        with hold:
+            await serve_http_stream(self.edge.hub, stream, receive, send, sse=sse, headers=headers)
 
 
 class ThreadStreamEndpoint:
@@ -142,13 +147,15 @@ class ThreadStreamEndpoint:
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         try:
             stream = await thread_stream(self.edge, Request(scope, receive))
+            hold = self.edge.quotas.stream(stream.holder) if stream is not None else None
         except RunwireError as exc:
             await error_response(exc)(scope, receive, send)
             return
-        if stream is None:
+        if stream is None or hold is None:
             await Response(status_code=204)(scope, receive, send)
             return
-        await serve_http_stream(self.edge.hub, stream, receive, send, sse=True, headers=AI_SDK_HEADERS)
+        with hold:
+            await serve_http_stream(self.edge.hub, stream, receive, send, sse=True, headers=AI_SDK_HEADERS)
 
 
 async def authorize_stream(edge: Edge, conn: HTTPConnection) -> StreamRequest:
@@ -156,7 +163,8 @@ async def authorize_stream(edge: Edge, conn: HTTPConnection) -> StreamRequest:
     run_id = conn.path_params["run_id"]
     principal = edge.gate.principal(conn.headers, conn.query_params)
     await edge.gate.check_run(principal, run_id, "read")
-    return stream_request(run_id, dict(conn.query_params), dict(conn.headers), edge.settings)
+    stream = stream_request(run_id, dict(conn.query_params), dict(conn.headers), edge.settings)
+    return msgspec.structs.replace(stream, holder=principal.token_id) if principal is not None else stream
 
 
 def chat_endpoint(edge: Edge) -> Any:
@@ -170,10 +178,12 @@ def websocket_endpoint(edge: Edge) -> Any:
     async def endpoint(websocket: WebSocket) -> None:
         try:
             stream = await authorize_stream(edge, websocket)
+            hold = edge.quotas.stream(stream.holder)
         except RunwireError as exc:
             await refuse_websocket(websocket, exc)
             return
-        await serve_websocket(edge.hub, websocket, stream)
+        with hold:
+            await serve_websocket(edge.hub, websocket, stream)
 
     return endpoint
 
@@ -197,8 +207,10 @@ def ingest_endpoint(edge: Edge) -> Any:
         try:
             result = await publish_body(
                 edge.bus, edge.gate, edge.metrics, principal, run_id, body, format_name, thread_id,
-                context,
+                context, max_events=edge.settings.max_ingest_events,
             )
+        except RequestError as exc:  # over a limit of the request as a whole: nothing published
+            return error_response(exc)
         except RunwireError as exc:  # the replay log holding the claims, or the bus, is down
             return json_response({"error": str(exc), "accepted": 0}, status=503)
         return json_response(result, status=422 if result.rejected else 200)

@@ -16,6 +16,7 @@ probe for other tenants' run ids. The write rule is in :mod:`.authz`.
 from __future__ import annotations
 
 import asyncio
+import hashlib
 import time
 from collections.abc import Mapping, Sequence
 from typing import Literal
@@ -39,6 +40,8 @@ class Principal(msgspec.Struct, kw_only=True, frozen=True):
     runs: tuple[str, ...] | None = None
     """Run ids the token may touch; None means every run of the tenant."""
     scopes: frozenset[str] = frozenset()
+    token_id: str = ""
+    """Which token this is (a digest of it, never the token): what quotas count by."""
 
     def covers(self, run_id: str) -> bool:
         return self.runs is None or run_id in self.runs
@@ -84,6 +87,7 @@ def verify_token(secret: str, token: str) -> Principal:
         tenant=tenant,
         runs=None if runs == "*" else tuple(runs),
         scopes=frozenset(str(s) for s in scopes),
+        token_id=hashlib.sha256(token.encode()).hexdigest()[:24],
     )
 
 
@@ -156,15 +160,22 @@ class Gate:
             raise UnknownRun(f"no run {run_id!r}")
 
     async def tenant_of(self, run_id: str) -> str | None:
-        """The run's tenant (cached once known), or None for a run nobody has seen."""
+        """The run's tenant, or None for a run nobody has seen.
+
+        The tenant its events carry wins over an entrance's claim: the workers give
+        a run to its first writer's tenant, so a claim made at an edge while another
+        tenant's events were already on the bus (a squatted id) reads nothing of them.
+        Known once the run has events (then cached); until then the claim's.
+        """
         if run_id in self._tenants:
             return self._tenants[run_id]
-        owner = await self.owner(run_id)
-        tenant = owner.tenant if owner is not None else await self._logged_tenant(run_id)
-        if tenant is not None:
-            if len(self._tenants) > 100_000:
-                self._tenants.clear()
-            self._tenants[run_id] = tenant
+        tenant = await self._logged_tenant(run_id)
+        if tenant is None:
+            owner = await self.owner(run_id)
+            return owner.tenant if owner is not None else None
+        if len(self._tenants) > 100_000:
+            self._tenants.clear()
+        self._tenants[run_id] = tenant
         return tenant
 
     async def _logged_tenant(self, run_id: str) -> str | None:

@@ -78,10 +78,13 @@ async def authorize_write(gate: Gate, principal: Principal | None, run_id: str) 
         return
     gate.require_scope(principal, "write")
     owner = await gate.owner(run_id)
-    if owner is None and (seen := await gate.tenant_of(run_id)) is not None:
+    seen = await gate.tenant_of(run_id)
+    if owner is None and seen is not None:
         owner = await gate.claim(run_id, seen, run_id)
     if owner is not None:
         _check_owner(principal, run_id, owner.tenant, owner.root_id)
+    if seen is not None and seen != principal.tenant:  # the run's events are another tenant's
+        raise WriteRefused(f"run {run_id!r} is not writable with this token (another tenant's, or not in its runs)")
 
 
 async def admit(

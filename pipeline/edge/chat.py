@@ -19,6 +19,15 @@ client frame    what the edge does
                 socket is a disconnect and cancels nothing)
 ==============  ===========================================================
 
+**Limits.** A frame is at most :data:`pipeline.limits.FRAME_BYTES` (close
+1009 and ``KAI-STREAM-REQ-0002`` past it), nests at most
+:data:`pipeline.limits.DEPTH` levels and names ids of at most
+:data:`pipeline.limits.ID_CHARS` characters (close 1008 otherwise).
+One socket streams at most ``requests_per_socket`` responses at
+once: a ``send`` or ``resume`` past it closes the socket with 1008 and
+``KAI-STREAM-REQ-0005``. Each response also holds one of the token's streams
+(:mod:`.quotas`); over that quota the request gets an ``error`` frame.
+
 **Sequences.** A chunk's ``sequence`` is its index among the AI SDK chunks
 of the run's stream (same ``detail``/``profile``/``children``), from 0.
 Egress codecs are deterministic, so every edge instance numbers a run's
@@ -41,30 +50,35 @@ from typing import Annotated, Any, Literal
 import msgspec
 from starlette.websockets import WebSocket, WebSocketDisconnect
 
+from .. import limits
 from ..bus.base import ControlCommand
 from ..bus.requests import DEFAULT_CHANNEL, AgentRequest, consumer_alive, send_request
 from ..envelope import now_ts
-from ..errors import RunwireError
+from ..errors import REQ_QUOTA, REQ_TOO_LARGE, RequestError, RunwireError
 from ..ulid import MonotonicULID, new_event_id
 from .auth import Principal
 from .authz import authorize_write
 from .context import Edge
 from .frames import Frame
+from .params import check_depth
+from .quotas import Hold
 from .session import Overflowed, Sink, StreamSession
 from .threads import active_run, chat_stream
-from .transports import refuse_websocket
+from .transports import CLOSE_POLICY, refuse_websocket
 
 _json = msgspec.json.Encoder()
 _run_ids = MonotonicULID("run_")
-CLOSE_INVALID = 1008
+CLOSE_INVALID = CLOSE_POLICY
+CLOSE_TOO_BIG = 1009
+"""RFC 6455 §7.4.1: a message too big to process (over :data:`pipeline.limits.FRAME_BYTES`)."""
 
 
 class ClientFrame(msgspec.Struct, kw_only=True, rename="camel"):
     """A client frame (``send`` / ``resume`` / ``abort``); the fields each type needs are checked."""
 
-    type: str
-    request_id: str
-    id: str | None = None
+    type: Annotated[str, msgspec.Meta(max_length=32)]
+    request_id: Annotated[str, msgspec.Meta(max_length=limits.ID_CHARS)]
+    id: Annotated[str, msgspec.Meta(min_length=1, max_length=limits.ID_CHARS)] | None = None
     last_sequence: Annotated[int, msgspec.Meta(ge=0)] | None = None
     trigger: Literal["submit-message", "regenerate-message"] = "submit-message"
     message_id: str | None = None
@@ -138,10 +152,21 @@ class ChatSocket:
                 message = await self.websocket.receive()
                 if message["type"] == "websocket.disconnect":
                     return
+                data = message.get("text") or message.get("bytes") or b""
+                if len(data) > limits.FRAME_BYTES:
+                    await self.websocket.close(code=CLOSE_TOO_BIG, reason=(
+                        f"{REQ_TOO_LARGE}: a frame over {limits.FRAME_BYTES} bytes"))
+                    return
                 try:
-                    frame = _frame.decode(message.get("text") or message.get("bytes") or b"")
-                except (msgspec.ValidationError, msgspec.DecodeError):
+                    frame = _frame.decode(data)
+                    check_depth([frame.messages, frame.body, frame.metadata], "a chat frame")
+                except (msgspec.ValidationError, msgspec.DecodeError, RequestError, RecursionError):
                     await self.websocket.close(code=CLOSE_INVALID, reason="Invalid frame")
+                    return
+                if self.over_limit(frame):
+                    limit = self.edge.settings.requests_per_socket
+                    await self.websocket.close(code=CLOSE_POLICY, reason=(
+                        f"{REQ_QUOTA}: more than {limit} responses at once on one socket"))
                     return
                 await self.handle(frame)
         except (WebSocketDisconnect, RuntimeError):
@@ -150,6 +175,11 @@ class ChatSocket:
             for task in self.tasks.values():
                 task.cancel()
             await asyncio.gather(*self.tasks.values(), return_exceptions=True)
+
+    def over_limit(self, frame: ClientFrame) -> bool:
+        """Whether ``frame`` would start one response more than the socket may stream at once."""
+        starts = frame.type in ("send", "resume") and frame.request_id not in self.tasks
+        return starts and len(self.tasks) >= self.edge.settings.requests_per_socket
 
     async def handle(self, frame: ClientFrame) -> None:
         try:
@@ -173,9 +203,14 @@ class ChatSocket:
         if run is None:
             await self.reply(frame.request_id, "no-active")
             return
-        await self.reply(frame.request_id, "start")
+        hold = self.hold()
+        try:
+            await self.reply(frame.request_id, "start")
+        except BaseException:
+            hold.release()
+            raise
         last = -1 if frame.last_sequence is None else frame.last_sequence
-        self.stream(frame.request_id, run.run_id, last)
+        self.stream(frame.request_id, run.run_id, last, hold)
 
     async def send(self, frame: ClientFrame) -> None:
         assert frame.id is not None
@@ -190,15 +225,20 @@ class ChatSocket:
                 f"no agent consumes requests on channel {self.channel!r} "
                 f"(an agent runs `async for request in pub.requests({self.channel!r})`)"))
             return
-        tenant = principal.tenant if principal else None
-        if tenant is not None:
-            await edge.gate.claim(run_id, tenant, run_id)
-        await send_request(edge.bus, AgentRequest(
-            id=new_event_id(), channel=self.channel, run_id=run_id, thread_id=frame.id, tenant=tenant,
-            ts=now_ts(), trigger=frame.trigger, message_id=frame.message_id, messages=frame.messages,
-            body=frame.body, metadata=frame.metadata,
-        ))
-        self.stream(frame.request_id, run_id, -1)
+        hold = self.hold()
+        try:
+            tenant = principal.tenant if principal else None
+            if tenant is not None:
+                await edge.gate.claim(run_id, tenant, run_id)
+            await send_request(edge.bus, AgentRequest(
+                id=new_event_id(), channel=self.channel, run_id=run_id, thread_id=frame.id, tenant=tenant,
+                ts=now_ts(), trigger=frame.trigger, message_id=frame.message_id, messages=frame.messages,
+                body=frame.body, metadata=frame.metadata,
+            ))
+        except BaseException:
+            hold.release()
+            raise
+        self.stream(frame.request_id, run_id, -1, hold)
 
     async def abort(self, request_id: str) -> None:
         """The client stopped a response: cancel its run (the stream it had is closed already)."""
@@ -216,21 +256,26 @@ class ChatSocket:
         ))
 
     # ---- one request's stream ----------------------------------------------
-    def stream(self, request_id: str, run_id: str, last_sequence: int) -> None:
+    def hold(self) -> Hold:
+        """One of the token's streams (QuotaExceeded at its quota: the request gets an error frame)."""
+        return self.edge.quotas.stream(self.principal.token_id if self.principal else "")
+
+    def stream(self, request_id: str, run_id: str, last_sequence: int, hold: Hold) -> None:
         previous = self.tasks.pop(request_id, None)
         if previous is not None:
             previous.cancel()
         self.runs[request_id] = run_id
-        task = asyncio.create_task(self._stream(request_id, run_id, last_sequence), name="runwire-chat")
+        task = asyncio.create_task(self._stream(request_id, run_id, last_sequence, hold), name="runwire-chat")
         self.tasks[request_id] = task
 
-    async def _stream(self, request_id: str, run_id: str, last_sequence: int) -> None:
+    async def _stream(self, request_id: str, run_id: str, last_sequence: int, hold: Hold) -> None:
         sink = ChatSink(self, request_id, last_sequence)
         session = StreamSession(self.edge.hub, chat_stream(self.edge, run_id, self.query), sink)
         sink.session = session
         error: str | None = None
         try:
-            await session.run()
+            with hold:
+                await session.run()
         except (ChunksDropped, Overflowed):
             error = "the client fell behind and chunks were dropped; resume the stream"
         except RunwireError as exc:

@@ -11,11 +11,12 @@ from ..store.base import ReplayLog
 from .auth import Gate
 from .hub import Hub
 from .metrics import EdgeMetrics
+from .quotas import Quotas
 from .settings import EdgeSettings
 
 
 class Edge:
-    """What the endpoints share: the bus, the replay log, the hub, the gate, the metrics."""
+    """What the endpoints share: the bus, the replay log, the hub, the gate, the quotas, the metrics."""
 
     def __init__(self, bus: Bus, store: ReplayLog, settings: EdgeSettings) -> None:
         self.bus = bus
@@ -24,3 +25,4 @@ class Edge:
         self.metrics = EdgeMetrics()
         self.hub = Hub(bus, store, settings, self.metrics)
         self.gate = Gate(settings.secret, bus, store, refusal_floor_s=settings.refusal_floor_s)
+        self.quotas = Quotas(settings.streams_per_token)

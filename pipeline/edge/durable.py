@@ -108,19 +108,21 @@ class DurableRead:
             if live not in (None, "long-poll", "sse"):
                 raise ConfigError(f"unknown live mode {live!r}; use long-poll or sse")
             found = await self.position(stream)
+            hold = self.edge.quotas.stream(stream.holder if live is not None else "")
         except RunwireError as exc:
             await self.error_response(exc)(scope, receive, send)
             return
         start = found.tail if after is None else after
         stream = msgspec.structs.replace(stream, after=start, live=after is None)
-        if request.method == "HEAD":
-            response = Response(status_code=200, headers=_meta(found, "no-store"), media_type=JSON)
-        elif live == "sse":
-            await self.sse(stream, found, request, receive, send)
-            return
-        else:
-            response = await self.answer(stream, found, request, long_poll=live == "long-poll")
-        await response(scope, receive, send)
+        with hold:  # a live read (long-poll, SSE) holds one of the token's streams while it waits
+            if request.method == "HEAD":
+                response = Response(status_code=200, headers=_meta(found, "no-store"), media_type=JSON)
+            elif live == "sse":
+                await self.sse(stream, found, request, receive, send)
+                return
+            else:
+                response = await self.answer(stream, found, request, long_poll=live == "long-poll")
+            await response(scope, receive, send)
 
     async def position(self, stream: StreamRequest) -> Probe:
         """Where the run is; UnknownRun (404) when nobody published it."""

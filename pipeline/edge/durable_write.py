@@ -14,7 +14,9 @@ The run's own events are numbered by the stream (publisher seqs ``base + 1 …``
 reserved in the replay log, :mod:`pipeline.store.producers`), whatever their
 codec numbered, so batches of any format form one seq space. With
 ``Producer-Id`` / ``Producer-Epoch`` / ``Producer-Seq`` (§5.2.1): a retried
-batch is ``204`` and not applied twice, a stale epoch ``403`` with the current
+batch is ``204`` and not applied twice — but a "retry" of the producer's latest
+batch with other bytes is ``409`` (one ``(producer, epoch, seq)`` names one
+batch) —, a stale epoch ``403`` with the current
 ``Producer-Epoch``, a gap ``409`` with ``Producer-Expected-Seq``. That state is
 in the replay log, so it survives a restart and is shared by every edge.
 ``Stream-Closed: true`` ends the run: a ``run.lifecycle`` ``done`` follows the
@@ -24,13 +26,14 @@ batch unless it ends the run itself.
 from __future__ import annotations
 
 import asyncio
+import hashlib
 import time
 
 import msgspec
 from starlette.requests import Request
 from starlette.responses import Response
 
-from .. import envelope
+from .. import envelope, limits
 from ..envelope import Event
 from ..errors import REQ_BAD_BODY, RequestError, RunwireError
 from ..store.producers import Reservation
@@ -100,7 +103,8 @@ class DurableWrite:
         if admission.refused:
             return _refused([(i + 1, exc) for i, exc in admission.refused], status=403)
         own = [e for e in admission.events if e.run_id == run_id]
-        decision = await self._reserve(run_id, producer, len(own), close)
+        digest = hashlib.sha256(body).hexdigest() if producer is not None else ""
+        decision = await self._reserve(run_id, producer, len(own), close, digest)
         outcome = decision.outcome
         if outcome in ("append", "duplicate") and (outcome == "append" or decision.last_of_producer):
             numbered = _number(admission.events, run_id, decision.base)
@@ -119,7 +123,8 @@ class DurableWrite:
         lines = _messages(body, allow_empty=close)
         ndjson = b"\n".join(lines)
         format_name = resolve_format(request.query_params.get("format"), ndjson)
-        lined, errors = decode_body(ndjson, format_name, run_id) if lines else ([], [])
+        lined, errors = (decode_body(ndjson, format_name, run_id, max_events=self.edge.settings.max_ingest_events)
+                         if lines else ([], []))
         if errors:
             raise RequestError(
                 "; ".join(f"message {e.line}: {e.code}: {e.message}" for e in errors[:10]), code=REQ_BAD_BODY
@@ -131,11 +136,12 @@ class DurableWrite:
         return events
 
     async def _reserve(
-        self, run_id: str, producer: tuple[str, int, int] | None, count: int, close: bool
+        self, run_id: str, producer: tuple[str, int, int] | None, count: int, close: bool, digest: str
     ) -> Reservation:
         deadline = time.monotonic() + BUSY_WAIT_S
         while True:
-            decision = await self.edge.store.stream_reserve(run_id, producer, count, close=close, hold_s=HOLD_S)
+            decision = await self.edge.store.stream_reserve(run_id, producer, count, close=close, hold_s=HOLD_S,
+                                                            digest=digest)
             if decision.outcome != "busy" or time.monotonic() > deadline:
                 return decision
             await asyncio.sleep(0.02)
@@ -179,6 +185,8 @@ def _producer(request: Request) -> tuple[str, int, int] | None:
     producer_id, epoch, seq = values
     if not producer_id or epoch is None or seq is None:
         raise RequestError("Producer-Id, Producer-Epoch and Producer-Seq go together, Producer-Id non-empty")
+    if len(producer_id) > limits.ID_CHARS:
+        raise RequestError(f"Producer-Id is longer than {limits.ID_CHARS} characters")
     return (producer_id, canonical_int(epoch, "Producer-Epoch", high=MAX_PRODUCER_NUMBER),
             canonical_int(seq, "Producer-Seq", high=MAX_PRODUCER_NUMBER))
 
@@ -202,6 +210,12 @@ def _answer(decision: Reservation, producer: tuple[str, int, int] | None, tail: 
         return _plain(404, "no such stream: create it with PUT first")
     if outcome == "new-epoch-seq":
         return _plain(400, "a new Producer-Epoch starts at Producer-Seq 0")
+    if outcome == "conflict":
+        headers["producer-seq"] = str(decision.last_seq)
+        return Response(_json.encode({
+            "error": f"Producer-Seq {decision.last_seq} of epoch {decision.epoch} was accepted for another "
+                     "batch; a retry must send the same bytes (send new messages with the next Producer-Seq)",
+            "code": REQ_BAD_BODY}), status_code=409, media_type=JSON, headers=headers)
     if outcome == "stale-epoch":
         return Response(status_code=403, headers=headers)
     if outcome == "gap":

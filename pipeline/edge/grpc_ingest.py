@@ -6,13 +6,17 @@ Messages are grouped by the run they are posted to (``root_id``, else
 every :data:`INGEST_BATCH` messages (and at the end) each run's messages go
 through :func:`.ingest.publish_body` as one koder NDJSON body — decode, the
 write rule (:func:`.authz.admit`), publish. Rejections come back by the
-message's 1-based index in the call.
+message's 1-based index in the call. A call is bounded like an HTTP ingest
+body (:mod:`pipeline.limits`: bytes and events): the message past a bound
+ends the call with ``RESOURCE_EXHAUSTED`` and ``KAI-STREAM-REQ-0002``;
+batches published before it stay published.
 """
 
 from __future__ import annotations
 
 from collections.abc import AsyncIterator
 
+from .. import limits
 from ..errors import PROTO_MALFORMED
 from .auth import Principal
 from .authz import authorize_write
@@ -36,11 +40,17 @@ class Ingestion:
         self.allowed: set[str] = set()
         self.pending: dict[str, list[tuple[int, bytes]]] = {}
         self.count = 0
+        self.size = 0
+        """Bytes of the call's messages so far (bounded like an HTTP ingest body)."""
 
     async def run(self, messages: AsyncIterator[pb.Event]) -> pb.IngestReply:
         index = 0
+        settings = self.edge.settings
         async for message in messages:
             index += 1
+            limits.check_count(index, settings.max_ingest_events, "the Ingest call")
+            self.size += message.ByteSize()
+            limits.check_size(self.size, settings.max_ingest_bytes, "the Ingest call")
             await self.add(index, message)
             if self.count >= INGEST_BATCH:
                 await self.flush()

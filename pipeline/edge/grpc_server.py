@@ -38,12 +38,15 @@ import msgspec
 from grpc_health.v1 import health, health_pb2, health_pb2_grpc
 from grpc_reflection.v1alpha import reflection
 
+from .. import limits
 from ..errors import (
     BUF_DROP,
     CONN_DISCONNECTED,
     AuthError,
+    BodyTooLarge,
     ConfigError,
     ProtocolError,
+    QuotaExceeded,
     ReplayExpired,
     RequestError,
     RunFinished,
@@ -64,6 +67,7 @@ from .grpc_messages import (
     run_info,
     weave_message,
 )
+from .params import check_depth
 from .proto.runwire.v1 import runwire_pb2 as pb
 from .session import Overflowed, Sink, StreamRequest, StreamSession
 
@@ -86,6 +90,8 @@ def status_of(exc: RunwireError) -> grpc.StatusCode:
         return grpc.StatusCode.NOT_FOUND
     if isinstance(exc, ReplayExpired):
         return grpc.StatusCode.OUT_OF_RANGE
+    if isinstance(exc, QuotaExceeded | BodyTooLarge):
+        return grpc.StatusCode.RESOURCE_EXHAUSTED
     if isinstance(exc, ConfigError | ProtocolError | RequestError):
         return grpc.StatusCode.INVALID_ARGUMENT
     if isinstance(exc, RunFinished):
@@ -167,9 +173,11 @@ class RunwireService:
                 raise ConfigError("run_id is required")
             await self.edge.gate.check_run(principal, request.run_id, "read")
             stream = self.stream_request(request)
+            hold = self.edge.quotas.stream(principal.token_id if principal else "")
         except RunwireError as exc:
             await abort_with(context, exc)
-        await self.serve(context, stream, EventSink(context, stream.format))
+        with hold:
+            await self.serve(context, stream, EventSink(context, stream.format))
 
     def stream_request(self, request: pb.StreamRequest) -> StreamRequest:
         """The HTTP edge's validation of the same parameters (``app.stream_request``)."""
@@ -211,11 +219,13 @@ class RunwireService:
             if not run_id:
                 raise ConfigError("session_id is required: it names the run to follow")
             await self.edge.gate.check_run(principal, run_id, "read")
+            hold = self.edge.quotas.stream(principal.token_id if principal else "")
         except RunwireError as exc:
             await abort_with(context, exc)
         sink = WeaveSink(context)
         try:
-            await self.serve(context, StreamRequest(run_id=run_id, format="streamweave"), sink)
+            with hold:
+                await self.serve(context, StreamRequest(run_id=run_id, format="streamweave"), sink)
         except asyncio.CancelledError:
             if not self.stopping:
                 self._cancel_run(principal, run_id)
@@ -242,6 +252,7 @@ class RunwireService:
     async def control(self, request: pb.ControlRequest, context: Context) -> pb.ControlReply:
         try:
             principal = self.principal(context)
+            limits.check_size(len(request.args.encode()), self.edge.settings.max_control_bytes, "the control args")
             args = _json_object(request.args, "args")
             sent = await send_control(
                 self.edge.bus, self.edge.gate, principal, request.run_id, request.command, args
@@ -316,6 +327,7 @@ def _json_object(text: str, name: str) -> dict[str, Any]:
         raise ConfigError(f"{name} is not valid JSON: {exc}") from None
     if not isinstance(value, dict):
         raise ConfigError(f"{name} must be a JSON object")
+    check_depth(value, name)
     return value
 
 

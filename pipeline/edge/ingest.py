@@ -17,7 +17,7 @@ from __future__ import annotations
 
 import msgspec
 
-from .. import envelope, protocols
+from .. import envelope, limits, protocols
 from ..bus.base import Bus
 from ..envelope import Event
 from ..errors import (
@@ -72,19 +72,26 @@ def decode_body(
     run_id: str,
     thread_id: str | None = None,
     context: RunContext | None = None,
+    *,
+    max_events: int = limits.EVENTS_PER_REQUEST,
 ) -> tuple[list[tuple[int, Event]], list[LineError]]:
     """Decode an NDJSON body for ``run_id``: ``(line, event)`` pairs and the errors of bad lines.
 
     Whether the events may be written is :func:`.authz.admit`'s decision.
     ``thread_id`` (the ``Thread-Id`` header or ``?thread_id=``) is stamped on
-    the run's own events that have none; one naming another thread is rejected.
+    the run's own events that have none; one naming another thread is rejected
+    (a thread id longer than :data:`pipeline.limits.ID_CHARS` refuses the request).
+    More than ``max_events`` lines or events refuse the whole body (BodyTooLarge).
     ``context`` (the ``Runwire-Run-Context`` header) makes the run a child:
     its own events that name no parent get the token's parent and root.
     """
+    if thread_id is not None and len(thread_id) > limits.ID_CHARS:
+        raise RequestError(f"the thread id is longer than {limits.ID_CHARS} characters")
     codec = protocols.ingest(format_name, run_id=run_id)
     events: list[tuple[int, Event]] = []
     errors: list[LineError] = []
     chunks = body.splitlines() if codec.line_based else [body]
+    limits.check_count(len(chunks), max_events, "the request")
     for number, line in enumerate(chunks, start=1):
         if not line.strip():
             continue
@@ -100,6 +107,7 @@ def decode_body(
                       for e in codec.close())
     except ProtocolError as exc:
         errors.append(line_error(len(chunks), exc))
+    limits.check_count(len(events), max_events, "the request")
     return events, errors
 
 
@@ -113,6 +121,8 @@ async def publish_body(
     format_name: str,
     thread_id: str | None = None,
     context: RunContext | None = None,
+    *,
+    max_events: int = limits.EVENTS_PER_REQUEST,
 ) -> IngestResult:
     """Decode a body posted to ``run_id``, admit its events (the write rule), publish them in order.
 
@@ -120,7 +130,7 @@ async def publish_body(
     caller has called :func:`.authz.authorize_write` for ``run_id``. Raises
     the replay log's or the bus's error (nothing published) when either is down.
     """
-    lined, errors = decode_body(body, format_name, run_id, thread_id, context)
+    lined, errors = decode_body(body, format_name, run_id, thread_id, context, max_events=max_events)
     admission = await admit(gate, principal, run_id, [event for _, event in lined])
     errors.extend(line_error(lined[index][0], exc) for index, exc in admission.refused)
     errors.sort(key=lambda error: error.line)

@@ -38,6 +38,8 @@ class StreamRequest(msgspec.Struct, kw_only=True, frozen=True):
     """Resume after this delivery seq (Last-Event-ID / ``?after=``); 0 = from the start."""
     live: bool = False
     """Join at the live position (``?after=live``): no history, the format's preamble first."""
+    holder: str = ""
+    """The token the stream is held for (its ``token_id``; "" with auth off): what quotas count."""
 
     @property
     def feed_key(self) -> FeedKey:

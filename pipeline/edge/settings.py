@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import msgspec
 
+from .. import limits
+
 
 class EdgeSettings(msgspec.Struct, kw_only=True, forbid_unknown_fields=True, frozen=True):
     """How one edge process serves its clients.
@@ -36,10 +38,18 @@ class EdgeSettings(msgspec.Struct, kw_only=True, forbid_unknown_fields=True, fro
     """How long one multiplexed bus read waits when no stream has news."""
     history_batch: int = 1000
     """Events per read while a client catches up."""
-    max_ingest_bytes: int = 16 * 1024 * 1024
-    """Largest HTTP ingest body accepted."""
-    max_control_bytes: int = 64 * 1024
-    """Largest control body accepted (a command and its arguments)."""
+    max_ingest_bytes: int = limits.REQUEST_BYTES
+    """Largest ingest request accepted: an HTTP ingest body, a Durable Streams append, a gRPC ``Ingest``."""
+    max_ingest_events: int = limits.EVENTS_PER_REQUEST
+    """Most events in one ingest request, of any entrance."""
+    max_control_bytes: int = limits.CONTROL_BYTES
+    """Largest control command accepted (HTTP body; gRPC ``Control`` args)."""
+    streams_per_token: int = 64
+    """Streams one token may hold open at once on this edge process, of every transport
+    (waiting ones included); past it: 429, WebSocket 1008, gRPC RESOURCE_EXHAUSTED."""
+    requests_per_socket: int = 8
+    """Chat responses (``send``/``resume``) one ``/v1/threads`` socket may stream at once;
+    one more closes the socket with 1008."""
     body_timeout_s: float = 60.0
     """Time a client has to send an ingest or control body (408 past it)."""
     refusal_floor_s: float = 0.05

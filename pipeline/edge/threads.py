@@ -21,6 +21,7 @@ from __future__ import annotations
 import time
 from collections.abc import Mapping
 
+import msgspec
 from starlette.requests import Request
 
 from .. import protocols
@@ -70,7 +71,10 @@ async def thread_stream(edge: Edge, request: Request) -> StreamRequest | None:
     principal = edge.gate.principal(request.headers, request.query_params)
     edge.gate.require_scope(principal, "read")
     run = await active_run(edge, principal, request.path_params["thread_id"])
-    return None if run is None else chat_stream(edge, run.run_id, request.query_params)
+    if run is None:
+        return None
+    stream = chat_stream(edge, run.run_id, request.query_params)
+    return msgspec.structs.replace(stream, holder=principal.token_id) if principal is not None else stream
 
 
 AI_SDK_HEADERS: dict[str, str] = dict(protocols.egress(AI_SDK).headers)

@@ -21,6 +21,7 @@ from ..errors import (
     CONN_DISCONNECTED,
     REQ_BAD_PARAMETER,
     AuthError,
+    QuotaExceeded,
     ReplayExpired,
     RequestError,
     RunFinished,
@@ -50,6 +51,8 @@ WS_CLOSE_EXPIRED = 4002
 """CONN-0002: the cursor is older than retention."""
 WS_CLOSE_NOT_PUBLISHED = 4404
 """CONN-0003: nobody published the run within the edge's wait."""
+CLOSE_POLICY = 1008
+"""Policy violation (RFC 6455 §7.4.1): a token over its quota, a socket over its request limit, a bad frame."""
 
 _AI_SDK_DONE = b"data: [DONE]\n\n"
 
@@ -266,7 +269,8 @@ async def refuse_websocket(websocket: WebSocket, exc: RunwireError) -> None:
     A refusal before the handshake is a bare HTTP 403 that the WebSocket API
     hides from scripts. The close code is 4000 + the HTTP status the same
     refusal gets over HTTP (4400 bad parameter, 4401 no valid token, 4403
-    missing scope, 4404 no such run); the reason is the ``KAI-STREAM-*``
+    missing scope, 4404 no such run) — but 1008 (policy violation) for a token
+    over its quota; the reason is the ``KAI-STREAM-*``
     code and message, cut to the 123 bytes a close frame allows.
     """
     code = exc.code or REQ_BAD_PARAMETER
@@ -276,4 +280,5 @@ async def refuse_websocket(websocket: WebSocket, exc: RunwireError) -> None:
     with contextlib.suppress(OSError, RuntimeError, WebSocketDisconnect):
         await websocket.accept(subprotocol=SUBPROTOCOL if SUBPROTOCOL in offered else None)
         await websocket.send_json({"type": "error", "code": code, "message": message})
-        await websocket.close(code=4000 + http_status(exc), reason=reason.encode()[:123].decode(errors="ignore"))
+        close = CLOSE_POLICY if isinstance(exc, QuotaExceeded) else 4000 + http_status(exc)
+        await websocket.close(code=close, reason=reason.encode()[:123].decode(errors="ignore"))

@@ -170,9 +170,13 @@ class ReplayLog(AsyncResource):
 
     @abstractmethod
     async def stream_reserve(
-        self, run_id: str, producer: tuple[str, int, int] | None, count: int, *, close: bool, hold_s: float
+        self, run_id: str, producer: tuple[str, int, int] | None, count: int, *, close: bool, hold_s: float,
+        digest: str = "",
     ) -> Reservation:
         """Decide a batch of ``count`` events (``producer`` = id, epoch, seq) and number it, atomically.
+
+        ``digest`` identifies the batch's bytes: a retry of the producer's latest
+        batch with other bytes is a ``conflict`` (:func:`~.producers.decide`).
 
         ``busy`` while another batch holds the stream (retry shortly), ``missing`` for a run that
         is not a stream, ``closed`` after a closing batch; an accepted batch holds the stream

@@ -100,8 +100,10 @@ CREATE TABLE IF NOT EXISTS ds_producers (
     epoch       bigint NOT NULL,
     last_seq    bigint NOT NULL,
     last_base   bigint NOT NULL,
+    last_digest text NOT NULL DEFAULT '',
     PRIMARY KEY (run_id, producer_id)
 );
+ALTER TABLE ds_producers ADD COLUMN IF NOT EXISTS last_digest text NOT NULL DEFAULT '';
 CREATE INDEX IF NOT EXISTS runs_thread ON runs (thread_id, updated_at) WHERE thread_id IS NOT NULL;
 """
 """Schema 2 added ``runs.thread_id``: ``ADD COLUMN IF NOT EXISTS`` migrates a schema-1 database."""
@@ -367,13 +369,14 @@ class PostgresLog(ReplayLog):
         return (int(rows[0][0]), bool(rows[0][1])) if rows else None
 
     async def stream_reserve(
-        self, run_id: str, producer: tuple[str, int, int] | None, count: int, *, close: bool, hold_s: float
+        self, run_id: str, producer: tuple[str, int, int] | None, count: int, *, close: bool, hold_s: float,
+        digest: str = "",
     ) -> Reservation:
         async with self._writer.lock:
             conn = await self._writer.get()
             try:
                 async with conn.transaction():
-                    return await self._reserve(conn, run_id, producer, count, close, hold_s)
+                    return await self._reserve(conn, run_id, producer, count, close, hold_s, digest)
             except psycopg.OperationalError as exc:
                 raise StoreUnavailable(f"PostgreSQL: {exc}") from exc
             except psycopg.Error as exc:
@@ -381,7 +384,7 @@ class PostgresLog(ReplayLog):
 
     async def _reserve(
         self, conn: psycopg.AsyncConnection[Any], run_id: str, producer: tuple[str, int, int] | None,
-        count: int, close: bool, hold_s: float,
+        count: int, close: bool, hold_s: float, digest: str = "",
     ) -> Reservation:
         row = await (await conn.execute(  # the row lock orders batches across edges
             "SELECT next_seq, closed, busy_until FROM ds_streams WHERE run_id = %s FOR UPDATE", (run_id,)
@@ -390,11 +393,13 @@ class PostgresLog(ReplayLog):
         state = None
         if row is not None and producer is not None:
             found = await (await conn.execute(
-                "SELECT epoch, last_seq, last_base FROM ds_producers WHERE run_id = %s AND producer_id = %s",
+                "SELECT epoch, last_seq, last_base, last_digest FROM ds_producers"
+                " WHERE run_id = %s AND producer_id = %s",
                 (run_id, producer[0]),
             )).fetchone()
-            state = ProducerState(epoch=found[0], last_seq=found[1], last_base=found[2]) if found else None
-        decision = reserve(stream, state, producer, time.time())
+            state = (ProducerState(epoch=found[0], last_seq=found[1], last_base=found[2], last_digest=found[3])
+                     if found else None)
+        decision = reserve(stream, state, producer, time.time(), digest)
         if decision.outcome == "append":
             await conn.execute(
                 "UPDATE ds_streams SET next_seq = %s, closed = closed OR %s, busy_until = %s WHERE run_id = %s",
@@ -402,10 +407,10 @@ class PostgresLog(ReplayLog):
             )
             if producer is not None:
                 await conn.execute(
-                    "INSERT INTO ds_producers VALUES (%s, %s, %s, %s, %s) ON CONFLICT (run_id, producer_id)"
+                    "INSERT INTO ds_producers VALUES (%s, %s, %s, %s, %s, %s) ON CONFLICT (run_id, producer_id)"
                     " DO UPDATE SET epoch = excluded.epoch, last_seq = excluded.last_seq,"
-                    " last_base = excluded.last_base",
-                    (run_id, producer[0], producer[1], producer[2], decision.base),
+                    " last_base = excluded.last_base, last_digest = excluded.last_digest",
+                    (run_id, producer[0], producer[1], producer[2], decision.base, digest),
                 )
         return decision
 

@@ -23,7 +23,9 @@ from typing import Literal
 
 import msgspec
 
-Outcome = Literal["append", "duplicate", "stale-epoch", "gap", "new-epoch-seq", "busy", "closed", "missing"]
+Outcome = Literal[
+    "append", "duplicate", "conflict", "stale-epoch", "gap", "new-epoch-seq", "busy", "closed", "missing"
+]
 
 
 class ProducerState(msgspec.Struct, kw_only=True):
@@ -32,6 +34,8 @@ class ProducerState(msgspec.Struct, kw_only=True):
     """Highest accepted Producer-Seq in ``epoch`` (-1 before the first)."""
     last_base: int = 0
     """The stream's next_seq before the producer's last accepted batch (its publisher seqs follow it)."""
+    last_digest: str = ""
+    """A digest of the producer's last accepted batch: a retry of it must be the same bytes."""
 
 
 class Reservation(msgspec.Struct, kw_only=True, frozen=True):
@@ -48,8 +52,14 @@ class Reservation(msgspec.Struct, kw_only=True, frozen=True):
     """A duplicate of the producer's latest batch (safe to re-publish with ``base``)."""
 
 
-def decide(state: ProducerState | None, epoch: int, seq: int) -> Reservation:
-    """The protocol's validation (§5.2.1) for a batch ``(epoch, seq)`` given the producer's state."""
+def decide(state: ProducerState | None, epoch: int, seq: int, digest: str = "") -> Reservation:
+    """The protocol's validation (§5.2.1) for a batch ``(epoch, seq)`` given the producer's state.
+
+    A retry of the producer's latest batch whose bytes differ from the accepted
+    one (``digest``) is a ``conflict``: one ``(producer, epoch, seq)`` names one
+    batch, so a different body under it is refused rather than acknowledged
+    and silently dropped.
+    """
     if state is None or epoch > state.epoch:
         if seq != 0:
             return Reservation(outcome="new-epoch-seq", epoch=epoch)
@@ -58,6 +68,8 @@ def decide(state: ProducerState | None, epoch: int, seq: int) -> Reservation:
         return Reservation(outcome="stale-epoch", epoch=state.epoch, last_seq=state.last_seq)
     if seq <= state.last_seq:
         latest = seq == state.last_seq
+        if latest and digest and state.last_digest and digest != state.last_digest:
+            return Reservation(outcome="conflict", epoch=epoch, last_seq=state.last_seq)
         return Reservation(outcome="duplicate", epoch=epoch, last_seq=state.last_seq,
                            base=state.last_base if latest else 0, last_of_producer=latest)
     if seq == state.last_seq + 1:
@@ -67,7 +79,7 @@ def decide(state: ProducerState | None, epoch: int, seq: int) -> Reservation:
 
 def reserve(
     stream: tuple[int, int, float] | None, state: ProducerState | None,
-    producer: tuple[str, int, int] | None, now: float,
+    producer: tuple[str, int, int] | None, now: float, digest: str = "",
 ) -> Reservation:
     """A batch's fate given the stream's ``(next_seq, closed, busy_until)`` row and its producer's state.
 
@@ -77,7 +89,8 @@ def reserve(
     if stream is None:
         return Reservation(outcome="missing")
     next_seq, closed, busy_until = stream
-    decision = decide(state, producer[1], producer[2]) if producer is not None else Reservation(outcome="append")
+    decision = (decide(state, producer[1], producer[2], digest) if producer is not None
+                else Reservation(outcome="append"))
     if decision.outcome != "append":
         return decision  # a duplicate is acknowledged even on a closed stream (the closing batch's retry)
     if closed:

@@ -40,7 +40,7 @@ from .producers import ProducerState, Reservation, reserve
 from .retention import split_retention, utc_now
 from .runmeta import RUN_COLUMNS, RunDelta, run_info, summarize, summarize_run, upsert_run_sql
 
-SCHEMA_VERSION = 3
+SCHEMA_VERSION = 4
 
 _EVENTS = """
 CREATE TABLE IF NOT EXISTS {name} (
@@ -103,6 +103,7 @@ CREATE TABLE IF NOT EXISTS ds_producers (
     epoch       INTEGER NOT NULL,
     last_seq    INTEGER NOT NULL,
     last_base   INTEGER NOT NULL,
+    last_digest TEXT NOT NULL DEFAULT '',
     PRIMARY KEY (run_id, producer_id)
 );
 """
@@ -230,6 +231,24 @@ def _migrate_from_2(conn: sqlite3.Connection) -> None:
         raise
 
 
+def _migrate_from_3(conn: sqlite3.Connection) -> None:
+    """Schema 3 → 4: Durable Streams producers remember their last batch's digest."""
+    conn.execute("BEGIN IMMEDIATE")
+    try:
+        if conn.execute("SELECT max(version) FROM schema_version").fetchone()[0] != 3:
+            conn.execute("COMMIT")  # another process migrated it meanwhile
+            return
+        columns = [row[1] for row in conn.execute("PRAGMA table_info(ds_producers)")]
+        if columns and "last_digest" not in columns:  # a file from before the table is made whole below
+            conn.execute("ALTER TABLE ds_producers ADD COLUMN last_digest TEXT NOT NULL DEFAULT ''")
+        conn.execute("UPDATE schema_version SET version = 4")
+        conn.execute("COMMIT")
+    except BaseException:
+        if conn.in_transaction:
+            conn.execute("ROLLBACK")
+        raise
+
+
 class SQLiteLog(ReplayLog):
     """The replay log in one SQLite file (or in memory)."""
 
@@ -282,6 +301,8 @@ class SQLiteLog(ReplayLog):
             _migrate_from_1(conn)
         if version in (1, 2):
             _migrate_from_2(conn)
+        if version in (1, 2, 3):
+            _migrate_from_3(conn)
         conn.executescript(_SCHEMA)
         if version is None:
             conn.execute("INSERT INTO schema_version VALUES (?)", (SCHEMA_VERSION,))
@@ -551,12 +572,14 @@ class SQLiteLog(ReplayLog):
         return None if row is None else (row[0], bool(row[1]))
 
     async def stream_reserve(
-        self, run_id: str, producer: tuple[str, int, int] | None, count: int, *, close: bool, hold_s: float
+        self, run_id: str, producer: tuple[str, int, int] | None, count: int, *, close: bool, hold_s: float,
+        digest: str = "",
     ) -> Reservation:
-        return await self._call(self._reserve, run_id, producer, count, close, hold_s)
+        return await self._call(self._reserve, run_id, producer, count, close, hold_s, digest)
 
     def _reserve(
-        self, run_id: str, producer: tuple[str, int, int] | None, count: int, close: bool, hold_s: float
+        self, run_id: str, producer: tuple[str, int, int] | None, count: int, close: bool, hold_s: float,
+        digest: str,
     ) -> Reservation:
         db = self._db
         db.execute("BEGIN IMMEDIATE")  # one writer across processes sharing the file
@@ -565,17 +588,18 @@ class SQLiteLog(ReplayLog):
                              (run_id,)).fetchone()
             state = None
             if row is not None and producer is not None:
-                found = db.execute("SELECT epoch, last_seq, last_base FROM ds_producers "
+                found = db.execute("SELECT epoch, last_seq, last_base, last_digest FROM ds_producers "
                                    "WHERE run_id = ? AND producer_id = ?", (run_id, producer[0])).fetchone()
-                state = ProducerState(epoch=found[0], last_seq=found[1], last_base=found[2]) if found else None
-            decision = reserve(row, state, producer, time.time())
+                state = (ProducerState(epoch=found[0], last_seq=found[1], last_base=found[2],
+                                       last_digest=found[3]) if found else None)
+            decision = reserve(row, state, producer, time.time(), digest)
             if decision.outcome == "append":
                 db.execute("UPDATE ds_streams SET next_seq = ?, closed = ?, busy_until = ? WHERE run_id = ?",
                            (decision.base + count, int(close or bool(row and row[1])),
                             time.time() + hold_s, run_id))
                 if producer is not None:
-                    db.execute("INSERT OR REPLACE INTO ds_producers VALUES (?, ?, ?, ?, ?)",
-                               (run_id, producer[0], producer[1], producer[2], decision.base))
+                    db.execute("INSERT OR REPLACE INTO ds_producers VALUES (?, ?, ?, ?, ?, ?)",
+                               (run_id, producer[0], producer[1], producer[2], decision.base, digest))
             db.execute("COMMIT")
         except BaseException:
             if db.in_transaction:

@@ -153,3 +153,30 @@ async def test_pipelined_batches_land_once_and_in_order(redis_url: str, tmp_path
     events = read.json()
     assert [e["payload"].get("text") for e in events[1:-1]] == texts
     assert [e["seq"] for e in events] == list(range(1, len(texts) + 3))
+
+
+@pytest.mark.parametrize("backend", ["sqlite", "postgres"])
+async def test_a_retry_with_a_different_body_is_refused_not_dropped(
+    memory_bus: Bus, tmp_path: Path, run_id: str, backend: str, request: pytest.FixtureRequest
+) -> None:
+    """Producer fencing (§5.2.1): one ``(producer, epoch, seq)`` names one batch. A "retry" of the
+    latest batch with other messages is 409 with the code — never acknowledged while its messages
+    are silently dropped — and the true retry is still 204; the stream holds the first batch only."""
+    url_of_log = f"sqlite:///{tmp_path / 'fence.db'}" if backend == "sqlite" else request.getfixturevalue("postgres_url")
+    first = json.dumps([message(run_id, "run.lifecycle"), message(run_id, text="kept")])
+    other = json.dumps([message(run_id, text="smuggled"), message(run_id, "run.lifecycle", state="done")])
+    async with open_store(url_of_log) as log, serve_edge(memory_bus, log) as edge, \
+            httpx.AsyncClient(timeout=10) as http:
+        url = f"{edge.url}/v1/ds/runs/{run_id}"
+        await http.put(url, headers=JSON_HEADERS)
+        accepted = await http.post(url, content=first, headers=producer(0))
+        changed = await http.post(url, content=other, headers=producer(0))
+        retried = await http.post(url, content=first, headers=producer(0))
+    assert accepted.status_code == 200
+    assert changed.status_code == 409 and changed.json()["code"] == "KAI-STREAM-REQ-0003"
+    assert "producer-expected-seq" not in changed.headers
+    assert retried.status_code == 204
+    async with memory_bus.consumer("check", "c") as consumer:
+        got = [envelope.decode(d.data) for d in await consumer.fetch(100, block_ms=100)]
+    texts = [e.payload_dict().get("text") for e in got if e.type == "text.delta"]
+    assert "smuggled" not in texts and texts.count("kept") >= 1

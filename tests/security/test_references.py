@@ -171,6 +171,33 @@ async def test_an_event_of_another_tenant_on_a_run_is_dead_lettered_not_written(
         await b.emit("text.delta", {"text": "two"})
         await b.finish()
     stats = await run_worker(redis_bus, store, group="g", name="w", burst=True)
-    assert stats.dead_lettered == 1
+    assert stats.dead_lettered == 1 and stats.foreign == 1
     texts = [e.payload_dict().get("text") for e in await read_all(redis_bus, run_b)]
     assert texts == ["one", "two", None]
+
+
+async def test_a_squatted_run_id_reads_nothing_of_the_other_tenant(redis_bus: Bus, store: ReplayLog) -> None:
+    """Run-id squatting, both orders. A posts first to an id B's bus publisher uses later: B's
+    events are dead-lettered (the run is A's) and A's stream holds A's events only. B publishes
+    first to an id A then posts to: A's write is refused and A's read is a 404."""
+    squatted, taken = new_id("squat"), new_id("taken")
+    async with Publisher(redis_bus) as pub_b:
+        await pub_b.run(taken, tenant="B").emit("text.delta", {"text": "B's first"})
+    await run_worker(redis_bus, store, group="g", name="w", burst=True)
+    async with serve_edge(redis_bus, store, EdgeSettings(secret=SECRET)) as edge, \
+            httpx.AsyncClient(base_url=edge.url, timeout=10) as http:
+        posted = await http.post(f"/v1/runs/{squatted}/events", headers=bearer("A"), content=ndjson(
+            event(squatted, 1, "run.lifecycle", {"state": "running"})))
+        assert posted.status_code == 200, posted.text
+        async with Publisher(redis_bus) as pub_b:
+            late = pub_b.run(squatted, tenant="B")
+            await late.emit("tool.start", {"call_id": "c1", "tool": "search", "input": {"q": "B's secret"}})
+            await late.finish()
+        stats = await run_worker(redis_bus, store, group="g", name="w", burst=True)
+        refused = await http.post(f"/v1/runs/{taken}/events", headers=bearer("A"), content=ndjson(
+            event(taken, 2, "text.delta", {"text": "A into B's"})))
+        read = await http.get(f"/v1/runs/{taken}/stream?detail=full", headers=bearer("A"))
+    assert stats.dead_lettered == 2 and stats.foreign == 2
+    assert {e.tenant for e in await read_all(redis_bus, squatted)} == {"A"}
+    assert refused.status_code == 403 and refused.json()["code"] == REFUSED
+    assert read.status_code == 404

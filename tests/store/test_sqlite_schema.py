@@ -49,7 +49,7 @@ async def test_a_schema_1_file_is_migrated_and_keeps_every_event(tmp_path: Path)
     assert info is not None and info.events == 4
     conn = sqlite3.connect(path)
     try:
-        assert conn.execute("SELECT max(version) FROM schema_version").fetchone() == (3,)
+        assert conn.execute("SELECT max(version) FROM schema_version").fetchone() == (4,)
         ddl = conn.execute("SELECT sql FROM sqlite_master WHERE name = 'events'").fetchone()[0]
         assert "WITHOUT ROWID" not in ddl
         assert conn.execute("SELECT count(*) FROM events").fetchone() == (5,)
@@ -94,7 +94,7 @@ async def test_a_schema_2_file_gains_thread_ids_and_keeps_its_runs(tmp_path: Pat
     assert listed == {"r1", "r2"}
     conn = sqlite3.connect(path)
     try:
-        assert conn.execute("SELECT max(version) FROM schema_version").fetchone() == (3,)
+        assert conn.execute("SELECT max(version) FROM schema_version").fetchone() == (4,)
     finally:
         conn.close()
 
@@ -122,3 +122,29 @@ async def test_a_postgres_schema_1_database_gains_thread_ids(postgres_url: str) 
             admin.execute(f"DROP SCHEMA IF EXISTS {schema} CASCADE")
     assert info is not None and (info.events, info.thread_id) == (2, "chat-1")
     assert listed == ["r1"] and version == (2,)
+
+
+async def test_a_schema_3_file_keeps_its_producers_and_fences_by_digest(tmp_path: Path) -> None:
+    """Schema 3 → 4: Durable Streams producers gain the digest of their last batch; a producer stored
+    before it (no digest) still dedupes its retry, and the next batch is fenced by its bytes."""
+    path = tmp_path / "v3.db"
+    async with open_store(f"sqlite:///{path}") as log:
+        await log.stream_create("s1")
+    conn = sqlite3.connect(path)
+    conn.executescript("""
+        CREATE TABLE ds_old AS SELECT run_id, producer_id, epoch, last_seq, last_base FROM ds_producers;
+        DROP TABLE ds_producers;
+        CREATE TABLE ds_producers (run_id TEXT NOT NULL, producer_id TEXT NOT NULL, epoch INTEGER NOT NULL,
+            last_seq INTEGER NOT NULL, last_base INTEGER NOT NULL, PRIMARY KEY (run_id, producer_id));
+        INSERT INTO ds_producers VALUES ('s1', 'p', 0, 0, 0);
+        UPDATE ds_streams SET next_seq = 1 WHERE run_id = 's1';
+        UPDATE schema_version SET version = 3;
+    """)
+    conn.commit()
+    conn.close()
+    async with open_store(f"sqlite:///{path}") as log:
+        retry = await log.stream_reserve("s1", ("p", 0, 0), 1, close=False, hold_s=0, digest="aaa")
+        nxt = await log.stream_reserve("s1", ("p", 0, 1), 1, close=False, hold_s=0, digest="bbb")
+        changed = await log.stream_reserve("s1", ("p", 0, 1), 1, close=False, hold_s=0, digest="ccc")
+        same = await log.stream_reserve("s1", ("p", 0, 1), 1, close=False, hold_s=0, digest="bbb")
+    assert (retry.outcome, nxt.outcome, changed.outcome, same.outcome) == ("duplicate", "append", "conflict", "duplicate")

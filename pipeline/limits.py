@@ -1,0 +1,47 @@
+"""Every size, depth and count runwire accepts from outside: one table, every entrance.
+
+HTTP ingest and control, Durable Streams appends, the WebSocket chat socket,
+gRPC ``Ingest`` and ``Control``, the publisher SDK and ``replay import`` all
+check their input against these numbers, with the same error family:
+``KAI-STREAM-REQ-0002`` (too large: 413, WebSocket close 1009, gRPC
+``RESOURCE_EXHAUSTED``) for bytes and counts, ``KAI-STREAM-REQ-0003`` or
+``KAI-STREAM-PROTO-0001`` for depth and ids. ``docs/security.md`` § Limits is
+this table in words; the edge's :class:`~pipeline.edge.settings.EdgeSettings`
+take their defaults from here, so a deployment tunes one place.
+
+This module imports nothing of runwire's but the error tree: the codec, the
+edge and the offline jobs all read it.
+"""
+
+from __future__ import annotations
+
+from typing import Final
+
+from .errors import BodyTooLarge
+
+FRAME_BYTES: Final = 1 << 20
+"""One encoded event, one JSONL line, one chat or WebSocket message: 1 MiB."""
+DEPTH: Final = 64
+"""Deepest JSON nesting of an event or a request body (the envelope object is level 1)."""
+ID_CHARS: Final = 256
+"""Longest run id, parent/root/child id, tenant, thread id, producer id or chat request id."""
+REQUEST_BYTES: Final = 16 * 1024 * 1024
+"""Largest ingest request: an HTTP ingest body, a Durable Streams append, one gRPC ``Ingest`` call."""
+EVENTS_PER_REQUEST: Final = 100_000
+"""Most events (lines, messages) in one ingest request of any entrance."""
+CONTROL_BYTES: Final = 64 * 1024
+"""Largest control command: the HTTP control body, a gRPC ``Control``'s ``args``."""
+HEADER_CHARS: Final = ID_CHARS
+"""Longest value of a header that names something (``Thread-Id``, ``Producer-Id``)."""
+
+
+def check_size(size: int, limit: int, what: str) -> None:
+    """BodyTooLarge (``KAI-STREAM-REQ-0002``) when ``size`` bytes are over ``limit``."""
+    if size > limit:
+        raise BodyTooLarge(f"{what} of {size} bytes is over the {limit}-byte limit")
+
+
+def check_count(count: int, limit: int, what: str) -> None:
+    """BodyTooLarge (``KAI-STREAM-REQ-0002``) when a request carries more than ``limit`` items."""
+    if count > limit:
+        raise BodyTooLarge(f"{what} carries more than {limit} events, the limit of one request")
