@@ -72,3 +72,9 @@ _default = MonotonicULID("evt_")
 def new_event_id() -> str:
     """A new ``evt_``-prefixed monotonic ULID from the process-wide generator."""
     return _default.new()
+
+
+def new_random_ulid(prefix: str = "") -> str:
+    """A ULID with 80 fresh random bits: unguessable from any other id (run ids handed to clients)."""
+    ms = int(time.time() * 1000)
+    return prefix + _encode(ms, 10) + _encode(int.from_bytes(os.urandom(10), "big"), 16)

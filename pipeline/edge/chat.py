@@ -55,7 +55,7 @@ from ..bus.base import ControlCommand
 from ..bus.requests import DEFAULT_CHANNEL, AgentRequest, consumer_alive, send_request
 from ..envelope import now_ts
 from ..errors import REQ_QUOTA, REQ_TOO_LARGE, RequestError, RunwireError
-from ..ulid import MonotonicULID, new_event_id
+from ..ulid import new_event_id, new_random_ulid
 from .auth import Principal
 from .authz import authorize_write
 from .context import Edge
@@ -67,7 +67,6 @@ from .threads import active_run, chat_stream
 from .transports import CLOSE_POLICY, refuse_websocket
 
 _json = msgspec.json.Encoder()
-_run_ids = MonotonicULID("run_")
 CLOSE_INVALID = CLOSE_POLICY
 CLOSE_TOO_BIG = 1009
 """RFC 6455 §7.4.1: a message too big to process (over :data:`pipeline.limits.FRAME_BYTES`)."""
@@ -215,7 +214,7 @@ class ChatSocket:
     async def send(self, frame: ClientFrame) -> None:
         assert frame.id is not None
         edge, principal = self.edge, self.principal
-        run_id = _run_ids.new()
+        run_id = new_random_ulid("run_")  # fresh randomness: not guessable from another chat's id
         await authorize_write(edge.gate, principal, run_id)
         if await active_run(edge, principal, frame.id) is not None:
             await self.reply(frame.request_id, "error", errorText="a response is already active for this chat")

@@ -68,7 +68,7 @@ def decode_offset(raw: str | None) -> int | None:
         return 0
     if raw == "now":
         return None
-    if len(raw) != OFFSET_DIGITS or not raw.isdigit():
+    if len(raw) != OFFSET_DIGITS or not (raw.isascii() and raw.isdigit()):
         raise ConfigError(f"bad offset {raw!r}: use -1, now, or a Stream-Next-Offset this edge returned")
     return int(raw)
 
@@ -76,7 +76,7 @@ def decode_offset(raw: str | None) -> int | None:
 def next_cursor(client: str | None) -> str:
     """The protocol's interval cursor (§10.1): never the client's own or lower, so CDN keys move on."""
     current = int((time.time() - CURSOR_EPOCH_S) // CURSOR_INTERVAL_S)
-    if client is not None and client.isdigit() and int(client) >= current:
+    if client is not None and client.isascii() and client.isdigit() and len(client) <= 19 and int(client) >= current:
         return str(int(client) + random.randint(1, 180))
     return str(current)
 
@@ -216,15 +216,24 @@ class DurableRead:
         session = StreamSession(self.edge.hub, stream, sink)
         sink.session = session
         try:
-            _final, gone, refused = await run_session(self.edge.hub, session, lambda d: watch_http(receive, d))
+            final, gone, refused = await run_session(self.edge.hub, session, lambda d: watch_http(receive, d))
         except Rotate:
-            gone, refused = False, None
+            final, gone, refused = None, False, None
         if gone:
             return
         with contextlib.suppress(OSError):
+            if final is not None and not sink.started:
+                # refused before anything was sent: a stateful format resumed mid-run needs the run's
+                # history from the start to prime its encoder, and nobody keeps it any more
+                error = msgspec.json.decode(final.payloads[0])
+                status = 410 if error.get("code") == CONN_REPLAY_EXPIRED else 503
+                await _json_error(status, error.get("message", ""), error.get("code", ""))(
+                    request.scope, receive, send)
+                return
             if isinstance(refused, RunEnded):
                 await sink.begin()
                 await sink.control(refused.seq, closed=True)
+            await sink.begin()
             await sink.finish()
 
 

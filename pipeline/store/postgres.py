@@ -495,4 +495,12 @@ class PostgresLog(ReplayLog):
             " AND NOT EXISTS (SELECT 1 FROM runs r WHERE r.run_id = o.run_id)",
             (moment - self.retention.unfinished,),
         )
+        await conn.execute(  # Durable Streams created and never written: their stream and producer rows
+            "DELETE FROM ds_streams s WHERE created_at <= %s"
+            " AND NOT EXISTS (SELECT 1 FROM runs r WHERE r.run_id = s.run_id)",
+            (moment - self.retention.unfinished,),
+        )
+        await conn.execute(
+            "DELETE FROM ds_producers p WHERE NOT EXISTS (SELECT 1 FROM ds_streams s WHERE s.run_id = p.run_id)"
+        )
         return SweepResult(runs=run_ids, events=deleted)

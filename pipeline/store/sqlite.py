@@ -694,4 +694,9 @@ class SQLiteLog(ReplayLog):
             "DELETE FROM run_owners WHERE created_at <= ? AND run_id NOT IN (SELECT run_id FROM runs)",
             (_epoch(now - self.retention.unfinished),),
         )
+        self._db.execute(  # Durable Streams created and never written: their stream and producer rows
+            "DELETE FROM ds_streams WHERE created_at <= ? AND run_id NOT IN (SELECT run_id FROM runs)",
+            (_epoch(now - self.retention.unfinished),),
+        )
+        self._db.execute("DELETE FROM ds_producers WHERE run_id NOT IN (SELECT run_id FROM ds_streams)")
         return SweepResult(runs=run_ids, events=deleted)

@@ -7,6 +7,7 @@ import json
 import time
 
 import httpx
+import pytest
 
 from pipeline.bus.base import Bus
 from pipeline.edge import EdgeSettings
@@ -182,3 +183,31 @@ async def test_sse_connections_end_after_their_age_so_a_cdn_can_collapse_readers
     assert took < 3
     assert controls[-1]["streamNextOffset"] == offset(3)
     assert "streamClosed" not in controls[-1]
+
+
+@pytest.mark.parametrize("format_name", ["agui", "ai-sdk"])
+@pytest.mark.parametrize("live", [None, "long-poll", "sse"])
+async def test_a_stateful_format_resumed_where_its_start_is_gone_is_410_on_every_read(
+    memory_bus: Bus, store: ReplayLog, run_id: str, format_name: str, live: str | None
+) -> None:
+    """AG-UI and the AI SDK resume mid-run by replaying the run from its start into their encoder;
+    when the start is kept nowhere, every read mode answers 410 with the code (never a 500)."""
+    await append(memory_bus, run_id, run_events(run_id, 4, start=5, end=None))
+    params = {"detail": "full", "offset": offset(6), "format": format_name, **({"live": live} if live else {})}
+    async with serve_edge(memory_bus, store) as edge, httpx.AsyncClient(timeout=10) as http:
+        response = await http.get(f"{edge.url}/v1/ds/runs/{run_id}", params=params)
+    assert response.status_code == 410
+    assert response.json()["code"] == "KAI-STREAM-CONN-0002"
+
+
+@pytest.mark.parametrize(("name", "value"), [("offset", "0000000000000000000²"), ("offset", "٠٠٠٠٠٠٠٠٠٠٠٠٠٠٠٠٠٠٠١"),
+                                            ("cursor", "¹²³")])
+async def test_offsets_and_cursors_are_ascii_digits_only(
+    memory_bus: Bus, store: ReplayLog, run_id: str, name: str, value: str
+) -> None:
+    """Superscript and other non-ASCII digits are not an offset (400), and a cursor of them is just not
+    the client's cursor — never a 500."""
+    await append(memory_bus, run_id, run_events(run_id, 3, end=None))
+    async with serve_edge(memory_bus, store) as edge, httpx.AsyncClient(timeout=10) as http:
+        response = await http.get(f"{edge.url}/v1/ds/runs/{run_id}", params={"detail": "full", name: value})
+    assert response.status_code == (400 if name == "offset" else 200)

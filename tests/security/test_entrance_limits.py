@@ -110,3 +110,17 @@ async def test_a_thread_id_over_the_id_limit_is_refused_at_ingest_not_dead_lette
         response = await http.post(f"/v1/runs/{run_id}/events", content=body, headers={"Thread-Id": "t" * 3000})
     assert response.status_code == 400 and response.json()["code"] == "KAI-STREAM-REQ-0001"
     assert await nothing_published(memory_bus)
+
+
+async def test_replay_import_refuses_a_timestamp_that_is_no_instant(store: ReplayLog) -> None:
+    """``replay import`` is an entrance too: month 13 passes the RFC 3339 pattern but is no instant;
+    the line is reported with its code and the valid lines around it are kept (so no later read of
+    the run meets it)."""
+    from pipeline.store.jsonl import import_jsonl
+
+    run_id = new_id("imp")
+    good = run_events(run_id, 3, end=None)
+    bad = envelope.encode(good[1]).replace(good[1].ts.encode(), b"2026-13-01T00:00:00.000Z")
+    report = await import_jsonl(store, [envelope.encode(good[0]), bad, envelope.encode(good[2])])
+    assert [(e.line, e.code, e.field) for e in report.errors] == [(2, "KAI-STREAM-PROTO-0001", "$.ts")]
+    assert [e.seq for e in await store.read(run_id, limit=10)] == [1, 3]

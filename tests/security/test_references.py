@@ -12,6 +12,10 @@ inputs, and B's tree would be rerouted under A's root.
 
 from __future__ import annotations
 
+import asyncio
+import uuid
+from pathlib import Path
+
 import httpx
 import pytest
 
@@ -115,15 +119,11 @@ async def test_a_spawn_claims_the_child_it_names_for_the_spawning_tenant(
     assert theirs.status_code == 403 and theirs.json()["code"] == REFUSED
 
 
-async def test_a_bus_publisher_cannot_pull_another_tenants_tree_into_its_own(
-    redis_bus: Bus, store: ReplayLog
-) -> None:
-    """On the bus no edge checks anything: B streams a tree (root, child), A spawns B's root and
-    B's child as its own children and claims B's root as its parent. The worker links none of it:
-    A's stream holds A's events only, B's tree is neither rerouted nor joined by A's events, and
-    every one of B's events reaches B's streams exactly once."""
+async def _pull_attempt(bus: Bus) -> tuple[str, str, str, str]:
+    """B streams a tree (root, child); A spawns B's root and B's child as its own children and
+    starts a run claiming B's child as its parent. Returns (root_b, child_b, run_a, intruder)."""
     root_b, child_b, run_a, intruder_id = new_id("rootb"), new_id("childb"), new_id("a"), new_id("intruder")
-    async with Publisher(redis_bus) as pub_b, Publisher(redis_bus) as pub_a:
+    async with Publisher(bus) as pub_b, Publisher(bus) as pub_a:
         b = pub_b.run(root_b, tenant="B")
         bc = pub_b.run(child_b, parent=b)
         a = pub_a.run(run_a, tenant="A")
@@ -139,22 +139,53 @@ async def test_a_bus_publisher_cannot_pull_another_tenants_tree_into_its_own(
         await bc.finish()
         await b.finish()
         await a.finish()
-    stats = await run_worker(redis_bus, store, group="g", name="w", burst=True)
-    assert stats.dead_lettered == 0
-    assert [e.payload_dict()["text"] for e in await read_all(redis_bus, intruder_id)] == ["written into B's tree"]
-    streamed_a = await read_all(redis_bus, run_a)
+    return root_b, child_b, run_a, intruder_id
+
+
+async def _nothing_pulled(bus: Bus, store: ReplayLog, runs: tuple[str, str, str, str]) -> None:
+    root_b, child_b, run_a, intruder_id = runs
+    assert [e.payload_dict()["text"] for e in await read_all(bus, intruder_id)] == ["written into B's tree"]
+    streamed_a = await read_all(bus, run_a)
     assert [e.type for e in streamed_a] == ["child.spawn", "child.spawn", "run.lifecycle"]
     assert {e.tenant for e in streamed_a} == {"A"}
-    tree_b = await read_all(redis_bus, root_b)
+    tree_b = await read_all(bus, root_b)
     assert {e.tenant for e in tree_b} == {"B"}
     assert [(e.child_id, e.type) for e in tree_b] == [
         (None, "text.delta"), (child_b, "text.delta"), (child_b, "tool.start"), (child_b, "text.delta"),
         (None, "text.delta"), (child_b, "run.lifecycle"), (None, "run.lifecycle"),
     ]
     assert all(e.root_id is None for e in tree_b)
-    assert {e.tenant for e in await read_all(redis_bus, child_b)} == {"B"}
-    logged = await store.read(run_a, limit=1000)
-    assert {e.tenant for e in logged} == {"A"}
+    assert {e.tenant for e in await read_all(bus, child_b)} == {"B"}
+    assert {e.tenant for e in await store.read(run_a, limit=1000)} == {"A"}
+
+
+async def test_a_bus_publisher_cannot_pull_another_tenants_tree_into_its_own(
+    redis_bus: Bus, store: ReplayLog
+) -> None:
+    """On the bus no edge checks anything. The worker links none of A's references to B's runs:
+    A's stream holds A's events only, B's tree is neither rerouted nor joined by A's events, and
+    every one of B's events reaches B's streams exactly once."""
+    runs = await _pull_attempt(redis_bus)
+    stats = await run_worker(redis_bus, store, group="g", name="w", burst=True)
+    assert stats.dead_lettered == 0
+    await _nothing_pulled(redis_bus, store, runs)
+
+
+@pytest.mark.slow
+async def test_the_kafka_worker_links_no_run_of_another_tenant_either(
+    kafka_url: str, tmp_path: Path, store: ReplayLog
+) -> None:
+    """The same attempt on Kafka, through the faust worker."""
+    from pipeline.bus import open_bus
+    from workers.faust_app import FaustWorker
+
+    prefix = f"r{uuid.uuid4().hex[:8]}"
+    async with open_bus(f"{kafka_url}?prefix={prefix}&session_timeout_ms=3000") as bus:
+        runs = await _pull_attempt(bus)
+        worker = FaustWorker(bus, store, group=f"{prefix}-g", name="f1", burst=True, data_dir=tmp_path / "data")
+        stats = await asyncio.wait_for(worker.run(), 60)
+        assert stats.dead_lettered == 0
+        await _nothing_pulled(bus, store, runs)
 
 
 async def test_an_event_of_another_tenant_on_a_run_is_dead_lettered_not_written(
@@ -201,3 +232,25 @@ async def test_a_squatted_run_id_reads_nothing_of_the_other_tenant(redis_bus: Bu
     assert {e.tenant for e in await read_all(redis_bus, squatted)} == {"A"}
     assert refused.status_code == 403 and refused.json()["code"] == REFUSED
     assert read.status_code == 404
+
+
+async def test_replay_play_cannot_write_into_another_tenants_run(redis_bus: Bus, store: ReplayLog) -> None:
+    """A logged run of tenant A whose events name B's run as their ``child_id`` (set by a client, or
+    logged before references were checked) is played in place: its "child" events go out as events
+    of B's run, and the workers refuse them — B's run holds B's events only."""
+    from pipeline.replay import play_run
+
+    run_a, run_b = new_id("a"), new_id("b")
+    async with Publisher(redis_bus) as pub_b:
+        b = pub_b.run(run_b, tenant="B")
+        await b.emit("text.delta", {"text": "B's own"})
+    await run_worker(redis_bus, store, group="g", name="w", burst=True)
+    await store.append([
+        event(run_a, 1, "run.lifecycle", {"state": "running"}, tenant="A"),
+        event(run_a, 2, "text.delta", {"text": "A as if B"}, child_id=run_b, tenant="A"),
+        event(run_a, 3, "run.lifecycle", {"state": "done"}, tenant="A"),
+    ])
+    sent = await play_run(store, redis_bus, run_a, speed=0)
+    stats = await run_worker(redis_bus, store, group="g", name="w", burst=True)
+    assert sent == 3 and stats.foreign >= 1
+    assert [(e.tenant, e.type) for e in await read_all(redis_bus, run_b)] == [("B", "text.delta")]

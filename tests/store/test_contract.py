@@ -338,3 +338,21 @@ async def test_append_streams_is_append_of_the_same_rows(store_url: str, clock: 
     assert (info.tenant, info.state, info.terminal, info.events) == ("acme", "done", True, 4)
     assert (info.input_tokens, info.output_tokens, info.last_seq) == (5, 2, 4)
     assert (child.parent_id, child.root_id, child.tenant, child.events) == ("sp", "sp", "acme", 2)
+
+
+async def test_a_stream_created_and_never_written_is_swept_with_its_producers(store_url: str) -> None:
+    """A Durable Streams ``PUT`` with no append leaves no run behind: after the unfinished-run retention
+    its stream row and its producers' rows go too (nothing grows with streams nobody writes)."""
+    from datetime import UTC, datetime
+
+    async with open_store(store_url) as log:
+        assert await log.stream_create("empty")
+        await log.stream_reserve("empty", ("p", 0, 0), 0, close=False, hold_s=0, digest="d")
+        assert await log.stream_state("empty") is not None
+        assert (await log.sweep(now=datetime.now(UTC) + timedelta(days=29))).runs == []
+        assert await log.stream_state("empty") is not None
+        await log.sweep(now=datetime.now(UTC) + timedelta(days=31))
+        assert await log.stream_state("empty") is None
+        assert await log.stream_create("empty")  # created afresh: its old producer state is gone
+        fresh = await log.stream_reserve("empty", ("p", 0, 0), 0, close=False, hold_s=0, digest="other")
+    assert fresh.outcome == "append"
