@@ -35,8 +35,8 @@ from starlette.responses import Response
 
 from .. import envelope, limits
 from ..envelope import Event
-from ..errors import REQ_BAD_BODY, RequestError, RunwireError
-from ..store.producers import Reservation
+from ..errors import REQ_BAD_BODY, REQ_QUOTA, RequestError, RunwireError
+from ..store.producers import MAX_PRODUCERS, Reservation
 from ..ulid import new_event_id
 from .auth import Principal
 from .authz import admit, authorize_write
@@ -210,6 +210,10 @@ def _answer(decision: Reservation, producer: tuple[str, int, int] | None, tail: 
         return _plain(404, "no such stream: create it with PUT first")
     if outcome == "new-epoch-seq":
         return _plain(400, "a new Producer-Epoch starts at Producer-Seq 0")
+    if outcome == "too-many-producers":
+        return Response(_json.encode({
+            "error": f"this stream already has {MAX_PRODUCERS} producers; reuse a Producer-Id",
+            "code": REQ_QUOTA}), status_code=429, media_type=JSON, headers={**headers, "retry-after": "1"})
     if outcome == "conflict":
         headers["producer-seq"] = str(decision.last_seq)
         return Response(_json.encode({

@@ -399,7 +399,12 @@ class PostgresLog(ReplayLog):
             )).fetchone()
             state = (ProducerState(epoch=found[0], last_seq=found[1], last_base=found[2], last_digest=found[3])
                      if found else None)
-        decision = reserve(stream, state, producer, time.time(), digest)
+        producers = 0
+        if row is not None and producer is not None and state is None:
+            counted = await (await conn.execute(
+                "SELECT count(*) FROM ds_producers WHERE run_id = %s", (run_id,))).fetchone()
+            producers = int(counted[0]) if counted else 0
+        decision = reserve(stream, state, producer, time.time(), digest, producers)
         if decision.outcome == "append":
             await conn.execute(
                 "UPDATE ds_streams SET next_seq = %s, closed = closed OR %s, busy_until = %s WHERE run_id = %s",

@@ -24,8 +24,12 @@ from typing import Literal
 import msgspec
 
 Outcome = Literal[
-    "append", "duplicate", "conflict", "stale-epoch", "gap", "new-epoch-seq", "busy", "closed", "missing"
+    "append", "duplicate", "conflict", "stale-epoch", "gap", "new-epoch-seq", "busy", "closed", "missing",
+    "too-many-producers",
 ]
+MAX_PRODUCERS = 64
+"""Producers one stream remembers at most: a new producer past it is refused (429), so a writer
+can't grow the producers table of a stream without bound by inventing ``Producer-Id`` values."""
 
 
 class ProducerState(msgspec.Struct, kw_only=True):
@@ -79,15 +83,18 @@ def decide(state: ProducerState | None, epoch: int, seq: int, digest: str = "") 
 
 def reserve(
     stream: tuple[int, int, float] | None, state: ProducerState | None,
-    producer: tuple[str, int, int] | None, now: float, digest: str = "",
+    producer: tuple[str, int, int] | None, now: float, digest: str = "", producers: int = 0,
 ) -> Reservation:
     """A batch's fate given the stream's ``(next_seq, closed, busy_until)`` row and its producer's state.
 
     ``append`` carries the base to number from; the caller then stores
     ``next_seq = base + count`` and the producer's new state in the same transaction.
+    ``producers`` is how many producers the stream has (counted only for a new one).
     """
     if stream is None:
         return Reservation(outcome="missing")
+    if producer is not None and state is None and producers >= MAX_PRODUCERS:
+        return Reservation(outcome="too-many-producers")
     next_seq, closed, busy_until = stream
     decision = (decide(state, producer[1], producer[2], digest) if producer is not None
                 else Reservation(outcome="append"))

@@ -592,7 +592,10 @@ class SQLiteLog(ReplayLog):
                                    "WHERE run_id = ? AND producer_id = ?", (run_id, producer[0])).fetchone()
                 state = (ProducerState(epoch=found[0], last_seq=found[1], last_base=found[2],
                                        last_digest=found[3]) if found else None)
-            decision = reserve(row, state, producer, time.time(), digest)
+            producers = 0
+            if row is not None and producer is not None and state is None:
+                producers = db.execute("SELECT count(*) FROM ds_producers WHERE run_id = ?", (run_id,)).fetchone()[0]
+            decision = reserve(row, state, producer, time.time(), digest, producers)
             if decision.outcome == "append":
                 db.execute("UPDATE ds_streams SET next_seq = ?, closed = ?, busy_until = ? WHERE run_id = ?",
                            (decision.base + count, int(close or bool(row and row[1])),

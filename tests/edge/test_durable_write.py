@@ -180,3 +180,25 @@ async def test_a_retry_with_a_different_body_is_refused_not_dropped(
         got = [envelope.decode(d.data) for d in await consumer.fetch(100, block_ms=100)]
     texts = [e.payload_dict().get("text") for e in got if e.type == "text.delta"]
     assert "smuggled" not in texts and texts.count("kept") >= 1
+
+
+async def test_a_stream_remembers_a_bounded_number_of_producers(
+    memory_bus: Bus, store: ReplayLog, run_id: str
+) -> None:
+    """Producer ids are the writer's to invent, so a stream keeps at most ``MAX_PRODUCERS`` of them:
+    a new one past it is 429 with the quota code; the producers it has go on."""
+    from pipeline.store.producers import MAX_PRODUCERS
+
+    async with serve_edge(memory_bus, store) as edge, httpx.AsyncClient(timeout=10) as http:
+        url = f"{edge.url}/v1/ds/runs/{run_id}"
+        await http.put(url, headers=JSON_HEADERS)
+        statuses = []
+        for index in range(MAX_PRODUCERS + 1):
+            batch = json.dumps([message(run_id, text=f"m{index}")])
+            statuses.append((await http.post(url, content=batch, headers=producer(0, name=f"p{index}"))).status_code)
+        over = await http.post(url, content=json.dumps([message(run_id)]), headers=producer(0, name="late"))
+        known = await http.post(url, content=json.dumps([message(run_id)]), headers=producer(1, name="p0"))
+    assert statuses[:MAX_PRODUCERS] == [200] * MAX_PRODUCERS and statuses[-1] == 429
+    assert over.status_code == 429 and over.json()["code"] == "KAI-STREAM-REQ-0005"
+    assert over.headers["retry-after"] == "1"
+    assert known.status_code == 200
