@@ -76,6 +76,11 @@ def is_loopback(host: str) -> bool:
               envvar="RUNWIRE_CLIENT_QUEUE_BYTES", help="Per-client queue bound in bytes; past it deltas are dropped, reasoning first.")
 @click.option("--client-queue-events", default=2048, show_default=True, type=click.IntRange(min=8),
               envvar="RUNWIRE_CLIENT_QUEUE_EVENTS", help="Per-client queue bound in frames; past it deltas are dropped, reasoning first.")
+@click.option("--streams-per-token", default=64, show_default=True, type=click.IntRange(min=1),
+              envvar="RUNWIRE_STREAMS_PER_TOKEN", help="Streams one token may hold open at once (then 429).")
+@click.option("--requests-per-socket", default=8, show_default=True, type=click.IntRange(min=1),
+              envvar="RUNWIRE_REQUESTS_PER_SOCKET",
+              help="Chat responses one /v1/threads socket may stream at once (then close 1008).")
 def edge(
     bus: str,
     store: str,
@@ -88,6 +93,8 @@ def edge(
     unpublished_wait_s: float,
     client_queue_bytes: int,
     client_queue_events: int,
+    streams_per_token: int,
+    requests_per_socket: int,
 ) -> None:
     """Serve runs over SSE, WebSocket and NDJSON with exact resume, ingest, control and a live page."""
     from pipeline.edge import EdgeSettings
@@ -107,6 +114,8 @@ def edge(
         unpublished_wait_s=unpublished_wait_s,
         client_queue_bytes=client_queue_bytes,
         client_queue_events=client_queue_events,
+        streams_per_token=streams_per_token,
+        requests_per_socket=requests_per_socket,
     )
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s %(levelname)s %(message)s")
     redact_logs()
