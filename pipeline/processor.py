@@ -24,6 +24,11 @@ stream's previous writer may have been another process.
 no terminal ``run.lifecycle`` gets one, ``state=error`` with the reason
 "no events for Ns (agent presumed dead)", so every stream ends
 (:meth:`Processor.tick`). Streams that ended are dropped from memory.
+
+Longer than ~400 lines: this is the worker's per-event path — fan-in,
+ownership, sequencing and shaping of each event into each destination —
+kept in one class on purpose, since every hand-off between objects here is
+paid once per event and destination (docs/workers.md, CPU per event).
 """
 
 from __future__ import annotations
@@ -47,7 +52,7 @@ from .envelope import (
 )
 from .errors import MalformedFrame, WriteRefused
 from .fanin import ANY_TENANT, Misrooted, ParentMap
-from .sequencing import Sequencer, SequencerState
+from .sequencing import Sequencer, SequencerState, owns
 from .shaping import WINDOW_MS, DeltaCoalescer, ts_millis
 from .ulid import MonotonicULID
 
@@ -385,21 +390,15 @@ class Processor:
 
     def _check_owner(self, state: SequencerState, event: Event) -> None:
         """The run's first writer's tenant owns it: another tenant's event is refused (dead-lettered)."""
-        if not state.owned:
-            state.owned, state.tenant = True, event.tenant
-        elif state.tenant != event.tenant:
+        if not owns(state, event.tenant):
             self.stats.foreign += 1
             raise WriteRefused(f"{event.type} of tenant {event.tenant!r} written to run {event.run_id!r}, "
                                f"which belongs to tenant {state.tenant!r}")
 
     def _same_tenant(self, ancestors: list[str], tenant: str | None) -> list[str]:
         """The ancestors up to the first run of another tenant (fan-in never crosses tenants)."""
-        streams = self._streams
         for index, ancestor in enumerate(ancestors):
-            state = streams[ancestor].state
-            if not state.owned:
-                state.owned, state.tenant = True, tenant
-            elif state.tenant != tenant:
+            if not owns(self._streams[ancestor].state, tenant):
                 self.stats.foreign += 1
                 return ancestors[:index]
         return ancestors

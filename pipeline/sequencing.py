@@ -44,6 +44,14 @@ class SequencerState(msgspec.Struct, kw_only=True, omit_defaults=True):
     """The tenant that owns the run (its first writer's); another tenant's event is refused."""
 
 
+def owns(state: SequencerState, tenant: str | None) -> bool:
+    """Whether the stream's run is ``tenant``'s: the first event written to it decides, once."""
+    if not state.owned:
+        state.owned, state.tenant = True, tenant
+        return True
+    return state.tenant == tenant
+
+
 _encoder = msgspec.msgpack.Encoder()
 _decoder = msgspec.msgpack.Decoder(SequencerState)
 
