@@ -79,6 +79,23 @@ async def redis_bus(redis_url: str) -> AsyncIterator[Bus]:
 
 
 @pytest.fixture
+def postgres_schema_url(postgres_url: str) -> Iterator[str]:
+    """A PostgreSQL replay log of this test's own: a fresh schema on the session's server, dropped after.
+
+    Tests that look at the whole log (a worker's sweep for silent runs, listings) must not see
+    what earlier tests left in a shared database.
+    """
+    import psycopg
+
+    schema = f"t_{uuid.uuid4().hex[:12]}"
+    with psycopg.connect(postgres_url, autocommit=True) as conn:
+        conn.execute(f"CREATE SCHEMA {schema}")
+    yield f"{postgres_url}{'&' if '?' in postgres_url else '?'}options=-csearch_path%3D{schema}"
+    with psycopg.connect(postgres_url, autocommit=True) as conn:
+        conn.execute(f"DROP SCHEMA IF EXISTS {schema} CASCADE")
+
+
+@pytest.fixture
 async def store(tmp_path: Path) -> AsyncIterator[ReplayLog]:
     """A fresh SQLite replay log."""
     async with open_store(f"sqlite:///{tmp_path / 'replay.db'}") as opened:

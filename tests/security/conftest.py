@@ -17,15 +17,7 @@ def store_url(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[str]:
     if request.param == "sqlite":
         yield f"sqlite:///{tmp_path / 'replay.db'}"
         return
-    import psycopg
-
-    base: str = request.getfixturevalue("postgres_url")
-    schema = f"t_{uuid.uuid4().hex[:12]}"
-    with psycopg.connect(base, autocommit=True) as conn:
-        conn.execute(f"CREATE SCHEMA {schema}")
-    yield f"{base}?options=-csearch_path%3D{schema}"
-    with psycopg.connect(base, autocommit=True) as conn:
-        conn.execute(f"DROP SCHEMA IF EXISTS {schema} CASCADE")
+    yield request.getfixturevalue("postgres_schema_url")
 
 
 

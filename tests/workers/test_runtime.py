@@ -22,7 +22,7 @@ async def store(request: pytest.FixtureRequest, tmp_path) -> AsyncIterator[Repla
     if request.param == "sqlite":
         url = f"sqlite:///{tmp_path}/replay.db"
     else:
-        url = request.getfixturevalue("postgres_url")
+        url = request.getfixturevalue("postgres_schema_url")  # its own: the successor sweeps the whole log
     async with open_store(url) as log:
         yield log
 
