@@ -7,11 +7,11 @@ from collections import defaultdict
 from collections.abc import Sequence
 
 from pipeline.checkpoint import newest_checkpoint, settle_windows
-from pipeline.envelope import DELTA_TYPES, Event, replace
+from pipeline.envelope import DELTA_TYPES, Event, replace, ts_ms
 from pipeline.fanin import ParentMap, fan_in
 from pipeline.processor import Processor
 from pipeline.sequencing import Sequencer
-from pipeline.shaping import DeltaCoalescer, shape, ts_millis
+from pipeline.shaping import DeltaCoalescer, shape
 from tests.workers.events import BASE, RunScript
 
 
@@ -198,7 +198,7 @@ def test_tick_closes_a_quiet_window_after_its_end() -> None:
     coalescer = DeltaCoalescer()
     event = replace(run.text("bye", 0), seq=1)
     coalescer.feed(event)
-    start = ts_millis(event.ts)
+    start = ts_ms(event.ts)
     assert coalescer.tick(start + 99) == []
     assert texts(coalescer.tick(start + 100)) == "bye"
     assert not coalescer.pending
