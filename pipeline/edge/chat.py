@@ -52,7 +52,6 @@ from .context import Edge
 from .frames import Frame
 from .session import Overflowed, Sink, StreamSession
 from .threads import active_run, chat_stream
-from .transports import refuse_websocket
 
 _json = msgspec.json.Encoder()
 _run_ids = MonotonicULID("run_")
@@ -251,10 +250,6 @@ class ChatSocket:
 async def serve_chat(edge: Edge, websocket: WebSocket) -> None:
     """``WS /v1/threads``: accept (or refuse like every stream: 4401 and an error frame), then serve
     the socket until it closes."""
-    try:
-        principal = edge.gate.principal(websocket.headers, websocket.query_params)
-    except RunwireError as exc:
-        await refuse_websocket(websocket, exc)
-        return
+    principal = edge.gate.principal(websocket.headers, websocket.query_params)
     await websocket.accept()
     await ChatSocket(edge, websocket, principal).serve()
