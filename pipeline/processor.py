@@ -291,7 +291,7 @@ class Processor:
             own.state.terminal = True
         if ancestors:
             # each copy: the ancestor's run, the originating child, and the ancestor's
-            # own parent/root links (see fanin.fan_in); the root's copy has none
+            # own parent/root links; the root's copy has none
             root = ancestors[-1]
             for index in range(len(ancestors) - 1):
                 self._admit(streams[ancestors[index]], event, source, outputs, now,
