@@ -16,7 +16,6 @@
     ├── UnknownRun               KAI-STREAM-RUN-0001: no such run (or not the tenant's) (final)
     │   └── RunNotPublished      KAI-STREAM-RUN-0003: nothing published within the edge's wait
     ├── RunFinished              KAI-STREAM-RUN-0002: control for a run that has ended (final)
-    ├── BackpressureError        KAI-STREAM-BUF-0001: client can't keep up (final for the connection)
     ├── BusError                 the bus failed
     │   ├── BusUnavailable       connection lost/refused, timeout      (retriable)
     │   └── DeliveryTimeout      publisher gave up after its deadline (final; names what was not delivered)
@@ -177,12 +176,6 @@ class RunNotPublished(UnknownRun):
     """A stream asked for a run that nobody published within the edge's ``unpublished_wait_s``."""
 
     code = RUN_NOT_PUBLISHED
-
-
-class BackpressureError(RunwireError):
-    """A client could not take even control events; it is disconnected and may resume."""
-
-    code = BUF_DROP
 
 
 class BusError(_Redacted):

@@ -35,7 +35,7 @@ from collections.abc import Iterable
 
 from msgspec.structs import replace as replace_struct
 
-from .envelope import ChildSpawn, Event, replace
+from .envelope import ChildSpawn, Event
 
 MAX_DEPTH = 64
 """A parent chain longer than this is cut (guards against a cycle in bad input)."""
@@ -141,30 +141,6 @@ class ParentMap:
         if root is not None and root not in seen:
             chain.append(root)
         return chain
-
-
-def fan_in(event: Event, ancestors: list[str]) -> list[Event]:
-    """The copies of ``event`` for each ancestor's stream (parent first).
-
-    A copy has ``run_id`` = the ancestor, ``child_id`` = the originating run,
-    and the ancestor's own parent/root link, so every event in a stream
-    describes that stream's run.
-    """
-    origin = event.child_id or event.run_id
-    root = ancestors[-1] if ancestors else None
-    copies: list[Event] = []
-    for index, ancestor in enumerate(ancestors):
-        is_root = index == len(ancestors) - 1
-        copies.append(
-            replace(
-                event,
-                run_id=ancestor,
-                child_id=origin,
-                parent_id=None if is_root else ancestors[index + 1],
-                root_id=None if is_root else root,
-            )
-        )
-    return copies
 
 
 class Misrooted(Exception):

@@ -33,30 +33,13 @@ worker's checkpoint (:class:`ShaperState`), so a successor resumes them exactly.
 from __future__ import annotations
 
 from collections.abc import Callable, Iterable
-from datetime import datetime
 
 import msgspec
 
-from .envelope import Event, ReasoningDelta, TextDelta, TextPayload, replace
+from .envelope import Event, ReasoningDelta, TextDelta, TextPayload, replace, ts_ms
 
 WINDOW_MS = 100
 """§4 R1's aggregation window: at most 10 shaped deltas per second per (child, type)."""
-
-
-_last_ts: tuple[str, int] = ("", 0)
-
-
-def ts_millis(ts: str) -> int:
-    """Milliseconds since the epoch of an RFC 3339 timestamp (fast path for shaping).
-
-    Consecutive deltas mostly share a millisecond string, so the last one is cached.
-    """
-    global _last_ts
-    if _last_ts[0] == ts:
-        return _last_ts[1]
-    millis = int(datetime.fromisoformat(ts).timestamp() * 1000)
-    _last_ts = (ts, millis)
-    return millis
 
 
 class Window(msgspec.Struct, kw_only=True):
@@ -119,7 +102,7 @@ class DeltaCoalescer:
                 out.extend(self._close(_always))
             out.append(event)
             return
-        now = ts_millis(event.ts)
+        now = ts_ms(event.ts)
         if self._first_end <= now and windows:
             out.extend(self._close(lambda window: window.end_ms <= now))
         child = event.child_id

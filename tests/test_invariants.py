@@ -545,10 +545,43 @@ async def test_invariant_5_bad_input_is_dead_lettered_or_refused_and_the_run_goe
     ]
 
 
+async def test_invariant_5_every_timestamp_ingest_accepts_is_delivered_not_dead_lettered(
+    redis_url: str, tmp_path: Path
+) -> None:
+    """Invariant 5: what HTTP ingest accepts (200) a worker must carry, not dead-letter later.
+    RFC 3339 §5.6 lets ``T`` and ``Z`` be lowercase; ingest and the worker read ``ts`` with one
+    parser, so a lowercase ``z``, a lowercase ``t``, an offset and nanoseconds all reach the client."""
+    run_id = unique("ts-forms")
+    stamps = [
+        "2026-11-24T10:00:00.000z",
+        "2026-11-24t10:00:00.050Z",
+        "2026-11-24T11:00:00.100+01:00",
+        "2026-11-24T10:00:00.150000001z",
+    ]
+    lines = [_koder(run_id, 1, "run.lifecycle", {"state": "running"}, ts=stamps[0])]
+    lines += [
+        _koder(run_id, seq, "tool.start", {"call_id": f"c{seq}", "tool": "t"}, ts=stamps[seq - 1])
+        for seq in (2, 3, 4)
+    ]
+    lines.append(_koder(run_id, 5, "run.lifecycle", {"state": "done"}))
+    async with pipeline(redis_url, sqlite_url(tmp_path)) as pipe, httpx.AsyncClient(timeout=60) as http:
+        response = await http.post(f"{pipe.edge.url}/v1/runs/{run_id}/events", content=b"\n".join(lines))
+        assert response.status_code == 200, response.text
+        seen = decoded(await sse(http, f"{pipe.edge.url}/v1/runs/{run_id}/stream?detail=full"))
+        dead = [d.reason for d in await pipe.bus.dead_letters()]
+
+    assert [(e["type"], e["seq"]) for e in seen] == [
+        ("run.lifecycle", 1), ("tool.start", 2), ("tool.start", 3), ("tool.start", 4), ("run.lifecycle", 5)
+    ]
+    assert [e["ts"] for e in seen[:4]] == stamps  # carried verbatim
+    assert dead == []
+
+
 def _koder(run_id: str, seq: int, type: str, payload: dict[str, Any], **extra: Any) -> bytes:
     """One line of HTTP ingest in the canonical (koder) format."""
+    extra.setdefault("ts", envelope.now_ts())
     return envelope.encode(envelope.make(
-        type, payload, id=f"evt_01JX{seq:022d}", ts=envelope.now_ts(), run_id=run_id, seq=seq, **extra
+        type, payload, id=f"evt_01JX{seq:022d}", run_id=run_id, seq=seq, **extra
     ))
 
 

@@ -22,7 +22,7 @@ import logging
 from collections.abc import AsyncIterator
 from datetime import datetime
 from pathlib import Path
-from typing import Any
+from typing import Any, cast
 
 import msgspec
 from starlette.applications import Starlette
@@ -30,8 +30,8 @@ from starlette.requests import HTTPConnection, Request
 from starlette.responses import FileResponse, JSONResponse, Response, StreamingResponse
 from starlette.routing import Mount, Route, WebSocketRoute
 from starlette.staticfiles import StaticFiles
-from starlette.types import Receive, Scope, Send
-from starlette.websockets import WebSocket
+from starlette.types import ExceptionHandler, Receive, Scope, Send
+from starlette.websockets import WebSocket, WebSocketState
 
 from .. import protocols
 from ..bus.base import Bus
@@ -76,7 +76,7 @@ _json = msgspec.json.Encoder()
 
 
 def error_response(exc: RunwireError) -> JSONResponse:
-    """A RunwireError as a JSON error body with the right status."""
+    """A RunwireError as a JSON error body with the right status (the one mapping: see :func:`refusal`)."""
     status = http_status(exc)
     body: dict[str, Any] = {"error": str(exc)}
     code = exc.code or (REQ_BAD_PARAMETER if status == 400 else None)
@@ -86,6 +86,19 @@ def error_response(exc: RunwireError) -> JSONResponse:
     if isinstance(exc, QuotaExceeded):
         headers = {"retry-after": str(exc.retry_after_s)}
     return JSONResponse(body, status_code=status, headers=headers)
+
+
+async def refusal(conn: HTTPConnection, exc: Exception) -> Response | None:
+    """The app's one handler of :class:`RunwireError`: whatever endpoint raises it, before it has
+    answered, the client gets :func:`error_response` over HTTP, or :func:`refuse_websocket`'s
+    error frame and close code over a WebSocket not yet accepted."""
+    assert isinstance(exc, RunwireError)
+    if not isinstance(conn, WebSocket):
+        return error_response(exc)
+    if conn.application_state is not WebSocketState.CONNECTING:
+        raise exc  # mid-session: the session's own error, as any other
+    await refuse_websocket(conn, exc)
+    return None
 
 
 def json_response(data: Any, status: int = 200) -> Response:
@@ -125,12 +138,8 @@ class StreamEndpoint:
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         request = Request(scope, receive)
-        try:
-            stream = await authorize_stream(self.edge, request)
-            hold = self.edge.quotas.stream(stream.holder)
-        except RunwireError as exc:
-            await error_response(exc)(scope, receive, send)
-            return
+        stream = await authorize_stream(self.edge, request)
+        hold = self.edge.quotas.stream(stream.holder)
         accept = request.headers.get("accept", "")
         sse = NDJSON_MEDIA_TYPE not in accept
         headers = dict(protocols.egress(stream.format).headers)
@@ -145,12 +154,8 @@ class ThreadStreamEndpoint:
         self.edge = edge
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
-        try:
-            stream = await thread_stream(self.edge, Request(scope, receive))
-            hold = self.edge.quotas.stream(stream.holder) if stream is not None else None
-        except RunwireError as exc:
-            await error_response(exc)(scope, receive, send)
-            return
+        stream = await thread_stream(self.edge, Request(scope, receive))
+        hold = self.edge.quotas.stream(stream.holder) if stream is not None else None
         if stream is None or hold is None:
             await Response(status_code=204)(scope, receive, send)
             return
@@ -176,13 +181,8 @@ def chat_endpoint(edge: Edge) -> Any:
 
 def websocket_endpoint(edge: Edge) -> Any:
     async def endpoint(websocket: WebSocket) -> None:
-        try:
-            stream = await authorize_stream(edge, websocket)
-            hold = edge.quotas.stream(stream.holder)
-        except RunwireError as exc:
-            await refuse_websocket(websocket, exc)
-            return
-        with hold:
+        stream = await authorize_stream(edge, websocket)
+        with edge.quotas.stream(stream.holder):
             await serve_websocket(edge.hub, websocket, stream)
 
     return endpoint
@@ -192,17 +192,14 @@ def websocket_endpoint(edge: Edge) -> Any:
 def ingest_endpoint(edge: Edge) -> Any:
     async def endpoint(request: Request) -> Response:
         run_id = request.path_params["run_id"]
-        try:
-            principal = edge.gate.principal(request.headers, request.query_params)
-            await authorize_write(edge.gate, principal, run_id)
-            body = await bounded_body(
-                request, edge.settings.max_ingest_bytes, timeout_s=edge.settings.body_timeout_s, what="ingest"
-            )
-            format_name = resolve_format(request.query_params.get("format"), body)
-            token = request.headers.get(CONTEXT_HEADER)
-            context = RunContext.parse(token) if token else None
-        except RunwireError as exc:
-            return error_response(exc)
+        principal = edge.gate.principal(request.headers, request.query_params)
+        await authorize_write(edge.gate, principal, run_id)
+        body = await bounded_body(
+            request, edge.settings.max_ingest_bytes, timeout_s=edge.settings.body_timeout_s, what="ingest"
+        )
+        format_name = resolve_format(request.query_params.get("format"), body)
+        token = request.headers.get(CONTEXT_HEADER)
+        context = RunContext.parse(token) if token else None
         thread_id = request.headers.get("thread-id") or request.query_params.get("thread_id") or None
         try:
             result = await publish_body(
@@ -236,14 +233,11 @@ def control_request(body: bytes) -> ControlRequest:
 def control_endpoint(edge: Edge) -> Any:
     async def endpoint(request: Request) -> Response:
         run_id = request.path_params["run_id"]
-        try:
-            principal = edge.gate.principal(request.headers, request.query_params)
-            body = control_request(await bounded_body(
-                request, edge.settings.max_control_bytes, timeout_s=edge.settings.body_timeout_s, what="control"
-            ))
-            command = await send_control(edge.bus, edge.gate, principal, run_id, body.command, body.args)
-        except RunwireError as exc:
-            return error_response(exc)
+        principal = edge.gate.principal(request.headers, request.query_params)
+        body = control_request(await bounded_body(
+            request, edge.settings.max_control_bytes, timeout_s=edge.settings.body_timeout_s, what="control"
+        ))
+        command = await send_control(edge.bus, edge.gate, principal, run_id, body.command, body.args)
         return json_response({"id": command.id, "command": command.command}, status=202)
 
     return endpoint
@@ -278,20 +272,17 @@ async def list_runs(
 def runs_endpoint(edge: Edge) -> Any:
     async def endpoint(request: Request) -> Response:
         query = request.query_params
-        try:
-            principal = edge.gate.principal(request.headers, query)
-            visible = await list_runs(
-                edge,
-                principal,
-                tenant=query.get("tenant"),
-                state=query.get("state"),
-                since=parse_time(query.get("since"), "since"),
-                until=parse_time(query.get("until"), "until"),
-                limit=list_limit(query.get("limit")),
-                thread_id=query.get("thread_id") or None,
-            )
-        except RunwireError as exc:
-            return error_response(exc)
+        principal = edge.gate.principal(request.headers, query)
+        visible = await list_runs(
+            edge,
+            principal,
+            tenant=query.get("tenant"),
+            state=query.get("state"),
+            since=parse_time(query.get("since"), "since"),
+            until=parse_time(query.get("until"), "until"),
+            limit=list_limit(query.get("limit")),
+            thread_id=query.get("thread_id") or None,
+        )
         return json_response({"runs": visible})
 
     return endpoint
@@ -305,14 +296,11 @@ def parse_time(value: str | None, name: str = "time") -> datetime | None:
 def export_endpoint(edge: Edge) -> Any:
     async def endpoint(request: Request) -> Response:
         run_id = request.path_params["run_id"]
-        try:
-            principal = edge.gate.principal(request.headers, request.query_params)
-            await edge.gate.check_run(principal, run_id, "read")
-            format_name = _choice(request.query_params.get("format", "koder"), tuple(protocols.EGRESS), "format")
-            if await edge.store.run(run_id) is None:
-                raise UnknownRun(f"no run {run_id!r} in the replay log")
-        except RunwireError as exc:
-            return error_response(exc)
+        principal = edge.gate.principal(request.headers, request.query_params)
+        await edge.gate.check_run(principal, run_id, "read")
+        format_name = _choice(request.query_params.get("format", "koder"), tuple(protocols.EGRESS), "format")
+        if await edge.store.run(run_id) is None:
+            raise UnknownRun(f"no run {run_id!r} in the replay log")
         return StreamingResponse(_export(edge.store, run_id, format_name), media_type=NDJSON_MEDIA_TYPE)
 
     return endpoint
@@ -347,11 +335,8 @@ def ops_routes(edge: Edge) -> list[Route]:
         return JSONResponse({"ok": not problems, **problems}, status_code=status)
 
     async def metrics(request: Request) -> Response:
-        try:
-            principal = edge.gate.principal(request.headers, request.query_params)
-            edge.gate.require_scope(principal, "ops")
-        except RunwireError as exc:
-            return error_response(exc)
+        principal = edge.gate.principal(request.headers, request.query_params)
+        edge.gate.require_scope(principal, "ops")
         return Response(edge.metrics.render(), media_type="text/plain; version=0.0.4")
 
     return [
@@ -364,11 +349,8 @@ def ops_routes(edge: Edge) -> list[Route]:
 def page_routes(edge: Edge) -> list[Route | Mount]:
     def page(name: str) -> Any:
         async def endpoint(request: Request) -> Response:
-            try:
-                principal: Principal | None = edge.gate.principal(request.headers, request.query_params)
-                edge.gate.require_scope(principal, "read")
-            except RunwireError as exc:
-                return error_response(exc)
+            principal: Principal | None = edge.gate.principal(request.headers, request.query_params)
+            edge.gate.require_scope(principal, "read")
             return FileResponse(STATIC / name, media_type="text/html")
 
         return endpoint
@@ -404,12 +386,12 @@ def create_app(bus: Bus, store: ReplayLog, settings: EdgeSettings | None = None)
         Route("/v1/runs/{run_id}/events.jsonl", export_endpoint(edge)),
         Route("/v1/runs/{run_id}/control", control_endpoint(edge), methods=["POST"]),
         Route("/v1/threads/{thread_id}/stream", ThreadStreamEndpoint(edge)),
-        Route("/v1/ds/runs/{run_id}", DurableRead(edge, authorize_stream, error_response), methods=["GET", "HEAD"]),
-        Route("/v1/ds/runs/{run_id}", DurableWrite(edge, error_response).endpoint, methods=["PUT", "POST"]),
+        Route("/v1/ds/runs/{run_id}", DurableRead(edge, authorize_stream), methods=["GET", "HEAD"]),
+        Route("/v1/ds/runs/{run_id}", DurableWrite(edge).endpoint, methods=["PUT", "POST"]),
         WebSocketRoute("/v1/threads", chat_endpoint(edge)),
         *ops_routes(edge),
         *page_routes(edge),
     ]
-    app = Starlette(routes=routes, lifespan=lifespan)
+    app = Starlette(routes=routes, lifespan=lifespan, exception_handlers={RunwireError: cast(ExceptionHandler, refusal)})
     app.state.edge = edge
     return app

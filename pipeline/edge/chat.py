@@ -64,7 +64,7 @@ from .params import check_depth
 from .quotas import Hold
 from .session import Overflowed, Sink, StreamSession
 from .threads import active_run, chat_stream
-from .transports import CLOSE_POLICY, refuse_websocket
+from .transports import CLOSE_POLICY
 
 _json = msgspec.json.Encoder()
 CLOSE_INVALID = CLOSE_POLICY
@@ -295,10 +295,6 @@ class ChatSocket:
 async def serve_chat(edge: Edge, websocket: WebSocket) -> None:
     """``WS /v1/threads``: accept (or refuse like every stream: 4401 and an error frame), then serve
     the socket until it closes."""
-    try:
-        principal = edge.gate.principal(websocket.headers, websocket.query_params)
-    except RunwireError as exc:
-        await refuse_websocket(websocket, exc)
-        return
+    principal = edge.gate.principal(websocket.headers, websocket.query_params)
     await websocket.accept()
     await ChatSocket(edge, websocket, principal).serve()

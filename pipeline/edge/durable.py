@@ -35,7 +35,7 @@ from starlette.requests import HTTPConnection, Request
 from starlette.responses import Response
 from starlette.types import Receive, Scope, Send
 
-from ..errors import CONN_REPLAY_EXPIRED, ConfigError, ReplayExpired, RunwireError, UnknownRun
+from ..errors import CONN_REPLAY_EXPIRED, ConfigError, ReplayExpired, UnknownRun
 from .clients import ClientQueue
 from .context import Edge
 from .feed import FeedKey
@@ -54,7 +54,6 @@ SAFETY = {"x-content-type-options": "nosniff", "cross-origin-resource-policy": "
 _json = msgspec.json.Encoder()
 
 Authorize = Callable[[Edge, HTTPConnection], Awaitable[StreamRequest]]
-ErrorResponse = Callable[[RunwireError], Response]
 
 
 def encode_offset(seq: int) -> str:
@@ -94,24 +93,19 @@ class Chunk(msgspec.Struct, kw_only=True):
 class DurableRead:
     """``GET`` and ``HEAD`` on ``/v1/ds/runs/{run_id}``."""
 
-    def __init__(self, edge: Edge, authorize: Authorize, error_response: ErrorResponse) -> None:
+    def __init__(self, edge: Edge, authorize: Authorize) -> None:
         self.edge = edge
         self.authorize = authorize
-        self.error_response = error_response
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         request = Request(scope, receive)
-        try:
-            stream = await self.authorize(self.edge, request)
-            after = decode_offset(request.query_params.get("offset"))
-            live = request.query_params.get("live")
-            if live not in (None, "long-poll", "sse"):
-                raise ConfigError(f"unknown live mode {live!r}; use long-poll or sse")
-            found = await self.position(stream)
-            hold = self.edge.quotas.stream(stream.holder if live is not None else "")
-        except RunwireError as exc:
-            await self.error_response(exc)(scope, receive, send)
-            return
+        stream = await self.authorize(self.edge, request)
+        after = decode_offset(request.query_params.get("offset"))
+        live = request.query_params.get("live")
+        if live not in (None, "long-poll", "sse"):
+            raise ConfigError(f"unknown live mode {live!r}; use long-poll or sse")
+        found = await self.position(stream)
+        hold = self.edge.quotas.stream(stream.holder if live is not None else "")
         start = found.tail if after is None else after
         stream = msgspec.structs.replace(stream, after=start, live=after is None)
         with hold:  # a live read (long-poll, SSE) holds one of the token's streams while it waits

@@ -41,7 +41,7 @@ from ..ulid import new_event_id
 from .auth import Principal
 from .authz import admit, authorize_write
 from .context import Edge
-from .durable import JSON, SAFETY, ErrorResponse, encode_offset
+from .durable import JSON, SAFETY, encode_offset
 from .ingest import decode_body, resolve_format
 from .params import bounded_body, canonical_int
 from .resume import probe
@@ -56,24 +56,20 @@ _json = msgspec.json.Encoder()
 class DurableWrite:
     """``PUT`` and ``POST`` on ``/v1/ds/runs/{run_id}``."""
 
-    def __init__(self, edge: Edge, error_response: ErrorResponse) -> None:
+    def __init__(self, edge: Edge) -> None:
         self.edge = edge
-        self.error_response = error_response
 
     async def endpoint(self, request: Request) -> Response:
         run_id = request.path_params["run_id"]
         edge = self.edge
-        try:
-            principal = edge.gate.principal(request.headers, request.query_params)
-            await authorize_write(edge.gate, principal, run_id)
-            body = await bounded_body(request, edge.settings.max_ingest_bytes,
-                                      timeout_s=edge.settings.body_timeout_s, what="append")
-            _check_content_type(request, body)
-            if request.method == "PUT":
-                return await self.create(request, run_id, body, principal)
-            return await self.append(request, run_id, body, principal)
-        except RunwireError as exc:
-            return self.error_response(exc)
+        principal = edge.gate.principal(request.headers, request.query_params)
+        await authorize_write(edge.gate, principal, run_id)
+        body = await bounded_body(request, edge.settings.max_ingest_bytes,
+                                  timeout_s=edge.settings.body_timeout_s, what="append")
+        _check_content_type(request, body)
+        if request.method == "PUT":
+            return await self.create(request, run_id, body, principal)
+        return await self.append(request, run_id, body, principal)
 
     async def create(self, request: Request, run_id: str, body: bytes, principal: Principal | None) -> Response:
         state = await self.edge.store.stream_state(run_id)

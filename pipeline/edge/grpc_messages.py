@@ -31,6 +31,10 @@ WEAVE = "grpc-weave"
 """Cache keys of the two renderings (a feed's frames may be read by both RPCs)."""
 
 
+_IDS = ("child_id", "parent_id", "root_id", "tenant", "thread_id")
+"""The envelope's optional string fields: ``""`` in an ``Event`` stands for absent."""
+
+
 class _Envelope(msgspec.Struct, kw_only=True):
     """The canonical JSON envelope with its payload and ``ext`` left as raw JSON."""
 
@@ -41,11 +45,13 @@ class _Envelope(msgspec.Struct, kw_only=True):
     seq: int
     payload: msgspec.Raw
     child_id: str | None = None
-    ext: msgspec.Raw | None = None
+    ext: msgspec.Raw = msgspec.field(default_factory=msgspec.Raw)
+    """Empty when absent (msgspec decodes ``Raw`` only outside a union)."""
     span: tuple[int, int] | None = None
     parent_id: str | None = None
     root_id: str | None = None
     tenant: str | None = None
+    thread_id: str | None = None
 
 
 _envelope = msgspec.json.Decoder(_Envelope)
@@ -55,19 +61,18 @@ _json = msgspec.json.Encoder()
 def event_message(frame: Frame) -> bytes:
     """A ``koder`` frame (one canonical envelope) as a serialized ``Event``."""
     env = _envelope.decode(frame.payloads[0])
+    ext = bytes(env.ext)
     message = pb.Event(
         id=env.id,
         ts=env.ts,
         type=env.type,
         run_id=env.run_id,
-        child_id=env.child_id or "",
         seq=env.seq,
         payload=bytes(env.payload).decode(),
-        parent_id=env.parent_id or "",
-        root_id=env.root_id or "",
-        tenant=env.tenant or "",
-        ext=bytes(env.ext).decode() if env.ext is not None else "",
+        ext="" if ext == b"null" else ext.decode(),
     )
+    for name in _IDS:
+        setattr(message, name, getattr(env, name) or "")
     if env.span is not None:
         message.span.first, message.span.last = env.span
     return message.SerializeToString()
@@ -119,6 +124,7 @@ class _Line(msgspec.Struct, kw_only=True, omit_defaults=True):
     parent_id: str | None = None
     root_id: str | None = None
     tenant: str | None = None
+    thread_id: str | None = None
 
 
 def _raw_json(text: str, default: bytes | None) -> msgspec.Raw | None:
@@ -143,12 +149,9 @@ def event_line(message: pb.Event) -> bytes:
         run_id=message.run_id,
         seq=message.seq,
         payload=payload,
-        child_id=message.child_id or None,
         ext=_raw_json(message.ext, None),
         span=(message.span.first, message.span.last) if message.HasField("span") else None,
-        parent_id=message.parent_id or None,
-        root_id=message.root_id or None,
-        tenant=message.tenant or None,
+        **{name: getattr(message, name) or None for name in _IDS},
     )
     return _json.encode(line)
 

@@ -29,9 +29,10 @@ client) and written with an identity serializer.
 from __future__ import annotations
 
 import asyncio
+import functools
 import logging
-from collections.abc import AsyncIterator
-from typing import Any, NoReturn
+from collections.abc import AsyncIterator, Awaitable, Callable
+from typing import Any, NoReturn, TypeVar
 
 import grpc
 import msgspec
@@ -80,6 +81,7 @@ ERROR_CODE_KEY = "runwire-error-code"
 FAILED_STAGE = "EXECUTION_STAGE_FAILED"
 
 Context = grpc.aio.ServicerContext[Any, Any]
+_R = TypeVar("_R")
 
 
 def status_of(exc: RunwireError) -> grpc.StatusCode:
@@ -167,16 +169,12 @@ class RunwireService:
 
     # ---- streams ----------------------------------------------------------
     async def stream(self, request: pb.StreamRequest, context: Context) -> None:
-        try:
-            principal = self.principal(context)
-            if not request.run_id:
-                raise ConfigError("run_id is required")
-            await self.edge.gate.check_run(principal, request.run_id, "read")
-            stream = self.stream_request(request)
-            hold = self.edge.quotas.stream(principal.token_id if principal else "")
-        except RunwireError as exc:
-            await abort_with(context, exc)
-        with hold:
+        principal = self.principal(context)
+        if not request.run_id:
+            raise ConfigError("run_id is required")
+        await self.edge.gate.check_run(principal, request.run_id, "read")
+        stream = self.stream_request(request)
+        with self.edge.quotas.stream(principal.token_id if principal else ""):
             await self.serve(context, stream, EventSink(context, stream.format))
 
     def stream_request(self, request: pb.StreamRequest) -> StreamRequest:
@@ -214,14 +212,11 @@ class RunwireService:
     async def stream_weave(self, request: pb.WeaveRequest, context: Context) -> None:
         """The StreamWeave RPC for the run named by ``session_id``."""
         run_id = request.session_id
-        try:
-            principal = self.principal(context)
-            if not run_id:
-                raise ConfigError("session_id is required: it names the run to follow")
-            await self.edge.gate.check_run(principal, run_id, "read")
-            hold = self.edge.quotas.stream(principal.token_id if principal else "")
-        except RunwireError as exc:
-            await abort_with(context, exc)
+        principal = self.principal(context)
+        if not run_id:
+            raise ConfigError("session_id is required: it names the run to follow")
+        await self.edge.gate.check_run(principal, run_id, "read")
+        hold = self.edge.quotas.stream(principal.token_id if principal else "")
         sink = WeaveSink(context)
         try:
             with hold:
@@ -250,23 +245,14 @@ class RunwireService:
 
     # ---- unary and client-streaming calls ----------------------------------
     async def control(self, request: pb.ControlRequest, context: Context) -> pb.ControlReply:
-        try:
-            principal = self.principal(context)
-            limits.check_size(len(request.args.encode()), self.edge.settings.max_control_bytes, "the control args")
-            args = _json_object(request.args, "args")
-            sent = await send_control(
-                self.edge.bus, self.edge.gate, principal, request.run_id, request.command, args
-            )
-        except RunwireError as exc:
-            await abort_with(context, exc)
+        principal = self.principal(context)
+        limits.check_size(len(request.args.encode()), self.edge.settings.max_control_bytes, "the control args")
+        args = _json_object(request.args, "args")
+        sent = await send_control(self.edge.bus, self.edge.gate, principal, request.run_id, request.command, args)
         return pb.ControlReply(id=sent.id, command=sent.command)
 
     async def ingest(self, messages: AsyncIterator[pb.Event], context: Context) -> pb.IngestReply:
-        try:
-            principal = self.principal(context)
-            return await Ingestion(self.edge, principal).run(messages)
-        except RunwireError as exc:
-            await abort_with(context, exc)
+        return await Ingestion(self.edge, self.principal(context)).run(messages)
 
     async def list_runs(self, request: pb.ListRunsRequest, context: Context) -> pb.ListRunsReply:
         try:
@@ -282,35 +268,47 @@ class RunwireService:
             )
         except ValueError as exc:
             await abort(context, grpc.StatusCode.INVALID_ARGUMENT, str(exc))
-        except RunwireError as exc:
-            await abort_with(context, exc)
         return pb.ListRunsReply(runs=[run_info(r) for r in runs])
 
     # ---- registration -------------------------------------------------------
     def handlers(self) -> tuple[grpc.GenericRpcHandler, ...]:
         weave = grpc.unary_stream_rpc_method_handler(
-            self.stream_weave, request_deserializer=pb.WeaveRequest.FromString, response_serializer=_raw
+            _refusing(self.stream_weave), request_deserializer=pb.WeaveRequest.FromString, response_serializer=_raw
         )
         runwire = grpc.method_handlers_generic_handler(SERVICE, {
             "Stream": grpc.unary_stream_rpc_method_handler(
-                self.stream, request_deserializer=pb.StreamRequest.FromString, response_serializer=_raw
+                _refusing(self.stream), request_deserializer=pb.StreamRequest.FromString, response_serializer=_raw
             ),
             "StreamWeave": weave,
             "Control": grpc.unary_unary_rpc_method_handler(
-                self.control, request_deserializer=pb.ControlRequest.FromString,
+                _refusing(self.control), request_deserializer=pb.ControlRequest.FromString,
                 response_serializer=pb.ControlReply.SerializeToString,
             ),
             "Ingest": grpc.stream_unary_rpc_method_handler(
-                self.ingest, request_deserializer=pb.Event.FromString,
+                _refusing(self.ingest), request_deserializer=pb.Event.FromString,
                 response_serializer=pb.IngestReply.SerializeToString,
             ),
             "ListRuns": grpc.unary_unary_rpc_method_handler(
-                self.list_runs, request_deserializer=pb.ListRunsRequest.FromString,
+                _refusing(self.list_runs), request_deserializer=pb.ListRunsRequest.FromString,
                 response_serializer=pb.ListRunsReply.SerializeToString,
             ),
         })
         loom = grpc.method_handlers_generic_handler(LOOM_SERVICE, {"StreamWeave": weave})
         return runwire, loom
+
+
+def _refusing(handler: Callable[[Any, Context], Awaitable[_R]]) -> Callable[[Any, Context], Awaitable[_R]]:
+    """``handler`` with the service's one error mapping: a :class:`RunwireError` it raises ends
+    the call with :func:`status_of`'s status, its ``KAI-STREAM-*`` code leading the message."""
+
+    @functools.wraps(handler)
+    async def call(request: Any, context: Context) -> _R:
+        try:
+            return await handler(request, context)
+        except RunwireError as exc:
+            await abort_with(context, exc)
+
+    return call
 
 
 def _raw(data: bytes) -> bytes:

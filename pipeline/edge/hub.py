@@ -26,6 +26,7 @@ import msgspec
 from .. import envelope
 from ..bus.base import Bus, StreamKey
 from ..envelope import Event, RunLifecycle, RunLifecyclePayload
+from ..redaction import redact_text
 from ..store.base import ReplayLog
 from ..ulid import new_event_id
 from .clients import ClientQueue
@@ -36,6 +37,8 @@ from .resume import first_covered, history, probe
 from .settings import EdgeSettings
 
 log = logging.getLogger(__name__)
+READ_RETRY_S = 0.5
+"""Pause between failed reads of the bus."""
 _json = msgspec.json.Encoder()
 
 
@@ -196,6 +199,7 @@ class Hub:
 
     # ---- the one reader -----------------------------------------------
     async def _read_loop(self) -> None:
+        failing_since: float | None = None  # reads failing since (None: working); logged once per change
         while True:
             if not self.streams:
                 self._wake.clear()
@@ -204,10 +208,17 @@ class Hub:
             cursors = {key: stream.cursor for key, stream in self.streams.items()}
             try:
                 batch = await self.bus.tail(cursors, block_ms=self.settings.tail_block_ms)
-            except Exception:  # the bus is retried; clients keep their connections meanwhile
+            except Exception as exc:  # the bus is retried; clients keep their connections meanwhile
                 self.metrics.bus_errors.inc()
-                await asyncio.sleep(0.5)
+                if failing_since is None:
+                    failing_since = time.monotonic()
+                    log.warning("edge hub: reading the bus failed (%s); retrying every %g s, clients stay "
+                                "connected", redact_text(str(exc) or type(exc).__name__), READ_RETRY_S)
+                await asyncio.sleep(READ_RETRY_S)
                 continue
+            if failing_since is not None:
+                log.info("edge hub: reading the bus again after %.1f s", time.monotonic() - failing_since)
+                failing_since = None
             batch = await self._fill_holes(batch)
             try:
                 self.dispatch(batch)

@@ -24,8 +24,9 @@ FAILED                ``run.lifecycle`` error / aborted,     0
 ====================  =====================================  ==================
 
 ``partial_result`` is ``{"type": "text", "data_json": <the final answer>}``
-— the text of the run's last turn that produced text, written as seed
-001's example writes it (``"data_json":"The sum is 4"``); a run without text
+— the text of the run's last turn that produced text, written as the
+StreamWeave RPC's curl example writes it (HTTP/SSE Implementation:
+``"data_json":"The sum is 4"``); a run without text
 reports its last tool output as ``{"type": "structured", "data_json":
 <JSON>}``. GUARDRAIL_CHECK and SCHEMA_DISCOVERY have no canonical source
 and are not emitted. Deltas inside a turn produce no frames: this is a

@@ -13,7 +13,7 @@ import msgspec
 
 from .. import envelope
 from ..envelope import Event
-from ..errors import LineError, MalformedFrame, ProtocolError, line_error
+from ..errors import LineError, ProtocolError, line_error
 from .base import ReplayLog
 
 
@@ -49,11 +49,9 @@ def decode_line(number: int, line: bytes) -> tuple[Event, bytes] | LineError:
     """One JSONL line → the event and its canonical bytes, or the line's error."""
     try:
         event = envelope.decode(line)
-        envelope.parse_ts(event.ts)  # a real instant, as the workers require: nothing imported breaks a read
+        envelope.ts_ms(event.ts)  # a real instant, as the workers require: nothing imported breaks a read
     except ProtocolError as exc:
         return line_error(number, exc)
-    except ValueError as exc:
-        return line_error(number, MalformedFrame(f"ts {event.ts!r} is not a valid instant: {exc}", field="$.ts"))
     return event, envelope.encode(event)
 
 

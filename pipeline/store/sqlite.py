@@ -22,8 +22,9 @@ import asyncio
 import functools
 import sqlite3
 import time
-from collections.abc import AsyncIterator, Callable, Sequence
+from collections.abc import AsyncIterator, Callable, Iterator, Sequence
 from concurrent.futures import ThreadPoolExecutor
+from contextlib import contextmanager
 from datetime import UTC, datetime
 from itertools import chain, repeat
 from operator import attrgetter
@@ -190,17 +191,65 @@ def _moment(value: float | None) -> datetime | None:
     return None if value is None else datetime.fromtimestamp(value, UTC)
 
 
+@contextmanager
+def _transaction(db: sqlite3.Connection) -> Iterator[None]:
+    """``BEGIN IMMEDIATE`` … ``COMMIT``, rolled back on any error, which is then re-raised.
+
+    ``IMMEDIATE`` takes the write lock up front: one writer across the
+    processes sharing the file. Every write transaction of this module is one
+    of these, so none can hide its first error (see :func:`_undo`).
+    """
+    db.execute("BEGIN IMMEDIATE")
+    try:
+        yield
+        db.execute("COMMIT")
+    except BaseException as error:
+        _undo(db, error, "ROLLBACK")
+        raise
+
+
+@contextmanager
+def _savepoint(db: sqlite3.Connection, name: str) -> Iterator[Callable[[], object]]:
+    """``SAVEPOINT name`` … ``RELEASE name``; yields ``undo`` (``ROLLBACK TO name``: the work
+    since the savepoint is dropped, the transaction goes on). On an error the work is
+    dropped the same way and the error re-raised."""
+    db.execute(f"SAVEPOINT {name}")
+    try:
+        yield lambda: db.execute(f"ROLLBACK TO {name}")
+        db.execute(f"RELEASE {name}")
+    except BaseException as error:
+        _undo(db, error, f"ROLLBACK TO {name}", f"RELEASE {name}")
+        raise
+
+
+def _undo(db: sqlite3.Connection, error: BaseException, *statements: str) -> None:
+    """Roll back after ``error`` without ever raising in its place.
+
+    SQLite ends the transaction itself on some errors (the file can't grow —
+    disk full —, an I/O error, a trigger's ``RAISE(ROLLBACK)``); a ``ROLLBACK``
+    then fails with "no transaction is active", which would replace the error
+    the operator needs. So nothing is run when no transaction is left, and a
+    statement that fails anyway is a note on ``error``.
+    """
+    for statement in statements:
+        if not db.in_transaction:
+            return
+        try:
+            db.execute(statement)
+        except sqlite3.Error as also:
+            error.add_note(f"{statement} after it failed too: {also}")
+            return
+
+
 def _migrate_from_1(conn: sqlite3.Connection) -> None:
     """Schema 1 → 2: the events move from the clustered table to a rowid table + index.
 
     One transaction (it needs free disk for a second copy of the events);
     a process that opened the file at the same time finds it done.
     """
-    conn.execute("BEGIN IMMEDIATE")
-    try:
+    with _transaction(conn):
         if conn.execute("SELECT max(version) FROM schema_version").fetchone()[0] != 1:
-            conn.execute("COMMIT")  # another process migrated it meanwhile
-            return
+            return  # another process migrated it meanwhile
         conn.execute(_EVENTS.format(name="events_v2"))
         conn.execute("INSERT INTO events_v2 (run_id, seq, body)"
                      " SELECT run_id, seq, body FROM events ORDER BY run_id, seq")
@@ -208,45 +257,26 @@ def _migrate_from_1(conn: sqlite3.Connection) -> None:
         conn.execute("ALTER TABLE events_v2 RENAME TO events")
         conn.execute("CREATE UNIQUE INDEX events_run_seq ON events (run_id, seq)")
         conn.execute("UPDATE schema_version SET version = 2")
-        conn.execute("COMMIT")
-    except BaseException:
-        if conn.in_transaction:  # SQLite may have rolled back already (e.g. disk full)
-            conn.execute("ROLLBACK")
-        raise
 
 
 def _migrate_from_2(conn: sqlite3.Connection) -> None:
     """Schema 2 → 3: runs gain ``thread_id`` (NULL for the runs stored before)."""
-    conn.execute("BEGIN IMMEDIATE")
-    try:
+    with _transaction(conn):
         if conn.execute("SELECT max(version) FROM schema_version").fetchone()[0] != 2:
-            conn.execute("COMMIT")  # another process migrated it meanwhile
-            return
+            return  # another process migrated it meanwhile
         conn.execute("ALTER TABLE runs ADD COLUMN thread_id TEXT")
         conn.execute("UPDATE schema_version SET version = 3")
-        conn.execute("COMMIT")
-    except BaseException:
-        if conn.in_transaction:
-            conn.execute("ROLLBACK")
-        raise
 
 
 def _migrate_from_3(conn: sqlite3.Connection) -> None:
     """Schema 3 → 4: Durable Streams producers remember their last batch's digest."""
-    conn.execute("BEGIN IMMEDIATE")
-    try:
+    with _transaction(conn):
         if conn.execute("SELECT max(version) FROM schema_version").fetchone()[0] != 3:
-            conn.execute("COMMIT")  # another process migrated it meanwhile
-            return
+            return  # another process migrated it meanwhile
         columns = [row[1] for row in conn.execute("PRAGMA table_info(ds_producers)")]
         if columns and "last_digest" not in columns:  # a file from before the table is made whole below
             conn.execute("ALTER TABLE ds_producers ADD COLUMN last_digest TEXT NOT NULL DEFAULT ''")
         conn.execute("UPDATE schema_version SET version = 4")
-        conn.execute("COMMIT")
-    except BaseException:
-        if conn.in_transaction:
-            conn.execute("ROLLBACK")
-        raise
 
 
 class SQLiteLog(ReplayLog):
@@ -371,28 +401,22 @@ class SQLiteLog(ReplayLog):
         they were all new. Otherwise undo and insert only the new ones.
         """
         db = self._db
-        db.execute("SAVEPOINT batch")
-        before = db.total_changes
-        _execute_rows(db, _INSERT_EVENTS, 3, [value for e, b in rows for value in (e.run_id, e.seq, b)])
-        if db.total_changes - before == len(rows):
-            db.execute("RELEASE batch")
+        with _savepoint(db, "batch") as undo:
+            before = db.total_changes
+            _execute_rows(db, _INSERT_EVENTS, 3, [value for e, b in rows for value in (e.run_id, e.seq, b)])
+            complete = db.total_changes - before == len(rows)
+            if not complete:
+                undo()
+        if complete:
             return rows
-        db.execute("ROLLBACK TO batch")
-        db.execute("RELEASE batch")
         fresh = self._new_rows(rows)
         _execute_rows(db, _INSERT_EVENTS, 3, [value for e, b in fresh for value in (e.run_id, e.seq, b)])
         return fresh
 
     def _append(self, rows: Sequence[tuple[Event, bytes]], now: float) -> int:
-        db = self._db
-        db.execute("BEGIN IMMEDIATE")
-        try:
+        with _transaction(self._db):
             fresh = self._insert(rows)
             self._merge_runs(list(summarize([e for e, _ in fresh]).values()), now)
-            db.execute("COMMIT")
-        except BaseException:
-            db.execute("ROLLBACK")
-            raise
         return len(fresh)
 
     async def append_streams(
@@ -412,29 +436,24 @@ class SQLiteLog(ReplayLog):
         """
         db = self._db
         total = sum(len(events) for _, events, _ in streams)
-        db.execute("BEGIN IMMEDIATE")
-        try:
-            db.execute("SAVEPOINT batch")
-            before = db.total_changes
-            _execute_rows(db, _INSERT_EVENTS, 3, list(chain.from_iterable(chain.from_iterable(
-                zip(repeat(run_id), map(_seq, events), encoded)
-                for run_id, events, encoded in streams))))
-            if db.total_changes - before == total:
-                db.execute("RELEASE batch")
+        with _transaction(db):
+            with _savepoint(db, "batch") as undo:
+                before = db.total_changes
+                _execute_rows(db, _INSERT_EVENTS, 3, list(chain.from_iterable(chain.from_iterable(
+                    zip(repeat(run_id), map(_seq, events), encoded)
+                    for run_id, events, encoded in streams))))
+                complete = db.total_changes - before == total
+                if not complete:  # some were stored before (a batch written again after a crash)
+                    undo()
+            if complete:
                 added = total
                 deltas = [summarize_run(run_id, events) for run_id, events, _ in streams if events]
-            else:  # some were stored before (a batch written again after a crash)
-                db.execute("ROLLBACK TO batch")
-                db.execute("RELEASE batch")
+            else:
                 fresh = self._insert([row for _, events, encoded in streams
                                       for row in zip(events, encoded, strict=True)])
                 added = len(fresh)
                 deltas = list(summarize([e for e, _ in fresh]).values())
             self._merge_runs(deltas, now)
-            db.execute("COMMIT")
-        except BaseException:
-            db.execute("ROLLBACK")
-            raise
         return added
 
     def _merge_runs(self, deltas: Sequence[RunDelta], now: float) -> None:
@@ -539,8 +558,7 @@ class SQLiteLog(ReplayLog):
 
     def _claim(self, run_id: str, tenant: str, root_id: str) -> RunOwner:
         db = self._db
-        db.execute("BEGIN IMMEDIATE")  # one writer across processes sharing the file
-        try:
+        with _transaction(db):
             row = db.execute("SELECT tenant, root_id FROM run_owners WHERE run_id = ?", (run_id,)).fetchone()
             if row is None:
                 logged = db.execute(
@@ -549,11 +567,6 @@ class SQLiteLog(ReplayLog):
                 row = (logged[0] or tenant, logged[1]) if logged else (tenant, root_id)
                 db.execute("INSERT INTO run_owners VALUES (?, ?, ?, ?)",
                            (run_id, row[0], row[1], _epoch(self.clock())))
-            db.execute("COMMIT")
-        except BaseException:
-            if db.in_transaction:
-                db.execute("ROLLBACK")
-            raise
         return RunOwner(tenant=row[0], root_id=row[1])
 
     # ---- Durable Streams write state ---------------------------------------
@@ -582,8 +595,7 @@ class SQLiteLog(ReplayLog):
         digest: str,
     ) -> Reservation:
         db = self._db
-        db.execute("BEGIN IMMEDIATE")  # one writer across processes sharing the file
-        try:
+        with _transaction(db):
             row = db.execute("SELECT next_seq, closed, busy_until FROM ds_streams WHERE run_id = ?",
                              (run_id,)).fetchone()
             state = None
@@ -603,11 +615,6 @@ class SQLiteLog(ReplayLog):
                 if producer is not None:
                     db.execute("INSERT OR REPLACE INTO ds_producers VALUES (?, ?, ?, ?, ?, ?)",
                                (run_id, producer[0], producer[1], producer[2], decision.base, digest))
-            db.execute("COMMIT")
-        except BaseException:
-            if db.in_transaction:
-                db.execute("ROLLBACK")
-            raise
         return decision
 
     async def stream_release(self, run_id: str) -> None:
@@ -669,8 +676,7 @@ class SQLiteLog(ReplayLog):
         db, deleted = self._db, 0
         for start in range(0, len(run_ids), 500):
             chunk = [(run_id,) for run_id in run_ids[start:start + 500]]
-            db.execute("BEGIN IMMEDIATE")
-            try:
+            with _transaction(db):
                 before = db.total_changes
                 db.executemany("DELETE FROM events WHERE run_id = ?", chunk)
                 deleted += db.total_changes - before
@@ -678,10 +684,6 @@ class SQLiteLog(ReplayLog):
                 db.executemany("DELETE FROM run_owners WHERE run_id = ?", chunk)
                 db.executemany("DELETE FROM ds_streams WHERE run_id = ?", chunk)
                 db.executemany("DELETE FROM ds_producers WHERE run_id = ?", chunk)
-                db.execute("COMMIT")
-            except BaseException:
-                db.execute("ROLLBACK")
-                raise
         return deleted
 
     async def sweep(self, *, now: datetime | None = None, dry_run: bool = False) -> SweepResult:

@@ -4,17 +4,24 @@ from __future__ import annotations
 
 import asyncio
 import json
+import logging
+from collections.abc import Callable
 
 import httpx
 import msgspec
+import pytest
 import websockets
 
+from pipeline.bus import open_bus
 from pipeline.bus.base import Bus
 from pipeline.edge import EdgeSettings
+from pipeline.edge.context import Edge
+from pipeline.envelope import now_ts
 from pipeline.store.base import ReplayLog
 from tests.events import event
+from tests.services import RedisServer
 
-from .harness import append, decoded, read_sse, run_events, serve_edge
+from .harness import EdgeServer, append, decoded, read_sse, run_events, serve_edge
 
 
 async def test_sse_serves_the_run_with_seq_ids_and_ends_after_the_terminal_event(
@@ -136,3 +143,54 @@ async def test_websocket_subprotocol_text_frames_and_detail_header(
     assert all(isinstance(m, str) for m in default)
     assert [json.loads(m)["seq"] for m in default] == [1, 7, 8]
     assert json.loads(default[1])["span"] == [2, 7]
+
+
+async def test_the_hub_logs_a_lost_bus_once_and_its_return_once(
+    own_redis: RedisServer, store: ReplayLog, run_id: str, caplog: pytest.LogCaptureFixture
+) -> None:
+    """While the bus is down the hub retries its read (clients keep their connections); the
+    operator reads one warning when reads start failing and one line when they work again,
+    not silence and not a line per retry."""
+    caplog.set_level(logging.INFO, logger="pipeline.edge.hub")
+    async with open_bus(own_redis.url) as bus:
+        live = [event(run_id, 1, "run.lifecycle", {"state": "running"}, ts=now_ts()), event(run_id, 2, ts=now_ts())]
+        await append(bus, run_id, live)  # stamped now: a live run, not one gone silent
+        async with serve_edge(bus, store) as edge, httpx.AsyncClient(timeout=30) as http:
+            async with http.stream("GET", f"{edge.url}/v1/runs/{run_id}/stream?detail=full") as response:
+                lines: list[str] = []
+                client = asyncio.create_task(_read_into(response, lines))  # stays connected throughout
+                await _until(lambda: "id: 2" in lines)  # caught up: from here the hub tails the run
+                own_redis.stop()
+                await _until(lambda: _edge(edge).metrics.bus_errors._value.get() >= 3)  # several failed reads ...
+                own_redis.start()
+                await _until(lambda: len(_hub_lines(caplog)) >= 2)
+                assert not client.done()
+                client.cancel()
+    lines = _hub_lines(caplog)
+    assert [level for level, _ in lines] == [logging.WARNING, logging.INFO], lines  # ... one line each way
+    assert "bus" in lines[0][1] and "retry" in lines[0][1]
+    assert "again" in lines[1][1]
+
+
+def _hub_lines(caplog: pytest.LogCaptureFixture) -> list[tuple[int, str]]:
+    return [(r.levelno, r.getMessage()) for r in caplog.records if r.name == "pipeline.edge.hub"]
+
+
+async def _read_into(response: httpx.Response, lines: list[str]) -> None:
+    async for line in response.aiter_lines():
+        lines.append(line)
+
+
+def _edge(server: EdgeServer) -> Edge:
+    assert server.server is not None
+    app = server.server.config.loaded_app
+    while not hasattr(app, "state"):  # uvicorn wraps the app in its middleware
+        app = app.app
+    edge: Edge = app.state.edge
+    return edge
+
+
+async def _until(condition: Callable[[], bool], within: float = 30.0) -> None:
+    async with asyncio.timeout(within):
+        while not condition():  # noqa: ASYNC110 - polls state another task changes, no event to wait on
+            await asyncio.sleep(0.05)

@@ -7,11 +7,11 @@ from collections import defaultdict
 from collections.abc import Sequence
 
 from pipeline.checkpoint import newest_checkpoint, settle_windows
-from pipeline.envelope import DELTA_TYPES, Event, replace
-from pipeline.fanin import ParentMap, fan_in
+from pipeline.envelope import DELTA_TYPES, Event, replace, ts_ms
+from pipeline.fanin import ParentMap
 from pipeline.processor import Processor
 from pipeline.sequencing import Sequencer
-from pipeline.shaping import DeltaCoalescer, shape, ts_millis
+from pipeline.shaping import DeltaCoalescer, shape
 from tests.workers.events import BASE, RunScript
 
 
@@ -198,7 +198,7 @@ def test_tick_closes_a_quiet_window_after_its_end() -> None:
     coalescer = DeltaCoalescer()
     event = replace(run.text("bye", 0), seq=1)
     coalescer.feed(event)
-    start = ts_millis(event.ts)
+    start = ts_ms(event.ts)
     assert coalescer.tick(start + 99) == []
     assert texts(coalescer.tick(start + 100)) == "bye"
     assert not coalescer.pending
@@ -305,8 +305,19 @@ def test_fanin_falls_back_to_parent_and_root_links_on_the_event() -> None:
     parents.link("c", "p")
     parents.link("p", "r")
     assert parents.ancestors(grand) == ["c", "p", "r"]
-    copies = fan_in(grand, ["c", "p", "r"])
     assert parents.ancestors(RunScript("x", parent="c").tool_start("1")) == ["c"]
+
+
+def test_each_ancestors_copy_describes_that_ancestors_run() -> None:
+    """A grandchild's event reaches every ancestor's stream as the ancestor's own run: ``child_id`` the
+    grandchild, and the ancestor's parent/root links (the root's copy has none)."""
+    streams = Streams()
+    streams.feed([
+        RunScript("p", parent="r", root="r").tool_start("p1"),
+        RunScript("c", parent="p", root="r").tool_start("c1"),
+        RunScript("g", parent="c", root="r").tool_start("g1"),
+    ])
+    copies = [next(e for e in streams.raw[run] if e.child_id == "g") for run in ("c", "p", "r")]
     assert [(e.run_id, e.child_id, e.parent_id, e.root_id) for e in copies] == [
         ("c", "g", "p", "r"),
         ("p", "g", "r", "r"),

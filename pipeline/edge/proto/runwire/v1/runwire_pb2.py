@@ -24,41 +24,41 @@ _sym_db = _symbol_database.Default()
 
 
 
-DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\x18runwire/v1/runwire.proto\x12\nrunwire.v1\"\xde\x01\n\x05\x45vent\x12\n\n\x02id\x18\x01 \x01(\t\x12\n\n\x02ts\x18\x02 \x01(\t\x12\x0c\n\x04type\x18\x03 \x01(\t\x12\x0e\n\x06run_id\x18\x04 \x01(\t\x12\x10\n\x08\x63hild_id\x18\x05 \x01(\t\x12\x0b\n\x03seq\x18\x06 \x01(\x03\x12\x0f\n\x07payload\x18\x07 \x01(\t\x12\x1e\n\x04span\x18\x08 \x01(\x0b\x32\x10.runwire.v1.Span\x12\x11\n\tparent_id\x18\t \x01(\t\x12\x0f\n\x07root_id\x18\n \x01(\t\x12\x0e\n\x06tenant\x18\x0b \x01(\t\x12\x0b\n\x03\x65xt\x18\x0c \x01(\t\x12\x0e\n\x06\x66rames\x18\r \x03(\t\"#\n\x04Span\x12\r\n\x05\x66irst\x18\x01 \x01(\x03\x12\x0c\n\x04last\x18\x02 \x01(\x03\"\x83\x01\n\rStreamRequest\x12\x0e\n\x06run_id\x18\x01 \x01(\t\x12\x11\n\tafter_seq\x18\x02 \x01(\x03\x12\x0c\n\x04live\x18\x03 \x01(\x08\x12\x0e\n\x06\x64\x65tail\x18\x04 \x01(\t\x12\x0f\n\x07profile\x18\x05 \x01(\t\x12\x10\n\x08\x63hildren\x18\x06 \x01(\t\x12\x0e\n\x06\x66ormat\x18\x07 \x01(\t\"?\n\x0e\x43ontrolRequest\x12\x0e\n\x06run_id\x18\x01 \x01(\t\x12\x0f\n\x07\x63ommand\x18\x02 \x01(\t\x12\x0c\n\x04\x61rgs\x18\x03 \x01(\t\"+\n\x0c\x43ontrolReply\x12\n\n\x02id\x18\x01 \x01(\t\x12\x0f\n\x07\x63ommand\x18\x02 \x01(\t\"J\n\x0bIngestError\x12\r\n\x05index\x18\x01 \x01(\x03\x12\x0c\n\x04\x63ode\x18\x02 \x01(\t\x12\x0f\n\x07message\x18\x03 \x01(\t\x12\r\n\x05\x66ield\x18\x04 \x01(\t\"J\n\x0bIngestReply\x12\x10\n\x08\x61\x63\x63\x65pted\x18\x01 \x01(\x03\x12)\n\x08rejected\x18\x02 \x03(\x0b\x32\x17.runwire.v1.IngestError\"]\n\x0fListRunsRequest\x12\r\n\x05state\x18\x01 \x01(\t\x12\r\n\x05since\x18\x02 \x01(\t\x12\r\n\x05until\x18\x03 \x01(\t\x12\r\n\x05limit\x18\x04 \x01(\x05\x12\x0e\n\x06tenant\x18\x05 \x01(\t\"\xf1\x01\n\x07RunInfo\x12\x0e\n\x06run_id\x18\x01 \x01(\t\x12\x0e\n\x06tenant\x18\x02 \x01(\t\x12\x11\n\tparent_id\x18\x03 \x01(\t\x12\x0f\n\x07root_id\x18\x04 \x01(\t\x12\r\n\x05state\x18\x05 \x01(\t\x12\x10\n\x08terminal\x18\x06 \x01(\x08\x12\x0e\n\x06\x65vents\x18\x07 \x01(\x03\x12\x10\n\x08last_seq\x18\x08 \x01(\x03\x12\x14\n\x0cinput_tokens\x18\t \x01(\x03\x12\x15\n\routput_tokens\x18\n \x01(\x03\x12\x0f\n\x07\x64ropped\x18\x0b \x01(\x03\x12\x10\n\x08\x66irst_ts\x18\x0c \x01(\t\x12\x0f\n\x07last_ts\x18\r \x01(\t\"2\n\rListRunsReply\x12!\n\x04runs\x18\x01 \x03(\x0b\x32\x13.runwire.v1.RunInfo\"@\n\x0cWeaveRequest\x12\r\n\x05query\x18\x01 \x01(\t\x12\x12\n\nsession_id\x18\x02 \x01(\t\x12\r\n\x05tools\x18\x03 \x03(\t\"2\n\x0f\x45xecutionResult\x12\x0c\n\x04type\x18\x01 \x01(\t\x12\x11\n\tdata_json\x18\x02 \x01(\t\"\xb8\x01\n\rWeaveProgress\x12)\n\x05stage\x18\x01 \x01(\x0e\x32\x1a.runwire.v1.ExecutionStage\x12\x10\n\x08progress\x18\x02 \x01(\x05\x12\x0f\n\x07message\x18\x03 \x01(\t\x12\x11\n\ttool_name\x18\x04 \x01(\t\x12\x11\n\ttimestamp\x18\x05 \x01(\x03\x12\x33\n\x0epartial_result\x18\x06 \x01(\x0b\x32\x1b.runwire.v1.ExecutionResult*\xcb\x02\n\x0e\x45xecutionStage\x12\x1f\n\x1b\x45XECUTION_STAGE_UNSPECIFIED\x10\x00\x12%\n!EXECUTION_STAGE_PATTERN_SELECTION\x10\x01\x12$\n EXECUTION_STAGE_SCHEMA_DISCOVERY\x10\x02\x12\"\n\x1e\x45XECUTION_STAGE_LLM_GENERATION\x10\x03\x12\"\n\x1e\x45XECUTION_STAGE_TOOL_EXECUTION\x10\x04\x12#\n\x1f\x45XECUTION_STAGE_GUARDRAIL_CHECK\x10\x05\x12#\n\x1f\x45XECUTION_STAGE_SELF_CORRECTION\x10\x06\x12\x1d\n\x19\x45XECUTION_STAGE_COMPLETED\x10\x07\x12\x1a\n\x16\x45XECUTION_STAGE_FAILED\x10\x08\x32\xc6\x02\n\x07Runwire\x12\x38\n\x06Stream\x12\x19.runwire.v1.StreamRequest\x1a\x11.runwire.v1.Event0\x01\x12\x44\n\x0bStreamWeave\x12\x18.runwire.v1.WeaveRequest\x1a\x19.runwire.v1.WeaveProgress0\x01\x12?\n\x07\x43ontrol\x12\x1a.runwire.v1.ControlRequest\x1a\x18.runwire.v1.ControlReply\x12\x36\n\x06Ingest\x12\x11.runwire.v1.Event\x1a\x17.runwire.v1.IngestReply(\x01\x12\x42\n\x08ListRuns\x12\x1b.runwire.v1.ListRunsRequest\x1a\x19.runwire.v1.ListRunsReplyb\x06proto3')
+DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\x18runwire/v1/runwire.proto\x12\nrunwire.v1\"\xf1\x01\n\x05\x45vent\x12\n\n\x02id\x18\x01 \x01(\t\x12\n\n\x02ts\x18\x02 \x01(\t\x12\x0c\n\x04type\x18\x03 \x01(\t\x12\x0e\n\x06run_id\x18\x04 \x01(\t\x12\x10\n\x08\x63hild_id\x18\x05 \x01(\t\x12\x0b\n\x03seq\x18\x06 \x01(\x03\x12\x0f\n\x07payload\x18\x07 \x01(\t\x12\x1e\n\x04span\x18\x08 \x01(\x0b\x32\x10.runwire.v1.Span\x12\x11\n\tparent_id\x18\t \x01(\t\x12\x0f\n\x07root_id\x18\n \x01(\t\x12\x0e\n\x06tenant\x18\x0b \x01(\t\x12\x0b\n\x03\x65xt\x18\x0c \x01(\t\x12\x0e\n\x06\x66rames\x18\r \x03(\t\x12\x11\n\tthread_id\x18\x0e \x01(\t\"#\n\x04Span\x12\r\n\x05\x66irst\x18\x01 \x01(\x03\x12\x0c\n\x04last\x18\x02 \x01(\x03\"\x83\x01\n\rStreamRequest\x12\x0e\n\x06run_id\x18\x01 \x01(\t\x12\x11\n\tafter_seq\x18\x02 \x01(\x03\x12\x0c\n\x04live\x18\x03 \x01(\x08\x12\x0e\n\x06\x64\x65tail\x18\x04 \x01(\t\x12\x0f\n\x07profile\x18\x05 \x01(\t\x12\x10\n\x08\x63hildren\x18\x06 \x01(\t\x12\x0e\n\x06\x66ormat\x18\x07 \x01(\t\"?\n\x0e\x43ontrolRequest\x12\x0e\n\x06run_id\x18\x01 \x01(\t\x12\x0f\n\x07\x63ommand\x18\x02 \x01(\t\x12\x0c\n\x04\x61rgs\x18\x03 \x01(\t\"+\n\x0c\x43ontrolReply\x12\n\n\x02id\x18\x01 \x01(\t\x12\x0f\n\x07\x63ommand\x18\x02 \x01(\t\"J\n\x0bIngestError\x12\r\n\x05index\x18\x01 \x01(\x03\x12\x0c\n\x04\x63ode\x18\x02 \x01(\t\x12\x0f\n\x07message\x18\x03 \x01(\t\x12\r\n\x05\x66ield\x18\x04 \x01(\t\"J\n\x0bIngestReply\x12\x10\n\x08\x61\x63\x63\x65pted\x18\x01 \x01(\x03\x12)\n\x08rejected\x18\x02 \x03(\x0b\x32\x17.runwire.v1.IngestError\"]\n\x0fListRunsRequest\x12\r\n\x05state\x18\x01 \x01(\t\x12\r\n\x05since\x18\x02 \x01(\t\x12\r\n\x05until\x18\x03 \x01(\t\x12\r\n\x05limit\x18\x04 \x01(\x05\x12\x0e\n\x06tenant\x18\x05 \x01(\t\"\xf1\x01\n\x07RunInfo\x12\x0e\n\x06run_id\x18\x01 \x01(\t\x12\x0e\n\x06tenant\x18\x02 \x01(\t\x12\x11\n\tparent_id\x18\x03 \x01(\t\x12\x0f\n\x07root_id\x18\x04 \x01(\t\x12\r\n\x05state\x18\x05 \x01(\t\x12\x10\n\x08terminal\x18\x06 \x01(\x08\x12\x0e\n\x06\x65vents\x18\x07 \x01(\x03\x12\x10\n\x08last_seq\x18\x08 \x01(\x03\x12\x14\n\x0cinput_tokens\x18\t \x01(\x03\x12\x15\n\routput_tokens\x18\n \x01(\x03\x12\x0f\n\x07\x64ropped\x18\x0b \x01(\x03\x12\x10\n\x08\x66irst_ts\x18\x0c \x01(\t\x12\x0f\n\x07last_ts\x18\r \x01(\t\"2\n\rListRunsReply\x12!\n\x04runs\x18\x01 \x03(\x0b\x32\x13.runwire.v1.RunInfo\"@\n\x0cWeaveRequest\x12\r\n\x05query\x18\x01 \x01(\t\x12\x12\n\nsession_id\x18\x02 \x01(\t\x12\r\n\x05tools\x18\x03 \x03(\t\"2\n\x0f\x45xecutionResult\x12\x0c\n\x04type\x18\x01 \x01(\t\x12\x11\n\tdata_json\x18\x02 \x01(\t\"\xb8\x01\n\rWeaveProgress\x12)\n\x05stage\x18\x01 \x01(\x0e\x32\x1a.runwire.v1.ExecutionStage\x12\x10\n\x08progress\x18\x02 \x01(\x05\x12\x0f\n\x07message\x18\x03 \x01(\t\x12\x11\n\ttool_name\x18\x04 \x01(\t\x12\x11\n\ttimestamp\x18\x05 \x01(\x03\x12\x33\n\x0epartial_result\x18\x06 \x01(\x0b\x32\x1b.runwire.v1.ExecutionResult*\xcb\x02\n\x0e\x45xecutionStage\x12\x1f\n\x1b\x45XECUTION_STAGE_UNSPECIFIED\x10\x00\x12%\n!EXECUTION_STAGE_PATTERN_SELECTION\x10\x01\x12$\n EXECUTION_STAGE_SCHEMA_DISCOVERY\x10\x02\x12\"\n\x1e\x45XECUTION_STAGE_LLM_GENERATION\x10\x03\x12\"\n\x1e\x45XECUTION_STAGE_TOOL_EXECUTION\x10\x04\x12#\n\x1f\x45XECUTION_STAGE_GUARDRAIL_CHECK\x10\x05\x12#\n\x1f\x45XECUTION_STAGE_SELF_CORRECTION\x10\x06\x12\x1d\n\x19\x45XECUTION_STAGE_COMPLETED\x10\x07\x12\x1a\n\x16\x45XECUTION_STAGE_FAILED\x10\x08\x32\xc6\x02\n\x07Runwire\x12\x38\n\x06Stream\x12\x19.runwire.v1.StreamRequest\x1a\x11.runwire.v1.Event0\x01\x12\x44\n\x0bStreamWeave\x12\x18.runwire.v1.WeaveRequest\x1a\x19.runwire.v1.WeaveProgress0\x01\x12?\n\x07\x43ontrol\x12\x1a.runwire.v1.ControlRequest\x1a\x18.runwire.v1.ControlReply\x12\x36\n\x06Ingest\x12\x11.runwire.v1.Event\x1a\x17.runwire.v1.IngestReply(\x01\x12\x42\n\x08ListRuns\x12\x1b.runwire.v1.ListRunsRequest\x1a\x19.runwire.v1.ListRunsReplyb\x06proto3')
 
 _globals = globals()
 _builder.BuildMessageAndEnumDescriptors(DESCRIPTOR, _globals)
 _builder.BuildTopDescriptorsAndMessages(DESCRIPTOR, 'runwire.v1.runwire_pb2', _globals)
 if not _descriptor._USE_C_DESCRIPTORS:
   DESCRIPTOR._loaded_options = None
-  _globals['_EXECUTIONSTAGE']._serialized_start=1395
-  _globals['_EXECUTIONSTAGE']._serialized_end=1726
+  _globals['_EXECUTIONSTAGE']._serialized_start=1414
+  _globals['_EXECUTIONSTAGE']._serialized_end=1745
   _globals['_EVENT']._serialized_start=41
-  _globals['_EVENT']._serialized_end=263
-  _globals['_SPAN']._serialized_start=265
-  _globals['_SPAN']._serialized_end=300
-  _globals['_STREAMREQUEST']._serialized_start=303
-  _globals['_STREAMREQUEST']._serialized_end=434
-  _globals['_CONTROLREQUEST']._serialized_start=436
-  _globals['_CONTROLREQUEST']._serialized_end=499
-  _globals['_CONTROLREPLY']._serialized_start=501
-  _globals['_CONTROLREPLY']._serialized_end=544
-  _globals['_INGESTERROR']._serialized_start=546
-  _globals['_INGESTERROR']._serialized_end=620
-  _globals['_INGESTREPLY']._serialized_start=622
-  _globals['_INGESTREPLY']._serialized_end=696
-  _globals['_LISTRUNSREQUEST']._serialized_start=698
-  _globals['_LISTRUNSREQUEST']._serialized_end=791
-  _globals['_RUNINFO']._serialized_start=794
-  _globals['_RUNINFO']._serialized_end=1035
-  _globals['_LISTRUNSREPLY']._serialized_start=1037
-  _globals['_LISTRUNSREPLY']._serialized_end=1087
-  _globals['_WEAVEREQUEST']._serialized_start=1089
-  _globals['_WEAVEREQUEST']._serialized_end=1153
-  _globals['_EXECUTIONRESULT']._serialized_start=1155
-  _globals['_EXECUTIONRESULT']._serialized_end=1205
-  _globals['_WEAVEPROGRESS']._serialized_start=1208
-  _globals['_WEAVEPROGRESS']._serialized_end=1392
-  _globals['_RUNWIRE']._serialized_start=1729
-  _globals['_RUNWIRE']._serialized_end=2055
+  _globals['_EVENT']._serialized_end=282
+  _globals['_SPAN']._serialized_start=284
+  _globals['_SPAN']._serialized_end=319
+  _globals['_STREAMREQUEST']._serialized_start=322
+  _globals['_STREAMREQUEST']._serialized_end=453
+  _globals['_CONTROLREQUEST']._serialized_start=455
+  _globals['_CONTROLREQUEST']._serialized_end=518
+  _globals['_CONTROLREPLY']._serialized_start=520
+  _globals['_CONTROLREPLY']._serialized_end=563
+  _globals['_INGESTERROR']._serialized_start=565
+  _globals['_INGESTERROR']._serialized_end=639
+  _globals['_INGESTREPLY']._serialized_start=641
+  _globals['_INGESTREPLY']._serialized_end=715
+  _globals['_LISTRUNSREQUEST']._serialized_start=717
+  _globals['_LISTRUNSREQUEST']._serialized_end=810
+  _globals['_RUNINFO']._serialized_start=813
+  _globals['_RUNINFO']._serialized_end=1054
+  _globals['_LISTRUNSREPLY']._serialized_start=1056
+  _globals['_LISTRUNSREPLY']._serialized_end=1106
+  _globals['_WEAVEREQUEST']._serialized_start=1108
+  _globals['_WEAVEREQUEST']._serialized_end=1172
+  _globals['_EXECUTIONRESULT']._serialized_start=1174
+  _globals['_EXECUTIONRESULT']._serialized_end=1224
+  _globals['_WEAVEPROGRESS']._serialized_start=1227
+  _globals['_WEAVEPROGRESS']._serialized_end=1411
+  _globals['_RUNWIRE']._serialized_start=1748
+  _globals['_RUNWIRE']._serialized_end=2074
 # @@protoc_insertion_point(module_scope)

@@ -29,7 +29,7 @@ EXECUTION_STAGE_COMPLETED: ExecutionStage
 EXECUTION_STAGE_FAILED: ExecutionStage
 
 class Event(_message.Message):
-    __slots__ = ("id", "ts", "type", "run_id", "child_id", "seq", "payload", "span", "parent_id", "root_id", "tenant", "ext", "frames")
+    __slots__ = ("id", "ts", "type", "run_id", "child_id", "seq", "payload", "span", "parent_id", "root_id", "tenant", "ext", "frames", "thread_id")
     ID_FIELD_NUMBER: _ClassVar[int]
     TS_FIELD_NUMBER: _ClassVar[int]
     TYPE_FIELD_NUMBER: _ClassVar[int]
@@ -43,6 +43,7 @@ class Event(_message.Message):
     TENANT_FIELD_NUMBER: _ClassVar[int]
     EXT_FIELD_NUMBER: _ClassVar[int]
     FRAMES_FIELD_NUMBER: _ClassVar[int]
+    THREAD_ID_FIELD_NUMBER: _ClassVar[int]
     id: str
     ts: str
     type: str
@@ -56,7 +57,8 @@ class Event(_message.Message):
     tenant: str
     ext: str
     frames: _containers.RepeatedScalarFieldContainer[str]
-    def __init__(self, id: _Optional[str] = ..., ts: _Optional[str] = ..., type: _Optional[str] = ..., run_id: _Optional[str] = ..., child_id: _Optional[str] = ..., seq: _Optional[int] = ..., payload: _Optional[str] = ..., span: _Optional[_Union[Span, _Mapping]] = ..., parent_id: _Optional[str] = ..., root_id: _Optional[str] = ..., tenant: _Optional[str] = ..., ext: _Optional[str] = ..., frames: _Optional[_Iterable[str]] = ...) -> None: ...
+    thread_id: str
+    def __init__(self, id: _Optional[str] = ..., ts: _Optional[str] = ..., type: _Optional[str] = ..., run_id: _Optional[str] = ..., child_id: _Optional[str] = ..., seq: _Optional[int] = ..., payload: _Optional[str] = ..., span: _Optional[_Union[Span, _Mapping]] = ..., parent_id: _Optional[str] = ..., root_id: _Optional[str] = ..., tenant: _Optional[str] = ..., ext: _Optional[str] = ..., frames: _Optional[_Iterable[str]] = ..., thread_id: _Optional[str] = ...) -> None: ...
 
 class Span(_message.Message):
     __slots__ = ("first", "last")
