@@ -171,8 +171,13 @@ class Agent:
                     children.append(self.sub(root, suffix, self.hold))
                 gathered = asyncio.gather(*children)
                 stop = asyncio.create_task(cancel.wait())
-                await asyncio.wait([gathered, stop], return_when=asyncio.FIRST_COMPLETED)
-                stop.cancel()
+                try:
+                    await asyncio.wait([gathered, stop], return_when=asyncio.FIRST_COMPLETED)
+                except asyncio.CancelledError:
+                    gathered.cancel()
+                    raise
+                finally:
+                    stop.cancel()
                 if cancel.is_set():
                     for flag in self.cancelled.values():
                         flag.set()  # a stopped run stops its sub-runs
