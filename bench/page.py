@@ -90,6 +90,8 @@ async def measure(page: Browser, url: str) -> dict[str, Any]:
         "{load_to_rendered_ms: Math.round(runView.stats.lastRenderAt),"
         " longest_task_ms: Math.round(Math.max(0, ...window.__longTasks)),"
         " long_tasks: window.__longTasks.length, renders: runView.stats.renders,"
+        " longest_render_ms: Math.round(runView.stats.longestRenderMs),"
+        " handling_ms: Math.round(runView.stats.handlingMs),"
         " events: runView.stats.events}"
     )
     return figures

@@ -71,7 +71,7 @@ class Browser:
         await self.command(press=key)
 
     async def screenshot(self, path: Path, *, full: bool = False) -> None:
-        await self.command(screenshot=str(path), full=full)
+        await self.command(screenshot=str(path.resolve()), full=full)
 
     async def viewport(self, width: int, height: int) -> None:
         await self.command(viewport=[width, height])

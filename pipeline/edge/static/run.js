@@ -31,7 +31,7 @@ const tree = new RunTree(document.getElementById("tree"), model, (id) => {
   timeline.highlight(id);
 });
 const connection = document.getElementById("connection");
-const stats = { events: 0, renders: 0, renderedSeq: 0, ended: false, firstEventAt: null, lastRenderAt: null };
+const stats = { events: 0, renders: 0, renderedSeq: 0, ended: false, firstEventAt: null, lastRenderAt: null, longestRenderMs: 0, handlingMs: 0 };
 window.runView = { model, stats };
 let ended = false;
 let frame = 0;
@@ -43,6 +43,7 @@ function schedule() {
 
 function render() {
   frame = 0;
+  const began = performance.now();
   const now = Date.now();
   const live = !ended && !model.root.terminal;
   tree.render();
@@ -54,6 +55,7 @@ function render() {
   stats.renders++;
   stats.renderedSeq = model.lastSeq;
   stats.lastRenderAt = performance.now();
+  stats.longestRenderMs = Math.max(stats.longestRenderMs, stats.lastRenderAt - began);
 }
 
 function header() {
@@ -106,6 +108,7 @@ source.onerror = () => {
   connection.className = "badge offline";
 };
 source.onmessage = (message) => {
+  const began = performance.now();
   const event = JSON.parse(message.data);
   if (stats.firstEventAt == null) stats.firstEventAt = performance.now();
   stats.events++;
@@ -114,6 +117,7 @@ source.onmessage = (message) => {
   const terminal = event.type === "run.lifecycle" && !event.child_id && TERMINAL.has(event.payload.state);
   if (terminal || event.type === "error") end("ended");
   else schedule();
+  stats.handlingMs += performance.now() - began;
 };
 // Bars of what is still running grow with the clock.
 ticker = setInterval(() => { if (!document.hidden) schedule(); }, 250);
