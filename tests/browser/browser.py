@@ -71,7 +71,7 @@ class Browser:
         await self.command(press=key)
 
     async def screenshot(self, path: Path, *, full: bool = False) -> None:
-        await self.command(screenshot=str(path.resolve()), full=full)
+        await self.command(screenshot=str(path), full=full)
 
     async def viewport(self, width: int, height: int) -> None:
         await self.command(viewport=[width, height])
@@ -87,7 +87,7 @@ async def browser() -> AsyncIterator[Browser]:
     node = require_tools()
     proc = await asyncio.create_subprocess_exec(
         node, str(HERE / "drive.mjs"), stdin=asyncio.subprocess.PIPE, stdout=asyncio.subprocess.PIPE,
-        cwd=HERE, env={**os.environ, "CHROMIUM": CHROMIUM},
+        env={**os.environ, "CHROMIUM": CHROMIUM},  # the caller's working directory: paths are its
     )
     try:
         yield Browser(proc)
