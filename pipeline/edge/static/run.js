@@ -1,15 +1,16 @@
-// Renders one run live from the edge's SSE stream. EventSource resends
-// Last-Event-ID on every reconnect, so the view resumes exactly where it was
-// (after an edge restart too); events at or below the last seq are ignored
-// (RunModel.apply). One stream per open run: the root's, with its sub-runs'
-// events flattened in. Events update the model at once; the DOM is updated at
-// most once per animation frame.
-import { TERMINAL, count, el, stateBadge, withToken } from "./common.js";
+// Renders one run live from the edge's stream (stream.js: NDJSON, resumed with
+// ?after=<last seq> after any break, an edge restart too, so the view continues
+// exactly where it was; events at or below the last seq are ignored by
+// RunModel.apply). One stream per open run: the root's, with its sub-runs'
+// events flattened in. Events update the model as they come; the DOM is updated
+// at most once per animation frame.
+import { count, el, stateBadge, withToken } from "./common.js";
 import { Controls } from "./controls.js";
 import { Detail } from "./detail.js";
 import { RunModel } from "./model.js";
 import { Timeline } from "./timeline.js";
 import { RunTree } from "./tree.js";
+import { RunStream } from "./stream.js";
 
 const params = new URLSearchParams(location.search);
 const runId = decodeURIComponent(location.pathname.split("/").pop());
@@ -88,37 +89,47 @@ function banner(text) {
 function end(label) {
   ended = true;
   stats.ended = true;
-  source.close();
+  stream.stop();
   connection.textContent = label;
   connection.className = "badge";
   clearInterval(ticker);
   schedule();
 }
 
-const source = new EventSource(withToken(`/v1/runs/${encodeURIComponent(runId)}/stream`, { detail }));
-source.onopen = () => { connection.textContent = "● live"; connection.className = "badge live"; };
-source.onerror = () => {
-  if (ended) return;
-  if (source.readyState === EventSource.CLOSED) {
-    // 204 (the run ended before this reconnect) or a refusal (404, 401): EventSource gave up.
-    end("ended");
-    return;
-  }
-  connection.textContent = "reconnecting";
-  connection.className = "badge offline";
-};
-source.onmessage = (message) => {
+function receive(events) {
   const began = performance.now();
-  const event = JSON.parse(message.data);
-  if (stats.firstEventAt == null) stats.firstEventAt = performance.now();
-  stats.events++;
-  model.apply(event);
-  if (event.type === "error") banner(`${event.code}: ${event.message}`);
-  const terminal = event.type === "run.lifecycle" && !event.child_id && TERMINAL.has(event.payload.state);
-  if (terminal || event.type === "error") end("ended");
-  else schedule();
+  if (stats.firstEventAt == null) stats.firstEventAt = began;
+  stats.events += events.length;
+  for (const event of events) {
+    model.apply(event);
+    if (event.type === "error") banner(`${event.code}: ${event.message}`);
+  }
   stats.handlingMs += performance.now() - began;
-};
+  if (model.root.terminal) end("ended");
+  else schedule();
+}
+
+const stream = new RunStream(`/v1/runs/${encodeURIComponent(runId)}/stream`, { detail }, {
+  events: receive,
+  lastSeq: () => model.lastSeq,
+  terminal: () => model.root.terminal,
+  state(name, why) {
+    if (name === "live") {
+      connection.textContent = "● live";
+      connection.className = "badge live";
+    } else if (name === "reconnecting") {
+      connection.textContent = "reconnecting";
+      connection.className = "badge offline";
+      connection.title = why || "";
+    } else if (name === "refused") {
+      banner(`the stream was refused: ${why}`);
+      end("refused");
+    } else if (!ended) {
+      end("ended");
+    }
+  },
+});
+stream.run();
 // Bars of what is still running grow with the clock.
 ticker = setInterval(() => { if (!document.hidden) schedule(); }, 250);
 tree.render();
