@@ -209,6 +209,32 @@ async def test_stop_from_the_page_ends_a_sub_run_then_the_run(
         assert await chromium.eval(state % js(root + ".logs.grep")) == "aborted"
 
 
+async def test_approve_and_deny_from_the_page_reach_the_run(redis_url: str, tmp_path: Path) -> None:
+    """A run awaiting approval offers Approve and Deny; each sends its command, with the plan's id."""
+    async with pipeline(redis_url, f"sqlite:///{tmp_path / 'r.db'}") as pipe, page() as chromium:
+        root = unique("gate")
+        run = pipe.publisher.run(root)
+        await run.emit("run.lifecycle", {"state": "planning"})
+        await run.emit("plan.proposal", {"plan": {"id": "plan-1", "steps": [{"id": "s1", "title": "Delete old logs",
+                                                                             "intent": "execute"}]}})
+        await run.emit("run.lifecycle", {"state": "awaiting_approval"})
+        await chromium.goto(f"{pipe.edge.url}/runs/{root}")
+        await chromium.wait("document.getElementById('state').dataset.state === 'awaiting_approval'")
+        assert await chromium.eval("document.querySelector('button[data-command=approve]').hidden") is False
+        async with contextlib.aclosing(run.controls(after="0")) as commands:
+            await chromium.click("button[data-command=deny]")
+            command = await asyncio.wait_for(anext(commands), 15)
+            assert (command.command, command.args) == ("deny", {"plan_id": "plan-1"})
+            await chromium.click("button[data-command=approve]")
+            command = await asyncio.wait_for(anext(commands), 15)
+            assert (command.command, command.args) == ("approve", {"plan_id": "plan-1"})
+        await chromium.wait("document.querySelector('#detail .control-result').textContent === '✓ approve sent'")
+        await run.emit("run.lifecycle", {"state": "running"})
+        await chromium.wait("document.querySelector('button[data-command=approve]').hidden")
+        await run.finish("done")
+        await chromium.wait(RENDERED)
+
+
 async def test_the_runs_list_nests_filters_and_updates_live(
     redis_url: str, tmp_path: Path, agents: list[asyncio.Task[str]]
 ) -> None:
@@ -240,6 +266,7 @@ async def test_the_runs_list_nests_filters_and_updates_live(
                             " const q = document.getElementById('search'); q.value = 'chat-bbb';"
                             " q.dispatchEvent(new Event('input')); })()")
         assert await chromium.eval(shown) == [live]
+        assert await chromium.eval(CONTRAST) >= 4.5  # context rows (ancestors of a match) included
         hold.set()
         assert await agent == "done"
         await chromium.wait(f"{badge} === 'done'")
