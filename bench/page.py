@@ -34,6 +34,8 @@ from typing import Any
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
+import httpx  # noqa: E402
+
 from pipeline.bus import open_bus  # noqa: E402
 from pipeline.bus.base import Bus  # noqa: E402
 from pipeline.edge import EdgeSettings  # noqa: E402
@@ -115,6 +117,19 @@ async def screenshots(out: Path) -> list[Path]:
         # finished runs for the list: two done, one stopped
         for n, thread in ((1, "chat-7f3a"), (2, "chat-7f3a"), (3, "chat-91bc")):
             await Agent(pipe.publisher, f"research-{n:03d}", tenant="acme", thread=thread).run()
+        never = asyncio.Event()
+        stopped = asyncio.create_task(
+            Agent(pipe.publisher, "research-005", hold=never, obey=True, tenant="globex", thread="chat-c2d4").run()
+        )
+        async with asyncio.timeout(30), httpx.AsyncClient() as http:
+            while True:  # the run must be known before it can be controlled
+                if await pipe.store.run("research-005.deploys") is not None:
+                    break
+                await asyncio.sleep(0.05)
+            sent = await http.post(f"{pipe.edge.url}/v1/runs/research-005/control",
+                                   json={"command": "cancel", "args": {"reason": "stopped by its user"}})
+            assert sent.status_code == 202, sent.text
+        await stopped
         hold = asyncio.Event()
         live = asyncio.create_task(
             Agent(pipe.publisher, "research-004", pace=1.0, hold=hold, tenant="acme", thread="chat-91bc").run()
@@ -127,7 +142,7 @@ async def screenshots(out: Path) -> list[Path]:
         made.append(out / "page-run-live.png")
         await page.screenshot(made[-1])
         await page.goto(f"{pipe.edge.url}/")
-        await page.wait("document.querySelectorAll('#runs tr[data-run]').length >= 8")
+        await page.wait("document.querySelectorAll('#runs tr[data-run]').length >= 20")
         made.append(out / "page-list.png")
         await page.screenshot(made[-1])
         hold.set()

@@ -57,6 +57,7 @@ export class RunModel {
     this.tMax = null; // latest moment anything is known to reach
     this.structure = 0; // bumps when runs, tools or steps are added
     this.errors = [];
+    this.parentId = null; // the run this one is a sub-run of, when it is one
   }
 
   node(id, parentId = null) {
@@ -89,6 +90,7 @@ export class RunModel {
       this.lastSeq = event.seq;
     }
     this.count++;
+    if (!event.child_id && event.parent_id && !this.parentId) this.parentId = event.parent_id;
     const id = event.child_id || this.root.id;
     const parentId = event.child_id ? (event.parent_id && event.parent_id !== id ? event.parent_id : null) : null;
     const node = this.node(id, parentId);

@@ -61,6 +61,12 @@ function render() {
 
 function header() {
   const root = model.root;
+  const parent = document.getElementById("parent-link");
+  if (model.parentId && parent.hidden) {
+    parent.hidden = false;
+    parent.href = withToken(`/runs/${encodeURIComponent(model.parentId)}`);
+    parent.title = model.parentId;
+  }
   stateBadge(root.state, document.getElementById("state")).id = "state";
   const usage = root.treeUsage();
   const totals = document.getElementById("totals");
