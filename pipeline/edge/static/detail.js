@@ -44,16 +44,17 @@ export class Detail {
     this.head(true);
   }
 
-  render() {
+  render(now = null) {
     const node = this.node;
     if (!node) return;
+    this.now = now;
     for (const item of node.dirty) {
       const existing = this.views.get(item);
       if (existing) this.refresh(item, existing);
       else this.transcript.append(this.view(item));
     }
     node.dirty.clear();
-    this.head(node.changed);
+    this.head(node.changed || (node.end == null && now != null));
   }
 
   head(changed) {
@@ -62,7 +63,8 @@ export class Detail {
     stateBadge(node.state, this.badge);
     this.prompt.textContent = node.prompt ? `“${node.prompt}”` : "";
     this.prompt.hidden = !node.prompt;
-    const took = node.start != null ? duration((node.end ?? node.last) - node.start) : "—";
+    const until = node.end ?? (this.now != null ? Math.max(this.now, node.last) : node.last);
+    const took = node.start != null ? duration(until - node.start) : "—";
     const parts = [`${count(node.events)} events`, `${took}${node.end == null ? " so far" : ""}`];
     if (node.tools.length) {
       const failed = node.tools.filter((t) => t.ok === false).length;

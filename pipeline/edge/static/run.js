@@ -49,7 +49,7 @@ function render() {
   const live = !ended && !model.root.terminal;
   tree.render();
   if (!details.node) tree.select(model.root.id);
-  details.render();
+  details.render(live ? now : null);
   timeline.render(now, live);
   header();
   for (const node of model.nodes.values()) node.changed = false;
