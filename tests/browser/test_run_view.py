@@ -273,6 +273,32 @@ async def test_the_runs_list_nests_filters_and_updates_live(
         assert await chromium.eval("window.__sameDocument") is True
 
 
+async def test_with_auth_on_the_list_shows_the_tokens_tenant_and_a_bad_token_is_told(
+    redis_url: str, tmp_path: Path
+) -> None:
+    settings = EdgeSettings(secret=SECRET)
+    token = issue_token(SECRET, tenant="acme", scopes=["read"])
+    async with pipeline(redis_url, f"sqlite:///{tmp_path / 'r.db'}", settings) as pipe, page() as chromium:
+        ours, theirs = unique("ours"), unique("theirs")
+        assert await Agent(pipe.publisher, ours, tenant="acme").run() == "done"
+        assert await Agent(pipe.publisher, theirs, tenant="globex").run() == "done"
+        await wait_for_terminal(pipe.store, ours)
+        await wait_for_terminal(pipe.store, theirs)
+        await chromium.goto(f"{pipe.edge.url}/?access_token={token}")
+        await chromium.wait(f"document.querySelector('#runs tr[data-run={js(ours + '.logs.grep')}]')")
+        runs = await chromium.eval("[...document.querySelectorAll('#runs tr[data-run]')].map((tr) => tr.dataset.run)")
+        assert ours in runs and not any(r.startswith(theirs) for r in runs)
+        href = await chromium.eval(f"document.querySelector('#runs tr[data-run={js(ours)}] a').href")
+        assert href.endswith(f"/runs/{ours}?access_token={token}")
+        await chromium.goto(href)
+        await chromium.wait(RENDERED)
+        assert await chromium.eval("document.getElementById('state').dataset.state") == "done"
+        # another tenant's run is refused like one that does not exist, and the page says so
+        await chromium.goto(f"{pipe.edge.url}/runs/{theirs}?access_token={token}")
+        await chromium.wait("document.getElementById('connection').textContent === 'refused'")
+        assert "404" in await chromium.eval("document.getElementById('errors').innerText")
+
+
 async def test_a_10000_event_run_renders_without_freezing_the_tab(redis_url: str, tmp_path: Path) -> None:
     async with pipeline(redis_url, f"sqlite:///{tmp_path / 'r.db'}") as pipe, page() as chromium:
         root = unique("long")

@@ -127,7 +127,15 @@ export class Detail {
       case "spawn": node = el("div", "note", `→ started sub-run ${item.child}${item.prompt ? `: “${item.prompt}”` : ""}`); break;
       case "plan": node = el("div", "note", `proposed a plan of ${item.plan.steps?.length ?? 0} steps`); break;
       case "note": node = el("div", `note note-${item.state}`, `state → ${item.state.replace("_", " ")}${item.reason ? ` — ${item.reason}` : ""}`); break;
-      default: node = el("div", "note", `${item.type} ${json(item.payload)}`);
+      case "other":
+        if (item.type === "x.gap") {
+          const p = item.payload;
+          node = el("div", "note gap", `⚠ gap: events ${p.first}–${p.last} of ${p.run_id} never arrived (§7 T2)`);
+          break;
+        }
+        node = el("div", "note", `${item.type} ${json(item.payload)}`);
+        break;
+      default: node = el("div", "note", item.kind);
     }
     this.views.set(item, node);
     this.refresh(item, node);

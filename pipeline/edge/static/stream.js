@@ -40,7 +40,7 @@ export class RunStream {
       const outcome = await this.once().catch((err) => (this.stopped ? "stopped" : `retry ${err}`));
       if (outcome === "end" || outcome === "stopped") return;
       if (outcome.startsWith("refused")) {
-        this.on.state("refused", outcome);
+        this.on.state("refused", outcome.slice("refused ".length));
         return;
       }
       this.on.state("reconnecting", outcome);
