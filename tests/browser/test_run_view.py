@@ -159,6 +159,10 @@ async def test_the_tree_is_driven_by_keyboard_and_every_state_is_told_in_words(r
         await chromium.press("ArrowRight")
         assert await chromium.eval(f"document.querySelector('#tree [data-run={js(root + '.logs')}]')"
                                    ".getAttribute('aria-expanded')") == "true"
+        # a tool call's bar opens its card, in its run's detail
+        await chromium.click(".lane-tool[data-tool=grep]")
+        await chromium.wait(f"document.querySelector('#detail h2').title === {js(root + '.logs.grep')}")
+        assert await chromium.eval("document.querySelector('#detail details.tool[data-call=call-grep-0]').open") is True
         # no information by colour alone: each badge says its state in words; text contrast ≥ 4.5:1
         badges = await chromium.eval("[...document.querySelectorAll('.badge[data-state]')].map((b) =>"
                                      " [b.dataset.state, b.textContent])")

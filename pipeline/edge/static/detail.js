@@ -44,6 +44,16 @@ export class Detail {
     this.head(true);
   }
 
+  /** Open a tool call's card and bring it into view. */
+  reveal(tool) {
+    const card = this.views.get(tool.item);
+    if (!card) return;
+    card.open = true;
+    card.scrollIntoView({ block: "center", behavior: "smooth" });
+    card.classList.add("flash");
+    setTimeout(() => card.classList.remove("flash"), 1200);
+  }
+
   render(now = null) {
     const node = this.node;
     if (!node) return;

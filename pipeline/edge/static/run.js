@@ -26,7 +26,10 @@ toggle.title = detail === "full" ? "coalesced text (the default)" : "every delta
 const model = new RunModel(runId);
 const controls = new Controls();
 const details = new Detail(document.getElementById("detail"), model, (node, place) => controls.render(node, place));
-const timeline = new Timeline(document.getElementById("timeline"), model, (id) => tree.select(id, true));
+const timeline = new Timeline(document.getElementById("timeline"), model, (id) => tree.select(id, true), (tool) => {
+  tree.select(tool.run.id);
+  details.reveal(tool);
+});
 const tree = new RunTree(document.getElementById("tree"), model, (id) => {
   details.show(id);
   timeline.highlight(id);

@@ -12,10 +12,11 @@ function niceStep(span) {
 }
 
 export class Timeline {
-  constructor(container, model, onSelect) {
+  constructor(container, model, onSelect, onTool) {
     this.container = container;
     this.model = model;
     this.onSelect = onSelect;
+    this.onTool = onTool;
     this.rows = new Map(); // key → { row, bar, label, meta, ... }
     this.structure = -1;
     this.span = 0;
@@ -82,6 +83,7 @@ export class Timeline {
       lane.row.dataset.tool = tool.name;
       lane.bar = this.bar(lane.track, "bar-tool");
       lane.tool = tool;
+      lane.row.addEventListener("click", () => this.onTool(tool));
       return lane;
     });
   }
