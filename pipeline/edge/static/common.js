@@ -1,5 +1,4 @@
 // What both pages share: the access token, authed requests, states, times, numbers.
-"use strict";
 
 const params = new URLSearchParams(location.search);
 export const token = params.get("access_token");

@@ -65,6 +65,7 @@ function descendants(entry) {
 
 function row({ entry, depth, match }) {
   const run = entry.run;
+  const below = descendants(entry);
   const tr = el("tr");
   tr.dataset.run = run.run_id;
   tr.dataset.depth = String(depth);
@@ -75,7 +76,7 @@ function row({ entry, depth, match }) {
     const open = !collapsed.has(run.run_id) || filtering();
     const toggle = el("button", "fold", open ? "▾" : "▸");
     toggle.setAttribute("aria-expanded", String(open));
-    toggle.setAttribute("aria-label", `${open ? "hide" : "show"} ${descendants(entry)} sub-runs of ${run.run_id}`);
+    toggle.setAttribute("aria-label", `${open ? "hide" : "show"} ${below} sub-runs of ${run.run_id}`);
     toggle.onclick = () => {
       if (collapsed.has(run.run_id)) collapsed.delete(run.run_id); else collapsed.add(run.run_id);
       render();
@@ -88,7 +89,7 @@ function row({ entry, depth, match }) {
   const link = el("a", null, run.run_id);
   link.href = withToken(`/runs/${encodeURIComponent(run.run_id)}`);
   name.append(link);
-  if (entry.children.length) name.append(el("span", "muted small", ` ${descendants(entry)} sub-run${descendants(entry) === 1 ? "" : "s"}`));
+  if (below) name.append(el("span", "muted small", ` ${below} sub-run${below === 1 ? "" : "s"}`));
   const state = el("td");
   state.append(stateBadge(run.state));
   const started = el("td", "time", ago(tsMs(run.first_ts)));
