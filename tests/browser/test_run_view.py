@@ -190,11 +190,14 @@ CONTRAST = """(() => {
 async def test_stop_from_the_page_ends_a_sub_run_then_the_run(
     redis_url: str, tmp_path: Path, agents: list[asyncio.Task[str]]
 ) -> None:
-    async with pipeline(redis_url, f"sqlite:///{tmp_path / 'r.db'}") as pipe, page() as chromium:
+    """With auth on and a token that has the control scope (sent as a header, never in a URL)."""
+    settings = EdgeSettings(secret=SECRET)
+    token = issue_token(SECRET, tenant="acme", scopes=["read", "control"])
+    async with pipeline(redis_url, f"sqlite:///{tmp_path / 'r.db'}", settings) as pipe, page() as chromium:
         root = unique("stop")
         never = asyncio.Event()
-        agent = start(agents, Agent(pipe.publisher, root, hold=never, obey=True))
-        await chromium.goto(f"{pipe.edge.url}/runs/{root}")
+        agent = start(agents, Agent(pipe.publisher, root, hold=never, obey=True, tenant="acme"))
+        await chromium.goto(f"{pipe.edge.url}/runs/{root}?access_token={token}")
         await chromium.wait("document.querySelectorAll('#tree [role=treeitem]').length === 4")
         state = "document.querySelector('#tree [data-run=%s] .badge').dataset.state"
         await chromium.wait(f"{state % js(root + '.deploys')} === 'running'")
