@@ -36,7 +36,7 @@ for await (const line of lines) {
       await page.waitForFunction((t) => document.body.innerText.includes(t), arg, { timeout: 15000 });
       console.log(`seen ${arg}`);
     } else if (command === "state") {
-      await page.waitForFunction((s) => document.getElementById("state").textContent === s, arg, { timeout: 15000 });
+      await page.waitForFunction((s) => document.getElementById("state").dataset.state === s, arg, { timeout: 15000 });
       console.log(`state ${arg}`);
     } else if (command === "pending") {
       for (let i = 0; i < 60 && open.size; i++) await new Promise((r) => setTimeout(r, 50));

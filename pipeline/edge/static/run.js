@@ -1,183 +1,145 @@
-// Renders one run live from the edge's SSE stream. EventSource resends
-// Last-Event-ID on every reconnect, so the view resumes exactly where it was
-// (after an edge restart too); events at or below the last seq are ignored.
-"use strict";
+// Renders one run live from the edge's stream (stream.js: NDJSON, resumed with
+// ?after=<last seq> after any break, an edge restart too, so the view continues
+// exactly where it was; events at or below the last seq are ignored by
+// RunModel.apply). One stream per open run: the root's, with its sub-runs'
+// events flattened in. Events update the model as they come; the DOM is updated
+// at most once per animation frame.
+import { count, el, stateBadge, withToken } from "./common.js";
+import { Controls } from "./controls.js";
+import { Detail } from "./detail.js";
+import { RunModel } from "./model.js";
+import { Timeline } from "./timeline.js";
+import { RunTree } from "./tree.js";
+import { RunStream } from "./stream.js";
 
 const params = new URLSearchParams(location.search);
 const runId = decodeURIComponent(location.pathname.split("/").pop());
-const token = params.get("access_token");
-const query = new URLSearchParams({ detail: params.get("detail") || "shaped" });
-if (token) query.set("access_token", token);
+const detail = params.get("detail") === "full" ? "full" : "shaped";
+document.title = `runwire — ${runId}`;
 document.getElementById("title").textContent = runId;
-document.getElementById("home").href = token ? `/?access_token=${encodeURIComponent(token)}` : "/";
+document.getElementById("home").href = withToken("/");
+const toggle = document.getElementById("detail-toggle");
+toggle.href = withToken(location.pathname, detail === "full" ? {} : { detail: "full" });
+toggle.textContent = detail === "full" ? "shaped view" : "raw events";
+toggle.title = detail === "full" ? "coalesced text (the default)" : "every delta as it was published";
 
-const tabs = new Map(); // child id ("" for the run itself) → { panel, button, last }
-const tools = new Map(); // call id → card
-let lastSeq = 0;
-let ended = false;
-
-function tab(childId) {
-  const key = childId || "";
-  if (tabs.has(key)) return tabs.get(key);
-  const button = document.createElement("button");
-  button.textContent = key ? `child ${key}` : "run";
-  button.dataset.child = key;
-  const panel = document.createElement("section");
-  panel.className = "panel";
-  panel.dataset.child = key;
-  button.onclick = () => select(key);
-  document.getElementById("tabs").append(button);
-  document.getElementById("panels").append(panel);
-  const entry = { panel, button, last: null };
-  tabs.set(key, entry);
-  if (tabs.size === 1) select(key); else panel.hidden = true;
-  return entry;
-}
-
-function select(key) {
-  for (const [k, entry] of tabs) {
-    entry.panel.hidden = k !== key;
-    entry.button.classList.toggle("active", k === key);
-  }
-}
-
-function append(entry, kind, build) {
-  if (entry.last && entry.last.kind === kind && kind !== "tool") return entry.last.node;
-  const node = build();
-  entry.panel.append(node);
-  entry.last = { kind, node };
-  return node;
-}
-
-function reasoning(entry, text) {
-  const node = append(entry, "reasoning", () => {
-    const details = document.createElement("details");
-    details.className = "reasoning";
-    details.innerHTML = "<summary>reasoning</summary><pre></pre>";
-    return details;
-  });
-  node.querySelector("pre").textContent += text;
-}
-
-function text(entry, value) {
-  const node = append(entry, "text", () => {
-    const p = document.createElement("p");
-    p.className = "text";
-    return p;
-  });
-  node.textContent += value;
-}
-
-function toolStart(entry, payload) {
-  const card = document.createElement("div");
-  card.className = "tool";
-  card.dataset.call = payload.call_id;
-  const name = document.createElement("span");
-  name.className = "name";
-  name.textContent = payload.tool;
-  const meta = document.createElement("span");
-  meta.className = "meta";
-  meta.textContent = "running…";
-  const input = document.createElement("pre");
-  input.textContent = JSON.stringify(payload.input ?? null);
-  card.append(name, meta, input);
-  entry.panel.append(card);
-  entry.last = { kind: "tool", node: card };
-  tools.set(payload.call_id, card);
-}
-
-function toolEnd(entry, payload) {
-  const card = tools.get(payload.call_id);
-  if (!card) return;
-  const meta = card.querySelector(".meta");
-  const took = payload.duration_ms != null ? `${payload.duration_ms} ms` : "";
-  meta.textContent = payload.ok ? `ok ${took}` : `failed ${took}`;
-  if (!payload.ok) card.classList.add("failed");
-  const out = document.createElement("pre");
-  out.className = payload.ok ? "output" : "error";
-  out.textContent = JSON.stringify(payload.ok ? payload.output ?? null : payload.error ?? null);
-  card.append(out);
-}
-
-function note(entry, className, value) {
-  const div = document.createElement("div");
-  div.className = className;
-  div.textContent = value;
-  entry.panel.append(div);
-  entry.last = null;
-}
-
-function lifecycle(event, entry) {
-  const p = event.payload;
-  note(entry, "lifecycle", `${p.state}${p.reason ? ` — ${p.reason}` : ""}`);
-  if (event.child_id) return;
-  const badge = document.getElementById("state");
-  badge.textContent = p.state;
-  badge.className = `badge ${p.state}`;
-  if (p.dropped_count) {
-    const dropped = document.getElementById("dropped");
-    dropped.hidden = false;
-    dropped.textContent = `${p.dropped_count} dropped`;
-  }
-}
-
-function render(event) {
-  if (event.type === "error") {
-    const banner = document.createElement("div");
-    banner.className = "error-banner";
-    banner.textContent = `${event.code}: ${event.message}`;
-    document.getElementById("errors").append(banner);
-    return;
-  }
-  if (typeof event.seq === "number") {
-    if (event.seq <= lastSeq) return;
-    lastSeq = event.seq;
-  }
-  const entry = tab(event.child_id);
-  switch (event.type) {
-    case "reasoning.delta": return reasoning(entry, event.payload.text);
-    case "text.delta": return text(entry, event.payload.text);
-    case "tool.start": return toolStart(entry, event.payload);
-    case "tool.end": return toolEnd(entry, event.payload);
-    case "step.boundary": {
-      const hr = document.createElement("hr");
-      hr.className = "step";
-      entry.panel.append(hr);
-      entry.last = null;
-      return;
-    }
-    case "child.spawn": tab(event.payload.child_id); return note(entry, "lifecycle", `spawned ${event.payload.child_id}`);
-    case "run.lifecycle": return lifecycle(event, entry);
-    case "x.usage": return note(entry, "lifecycle", `tokens: ${event.payload.total_tokens}`);
-    default: return note(entry, "lifecycle", event.type);
-  }
-}
-
-tab("");
-const source = new EventSource(`/v1/runs/${encodeURIComponent(runId)}/stream?${query}`);
+const model = new RunModel(runId);
+const controls = new Controls();
+const details = new Detail(document.getElementById("detail"), model, (node, place) => controls.render(node, place));
+const timeline = new Timeline(document.getElementById("timeline"), model, (id) => tree.select(id, true), (tool) => {
+  tree.select(tool.run.id);
+  details.reveal(tool);
+});
+const tree = new RunTree(document.getElementById("tree"), model, (id) => {
+  details.show(id);
+  timeline.highlight(id);
+});
 const connection = document.getElementById("connection");
-source.onopen = () => { connection.textContent = "live"; connection.className = "badge live"; };
-source.onerror = () => {
-  if (ended) return;
-  if (source.readyState === EventSource.CLOSED) {
-    // 204 (the run ended before this reconnect) or a refusal (404, 401): EventSource gave up.
-    ended = true;
-    connection.textContent = "ended";
-    connection.className = "badge";
-    return;
+const stats = { events: 0, renders: 0, renderedSeq: 0, ended: false, firstEventAt: null, lastRenderAt: null, longestRenderMs: 0, handlingMs: 0 };
+window.runView = { model, stats };
+let ended = false;
+let frame = 0;
+let ticker = null;
+
+function schedule() {
+  if (!frame) frame = requestAnimationFrame(render);
+}
+
+function render() {
+  frame = 0;
+  const began = performance.now();
+  const now = Date.now();
+  const live = !ended && !model.root.terminal;
+  tree.render();
+  if (!details.node) tree.select(model.root.id);
+  details.render(live ? now : null);
+  timeline.render(now, live);
+  header();
+  for (const node of model.nodes.values()) node.changed = false;
+  stats.renders++;
+  stats.renderedSeq = model.lastSeq;
+  stats.lastRenderAt = performance.now();
+  stats.longestRenderMs = Math.max(stats.longestRenderMs, stats.lastRenderAt - began);
+}
+
+function header() {
+  const root = model.root;
+  const parent = document.getElementById("parent-link");
+  if (model.parentId && parent.hidden) {
+    parent.hidden = false;
+    parent.href = withToken(`/runs/${encodeURIComponent(model.parentId)}`);
+    parent.title = model.parentId;
   }
-  connection.textContent = "reconnecting";
-  connection.className = "badge offline";
-};
-source.onmessage = (message) => {
-  const event = JSON.parse(message.data);
-  render(event);
-  const terminal = event.type === "run.lifecycle" && !event.child_id &&
-    ["done", "aborted", "error"].includes(event.payload.state);
-  if (terminal || event.type === "error") {
-    ended = true;
-    source.close();
-    connection.textContent = "ended";
-    connection.className = "badge";
+  stateBadge(root.state, document.getElementById("state")).id = "state";
+  const usage = root.treeUsage();
+  const totals = document.getElementById("totals");
+  totals.textContent = `${count(model.count)} events · ${count(usage.input)} in / ${count(usage.output)} out tokens`;
+  totals.dataset.input = String(usage.input);
+  totals.dataset.output = String(usage.output);
+  const outcome = document.getElementById("outcome");
+  if (root.terminal) {
+    const dropped = root.dropped ?? 0;
+    outcome.hidden = false;
+    outcome.className = `outcome outcome-${root.state}`;
+    outcome.replaceChildren(
+      stateBadge(root.state),
+      el("strong", null, ` Run ${root.state}`),
+      el("span", null, root.reason ? ` — ${root.reason}` : ""),
+      el("span", dropped ? "dropped warn" : "dropped", dropped ? ` · ⚠ ${count(dropped)} events dropped for this page (R4)` : " · 0 events dropped"),
+    );
+    outcome.dataset.dropped = String(dropped);
   }
-};
+}
+
+function banner(text) {
+  document.getElementById("errors").append(el("div", "error-banner", text));
+}
+
+function end(label) {
+  ended = true;
+  stats.ended = true;
+  stream.stop();
+  connection.textContent = label;
+  connection.className = "badge";
+  clearInterval(ticker);
+  schedule();
+}
+
+function receive(events) {
+  const began = performance.now();
+  if (stats.firstEventAt == null) stats.firstEventAt = began;
+  stats.events += events.length;
+  for (const event of events) {
+    model.apply(event);
+    if (event.type === "error") banner(`${event.code}: ${event.message}`);
+  }
+  stats.handlingMs += performance.now() - began;
+  if (model.root.terminal) end("ended");
+  else schedule();
+}
+
+const stream = new RunStream(`/v1/runs/${encodeURIComponent(runId)}/stream`, { detail }, {
+  events: receive,
+  lastSeq: () => model.lastSeq,
+  terminal: () => model.root.terminal,
+  state(name, why) {
+    if (name === "live") {
+      connection.textContent = "● live";
+      connection.className = "badge live";
+    } else if (name === "reconnecting") {
+      connection.textContent = "reconnecting";
+      connection.className = "badge offline";
+      connection.title = why || "";
+    } else if (name === "refused") {
+      banner(`the stream was refused: ${why}`);
+      end("refused");
+    } else if (!ended) {
+      end("ended");
+    }
+  },
+});
+stream.run();
+// Bars of what is still running grow with the clock.
+ticker = setInterval(() => { if (!document.hidden) schedule(); }, 250);
+tree.render();
+tree.select(runId);
