@@ -21,8 +21,9 @@ class Checkpoint(msgspec.Struct, kw_only=True, omit_defaults=True):
     sequencer: SequencerState = msgspec.field(default_factory=SequencerState)
     shaper: ShaperState = msgspec.field(default_factory=ShaperState)
     shaped_seq: int = 0
-    """The seq of the last shaped event emitted. Closing windows (a tick) moves the
-    shaped view but not the sequencer, so progress is ``(sequencer.last_seq, shaped_seq)``."""
+    """The seq of the last shaped event emitted (the next shaped span starts after it). Closing
+    windows (a tick) moves the shaped view but not the sequencer, so progress is
+    ``(sequencer.last_seq, shaped_seq)``."""
 
 
 _encoder = msgspec.msgpack.Encoder()
@@ -56,8 +57,11 @@ def newest_checkpoint(*stored: bytes | None) -> bytes | None:
 
 
 def open_windows(data: bytes | None) -> bool:
-    """Whether a stored checkpoint holds open shaping windows."""
-    return bool(data) and bool(_decoder.decode(data).shaper.windows)  # type: ignore[arg-type]
+    """Whether a stored checkpoint holds shaping windows not sent yet (open or held)."""
+    if not data:
+        return False
+    shaper = _decoder.decode(data).shaper
+    return bool(shaper.windows or shaper.held)
 
 
 def settle_windows(data: bytes, shaped_last: int) -> bytes:
@@ -65,20 +69,23 @@ def settle_windows(data: bytes, shaped_last: int) -> bytes:
 
     A writer appends a write's shaped events before the raw append that
     stores its checkpoint; a writer that died between the two left a
-    checkpoint whose windows are open although the shaped view has them. A
-    successor that kept them open would let later deltas join a window the
-    clients already saw, and send it again with a span reaching back over
-    events since (Koder agent stream §7 T2: spans would overlap). Windows
-    close in order of their last raw seq, every window ending before a
-    closing one with it, so each open window whose last seq is at or below
-    the shaped view's last seq was emitted.
+    checkpoint whose windows are open (or held) although the shaped view has
+    them. A successor that kept them would let later deltas join a window
+    the clients already saw and send its text again (Koder agent stream §7
+    T2 and §4 R1: every character once). Windows go out in order of their
+    last raw seq, and one goes out only once no window of the stream ends
+    before it, so each window whose last seq is at or below the shaped
+    view's last seq was emitted; the shaped view's last seq is also where
+    the next span starts.
     """
     checkpoint = _decoder.decode(data)
-    windows = checkpoint.shaper.windows
-    emitted = [key for key, window in windows.items() if window.last.seq <= shaped_last]
-    if not emitted and checkpoint.shaped_seq >= shaped_last:
+    shaper = checkpoint.shaper
+    emitted = [key for key, window in shaper.windows.items() if window.last.seq <= shaped_last]
+    held = [window for window in shaper.held if window.last.seq > shaped_last]
+    if not emitted and len(held) == len(shaper.held) and checkpoint.shaped_seq >= shaped_last:
         return data
     for key in emitted:
-        del windows[key]
+        del shaper.windows[key]
+    shaper.held = held
     checkpoint.shaped_seq = max(checkpoint.shaped_seq, shaped_last)
     return _encoder.encode(checkpoint)
