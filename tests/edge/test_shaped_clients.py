@@ -12,13 +12,20 @@ from __future__ import annotations
 
 import asyncio
 import uuid
+from collections.abc import AsyncIterator
+from datetime import UTC, datetime
 from typing import Any
 
 import httpx
+import msgspec
 
+from pipeline import envelope
+from pipeline.bus import open_bus
 from pipeline.bus.base import Bus
 from pipeline.demo import publish_runs
+from pipeline.envelope import Event
 from pipeline.publisher import Publisher
+from pipeline.shaping import DeltaCoalescer, shape
 from pipeline.store.base import ReplayLog
 from tests.shaped_checks import as_dicts, r1_excess, t2_problems, texts
 from workers.runtime import run_worker
@@ -28,6 +35,13 @@ from .harness import decoded, read_sse, serve_edge
 RUNS = 5
 JOIN_AT = (0, 45, 90)
 """Raw events of the run already delivered when each client joins (0: before the run starts)."""
+
+
+async def sse_frames(response: httpx.Response) -> AsyncIterator[dict[str, Any]]:
+    """An SSE body's events as they arrive (decoded ``data:`` lines)."""
+    async for line in response.aiter_lines():
+        if line.startswith("data:"):
+            yield msgspec.json.decode(line[5:].strip())
 
 
 async def shaped_client(
@@ -85,3 +99,88 @@ async def test_shaped_clients_joining_the_demo_runs_get_every_character_once(
         assert [e["seq"] for e in events if e["type"] not in ("reasoning.delta", "text.delta")] == [
             e["seq"] for e in raw if e["type"] not in ("reasoning.delta", "text.delta")
         ]
+
+
+def long_run(run_id: str, count: int) -> list[Event]:
+    """A parent's raw view: two children's deltas 25 ms apart (both types), a tool call of the run
+    every 40 events, then the end."""
+    base = 1_700_000_000_000
+    out: list[Event] = []
+    for seq in range(1, count + 1):
+        ts = envelope.format_ts(datetime.fromtimestamp((base + seq * 25) / 1000, UTC))
+        child: str | None = None
+        if seq == count:
+            kind, payload = "run.lifecycle", {"state": "done"}
+        elif seq % 40 == 1:
+            kind, payload = "tool.start", {"call_id": f"c{seq}", "tool": "t"}
+        else:
+            kind = "text.delta" if (seq // 7) % 2 else "reasoning.delta"
+            payload, child = {"text": f"{seq};"}, f"{run_id}.c{seq % 2}"
+        out.append(envelope.make(kind, payload, id=f"01J{seq:023d}", ts=ts, run_id=run_id, seq=seq,
+                                 child_id=child))
+    return out
+
+
+async def test_a_real_hole_is_filled_from_the_log_at_the_cost_of_the_gap(
+    store: ReplayLog, run_id: str
+) -> None:
+    """A burst longer than the hot tier's ``maxlen`` between two reads of the edge trims the shaped
+    view past a live client's position. The edge recomputes just that stretch from the replay log
+    (from the last control event before it, §4 R3), not the run: the client gets the shaped view
+    whole, each event once (T2), and the log is read for about the gap's length."""
+    raw = long_run(run_id, 12_000)
+    coalescer = DeltaCoalescer()
+    live = [[e for event in part for e in coalescer.feed(event)] for part in (raw[:10_000], raw[10_000:11_000])]
+    live.append([e for event in raw[11_000:] for e in coalescer.feed(event)] + coalescer.flush())
+    assert sum(live, []) == shape(raw)
+    read = [0]
+    plain_read = store.read
+
+    async def counted(run: str, after: int = 0, limit: int | None = None) -> list[Event]:
+        events = await plain_read(run, after, limit)
+        read[0] += len(events)
+        return events
+
+    plain_iter = store.iter_events
+
+    async def counted_iter(run: str, after: int = 0, batch: int = 5000) -> AsyncIterator[Event]:
+        async for event in plain_iter(run, after, batch):
+            read[0] += 1
+            yield event
+
+    store.read = counted  # type: ignore[method-assign]
+    store.iter_events = counted_iter  # type: ignore[method-assign]
+    async with open_bus("memory://?maxlen=50") as bus, serve_edge(bus, store) as edge:
+        got: list[dict[str, Any]] = []
+        arrived = asyncio.Event()
+
+        async def client() -> None:
+            async with httpx.AsyncClient(timeout=30) as http, http.stream(
+                "GET", f"{edge.url}/v1/runs/{run_id}/stream"
+            ) as response:
+                async for frame in sse_frames(response):
+                    got.append(frame)
+                    arrived.set()
+
+        async def until(seq: int) -> None:
+            async with asyncio.timeout(20):
+                while not got or got[-1]["seq"] < seq:
+                    arrived.clear()
+                    await arrived.wait()
+
+        for index, (lo, hi) in enumerate(((0, 10_000), (10_000, 11_000), (11_000, 12_000))):
+            await store.append(raw[lo:hi])
+            await bus.append((run_id, "raw"), raw[lo:hi])
+            await bus.append((run_id, "shaped"), live[index])  # one append: the hot tier keeps 50
+            if index == 0:
+                reader = asyncio.create_task(client())
+                await until(live[0][-1].seq)
+                read[0] = 0  # what the client's own catch-up read is not the hole's
+            if index == 1:
+                await until(live[1][-1].seq)
+                hole = read[0]
+        async with asyncio.timeout(20):
+            await reader
+    assert got == as_dicts(shape(raw))
+    assert t2_problems(got) == []
+    assert 0 < hole < 1_500, hole  # the gap is 1,000 raw events; the run before it 10,000
