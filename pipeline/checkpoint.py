@@ -9,10 +9,13 @@ shaped view its writer already appended.
 
 from __future__ import annotations
 
+from collections.abc import Sequence
+
 import msgspec
 
+from .envelope import Event
 from .sequencing import SequencerState
-from .shaping import ShaperState
+from .shaping import ShaperState, window_key
 
 
 class Checkpoint(msgspec.Struct, kw_only=True, omit_defaults=True):
@@ -56,36 +59,43 @@ def newest_checkpoint(*stored: bytes | None) -> bytes | None:
     return best
 
 
-def open_windows(data: bytes | None) -> bool:
-    """Whether a stored checkpoint holds shaping windows not sent yet (open or held)."""
-    if not data:
-        return False
-    shaper = _decoder.decode(data).shaper
-    return bool(shaper.windows or shaper.held)
+def shaped_seq(data: bytes) -> int:
+    """The last shaped seq a stored checkpoint's writer had emitted."""
+    return _decoder.decode(data).shaped_seq
 
 
-def settle_windows(data: bytes, shaped_last: int) -> bytes:
-    """A checkpoint with the windows the shaped view already shows taken out.
+def settle_windows(data: bytes, shaped: Sequence[Event]) -> bytes:
+    """A checkpoint that continues the shaped view its writer already appended past it.
 
-    A writer appends a write's shaped events before the raw append that
-    stores its checkpoint; a writer that died between the two left a
-    checkpoint whose windows are open (or held) although the shaped view has
-    them. A successor that kept them would let later deltas join a window
-    the clients already saw and send its text again (Koder agent stream §7
-    T2 and §4 R1: every character once). Windows go out in order of their
-    last raw seq, and one goes out only once no window of the stream ends
-    before it, so each window whose last seq is at or below the shaped
-    view's last seq was emitted; the shaped view's last seq is also where
-    the next span starts.
+    ``shaped`` is the shaped view after the checkpoint's ``shaped_seq``. A
+    writer appends a write's shaped events before the raw append that stores
+    its checkpoint; one that died between the two left a checkpoint behind
+    the shaped view clients saw. Its successor replays the same raw events
+    (they were never acked), and shaping them again from the checkpoint
+    gives the same windows — except where the dead writer's wall-clock tick
+    closed one that a replayed delta would now join, sending its text again
+    (Koder agent stream §4 R1: every character once). So the windows close
+    where the shaped view says they did: a window of the checkpoint already
+    sent is closed now, and each later one at the delta the view shows as
+    its last (:attr:`ShaperState.closes`). Events at or below the view's last
+    seq go out again only to be dropped, so spans continue from it (§7 T2).
     """
     checkpoint = _decoder.decode(data)
-    shaper = checkpoint.shaper
-    emitted = [key for key, window in shaper.windows.items() if window.last.seq <= shaped_last]
-    held = [window for window in shaper.held if window.last.seq > shaped_last]
-    if not emitted and len(held) == len(shaper.held) and checkpoint.shaped_seq >= shaped_last:
+    sent = [e for e in shaped if e.seq > checkpoint.shaped_seq]
+    if not sent:
         return data
-    for key in emitted:
-        del shaper.windows[key]
-    shaper.held = held
-    checkpoint.shaped_seq = max(checkpoint.shaped_seq, shaped_last)
+    shaper = checkpoint.shaper
+    closes: dict[str, list[int]] = {}
+    for event in sent:
+        key = window_key(event)
+        if key is not None:
+            closes.setdefault(key, []).append(event.seq)
+    for key, window in list(shaper.windows.items()):
+        seqs = closes.get(key)
+        if seqs and window.last.seq in seqs:
+            shaper.held.append(shaper.windows.pop(key))
+            seqs.remove(window.last.seq)
+    shaper.held.sort(key=lambda window: window.last.seq)
+    shaper.closes = {key: seqs for key, seqs in closes.items() if seqs}
+    checkpoint.shaped_seq = sent[-1].seq
     return _encoder.encode(checkpoint)

@@ -94,6 +94,11 @@ class ShaperState(msgspec.Struct, kw_only=True, omit_defaults=True):
     """Closed windows waiting for an open one with an earlier last seq, in last-seq order."""
     clock: int = 0
     """The stream's event time (ms): the latest delta ``ts`` since its last non-delta event."""
+    closes: dict[str, list[int]] = {}
+    """Where the windows of a writer that died closed after its checkpoint (key → last seqs, from
+    the shaped view it had appended): replaying the same raw events, its successor closes them
+    at the same deltas, so it sends the same windows whatever the dead writer's wall-clock ticks
+    did (see :func:`pipeline.checkpoint.settle_windows`)."""
 
 
 Delta = ReasoningDelta | TextDelta
@@ -152,8 +157,11 @@ class DeltaCoalescer:
             if state.windows or state.held:
                 self._emit_all(out)
             state.clock = 0
-            out.append(event)
-            self.floor = event.seq
+            if state.closes:
+                self._forget_closes(event.seq)
+            if event.seq > self.floor:
+                out.append(event)
+                self.floor = event.seq
             return
         now = ts_millis(event.ts)
         clock = state.clock
@@ -176,6 +184,8 @@ class DeltaCoalescer:
         else:
             window.last = event  # type: ignore[assignment]
             window.texts.append(event.payload.text)  # type: ignore[union-attr]
+        if state.closes and key in state.closes:
+            self._replay_close(key, event.seq)
         if state.held:
             self._release(out)
 
@@ -209,6 +219,27 @@ class DeltaCoalescer:
         self._first_end = _first_end(windows)
         return max(window.end_ms for window in closed)
 
+    def _replay_close(self, key: str, seq: int) -> None:
+        """Close ``key``'s window at ``seq`` when the writer before this one closed it there."""
+        state = self.state
+        seqs = state.closes[key]
+        while seqs and seqs[0] < seq:
+            seqs.pop(0)
+        if seqs and seqs[0] == seq:
+            seqs.pop(0)
+            state.held.append(state.windows.pop(key))
+            state.held.sort(key=_last_seq)
+            self._first_end = _first_end(state.windows)
+        if not seqs:
+            del state.closes[key]
+
+    def _forget_closes(self, seq: int) -> None:
+        closes = self.state.closes
+        for key in list(closes):
+            closes[key] = [s for s in closes[key] if s > seq]
+            if not closes[key]:
+                del closes[key]
+
     def _release(self, out: list[Event]) -> None:
         """Send the closed windows that end before every open one (so seq keeps increasing)."""
         held = self.state.held
@@ -219,7 +250,7 @@ class DeltaCoalescer:
                 count += 1
         if count:
             for window in held[:count]:
-                out.append(self._shaped(window))
+                self._send(window, out)
             del held[:count]
 
     def _emit_all(self, out: list[Event]) -> None:
@@ -231,6 +262,10 @@ class DeltaCoalescer:
         state.windows = {}
         self._first_end = float("inf")
         for window in closing:
+            self._send(window, out)
+
+    def _send(self, window: Window, out: list[Event]) -> None:
+        if window.last.seq > self.floor:  # else the shaped view has it (a successor's replay)
             out.append(self._shaped(window))
 
     def _shaped(self, window: Window) -> Event:
@@ -253,6 +288,14 @@ def _last_seq(window: Window) -> int:
 
 def _first_end(windows: dict[str, Window]) -> float:
     return min((window.end_ms for window in windows.values()), default=float("inf"))
+
+
+def window_key(event: Event) -> str | None:
+    """The key of the window a delta (raw or shaped) belongs to; None for any other event."""
+    suffix = _KEY_SUFFIX.get(type(event))
+    if suffix is None:
+        return None
+    return event.child_id + suffix if event.child_id else suffix
 
 
 def is_delta(event: Event) -> bool:

@@ -182,13 +182,13 @@ def test_a_successor_of_a_writer_that_died_after_a_ticks_shaped_append_keeps_spa
     assert [(e.seq, e.span) for e in shown] == [(1, None), (2, (2, 2)), (3, (3, 3))]
 
     successor = Streams(Processor(clock=lambda: now[0]))
-    successor.states["run_died"] = settle_windows(stale, shown[-1].seq)  # ... the checkpoint does not
+    successor.states["run_died"] = settle_windows(stale, shown)  # ... the checkpoint does not
     successor.shaped["run_died"] = list(shown)
     successor.feed([run.reasoning("r2 ", 30), run.lifecycle("done", 40)])
     assert [(e.seq, e.span) for e in successor.shaped["run_died"]] == [
         (1, None), (2, (2, 2)), (3, (3, 3)), (4, (4, 4)), (5, None)
     ]
-    assert settle_windows(streams.states["run_died"], 3) == streams.states["run_died"]
+    assert settle_windows(streams.states["run_died"], shown) == streams.states["run_died"]
 
 
 def test_tick_closes_a_quiet_window_after_its_end() -> None:

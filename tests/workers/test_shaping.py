@@ -12,6 +12,7 @@ import random
 
 import msgspec
 
+from pipeline.checkpoint import settle_windows
 from pipeline.envelope import Event, replace
 from pipeline.processor import Processor
 from pipeline.shaping import DeltaCoalescer, is_delta, shape
@@ -175,3 +176,35 @@ def test_t2_the_client_checker_catches_a_dropped_shaped_event() -> None:
     assert len(problems) == 1 and "missing" in problems[0]
     resumed = [e for e in shaped if e["seq"] > shaped[9]["seq"]]
     assert t2_problems(resumed, after=shaped[9]["seq"]) == []
+
+
+def test_a_writer_that_died_between_its_shaped_and_raw_appends_is_continued_exactly() -> None:
+    """The writer shaped a batch and appended its shaped events, then died before the raw append
+    that stores its checkpoint. The successor restores the older checkpoint and gets the batch
+    again; the windows close where the shaped view shows they did, so a window whose deltas lie on
+    both sides of the checkpoint is not sent twice (R1: every character once) and spans go on
+    tiling (T2)."""
+    root = RunScript("run")
+    a, b = RunScript("a", parent="run"), RunScript("b", parent="run")
+    scripts = {"a": a, "b": b}
+    published = [root.spawn("a"), root.spawn("b")]
+    stamps = [("a", 0), ("a", 50), ("b", 100), ("a", 120), ("b", 250), ("a", 260)]
+    published += [scripts[who].text(f"{who}{n};", ms) for n, (who, ms) in enumerate(stamps)]
+    published.append(root.lifecycle("done", 300))
+    whole = Streams()
+    whole.feed(published)
+    writer = Streams()
+    writer.feed(published[:3])  # checkpoint: a's window open with a0
+    checkpoint = writer.states["run"]
+    dead = Streams()
+    dead.states = dict(writer.states)
+    dead.feed(published[3:6])  # a's window takes a1 and closes at 100 ms: sent
+    sent = dead.shaped["run"]
+    assert [(e.seq, e.payload.text) for e in sent] == [(4, "a0;a1;")]  # type: ignore[union-attr]
+    successor = Streams()
+    successor.states = dict(dead.states)
+    successor.states["run"] = settle_windows(checkpoint, sent)  # the raw append never happened
+    successor.shaped["run"] = list(writer.shaped["run"]) + list(sent)
+    successor.feed(published[3:])  # the unacked batch again, then the rest
+    assert successor.shaped["run"] == whole.shaped["run"] == shape(whole.raw["run"])
+    assert texts(as_dicts(successor.shaped["run"])) == texts(as_dicts(whole.raw["run"]))
