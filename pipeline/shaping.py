@@ -11,17 +11,18 @@ whose clock lags cannot make the others' windows shorter, nor its own). A
 window closes when the clock reaches its end, or, live, when the wall clock
 passes its end (:meth:`DeltaCoalescer.tick`) so an agent's last words are not
 held back. A source's next window of a type therefore opens at least 100 ms
-of event time after the one before: at most 10 shaped deltas a second per
-(source, type), however the types alternate and however many children stream
-at once.
+of event time after the one before, and a shaped delta's ``ts`` is its
+window's opening on that clock: between two control events the shaped deltas
+of one (source, type) are at least 100 ms apart — at most 10 a second,
+however the types alternate and however many children stream at once.
 
 §4 R3 — any other event first flushes every window of the stream (and resets
 its clock), then goes out at once, never batched, its raw seq unchanged.
 
 **Seq and span** (Koder agent stream §7 T2 on the shaped view). A shaped delta
-has ``seq`` = the last raw seq it holds. Windows of one stream overlap in seq
-space (two children, or reasoning and text of one source, streaming at once),
-so a closed window waits while an open window of the stream holds an earlier
+has ``seq`` = the last raw seq it holds (and that delta's ``id``). Windows of
+one stream overlap in seq space (two children, or reasoning and text of one
+source, streaming at once), so a closed window waits while an open window of the stream holds an earlier
 raw seq, and windows go out in order of their last raw seq: the shaped
 stream's seq strictly increases and an idempotent append never drops one.
 ``span = [first, last]`` says which stretch of the seq space an event

@@ -1,6 +1,7 @@
 // Renders one run live from the edge's SSE stream. EventSource resends
 // Last-Event-ID on every reconnect, so the view resumes exactly where it was
-// (after an edge restart too); events at or below the last seq are ignored.
+// (after an edge restart too); events at or below the last seq are ignored, and a
+// gap before an event (T2) is shown where it happened.
 "use strict";
 
 const params = new URLSearchParams(location.search);
@@ -131,6 +132,12 @@ function render(event) {
   }
   if (typeof event.seq === "number") {
     if (event.seq <= lastSeq) return;
+    // Koder agent stream §7 T2: each event starts right after the one before it (span[0] for a
+    // shaped delta, whose spans tile the seq space); a later start means events were missed.
+    const first = Array.isArray(event.span) ? event.span[0] : event.seq;
+    if (lastSeq > 0 && first > lastSeq + 1) {
+      note(tab(""), "lifecycle", `missed seq ${lastSeq + 1}–${first - 1}`);
+    }
     lastSeq = event.seq;
   }
   const entry = tab(event.child_id);
