@@ -59,9 +59,22 @@ def newest_checkpoint(*stored: bytes | None) -> bytes | None:
     return best
 
 
-def shaped_seq(data: bytes) -> int:
-    """The last shaped seq a stored checkpoint's writer had emitted."""
-    return _decoder.decode(data).shaped_seq
+def unsent_windows(data: bytes | None) -> int | None:
+    """The shaped seq of a stored checkpoint that holds windows not sent yet (None: it holds none).
+
+    Only such a checkpoint needs :func:`settle_windows` (and a read of the
+    shaped view): replaying the raw events after one without windows gives
+    the shaped events its writer sent, since only a wall-clock tick closing a
+    window can make the two differ — and a tick closes windows of a stream
+    that has been quiet for a while, which are in the stored checkpoint
+    unless they opened in the very write that died (a write that merged
+    batches processed while the one before was in flight for over 250 ms).
+    """
+    if not data:
+        return None
+    checkpoint = _decoder.decode(data)
+    shaper = checkpoint.shaper
+    return checkpoint.shaped_seq if shaper.windows or shaper.held else None
 
 
 def settle_windows(data: bytes, shaped: Sequence[Event]) -> bytes:

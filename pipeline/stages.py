@@ -23,7 +23,7 @@ from redis.backoff import ExponentialWithJitterBackoff
 
 from .bus import Bus, Delivery, EncodedAppend
 from .bus.keys import shard_for
-from .checkpoint import settle_windows, shaped_seq
+from .checkpoint import settle_windows, unsent_windows
 from .envelope import Event, decode_many, encode
 from .errors import ProtocolError
 from .fanin import Misrooted
@@ -294,9 +294,9 @@ class Stages:
     async def _load_state(self, run_id: str) -> bytes | None:
         async with self._appends:
             data = await self.retry(lambda: self._load(run_id))
-            if data is None:
+            after = unsent_windows(data)
+            if data is None or after is None:
                 return data
-            after = shaped_seq(data)
             sent = await self.retry(lambda: self.bus.read((run_id, "shaped"), after, limit=SETTLE_READ))
             return settle_windows(data, sent) if sent else data
 
