@@ -18,6 +18,7 @@ from typing import Any
 
 import httpx
 import msgspec
+import pytest
 
 from pipeline import envelope
 from pipeline.bus import open_bus
@@ -184,3 +185,25 @@ async def test_a_real_hole_is_filled_from_the_log_at_the_cost_of_the_gap(
     assert got == as_dicts(shape(raw))
     assert t2_problems(got) == []
     assert 0 < hole < 1_500, hole  # the gap is 1,000 raw events; the run before it 10,000
+
+
+@pytest.mark.parametrize("short", [False, True])
+async def test_t2_holds_on_resume_from_any_seq(store: ReplayLog, run_id: str, short: bool) -> None:
+    """Koder agent stream §7 T3 and T2 on the shaped view: ``Last-Event-ID: N`` for cursors all
+    over the run — shaped seqs and raw seqs inside windows — gets exactly the shaped view after N,
+    whose first event starts at or before N + 1 and the rest tile on. With a short hot tier the
+    history comes from the replay log, recomputed from the last control event before N."""
+    raw = long_run(run_id, 1_200)
+    shaped = shape(raw)
+    await store.append(raw)
+    async with open_bus("memory://?maxlen=40" if short else "memory://") as bus:
+        await bus.append((run_id, "raw"), raw)
+        await bus.append((run_id, "shaped"), shaped)
+        cursors = sorted({*(e.seq for e in shaped[::23]), *range(0, 1_200, 97), 1_199})
+        async with serve_edge(bus, store) as edge, httpx.AsyncClient(timeout=30) as http:
+            for cursor in cursors:
+                async with http.stream("GET", f"{edge.url}/v1/runs/{run_id}/stream",
+                                       headers={"Last-Event-ID": str(cursor)}) as response:
+                    got = [frame async for frame in sse_frames(response)]
+                assert got == as_dicts([e for e in shaped if e.seq > cursor]), cursor
+                assert t2_problems(got, after=cursor) == [], cursor
