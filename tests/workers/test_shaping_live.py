@@ -23,6 +23,7 @@ import msgspec
 import pytest
 
 from pipeline.bus import Bus, open_bus
+from pipeline.bus.keys import shard_for
 from pipeline.envelope import Event, format_ts
 from pipeline.publisher import Publisher
 from pipeline.shaping import is_delta, shape
@@ -76,6 +77,17 @@ async def wait_ended(bus: Bus, run_ids: list[str], within: float = 60) -> None:
                             last[0].payload_dict()["state"] == "done":
                         break
                 await asyncio.sleep(0.05)
+
+
+async def wait_delivered(bus: Bus, run_ids: list[str], count: int, within: float = 60) -> None:
+    """Until each run's raw stream has ``count`` events."""
+    async with asyncio.timeout(within):
+        for run_id in run_ids:
+            while True:
+                bounds = await bus.bounds((run_id, "raw"))
+                if bounds and bounds[1] >= count:
+                    break
+                await asyncio.sleep(0.02)
 
 
 @pytest.mark.parametrize("children", [0, 3])
@@ -132,32 +144,45 @@ def alternating_tree(root: str, children: int, deltas: int, base: datetime) -> l
 
 
 def alternating_trees(prefix: str, runs: int, children: int, deltas: int) -> list[list[Event]]:
-    """:func:`alternating_tree` ``runs`` times, stamped an hour ahead so that only event time
-    closes windows (a wall-clock tick never finds one whose end has passed)."""
+    """:func:`alternating_tree` ``runs`` times, on as many shards of 8, stamped an hour ahead so
+    that only event time closes windows (a wall-clock tick never finds one whose end has passed)."""
     base = datetime.now(UTC) + timedelta(hours=1)
-    return [alternating_tree(f"{prefix}t{n}", children, deltas, base) for n in range(runs)]
+    roots: dict[int, str] = {}
+    for number in range(1000):
+        roots.setdefault(shard_for(f"{prefix}t{number}", 8), f"{prefix}t{number}")
+        if len(roots) == runs:
+            break
+    return [alternating_tree(root, children, deltas, base) for root in roots.values()]
 
 
 @pytest.mark.slow
+@pytest.mark.parametrize("backend", ["redis", "kafka"])
 async def test_r1_and_t2_hold_when_a_worker_is_sigkilled_mid_run_and_its_backlog_is_replayed(
-    redis_url: str, postgres_url: str, tmp_path: Path
+    backend: str, postgres_url: str, tmp_path: Path, request: pytest.FixtureRequest
 ) -> None:
     """Two ``runwire worker`` processes share six runs (a root and three children streaming
     at once, alternating types, 2,000 deltas over 2 s of event time each); one is SIGKILLed
-    mid-run. The survivor restores its checkpoints (open and held windows) and replays the
-    unacked backlog by event time: every stream's shaped view is exactly ``shape(raw)``, with
-    R1 and T2 holding and every character once."""
+    mid-run. The survivor restores its checkpoints (open and held windows; on Kafka from the
+    faust table's changelog) and replays the unacked backlog by event time: every stream's
+    shaped view is exactly ``shape(raw)``, with R1 and T2 holding and every character once."""
     prefix = f"k{uuid.uuid4().hex[:8]}"
-    bus_url = f"{redis_url}{'&' if '?' in redis_url else '?'}prefix={prefix}&lease_ms=2000"
+    if backend == "redis":
+        url = request.getfixturevalue("redis_url")
+        bus_url = f"{url}{'&' if '?' in url else '?'}prefix={prefix}&lease_ms=2000"
+    else:
+        url = request.getfixturevalue("kafka_url")
+        bus_url = f"{url}?prefix={prefix}&session_timeout_ms=3000&shards=8"
     trees = alternating_trees(prefix, runs=6, children=3, deltas=2000)
-    workers = [start_worker(bus_url, postgres_url, f"w{i}", tmp_path, group="alt") for i in range(2)]
+    group = "alt" if backend == "redis" else f"{prefix}-g"
+    workers = [start_worker(bus_url, postgres_url, f"w{i}", tmp_path, group=group) for i in range(2)]
     try:
         async with open_bus(bus_url) as bus, open_store(postgres_url) as store:
-            await wait_sharing(tmp_path, ["w0", "w1"])
+            await wait_sharing(tmp_path, ["w0", "w1"], timeout_s=40)
             longest = max(len(tree) for tree in trees)
             for offset in range(0, longest, 100):
                 await bus.publish([e for tree in trees for e in tree[offset : offset + 100]])
-                if offset == 1000:  # every run is half-published: kill one worker in the middle
+                if offset == 1000:  # every run is half-published and half-shaped: kill a worker
+                    await wait_delivered(bus, [tree[0].run_id for tree in trees], 500)
                     workers[0].send_signal(signal.SIGKILL)
                     assert workers[0].wait(5) == -signal.SIGKILL
                 await asyncio.sleep(0.02)
@@ -165,9 +190,13 @@ async def test_r1_and_t2_hold_when_a_worker_is_sigkilled_mid_run_and_its_backlog
             await wait_ended(bus, roots, within=90)
             workers[1].send_signal(signal.SIGTERM)
             assert workers[1].wait(15) == 0, (tmp_path / "w1.log").read_text()
-            survivor = msgspec.json.decode((tmp_path / "w1.log").read_bytes().splitlines()[-1])
-            total = sum(len(tree) for tree in trees)
-            assert 0 < survivor["entries"] < total, "both workers must have done part of the work"
+            survivor_log = (tmp_path / "w1.log").read_text()
+            if backend == "redis":
+                survivor = msgspec.json.decode(survivor_log.splitlines()[-1])
+                total = sum(len(tree) for tree in trees)
+                assert 0 < survivor["entries"] < total, "both workers must have done part of the work"
+            else:  # the runs are on six of the eight partitions: both workers had some of them
+                assert "w1 owns shards [0, 1, 2, 3, 4, 5, 6, 7]" in survivor_log.split("owns shards", 1)[1]
             for tree in trees:
                 for run_id in dict.fromkeys(e.run_id for e in tree):
                     raw = await read_all(bus, run_id)
