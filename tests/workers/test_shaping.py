@@ -11,11 +11,13 @@ from __future__ import annotations
 import random
 
 import msgspec
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from pipeline.checkpoint import settle_windows
 from pipeline.envelope import Event, replace
 from pipeline.processor import Processor
-from pipeline.shaping import DeltaCoalescer, is_delta, shape
+from pipeline.shaping import DeltaCoalescer, is_delta, shape, ts_millis
 from tests.shaped_checks import as_dicts, max_per_second, r1_excess, t2_problems, texts
 from tests.workers.events import BASE, RunScript
 from tests.workers.test_logic import Streams
@@ -208,3 +210,70 @@ def test_a_writer_that_died_between_its_shaped_and_raw_appends_is_continued_exac
     successor.feed(published[3:])  # the unacked batch again, then the rest
     assert successor.shaped["run"] == whole.shaped["run"] == shape(whole.raw["run"])
     assert texts(as_dicts(successor.shaped["run"])) == texts(as_dicts(whole.raw["run"]))
+
+
+@st.composite
+def streams_of_events(draw: st.DrawFn) -> list[Event]:
+    """A parent's published events: up to four sources (the run first), deltas of either type in
+    any order, control events anywhere, timestamps that jitter, lag and jump."""
+    sources = draw(st.integers(1, 4))
+    root = RunScript("run_any")
+    scripts = [root] + [RunScript(f"run_any_c{i}", parent="run_any") for i in range(1, sources)]
+    events = [root.lifecycle("running", 0)] + [root.spawn(s.run_id, 0) for s in scripts[1:]]
+    lags = [0.0] + [draw(st.sampled_from([0.0, 3.0, 40.0, 300.0])) for _ in scripts[1:]]
+    ms = 1.0
+    for step in draw(st.lists(st.tuples(st.integers(0, sources - 1), st.integers(0, 20),
+                                        st.floats(0, 60)), min_size=1, max_size=400)):
+        which, kind, gap = step
+        ms += gap
+        script = scripts[which]
+        if kind == 0:
+            events.append(script.tool_start(f"call-{len(events)}", ms - lags[which]))
+        else:
+            delta = script.reasoning if kind % 2 else script.text
+            events.append(delta(f"{which}.{len(events)};", ms - lags[which]))
+    events.append(root.lifecycle("done", ms + 1))
+    return events
+
+
+@settings(max_examples=150, deadline=None)
+@given(streams_of_events(), st.data())
+def test_any_input_r1_t2_every_character_once_and_live_equals_shape(
+    events: list[Event], data: st.DataObject
+) -> None:
+    """For any order of types, sources, control events and timestamps: R1 between control events
+    (≤ 10 shaped deltas a second per child and type, by their ``ts``), every character once, R3,
+    spans that tile (T2) — and the live path, in random batches with a worker replaced at a random
+    point (restored from its checkpoint), gives exactly ``shape(raw)``."""
+    whole = Streams()
+    whole.feed(events)
+    raw = whole.raw["run_any"]
+    shaped = shape(raw)
+    assert_shaped_view(raw, shaped)
+    assert whole.shaped["run_any"] == shaped
+    cut = data.draw(st.integers(0, len(events)))
+    size = data.draw(st.integers(1, 50))
+    first, second = Streams(), Streams()
+    for start in range(0, cut, size):
+        first.feed(events[start : min(cut, start + size)])
+    second.states = dict(first.states)  # a new process: only the checkpoints
+    for start in range(cut, len(events), size):
+        second.feed(events[start : start + size])
+    assert first.shaped["run_any"] + second.shaped["run_any"] == shaped
+
+
+def test_a_delta_stamped_before_the_end_of_a_window_a_tick_closed_opens_the_next_at_that_end() -> None:
+    """Live, a tick closes a window once the wall clock passed its end; a delta that arrives later
+    but is stamped earlier (a lagging publisher) opens the next window at that end, not before it,
+    so the two shaped deltas stay 100 ms apart (R1)."""
+    run = RunScript("run_late")
+    coalescer = DeltaCoalescer()
+    first = replace(run.text("a", 0), seq=1)
+    coalescer.feed(first)
+    start = ts_millis(first.ts)
+    closed = coalescer.tick(start + 200)
+    coalescer.feed(replace(run.text("b", 50), seq=2))
+    later = coalescer.flush()
+    assert [e.payload.text for e in closed + later] == ["a", "b"]  # type: ignore[union-attr]
+    assert ts_millis(later[0].ts) - ts_millis(closed[0].ts) == 100
+    assert t2_problems(as_dicts(closed + later)) == []
