@@ -11,6 +11,7 @@ never takes interleaved windows for a hole, so it never sends a window twice (§
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import uuid
 from collections.abc import AsyncIterator
 from datetime import UTC, datetime
@@ -28,6 +29,7 @@ from pipeline.envelope import Event
 from pipeline.publisher import Publisher
 from pipeline.shaping import DeltaCoalescer, shape
 from pipeline.store.base import ReplayLog
+from tests.bus.conftest import serving_redis_cluster_url  # noqa: F401  (the fixture)
 from tests.shaped_checks import as_dicts, r1_excess, t2_problems, texts
 from workers.runtime import run_worker
 
@@ -67,20 +69,23 @@ async def shaped_client(
     return decoded(events)
 
 
-async def test_shaped_clients_joining_the_demo_runs_get_every_character_once(
-    bus: Bus, store: ReplayLog
-) -> None:
+async def demo_clients(bus: Bus, edge_buses: list[Bus], store: ReplayLog) -> None:
+    """The demo's runs through a worker on ``bus`` and one edge per bus of ``edge_buses``; shaped
+    SSE clients join each run (turn about on the edges) before it starts and mid-run."""
     prefix = f"d{uuid.uuid4().hex[:8]}"
     run_ids = [f"{prefix}-{n + 1:04d}" for n in range(RUNS)]
     stop = asyncio.Event()
     worker = asyncio.create_task(run_worker(bus, store, group="demo", name="w1", stop=stop))
     try:
-        async with serve_edge(bus, store) as edge:
+        async with contextlib.AsyncExitStack() as stack:
+            edges = [await stack.enter_async_context(serve_edge(b, store)) for b in edge_buses]
             clients = {
-                (run_id, join_at): asyncio.create_task(
-                    shaped_client(bus, store, edge.url, run_id, join_at)
+                (run_id, join_at): asyncio.create_task(shaped_client(
+                    bus, store, edges[index % len(edges)].url, run_id, join_at
+                ))
+                for index, (run_id, join_at) in enumerate(
+                    (run_id, join_at) for run_id in run_ids for join_at in JOIN_AT
                 )
-                for run_id in run_ids for join_at in JOIN_AT
             }
             async with Publisher(bus) as publisher:
                 started = await publish_runs(
@@ -100,6 +105,24 @@ async def test_shaped_clients_joining_the_demo_runs_get_every_character_once(
         assert [e["seq"] for e in events if e["type"] not in ("reasoning.delta", "text.delta")] == [
             e["seq"] for e in raw if e["type"] not in ("reasoning.delta", "text.delta")
         ]
+
+
+async def test_shaped_clients_joining_the_demo_runs_get_every_character_once(
+    bus: Bus, store: ReplayLog
+) -> None:
+    """In-process bus and Redis: one worker, one edge."""
+    await demo_clients(bus, [bus], store)
+
+
+@pytest.mark.slow
+async def test_shaped_clients_of_two_edges_on_a_redis_cluster_get_every_character_once(
+    serving_redis_cluster_url: str, store: ReplayLog,  # noqa: F811  (the imported fixture)
+) -> None:
+    """A Redis Cluster, the worker and two edges each on a connection of its own (as separate
+    processes would be); the clients of each run take turns between the edges."""
+    url = f"{serving_redis_cluster_url}?prefix=t{uuid.uuid4().hex[:10]}"
+    async with open_bus(url) as bus, open_bus(url) as edge_a, open_bus(url) as edge_b:
+        await demo_clients(bus, [edge_a, edge_b], store)
 
 
 def long_run(run_id: str, count: int) -> list[Event]:
