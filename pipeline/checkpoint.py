@@ -9,10 +9,13 @@ shaped view its writer already appended.
 
 from __future__ import annotations
 
+from collections.abc import Sequence
+
 import msgspec
 
+from .envelope import Event
 from .sequencing import SequencerState
-from .shaping import ShaperState
+from .shaping import ShaperState, window_key
 
 
 class Checkpoint(msgspec.Struct, kw_only=True, omit_defaults=True):
@@ -21,8 +24,9 @@ class Checkpoint(msgspec.Struct, kw_only=True, omit_defaults=True):
     sequencer: SequencerState = msgspec.field(default_factory=SequencerState)
     shaper: ShaperState = msgspec.field(default_factory=ShaperState)
     shaped_seq: int = 0
-    """The seq of the last shaped event emitted. Closing windows (a tick) moves the
-    shaped view but not the sequencer, so progress is ``(sequencer.last_seq, shaped_seq)``."""
+    """The seq of the last shaped event emitted (the next shaped span starts after it). Closing
+    windows (a tick) moves the shaped view but not the sequencer, so progress is
+    ``(sequencer.last_seq, shaped_seq)``."""
 
 
 _encoder = msgspec.msgpack.Encoder()
@@ -55,30 +59,56 @@ def newest_checkpoint(*stored: bytes | None) -> bytes | None:
     return best
 
 
-def open_windows(data: bytes | None) -> bool:
-    """Whether a stored checkpoint holds open shaping windows."""
-    return bool(data) and bool(_decoder.decode(data).shaper.windows)  # type: ignore[arg-type]
+def unsent_windows(data: bytes | None) -> int | None:
+    """The shaped seq of a stored checkpoint that holds windows not sent yet (None: it holds none).
+
+    Only such a checkpoint needs :func:`settle_windows` (and a read of the
+    shaped view): replaying the raw events after one without windows gives
+    the shaped events its writer sent, since only a wall-clock tick closing a
+    window can make the two differ — and a tick closes windows of a stream
+    that has been quiet for a while, which are in the stored checkpoint
+    unless they opened in the very write that died (a write that merged
+    batches processed while the one before was in flight for over 250 ms).
+    """
+    if not data:
+        return None
+    checkpoint = _decoder.decode(data)
+    shaper = checkpoint.shaper
+    return checkpoint.shaped_seq if shaper.windows or shaper.held else None
 
 
-def settle_windows(data: bytes, shaped_last: int) -> bytes:
-    """A checkpoint with the windows the shaped view already shows taken out.
+def settle_windows(data: bytes, shaped: Sequence[Event]) -> bytes:
+    """A checkpoint that continues the shaped view its writer already appended past it.
 
-    A writer appends a write's shaped events before the raw append that
-    stores its checkpoint; a writer that died between the two left a
-    checkpoint whose windows are open although the shaped view has them. A
-    successor that kept them open would let later deltas join a window the
-    clients already saw, and send it again with a span reaching back over
-    events since (Koder agent stream §7 T2: spans would overlap). Windows
-    close in order of their last raw seq, every window ending before a
-    closing one with it, so each open window whose last seq is at or below
-    the shaped view's last seq was emitted.
+    ``shaped`` is the shaped view after the checkpoint's ``shaped_seq``. A
+    writer appends a write's shaped events before the raw append that stores
+    its checkpoint; one that died between the two left a checkpoint behind
+    the shaped view clients saw. Its successor replays the same raw events
+    (they were never acked), and shaping them again from the checkpoint
+    gives the same windows — except where the dead writer's wall-clock tick
+    closed one that a replayed delta would now join, sending its text again
+    (Koder agent stream §4 R1: every character once). So the windows close
+    where the shaped view says they did: a window of the checkpoint already
+    sent is closed now, and each later one at the delta the view shows as
+    its last (:attr:`ShaperState.closes`). Events at or below the view's last
+    seq go out again only to be dropped, so spans continue from it (§7 T2).
     """
     checkpoint = _decoder.decode(data)
-    windows = checkpoint.shaper.windows
-    emitted = [key for key, window in windows.items() if window.last.seq <= shaped_last]
-    if not emitted and checkpoint.shaped_seq >= shaped_last:
+    sent = [e for e in shaped if e.seq > checkpoint.shaped_seq]
+    if not sent:
         return data
-    for key in emitted:
-        del windows[key]
-    checkpoint.shaped_seq = max(checkpoint.shaped_seq, shaped_last)
+    shaper = checkpoint.shaper
+    closes: dict[str, list[int]] = {}
+    for event in sent:
+        key = window_key(event)
+        if key is not None:
+            closes.setdefault(key, []).append(event.seq)
+    for key, window in list(shaper.windows.items()):
+        seqs = closes.get(key)
+        if seqs and window.last.seq in seqs:
+            shaper.held.append(shaper.windows.pop(key))
+            seqs.remove(window.last.seq)
+    shaper.held.sort(key=lambda window: window.last.seq)
+    shaper.closes = {key: seqs for key, seqs in closes.items() if seqs}
+    checkpoint.shaped_seq = sent[-1].seq
     return _encoder.encode(checkpoint)

@@ -13,8 +13,9 @@ Extensions (documented in ``docs/protocols.md``):
   runwire's own and typed.
 * ``ext`` (envelope, optional): fields of a source format that have no
   canonical home, keyed by format name, so that F → koder → F is lossless.
-* ``span`` (envelope, optional): on a shaped event, the raw seq range
-  ``[first, last]`` it covers (§4 R1).
+* ``span`` (envelope, optional): on a shaped delta, ``[first, last]``, the
+  stretch of the seq space it accounts for: the previous shaped event's seq
+  + 1 to its own seq, so a shaped view's spans tile (§4 R1, §7 T2).
 * ``parent_id`` / ``root_id`` (envelope, optional): set by the publisher SDK on
   a child run's events so workers can fan them in.
 * ``tenant`` (envelope, optional): the tenant a run belongs to (auth, listing,

@@ -104,24 +104,23 @@ class ProcessorStats(msgspec.Struct, kw_only=True):
 
 
 class _Stream:
-    __slots__ = ("coalescer", "last_activity", "run_id", "sequencer", "shaped_seq", "state")
+    __slots__ = ("coalescer", "last_activity", "run_id", "sequencer", "state")
 
     def __init__(self, run_id: str, checkpoint: Checkpoint, now: float, window_ms: int) -> None:
         self.run_id = run_id
         self.sequencer = Sequencer(run_id, checkpoint.sequencer)
         self.state = self.sequencer.state
         """The sequencer's state (read on every event)."""
-        self.coalescer = DeltaCoalescer(checkpoint.shaper, window_ms=window_ms)
-        self.shaped_seq = checkpoint.shaped_seq
+        self.coalescer = DeltaCoalescer(
+            checkpoint.shaper, window_ms=window_ms, floor=checkpoint.shaped_seq
+        )
         self.last_activity = now
 
     def checkpoint(self, output: StreamOutput) -> bytes:
         """The checkpoint after ``output`` (everything this stream emitted since the last one)."""
-        if output.shaped:
-            self.shaped_seq = output.shaped[-1].seq
         return encode_checkpoint(Checkpoint(
             sequencer=self.sequencer.state, shaper=self.coalescer.state,
-            shaped_seq=self.shaped_seq,
+            shaped_seq=self.coalescer.floor,
         ))
 
 

@@ -27,7 +27,7 @@ Progress = Callable[[int], object]
 
 
 async def _shaped(events: AsyncIterator[Event]) -> AsyncIterator[Event]:
-    coalescer = DeltaCoalescer()
+    coalescer = DeltaCoalescer(fed=0)  # what shaping.shape does, a batch at a time
     async for event in events:
         for shaped in coalescer.feed(event):
             yield shaped

@@ -23,7 +23,7 @@ from redis.backoff import ExponentialWithJitterBackoff
 
 from .bus import Bus, Delivery, EncodedAppend
 from .bus.keys import shard_for
-from .checkpoint import open_windows, settle_windows
+from .checkpoint import settle_windows, unsent_windows
 from .envelope import Event, decode_many, encode
 from .errors import ProtocolError
 from .fanin import Misrooted
@@ -47,6 +47,8 @@ PENDING_BATCHES = 8
 """At most this many fetched batches are merged into one write while the previous one is in flight."""
 APPEND_CHUNK = 256
 """Delivery appends sent together (one pipeline on Redis)."""
+SETTLE_READ = 100_000
+"""Shaped events read past a restored checkpoint (at most one write's: its writer died mid-write)."""
 T = TypeVar("T")
 RETRY = Retry(ExponentialWithJitterBackoff(cap=RETRY_MAX_S, base=0.025))
 """A worker's writes, loads, fetches and acks: retriable errors (bus or store
@@ -294,10 +296,11 @@ class Stages:
     async def _load_state(self, run_id: str) -> bytes | None:
         async with self._appends:
             data = await self.retry(lambda: self._load(run_id))
-            if data is None or not open_windows(data):
+            after = unsent_windows(data)
+            if data is None or after is None:
                 return data
-            bounds = await self.retry(lambda: self.bus.bounds((run_id, "shaped")))
-            return settle_windows(data, bounds[1]) if bounds else data
+            sent = await self.retry(lambda: self.bus.read((run_id, "shaped"), after, limit=SETTLE_READ))
+            return settle_windows(data, sent) if sent else data
 
     async def _bus_state(self, run_id: str) -> bytes | None:
         return await self.bus.load_state((run_id, "raw"))

@@ -230,8 +230,12 @@ class Hub:
 
         A burst longer than the bus's ``maxlen`` between two reads trims the
         hot stream past the hub's cursor: the read then starts after a hole.
-        The hole is read like a resume (hot tier, else the replay log; the
-        shaped view recomputed) and goes out before the rest of the batch.
+        An event's first covered seq (``span[0]`` of a shaped event) is its
+        predecessor's seq + 1 in either view — the shaped view's spans tile
+        (:mod:`pipeline.shaping`), however its windows interleave — so a hole
+        is exactly ``span[0] > cursor + 1``. It is read like a resume (hot
+        tier, else the replay log, just that stretch of the shaped view
+        recomputed) and goes out before the rest of the batch.
         """
         checked: set[StreamKey] = set()
         filled: list[tuple[StreamKey, Event]] = []

@@ -8,15 +8,30 @@ already sent (capture the position, buffer live events, dedupe on seq). This mod
 ``(c, P]``:
 
 * from the hot delivery stream while it still covers ``c + 1``;
-* else from the replay log (raw view as stored; the shaped view recomputed
-  with :func:`pipeline.shaping.shape`, a pure function of the raw events);
+* else from the replay log: the raw view as stored; the shaped view
+  recomputed (:func:`pipeline.shaping.shape`, a pure function of the raw
+  events) for just the stretch the hot tier no longer has, then the hot
+  tier again;
 * else it raises :class:`~pipeline.errors.ReplayExpired`
   (``KAI-STREAM-CONN-0002``): recovery is all or nothing, never a partial
   replay presented as complete.
+
+"Covers" is by the events' spans: the shaped view's spans tile the seq space
+(:mod:`pipeline.shaping`), so its first event after ``c`` has ``span[0] <= c + 1``
+unless events after ``c`` were trimmed — windows of children streaming at once
+are never taken for a hole.
+
+Recomputing a stretch ``(c, u]`` of the shaped view costs the stretch, not the
+run: every shaping window is closed after a non-delta event (Koder agent stream
+§4 R3), so shaping starts at the last non-delta event at or before ``c`` and
+reads the raw events until the shaped event at ``u`` is settled — sent by the
+same rule that sent it live, not cut short by the end of what was read.
 """
 
 from __future__ import annotations
 
+import asyncio
+import logging
 import time
 from collections.abc import AsyncIterator
 
@@ -26,11 +41,19 @@ from .. import envelope
 from ..bus.base import Bus, StreamKey
 from ..envelope import Event, RunLifecycle
 from ..errors import ReplayExpired
+from ..shaping import DeltaCoalescer, is_delta
 from ..store.base import ReplayLog
+
+log = logging.getLogger(__name__)
 
 FIRST_BATCH = 32
 HOT = "hot"
 LOG = "log"
+RESHAPE_BATCH = 256
+"""Raw events read at a time when recomputing a stretch of the shaped view."""
+SETTLE_ATTEMPTS = 6
+"""Reads of the replay log until a recomputed stretch is settled (50 ms, 100 ms … apart: about a
+second): workers write the log and the views concurrently, so the log may lag the hot tier."""
 
 
 class Probe(msgspec.Struct, kw_only=True):
@@ -74,7 +97,7 @@ async def probe(bus: Bus, store: ReplayLog, key: StreamKey) -> Probe:
 
 
 def first_covered(event: Event) -> int:
-    """The first raw seq an event covers (a shaped event's span start)."""
+    """The first seq an event accounts for (a shaped event's span start; else its seq)."""
     return event.span[0] if event.span else event.seq
 
 
@@ -89,23 +112,30 @@ async def history(
     position = after
     size = min(FIRST_BATCH, batch)
     while position < upto:
-        events = [e for e in await bus.read(key, position, limit=size) if e.seq <= upto]
+        found = await bus.read(key, position, limit=size)
         size = min(size * 2, batch)
-        if not events or first_covered(events[0]) > position + 1:
-            async for chunk in _from_log(store, key, position, upto, batch):
+        if found and first_covered(found[0]) <= position + 1:
+            events = [e for e in found if e.seq <= upto]
+            if not events:  # the next event is past upto: nothing is in between
+                return
+            yield HOT, events
+            position = events[-1].seq
+            continue
+        if key[1] == "raw":
+            async for chunk in _from_log(store, key[0], position, upto, batch):
                 yield LOG, chunk
             return
-        yield HOT, events
-        position = events[-1].seq
+        # the shaped view: recompute what the hot tier lacks, then back to the hot tier
+        end = min(upto, first_covered(found[0]) - 1) if found else upto
+        chunk = await shaped_from_log(store, key[0], position, end)
+        if chunk:
+            yield LOG, chunk
+        position = end
 
 
 async def _from_log(
-    store: ReplayLog, key: StreamKey, after: int, upto: int, batch: int
+    store: ReplayLog, run_id: str, after: int, upto: int, batch: int
 ) -> AsyncIterator[list[Event]]:
-    run_id, view = key
-    if view == "shaped":
-        yield await _shaped_from_log(store, run_id, after, upto)
-        return
     position = after
     chunk: list[Event] = []
     async for event in store.iter_events(run_id, after=after, batch=batch):
@@ -124,13 +154,67 @@ async def _from_log(
         raise _expired(run_id, after)
 
 
-async def _shaped_from_log(store: ReplayLog, run_id: str, after: int, upto: int) -> list[Event]:
-    from ..shaping import shape
+async def shaped_from_log(store: ReplayLog, run_id: str, after: int, upto: int) -> list[Event]:
+    """The shaped view's events with ``after < seq <= upto``, recomputed from the replay log.
 
-    raw = [e async for e in store.iter_events(run_id) if e.seq <= upto]
-    if not raw or raw[0].seq > 1:
-        raise _expired(run_id, after)
-    return [e for e in shape(raw) if after < e.seq <= upto]
+    ``upto`` is a seq the shaped view has (or the run's last): the result is
+    what the live path sent there. Shaping starts at the last non-delta event
+    at or before ``after`` and reads on until the event at ``upto`` is
+    settled; a log that lags the live position is read again for about a
+    second, and then what it has is shaped to its end.
+    """
+    start = await _reset_point(store, run_id, after)
+    for attempt in range(SETTLE_ATTEMPTS):
+        final = attempt == SETTLE_ATTEMPTS - 1
+        events = await _reshape(store, run_id, start, after, upto, final=final)
+        if events is not None:
+            return events
+        await asyncio.sleep(0.05 * (attempt + 1))
+    raise AssertionError("unreachable: the final attempt returns")  # pragma: no cover
+
+
+async def _reset_point(store: ReplayLog, run_id: str, after: int) -> int:
+    """The seq of the last non-delta raw event at or before ``after`` (0: none; shape from the start)."""
+    high, width = after, 64
+    while high > 0:
+        low = max(0, high - width)
+        for event in reversed(await store.read(run_id, after=low, limit=high - low)):
+            if event.seq <= high and not is_delta(event):
+                return event.seq
+        high, width = low, width * 4
+    return 0
+
+
+async def _reshape(
+    store: ReplayLog, run_id: str, start: int, after: int, upto: int, *, final: bool
+) -> list[Event] | None:
+    """Shape raw events after ``start``; None while the event at ``upto`` is not settled (unless ``final``)."""
+    coalescer = DeltaCoalescer(floor=start, fed=start)
+    out: list[Event] = []
+    shaped: list[Event] = []
+    position = start
+    while True:
+        raw = await store.read(run_id, after=position, limit=RESHAPE_BATCH)
+        if position == start and (not raw or raw[0].seq != start + 1):
+            if final:
+                raise _expired(run_id, after)
+            return None
+        for event in raw:
+            coalescer.feed_into(event, shaped)
+            if coalescer.floor >= upto:
+                out.extend(e for e in shaped if after < e.seq <= upto)
+                return out
+        out.extend(e for e in shaped if after < e.seq <= upto)
+        shaped.clear()
+        if len(raw) < RESHAPE_BATCH:
+            break
+        position = raw[-1].seq
+    if not final:
+        return None
+    log.warning("run %s: the replay log ends before the shaped event at seq %d is settled; "
+                "shaping what it has", run_id, upto)
+    out.extend(e for e in coalescer.flush() if after < e.seq <= upto)
+    return out
 
 
 def _expired(run_id: str, after: int) -> ReplayExpired:

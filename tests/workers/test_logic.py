@@ -78,7 +78,8 @@ def test_r1_windows_are_100ms_of_event_time_anchored_at_first_delta() -> None:
 
 
 def test_reasoning_and_text_are_never_mixed_in_one_shaped_event() -> None:
-    """Koder agent stream §1: "Text and reasoning never intermix in the same event"."""
+    """Koder agent stream §1: "Text and reasoning never intermix in the same event" — each type has
+    its own window, and a switch between them does not close the other's (§4 R1)."""
     run = RunScript("run_mix")
     raw = [
         replace(run.reasoning("r1", 0), seq=1),
@@ -87,19 +88,17 @@ def test_reasoning_and_text_are_never_mixed_in_one_shaped_event() -> None:
         replace(run.text("t2", 30), seq=4),
     ]
     shaped = shape(raw)
-    assert [(e.type, texts([e]), e.span) for e in shaped] == [
-        ("reasoning.delta", "r1", (1, 1)),
-        ("text.delta", "t1", (2, 2)),
-        ("reasoning.delta", "r2", (3, 3)),
-        ("text.delta", "t2", (4, 4)),
+    assert [(e.type, texts([e]), e.seq, e.span) for e in shaped] == [
+        ("reasoning.delta", "r1r2", 3, (1, 3)),
+        ("text.delta", "t1t2", 4, (4, 4)),
     ]
 
 
-def test_a_switch_between_reasoning_and_text_closes_the_window_so_spans_tile() -> None:
-    """Koder agent stream §7 T2 on the shaped view: reasoning, then text, then reasoning again within
-    one 100 ms window (R1). Were the first reasoning window kept open, the second reasoning burst
-    would join it and its span would reach back over the text's seqs, so a client checking
-    ``span[0] == previous seq + 1`` would see an overlap."""
+def test_a_switch_between_reasoning_and_text_keeps_both_windows_and_spans_still_tile() -> None:
+    """§4 R1 whatever the order of types: reasoning, text, reasoning again within one 100 ms window
+    go out as one reasoning and one text event. The spans tile the seq space all the same
+    (Koder agent stream §7 T2: each ``span[0]`` is the previous event's seq + 1), although the
+    reasoning window's deltas lie on both sides of the text's."""
     run = RunScript("run_switch")
     raw = [replace(run.lifecycle("running", 0), seq=1)]
     raw += [replace(run.reasoning(f"r{i} ", 1 + i), seq=2 + i) for i in range(20)]
@@ -107,13 +106,13 @@ def test_a_switch_between_reasoning_and_text_closes_the_window_so_spans_tile() -
     raw += [replace(run.reasoning(f"s{i} ", 60 + i), seq=42 + i) for i in range(20)]
     raw.append(replace(run.lifecycle("done", 90), seq=62))
     shaped = shape(raw)
-    assert [(e.type, e.span) for e in shaped] == [
-        ("run.lifecycle", None),
-        ("reasoning.delta", (2, 21)),
-        ("text.delta", (22, 41)),
-        ("reasoning.delta", (42, 61)),
-        ("run.lifecycle", None),
+    assert [(e.type, e.seq, e.span) for e in shaped] == [
+        ("run.lifecycle", 1, None),
+        ("text.delta", 41, (2, 41)),
+        ("reasoning.delta", 61, (42, 61)),
+        ("run.lifecycle", 62, None),
     ]
+    assert texts(shaped[2:3]) == "".join(f"r{i} " for i in range(20)) + "".join(f"s{i} " for i in range(20))
 
 
 # ---- R3 ----------------------------------------------------------------------
@@ -183,13 +182,13 @@ def test_a_successor_of_a_writer_that_died_after_a_ticks_shaped_append_keeps_spa
     assert [(e.seq, e.span) for e in shown] == [(1, None), (2, (2, 2)), (3, (3, 3))]
 
     successor = Streams(Processor(clock=lambda: now[0]))
-    successor.states["run_died"] = settle_windows(stale, shown[-1].seq)  # ... the checkpoint does not
+    successor.states["run_died"] = settle_windows(stale, shown)  # ... the checkpoint does not
     successor.shaped["run_died"] = list(shown)
     successor.feed([run.reasoning("r2 ", 30), run.lifecycle("done", 40)])
     assert [(e.seq, e.span) for e in successor.shaped["run_died"]] == [
         (1, None), (2, (2, 2)), (3, (3, 3)), (4, (4, 4)), (5, None)
     ]
-    assert settle_windows(streams.states["run_died"], 3) == streams.states["run_died"]
+    assert settle_windows(streams.states["run_died"], shown) == streams.states["run_died"]
 
 
 def test_tick_closes_a_quiet_window_after_its_end() -> None:

@@ -137,6 +137,7 @@ export class Detail {
       case "spawn": node = el("div", "note", `→ started sub-run ${item.child}${item.prompt ? `: “${item.prompt}”` : ""}`); break;
       case "plan": node = el("div", "note", `proposed a plan of ${item.plan.steps?.length ?? 0} steps`); break;
       case "note": node = el("div", `note note-${item.state}`, `state → ${item.state.replace("_", " ")}${item.reason ? ` — ${item.reason}` : ""}`); break;
+      case "missed": node = el("div", "note gap", `⚠ missed seq ${item.first}–${item.last} (§7 T2)`); break;
       case "other":
         if (item.type === "x.gap") {
           const p = item.payload;

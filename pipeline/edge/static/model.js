@@ -87,6 +87,12 @@ export class RunModel {
     }
     if (typeof event.seq === "number") {
       if (event.seq <= this.lastSeq) return false;
+      // Koder agent stream §7 T2: each event starts right after the one before it (span[0] for a
+      // shaped delta, whose spans tile the seq space); a later start means events were missed.
+      const first = Array.isArray(event.span) ? event.span[0] : event.seq;
+      if (this.lastSeq > 0 && first > this.lastSeq + 1) {
+        this.push(this.root, { kind: "missed", first: this.lastSeq + 1, last: first - 1, at: tsMs(event.ts) });
+      }
       this.lastSeq = event.seq;
     }
     this.count++;
