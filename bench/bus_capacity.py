@@ -30,8 +30,8 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 import redis.asyncio as aredis
 
-from pipeline.bus import open_bus
-from pipeline.envelope import Event, encode, make
+from runwire.bus import open_bus
+from runwire.core.envelope import Event, encode, make
 
 
 def events(count: int, runs: int = 1000) -> list[Event]:

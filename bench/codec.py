@@ -6,13 +6,13 @@ Figures are medians of ``--repeat`` rounds, in events (or frames) per CPU-second
 of this process — the machine is shared, and wall time would measure the
 neighbours; runwire and the baseline run interleaved, round by round:
 
-* canonical decode+validate, batch — :func:`pipeline.envelope.decode_lines` on
+* canonical decode+validate, batch — :func:`runwire.core.envelope.decode_lines` on
   NDJSON batches of 1000 frames (how the bus and the replay import read);
-* canonical decode+validate, per frame — :func:`pipeline.envelope.decode`;
+* canonical decode+validate, per frame — :func:`runwire.core.envelope.decode`;
 * baseline — stdlib ``json.loads`` per line plus hand-written validation of the
   same fields and the same rules (types, required fields, RFC 3339 pattern,
   enum values, no unknown fields), measured in the same run on the same data;
-* canonical encode — :func:`pipeline.envelope.encode` vs ``json.dumps`` of the
+* canonical encode — :func:`runwire.core.envelope.encode` vs ``json.dumps`` of the
   equivalent dict;
 * each ingest codec (frames/s through ``feed``) and each egress codec
   (events/s through ``encode``) on realistic sample runs from ``tests/fixtures``.
@@ -37,9 +37,9 @@ from typing import Any
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
-from pipeline import envelope  # noqa: E402
-from pipeline.envelope import Event  # noqa: E402
-from pipeline.protocols import EGRESS, INGEST, egress, ingest  # noqa: E402
+from runwire import envelope  # noqa: E402
+from runwire.core.envelope import Event  # noqa: E402
+from runwire.protocols import EGRESS, INGEST, egress, ingest  # noqa: E402
 
 FIXTURES = ROOT / "tests" / "fixtures"
 BATCH = 1000

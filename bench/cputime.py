@@ -19,7 +19,11 @@ turn; a bench imports the tree named by ``RUNWIRE_CODE`` (see :func:`code_root`)
 
 from __future__ import annotations
 
+import importlib.abc
+import importlib.machinery
+import importlib.util
 import os
+import sys
 import threading
 import time
 from pathlib import Path
@@ -29,6 +33,26 @@ from typing import Any
 def code_root() -> str:
     """The source tree a bench imports: ``$RUNWIRE_CODE``, else the bench's own checkout."""
     return os.environ.get("RUNWIRE_CODE") or str(Path(__file__).resolve().parents[1])
+
+
+class _Tree(importlib.abc.MetaPathFinder):
+    """``runwire`` from a source tree's ``pipeline/`` and ``runwire.workers`` from its ``workers/``,
+    as pip installs them (pyproject's package-dir), whatever is installed."""
+
+    def __init__(self, root: Path) -> None:
+        self.folders = {"runwire": root / "pipeline", "runwire.workers": root / "workers"}
+
+    def find_spec(self, name: str, path: Any, target: Any = None) -> importlib.machinery.ModuleSpec | None:
+        folder = self.folders.get(name)
+        if folder is None:
+            return None
+        return importlib.util.spec_from_file_location(
+            name, folder / "__init__.py", submodule_search_locations=[str(folder)])
+
+
+def import_code() -> None:
+    """Make ``import runwire`` load the tree :func:`code_root` names (call before importing it)."""
+    sys.meta_path.insert(0, _Tree(Path(code_root())))
 
 
 def _threads() -> dict[int, tuple[str, float]]:

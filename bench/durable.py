@@ -38,10 +38,10 @@ from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from pipeline import envelope
-from pipeline.bus import open_bus
-from pipeline.envelope import Event
-from pipeline.store import open_store
+from runwire.bus import open_bus
+from runwire.core import envelope
+from runwire.core.envelope import Event
+from runwire.store import open_store
 
 RUN = "bench-ds"
 
@@ -51,8 +51,8 @@ def serve(bus_url: str, store_url: str, port: int) -> None:
     import uvicorn
     import uvloop
 
-    from pipeline.edge import EdgeSettings, create_app
-    from workers.commands.edge import tune_gc
+    from runwire.edge import EdgeSettings, create_app
+    from runwire.workers.commands.edge import tune_gc
 
     async def main() -> None:
         async with open_bus(bus_url) as bus, open_store(store_url) as store:

@@ -61,9 +61,9 @@ from typing import Any
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
-from pipeline import envelope  # noqa: E402
-from pipeline.bus import open_bus  # noqa: E402
-from pipeline.envelope import Event  # noqa: E402
+from runwire import envelope  # noqa: E402
+from runwire.bus import open_bus  # noqa: E402
+from runwire.core.envelope import Event  # noqa: E402
 
 MAIN_RUN = "bench-main"
 RESUME_RUN = "bench-resume"
@@ -80,8 +80,8 @@ def serve(impl: str, bus_url: str, port: int) -> None:
     async def main() -> None:
         async with open_bus(bus_url) as bus:
             if impl == "runwire":
-                from pipeline.edge import EdgeSettings, create_app
-                from pipeline.store import open_store
+                from runwire.edge import EdgeSettings, create_app
+                from runwire.store import open_store
 
                 store_path = Path(tempfile.mkdtemp()) / "replay.db"
                 async with open_store(f"sqlite:///{store_path}") as store:
@@ -91,7 +91,7 @@ def serve(impl: str, bus_url: str, port: int) -> None:
                 await _uvicorn(naive_app(bus), port)
 
     async def _uvicorn(app: Any, port: int) -> None:
-        from workers.commands.edge import tune_gc
+        from runwire.workers.commands.edge import tune_gc
 
         tune_gc()  # as `runwire edge` does; applied to both servers alike
         config = uvicorn.Config(

@@ -49,8 +49,8 @@ sys.path.insert(0, str(ROOT))
 
 import grpc  # noqa: E402
 
-from pipeline.bus import open_bus  # noqa: E402
-from pipeline.edge.proto.runwire.v1 import runwire_pb2 as pb  # noqa: E402
+from runwire.bus import open_bus  # noqa: E402
+from runwire.edge.proto.runwire.v1 import runwire_pb2 as pb  # noqa: E402
 
 _spec = importlib.util.spec_from_file_location("edge_bench", HERE / "edge.py")
 assert _spec is not None and _spec.loader is not None
@@ -67,10 +67,10 @@ def serve(bus_url: str, port: int, grpc_port: int) -> None:
     """HTTP and gRPC from one create_app (one hub), as `runwire edge --grpc-port`."""
     import uvicorn
 
-    from pipeline.edge import EdgeSettings, create_app
-    from pipeline.edge.grpc_server import start_grpc
-    from pipeline.store import open_store
-    from workers.commands.edge import tune_gc
+    from runwire.edge import EdgeSettings, create_app
+    from runwire.edge.grpc_server import start_grpc
+    from runwire.store import open_store
+    from runwire.workers.commands.edge import tune_gc
 
     async def main() -> None:
         store_path = Path(tempfile.mkdtemp()) / "replay.db"

@@ -36,17 +36,17 @@ sys.path.insert(0, str(ROOT))
 
 import httpx  # noqa: E402
 
-from pipeline.bus import open_bus  # noqa: E402
-from pipeline.bus.base import Bus  # noqa: E402
-from pipeline.edge import EdgeSettings  # noqa: E402
-from pipeline.publisher import Publisher  # noqa: E402
-from pipeline.store import open_store  # noqa: E402
-from pipeline.store.base import ReplayLog  # noqa: E402
+from runwire.bus import open_bus  # noqa: E402
+from runwire.bus.base import Bus  # noqa: E402
+from runwire.edge import EdgeSettings  # noqa: E402
+from runwire.sdk.publisher import Publisher  # noqa: E402
+from runwire.store import open_store  # noqa: E402
+from runwire.store.base import ReplayLog  # noqa: E402
+from runwire.workers.runtime import run_worker  # noqa: E402
 from tests.browser.agents import Agent, big_run, publish_big  # noqa: E402
 from tests.browser.browser import Browser, browser  # noqa: E402
 from tests.e2e_harness import wait_for_terminal  # noqa: E402
 from tests.edge.harness import EdgeServer  # noqa: E402
-from workers.runtime import run_worker  # noqa: E402
 
 
 class Local:

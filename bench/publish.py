@@ -46,12 +46,12 @@ from pathlib import Path
 from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from cputime import CpuMeter, code_root
+from cputime import CpuMeter, import_code
 
-sys.path.insert(0, code_root())
+import_code()
 
-from pipeline import Publisher
-from pipeline.envelope import encode, make
+from runwire import Publisher  # noqa: E402 - the tree import_code() names
+from runwire.core.envelope import encode, make  # noqa: E402 - the tree import_code() names
 
 TEXT = "a token of about thirty chars."
 

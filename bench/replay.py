@@ -7,12 +7,12 @@
 The data: ``--runs`` runs (default 100) sharing ``--events`` events, the mix
 of a real run (mostly text/reasoning deltas, tool calls, usage, lifecycle).
 
-* **runwire export** — ``pipeline.store.jsonl.export_jsonl`` of every run (koder JSONL,
+* **runwire export** — ``runwire.store.jsonl.export_jsonl`` of every run (koder JSONL,
   seq order) into ``/dev/null``: streams the stored canonical bytes.
 * **baseline export** — the loop a user writes over a plain events table
   (``id, run_id, tenant, child_id, seq, type, ts, payload`` — Koder agent stream §6):
   select each run's rows and ``json.dumps`` an envelope per row.
-* **runwire import** — ``pipeline.store.jsonl.import_jsonl`` of the exported file
+* **runwire import** — ``runwire.store.jsonl.import_jsonl`` of the exported file
   (validates every line, maintains run metadata, idempotent).
 * **baseline import** — ``json.loads`` each line and ``executemany`` an
   ``INSERT … ON CONFLICT DO NOTHING`` into the plain table, 10 000 a batch.
@@ -39,10 +39,10 @@ from typing import IO, Any
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
-from pipeline import envelope  # noqa: E402
-from pipeline.store import open_store  # noqa: E402
-from pipeline.store.jsonl import export_jsonl, import_jsonl  # noqa: E402
-from pipeline.ulid import MonotonicULID  # noqa: E402
+from runwire import envelope  # noqa: E402
+from runwire.core.ulid import MonotonicULID  # noqa: E402
+from runwire.store import open_store  # noqa: E402
+from runwire.store.jsonl import export_jsonl, import_jsonl  # noqa: E402
 
 BASE_COLUMNS = "id, run_id, tenant, child_id, seq, type, ts, payload"
 

@@ -8,7 +8,7 @@ For each backend, in the same run:
   fan-in, sequence, shape, replay log append, delivery appends, ack), counted
   from its first fetched batch to the end of its last batch's writes.
 * ``kafka_events_per_s`` — the same through the faust-streaming app
-  (``workers.faust_app``) on Kafka, the first ``--kafka-events`` events
+  (``runwire.workers.faust_app``) on Kafka, the first ``--kafka-events`` events
   (default 30,000), counted from the first fetched entries the app takes to
   the end of its last writes; the Kafka baseline is the bus's own consumer
   group.
@@ -44,14 +44,14 @@ from collections.abc import Callable
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from cputime import CpuMeter, code_root, per_event_us
+from cputime import CpuMeter, import_code, per_event_us
 
-sys.path.insert(0, code_root())
+import_code()
 
-from pipeline.bus import Bus, open_bus
-from pipeline.envelope import Event, format_ts, make
-from pipeline.store import open_store
-from workers.runtime import run_worker
+from runwire.bus import Bus, open_bus  # noqa: E402 - the tree import_code() names
+from runwire.core.envelope import Event, format_ts, make  # noqa: E402 - the tree import_code() names
+from runwire.store import open_store  # noqa: E402 - the tree import_code() names
+from runwire.workers.runtime import run_worker  # noqa: E402 - the tree import_code() names
 
 TEXT = "x" * 40
 
@@ -140,7 +140,7 @@ async def one_round(name: str, bus_url: str, store_url: str, events: list[Event]
 
 async def faust_round(bus_url: str, store_url: str, events: list[Event],
                       meter: CpuMeter) -> Figures:
-    from workers.faust_app import FaustWorker
+    from runwire.workers.faust_app import FaustWorker
 
     baseline = await baseline_round(bus_url.replace("{p}", uuid.uuid4().hex[:8]), events)
     async with open_bus(bus_url.replace("{p}", uuid.uuid4().hex[:8])) as bus, \

@@ -8,10 +8,10 @@ from pathlib import Path
 
 import pytest
 
-from pipeline.bus import open_bus
-from pipeline.bus.base import Bus
-from pipeline.store import open_store
-from pipeline.store.base import ReplayLog
+from runwire.bus import open_bus
+from runwire.bus.base import Bus
+from runwire.store import open_store
+from runwire.store.base import ReplayLog
 from tests.services import (
     PostgresServer,
     RedisCluster,

@@ -17,14 +17,14 @@ from typing import Any
 import httpx
 import msgspec
 
-from pipeline.bus import open_bus
-from pipeline.bus.base import Bus
-from pipeline.edge import EdgeSettings
-from pipeline.publisher import Publisher
-from pipeline.store import open_store
-from pipeline.store.base import ReplayLog
+from runwire.bus import open_bus
+from runwire.bus.base import Bus
+from runwire.edge import EdgeSettings
+from runwire.sdk.publisher import Publisher
+from runwire.store import open_store
+from runwire.store.base import ReplayLog
+from runwire.workers.runtime import WorkerStats, run_worker
 from tests.edge.harness import EdgeServer, SseEvent, decoded, read_sse
-from workers.runtime import WorkerStats, run_worker
 
 GROUP = "e2e"
 BUS_OPTIONS = "shards=4&lease_ms=1500&claim_idle_ms=1000"

@@ -6,7 +6,7 @@ from collections.abc import Mapping
 from datetime import UTC, datetime, timedelta
 from typing import Any
 
-from pipeline.envelope import Event, format_ts, make
+from runwire.core.envelope import Event, format_ts, make
 
 T0 = datetime(2026, 1, 1, tzinfo=UTC)
 """The time test events are stamped relative to."""

@@ -17,7 +17,7 @@ from typing import Any
 
 import msgspec
 
-from pipeline.envelope import Event
+from runwire.core.envelope import Event
 
 DELTAS = ("reasoning.delta", "text.delta")
 

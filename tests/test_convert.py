@@ -8,10 +8,10 @@ import msgspec
 import pytest
 from click.testing import CliRunner
 
-from pipeline import envelope
-from pipeline.protocols import EGRESS, INGEST
-from pipeline.protocols.framediff import same
-from workers.cli import main
+from runwire.core import envelope
+from runwire.protocols import EGRESS, INGEST
+from runwire.protocols.framediff import same
+from runwire.workers.cli import main
 
 FIXTURES = Path(__file__).resolve().parent / "fixtures"
 SAMPLES = {

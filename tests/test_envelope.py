@@ -11,8 +11,8 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from pipeline import envelope
-from pipeline.envelope import (
+from runwire.core import envelope
+from runwire.core.envelope import (
     CORE_TYPES,
     EVENT_CLASSES,
     ChildSpawn,
@@ -23,7 +23,7 @@ from pipeline.envelope import (
     ToolEnd,
     ToolStart,
 )
-from pipeline.errors import MalformedFrame, ProtocolError, UnknownEventType
+from runwire.core.errors import MalformedFrame, ProtocolError, UnknownEventType
 
 SPEC_EXAMPLES = Path(__file__).parent / "fixtures" / "koder" / "spec_examples.ndjson"
 GOOD = {

@@ -22,10 +22,11 @@ import msgspec
 import pytest
 import redis.asyncio as aioredis
 
-from pipeline import envelope, shaping
-from pipeline.bus import open_bus
-from pipeline.bus.keys import DATA_FIELD, ingest_key, lease_key, shard_for
-from pipeline.edge import EdgeSettings
+from runwire.bus import open_bus
+from runwire.bus.keys import DATA_FIELD, ingest_key, lease_key, shard_for
+from runwire.core import envelope
+from runwire.edge import EdgeSettings
+from runwire.processing import shaping
 from tests.e2e_harness import (
     GROUP,
     bus_url,

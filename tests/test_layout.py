@@ -1,4 +1,10 @@
-"""The house rules a reader can check: modules of one idea, no import cycles.
+"""The house rules a reader can check: folders of one part each, imports pointing down, modules of
+one idea, no import cycles.
+
+* ``pipeline/`` is folders only (``LAYERS``), installed as ``runwire`` with ``workers/`` as
+  ``runwire.workers``; a module imports only from its own folder and the folders below it, and the
+  root package ``runwire`` loads only the core when imported (its other names load lazily), so an
+  ``__init__`` can't pull a part above it into every import.
 
 * A module under ``pipeline/`` or ``workers/`` stays under ~400 lines
   (``MAX_LINES``), or says why not in its docstring, in a paragraph starting
@@ -39,11 +45,15 @@ def sources() -> Iterator[Path]:
         yield from sorted((ROOT / package).rglob("*.py"))
 
 
+IMPORT_NAMES = {"pipeline": ("runwire",), "workers": ("runwire", "workers")}
+"""Each folder's import name: both install under ``runwire`` (pyproject's package-dir)."""
+
+
 def module_name(path: Path) -> str:
     parts = list(path.relative_to(ROOT).with_suffix("").parts)
     if parts[-1] == "__init__":
         parts.pop()
-    return ".".join(parts)
+    return ".".join([*IMPORT_NAMES[parts[0]], *parts[1:]])
 
 
 MODULES = {module_name(path): path for path in sources()}
@@ -100,7 +110,7 @@ _IMPORT_EACH = textwrap.dedent(
 @pytest.mark.timeout(300)
 def test_every_module_imports_on_its_own() -> None:
     """Each module imported first, with no module of ours loaded before it."""
-    script = _IMPORT_EACH.format(packages=set(PACKAGES))
+    script = _IMPORT_EACH.format(packages={"runwire"})
     done = subprocess.run(
         [sys.executable, "-c", script, *MODULES], cwd=ROOT, capture_output=True, text=True, timeout=300,
         check=False,
@@ -186,3 +196,56 @@ def test_the_cycle_check_finds_a_cycle_hidden_in_a_function() -> None:
     assert cycles(graph) == []
     graph["b"] = {"c"}  # e.g. ``def f(): from c import x`` in b
     assert cycles(graph) == [["a", "b", "c"]]
+
+
+# ---- folders and layers ---------------------------------------------------------------------------
+
+LAYERS = {"core": 0, "protocols": 1, "bus": 1, "store": 1, "processing": 2, "sdk": 3, "jobs": 4, "edge": 5,
+          "workers": 6}
+"""The folders of ``runwire``, bottom to top: a module imports from its own folder and lower layers."""
+
+
+def folder_of(name: str) -> str:
+    parts = name.split(".")
+    return parts[1] if len(parts) > 1 else ""
+
+
+def test_the_library_is_its_folders_and_nothing_loose() -> None:
+    loose = sorted(p.name for p in (ROOT / "pipeline").glob("*.py") if p.name != "__init__.py")
+    folders = sorted(p.name for p in (ROOT / "pipeline").iterdir() if (p / "__init__.py").exists())
+    assert not loose, f"modules at pipeline/'s top level belong in one of its folders: {loose}"
+    assert folders == sorted(set(LAYERS) - {"workers"})
+
+
+def test_imports_point_down() -> None:
+    upward = []
+    for name, path in MODULES.items():
+        here = folder_of(name)
+        if not here:
+            continue
+        for target in imports_of(name, path):
+            there = folder_of(target)
+            if there and there != here and LAYERS[there] >= LAYERS[here]:
+                upward.append(f"{name} imports {target}")
+    assert not upward, "imports that point up or sideways (move what both need below them):\n" + "\n".join(upward)
+
+
+def test_the_root_package_loads_only_the_core() -> None:
+    """``import runwire`` (and so every import of any part) runs only core modules."""
+    tree = ast.parse((ROOT / "pipeline" / "__init__.py").read_text())
+    eager = [node for node in tree.body if isinstance(node, ast.Import | ast.ImportFrom)]
+    named = [node.module or "" for node in eager if isinstance(node, ast.ImportFrom) and node.level]
+    assert named and all(module.split(".")[0] == "core" for module in named)
+    done = subprocess.run([sys.executable, "-c", "import runwire, sys; print(sorted(m for m in sys.modules"
+                           " if m.startswith('runwire.')))"], capture_output=True, text=True, check=True)
+    assert all(folder_of(m) == "core" for m in eval(done.stdout))
+
+
+def test_pyproject_installs_every_folder_under_runwire() -> None:
+    import tomllib
+
+    setuptools = tomllib.loads((ROOT / "pyproject.toml").read_text())["tool"]["setuptools"]
+    packages = sorted(name for name, path in MODULES.items() if path.name == "__init__.py")
+    data = ["runwire.edge.static"]  # the page: files, no modules
+    assert setuptools["package-dir"] == {"runwire": "pipeline", "runwire.workers": "workers"}
+    assert sorted(setuptools["packages"]) == sorted([*packages, *data])

@@ -17,12 +17,12 @@ import msgspec
 import pytest
 from click.testing import CliRunner
 
-from pipeline.bus import open_bus
-from pipeline.envelope import Event, decode, to_builtins
-from pipeline.errors import ProtocolError
-from pipeline.protocols import INGEST, ingest
-from pipeline.protocols.detect import detect
-from workers.cli import main
+from runwire.bus import open_bus
+from runwire.core.envelope import Event, decode, to_builtins
+from runwire.core.errors import ProtocolError
+from runwire.protocols import INGEST, ingest
+from runwire.protocols.detect import detect
+from runwire.workers.cli import main
 
 FIXTURES = Path(__file__).parent / "fixtures"
 SAMPLES = sorted(p for p in FIXTURES.glob("*/*") if p.is_file() and p.parent.name in INGEST)

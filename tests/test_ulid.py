@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from pipeline.ulid import MonotonicULID, ulid_timestamp_ms
+from runwire.core.ulid import MonotonicULID, ulid_timestamp_ms
 
 
 def test_ids_strictly_increase_within_one_millisecond_across_carries() -> None:
@@ -25,7 +25,7 @@ def test_ids_carry_their_millisecond_and_never_go_back_with_the_clock() -> None:
 def test_random_ulids_of_one_millisecond_are_not_neighbours() -> None:
     """Run ids handed to chat clients: knowing one tells nothing about the next (a monotonic
     generator's ids of one millisecond differ by one)."""
-    from pipeline.ulid import new_random_ulid
+    from runwire.core.ulid import new_random_ulid
 
     ids = [new_random_ulid("run_") for _ in range(200)]
     tails = sorted(int.from_bytes(i[14:].encode(), "big") for i in ids)

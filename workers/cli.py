@@ -1,6 +1,6 @@
-"""The ``runwire`` command. Each subcommand lives in its own module under ``workers.commands``.
+"""The ``runwire`` command. Each subcommand lives in its own module under ``runwire.workers.commands``.
 
-Configuration (see ``workers.config``): flag > ``RUNWIRE_*`` environment >
+Configuration (see ``runwire.workers.config``): flag > ``RUNWIRE_*`` environment >
 config file (``--config``/``RUNWIRE_CONFIG``/``./runwire.toml``) > default.
 """
 
@@ -11,19 +11,24 @@ from pathlib import Path
 
 import click
 
-from pipeline.loader import load
-from workers.config import CONFIG_ENVVAR, build_default_map, find_config_file, read_config_file
+from runwire.core.loader import load
+from runwire.workers.config import (
+    CONFIG_ENVVAR,
+    build_default_map,
+    find_config_file,
+    read_config_file,
+)
 
 COMMANDS: dict[str, str] = {
-    "convert": "workers.commands.convert:convert",
-    "publish": "workers.commands.publish:publish",
-    "worker": "workers.commands.worker:worker",
-    "edge": "workers.commands.edge:edge",
-    "token": "workers.commands.token:token",
-    "tail": "workers.commands.tail:tail",
-    "replay": "workers.commands.replay:replay",
-    "up": "workers.commands.up:up",
-    "config": "workers.commands.config:config",
+    "convert": "runwire.workers.commands.convert:convert",
+    "publish": "runwire.workers.commands.publish:publish",
+    "worker": "runwire.workers.commands.worker:worker",
+    "edge": "runwire.workers.commands.edge:edge",
+    "token": "runwire.workers.commands.token:token",
+    "tail": "runwire.workers.commands.tail:tail",
+    "replay": "runwire.workers.commands.replay:replay",
+    "up": "runwire.workers.commands.up:up",
+    "config": "runwire.workers.commands.config:config",
 }
 
 CONFIG_PATH_KEY = "runwire.config_path"

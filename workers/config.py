@@ -38,7 +38,7 @@ from typing import Any
 import click
 from click.core import ParameterSource
 
-from pipeline.redaction import REDACTED, is_secret_name, redact_url
+from runwire.core.redaction import REDACTED, is_secret_name, redact_url
 
 CONFIG_ENVVAR = "RUNWIRE_CONFIG"
 DEFAULT_CONFIG_FILE = Path("runwire.toml")
@@ -273,3 +273,18 @@ def _shown_default(option: click.Option) -> str:
     if unset or callable(default) or (option.multiple and not default):
         return ""
     return f"`{default}`"
+
+
+def absolute_store(ctx: click.Context | None, param: click.Parameter | None, value: str | None) -> str | None:
+    """A ``--store`` callback: a relative SQLite path (``sqlite:///x.db``) made absolute against the
+    working directory, so the replay log is where the user meant and every message names it in full."""
+    prefix = "sqlite:///"
+    if value and value.startswith(prefix) and not value.startswith(prefix + "/") and ":memory:" not in value:
+        path, _, query = value[len(prefix):].partition("?")
+        value = f"{prefix}{Path(path).resolve()}" + (f"?{query}" if query else "")
+    return value
+
+
+def absolute_dir(ctx: click.Context | None, param: click.Parameter | None, value: Path | None) -> Path | None:
+    """A directory option made absolute against the working directory (``--data-dir``)."""
+    return value.resolve() if value is not None else None

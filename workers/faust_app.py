@@ -1,7 +1,7 @@
 """The Kafka worker runtime: a faust-streaming app running the same pipeline stages.
 
 * **Source**: the bus's ingest topic (``<prefix>.ingest``, one partition per
-  shard, keyed and partitioned by root run id — see :mod:`pipeline.bus.kafka`),
+  shard, keyed and partitioned by root run id — see :mod:`runwire.bus.kafka`),
   consumed by the app in consumer group ``--group`` (the app id). Faust's
   consumer fetches; each fetched batch of ingest records is handed to the
   worker whole (:class:`IngestConsumer`) rather than one message at a time
@@ -16,7 +16,7 @@
   a partition first restores that partition's checkpoints from the changelog.
   The bus keeps a copy with each append too; a restore takes whichever is
   further ahead.
-* **Output**: delivery events through :class:`~pipeline.bus.kafka.KafkaBus`
+* **Output**: delivery events through :class:`~runwire.bus.kafka.KafkaBus`
   (``<prefix>.delivery``) and the replay log, in the order the consumer-group
   runtime uses (log → shaped → raw with checkpoint), then the table.
 * **Pipelining**: as in the consumer-group runtime, batch N+1 is processed
@@ -47,16 +47,16 @@ from typing import Any
 
 import msgspec
 
-from pipeline.bus import DeadLetter, Delivery, open_bus
-from pipeline.bus import keys as bus_keys
-from pipeline.bus.kafka import KafkaBus
-from pipeline.checkpoint import newest_checkpoint
-from pipeline.processor import DEFAULT_SILENCE_S, Processor, StreamOutput
-from pipeline.stages import BATCH, TICK_S, Stages, WorkerStats
-from pipeline.store import ReplayLog, open_store
-from workers.faust_partitions import PartitionTracker
-from workers.faust_seam import Intake, check_faust_version
-from workers.faust_setup import build_app, build_table, subscribe
+from runwire.bus import DeadLetter, Delivery, open_bus
+from runwire.bus import keys as bus_keys
+from runwire.bus.kafka import KafkaBus
+from runwire.processing.checkpoint import newest_checkpoint
+from runwire.processing.processor import DEFAULT_SILENCE_S, Processor, StreamOutput
+from runwire.processing.stages import BATCH, TICK_S, Stages, WorkerStats
+from runwire.store import ReplayLog, open_store
+from runwire.workers.faust_partitions import PartitionTracker
+from runwire.workers.faust_seam import Intake, check_faust_version
+from runwire.workers.faust_setup import build_app, build_table, subscribe
 
 log = logging.getLogger("runwire.faust")
 
@@ -76,7 +76,7 @@ _current_partition: contextvars.ContextVar[int] = contextvars.ContextVar("partit
 
 
 class FaustWorker:
-    """Builds and runs the faust app around :class:`~pipeline.stages.Stages`."""
+    """Builds and runs the faust app around :class:`~runwire.processing.stages.Stages`."""
 
     def __init__(
         self,

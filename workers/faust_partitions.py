@@ -1,7 +1,7 @@
 """The Kafka worker's ingest partitions: which it owns, how far each was processed,
 and the holes faust can leave in what it hands over (see :meth:`PartitionTracker.rewind_over_hole`).
 
-Kept apart from the worker loop (:mod:`workers.faust_app`): the loop asks
+Kept apart from the worker loop (:mod:`runwire.workers.faust_app`): the loop asks
 :meth:`PartitionTracker.accept` for each entry and reports assignments; the
 tracker decides what is in order, what is stale and when to seek back.
 """
@@ -16,8 +16,8 @@ from collections.abc import Awaitable, Callable
 from faust.types import TP, ConsumerT
 from redis.backoff import ConstantBackoff
 
-from pipeline.errors import BusUnavailable
-from pipeline.retry import Retry
+from runwire.core.errors import BusUnavailable
+from runwire.core.retry import Retry
 
 log = logging.getLogger("runwire.faust")
 

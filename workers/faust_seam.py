@@ -34,7 +34,7 @@ from faust.transport.consumer import CONSUMER_FETCHING
 from faust.transport.drivers import aiokafka as faust_kafka
 from faust.types import TP
 
-from pipeline.errors import ConfigError
+from runwire.core.errors import ConfigError
 
 TESTED_FAUST_VERSIONS = frozenset({"0.15.3"})
 """faust-streaming releases the seam was tested with."""

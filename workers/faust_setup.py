@@ -1,6 +1,6 @@
 """How the Kafka worker's faust app is set up: its settings, the checkpoint
 table and its codec, the ingest topic subscription (all faust's public API;
-the private part is :mod:`workers.faust_seam`).
+the private part is :mod:`runwire.workers.faust_seam`).
 """
 
 from __future__ import annotations
@@ -14,9 +14,9 @@ from faust.serializers import codecs
 from faust.types import TopicT
 from mode.utils.queues import FlowControlQueue
 
-from pipeline.bus.kafka import KafkaBus
-from pipeline.stages import BATCH
-from workers.faust_seam import Intake, WorkerApp
+from runwire.bus.kafka import KafkaBus
+from runwire.processing.stages import BATCH
+from runwire.workers.faust_seam import Intake, WorkerApp
 
 COMMIT_EVERY = 8 * BATCH
 """Faust commits after this many acks (and every ``broker_commit_interval``)."""

@@ -1,7 +1,7 @@
 """The consumer-group worker runtime: a bus consumer wired to the worker loop.
 
 :func:`run_worker` joins the group, builds the batch stages
-(:mod:`pipeline.stages`) and runs the loop (:mod:`pipeline.worker_loop`)
+(:mod:`runwire.processing.stages`) and runs the loop (:mod:`runwire.processing.worker_loop`)
 until a stop (or, with ``burst``, until idle), then leaves the group.
 """
 
@@ -10,11 +10,11 @@ from __future__ import annotations
 import asyncio
 import time
 
-from pipeline.bus import Bus
-from pipeline.processor import DEFAULT_SILENCE_S, Processor
-from pipeline.stages import BATCH, FETCH, TICK_S, Stages, WorkerStats
-from pipeline.store import ReplayLog
-from pipeline.worker_loop import ConsumerLoop
+from runwire.bus import Bus
+from runwire.processing.processor import DEFAULT_SILENCE_S, Processor
+from runwire.processing.stages import BATCH, FETCH, TICK_S, Stages, WorkerStats
+from runwire.processing.worker_loop import ConsumerLoop
+from runwire.store import ReplayLog
 
 __all__ = ["BATCH", "FETCH", "TICK_S", "Stages", "WorkerStats", "run_worker"]
 

@@ -12,7 +12,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from ..loader import load_entry, url_scheme
+from ..core.loader import load_entry, url_scheme
 from .base import (
     Bus,
     Consumer,
@@ -25,11 +25,13 @@ from .base import (
 )
 
 BACKENDS: dict[str, str] = {
-    "memory": "pipeline.bus.memory:MemoryBus",
-    "redis": "pipeline.bus.redis:RedisBus",
-    "rediss": "pipeline.bus.redis:RedisBus",
-    "redis+cluster": "pipeline.bus.redis:RedisBus",
-    "kafka": "pipeline.bus.kafka:KafkaBus",
+    "memory": "runwire.bus.memory:MemoryBus",
+    "redis": "runwire.bus.redis:RedisBus",
+    "rediss": "runwire.bus.redis:RedisBus",
+    "redis+cluster": "runwire.bus.redis:RedisBus",
+    "kafka": "runwire.bus.kafka:KafkaBus",
+    "http": "runwire.bus.http:HttpBus",
+    "https": "runwire.bus.http:HttpBus",
 }
 
 

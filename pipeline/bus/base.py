@@ -24,8 +24,8 @@ from typing import Any, Literal
 
 import msgspec
 
-from ..envelope import Event
-from ..lifecycle import AsyncResource
+from ..core.envelope import Event
+from ..core.lifecycle import AsyncResource
 from .keys import shard_for
 
 View = Literal["raw", "shaped"]

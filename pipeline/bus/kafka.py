@@ -1,8 +1,8 @@
 """``kafka://host:port[,host:port]`` — the bus on Kafka (aiokafka).
 
-The consumer is :mod:`pipeline.bus.kafka_consumer`, the delivery tail
-:mod:`pipeline.bus.kafka_tail`, the shared clients and record format
-:mod:`pipeline.bus.kafka_io`.
+The consumer is :mod:`runwire.bus.kafka_consumer`, the delivery tail
+:mod:`runwire.bus.kafka_tail`, the shared clients and record format
+:mod:`runwire.bus.kafka_io`.
 
 Topics (``<prefix>.<kind>``, created at connect; see ``docs/bus.md``):
 
@@ -33,7 +33,7 @@ by the client's hash, so a run's shard is the same number on every backend.
   group rebalance after its session times out (``session_timeout_ms``,
   default ``lease_ms`` but at least 6 s). Delivery counts survive crashes through the marks
   topic (see :class:`KafkaConsumer`).
-* **Delivery** streams are read from :class:`~pipeline.bus.kafka_hot.HotStreams`,
+* **Delivery** streams are read from :class:`~runwire.bus.kafka_hot.HotStreams`,
   fed by one tail of the delivery topic per process; older history is the
   replay log's. An append writes the new events and the writer state as one
   record batch to one partition, which Kafka stores atomically; the state
@@ -63,8 +63,8 @@ import msgspec
 from aiokafka import TopicPartition
 from aiokafka.admin import AIOKafkaAdminClient, NewTopic
 
-from ..envelope import Event, encode
-from ..errors import ConfigError
+from ..core.envelope import Event, encode
+from ..core.errors import ConfigError
 from . import keys
 from .base import Bus, Consumer, ControlCommand, DeadLetter, EncodedAppend, StreamKey
 from .kafka_consumer import KafkaConsumer

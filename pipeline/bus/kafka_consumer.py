@@ -24,7 +24,7 @@ from aiokafka.admin import NewTopic
 from aiokafka.errors import KafkaError
 from aiokafka.structs import OffsetAndMetadata
 
-from ..errors import BusUnavailable
+from ..core.errors import BusUnavailable
 from . import keys
 from .base import Consumer, DeadLetter, Delivery
 from .kafka_io import KafkaLink, Record, guard, json_encoder

@@ -1,10 +1,10 @@
 """What the Kafka bus, its delivery tail and its consumers share: the record
 format, the URL options, and :class:`KafkaLink` — the producer and the
 short-lived admin/reader clients, with Kafka's errors turned into
-:class:`~pipeline.errors.BusUnavailable`.
+:class:`~runwire.core.errors.BusUnavailable`.
 
 The layout of the topics and their records is described in
-:mod:`pipeline.bus.kafka`.
+:mod:`runwire.bus.kafka`.
 """
 
 from __future__ import annotations
@@ -19,8 +19,8 @@ from aiokafka import AIOKafkaConsumer, AIOKafkaProducer, TopicPartition
 from aiokafka.admin import AIOKafkaAdminClient, NewTopic
 from aiokafka.errors import KafkaError
 
-from ..envelope import Event
-from ..errors import BusUnavailable
+from ..core.envelope import Event
+from ..core.errors import BusUnavailable
 
 VIEW_HEADER = "v"
 KIND_HEADER = "k"

@@ -1,7 +1,7 @@
 """``memory://`` — the bus in one process, with the same semantics as Redis.
 
-Its state is :mod:`pipeline.bus.memory_state`, its consumer
-:mod:`pipeline.bus.memory_consumer`.
+Its state is :mod:`runwire.bus.memory_state`, its consumer
+:mod:`runwire.bus.memory_consumer`.
 
 ``memory://`` is private to the bus object; ``memory://<name>`` shares its
 state with every other open ``memory://<name>`` bus of the process (for
@@ -26,7 +26,7 @@ from __future__ import annotations
 from collections.abc import AsyncIterator, Mapping, Sequence
 from typing import Any
 
-from ..envelope import Event, encode
+from ..core.envelope import Event, encode
 from .base import Bus, Consumer, ControlCommand, DeadLetter, StreamKey
 from .memory_consumer import MemoryConsumer
 from .memory_state import ControlChannel, DeliveryStream, MemoryState, now_ms

@@ -1,6 +1,6 @@
-"""A member of a consumer group of a ``memory://`` bus (see :mod:`pipeline.bus.memory`).
+"""A member of a consumer group of a ``memory://`` bus (see :mod:`runwire.bus.memory`).
 
-It works on the bus's :class:`~pipeline.bus.memory_state.MemoryState`
+It works on the bus's :class:`~runwire.bus.memory_state.MemoryState`
 directly: shard leases split fairly among the live members, claims of
 entries idle longer than ``claim_idle_ms``, dead letters past
 ``max_deliveries``.
@@ -14,7 +14,7 @@ from collections.abc import Sequence
 from .base import Consumer, DeadLetter, Delivery
 from .memory_state import MemoryState, Pending, now_ms
 
-log = logging.getLogger("pipeline.bus.memory")
+log = logging.getLogger("runwire.bus.memory")
 
 
 class MemoryConsumer(Consumer):

@@ -1,6 +1,6 @@
 """What a ``memory://`` bus holds: shard logs, consumer groups with their
 pending entries and leases, delivery streams and control channels (see
-:mod:`pipeline.bus.memory`). Shared by name between buses of one process.
+:mod:`runwire.bus.memory`). Shared by name between buses of one process.
 """
 
 from __future__ import annotations
@@ -11,7 +11,7 @@ from collections import deque
 
 import msgspec
 
-from ..envelope import Event
+from ..core.envelope import Event
 from .base import ControlCommand, DeadLetter, StreamKey
 
 CONTROL_MAXLEN = 1000

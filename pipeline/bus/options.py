@@ -4,7 +4,7 @@
 
 Every option any backend understands is a field of :class:`BusOptions`
 (with its default and bounds); each backend names the subset it accepts.
-An unknown or ill-typed option is a :class:`~pipeline.errors.ConfigError`
+An unknown or ill-typed option is a :class:`~runwire.core.errors.ConfigError`
 naming the option, never silently ignored.
 """
 
@@ -16,7 +16,7 @@ from urllib.parse import parse_qsl, urlsplit, urlunsplit
 
 import msgspec
 
-from ..errors import ConfigError
+from ..core.errors import ConfigError
 
 Positive = Annotated[int, msgspec.Meta(ge=1)]
 NonNegative = Annotated[int, msgspec.Meta(ge=0)]

@@ -1,24 +1,24 @@
 """``redis://``, ``rediss://`` and ``redis+cluster://`` — the bus on Redis Streams.
 
-Layout (every key is built in :mod:`pipeline.bus.keys`):
+Layout (every key is built in :mod:`runwire.bus.keys`):
 
 * ingest: ``shards`` streams; an entry holds one event (field ``e`` =
   canonical JSON) or several of one publish (field ``m``, one per line,
-  see :mod:`pipeline.bus.redis_entries`); a batch is one ``XADD`` per shard
+  see :mod:`runwire.bus.redis_entries`); a batch is one ``XADD`` per shard
   and 64 events, all in one pipeline — one round trip per batch;
 * consumer groups created at id ``0`` on every shard (a group created after
   publishing still sees what is in the streams), consumed by
-  :class:`~pipeline.bus.redis_consumer.RedisConsumer`;
+  :class:`~runwire.bus.redis_consumer.RedisConsumer`;
 * delivery streams of entries holding up to 512 events, entry id ``<last
   seq>-0`` (reading after a seq is an O(log n) ``XRANGE``; a duplicate id is
-  impossible; see :mod:`pipeline.bus.redis_entries`), appended by one Lua
+  impossible; see :mod:`runwire.bus.redis_entries`), appended by one Lua
   script together with the writer's state, bounded by ``MINID ~`` (the last
   ``maxlen`` seqs) and by a TTL refreshed on every append;
 * a control stream per run; a dead-letter stream.
 
 The connection, the scripts and the RESP packing are
-:mod:`pipeline.bus.redis_link`'s: connection errors become
-:class:`~pipeline.errors.BusUnavailable` after redis-py's own ``Retry``
+:mod:`runwire.bus.redis_link`'s: connection errors become
+:class:`~runwire.core.errors.BusUnavailable` after redis-py's own ``Retry``
 (exponential backoff with jitter) gave up; the next call reconnects.
 """
 
@@ -36,8 +36,8 @@ from redis.asyncio.cluster import RedisCluster
 from redis.backoff import ExponentialWithJitterBackoff
 from redis.crc import key_slot
 
-from ..envelope import Event, encode
-from ..retry import Retry
+from ..core.envelope import Event, encode
+from ..core.retry import Retry
 from . import keys
 from .base import Bus, Consumer, ControlCommand, DeadLetter, EncodedAppend, StreamKey
 from .options import split_url
@@ -125,7 +125,7 @@ class RedisBus(Bus):
 
     async def publish_encoded(self, events: Sequence[Event], data: Sequence[bytes]) -> None:
         """One round trip per batch: an ``XADD`` per shard and up to
-        :data:`~pipeline.bus.redis_entries.INGEST_ENTRY_EVENTS` events, pipelined
+        :data:`~runwire.bus.redis_entries.INGEST_ENTRY_EVENTS` events, pipelined
         (``data[i]`` is ``encode(events[i])``).
 
         All-or-error: a connection error raises BusUnavailable and the caller

@@ -44,7 +44,7 @@ from typing import Any, TypeVar
 
 import redis.exceptions as rexc
 
-from ..errors import BusUnavailable
+from ..core.errors import BusUnavailable
 from . import keys
 from .base import Consumer, Delivery
 from .options import BusOptions

@@ -9,7 +9,7 @@ an entry with field ``e`` as before, which is also what a hand-written
 **Delivery streams.** Several events per entry, the seq ↔ entry mapping exact.
 
 An append writes one entry per stream and up to :data:`ENTRY_EVENTS` events
-(the ``APPEND`` script in :mod:`pipeline.bus.redis_scripts`):
+(the ``APPEND`` script in :mod:`runwire.bus.redis_scripts`):
 
 * entry id ``<seq of its last event>-0`` — ids increase with seq, a
   duplicate is impossible, and ``XRANGE <after+1>-0 +`` starts at the entry
@@ -27,8 +27,8 @@ from __future__ import annotations
 from collections.abc import Iterable, Sequence
 from typing import Any
 
-from ..envelope import Event, decode_many
-from ..errors import ProtocolError
+from ..core.envelope import Event, decode_many
+from ..core.errors import ProtocolError
 
 ENTRY_EVENTS = 512
 """At most this many events per delivery entry (a reader resuming mid-entry skips the rest

@@ -3,7 +3,7 @@
 :class:`RedisLink` owns the client (standalone or Cluster), runs the bus's
 Lua scripts by SHA (reloading them when the server lost them), and sends
 pipelines packed as RESP here for the hot paths. Connection errors become
-:class:`~pipeline.errors.BusUnavailable` after redis-py's own ``Retry``
+:class:`~runwire.core.errors.BusUnavailable` after redis-py's own ``Retry``
 (exponential backoff with jitter) gave up; the next call reconnects.
 """
 
@@ -20,7 +20,7 @@ from redis.asyncio.cluster import RedisCluster
 from redis.asyncio.retry import Retry
 from redis.backoff import ExponentialWithJitterBackoff
 
-from ..errors import BusUnavailable, ConfigError
+from ..core.errors import BusUnavailable, ConfigError
 from . import redis_scripts
 
 CONNECTION_ERRORS = (

@@ -42,8 +42,8 @@ from typing import Any
 
 import msgspec
 
-from ..envelope import Extension, format_ts, now_ts
-from ..ulid import new_event_id
+from ..core.envelope import Extension, format_ts, now_ts
+from ..core.ulid import new_event_id
 from .base import Bus, ControlCommand
 
 DEFAULT_CHANNEL = "default"

@@ -35,7 +35,7 @@ from starlette.websockets import WebSocket, WebSocketState
 
 from .. import protocols
 from ..bus.base import Bus
-from ..errors import (
+from ..core.errors import (
     REQ_BAD_BODY,
     REQ_BAD_PARAMETER,
     ConfigError,
@@ -44,8 +44,8 @@ from ..errors import (
     RunwireError,
     UnknownRun,
 )
-from ..redaction import redact_logs, redact_text
-from ..runcontext import CONTEXT_HEADER, RunContext
+from ..core.redaction import redact_logs, redact_text
+from ..sdk.runcontext import CONTEXT_HEADER, RunContext
 from ..store.base import ReplayLog, RunInfo
 from .auth import Principal
 from .authz import authorize_write

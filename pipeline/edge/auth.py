@@ -25,7 +25,7 @@ import jwt
 import msgspec
 
 from ..bus.base import Bus
-from ..errors import AuthError, UnknownRun
+from ..core.errors import AuthError, UnknownRun
 from ..store.base import ReplayLog, RunOwner
 
 Scope = Literal["read", "write", "control", "ops"]

@@ -51,10 +51,10 @@ from collections.abc import Sequence
 
 import msgspec
 
-from .. import envelope
 from ..bus.base import StreamKey
-from ..envelope import TERMINAL_STATES, ChildSpawn, Event, RunLifecycle
-from ..errors import ProtocolError, RunFinished, RunwireError, UnknownRun, WriteRefused
+from ..core import envelope
+from ..core.envelope import TERMINAL_STATES, ChildSpawn, Event, RunLifecycle
+from ..core.errors import ProtocolError, RunFinished, RunwireError, UnknownRun, WriteRefused
 from .auth import Gate, Principal
 
 

@@ -19,10 +19,10 @@ client frame    what the edge does
                 socket is a disconnect and cancels nothing)
 ==============  ===========================================================
 
-**Limits.** A frame is at most :data:`pipeline.limits.FRAME_BYTES` (close
+**Limits.** A frame is at most :data:`runwire.core.limits.FRAME_BYTES` (close
 1009 and ``KAI-STREAM-REQ-0002`` past it), nests at most
-:data:`pipeline.limits.DEPTH` levels and names ids of at most
-:data:`pipeline.limits.ID_CHARS` characters (close 1008 otherwise).
+:data:`runwire.core.limits.DEPTH` levels and names ids of at most
+:data:`runwire.core.limits.ID_CHARS` characters (close 1008 otherwise).
 One socket streams at most ``requests_per_socket`` responses at
 once: a ``send`` or ``resume`` past it closes the socket with 1008 and
 ``KAI-STREAM-REQ-0005``. Each response also holds one of the token's streams
@@ -50,12 +50,12 @@ from typing import Annotated, Any, Literal
 import msgspec
 from starlette.websockets import WebSocket, WebSocketDisconnect
 
-from .. import limits
 from ..bus.base import ControlCommand
 from ..bus.requests import DEFAULT_CHANNEL, AgentRequest, consumer_alive, send_request
-from ..envelope import now_ts
-from ..errors import REQ_QUOTA, REQ_TOO_LARGE, RequestError, RunwireError
-from ..ulid import new_event_id, new_random_ulid
+from ..core import limits
+from ..core.envelope import now_ts
+from ..core.errors import REQ_QUOTA, REQ_TOO_LARGE, RequestError, RunwireError
+from ..core.ulid import new_event_id, new_random_ulid
 from .auth import Principal
 from .authz import authorize_write
 from .context import Edge
@@ -69,7 +69,7 @@ from .transports import CLOSE_POLICY
 _json = msgspec.json.Encoder()
 CLOSE_INVALID = CLOSE_POLICY
 CLOSE_TOO_BIG = 1009
-"""RFC 6455 §7.4.1: a message too big to process (over :data:`pipeline.limits.FRAME_BYTES`)."""
+"""RFC 6455 §7.4.1: a message too big to process (over :data:`runwire.core.limits.FRAME_BYTES`)."""
 
 
 class ClientFrame(msgspec.Struct, kw_only=True, rename="camel"):

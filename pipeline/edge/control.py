@@ -10,8 +10,8 @@ from __future__ import annotations
 from typing import Any
 
 from ..bus.base import Bus, ControlCommand
-from ..envelope import now_ts
-from ..ulid import new_event_id
+from ..core.envelope import now_ts
+from ..core.ulid import new_event_id
 from .auth import Gate, Principal
 from .authz import authorize_control
 from .params import check_depth, choice

@@ -35,7 +35,7 @@ from starlette.requests import HTTPConnection, Request
 from starlette.responses import Response
 from starlette.types import Receive, Scope, Send
 
-from ..errors import CONN_REPLAY_EXPIRED, ConfigError, ReplayExpired, UnknownRun
+from ..core.errors import CONN_REPLAY_EXPIRED, ConfigError, ReplayExpired, UnknownRun
 from .clients import ClientQueue
 from .context import Edge
 from .feed import FeedKey

@@ -11,7 +11,7 @@ ingest (:mod:`.ingest`, :mod:`.authz`), but **all or nothing**: one bad
 message refuses the batch (``400`` with every line's error).
 
 The run's own events are numbered by the stream (publisher seqs ``base + 1 …``
-reserved in the replay log, :mod:`pipeline.store.producers`), whatever their
+reserved in the replay log, :mod:`runwire.store.producers`), whatever their
 codec numbered, so batches of any format form one seq space. With
 ``Producer-Id`` / ``Producer-Epoch`` / ``Producer-Seq`` (§5.2.1): a retried
 batch is ``204`` and not applied twice — but a "retry" of the producer's latest
@@ -33,11 +33,11 @@ import msgspec
 from starlette.requests import Request
 from starlette.responses import Response
 
-from .. import envelope, limits
-from ..envelope import Event
-from ..errors import REQ_BAD_BODY, REQ_QUOTA, RequestError, RunwireError
+from ..core import envelope, limits
+from ..core.envelope import Event
+from ..core.errors import REQ_BAD_BODY, REQ_QUOTA, RequestError, RunwireError
+from ..core.ulid import new_event_id
 from ..store.producers import MAX_PRODUCERS, Reservation
-from ..ulid import new_event_id
 from .auth import Principal
 from .authz import admit, authorize_write
 from .context import Edge

@@ -17,10 +17,10 @@ from typing import NamedTuple
 
 import msgspec
 
-from .. import envelope
 from ..bus.base import StreamKey
-from ..envelope import Event, Extension, RunLifecycle, RunLifecyclePayload
-from ..errors import PROTO_MALFORMED
+from ..core import envelope
+from ..core.envelope import Event, Extension, RunLifecycle, RunLifecyclePayload
+from ..core.errors import PROTO_MALFORMED
 from ..protocols import egress
 from ..protocols.base import Egress
 from .clients import ClientQueue
@@ -28,7 +28,7 @@ from .filters import event_filter
 from .frames import Frame, drop_rank
 from .metrics import EdgeMetrics
 
-log = logging.getLogger("pipeline.edge.hub")
+log = logging.getLogger("runwire.edge.hub")
 _json = msgspec.json.Encoder()
 
 

@@ -1,6 +1,6 @@
 """Which events a feed carries: audience profile (loom-mcp stream package) and child handling.
 
-Profiles come from :mod:`pipeline.protocols.profiles` (``default``,
+Profiles come from :mod:`runwire.protocols.profiles` (``default``,
 ``debug``, ``user`` / ``user-chat``, ``metrics``). ``children=link`` leaves
 events that came from a child run (``child_id`` set) out of the parent
 stream; the parent's ``child.spawn`` stays as the link a UI follows to the
@@ -11,7 +11,7 @@ from __future__ import annotations
 
 from collections.abc import Callable
 
-from ..envelope import Event
+from ..core.envelope import Event
 from ..protocols.profiles import ALIASES, PROFILES, profile
 
 PROFILE_NAMES: tuple[str, ...] = (*PROFILES, *ALIASES)

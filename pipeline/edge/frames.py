@@ -14,7 +14,7 @@ from collections.abc import Callable
 
 import msgspec
 
-from ..envelope import Event
+from ..core.envelope import Event
 
 DROP_REASONING = 0
 DROP_TEXT = 1

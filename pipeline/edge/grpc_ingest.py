@@ -7,7 +7,7 @@ every :data:`INGEST_BATCH` messages (and at the end) each run's messages go
 through :func:`.ingest.publish_body` as one koder NDJSON body — decode, the
 write rule (:func:`.authz.admit`), publish. Rejections come back by the
 message's 1-based index in the call. A call is bounded like an HTTP ingest
-body (:mod:`pipeline.limits`: bytes and events): the message past a bound
+body (:mod:`runwire.core.limits`: bytes and events): the message past a bound
 ends the call with ``RESOURCE_EXHAUSTED`` and ``KAI-STREAM-REQ-0002``;
 batches published before it stay published.
 """
@@ -16,8 +16,8 @@ from __future__ import annotations
 
 from collections.abc import AsyncIterator
 
-from .. import limits
-from ..errors import PROTO_MALFORMED
+from ..core import limits
+from ..core.errors import PROTO_MALFORMED
 from .auth import Principal
 from .authz import authorize_write
 from .context import Edge

@@ -2,7 +2,7 @@
 
 The Koder agent stream §5.3 names a gRPC server stream with the same shape
 as the JSON envelope; the StreamWeave RPC defines ``StreamWeave``. Both are
-served here from the **same** :class:`~pipeline.edge.app.Edge` as the HTTP
+served here from the **same** :class:`~runwire.edge.app.Edge` as the HTTP
 app in the same process — one hub (one bus reader), one encode per feed,
 the same resume, R1 shaping, R4 drops, gate (tokens, tenants, scopes),
 control path and ingest path:
@@ -39,8 +39,8 @@ import msgspec
 from grpc_health.v1 import health, health_pb2, health_pb2_grpc
 from grpc_reflection.v1alpha import reflection
 
-from .. import limits
-from ..errors import (
+from ..core import limits
+from ..core.errors import (
     BUF_DROP,
     CONN_DISCONNECTED,
     AuthError,

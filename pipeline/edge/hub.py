@@ -23,12 +23,12 @@ import time
 
 import msgspec
 
-from .. import envelope
 from ..bus.base import Bus, StreamKey
-from ..envelope import Event, RunLifecycle, RunLifecyclePayload
-from ..redaction import redact_text
+from ..core import envelope
+from ..core.envelope import Event, RunLifecycle, RunLifecyclePayload
+from ..core.redaction import redact_text
+from ..core.ulid import new_event_id
 from ..store.base import ReplayLog
-from ..ulid import new_event_id
 from .clients import ClientQueue
 from .feed import Feed, FeedKey, ends_stream, frame_or_skip, is_stateless
 from .frames import Frame
@@ -232,7 +232,7 @@ class Hub:
         hot stream past the hub's cursor: the read then starts after a hole.
         An event's first covered seq (``span[0]`` of a shaped event) is its
         predecessor's seq + 1 in either view — the shaped view's spans tile
-        (:mod:`pipeline.shaping`), however its windows interleave — so a hole
+        (:mod:`runwire.processing.shaping`), however its windows interleave — so a hole
         is exactly ``span[0] > cursor + 1``. It is read like a resume (hot
         tier, else the replay log, just that stretch of the shaped view
         recomputed) and goes out before the rest of the batch.

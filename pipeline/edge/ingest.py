@@ -8,7 +8,7 @@ when every line was good and ``422`` when any was bad (``accepted`` says how
 many events were published anyway). Re-posting the corrected batch is
 safe: appends downstream are idempotent on ``(run_id, seq)``, so the lines
 already accepted are not duplicated. Every event is held to the limits a
-worker decodes with (:func:`pipeline.envelope.check`: numbers within int64,
+worker decodes with (:func:`runwire.core.envelope.check`: numbers within int64,
 nesting, frame size), so nothing accepted here is dead-lettered there. If the bus is down nothing is
 published and the answer is ``503`` — retry the whole batch.
 """
@@ -17,10 +17,11 @@ from __future__ import annotations
 
 import msgspec
 
-from .. import envelope, limits, protocols
+from .. import protocols
 from ..bus.base import Bus
-from ..envelope import Event
-from ..errors import (
+from ..core import envelope, limits
+from ..core.envelope import Event
+from ..core.errors import (
     PROTO_MALFORMED,
     ConfigError,
     LineError,
@@ -29,7 +30,7 @@ from ..errors import (
     RequestError,
     line_error,
 )
-from ..runcontext import RunContext
+from ..sdk.runcontext import RunContext
 from .auth import Gate, Principal
 from .authz import admit
 from .metrics import EdgeMetrics
@@ -80,7 +81,7 @@ def decode_body(
     Whether the events may be written is :func:`.authz.admit`'s decision.
     ``thread_id`` (the ``Thread-Id`` header or ``?thread_id=``) is stamped on
     the run's own events that have none; one naming another thread is rejected
-    (a thread id longer than :data:`pipeline.limits.ID_CHARS` refuses the request).
+    (a thread id longer than :data:`runwire.core.limits.ID_CHARS` refuses the request).
     More than ``max_events`` lines or events refuse the whole body (BodyTooLarge).
     ``context`` (the ``Runwire-Run-Context`` header) makes the run a child:
     its own events that name no parent get the token's parent and root.

@@ -5,8 +5,8 @@ from __future__ import annotations
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
 from prometheus_client.exposition import generate_latest
 
-from ..envelope import ts_ms
-from ..errors import ProtocolError
+from ..core.envelope import ts_ms
+from ..core.errors import ProtocolError
 
 
 class EdgeMetrics:

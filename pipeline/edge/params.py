@@ -8,7 +8,7 @@
 * a body is read up to its endpoint's limit (``413 KAI-STREAM-REQ-0002``
   past it, before anything is buffered beyond the limit) and within a
   deadline (``408 KAI-STREAM-REQ-0004``), and JSON bodies nest at most
-  :data:`pipeline.envelope.MAX_DEPTH` levels (``400 KAI-STREAM-REQ-0003``).
+  :data:`runwire.core.envelope.MAX_DEPTH` levels (``400 KAI-STREAM-REQ-0003``).
 """
 
 from __future__ import annotations
@@ -21,8 +21,8 @@ from typing import Any
 
 from starlette.requests import Request
 
-from ..envelope import MAX_DEPTH
-from ..errors import REQ_BAD_BODY, REQ_SLOW_BODY, BodyTooLarge, RequestError
+from ..core.envelope import MAX_DEPTH
+from ..core.errors import REQ_BAD_BODY, REQ_SLOW_BODY, BodyTooLarge, RequestError
 
 MAX_SEQ = 2**63 - 1
 _CANONICAL = re.compile(r"0|[1-9][0-9]*")

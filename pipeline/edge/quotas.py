@@ -6,7 +6,7 @@ process — SSE, NDJSON, WebSocket, Durable Streams reads, gRPC streams and
 chat responses alike, including streams still waiting for a run nobody has
 published yet. One chat socket may carry at most ``requests_per_socket``
 responses at once (:mod:`.chat`). Over quota the caller gets
-:class:`~pipeline.errors.QuotaExceeded` (429 with ``Retry-After``, WebSocket
+:class:`~runwire.core.errors.QuotaExceeded` (429 with ``Retry-After``, WebSocket
 close 1008, gRPC ``RESOURCE_EXHAUSTED``) and nobody else notices.
 
 With auth off (no secret: loopback only) there are no tokens and no quotas.
@@ -18,7 +18,7 @@ from __future__ import annotations
 
 from types import TracebackType
 
-from ..errors import QuotaExceeded
+from ..core.errors import QuotaExceeded
 
 
 class Quotas:

@@ -9,15 +9,15 @@ already sent (capture the position, buffer live events, dedupe on seq). This mod
 
 * from the hot delivery stream while it still covers ``c + 1``;
 * else from the replay log: the raw view as stored; the shaped view
-  recomputed (:func:`pipeline.shaping.shape`, a pure function of the raw
+  recomputed (:func:`runwire.processing.shaping.shape`, a pure function of the raw
   events) for just the stretch the hot tier no longer has, then the hot
   tier again;
-* else it raises :class:`~pipeline.errors.ReplayExpired`
+* else it raises :class:`~runwire.core.errors.ReplayExpired`
   (``KAI-STREAM-CONN-0002``): recovery is all or nothing, never a partial
   replay presented as complete.
 
 "Covers" is by the events' spans: the shaped view's spans tile the seq space
-(:mod:`pipeline.shaping`), so its first event after ``c`` has ``span[0] <= c + 1``
+(:mod:`runwire.processing.shaping`), so its first event after ``c`` has ``span[0] <= c + 1``
 unless events after ``c`` were trimmed — windows of children streaming at once
 are never taken for a hole.
 
@@ -37,11 +37,11 @@ from collections.abc import AsyncIterator
 
 import msgspec
 
-from .. import envelope
 from ..bus.base import Bus, StreamKey
-from ..envelope import Event, RunLifecycle
-from ..errors import ReplayExpired
-from ..shaping import DeltaCoalescer, is_delta
+from ..core import envelope
+from ..core.envelope import Event, RunLifecycle
+from ..core.errors import ReplayExpired
+from ..processing.shaping import DeltaCoalescer, is_delta
 from ..store.base import ReplayLog
 
 log = logging.getLogger(__name__)

@@ -19,7 +19,7 @@ from typing import Any
 import uvicorn
 from uvicorn.protocols.http.httptools_impl import HttpToolsProtocol
 
-from .. import limits
+from ..core import limits
 
 HEADER_TIMEOUT_S = 10.0
 """Default time a client has to send a request's line and headers."""
@@ -82,7 +82,7 @@ def edge_config(app: Any, *, header_timeout_s: float = HEADER_TIMEOUT_S, **optio
         "http": header_deadline_protocol(header_timeout_s),
         "timeout_keep_alive": KEEP_ALIVE_S,
         "h11_max_incomplete_event_size": MAX_HEADER_BYTES,
-        # a WebSocket message is one frame of pipeline.limits (1 MiB; the chat socket closes past it
+        # a WebSocket message is one frame of runwire.core.limits (1 MiB; the chat socket closes past it
         # with 1009 and KAI-STREAM-REQ-0002); uvicorn's own cap (16 MiB by default) stops the rest
         "ws_max_size": 2 * limits.FRAME_BYTES,
     }

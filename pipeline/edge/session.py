@@ -15,8 +15,8 @@ from collections.abc import AsyncGenerator, Callable
 
 import msgspec
 
-from ..envelope import Event
-from ..errors import BUF_DROP, ReplayExpired, RunNotPublished
+from ..core.envelope import Event
+from ..core.errors import BUF_DROP, ReplayExpired, RunNotPublished
 from ..protocols import egress
 from .clients import ClientQueue
 from .feed import Feed, FeedKey, encode_preamble, ends_stream, frame_or_skip, is_stateless

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import msgspec
 
-from .. import limits
+from ..core import limits
 
 
 class EdgeSettings(msgspec.Struct, kw_only=True, forbid_unknown_fields=True, frozen=True):

@@ -25,7 +25,7 @@ import msgspec
 from starlette.requests import Request
 
 from .. import protocols
-from ..errors import ConfigError
+from ..core.errors import ConfigError
 from ..store.base import RunInfo
 from .auth import Principal
 from .context import Edge

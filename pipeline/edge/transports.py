@@ -17,7 +17,7 @@ from typing import Any
 from starlette.types import Message, Receive, Send
 from starlette.websockets import WebSocket, WebSocketDisconnect
 
-from ..errors import (
+from ..core.errors import (
     CONN_DISCONNECTED,
     REQ_BAD_PARAMETER,
     AuthError,

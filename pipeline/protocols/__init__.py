@@ -9,26 +9,26 @@ from __future__ import annotations
 
 from typing import Any
 
-from ..loader import load_entry
+from ..core.loader import load_entry
 from .base import Egress, Ingest
 
 INGEST: dict[str, str] = {
-    "koder": "pipeline.protocols.koder:KoderIngest",
-    "loom": "pipeline.protocols.loom:LoomIngest",
-    "loom-export": "pipeline.protocols.loom_export:LoomExportIngest",
-    "cogency": "pipeline.protocols.cogency:CogencyIngest",
-    "cogency-wire": "pipeline.protocols.cogency_wire:CogencyWireIngest",
-    "loom-mcp": "pipeline.protocols.loom_mcp:LoomMcpIngest",
+    "koder": "runwire.protocols.koder:KoderIngest",
+    "loom": "runwire.protocols.loom:LoomIngest",
+    "loom-export": "runwire.protocols.loom_export:LoomExportIngest",
+    "cogency": "runwire.protocols.cogency:CogencyIngest",
+    "cogency-wire": "runwire.protocols.cogency_wire:CogencyWireIngest",
+    "loom-mcp": "runwire.protocols.loom_mcp:LoomMcpIngest",
 }
 EGRESS: dict[str, str] = {
-    "koder": "pipeline.protocols.koder:KoderEgress",
-    "loom": "pipeline.protocols.loom:LoomEgress",
-    "loom-export": "pipeline.protocols.loom_export:LoomExportEgress",
-    "cogency": "pipeline.protocols.cogency:CogencyEgress",
-    "loom-mcp": "pipeline.protocols.loom_mcp:LoomMcpEgress",
-    "streamweave": "pipeline.protocols.streamweave:StreamWeaveEgress",
-    "agui": "pipeline.protocols.agui:AguiEgress",
-    "ai-sdk": "pipeline.protocols.ai_sdk:AiSdkEgress",
+    "koder": "runwire.protocols.koder:KoderEgress",
+    "loom": "runwire.protocols.loom:LoomEgress",
+    "loom-export": "runwire.protocols.loom_export:LoomExportEgress",
+    "cogency": "runwire.protocols.cogency:CogencyEgress",
+    "loom-mcp": "runwire.protocols.loom_mcp:LoomMcpEgress",
+    "streamweave": "runwire.protocols.streamweave:StreamWeaveEgress",
+    "agui": "runwire.protocols.agui:AguiEgress",
+    "ai-sdk": "runwire.protocols.ai_sdk:AiSdkEgress",
 }
 
 

@@ -43,8 +43,8 @@ import json
 from dataclasses import dataclass
 from typing import Any
 
-from .. import envelope
-from ..envelope import Event, known
+from ..core import envelope
+from ..core.envelope import Event, known
 from .base import Egress
 
 Frame = dict[str, Any]

@@ -20,7 +20,7 @@ from typing import Any, ClassVar
 
 import msgspec
 
-from ..envelope import Event
+from ..core.envelope import Event
 
 _json = msgspec.json.Encoder()
 
@@ -39,7 +39,7 @@ class Ingest(ABC):
     def feed(self, data: bytes) -> list[Event]:
         """Decode one frame (or, for raw formats, one chunk) into 0..n events.
 
-        Raises :class:`~pipeline.errors.ProtocolError` for a bad frame; the
+        Raises :class:`~runwire.core.errors.ProtocolError` for a bad frame; the
         codec stays usable for the frames after it.
         """
 

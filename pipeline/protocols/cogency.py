@@ -45,10 +45,10 @@ from typing import Any
 
 import msgspec
 
-from .. import envelope
-from ..envelope import Event, Extension, known
-from ..errors import MalformedFrame
-from ..ulid import MonotonicULID
+from ..core import envelope
+from ..core.envelope import Event, Extension, known
+from ..core.errors import MalformedFrame
+from ..core.ulid import MonotonicULID
 from . import framediff
 from .base import Egress, Ingest
 

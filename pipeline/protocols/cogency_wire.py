@@ -33,9 +33,9 @@ from collections import deque
 from collections.abc import Callable
 from typing import Any
 
-from .. import envelope
-from ..envelope import Event
-from ..ulid import MonotonicULID
+from ..core import envelope
+from ..core.envelope import Event
+from ..core.ulid import MonotonicULID
 from .base import Ingest
 
 OUTSIDE, THINK, RESPOND, EXECUTE, RESULTS = "outside", "think", "respond", "execute", "results"

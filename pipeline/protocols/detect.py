@@ -18,7 +18,7 @@ the answer is the one format every line fits. The shapes:
 
 Formats that share type names (``tool_start``, ``usage`` in loom and
 loom-mcp) are told apart by the envelope shape. When no single format fits,
-:func:`detect` raises :class:`~pipeline.errors.ConfigError` saying what it
+:func:`detect` raises :class:`~runwire.core.errors.ConfigError` saying what it
 saw, so the user can pass ``--from`` explicitly.
 """
 
@@ -28,8 +28,8 @@ from typing import Any
 
 import msgspec
 
-from ..envelope import EVENT_CLASSES, is_extension_type
-from ..errors import ConfigError
+from ..core.envelope import EVENT_CLASSES, is_extension_type
+from ..core.errors import ConfigError
 from .loom import LOOM_TYPES
 from .loom_export import LOOM_TYPES_BY_KEY
 from .loom_mcp import MCP_TYPES
@@ -87,7 +87,7 @@ def classify(line: bytes) -> set[str]:
 def detect(first_lines: list[bytes]) -> str:
     """The ingest format of a stream whose first lines are ``first_lines``.
 
-    Raises :class:`~pipeline.errors.ConfigError` when the lines fit no format
+    Raises :class:`~runwire.core.errors.ConfigError` when the lines fit no format
     or several.
     """
     lines = [line.strip() for line in first_lines if line.strip()]

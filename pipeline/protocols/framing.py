@@ -16,10 +16,10 @@ from typing import Any
 
 import msgspec
 
-from .. import envelope
-from ..envelope import MAX_FRAME_BYTES, Event
-from ..errors import MalformedFrame
-from ..ulid import MonotonicULID
+from ..core import envelope
+from ..core.envelope import MAX_FRAME_BYTES, Event
+from ..core.errors import MalformedFrame
+from ..core.ulid import MonotonicULID
 from .framediff import diff
 
 _object_decoder = msgspec.json.Decoder()

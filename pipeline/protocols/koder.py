@@ -6,8 +6,8 @@ from typing import Any
 
 import msgspec
 
-from .. import envelope
-from ..envelope import Event
+from ..core import envelope
+from ..core.envelope import Event
 from .base import Egress, Ingest
 
 

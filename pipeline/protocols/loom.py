@@ -23,7 +23,7 @@ everything else     ``x.loom.<type>`` with the payload verbatim
 
 Lossless (Koder agent stream §7 T1): what the canonical event cannot hold (``session_id``,
 ``node_id``, the node name on a chunk, a missing ``event_id`` …) is kept in
-``ext["loom"]`` as a :mod:`~pipeline.protocols.framediff` diff against
+``ext["loom"]`` as a :mod:`~runwire.protocols.framediff` diff against
 :func:`render`, and :class:`LoomEgress` applies it back.
 """
 
@@ -31,9 +31,9 @@ from __future__ import annotations
 
 from typing import Any
 
-from .. import envelope
-from ..envelope import EVENT_CLASSES, Event, is_extension_type, known
-from ..errors import MalformedFrame, ProtocolError, UnknownEventType
+from ..core import envelope
+from ..core.envelope import EVENT_CLASSES, Event, is_extension_type, known
+from ..core.errors import MalformedFrame, ProtocolError, UnknownEventType
 from .base import Egress, Ingest
 from .framediff import apply
 from .framing import EventStamper, Kind, as_int, check_fields, decode_object, json_text

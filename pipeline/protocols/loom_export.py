@@ -10,7 +10,7 @@ fields (``session_id``, ``node_id``, ``event_id``)::
 
 §6 gives no key for the ``reply`` frame; runwire writes it as
 ``{"Reply": {"reply": "..."}}``. Semantics are loom's, so this codec unwraps
-the frame and uses :mod:`pipeline.protocols.loom` for the mapping; the
+the frame and uses :mod:`runwire.protocols.loom` for the mapping; the
 round-trip diff is kept under ``ext["loom"]`` and is shared by both forms, so
 loom → canonical → loom-export is faithful too.
 """
@@ -19,8 +19,8 @@ from __future__ import annotations
 
 from typing import Any
 
-from ..envelope import Event
-from ..errors import MalformedFrame, UnknownEventType
+from ..core.envelope import Event
+from ..core.errors import MalformedFrame, UnknownEventType
 from .framing import decode_object
 from .loom import REPLY, LoomEgress, LoomIngest
 

@@ -35,9 +35,9 @@ from __future__ import annotations
 
 from typing import Any
 
-from .. import envelope
-from ..envelope import EVENT_CLASSES, Event, is_extension_type, known
-from ..errors import MalformedFrame, UnknownEventType
+from ..core import envelope
+from ..core.envelope import EVENT_CLASSES, Event, is_extension_type, known
+from ..core.errors import MalformedFrame, UnknownEventType
 from .base import Egress, Ingest
 from .framediff import apply
 from .framing import EventStamper, Kind, as_int, check_fields, decode_object, source_ts

@@ -53,8 +53,8 @@ from collections.abc import Callable
 
 import msgspec
 
-from ..envelope import Event
-from ..errors import ConfigError
+from ..core.envelope import Event
+from ..core.errors import ConfigError
 
 
 class StreamProfile(msgspec.Struct, frozen=True, kw_only=True):

@@ -38,8 +38,8 @@ from __future__ import annotations
 import json
 from typing import Any
 
-from .. import envelope
-from ..envelope import Event, known
+from ..core import envelope
+from ..core.envelope import Event, known
 from .base import Egress
 
 Frame = dict[str, Any]

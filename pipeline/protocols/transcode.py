@@ -3,7 +3,7 @@
 :class:`Transcoder` is what ``runwire convert`` (and anything else that turns
 a file of one format into another) runs: it feeds each frame to the ingest
 codec, passes the events to the egress codec and collects the encoded
-frames; a rejected frame becomes a :class:`~pipeline.errors.ProtocolError`
+frames; a rejected frame becomes a :class:`~runwire.core.errors.ProtocolError`
 tagged with its line number while the frames around it go on. At the end it
 flushes the ingest codec and, when the stream had no terminal event, asks the
 egress codec for the frames that close it.
@@ -13,8 +13,8 @@ from __future__ import annotations
 
 import msgspec
 
-from ..envelope import Event, is_terminal
-from ..errors import ProtocolError
+from ..core.envelope import Event, is_terminal
+from ..core.errors import ProtocolError
 from . import egress as egress_codec
 from . import ingest as ingest_codec
 from .base import Egress, Ingest

@@ -10,13 +10,13 @@ from __future__ import annotations
 
 from typing import Any
 
-from ..loader import load_entry, url_scheme
+from ..core.loader import load_entry, url_scheme
 from .base import ReplayLog, RetentionPolicy, RunInfo, SweepResult
 
 BACKENDS: dict[str, str] = {
-    "sqlite": "pipeline.store.sqlite:SQLiteLog",
-    "postgresql": "pipeline.store.postgres:PostgresLog",
-    "postgres": "pipeline.store.postgres:PostgresLog",
+    "sqlite": "runwire.store.sqlite:SQLiteLog",
+    "postgresql": "runwire.store.postgres:PostgresLog",
+    "postgres": "runwire.store.postgres:PostgresLog",
 }
 
 

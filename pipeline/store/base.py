@@ -19,10 +19,10 @@ from datetime import datetime, timedelta
 
 import msgspec
 
-from .. import envelope
-from ..envelope import Event
-from ..errors import UnknownRun
-from ..lifecycle import AsyncResource
+from ..core import envelope
+from ..core.envelope import Event
+from ..core.errors import UnknownRun
+from ..core.lifecycle import AsyncResource
 from .producers import Reservation
 
 
@@ -159,7 +159,7 @@ class ReplayLog(AsyncResource):
     async def run_owner(self, run_id: str) -> RunOwner | None:
         """The recorded owner of a run id, or None when nobody claimed it."""
 
-    # ---- Durable Streams write state (pipeline.store.producers) ----------
+    # ---- Durable Streams write state (runwire.store.producers) ----------
     @abstractmethod
     async def stream_create(self, run_id: str) -> bool:
         """Record ``run_id`` as a Durable Streams stream; False when it already was one."""

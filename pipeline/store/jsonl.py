@@ -11,9 +11,9 @@ from collections.abc import Callable, Iterable
 
 import msgspec
 
-from .. import envelope
-from ..envelope import Event
-from ..errors import LineError, ProtocolError, line_error
+from ..core import envelope
+from ..core.envelope import Event
+from ..core.errors import LineError, ProtocolError, line_error
 from .base import ReplayLog
 
 

@@ -12,7 +12,7 @@ from collections.abc import Mapping
 from datetime import UTC, datetime, timedelta
 from urllib.parse import parse_qsl, urlencode
 
-from ..errors import ConfigError
+from ..core.errors import ConfigError
 from .base import RetentionPolicy
 
 _FIELDS = {"retention_done_days": "done", "retention_failed_days": "failed",

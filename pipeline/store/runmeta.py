@@ -17,7 +17,7 @@ from typing import Any
 
 import msgspec
 
-from ..envelope import INT64_MAX, TERMINAL_STATES, Event, Gap, RunLifecycle, Usage
+from ..core.envelope import INT64_MAX, TERMINAL_STATES, Event, Gap, RunLifecycle, Usage
 from .base import RunInfo
 
 

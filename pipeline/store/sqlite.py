@@ -33,9 +33,9 @@ from typing import Any, TypeVar
 
 import msgspec
 
-from .. import envelope
-from ..envelope import Event
-from ..errors import ConfigError, StoreError, StoreUnavailable
+from ..core import envelope
+from ..core.envelope import Event
+from ..core.errors import ConfigError, StoreError, StoreUnavailable
 from .base import Clock, ReplayLog, RetentionPolicy, RunInfo, RunOwner, SweepResult
 from .producers import ProducerState, Reservation, reserve
 from .retention import split_retention, utc_now

@@ -17,7 +17,7 @@ from collections.abc import AsyncIterator
 from dataclasses import dataclass, field
 from typing import Any
 
-from pipeline.publisher import Publisher, Run
+from runwire.sdk.publisher import Publisher, Run
 
 TOOLS = {  # run suffix → [(tool, duration_ms, ok)]
     "": [("search_metrics", 420, True), ("fetch_dashboard", 160, False)],

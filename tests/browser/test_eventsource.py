@@ -9,9 +9,9 @@ from pathlib import Path
 
 import pytest
 
-from pipeline.bus import open_bus
-from pipeline.edge import EdgeSettings
-from pipeline.store import open_store
+from runwire.bus import open_bus
+from runwire.edge import EdgeSettings
+from runwire.store import open_store
 from tests.edge.harness import EdgeServer, append, run_events
 
 from .test_page import CHROMIUM, _require_tools

@@ -9,8 +9,8 @@ from typing import Any
 
 import pytest
 
-from pipeline.edge import EdgeSettings
-from pipeline.envelope import Event, to_builtins
+from runwire.core.envelope import Event, to_builtins
+from runwire.edge import EdgeSettings
 from tests.browser.browser import BrowserMissing, browser
 from tests.edge.harness import serve_edge
 from tests.events import event

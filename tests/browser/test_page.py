@@ -11,11 +11,11 @@ from pathlib import Path
 
 import pytest
 
-from pipeline.bus import open_bus
-from pipeline.bus.base import Bus
-from pipeline.edge import EdgeSettings
-from pipeline.store import open_store
-from pipeline.store.base import ReplayLog
+from runwire.bus import open_bus
+from runwire.bus.base import Bus
+from runwire.edge import EdgeSettings
+from runwire.store import open_store
+from runwire.store.base import ReplayLog
 from tests.edge.harness import EdgeServer, append
 from tests.events import event
 

@@ -13,7 +13,7 @@ import json
 import sys
 import time
 
-from pipeline.bus import open_bus
+from runwire.bus import open_bus
 
 
 async def main(url: str, group: str, name: str, count: int) -> None:

@@ -22,10 +22,10 @@ from pathlib import Path
 
 import pytest
 
-from pipeline.bus import ControlCommand, Delivery, open_bus
-from pipeline.bus.base import Bus, Consumer, StreamKey
-from pipeline.envelope import decode, encode
-from pipeline.errors import BusUnavailable, ConfigError
+from runwire.bus import ControlCommand, Delivery, open_bus
+from runwire.bus.base import Bus, Consumer, StreamKey
+from runwire.core.envelope import decode, encode
+from runwire.core.errors import BusUnavailable, ConfigError
 from tests.events import event
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -409,7 +409,7 @@ async def test_memory_bus_publish_waits_when_the_backlog_is_full() -> None:
 @pytest.mark.slow
 async def test_memory_bus_forgets_expired_streams() -> None:
     """Invariant 4: streams of finished runs don't pile up in the process."""
-    from pipeline.bus.memory import MemoryBus
+    from runwire.bus.memory import MemoryBus
 
     async with open_bus("memory://?ttl=1") as bus:
         assert isinstance(bus, MemoryBus)
@@ -447,7 +447,7 @@ async def test_redis_restart_mid_stream_recovers_and_recreates_the_group(
     """after Redis lost its state the consumer group is recreated, with a
     warning, not swallowed; publisher and consumer reconnect by themselves."""
     url = f"{own_redis.url}?{'claim_idle_ms=500&lease_ms=1000'}"  # type: ignore[attr-defined]
-    caplog.set_level(logging.WARNING, logger="pipeline.bus")
+    caplog.set_level(logging.WARNING, logger="runwire.bus")
     async with open_bus(url) as bus:
         consumer = bus.consumer("g", "c")
         await bus.publish([event("run-z", s) for s in range(1, 6)])
@@ -501,7 +501,7 @@ async def test_delivery_streams_expire_after_ttl(bus_url: str) -> None:
 
 
 def test_url_options_are_converted_through_one_table() -> None:
-    from pipeline.bus.options import split_url
+    from runwire.bus.options import split_url
 
     options, bare, kept = split_url(
         "redis://h:1/0?shards=32&ttl=60&socket_timeout=5", ["shards", "ttl"], ["socket_timeout"])

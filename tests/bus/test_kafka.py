@@ -16,10 +16,10 @@ import pytest
 from aiokafka import AIOKafkaConsumer, AIOKafkaProducer, TopicPartition
 from aiokafka.admin import AIOKafkaAdminClient
 
-from pipeline.bus import Delivery, open_bus
-from pipeline.bus.keys import shard_for
-from pipeline.envelope import decode, encode
-from pipeline.errors import ConfigError
+from runwire.bus import Delivery, open_bus
+from runwire.bus.keys import shard_for
+from runwire.core.envelope import decode, encode
+from runwire.core.errors import ConfigError
 from tests.events import event
 
 

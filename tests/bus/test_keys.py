@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from redis.crc import key_slot
 
-from pipeline.bus import keys
+from runwire.bus import keys
 
 
 def slot(key: str) -> int:

@@ -15,10 +15,10 @@ from collections.abc import AsyncIterator
 
 import pytest
 
-from pipeline import Publisher
-from pipeline.bus import ControlCommand, open_bus
-from pipeline.envelope import Event, decode, encode, parse_ts
-from pipeline.errors import DeliveryTimeout, MalformedFrame, UnknownEventType
+from runwire import Publisher
+from runwire.bus import ControlCommand, open_bus
+from runwire.core.envelope import Event, decode, encode, parse_ts
+from runwire.core.errors import DeliveryTimeout, MalformedFrame, UnknownEventType
 from tests.services import RedisServer
 
 BACKENDS = ["memory", "redis", "kafka"]
@@ -283,8 +283,8 @@ async def test_bound_in_bytes_holds_while_the_bus_is_slow() -> None:
 def test_ids_stay_monotonic_across_carries_and_clock_steps() -> None:
     """Koder agent stream: "ULID, monotonic per stream" — also when the random part's last
     base32 digit carries and when the wall clock steps back."""
-    from pipeline.publisher import _Clock
-    from pipeline.ulid import ulid_timestamp_ms
+    from runwire.core.ulid import ulid_timestamp_ms
+    from runwire.sdk.publisher import _Clock
 
     clock = _Clock()
     first, _ = clock.stamp()

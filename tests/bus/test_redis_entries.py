@@ -13,11 +13,11 @@ import uuid
 import pytest
 from redis.asyncio import Redis
 
-from pipeline.bus import open_bus
-from pipeline.bus.base import StreamKey
-from pipeline.bus.keys import delivery_key, ingest_key, meta_key
-from pipeline.bus.redis_entries import ENTRY_EVENTS
-from pipeline.envelope import decode, encode
+from runwire.bus import open_bus
+from runwire.bus.base import StreamKey
+from runwire.bus.keys import delivery_key, ingest_key, meta_key
+from runwire.bus.redis_entries import ENTRY_EVENTS
+from runwire.core.envelope import decode, encode
 from tests.events import event
 
 

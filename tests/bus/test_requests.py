@@ -13,10 +13,10 @@ from collections.abc import AsyncIterator
 
 import pytest
 
-from pipeline import Publisher
-from pipeline.bus import open_bus
-from pipeline.bus.base import Bus
-from pipeline.bus.requests import AgentRequest, consumer_alive, send_request
+from runwire import Publisher
+from runwire.bus import open_bus
+from runwire.bus.base import Bus
+from runwire.bus.requests import AgentRequest, consumer_alive, send_request
 
 BACKENDS = ["memory", "redis", "kafka"]
 

@@ -11,10 +11,10 @@ import httpx
 import msgspec
 import uvicorn
 
-from pipeline.bus.base import Bus
-from pipeline.edge import EdgeSettings, create_app
-from pipeline.envelope import Event
-from pipeline.store.base import ReplayLog
+from runwire.bus.base import Bus
+from runwire.core.envelope import Event
+from runwire.edge import EdgeSettings, create_app
+from runwire.store.base import ReplayLog
 from tests.events import event as event  # the one test event factory, also importable from here
 from tests.services import free_port as free_port  # restartable on the same port
 

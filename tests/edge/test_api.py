@@ -12,11 +12,11 @@ import jwt
 import pytest
 import websockets
 
-from pipeline import envelope
-from pipeline.bus.base import Bus
-from pipeline.edge import EdgeSettings, issue_token
-from pipeline.publisher import Publisher
-from pipeline.store.base import ReplayLog
+from runwire.bus.base import Bus
+from runwire.core import envelope
+from runwire.edge import EdgeSettings, issue_token
+from runwire.sdk.publisher import Publisher
+from runwire.store.base import ReplayLog
 from tests.events import event
 
 from .harness import EdgeServer, append, read_sse, run_events, serve_edge

@@ -10,11 +10,11 @@ from typing import Any
 import httpx
 import pytest
 
-from pipeline.bus.base import Bus
-from pipeline.edge import EdgeSettings
-from pipeline.edge.clients import ClientQueue
-from pipeline.edge.frames import DROP_REASONING, DROP_TEXT, NEVER_DROP, Frame
-from pipeline.store.base import ReplayLog
+from runwire.bus.base import Bus
+from runwire.edge import EdgeSettings
+from runwire.edge.clients import ClientQueue
+from runwire.edge.frames import DROP_REASONING, DROP_TEXT, NEVER_DROP, Frame
+from runwire.store.base import ReplayLog
 from tests.events import event
 
 from .harness import append, decoded, read_sse, serve_edge

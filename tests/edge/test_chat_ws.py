@@ -13,11 +13,11 @@ from typing import Any
 import pytest
 import websockets
 
-from pipeline.bus.base import Bus, ControlCommand
-from pipeline.bus.requests import AgentRequest, consume_requests, consumer_alive
-from pipeline.edge import EdgeSettings, issue_token
-from pipeline.envelope import Event
-from pipeline.store.base import ReplayLog
+from runwire.bus.base import Bus, ControlCommand
+from runwire.bus.requests import AgentRequest, consume_requests, consumer_alive
+from runwire.core.envelope import Event
+from runwire.edge import EdgeSettings, issue_token
+from runwire.store.base import ReplayLog
 from tests.events import event
 
 from .chatnode import chat_result, run_chat_client, start_chat_client, wait_for_streams

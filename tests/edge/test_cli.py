@@ -4,9 +4,9 @@ from __future__ import annotations
 
 from click.testing import CliRunner
 
-from pipeline.edge import verify_token
-from workers.commands.edge import edge, is_loopback
-from workers.commands.token import token
+from runwire.edge import verify_token
+from runwire.workers.commands.edge import edge, is_loopback
+from runwire.workers.commands.token import token
 
 SECRET = "a-secret-of-at-least-thirty-two-bytes!"
 

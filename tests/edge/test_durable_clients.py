@@ -10,9 +10,9 @@ from typing import Any
 
 import pytest
 
-from pipeline.bus.base import Bus
-from pipeline.edge import EdgeSettings
-from pipeline.store.base import ReplayLog
+from runwire.bus.base import Bus
+from runwire.edge import EdgeSettings
+from runwire.store.base import ReplayLog
 from tests.nodecheck import NODE_DIR
 
 from .harness import append, event, run_events, serve_edge

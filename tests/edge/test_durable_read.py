@@ -9,10 +9,10 @@ import time
 import httpx
 import pytest
 
-from pipeline.bus.base import Bus
-from pipeline.edge import EdgeSettings
-from pipeline.edge.auth import issue_token
-from pipeline.store.base import ReplayLog
+from runwire.bus.base import Bus
+from runwire.edge import EdgeSettings
+from runwire.edge.auth import issue_token
+from runwire.store.base import ReplayLog
 
 from .harness import append, run_events, serve_edge
 

@@ -10,11 +10,11 @@ from typing import Any
 import httpx
 import pytest
 
-from pipeline import envelope
-from pipeline.bus.base import Bus
-from pipeline.store import open_store
-from pipeline.store.base import ReplayLog
-from pipeline.ulid import new_event_id
+from runwire.bus.base import Bus
+from runwire.core import envelope
+from runwire.core.ulid import new_event_id
+from runwire.store import open_store
+from runwire.store.base import ReplayLog
 from tests.e2e_harness import pipeline, unique, wait_for_terminal
 
 from .harness import append, run_events, serve_edge
@@ -187,7 +187,7 @@ async def test_a_stream_remembers_a_bounded_number_of_producers(
 ) -> None:
     """Producer ids are the writer's to invent, so a stream keeps at most ``MAX_PRODUCERS`` of them:
     a new one past it is 429 with the quota code; the producers it has go on."""
-    from pipeline.store.producers import MAX_PRODUCERS
+    from runwire.store.producers import MAX_PRODUCERS
 
     async with serve_edge(memory_bus, store) as edge, httpx.AsyncClient(timeout=10) as http:
         url = f"{edge.url}/v1/ds/runs/{run_id}"

@@ -8,10 +8,10 @@ from typing import Any
 import httpx
 import pytest
 
-from pipeline import protocols
-from pipeline.bus.base import Bus
-from pipeline.envelope import Event
-from pipeline.store.base import ReplayLog
+from runwire import protocols
+from runwire.bus.base import Bus
+from runwire.core.envelope import Event
+from runwire.store.base import ReplayLog
 from tests.events import event
 from tests.nodecheck import validate
 

@@ -8,9 +8,9 @@ from collections.abc import AsyncIterator
 import httpx
 import pytest
 
-from pipeline.bus import open_bus
-from pipeline.bus.base import Bus
-from pipeline.store.base import ReplayLog
+from runwire.bus import open_bus
+from runwire.bus.base import Bus
+from runwire.store.base import ReplayLog
 from tests.events import event
 
 from .harness import append, decoded, read_sse, run_events, serve_edge

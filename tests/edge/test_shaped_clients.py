@@ -21,17 +21,17 @@ import httpx
 import msgspec
 import pytest
 
-from pipeline import envelope
-from pipeline.bus import open_bus
-from pipeline.bus.base import Bus
-from pipeline.demo import publish_runs
-from pipeline.envelope import Event
-from pipeline.publisher import Publisher
-from pipeline.shaping import DeltaCoalescer, shape
-from pipeline.store.base import ReplayLog
+from runwire.bus import open_bus
+from runwire.bus.base import Bus
+from runwire.core import envelope
+from runwire.core.envelope import Event
+from runwire.jobs.demo import publish_runs
+from runwire.processing.shaping import DeltaCoalescer, shape
+from runwire.sdk.publisher import Publisher
+from runwire.store.base import ReplayLog
+from runwire.workers.runtime import run_worker
 from tests.bus.conftest import serving_redis_cluster_url  # noqa: F401  (the fixture)
 from tests.shaped_checks import as_dicts, r1_excess, t2_problems, texts
-from workers.runtime import run_worker
 
 from .harness import decoded, read_sse, serve_edge
 

@@ -14,9 +14,9 @@ import httpx
 import pytest
 import websockets
 
-from pipeline.bus.base import Bus
-from pipeline.edge import EdgeSettings
-from pipeline.store.base import ReplayLog
+from runwire.bus.base import Bus
+from runwire.edge import EdgeSettings
+from runwire.store.base import ReplayLog
 
 from .harness import append, decoded, event, read_sse, run_events, serve_edge
 

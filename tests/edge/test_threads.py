@@ -13,10 +13,10 @@ from collections.abc import Sequence
 
 import httpx
 
-from pipeline.bus.base import Bus
-from pipeline.edge import EdgeSettings, issue_token
-from pipeline.envelope import Event, decode, encode
-from pipeline.store.base import ReplayLog
+from runwire.bus.base import Bus
+from runwire.core.envelope import Event, decode, encode
+from runwire.edge import EdgeSettings, issue_token
+from runwire.store.base import ReplayLog
 from tests.events import event
 
 from .chatnode import chat_result, run_chat_client, start_chat_client, wait_for_streams

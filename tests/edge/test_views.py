@@ -11,14 +11,14 @@ import httpx
 import msgspec
 import pytest
 
-from pipeline import envelope
-from pipeline.bus import open_bus
-from pipeline.bus.base import Bus
-from pipeline.edge import EdgeSettings
-from pipeline.envelope import Event
-from pipeline.shaping import shape
-from pipeline.store import open_store
-from pipeline.store.base import ReplayLog
+from runwire.bus import open_bus
+from runwire.bus.base import Bus
+from runwire.core import envelope
+from runwire.core.envelope import Event
+from runwire.edge import EdgeSettings
+from runwire.processing.shaping import shape
+from runwire.store import open_store
+from runwire.store.base import ReplayLog
 
 from .harness import append, decoded, read_sse, run_events, serve_edge
 from .test_formats import story
@@ -56,7 +56,7 @@ async def test_shaped_view_after_the_hot_tier_is_gone_is_recomputed_from_raw_eve
     short_bus: Bus, any_store: ReplayLog, run_id: str
 ) -> None:
     """One seq space: Last-Event-ID N resumes the shaped view at raw seq N+1, recomputed with
-    pipeline.shaping.shape from the replay log when the hot tier no longer has it."""
+    runwire.processing.shaping.shape from the replay log when the hot tier no longer has it."""
     raw = spaced(run_id)
     shaped = shape(raw)
     await any_store.append(raw)

@@ -10,12 +10,12 @@ from typing import Any
 import grpc
 import uvicorn
 
-from pipeline.bus.base import Bus
-from pipeline.edge import EdgeSettings, create_app
-from pipeline.edge.context import Edge
-from pipeline.edge.grpc_server import GrpcServer, start_grpc
-from pipeline.edge.proto.runwire.v1 import runwire_pb2 as pb
-from pipeline.store.base import ReplayLog
+from runwire.bus.base import Bus
+from runwire.edge import EdgeSettings, create_app
+from runwire.edge.context import Edge
+from runwire.edge.grpc_server import GrpcServer, start_grpc
+from runwire.edge.proto.runwire.v1 import runwire_pb2 as pb
+from runwire.store.base import ReplayLog
 from tests.edge.harness import free_port
 
 SERVICE = "/runwire.v1.Runwire/"

@@ -7,11 +7,11 @@ import asyncio
 import grpc
 import pytest
 
-from pipeline import envelope
-from pipeline.bus.base import Bus
-from pipeline.edge.proto.runwire.v1 import runwire_pb2 as pb
-from pipeline.publisher import Publisher
-from pipeline.store.base import ReplayLog
+from runwire.bus.base import Bus
+from runwire.core import envelope
+from runwire.edge.proto.runwire.v1 import runwire_pb2 as pb
+from runwire.sdk.publisher import Publisher
+from runwire.store.base import ReplayLog
 from tests.edge.harness import run_events
 from tests.events import event
 

@@ -12,10 +12,10 @@ import pytest
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 from grpc_reflection.v1alpha import reflection_pb2, reflection_pb2_grpc
 
-from pipeline.bus.base import Bus
-from pipeline.edge import EdgeSettings, issue_token
-from pipeline.edge.proto.runwire.v1 import runwire_pb2 as pb
-from pipeline.store.base import ReplayLog
+from runwire.bus.base import Bus
+from runwire.edge import EdgeSettings, issue_token
+from runwire.edge.proto.runwire.v1 import runwire_pb2 as pb
+from runwire.store.base import ReplayLog
 from tests.edge.harness import append, run_events
 
 from .harness import Served, read_all, serve

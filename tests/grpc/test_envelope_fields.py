@@ -1,6 +1,6 @@
 """Every field of the canonical envelope survives every entrance and every exit.
 
-One event with *every* field of :class:`pipeline.envelope.Envelope` set (the
+One event with *every* field of :class:`runwire.core.envelope.Envelope` set (the
 sample is checked against the Struct's own field list, so a field added there
 and not here fails this module) goes in through each ingest entrance — HTTP
 NDJSON, Durable Streams ``POST``, gRPC ``Ingest`` — and out through each
@@ -19,11 +19,11 @@ import msgspec
 import websockets
 from msgspec import UNSET
 
-from pipeline import envelope
-from pipeline.bus.base import Bus
-from pipeline.edge.proto.runwire.v1 import runwire_pb2 as pb
-from pipeline.envelope import Event
-from pipeline.store.base import ReplayLog
+from runwire.bus.base import Bus
+from runwire.core import envelope
+from runwire.core.envelope import Event
+from runwire.edge.proto.runwire.v1 import runwire_pb2 as pb
+from runwire.store.base import ReplayLog
 from tests.e2e_harness import ndjson, sse
 from tests.edge.harness import decoded, event
 

@@ -8,7 +8,7 @@ import subprocess
 import sys
 from pathlib import Path
 
-from pipeline.edge.proto.runwire.v1 import runwire_pb2 as pb
+from runwire.edge.proto.runwire.v1 import runwire_pb2 as pb
 
 PROTO_ROOT = Path(__file__).parents[2] / "pipeline" / "edge" / "proto"
 

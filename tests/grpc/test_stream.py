@@ -10,13 +10,13 @@ import httpx
 import msgspec
 import pytest
 
-from pipeline import envelope
-from pipeline.bus import open_bus
-from pipeline.bus.base import Bus
-from pipeline.edge import EdgeSettings
-from pipeline.edge.proto.runwire.v1 import runwire_pb2 as pb
-from pipeline.shaping import shape
-from pipeline.store.base import ReplayLog
+from runwire.bus import open_bus
+from runwire.bus.base import Bus
+from runwire.core import envelope
+from runwire.edge import EdgeSettings
+from runwire.edge.proto.runwire.v1 import runwire_pb2 as pb
+from runwire.processing.shaping import shape
+from runwire.store.base import ReplayLog
 from tests.edge.harness import append, decoded, read_sse, run_events
 from tests.edge.test_views import spaced
 from tests.events import event

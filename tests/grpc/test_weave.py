@@ -10,12 +10,12 @@ import grpc
 import pytest
 from google.protobuf.json_format import MessageToDict
 
-from pipeline import protocols
-from pipeline.bus.base import Bus
-from pipeline.envelope import Event
-from pipeline.publisher import Publisher
-from pipeline.shaping import shape
-from pipeline.store.base import ReplayLog
+from runwire import protocols
+from runwire.bus.base import Bus
+from runwire.core.envelope import Event
+from runwire.processing.shaping import shape
+from runwire.sdk.publisher import Publisher
+from runwire.store.base import ReplayLog
 from tests.edge.harness import append
 from tests.events import event
 
@@ -76,7 +76,7 @@ async def test_streamweave_stages_progress_and_partial_result_then_ok(
 
 
 def pb_name(stage: int) -> str:
-    from pipeline.edge.proto.runwire.v1 import runwire_pb2 as pb
+    from runwire.edge.proto.runwire.v1 import runwire_pb2 as pb
 
     return pb.ExecutionStage.Name(stage).removeprefix("EXECUTION_STAGE_")  # type: ignore[arg-type]
 
@@ -113,7 +113,7 @@ async def test_cancelling_the_call_sends_cancel_to_the_agents_run_controls(
 ) -> None:
     """StreamWeave RPC § Cancellation: the client cancelling the call propagates to the agent —
     a cancel arrives in the agent's ``run.controls()`` (with auth, when the token may control)."""
-    from pipeline.edge import EdgeSettings, issue_token
+    from runwire.edge import EdgeSettings, issue_token
 
     secret = "test-secret-please-rotate-0123456789abcdef" if scopes else None
     token = issue_token(secret, tenant="T", scopes=scopes) if secret and scopes else None
@@ -147,7 +147,7 @@ async def test_a_read_only_token_cancelling_its_call_does_not_cancel_the_run(
 ) -> None:
     """Cancelling needs the control scope: a read-only StreamWeave client that goes away is only a
     disconnect, and nothing reaches the agent's control channel."""
-    from pipeline.edge import EdgeSettings, issue_token
+    from runwire.edge import EdgeSettings, issue_token
 
     secret = "test-secret-please-rotate-0123456789abcdef"
     events = [event(run_id, seq, e.type, e.payload_dict(), tenant="T") for seq, e in

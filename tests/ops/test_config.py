@@ -8,7 +8,7 @@ from pathlib import Path
 import pytest
 from click.testing import CliRunner, Result
 
-from workers.cli import main
+from runwire.workers.cli import main
 
 ENV_KEYS = (
     "RUNWIRE_PORT",
@@ -81,7 +81,7 @@ def test_runwire_toml_in_the_working_directory_is_found(tmp_path: Path) -> None:
     report = json.loads(result.stdout)
     assert report["config_file"] == "runwire.toml"
     assert report["commands"]["up"]["host"]["value"] == "::1"
-    assert report["commands"]["up"]["data_dir"]["value"] == "state"
+    assert report["commands"]["up"]["data_dir"]["value"] == str(tmp_path.resolve() / "state")
 
 
 def test_runwire_config_env_names_the_file(tmp_path: Path) -> None:
@@ -167,7 +167,7 @@ def test_group_sections_reach_their_subcommands(tmp_path: Path) -> None:
     )
     commands = effective(["--config", str(config), "config", "replay"])
     assert commands["replay export"]["format"]["value"] == "agui"
-    assert {commands[name]["store"]["value"] for name in commands} == {"sqlite:///replay.db"}
+    assert {commands[name]["store"]["value"] for name in commands} == {f"sqlite:///{tmp_path.resolve()}/replay.db"}
     flagged = effective(
         ["--config", str(config), "config", "replay", "export", "--format", "koder"]
     )
@@ -177,8 +177,22 @@ def test_group_sections_reach_their_subcommands(tmp_path: Path) -> None:
     ) == ("koder", "flag")
     assert (
         effective(["--config", str(config), "config", "up"])["up"]["store"]["value"]
-        == "sqlite:///top.db"
+        == f"sqlite:///{tmp_path.resolve()}/top.db"
     )
+
+
+def test_relative_store_and_data_paths_are_taken_from_the_working_directory_in_full(tmp_path: Path) -> None:
+    """A relative SQLite path or ``--data-dir`` names a place under the working directory, and every
+    command says which in full — never a fresh empty log somewhere unexpected; absolute paths,
+    in-memory logs and other stores are kept as they are."""
+    for command in ("up", "edge", "worker"):
+        got = effective(["config", command, "--store", "sqlite:///logs/x.db?retention=7d"])
+        stores = {value["store"]["value"] for value in got.values()}
+        assert stores == {f"sqlite:///{tmp_path.resolve()}/logs/x.db?retention=7d"}
+    for kept in ("sqlite:////var/lib/rw.db", "sqlite:///:memory:", "postgresql://db/runwire"):
+        assert effective(["config", "edge", "--store", kept])["edge"]["store"]["value"] == kept
+    up = effective(["config", "up", "--data-dir", "state"])["up"]
+    assert up["data_dir"]["value"] == str(tmp_path.resolve() / "state")
 
 
 CONVENTIONS = {

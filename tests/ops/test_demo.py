@@ -8,10 +8,10 @@ from typing import Any
 
 import msgspec
 
-from pipeline import envelope
-from pipeline.bus.memory import MemoryBus
-from pipeline.demo import DemoScript, keep_publishing, publish_runs
-from pipeline.publisher import Publisher
+from runwire.bus.memory import MemoryBus
+from runwire.core import envelope
+from runwire.jobs.demo import DemoScript, keep_publishing, publish_runs
+from runwire.sdk.publisher import Publisher
 
 
 async def _no_wait(_: float) -> None:

@@ -7,7 +7,7 @@ from pathlib import Path
 
 from click.testing import CliRunner
 
-from workers.cli import main
+from runwire.workers.cli import main
 
 DOC = Path(__file__).resolve().parents[2] / "docs" / "operations.md"
 

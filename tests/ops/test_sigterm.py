@@ -15,10 +15,10 @@ from typing import Any
 
 import pytest
 
-from pipeline.bus import open_bus
-from pipeline.envelope import Event
-from pipeline.publisher import Publisher
-from pipeline.store import open_store
+from runwire.bus import open_bus
+from runwire.core.envelope import Event
+from runwire.sdk.publisher import Publisher
+from runwire.store import open_store
 from tests.ops.conftest import RUNWIRE, runwire_env
 from tests.workers.checks import assert_r1_r3, expected_streams, read_all, run_tree
 

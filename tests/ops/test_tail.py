@@ -10,13 +10,13 @@ import msgspec
 import pytest
 from rich.console import Console
 
-from pipeline.bus.memory import MemoryBus
-from pipeline.demo import DemoScript
-from pipeline.envelope import make
-from pipeline.publisher import Publisher
+from runwire.bus.memory import MemoryBus
+from runwire.core.envelope import make
+from runwire.jobs.demo import DemoScript
+from runwire.sdk.publisher import Publisher
+from runwire.workers.tailview import RunView, plain_line
 from tests.ops.conftest import RUNWIRE, TERMINAL, runwire_env, stream_events
 from tests.ops.test_demo import _no_wait, published
-from workers.tailview import RunView, plain_line
 
 
 def tail(

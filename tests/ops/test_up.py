@@ -11,7 +11,7 @@ from typing import Any
 import httpx
 import pytest
 
-from pipeline.store import open_store
+from runwire.store import open_store
 from tests.ops.conftest import RUNWIRE, TERMINAL, runwire_env, stream_events
 
 pytestmark = pytest.mark.slow

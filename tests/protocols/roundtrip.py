@@ -7,10 +7,10 @@ from typing import Any
 
 import msgspec
 
-from pipeline import envelope
-from pipeline.envelope import Event
-from pipeline.protocols import egress, ingest
-from pipeline.protocols.framediff import same
+from runwire.core import envelope
+from runwire.core.envelope import Event
+from runwire.protocols import egress, ingest
+from runwire.protocols.framediff import same
 
 FIXTURES = Path(__file__).resolve().parent.parent / "fixtures"
 

@@ -10,8 +10,8 @@ from collections.abc import Callable
 from datetime import UTC, datetime, timedelta
 from typing import Any
 
-from pipeline import envelope
-from pipeline.envelope import Event
+from runwire.core import envelope
+from runwire.core.envelope import Event
 
 START = datetime(2026, 5, 14, 19, 42, 13, tzinfo=UTC)
 
@@ -151,7 +151,7 @@ def cogency_runs() -> dict[str, list[Event]]:
     """The cogency spec examples (tests/fixtures/cogency) as canonical runs."""
     from pathlib import Path
 
-    from pipeline.protocols import ingest
+    from runwire.protocols import ingest
 
     out: dict[str, list[Event]] = {}
     for path in sorted((Path(__file__).parent.parent / "fixtures" / "cogency").glob("*.ndjson")):
@@ -165,7 +165,7 @@ def cogency_wire_runs() -> dict[str, list[Event]]:
     """The cogency-wire spec examples (tests/fixtures/cogency-wire), parsed in 7-byte chunks."""
     from pathlib import Path
 
-    from pipeline.protocols import ingest
+    from runwire.protocols import ingest
 
     out: dict[str, list[Event]] = {}
     for path in sorted((Path(__file__).parent.parent / "fixtures" / "cogency-wire").glob("*.txt")):
@@ -187,8 +187,8 @@ def foreign_runs() -> dict[str, list[Event]]:
     """
     from pathlib import Path
 
-    from pipeline.errors import ProtocolError
-    from pipeline.protocols import ingest
+    from runwire.core.errors import ProtocolError
+    from runwire.protocols import ingest
 
     out: dict[str, list[Event]] = {}
     root = Path(__file__).parent.parent / "fixtures"
@@ -221,7 +221,7 @@ def all_runs() -> dict[str, list[Event]]:
 
 def stream(codec: str, events: list[Event]) -> list[Any]:
     """Every frame a client reading from the start gets, ``finish()`` included."""
-    from pipeline.protocols import egress
+    from runwire.protocols import egress
 
     encoder = egress(codec)
     frames = [frame for event in events for frame in encoder.convert(event)]
@@ -234,7 +234,7 @@ def joined(codec: str, events: list[Event], n: int) -> list[Any]:
     The encoder is primed with events 1..n (converted and discarded), as the
     edge's per-stream encoder would have been.
     """
-    from pipeline.protocols import egress
+    from runwire.protocols import egress
 
     encoder = egress(codec)
     for event in events[:n]:

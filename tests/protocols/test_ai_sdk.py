@@ -6,7 +6,7 @@ from typing import Any
 
 import pytest
 
-from pipeline.protocols import egress
+from runwire.protocols import egress
 from tests.nodecheck import rejects, validate, validate_many
 from tests.protocols.runs import (
     all_runs,

@@ -11,11 +11,11 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from pipeline import envelope
-from pipeline.errors import MalformedFrame
-from pipeline.protocols import egress, ingest
-from pipeline.protocols.cogency import PERSISTED_TYPES, cogency_type, is_persisted
-from pipeline.protocols.framediff import same
+from runwire.core import envelope
+from runwire.core.errors import MalformedFrame
+from runwire.protocols import egress, ingest
+from runwire.protocols.cogency import PERSISTED_TYPES, cogency_type, is_persisted
+from runwire.protocols.framediff import same
 
 FIXTURES = Path(__file__).parent.parent / "fixtures" / "cogency"
 FIXTURE_FILES = sorted(FIXTURES.glob("*.ndjson"))

@@ -9,8 +9,8 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from pipeline import envelope
-from pipeline.protocols import egress, ingest
+from runwire.core import envelope
+from runwire.protocols import egress, ingest
 
 FIXTURES = Path(__file__).parent.parent / "fixtures" / "cogency-wire"
 FIXTURE_FILES = sorted(FIXTURES.glob("*.txt"))

@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import pytest
 
-from pipeline.errors import ConfigError
-from pipeline.protocols.detect import detect
+from runwire.core.errors import ConfigError
+from runwire.protocols.detect import detect
 from tests.protocols.roundtrip import FIXTURES
 
 

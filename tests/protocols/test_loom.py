@@ -9,12 +9,12 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from pipeline import envelope
-from pipeline.envelope import Extension, RunLifecycle, TextDelta, ToolEnd, ToolStart, Usage
-from pipeline.errors import MalformedFrame, ProtocolError, UnknownEventType
-from pipeline.protocols import ingest
-from pipeline.protocols.loom import LOOM_TYPES, LoomIngest
-from pipeline.protocols.loom_export import wrap
+from runwire.core import envelope
+from runwire.core.envelope import Extension, RunLifecycle, TextDelta, ToolEnd, ToolStart, Usage
+from runwire.core.errors import MalformedFrame, ProtocolError, UnknownEventType
+from runwire.protocols import ingest
+from runwire.protocols.loom import LOOM_TYPES, LoomIngest
+from runwire.protocols.loom_export import wrap
 from tests.protocols.roundtrip import (
     egress_all,
     fixture_lines,

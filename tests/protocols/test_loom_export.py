@@ -5,10 +5,10 @@ from __future__ import annotations
 import msgspec
 import pytest
 
-from pipeline.errors import MalformedFrame, ProtocolError, UnknownEventType
-from pipeline.protocols import ingest
-from pipeline.protocols.loom import LOOM_TYPES
-from pipeline.protocols.loom_export import EXPORT_KEYS
+from runwire.core.errors import MalformedFrame, ProtocolError, UnknownEventType
+from runwire.protocols import ingest
+from runwire.protocols.loom import LOOM_TYPES
+from runwire.protocols.loom_export import EXPORT_KEYS
 from tests.protocols.roundtrip import (
     assert_same_frames,
     egress_all,

@@ -9,7 +9,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from pipeline.envelope import (
+from runwire.core.envelope import (
     ChildSpawn,
     ReasoningDelta,
     RunLifecycle,
@@ -18,9 +18,9 @@ from pipeline.envelope import (
     ToolStart,
     Usage,
 )
-from pipeline.errors import MalformedFrame, ProtocolError, UnknownEventType
-from pipeline.protocols import ingest
-from pipeline.protocols.loom_mcp import MCP_TYPES
+from runwire.core.errors import MalformedFrame, ProtocolError, UnknownEventType
+from runwire.protocols import ingest
+from runwire.protocols.loom_mcp import MCP_TYPES
 from tests.protocols.roundtrip import (
     egress_all,
     fixture_lines,

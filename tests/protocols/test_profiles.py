@@ -4,9 +4,9 @@ from __future__ import annotations
 
 import pytest
 
-from pipeline import envelope
-from pipeline.errors import ConfigError
-from pipeline.protocols.profiles import PROFILES, profile
+from runwire.core import envelope
+from runwire.core.errors import ConfigError
+from runwire.protocols.profiles import PROFILES, profile
 from tests.protocols.runs import Run, all_runs, child_run, plan_run, tool_run
 
 
@@ -77,7 +77,7 @@ def test_unknown_profile_is_a_config_error() -> None:
 
 def test_edge_feed_filter_uses_these_profiles() -> None:
     """The edge's ``profile=`` parameter resolves through this module."""
-    from pipeline.edge.filters import event_filter
+    from runwire.edge.filters import event_filter
 
     def profile_filter(name: str):  # type: ignore[no-untyped-def]
         return event_filter(name, "flatten")

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from pipeline.protocols import egress
+from runwire.protocols import egress
 from tests.protocols.runs import (
     Run,
     all_runs,

@@ -9,8 +9,8 @@ from typing import Any
 import msgspec
 from hypothesis import strategies as st
 
-from pipeline import envelope
-from pipeline.envelope import MAX_DEPTH, MAX_FRAME_BYTES, Event
+from runwire.core import envelope
+from runwire.core.envelope import MAX_DEPTH, MAX_FRAME_BYTES, Event
 
 FIXTURES = Path(__file__).resolve().parent.parent / "fixtures"
 SAMPLES = {

@@ -6,8 +6,8 @@ from typing import Any
 
 import msgspec
 
-from pipeline.bus import Bus
-from pipeline.bus.keys import shard_for
+from runwire.bus import Bus
+from runwire.bus.keys import shard_for
 
 _json = msgspec.json.Encoder()
 
@@ -43,7 +43,7 @@ async def publish_raw(bus: Bus, run_id: str, frames: list[bytes]) -> None:
         return
     import redis.asyncio as aioredis
 
-    from pipeline.bus.keys import DATA_FIELD, ingest_key
+    from runwire.bus.keys import DATA_FIELD, ingest_key
 
     client = aioredis.Redis.from_url(bus.url.split("?", 1)[0])
     try:

@@ -18,14 +18,14 @@ import httpx
 import msgspec
 import pytest
 
-from pipeline import envelope
-from pipeline.bus import Bus, open_bus
-from pipeline.errors import MalformedFrame
-from pipeline.store import ReplayLog, open_store
+from runwire.bus import Bus, open_bus
+from runwire.core import envelope
+from runwire.core.errors import MalformedFrame
+from runwire.store import ReplayLog, open_store
+from runwire.workers.runtime import run_worker
 from tests.edge.harness import serve_edge
 from tests.security.hostile import frame, nested, publish_raw
 from tests.workers.checks import read_all
-from workers.runtime import run_worker
 
 INT64_MAX = (1 << 63) - 1
 MAX_DEPTH = 64
@@ -214,7 +214,7 @@ async def test_token_counts_saturate_in_run_metadata_instead_of_stopping_the_wri
 
 async def test_the_sdk_refuses_at_emit_what_a_worker_would_dead_letter() -> None:
     """An agent hears about a payload too deep or too big when it emits it, not never."""
-    from pipeline.publisher import Publisher
+    from runwire.sdk.publisher import Publisher
 
     deep: Any = []
     for _ in range(MAX_DEPTH + 5):

@@ -1,4 +1,4 @@
-"""One limits table, every entrance (pipeline/limits.py; docs/security.md § Limits).
+"""One limits table, every entrance (pipeline/core/limits.py; docs/security.md § Limits).
 
 The same oversize request gets the same refusal — ``KAI-STREAM-REQ-0002`` — whether it comes over
 HTTP, a WebSocket, gRPC or a Durable Streams append, and nothing of it is published.
@@ -14,11 +14,11 @@ import httpx
 import pytest
 import websockets
 
-from pipeline import envelope
-from pipeline.bus.base import Bus
-from pipeline.edge import EdgeSettings
-from pipeline.edge.proto.runwire.v1 import runwire_pb2 as pb
-from pipeline.store.base import ReplayLog
+from runwire.bus.base import Bus
+from runwire.core import envelope
+from runwire.edge import EdgeSettings
+from runwire.edge.proto.runwire.v1 import runwire_pb2 as pb
+from runwire.store.base import ReplayLog
 from tests.edge.harness import run_events
 from tests.edge.test_threads import publish
 from tests.grpc.harness import serve
@@ -116,7 +116,7 @@ async def test_replay_import_refuses_a_timestamp_that_is_no_instant(store: Repla
     """``replay import`` is an entrance too: month 13 passes the RFC 3339 pattern but is no instant;
     the line is reported with its code and the valid lines around it are kept (so no later read of
     the run meets it)."""
-    from pipeline.store.jsonl import import_jsonl
+    from runwire.store.jsonl import import_jsonl
 
     run_id = new_id("imp")
     good = run_events(run_id, 3, end=None)

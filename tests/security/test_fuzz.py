@@ -20,17 +20,18 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from pipeline import envelope, protocols
-from pipeline.bus import Bus
-from pipeline.edge.ingest import decode_body
-from pipeline.envelope import Event
-from pipeline.errors import ProtocolError
-from pipeline.store import ReplayLog
+from runwire import protocols
+from runwire.bus import Bus
+from runwire.core import envelope
+from runwire.core.envelope import Event
+from runwire.core.errors import ProtocolError
+from runwire.edge.ingest import decode_body
+from runwire.store import ReplayLog
+from runwire.workers.runtime import run_worker
 from tests.edge.harness import EdgeServer, serve_edge
 from tests.security.fuzzgen import format_line, koder_batch
 from tests.security.hostile import publish_raw
 from tests.workers.checks import read_all
-from workers.runtime import run_worker
 
 SCALE = max(1, int(os.environ.get("RUNWIRE_FUZZ_SCALE", "1")))
 

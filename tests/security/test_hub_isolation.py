@@ -18,10 +18,10 @@ from typing import Any
 import httpx
 import pytest
 
-from pipeline import envelope
-from pipeline.bus.base import Bus
-from pipeline.envelope import Event, ToolStart, ToolStartPayload
-from pipeline.store.base import ReplayLog
+from runwire.bus.base import Bus
+from runwire.core import envelope
+from runwire.core.envelope import Event, ToolStart, ToolStartPayload
+from runwire.store.base import ReplayLog
 from tests.edge.harness import append, decoded, read_sse, serve_edge
 from tests.events import event
 

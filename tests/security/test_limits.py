@@ -16,10 +16,10 @@ import httpx
 import pytest
 import uvicorn
 
-from pipeline.bus.base import Bus
-from pipeline.edge import EdgeSettings, create_app, issue_token
-from pipeline.edge.server import edge_config
-from pipeline.store.base import ReplayLog
+from runwire.bus.base import Bus
+from runwire.edge import EdgeSettings, create_app, issue_token
+from runwire.edge.server import edge_config
+from runwire.store.base import ReplayLog
 from tests.edge.harness import append, free_port, run_events, serve_edge
 from tests.events import event
 

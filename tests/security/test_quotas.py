@@ -17,10 +17,10 @@ from collections.abc import AsyncIterator
 import httpx
 import websockets
 
-from pipeline import envelope
-from pipeline.bus.base import Bus
-from pipeline.edge import EdgeSettings, issue_token
-from pipeline.store.base import ReplayLog
+from runwire.bus.base import Bus
+from runwire.core import envelope
+from runwire.edge import EdgeSettings, issue_token
+from runwire.store.base import ReplayLog
 from tests.edge.harness import EdgeServer, append, run_events, serve_edge
 from tests.edge.test_threads import publish
 from tests.events import event

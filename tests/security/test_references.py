@@ -19,16 +19,16 @@ from pathlib import Path
 import httpx
 import pytest
 
-from pipeline import envelope
-from pipeline.bus.base import Bus
-from pipeline.edge import EdgeSettings, issue_token
-from pipeline.envelope import Event
-from pipeline.publisher import Publisher
-from pipeline.store.base import ReplayLog
+from runwire.bus.base import Bus
+from runwire.core import envelope
+from runwire.core.envelope import Event
+from runwire.edge import EdgeSettings, issue_token
+from runwire.sdk.publisher import Publisher
+from runwire.store.base import ReplayLog
+from runwire.workers.runtime import run_worker
 from tests.edge.harness import append, run_events, serve_edge
 from tests.events import event
 from tests.workers.checks import read_all
-from workers.runtime import run_worker
 
 from .conftest import SECRET, new_id
 
@@ -176,8 +176,8 @@ async def test_the_kafka_worker_links_no_run_of_another_tenant_either(
     kafka_url: str, tmp_path: Path, store: ReplayLog
 ) -> None:
     """The same attempt on Kafka, through the faust worker."""
-    from pipeline.bus import open_bus
-    from workers.faust_app import FaustWorker
+    from runwire.bus import open_bus
+    from runwire.workers.faust_app import FaustWorker
 
     prefix = f"r{uuid.uuid4().hex[:8]}"
     async with open_bus(f"{kafka_url}?prefix={prefix}&session_timeout_ms=3000") as bus:
@@ -238,7 +238,7 @@ async def test_replay_play_cannot_write_into_another_tenants_run(redis_bus: Bus,
     """A logged run of tenant A whose events name B's run as their ``child_id`` (set by a client, or
     logged before references were checked) is played in place: its "child" events go out as events
     of B's run, and the workers refuse them — B's run holds B's events only."""
-    from pipeline.replay import play_run
+    from runwire.jobs.replay import play_run
 
     run_a, run_b = new_id("a"), new_id("b")
     async with Publisher(redis_bus) as pub_b:

@@ -18,12 +18,12 @@ from pathlib import Path
 import httpx
 import pytest
 
-from pipeline.bus import open_bus
-from pipeline.bus.base import Bus
-from pipeline.edge import EdgeSettings, issue_token
-from pipeline.errors import BusUnavailable
-from pipeline.redaction import redact_text
-from pipeline.store.base import ReplayLog
+from runwire.bus import open_bus
+from runwire.bus.base import Bus
+from runwire.core.errors import BusUnavailable
+from runwire.core.redaction import redact_text
+from runwire.edge import EdgeSettings, issue_token
+from runwire.store.base import ReplayLog
 from tests.edge.harness import free_port, serve_edge
 from tests.ops.conftest import RUNWIRE, runwire_env
 from tests.services import RedisServer, wait_port

@@ -15,12 +15,12 @@ from collections.abc import AsyncIterator
 import httpx
 import pytest
 
-from pipeline import envelope
-from pipeline.bus.base import Bus
-from pipeline.edge import EdgeSettings, issue_token
-from pipeline.envelope import Event
-from pipeline.store import open_store
-from pipeline.store.base import ReplayLog
+from runwire.bus.base import Bus
+from runwire.core import envelope
+from runwire.core.envelope import Event
+from runwire.edge import EdgeSettings, issue_token
+from runwire.store import open_store
+from runwire.store.base import ReplayLog
 from tests.edge.harness import EdgeServer, append, run_events, serve_edge
 from tests.events import event
 

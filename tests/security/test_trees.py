@@ -17,16 +17,16 @@ import httpx
 import msgspec
 import pytest
 
-from pipeline import envelope
-from pipeline.bus import Bus, open_bus
-from pipeline.errors import RequestError
-from pipeline.publisher import Publisher
-from pipeline.runcontext import RunContext
-from pipeline.store import ReplayLog, open_store
+from runwire.bus import Bus, open_bus
+from runwire.core import envelope
+from runwire.core.errors import RequestError
+from runwire.sdk.publisher import Publisher
+from runwire.sdk.runcontext import RunContext
+from runwire.store import ReplayLog, open_store
+from runwire.workers.runtime import run_worker
 from tests.edge.harness import decoded, read_sse, serve_edge
 from tests.workers.checks import read_all
 from tests.workers.events import RunScript
-from workers.runtime import run_worker
 
 
 def ids() -> tuple[str, str, str]:
@@ -118,7 +118,7 @@ async def test_replay_play_replays_the_whole_tree_event_for_event(
 ) -> None:
     """A played run matches the original: children re-published as children of the played root,
     their ids derived from ``--as``."""
-    from pipeline.replay import play_run
+    from runwire.jobs.replay import play_run
     from tests.workers.checks import run_tree
 
     prefix = f"t{uuid.uuid4().hex[:8]}"

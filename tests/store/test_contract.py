@@ -14,10 +14,10 @@ from datetime import timedelta
 
 import pytest
 
-from pipeline import envelope
-from pipeline.errors import UnknownRun
-from pipeline.store import RetentionPolicy, open_store
-from pipeline.store.jsonl import export_jsonl, import_jsonl
+from runwire.core import envelope
+from runwire.core.errors import UnknownRun
+from runwire.store import RetentionPolicy, open_store
+from runwire.store.jsonl import export_jsonl, import_jsonl
 from tests.events import T0, deltas, event
 from tests.store.conftest import Clock
 
@@ -288,7 +288,7 @@ async def test_postgres_reconnects_after_losing_its_connections(postgres_url: st
     """A dropped connection is a retriable StoreUnavailable; the next call reconnects."""
     import psycopg
 
-    from pipeline.errors import StoreUnavailable
+    from runwire.core.errors import StoreUnavailable
 
     name = f"rw_{uuid.uuid4().hex[:10]}"
     with psycopg.connect(postgres_url, autocommit=True) as admin:

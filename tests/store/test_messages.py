@@ -11,10 +11,10 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
-from pipeline.envelope import Event
-from pipeline.messages import to_messages
-from pipeline.protocols.cogency import CogencyIngest
-from pipeline.store import open_store
+from runwire.core.envelope import Event
+from runwire.jobs.messages import to_messages
+from runwire.protocols.cogency import CogencyIngest
+from runwire.store import open_store
 from tests.events import event
 
 FIXTURES = Path(__file__).parent.parent / "fixtures" / "cogency"

@@ -11,13 +11,13 @@ from pathlib import Path
 import pytest
 from click.testing import CliRunner, Result
 
-from pipeline import envelope
-from pipeline.bus import open_bus
-from pipeline.envelope import Event
-from pipeline.replay import play_run
-from pipeline.store import open_store
+from runwire.bus import open_bus
+from runwire.core import envelope
+from runwire.core.envelope import Event
+from runwire.jobs.replay import play_run
+from runwire.store import open_store
+from runwire.workers.cli import main
 from tests.events import event
-from workers.cli import main
 
 
 def _runwire(*args: str) -> Result:
@@ -211,7 +211,7 @@ async def test_play_keeps_relative_timing_and_plays_child_events_as_the_child_ru
 
 def test_export_speaks_every_egress_format(loaded: str) -> None:
     """Each egress format renders a stored run: one JSON frame a line."""
-    from pipeline.protocols import EGRESS
+    from runwire.protocols import EGRESS
 
     for name in sorted(EGRESS):
         result = _runwire("export", "r1", "--format", name, "--store", loaded)

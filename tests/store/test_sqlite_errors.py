@@ -18,11 +18,11 @@ from pathlib import Path
 
 import pytest
 
-from pipeline import envelope
-from pipeline.errors import StoreError
-from pipeline.store import open_store
-from pipeline.store.base import ReplayLog
-from pipeline.store.sqlite import SQLiteLog
+from runwire.core import envelope
+from runwire.core.errors import StoreError
+from runwire.store import open_store
+from runwire.store.base import ReplayLog
+from runwire.store.sqlite import SQLiteLog
 from tests.events import event
 from tests.store.conftest import Clock
 

@@ -8,8 +8,8 @@ from pathlib import Path
 
 import psycopg
 
-from pipeline import envelope
-from pipeline.store import open_store
+from runwire.core import envelope
+from runwire.store import open_store
 from tests.events import event
 
 SCHEMA_1 = """

@@ -5,10 +5,10 @@ from __future__ import annotations
 from collections import defaultdict
 from collections.abc import Sequence
 
-from pipeline.bus import Bus
-from pipeline.envelope import DELTA_TYPES, Event
-from pipeline.shaping import shape
-from pipeline.store import ReplayLog
+from runwire.bus import Bus
+from runwire.core.envelope import DELTA_TYPES, Event
+from runwire.processing.shaping import shape
+from runwire.store import ReplayLog
 from tests.workers.events import RunScript
 
 

@@ -5,7 +5,7 @@ from __future__ import annotations
 from datetime import UTC, datetime, timedelta
 from typing import Any
 
-from pipeline.envelope import Event, format_ts
+from runwire.core.envelope import Event, format_ts
 from tests.events import event
 
 BASE = datetime(2026, 5, 14, 19, 42, 13, tzinfo=UTC)

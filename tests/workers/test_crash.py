@@ -14,9 +14,9 @@ from pathlib import Path
 import msgspec
 import pytest
 
-from pipeline.bus import Bus, open_bus
-from pipeline.envelope import Event
-from pipeline.store import open_store
+from runwire.bus import Bus, open_bus
+from runwire.core.envelope import Event
+from runwire.store import open_store
 from tests.workers.checks import assert_delivered_exactly_once, read_all, run_tree
 
 RUNWIRE = str(Path(sys.executable).parent / "runwire")

@@ -11,15 +11,15 @@ from typing import Any
 import pytest
 from aiokafka import AIOKafkaProducer
 
-from pipeline.bus import open_bus
-from pipeline.bus.kafka import KafkaBus
-from pipeline.bus.keys import shard_for
-from pipeline.store import open_store
+from runwire.bus import open_bus
+from runwire.bus.kafka import KafkaBus
+from runwire.bus.keys import shard_for
+from runwire.store import open_store
+from runwire.workers.faust_app import FaustWorker
+from runwire.workers.faust_seam import IngestConsumer
 from tests.workers.checks import assert_delivered_exactly_once, read_all, run_tree
 from tests.workers.events import RunScript
 from tests.workers.test_crash import publish_trees, start_worker, wait_finished, wait_sharing
-from workers.faust_app import FaustWorker
-from workers.faust_seam import IngestConsumer
 
 
 def kafka_bus_url(kafka_url: str, prefix: str, **options: object) -> str:

@@ -8,11 +8,11 @@ from pathlib import Path
 import faust
 import pytest
 
-from pipeline.bus.kafka import KafkaBus
-from pipeline.errors import ConfigError
-from pipeline.store import open_store
-from workers.faust_app import FaustWorker
-from workers.faust_seam import TESTED_FAUST_VERSIONS, UNTESTED_ENVVAR, check_faust_version
+from runwire.bus.kafka import KafkaBus
+from runwire.core.errors import ConfigError
+from runwire.store import open_store
+from runwire.workers.faust_app import FaustWorker
+from runwire.workers.faust_seam import TESTED_FAUST_VERSIONS, UNTESTED_ENVVAR, check_faust_version
 
 
 def test_the_installed_faust_is_a_tested_one() -> None:

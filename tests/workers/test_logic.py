@@ -6,12 +6,12 @@ import time
 from collections import defaultdict
 from collections.abc import Sequence
 
-from pipeline.checkpoint import newest_checkpoint, settle_windows
-from pipeline.envelope import DELTA_TYPES, Event, replace, ts_ms
-from pipeline.fanin import ParentMap
-from pipeline.processor import Processor
-from pipeline.sequencing import Sequencer
-from pipeline.shaping import DeltaCoalescer, shape
+from runwire.core.envelope import DELTA_TYPES, Event, replace, ts_ms
+from runwire.processing.checkpoint import newest_checkpoint, settle_windows
+from runwire.processing.fanin import ParentMap
+from runwire.processing.processor import Processor
+from runwire.processing.sequencing import Sequencer
+from runwire.processing.shaping import DeltaCoalescer, shape
 from tests.workers.events import BASE, RunScript
 
 

@@ -8,13 +8,13 @@ from collections.abc import AsyncIterator
 
 import pytest
 
-from pipeline.bus import Bus, open_bus
-from pipeline.envelope import encode
-from pipeline.errors import StoreError
-from pipeline.store import ReplayLog, open_store
+from runwire.bus import Bus, open_bus
+from runwire.core.envelope import encode
+from runwire.core.errors import StoreError
+from runwire.store import ReplayLog, open_store
+from runwire.workers.runtime import run_worker
 from tests.workers.checks import assert_delivered_exactly_once, read_all, run_tree
 from tests.workers.events import RunScript
-from workers.runtime import run_worker
 
 
 @pytest.fixture(params=["sqlite", "postgresql"])
@@ -110,7 +110,7 @@ async def test_a_silent_run_is_ended_as_error(bus: Bus, store: ReplayLog) -> Non
 
 async def _publish_raw(bus: Bus, run_id: str, data: bytes) -> None:
     """Put undecodable bytes on the run's ingest shard, as a broken producer would."""
-    from pipeline.bus.keys import shard_for
+    from runwire.bus.keys import shard_for
 
     shard = shard_for(run_id, bus.shards)
     if bus.url.startswith("memory"):
@@ -121,7 +121,7 @@ async def _publish_raw(bus: Bus, run_id: str, data: bytes) -> None:
     else:
         import redis.asyncio as aioredis
 
-        from pipeline.bus.keys import DATA_FIELD, ingest_key
+        from runwire.bus.keys import DATA_FIELD, ingest_key
 
         client = aioredis.Redis.from_url(bus.url.split("?", 1)[0])
         try:

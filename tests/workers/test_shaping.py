@@ -14,10 +14,10 @@ import msgspec
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from pipeline.checkpoint import settle_windows
-from pipeline.envelope import Event, replace, ts_ms
-from pipeline.processor import Processor
-from pipeline.shaping import DeltaCoalescer, is_delta, shape
+from runwire.core.envelope import Event, replace, ts_ms
+from runwire.processing.checkpoint import settle_windows
+from runwire.processing.processor import Processor
+from runwire.processing.shaping import DeltaCoalescer, is_delta, shape
 from tests.shaped_checks import as_dicts, max_per_second, r1_excess, t2_problems, texts
 from tests.workers.events import BASE, RunScript
 from tests.workers.test_logic import Streams

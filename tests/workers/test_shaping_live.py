@@ -22,17 +22,17 @@ from typing import Any
 import msgspec
 import pytest
 
-from pipeline.bus import Bus, open_bus
-from pipeline.bus.keys import shard_for
-from pipeline.envelope import Event, format_ts
-from pipeline.publisher import Publisher
-from pipeline.shaping import is_delta, shape
-from pipeline.store import ReplayLog, open_store
+from runwire.bus import Bus, open_bus
+from runwire.bus.keys import shard_for
+from runwire.core.envelope import Event, format_ts
+from runwire.processing.shaping import is_delta, shape
+from runwire.sdk.publisher import Publisher
+from runwire.store import ReplayLog, open_store
+from runwire.workers.runtime import run_worker
 from tests.events import event
 from tests.shaped_checks import as_dicts, max_per_second, r1_excess, t2_problems, texts
 from tests.workers.checks import read_all
 from tests.workers.test_crash import start_worker, wait_sharing
-from workers.runtime import run_worker
 
 
 def assert_shaped_view(run_id: str, raw: list[Event], shaped: list[Event]) -> None:

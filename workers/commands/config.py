@@ -17,8 +17,8 @@ from typing import Any
 
 import click
 
-from workers.cli import COMMANDS, CONFIG_PATH_KEY, load_command
-from workers.config import (
+from runwire.workers.cli import COMMANDS, CONFIG_PATH_KEY, load_command
+from runwire.workers.config import (
     effective_options,
     envvar_of,
     file_key,

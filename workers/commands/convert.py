@@ -4,7 +4,7 @@ Reads NDJSON frames (raw text chunks for ``cogency-wire``) from FILE or stdin,
 writes one JSON object a line to stdout. Every valid frame is written; each
 rejected one is reported on stderr as ``line N: KAI-STREAM-PROTO-000x: …``
 and the command exits 1 if any was rejected. ``--from auto`` picks the format
-from the first lines (:func:`pipeline.protocols.detect.detect`).
+from the first lines (:func:`runwire.protocols.detect.detect`).
 """
 
 from __future__ import annotations
@@ -15,10 +15,10 @@ from typing import BinaryIO
 
 import click
 
-from pipeline.errors import ConfigError, RunwireError
-from pipeline.protocols import EGRESS, INGEST
-from pipeline.protocols.detect import detect
-from pipeline.protocols.transcode import Transcoder
+from runwire.core.errors import ConfigError, RunwireError
+from runwire.protocols import EGRESS, INGEST
+from runwire.protocols.detect import detect
+from runwire.protocols.transcode import Transcoder
 
 DETECT_LINES = 20
 RAW_CHUNK = 64 * 1024

@@ -16,11 +16,12 @@ from typing import TYPE_CHECKING, Any
 
 import click
 
-from pipeline.redaction import redact_logs
+from runwire.core.redaction import redact_logs
+from runwire.workers.config import absolute_store
 
 if TYPE_CHECKING:
-    from pipeline.edge import EdgeSettings
-    from pipeline.edge.grpc_server import GrpcServer
+    from runwire.edge import EdgeSettings
+    from runwire.edge.grpc_server import GrpcServer
 
 GRPC_MISSING = "--grpc-port needs the grpc extra: pip install 'runwire[grpc]'"
 
@@ -54,8 +55,8 @@ def is_loopback(host: str) -> bool:
 
 @click.command()
 @click.option("--bus", default="memory://", show_default=True, envvar="RUNWIRE_BUS", help="Bus URL.")
-@click.option("--store", default="sqlite:///.runwire/replay.db", show_default=True,
-              envvar="RUNWIRE_STORE", help="Replay log URL.")
+@click.option("--store", default="sqlite:///.runwire/replay.db", show_default=True, callback=absolute_store,
+              envvar="RUNWIRE_STORE", help="Replay log URL (a relative SQLite path is taken from the working directory).")
 @click.option("--host", default="127.0.0.1", show_default=True, envvar="RUNWIRE_HOST",
               help="Address to bind (non-loopback needs RUNWIRE_SECRET).")
 @click.option("--port", default=8765, show_default=True, type=click.IntRange(0, 65535),
@@ -97,7 +98,7 @@ def edge(
     requests_per_socket: int,
 ) -> None:
     """Serve runs over SSE, WebSocket and NDJSON with exact resume, ingest, control and a live page."""
-    from pipeline.edge import EdgeSettings
+    from runwire.edge import EdgeSettings
 
     if secret is None and not is_loopback(host):
         raise click.UsageError(
@@ -127,10 +128,10 @@ async def serve(
 ) -> None:
     """Open the bus and the replay log, then run uvicorn (and gRPC) until SIGINT/SIGTERM."""
 
-    from pipeline.bus import open_bus
-    from pipeline.edge import create_app
-    from pipeline.edge.server import edge_config
-    from pipeline.store import open_store
+    from runwire.bus import open_bus
+    from runwire.edge import create_app
+    from runwire.edge.server import edge_config
+    from runwire.store import open_store
 
     async with open_bus(bus_url) as bus, open_store(store_url) as store:
         app = create_app(bus, store, settings)
@@ -148,8 +149,8 @@ async def serve(
 
 async def start_grpc_or_exit(edge: Any, host: str, port: int) -> GrpcServer:
     """The gRPC server, started before anything else so a taken port is one clear error."""
-    from pipeline.edge.grpc_server import start_grpc
-    from pipeline.errors import ConfigError
+    from runwire.core.errors import ConfigError
+    from runwire.edge.grpc_server import start_grpc
 
     try:
         return await start_grpc(edge, host, port)

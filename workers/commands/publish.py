@@ -20,12 +20,12 @@ from typing import BinaryIO
 
 import click
 
-from pipeline.envelope import Event
-from pipeline.errors import ConfigError, ProtocolError, RunwireError
-from pipeline.protocols import INGEST, ingest
-from pipeline.protocols.base import Ingest
-from pipeline.protocols.detect import detect
-from pipeline.publisher import Publisher
+from runwire.core.envelope import Event
+from runwire.core.errors import ConfigError, ProtocolError, RunwireError
+from runwire.protocols import INGEST, ingest
+from runwire.protocols.base import Ingest
+from runwire.protocols.detect import detect
+from runwire.sdk.publisher import Publisher
 
 DETECT_LINES = 20
 RAW_CHUNK = 64 * 1024

@@ -32,18 +32,19 @@ from rich.console import Console
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeRemainingColumn
 from rich.table import Table
 
-from pipeline.errors import RunwireError
-from pipeline.stats import StatsCollector
-from pipeline.store import open_store
-from pipeline.store.base import ReplayLog, RunInfo
-from pipeline.store.jsonl import import_jsonl
+from runwire.core.errors import RunwireError
+from runwire.jobs.stats import StatsCollector
+from runwire.store import open_store
+from runwire.store.base import ReplayLog, RunInfo
+from runwire.store.jsonl import import_jsonl
+from runwire.workers.config import absolute_store
 
 DEFAULT_STORE = "sqlite:///.runwire/replay.db"
 P = ParamSpec("P")
 T = TypeVar("T")
 
 store_option = click.option(
-    "--store", envvar="RUNWIRE_STORE", default=DEFAULT_STORE, show_default=True,
+    "--store", envvar="RUNWIRE_STORE", default=DEFAULT_STORE, show_default=True, callback=absolute_store,
     help="Replay log URL (sqlite:///path or postgresql://…).",
 )
 
@@ -165,7 +166,7 @@ async def export(
     store: str, run_ids: tuple[str, ...], format_: str, detail: str, output: IO[bytes]
 ) -> None:
     """Write runs as JSON lines (koder: one canonical envelope a line, in seq order)."""
-    from pipeline.replay import Detail, export_run
+    from runwire.jobs.replay import Detail, export_run
 
     async with open_store(store) as log:
         runs = await _known(log, run_ids)
@@ -223,8 +224,8 @@ async def import_(store: str, files: tuple[IO[bytes], ...], as_json: bool) -> No
 @run_async
 async def play(store: str, run_id: str, bus: str, speed: float, as_run: str | None) -> None:
     """Re-publish a stored run and its child runs with the original relative timing, seq from 1."""
-    from pipeline.bus import open_bus
-    from pipeline.replay import play_run
+    from runwire.bus import open_bus
+    from runwire.jobs.replay import play_run
 
     async with open_store(store) as log:
         info = await log.require_run(run_id)
@@ -248,7 +249,7 @@ async def messages(
     store: str, run_id: str, style: str, reasoning: bool, children: bool
 ) -> None:
     """Print a run's chat messages as a JSON array."""
-    from pipeline.messages import MessageAssembler, Style
+    from runwire.jobs.messages import MessageAssembler, Style
 
     async with open_store(store) as log:
         await log.require_run(run_id)

@@ -24,7 +24,7 @@ from rich.console import Console, Group, RenderableType
 from rich.live import Live
 from rich.text import Text
 
-from workers.tailview import RunView, plain_line
+from runwire.workers.tailview import RunView, plain_line
 
 DEFAULT_URL = "http://127.0.0.1:8765"
 Show = Callable[[dict[str, Any]], None]

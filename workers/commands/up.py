@@ -29,16 +29,17 @@ import click
 import msgspec
 import uvicorn
 
-from pipeline.bus import Bus, open_bus
-from pipeline.demo import publish_runs
-from pipeline.edge.app import create_app
-from pipeline.edge.server import edge_config
-from pipeline.edge.settings import EdgeSettings
-from pipeline.publisher import Publisher
-from pipeline.redaction import redact_url
-from pipeline.store import ReplayLog, open_store
-from workers.commands.edge import check_grpc_available, start_grpc_or_exit
-from workers.runtime import run_worker
+from runwire.bus import Bus, open_bus
+from runwire.core.redaction import redact_url
+from runwire.edge.app import create_app
+from runwire.edge.server import edge_config
+from runwire.edge.settings import EdgeSettings
+from runwire.jobs.demo import publish_runs
+from runwire.sdk.publisher import Publisher
+from runwire.store import ReplayLog, open_store
+from runwire.workers.commands.edge import check_grpc_available, start_grpc_or_exit
+from runwire.workers.config import absolute_dir, absolute_store
+from runwire.workers.runtime import run_worker
 
 DEFAULT_DATA_DIR = Path(".runwire")
 MIN_SECRET_BYTES = 32
@@ -105,6 +106,7 @@ def is_loopback(host: str) -> bool:
     type=click.Path(file_okay=False, path_type=Path),
     default=DEFAULT_DATA_DIR,
     show_default=True,
+    callback=absolute_dir,
     envvar="RUNWIRE_DATA_DIR",
     help="Where the embedded replay log lives.",
 )
@@ -114,6 +116,7 @@ def is_loopback(host: str) -> bool:
 @click.option(
     "--store",
     default=None,
+    callback=absolute_store,
     envvar="RUNWIRE_STORE",
     help="Replay log URL [default: sqlite:///<data-dir>/replay.db].",
 )

@@ -1,8 +1,8 @@
 """``runwire worker``: fan in, sequence, shape and record runs from the bus.
 
 ``memory://`` and ``redis://`` (and ``redis+cluster://``) run the
-consumer-group runtime (:mod:`workers.runtime`); ``kafka://`` runs the
-faust-streaming app (:mod:`workers.faust_app`). SIGTERM/SIGINT drain: the
+consumer-group runtime (:mod:`runwire.workers.runtime`); ``kafka://`` runs the
+faust-streaming app (:mod:`runwire.workers.faust_app`). SIGTERM/SIGINT drain: the
 batch in flight is written and acked, then the worker leaves its group, so a
 rolling restart loses nothing.
 """
@@ -19,8 +19,9 @@ import sys
 import click
 import msgspec
 
-from pipeline.redaction import redact_logs
-from pipeline.stages import WorkerStats
+from runwire.core.redaction import redact_logs
+from runwire.processing.stages import WorkerStats
+from runwire.workers.config import absolute_store
 
 
 def default_name() -> str:
@@ -33,6 +34,7 @@ def default_name() -> str:
 @click.option(
     "--store",
     default="sqlite:///.runwire/replay.db",
+    callback=absolute_store,
     show_default=True,
     envvar="RUNWIRE_STORE",
     help="Replay log URL.",
@@ -68,7 +70,7 @@ def worker(
     if os.environ.get("RUNWIRE_DEBUG"):
         logging.getLogger("runwire").setLevel(logging.DEBUG)
     if bus.startswith("kafka://"):
-        from workers.faust_app import run_faust_worker
+        from runwire.workers.faust_app import run_faust_worker
 
         stats = run_faust_worker(
             bus, store, group=group, name=name, burst=burst, silence_s=silence_s,
@@ -88,9 +90,9 @@ async def _run(
     silence_s: float,
     claim_idle_ms: int | None,
 ) -> WorkerStats:
-    from pipeline.bus import open_bus
-    from pipeline.store import open_store
-    from workers.runtime import run_worker
+    from runwire.bus import open_bus
+    from runwire.store import open_store
+    from runwire.workers.runtime import run_worker
 
     stop = asyncio.Event()
     loop = asyncio.get_running_loop()

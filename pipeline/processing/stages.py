@@ -1,7 +1,7 @@
 """One batch of a worker: decode → restore checkpoints → process → write.
 
 :class:`Stages` is shared by both worker runtimes — the consumer-group loop
-(:mod:`pipeline.worker_loop`) and the faust app — so a batch means the same
+(:mod:`runwire.processing.worker_loop`) and the faust app — so a batch means the same
 on every bus. Writes go replay log first, then each stream's shaped events,
 then its raw events with its checkpoint; the caller acks only after all of
 them are durable, so a crash anywhere replays the batch to the same result
@@ -21,15 +21,15 @@ from typing import TypeVar
 import msgspec
 from redis.backoff import ExponentialWithJitterBackoff
 
-from .bus import Bus, Delivery, EncodedAppend
-from .bus.keys import shard_for
+from ..bus import Bus, Delivery, EncodedAppend
+from ..bus.keys import shard_for
+from ..core.envelope import Event, decode_many, encode
+from ..core.errors import ProtocolError
+from ..core.retry import Retry
+from ..store import ReplayLog
 from .checkpoint import settle_windows, unsent_windows
-from .envelope import Event, decode_many, encode
-from .errors import ProtocolError
 from .fanin import Misrooted
 from .processor import Processor, StreamOutput, validate
-from .retry import Retry
-from .store import ReplayLog
 
 log = logging.getLogger("runwire.worker")
 

@@ -51,7 +51,7 @@ from datetime import UTC, datetime, timedelta
 
 import msgspec
 
-from .envelope import Event, ReasoningDelta, TextDelta, TextPayload, format_ts, replace, ts_ms
+from ..core.envelope import Event, ReasoningDelta, TextDelta, TextPayload, format_ts, replace, ts_ms
 
 WINDOW_MS = 100
 """§4 R1's aggregation window: at most 10 shaped deltas per second per (child, type)."""
@@ -85,7 +85,7 @@ class ShaperState(msgspec.Struct, kw_only=True, omit_defaults=True):
     """Where the windows of a writer that died closed after its checkpoint (key → last seqs, from
     the shaped view it had appended): replaying the same raw events, its successor closes them
     at the same deltas, so it sends the same windows whatever the dead writer's wall-clock ticks
-    did (see :func:`pipeline.checkpoint.settle_windows`)."""
+    did (see :func:`runwire.processing.checkpoint.settle_windows`)."""
 
 
 Delta = ReasoningDelta | TextDelta

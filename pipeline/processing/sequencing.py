@@ -23,7 +23,7 @@ from __future__ import annotations
 import msgspec
 from msgspec.structs import replace as replace_struct
 
-from .envelope import Event, Gap, GapPayload
+from ..core.envelope import Event, Gap, GapPayload
 
 
 class SequencerState(msgspec.Struct, kw_only=True, omit_defaults=True):

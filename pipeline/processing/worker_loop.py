@@ -1,6 +1,6 @@
-"""The consumer-group worker loop: fetch → :class:`~pipeline.stages.Stages` → ack.
+"""The consumer-group worker loop: fetch → :class:`~runwire.processing.stages.Stages` → ack.
 
-One loop for any :class:`~pipeline.bus.Consumer` (``memory://``,
+One loop for any :class:`~runwire.bus.Consumer` (``memory://``,
 ``redis://``, and any bus's generic consumer API): fetch a batch of ingest
 entries → decode (poison → dead letter) → restore the checkpoints of streams
 this process has not seen → process (fan-in, sequencing, shaping) → write →
@@ -20,7 +20,7 @@ import asyncio
 import logging
 import time
 
-from .bus import Consumer, Delivery
+from ..bus import Consumer, Delivery
 from .processor import Processor, StreamOutput
 from .stages import PENDING_BATCHES, Stages
 
@@ -39,7 +39,7 @@ class _Write:
 
 
 class ConsumerLoop:
-    """fetch → :class:`Stages` → ack, for any :class:`~pipeline.bus.Consumer`."""
+    """fetch → :class:`Stages` → ack, for any :class:`~runwire.bus.Consumer`."""
 
     def __init__(self, consumer: Consumer, stages: Stages) -> None:
         self.consumer = consumer

@@ -26,7 +26,7 @@
 backoff; a final one is reported. Wire-facing errors carry the spec's
 ``KAI-STREAM-*`` code in ``code``. The messages of ConfigError, BusError and
 StoreError — the ones that name URLs — are redacted when the error is made
-(``pipeline.redaction``): no password or token reaches a log, a traceback or
+(``runwire.core.redaction``): no password or token reaches a log, a traceback or
 an answer through them.
 """
 

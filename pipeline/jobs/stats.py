@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import msgspec
 
-from .envelope import Event, Gap, RunLifecycle, ToolEnd, ToolStart, Usage, ts_ms
+from ..core.envelope import Event, Gap, RunLifecycle, ToolEnd, ToolStart, Usage, ts_ms
 
 
 class RunStats(msgspec.Struct, kw_only=True):

@@ -6,7 +6,7 @@ check their input against these numbers, with the same error family:
 ``KAI-STREAM-REQ-0002`` (too large: 413, WebSocket close 1009, gRPC
 ``RESOURCE_EXHAUSTED``) for bytes and counts, ``KAI-STREAM-REQ-0003`` or
 ``KAI-STREAM-PROTO-0001`` for depth and ids. ``docs/security.md`` § Limits is
-this table in words; the edge's :class:`~pipeline.edge.settings.EdgeSettings`
+this table in words; the edge's :class:`~runwire.edge.settings.EdgeSettings`
 take their defaults from here, so a deployment tunes one place.
 
 This module imports nothing of runwire's but the error tree: the codec, the

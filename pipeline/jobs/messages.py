@@ -33,7 +33,7 @@ import json
 from collections.abc import Iterable
 from typing import Any, Literal
 
-from .envelope import Event, Extension, ReasoningDelta, TextDelta, ToolEnd, ToolStart, known
+from ..core.envelope import Event, Extension, ReasoningDelta, TextDelta, ToolEnd, ToolStart, known
 
 Message = dict[str, Any]
 Style = Literal["chat", "cogency"]

@@ -19,24 +19,24 @@ What it guarantees:
   encoded bytes are queued, plus the one batch in flight (≤ ``max_batch``);
   past that ``emit`` waits. Nothing is dropped silently. The queue refills
   while a batch is on its way, so building events overlaps the bus's work.
-* **Retries.** A batch that fails with :class:`~pipeline.errors.BusUnavailable`
+* **Retries.** A batch that fails with :class:`~runwire.core.errors.BusUnavailable`
   is retried with exponential backoff and full jitter (redis-py's
   ``FullJitterBackoff``) until ``delivery_timeout`` seconds have passed since
   its first failure. Then every queued event is given up and
-  :class:`~pipeline.errors.DeliveryTimeout` names each ``(run_id, seq)`` that
+  :class:`~runwire.core.errors.DeliveryTimeout` names each ``(run_id, seq)`` that
   was not delivered; it is raised from the emits that were waiting, else from
   the next ``emit``/``flush``/``close``. The publisher stays usable: once the
   bus answers again, new events flow (the lost seqs show up as a gap, Koder agent stream §7 T2).
 * **Graceful close.** Leaving the ``async with`` block flushes what is queued.
 * **Requests.** ``async for request in pub.requests(): run = pub.run_for(request)``
   answers the chat turns clients send through the edge (see
-  :mod:`pipeline.bus.requests`).
+  :mod:`runwire.bus.requests`).
 * **Child runs.** ``pub.run(child_id, parent=run)`` puts ``parent_id`` and
   ``root_id`` on every event of the child, so workers fan it into its parent
   and one worker owns the whole tree (ingest is partitioned by root run id).
   A parent named by id gets its root from the runs this publisher started;
   across services, ``run.context()`` is a token that carries the tree
-  (``pub.run(child_id, context=token)``, see :mod:`pipeline.runcontext`).
+  (``pub.run(child_id, context=token)``, see :mod:`runwire.sdk.runcontext`).
 
 Longer than ~400 lines: the queue, its bounds, the flusher and the give-up
 report are one piece of state that every emit and the flusher share.
@@ -53,15 +53,15 @@ from typing import Any
 import msgspec
 from redis.backoff import FullJitterBackoff
 
-from . import envelope
-from .bus import Bus, ControlCommand, open_bus
-from .bus.requests import DEFAULT_CHANNEL, DEFAULT_TTL_S, AgentRequest, consume_requests
-from .envelope import Event
-from .errors import BusUnavailable, DeliveryTimeout, MalformedFrame
-from .lifecycle import AsyncResource
-from .retry import Retry
+from ..bus import Bus, ControlCommand, open_bus
+from ..bus.requests import DEFAULT_CHANNEL, DEFAULT_TTL_S, AgentRequest, consume_requests
+from ..core import envelope
+from ..core.envelope import Event
+from ..core.errors import BusUnavailable, DeliveryTimeout, MalformedFrame
+from ..core.lifecycle import AsyncResource
+from ..core.retry import Retry
+from ..core.ulid import MonotonicULID
 from .runcontext import RunContext
-from .ulid import MonotonicULID
 
 __all__ = ["Publisher", "Run"]
 
@@ -74,7 +74,7 @@ class _Clock:
     """Monotonic ULID (``evt_…``) and RFC 3339 timestamp from one reading of the clock.
 
     The timestamp string is formatted once per millisecond; ids come from
-    :class:`pipeline.ulid.MonotonicULID`, which is cheap within a millisecond.
+    :class:`runwire.core.ulid.MonotonicULID`, which is cheap within a millisecond.
     """
 
     __slots__ = ("_ids", "_last_ms", "_ts")
@@ -349,7 +349,7 @@ class Publisher(AsyncResource):
         ``async for request in pub.requests("default"): run = pub.run_for(request)``.
         While iterating, this consumer announces itself on the channel (a heartbeat every
         ``ttl_s / 3``); with none alive the edge refuses a client's turn at once. See
-        :mod:`pipeline.bus.requests`.
+        :mod:`runwire.bus.requests`.
         """
         return consume_requests(self.bus, channel, ttl_s=ttl_s)
 

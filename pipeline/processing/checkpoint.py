@@ -13,7 +13,7 @@ from collections.abc import Sequence
 
 import msgspec
 
-from .envelope import Event
+from ..core.envelope import Event
 from .sequencing import SequencerState
 from .shaping import ShaperState, window_key
 

@@ -2,7 +2,7 @@
 
 The Structs themselves (Koder agent stream §2–3: the eight core types, runwire's
 typed extensions, :class:`Extension`) are in :mod:`.events` and re-exported
-here, so ``pipeline.envelope`` stays the one import for events. This module
+here, so ``runwire.core.envelope`` stays the one import for events. This module
 decodes with the limits every entrance shares (nesting depth, frame size,
 real timestamps — the same at ingest and in the worker), reports a bad frame
 as ``KAI-STREAM-PROTO-0001`` naming the field, and encodes each event once.

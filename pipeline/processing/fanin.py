@@ -35,7 +35,7 @@ from collections.abc import Iterable
 
 from msgspec.structs import replace as replace_struct
 
-from .envelope import ChildSpawn, Event
+from ..core.envelope import ChildSpawn, Event
 
 MAX_DEPTH = 64
 """A parent chain longer than this is cut (guards against a cycle in bad input)."""

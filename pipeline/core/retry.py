@@ -7,7 +7,7 @@ it takes as they are::
     policy = Retry(ExponentialWithJitterBackoff(cap=2.0, base=0.05), deadline_s=30)
     await policy.call(lambda: bus.publish(events), stop=stop.is_set)
 
-By default an error retries when it is a :class:`~pipeline.errors.RunwireError`
+By default an error retries when it is a :class:`~runwire.core.errors.RunwireError`
 whose type is ``retriable`` (``BusUnavailable``, ``StoreUnavailable``); any
 other error is raised at once. The deadline counts from the first failure;
 the policy never sleeps past it and makes a last attempt when it is reached,

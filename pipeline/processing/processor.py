@@ -41,8 +41,7 @@ from typing import Any
 import msgspec
 from msgspec.structs import replace as replace_struct
 
-from .checkpoint import Checkpoint, decode_checkpoint, encode_checkpoint
-from .envelope import (
+from ..core.envelope import (
     ChildSpawn,
     Event,
     RunLifecycle,
@@ -51,11 +50,12 @@ from .envelope import (
     is_terminal,
     ts_ms,
 )
-from .errors import WriteRefused
+from ..core.errors import WriteRefused
+from ..core.ulid import MonotonicULID
+from .checkpoint import Checkpoint, decode_checkpoint, encode_checkpoint
 from .fanin import ANY_TENANT, Misrooted, ParentMap
 from .sequencing import Sequencer, SequencerState, owns
 from .shaping import WINDOW_MS, DeltaCoalescer
-from .ulid import MonotonicULID
 
 DEFAULT_SILENCE_S = 300.0
 _NONE: list[str] = []
@@ -67,7 +67,7 @@ DEFAULT_QUIET_S = 0.25
 
 While a worker works through a backlog (after a takeover, or behind a burst)
 a stream's events keep arriving, so its windows close by event time exactly
-as :func:`~pipeline.shaping.shape` closes them; the tick only speaks for
+as :func:`~runwire.processing.shaping.shape` closes them; the tick only speaks for
 streams that went quiet, where waiting longer could not change the result."""
 
 

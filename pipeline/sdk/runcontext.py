@@ -21,8 +21,8 @@ import binascii
 
 import msgspec
 
-from .envelope import RunId, RunRef
-from .errors import RequestError
+from ..core.envelope import RunId, RunRef
+from ..core.errors import RequestError
 
 CONTEXT_HEADER = "Runwire-Run-Context"
 """The HTTP ingest header that carries a token."""

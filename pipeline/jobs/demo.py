@@ -267,7 +267,7 @@ async def keep_publishing(
     prefix: str | None = None,
 ) -> int:
     """Connect a publisher to the bus at ``url`` and publish demo runs until ``stop``."""
-    from .publisher import Publisher
+    from ..sdk.publisher import Publisher
 
     async with Publisher.connect(url) as publisher:
         return await publish_runs(publisher, stop, rate=rate, seed=seed, pace=pace, prefix=prefix)

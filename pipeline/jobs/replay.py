@@ -13,13 +13,13 @@ from typing import Literal
 
 import msgspec
 
-from . import envelope
-from .bus.base import Bus
-from .envelope import ChildSpawn, Event, Gap
-from .protocols import egress
-from .shaping import DeltaCoalescer
-from .store.base import ReplayLog
-from .ulid import MonotonicULID
+from ..bus.base import Bus
+from ..core import envelope
+from ..core.envelope import ChildSpawn, Event, Gap
+from ..core.ulid import MonotonicULID
+from ..processing.shaping import DeltaCoalescer
+from ..protocols import egress
+from ..store.base import ReplayLog
 
 Detail = Literal["full", "shaped"]
 Progress = Callable[[int], object]

@@ -1,0 +1,45 @@
+"""The README's first example, run as written against a running `runwire up` (the URL line changed
+to the test's port): an agent in another process publishes a run with a sub-agent over HTTP."""
+
+from __future__ import annotations
+
+import re
+import subprocess
+import sys
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from tests.ops.conftest import runwire_env, stream_events
+
+pytestmark = pytest.mark.slow
+README = Path(__file__).resolve().parents[2] / "README.md"
+BUS_LINE = 'BUS = "http://127.0.0.1:8765"'
+
+
+def first_example() -> str:
+    section = README.read_text().split("## First steps", 1)[1]
+    match = re.search(r"```python\n(.*?)```", section, re.S)
+    assert match, "the README's First steps has a python example"
+    return match[1]
+
+
+def test_the_readme_agent_reaches_a_running_up_and_its_child_fans_into_the_run(
+    start_up: Any, tmp_path: Path
+) -> None:
+    code = first_example()
+    assert BUS_LINE in code and "from runwire import Publisher" in code
+    up = start_up("--data-dir", str(tmp_path / "data"))
+    agent = tmp_path / "agent.py"
+    agent.write_text(code.replace(BUS_LINE, f'BUS = "{up.base}"'))
+    done = subprocess.run([sys.executable, str(agent)], cwd=tmp_path, env=runwire_env(), capture_output=True,
+                          text=True, timeout=60, check=False)
+    assert done.returncode == 0, done.stderr
+    events = stream_events(up.base, "hello-run")
+    assert [e["seq"] for e in events] == list(range(1, len(events) + 1))
+    mine = "".join(e["payload"]["text"] for e in events if e["type"] == "text.delta")
+    assert mine == "Let me look that up. Found three results."
+    child = [(e["type"], e["child_id"]) for e in events if e.get("child_id")]
+    assert ("tool.start", "hello-run.search") in child and ("tool.end", "hello-run.search") in child
+    assert events[-1]["payload"]["state"] == "done"
