@@ -49,7 +49,7 @@ from . import keys
 from .base import Consumer, Delivery
 from .options import BusOptions
 from .redis_entries import INGEST_ENTRY_EVENTS, ingest_frames
-from .redis_link import MEMBERSHIP, RedisLink, text, unavailable_on_connection_errors
+from .redis_link import MEMBERSHIP, RedisLink, retriable_bus_errors, text
 
 log = logging.getLogger(__name__)
 T = TypeVar("T")
@@ -147,7 +147,7 @@ class RedisConsumer(Consumer):
         if self._closed:
             raise RuntimeError("consumer is closed")
         out: list[Delivery] = []
-        with unavailable_on_connection_errors(f"fetch {self.group}/{self.name}"):
+        with retriable_bus_errors(f"fetch {self.group}/{self.name}"):
             if not self._started:
                 await self._create_groups()
                 self._renewer = asyncio.create_task(self._renew_forever())
@@ -367,7 +367,7 @@ class RedisConsumer(Consumer):
                 by_shard.setdefault(delivery.shard, []).append(delivery.entry_id)
         if not by_shard:
             return
-        with unavailable_on_connection_errors(f"ack {self.group}/{self.name}"):
+        with retriable_bus_errors(f"ack {self.group}/{self.name}"):
             if not self.link.cluster:
                 await self.link.raw_commands([[b"XACK", self._key(shard), self.group, *ids]
                                              for shard, ids in by_shard.items()])
@@ -385,7 +385,7 @@ class RedisConsumer(Consumer):
             "deliveries": delivery.deliveries, "shard": delivery.shard,
             "entry_id": delivery.entry_id,
         }
-        with unavailable_on_connection_errors("dead-letter"):
+        with retriable_bus_errors("dead-letter"):
             pipe = self.link.redis.pipeline(transaction=False)
             pipe.xadd(keys.dead_letter_key(self.options.prefix), fields,  # type: ignore[arg-type]
                       maxlen=self.options.dead_letter_maxlen, approximate=True)

@@ -44,6 +44,7 @@ from ..errors import (
     UnknownRun,
 )
 from ..redaction import redact_logs, redact_text
+from ..retry import state_of
 from ..runcontext import CONTEXT_HEADER, RunContext
 from ..store.base import ReplayLog, RunInfo
 from .auth import Principal
@@ -81,7 +82,8 @@ def error_response(exc: RunwireError) -> JSONResponse:
     code = exc.code or (REQ_BAD_PARAMETER if status == 400 else None)
     if code:
         body["code"] = code
-    headers = {"www-authenticate": "Bearer"} if status == 401 else None
+    headers = ({"www-authenticate": "Bearer"} if status == 401
+               else {"retry-after": "1"} if status == 503 else None)
     return JSONResponse(body, status_code=status, headers=headers)
 
 
@@ -199,8 +201,12 @@ def ingest_endpoint(edge: Edge) -> Any:
                 edge.bus, edge.gate, edge.metrics, principal, run_id, body, format_name, thread_id,
                 context,
             )
-        except RunwireError as exc:  # the replay log holding the claims, or the bus, is down
-            return json_response({"error": str(exc), "accepted": 0}, status=503)
+        except RunwireError as exc:  # the replay log holding the claims, or the bus, is down or full
+            if exc.retriable:
+                edge.metrics.pause(state_of(exc))
+            response = json_response({"error": str(exc), "accepted": 0}, status=503)
+            response.headers["retry-after"] = "1"
+            return response
         return json_response(result, status=422 if result.rejected else 200)
 
     return endpoint
@@ -231,6 +237,8 @@ def control_endpoint(edge: Edge) -> Any:
             ))
             command = await send_control(edge.bus, edge.gate, principal, run_id, body.command, body.args)
         except RunwireError as exc:
+            if exc.retriable:
+                edge.metrics.pause(state_of(exc))
             return error_response(exc)
         return json_response({"id": command.id, "command": command.command}, status=202)
 
@@ -329,8 +337,11 @@ def ops_routes(edge: Edge) -> list[Route]:
             try:
                 await check()
             except Exception as exc:  # readiness reports any failure, it never raises
-                problems[name] = "unavailable"
-                log.warning("readyz: the %s is unavailable: %s", name, redact_text(str(exc) or type(exc).__name__))
+                reason = exc.reason if isinstance(exc, RunwireError) and exc.reason else "unavailable"
+                problems[name] = reason  # "full": Redis at maxmemory refuses writes
+                edge.metrics.pause(f"{name} {reason}")
+                log.warning("readyz: the %s is %s: %s", name, reason,
+                            redact_text(str(exc) or type(exc).__name__))
         status = 503 if problems else 200
         return JSONResponse({"ok": not problems, **problems}, status_code=status)
 

@@ -33,6 +33,7 @@ from starlette.responses import Response
 from .. import envelope
 from ..envelope import Event
 from ..errors import REQ_BAD_BODY, RequestError, RunwireError
+from ..retry import state_of
 from ..store.producers import Reservation
 from ..ulid import new_event_id
 from .auth import Principal
@@ -109,6 +110,8 @@ class DurableWrite:
                     await self.edge.bus.publish(numbered)  # a duplicate again: the workers drop it
                     self.edge.metrics.ingested.inc(len(numbered))
             except RunwireError as exc:
+                if exc.retriable:
+                    self.edge.metrics.pause(state_of(exc))
                 return _plain(503, f"{exc}; retry the batch (it is not applied twice)", retry=True)
             finally:
                 if outcome == "append":
