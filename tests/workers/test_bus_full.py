@@ -6,9 +6,12 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import signal
 import uuid
 from collections.abc import AsyncIterator, Callable
+from pathlib import Path
 
+import msgspec
 import pytest
 from redis.asyncio import Redis
 
@@ -20,6 +23,7 @@ from pipeline.store import ReplayLog, open_store
 from pipeline.worker_loop import ConsumerLoop
 from tests.services import RedisServer
 from tests.workers.checks import assert_delivered_exactly_once, read_all, run_tree
+from tests.workers.test_crash import start_worker, wait_finished, wait_sharing
 from workers.runtime import run_worker
 
 FULL = 1
@@ -148,3 +152,48 @@ async def test_a_publisher_at_maxmemory_retries_within_its_delivery_timeout(
     assert sum(e.type == "text.delta" for e in raw) == 50
     assert len(lines(caplog, "paused: bus full")) == 1
     assert len(lines(caplog, "resumed after")) == 1
+
+
+async def test_a_runwire_worker_process_at_maxmemory_never_exits_and_drains_exactly_once(
+    own_redis: RedisServer, admin: Redis, tmp_path: Path
+) -> None:
+    """The operator's view: a ``runwire worker`` process and an SDK publisher on a Redis that
+    fills up mid-stream. The worker keeps running (paused, one log line), the publisher keeps
+    retrying; once memory is raised every published event is delivered and logged once."""
+    url = f"{own_redis.url}?shards=2&lease_ms=1500&claim_idle_ms=1000"
+    store_url = f"sqlite:///{tmp_path}/replay.db"
+    worker = start_worker(url, store_url, "w1", tmp_path, group="full")
+    log_file = tmp_path / "w1.log"
+    try:
+        await wait_sharing(tmp_path, ["w1"])
+        before, before_ancestry = run_tree(f"pre{uuid.uuid4().hex[:6]}")
+        after, after_ancestry = run_tree(f"post{uuid.uuid4().hex[:6]}")
+        roots = [run for run, parents in {**before_ancestry, **after_ancestry}.items() if not parents]
+        async with open_bus(url) as bus:
+            await bus.publish(before)
+            await wait_finished(bus, roots[:1], 30)
+
+            await admin.config_set("maxmemory", FULL)
+            async with Publisher.connect(url, linger_ms=1.0, delivery_timeout=120) as publisher:
+                await publisher.publish_events(after)
+                flushing = asyncio.create_task(publisher.flush())
+                await until(lambda: "paused: bus full" in log_file.read_text()
+                            and publisher.outage.state == "bus full", within=60)
+                assert worker.poll() is None, log_file.read_text()
+                assert not flushing.done()
+
+                await admin.config_set("maxmemory", 0)
+                await asyncio.wait_for(flushing, 60)
+            await wait_finished(bus, roots[1:], 60)
+            assert worker.poll() is None, log_file.read_text()
+            async with open_store(store_url) as store:
+                await assert_delivered_exactly_once(
+                    bus, store, before + after, {**before_ancestry, **after_ancestry})
+    finally:
+        worker.send_signal(signal.SIGTERM)
+        assert worker.wait(timeout=30) == 0, log_file.read_text()
+    text = log_file.read_text()
+    assert text.count("paused: bus full") == 1, text
+    assert text.count("resumed after") == 1, text
+    counters = msgspec.json.decode(text.strip().splitlines()[-1])
+    assert counters["retried"]["bus full"] >= 1 and counters["paused_seconds"] > 0
