@@ -45,6 +45,7 @@ from .options import split_url
 from .redis_consumer import RedisConsumer
 from .redis_entries import (
     decode_stored,
+    ends_run,
     entry_args,
     first_seq,
     ingest_xadd,
@@ -63,7 +64,7 @@ from .redis_link import (
 log = logging.getLogger(__name__)
 
 ACCEPTED_OPTIONS = (
-    "shards", "maxlen", "ttl", "claim_idle_ms", "lease_ms", "max_deliveries",
+    "shards", "maxlen", "ttl", "grace", "claim_idle_ms", "lease_ms", "max_deliveries",
     "ingest_maxlen", "dead_letter_maxlen", "prefix", "tail_poll_ms",
 )
 PASSTHROUGH_OPTIONS = (
@@ -227,8 +228,11 @@ class RedisBus(Bus):
         run_id, view = key
         args: list[Any] = [self.options.maxlen, self.options.ttl * 1000,
                            "0" if state is None else "1", state or b"",
+                           self.options.grace * 1000, "1" if ends_run(events) else "0",
                            *entry_args(events, encoded)]
-        return (APPEND, [self._stream_key(key), keys.meta_key(self.prefix, run_id, view)], args)
+        call_keys = [self._stream_key(key), keys.meta_key(self.prefix, run_id, view),
+                     keys.control_key(self.prefix, run_id)]
+        return (APPEND, call_keys, args)
 
     async def load_state(self, key: StreamKey) -> bytes | None:
         with retriable_bus_errors("load delivery state"):
