@@ -60,6 +60,7 @@ from .redis_link import (
     retriable_bus_errors,
     text,
 )
+from .redis_trim import lost_key
 
 log = logging.getLogger(__name__)
 
@@ -163,6 +164,17 @@ class RedisBus(Bus):
             for command in commands:
                 pipe.execute_command(*command)
             await pipe.execute()
+
+    async def ingest_lost(self) -> dict[str, int]:
+        with retriable_bus_errors("ingest losses"):
+            pipe = self.redis.pipeline(transaction=False)
+            for shard in range(self.shards):
+                pipe.hgetall(lost_key(self.prefix, shard))
+            totals: dict[str, int] = {}
+            for counts in await pipe.execute():
+                for group, lost in (counts or {}).items():
+                    totals[text(group)] = totals.get(text(group), 0) + int(lost)
+        return totals
 
     def ingest_keys(self) -> list[str]:
         return [keys.ingest_key(self.prefix, shard) for shard in range(self.shards)]

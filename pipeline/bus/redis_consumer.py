@@ -50,6 +50,7 @@ from .base import Consumer, Delivery
 from .options import BusOptions
 from .redis_entries import INGEST_ENTRY_EVENTS, ingest_frames
 from .redis_link import MEMBERSHIP, RedisLink, retriable_bus_errors, text
+from .redis_trim import IngestTrimmer
 
 log = logging.getLogger(__name__)
 T = TypeVar("T")
@@ -82,6 +83,7 @@ class RedisConsumer(Consumer):
         self._closed = False
         self._open: dict[str, set[int]] = {}
         """Entries of several events handed out → their events not yet acked or dead-lettered."""
+        self._trimmer = IngestTrimmer(link, options.prefix, group, options.ttl)
         self._entries_read = 0
         self._per_entry = float(INGEST_ENTRY_EVENTS)
         """Events per entry in the last fetch (at first the most an entry holds), so that a
@@ -371,11 +373,15 @@ class RedisConsumer(Consumer):
             if not self.link.cluster:
                 await self.link.raw_commands([[b"XACK", self._key(shard), self.group, *ids]
                                              for shard, ids in by_shard.items()])
-                return
-            pipe = self.link.redis.pipeline(transaction=False)
-            for shard, ids in by_shard.items():
-                pipe.xack(self._key(shard), self.group, *ids)
-            await pipe.execute()
+            else:
+                pipe = self.link.redis.pipeline(transaction=False)
+                for shard, ids in by_shard.items():
+                    pipe.xack(self._key(shard), self.group, *ids)
+                await pipe.execute()
+        try:  # what every group acked leaves the shard (redis_trim.py); the ack stands anyway
+            await self._trimmer.maybe_trim(self._owned)
+        except (BusUnavailable, rexc.RedisError) as exc:
+            log.debug("trimming the ingest shards of %s failed: %s", self.group, exc)
 
     async def dead_letter(self, delivery: Delivery, reason: str) -> None:
         """XADD to the dead-letter stream and XACK the entry (one round trip); an entry

@@ -351,6 +351,11 @@ def ops_routes(edge: Edge) -> list[Route]:
             edge.gate.require_scope(principal, "ops")
         except RunwireError as exc:
             return error_response(exc)
+        try:
+            for group, lost in (await edge.bus.ingest_lost()).items():
+                edge.metrics.ingest_lost.labels(group).set(lost)
+        except RunwireError as exc:  # the bus is down: the other metrics still answer
+            log.debug("metrics: ingest losses unavailable: %s", exc)
         return Response(edge.metrics.render(), media_type="text/plain; version=0.0.4")
 
     return [

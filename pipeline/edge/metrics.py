@@ -41,6 +41,11 @@ class EdgeMetrics:
             "runwire_edge_ingested", "Events accepted by HTTP ingest", registry=r
         )
         self.bus_errors = Counter("runwire_edge_bus_errors", "Failed bus reads", registry=r)
+        self.ingest_lost = Gauge(
+            "runwire_ingest_lost_entries",
+            "Ingest entries a consumer group lost to ingest_maxlen before reading them"
+            " (each held up to 64 events)", ["group"], registry=r,
+        )
         self.paused = Counter(
             "runwire_edge_paused",
             "Requests and readiness checks that found the bus or the replay log at a limit"
