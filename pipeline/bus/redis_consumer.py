@@ -81,7 +81,7 @@ class RedisConsumer(Consumer):
         self._next_rebalance = 0.0
         self._next_sweep = 0.0
         self._closed = False
-        self._open: dict[str, set[int]] = {}
+        self._open: dict[tuple[int, str], set[int]] = {}
         """Entries of several events handed out → their events not yet acked or dead-lettered."""
         self._trimmer = IngestTrimmer(link, options.prefix, group, options.ttl)
         self._entries_read = 0
@@ -340,7 +340,7 @@ class RedisConsumer(Consumer):
                     out.append(Delivery(entry_id=ident, shard=shard, data=frames[0],
                                         deliveries=times))
                     continue
-                self._open.setdefault(ident, set(range(len(frames))))
+                self._open.setdefault((shard, ident), set(range(len(frames))))
                 out += [Delivery(entry_id=ident, shard=shard, data=frame, deliveries=times,
                                  part=part) for part, frame in enumerate(frames)]
         if entries_seen:
@@ -403,13 +403,14 @@ class RedisConsumer(Consumer):
 
     def _settle(self, delivery: Delivery) -> bool:
         """Mark one event done; True when its entry has no other event left open."""
-        left = self._open.get(delivery.entry_id)
+        key = (delivery.shard, delivery.entry_id)  # ids are per shard: two shards reuse them
+        left = self._open.get(key)
         if left is None:
             return True
         left.discard(delivery.part)
         if left:
             return False
-        del self._open[delivery.entry_id]
+        del self._open[key]
         return True
 
     async def close(self) -> None:
