@@ -19,6 +19,7 @@ import msgspec
 
 from runwire.bus import open_bus
 from runwire.bus.base import Bus
+from runwire.core.envelope import is_terminal
 from runwire.edge import EdgeSettings
 from runwire.sdk.publisher import Publisher
 from runwire.store import open_store
@@ -146,4 +147,22 @@ async def wait_for_terminal(store: ReplayLog, run_id: str, within: float = 30.0)
             await asyncio.sleep(0.05)
 
 
-__all__ = ["Pipeline", "Worker", "decoded", "ndjson", "pipeline", "sse", "unique", "wait_for_terminal"]
+async def wait_for_stream_end(bus: Bus, run_id: str, within: float = 30.0) -> None:
+    """Wait until the run's raw delivery stream has its own terminal event.
+
+    A worker writes the replay log first and the delivery streams after it
+    (``Stages.write``), so the log holding the terminal event says nothing
+    yet about the stream: a test that reads the hot tier waits for this too.
+    """
+    async with asyncio.timeout(within):
+        while True:
+            bounds = await bus.bounds((run_id, "raw"))
+            if bounds is not None:
+                last = await bus.read((run_id, "raw"), bounds[1] - 1, 1)
+                if last and last[-1].child_id is None and is_terminal(last[-1]):
+                    return
+            await asyncio.sleep(0.05)
+
+
+__all__ = ["Pipeline", "Worker", "decoded", "ndjson", "pipeline", "sse", "unique", "wait_for_stream_end",
+           "wait_for_terminal"]

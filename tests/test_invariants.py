@@ -35,6 +35,7 @@ from tests.e2e_harness import (
     pipeline,
     sse,
     unique,
+    wait_for_stream_end,
     wait_for_terminal,
 )
 from tests.edge.harness import EdgeServer, read_sse
@@ -159,6 +160,7 @@ async def test_invariant_2_no_loss_no_duplicates_across_a_worker_crash_and_a_cli
                 await other.stop()
         for run_id in runs:
             await wait_for_terminal(pipe.store, run_id, within=60)
+            await wait_for_stream_end(pipe.bus, run_id)  # views are written after the log
         logged = {run_id: [e.id for e in await pipe.store.read(run_id)] for run_id in runs}
         streams = {run_id: [e.id for e in await pipe.bus.read((run_id, "raw"), 0)] for run_id in runs}
 
@@ -270,6 +272,7 @@ async def test_invariant_2_no_loss_no_duplicates_when_a_worker_process_is_killed
             await pipe.publisher.flush()
             for run_id in runs.values():
                 await wait_for_terminal(pipe.store, run_id, within=60)
+                await wait_for_stream_end(pipe.bus, run_id)  # views are written after the log
             logged = {r: [e.id for e in await pipe.store.read(r)] for r in runs.values()}
             streams = {r: [e.id for e in await pipe.bus.read((r, "raw"), 0)] for r in runs.values()}
         finally:

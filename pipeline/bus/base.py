@@ -144,6 +144,11 @@ class Bus(AsyncResource):
     async def ping(self) -> None:
         """Raise BusUnavailable unless the bus answers."""
 
+    async def ingest_lost(self) -> dict[str, int]:
+        """Ingest entries each consumer group lost to the ingest cap before reading them, by
+        group (Redis: see :mod:`runwire.bus.redis_trim`; other buses lose none)."""
+        return {}
+
     def shard_of(self, event: Event) -> int:
         """The ingest shard of an event: by its root run id."""
         return shard_for(event.root_id or event.run_id, self.shards)

@@ -84,7 +84,7 @@ from .kafka_tail import DeliveryTail
 from .options import split_url
 
 ACCEPTED_OPTIONS = (
-    "shards", "maxlen", "ttl", "claim_idle_ms", "lease_ms", "max_deliveries", "prefix",
+    "shards", "maxlen", "ttl", "grace", "claim_idle_ms", "lease_ms", "max_deliveries", "prefix",
 )
 PASSTHROUGH = (
     "session_timeout_ms", "hot_events", "request_timeout_ms", "linger_ms", "commit_interval_ms",
@@ -241,7 +241,8 @@ class KafkaBus(Bus):
             async with self._hot_lock:
                 if self._hot is None:
                     streams = HotStreams(maxlen=self.options.maxlen,
-                                         max_events=self.kafka.hot_events, ttl_s=self.options.ttl)
+                                         max_events=self.kafka.hot_events, ttl_s=self.options.ttl,
+                                         grace_s=self.options.grace)
                     hot = DeliveryTail(self.link, self.topics[keys.KAFKA_DELIVERY], self.shards,
                                        streams)
                     await hot.start()

@@ -10,7 +10,9 @@ than :meth:`HotStreams.bounds` reports.
 Bounds: each stream keeps its last ``maxlen`` events; all streams together
 keep at most ``max_events`` (the least recently appended streams lose their
 events first, keeping only their last seq and writer state, which are
-small); a stream not appended to for ``ttl_s`` seconds is forgotten.
+small); a finished run's stream (its own terminal event added) loses its
+events ``grace_s`` seconds after that event, as on Redis; a stream not
+appended to for ``ttl_s`` seconds is forgotten.
 
 Records may arrive twice (producer retries without idempotence, a writer
 that took over a run re-appending what its predecessor already wrote):
@@ -25,27 +27,33 @@ import time
 from collections import OrderedDict, deque
 from collections.abc import Iterable, Mapping
 
-from ..core.envelope import Event
+from ..core.envelope import Event, is_terminal
 from .base import StreamKey
 
 
 class _Stream:
-    __slots__ = ("events", "last", "state", "touched")
+    __slots__ = ("ended", "events", "last", "state", "touched")
 
     def __init__(self, maxlen: int) -> None:
         self.events: deque[Event] = deque(maxlen=maxlen)
         self.last = 0
         self.state: bytes | None = None
         self.touched = time.time()
+        self.ended: float | None = None
+        """When the run's own terminal event was appended (epoch seconds)."""
 
 
 class HotStreams:
     """Delivery streams in memory, deduplicated by seq and bounded (see module docs)."""
 
-    def __init__(self, *, maxlen: int, max_events: int, ttl_s: float) -> None:
+    def __init__(self, *, maxlen: int, max_events: int, ttl_s: float,
+                 grace_s: float | None = None) -> None:
         self.maxlen = maxlen
         self.max_events = max_events
         self.ttl_s = ttl_s
+        self.grace_s = ttl_s if grace_s is None else grace_s
+        self._ended: dict[StreamKey, float] = {}
+        """Finished streams still holding events → when they ended."""
         self._streams: OrderedDict[StreamKey, _Stream] = OrderedDict()
         self._held = 0
         self._waiters: list[asyncio.Future[None]] = []
@@ -60,10 +68,18 @@ class HotStreams:
     def _live(self, key: StreamKey) -> _Stream | None:
         """The stream, unless it is unknown or expired (then it is forgotten)."""
         stream = self._streams.get(key)
-        if stream is not None and stream.touched < time.time() - self.ttl_s:
+        if stream is None:
+            return None
+        now = time.time()
+        if stream.touched < now - self.ttl_s:
             self._held -= len(stream.events)
             del self._streams[key]
+            self._ended.pop(key, None)
             return None
+        if stream.ended is not None and stream.ended < now - self.grace_s and stream.events:
+            self._held -= len(stream.events)  # finished: history is the replay log's now
+            stream.events.clear()
+            self._ended.pop(key, None)
         return stream
 
     def _stream(self, key: StreamKey, at: float | None) -> _Stream:
@@ -100,6 +116,8 @@ class HotStreams:
             stream.events.append(event)
             stream.last = event.seq
             added += 1
+            if event.child_id is None and is_terminal(event):
+                stream.ended = self._ended[key] = time.time() if at is None else at
         if added:
             self._held += added
             self._evict()
@@ -159,7 +177,11 @@ class HotStreams:
                 return
 
     def sweep(self) -> int:
-        """Forget streams idle longer than ``ttl_s``; returns how many."""
+        """Drop the events of streams finished longer than ``grace_s`` ago and forget streams
+        idle longer than ``ttl_s``; returns how many streams were forgotten."""
+        over = time.time() - self.grace_s
+        for key in [k for k, ended in self._ended.items() if ended < over]:
+            self._live(key)
         cutoff = time.time() - self.ttl_s
         dropped = 0
         while self._streams:
@@ -168,5 +190,6 @@ class HotStreams:
                 break
             self._held -= len(stream.events)
             del self._streams[key]
+            self._ended.pop(key, None)
             dropped += 1
         return dropped

@@ -104,7 +104,7 @@ class DeliveryTail:
                 self._absorb(records)
                 self.positions[tp.partition] = records[-1].offset + 1
             self._progress.set()
-            if time.monotonic() - self._last_sweep > 60:
+            if time.monotonic() - self._last_sweep > min(60.0, self.streams.grace_s):
                 self._last_sweep = time.monotonic()
                 self.streams.sweep()
 

@@ -31,6 +31,10 @@ class BusOptions(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
     """Length bound of each delivery stream (Redis: approximate ``MAXLEN ~``)."""
     ttl: Positive = 86_400
     """Seconds a delivery/control stream is kept after its last append."""
+    grace: Positive = 60
+    """Seconds a finished run's delivery and control streams are kept after its terminal
+    event (Redis: the keys; Kafka: the events in the hot tier); resumes after that read the
+    replay log."""
     claim_idle_ms: Positive = 30_000
     """Default idle time after which another consumer claims a pending entry."""
     lease_ms: Positive = 10_000

@@ -37,6 +37,7 @@ from redis.backoff import ExponentialWithJitterBackoff
 from redis.crc import key_slot
 
 from ..core.envelope import Event, encode
+from ..core.errors import BusFull
 from ..core.retry import Retry
 from . import keys
 from .base import Bus, Consumer, ControlCommand, DeadLetter, EncodedAppend, StreamKey
@@ -44,6 +45,7 @@ from .options import split_url
 from .redis_consumer import RedisConsumer
 from .redis_entries import (
     decode_stored,
+    ends_run,
     entry_args,
     first_seq,
     ingest_xadd,
@@ -54,14 +56,16 @@ from .redis_link import (
     APPEND,
     RedisLink,
     ScriptCall,
+    at_maxmemory,
+    retriable_bus_errors,
     text,
-    unavailable_on_connection_errors,
 )
+from .redis_trim import lost_key
 
 log = logging.getLogger(__name__)
 
 ACCEPTED_OPTIONS = (
-    "shards", "maxlen", "ttl", "claim_idle_ms", "lease_ms", "max_deliveries",
+    "shards", "maxlen", "ttl", "grace", "claim_idle_ms", "lease_ms", "max_deliveries",
     "ingest_maxlen", "dead_letter_maxlen", "prefix", "tail_poll_ms",
 )
 PASSTHROUGH_OPTIONS = (
@@ -106,7 +110,8 @@ class RedisBus(Bus):
 
     async def connect(self) -> None:
         self.link.open()
-        await self.ping()
+        with retriable_bus_errors(f"connect to {self.url}"):
+            await self.redis.ping()
 
     async def close(self) -> None:
         """Close open consumers (releasing their leases), then the connections."""
@@ -115,8 +120,16 @@ class RedisBus(Bus):
         await self.link.close()
 
     async def ping(self) -> None:
-        with unavailable_on_connection_errors(f"ping {self.url}"):
-            await self.redis.ping()
+        """The server answers and takes writes: at ``maxmemory`` with nothing it may evict
+        (policy ``noeviction``) it refuses them, and this raises :class:`BusFull`."""
+        with retriable_bus_errors(f"ping {self.url}"):
+            if self.cluster:
+                await self.redis.ping()
+                return
+            memory: Any = await self.redis.info("memory")
+        if at_maxmemory(memory):
+            raise BusFull(f"ping {self.url}: Redis is at maxmemory "
+                          f"({memory.get('used_memory')} of {memory.get('maxmemory')} bytes used)")
 
     # ---- ingest -------------------------------------------------------
     async def publish(self, events: Sequence[Event]) -> None:
@@ -143,7 +156,7 @@ class RedisBus(Bus):
             for shard, batch in by_shard.items()
             for command in ingest_xadd(keys.ingest_key(self.prefix, shard), batch, maxlen)
         ]
-        with unavailable_on_connection_errors(f"publish to {self.url}"):
+        with retriable_bus_errors(f"publish to {self.url}"):
             if not self.cluster:
                 await self.link.raw_commands(commands)
                 return
@@ -151,6 +164,17 @@ class RedisBus(Bus):
             for command in commands:
                 pipe.execute_command(*command)
             await pipe.execute()
+
+    async def ingest_lost(self) -> dict[str, int]:
+        with retriable_bus_errors("ingest losses"):
+            pipe = self.redis.pipeline(transaction=False)
+            for shard in range(self.shards):
+                pipe.hgetall(lost_key(self.prefix, shard))
+            totals: dict[str, int] = {}
+            for counts in await pipe.execute():
+                for group, lost in (counts or {}).items():
+                    totals[text(group)] = totals.get(text(group), 0) + int(lost)
+        return totals
 
     def ingest_keys(self) -> list[str]:
         return [keys.ingest_key(self.prefix, shard) for shard in range(self.shards)]
@@ -164,7 +188,7 @@ class RedisBus(Bus):
         return consumer
 
     async def dead_letters(self, limit: int = 100) -> list[DeadLetter]:
-        with unavailable_on_connection_errors("read dead letters"):
+        with retriable_bus_errors("read dead letters"):
             entries: Any = await self.redis.xrevrange(
                 keys.dead_letter_key(self.prefix), "+", "-", count=limit)
         return [
@@ -216,11 +240,14 @@ class RedisBus(Bus):
         run_id, view = key
         args: list[Any] = [self.options.maxlen, self.options.ttl * 1000,
                            "0" if state is None else "1", state or b"",
+                           self.options.grace * 1000, "1" if ends_run(events) else "0",
                            *entry_args(events, encoded)]
-        return (APPEND, [self._stream_key(key), keys.meta_key(self.prefix, run_id, view)], args)
+        call_keys = [self._stream_key(key), keys.meta_key(self.prefix, run_id, view),
+                     keys.control_key(self.prefix, run_id)]
+        return (APPEND, call_keys, args)
 
     async def load_state(self, key: StreamKey) -> bytes | None:
-        with unavailable_on_connection_errors("load delivery state"):
+        with retriable_bus_errors("load delivery state"):
             state: Any = await self.redis.hget(
                 keys.meta_key(self.prefix, key[0], key[1]), "state")
         return None if state is None else bytes(state)
@@ -231,7 +258,7 @@ class RedisBus(Bus):
         name = self._stream_key(key)
         lines: list[bytes] = []
         start, count, seen = f"{after + 1}-0", min(limit, 64), 0
-        with unavailable_on_connection_errors("read delivery stream"):
+        with retriable_bus_errors("read delivery stream"):
             while len(lines) < limit:
                 entries: Any = await self.redis.xrange(name, start, "+", count=count)
                 lines += lines_after(entries, after)
@@ -245,7 +272,7 @@ class RedisBus(Bus):
 
     async def bounds(self, key: StreamKey) -> tuple[int, int] | None:
         name = self._stream_key(key)
-        with unavailable_on_connection_errors("delivery stream bounds"):
+        with retriable_bus_errors("delivery stream bounds"):
             pipe = self.redis.pipeline(transaction=False)
             pipe.xrange(name, "-", "+", count=1)
             pipe.xrevrange(name, "+", "-", count=1)
@@ -264,7 +291,7 @@ class RedisBus(Bus):
         by_name = {self._stream_key(key): key for key in cursors}
         streams = {name: f"{cursors[key]}-0" for name, key in by_name.items()}
         replies: Any
-        with unavailable_on_connection_errors("tail delivery streams"):
+        with retriable_bus_errors("tail delivery streams"):
             if self.cluster and len({key_slot(n.encode()) for n in streams}) > 1:
                 replies = await self._tail_cluster(streams, block_ms)
             else:
@@ -307,7 +334,7 @@ class RedisBus(Bus):
     # ---- control -----------------------------------------------------
     async def send_control(self, command: ControlCommand) -> None:
         name = keys.control_key(self.prefix, command.run_id)
-        with unavailable_on_connection_errors("send control"):
+        with retriable_bus_errors("send control"):
             pipe = self.redis.pipeline(transaction=False)
             pipe.xadd(name, {"c": _encoder.encode(command)}, maxlen=CONTROL_MAXLEN,
                       approximate=True)
@@ -321,7 +348,7 @@ class RedisBus(Bus):
 
         async def read() -> Any:
             nonlocal position
-            with unavailable_on_connection_errors("read control"):
+            with retriable_bus_errors("read control"):
                 if position == "$":
                     last: Any = await self.redis.xrevrange(name, "+", "-", count=1)
                     position = text(last[0][0]) if last else "0-0"

@@ -49,7 +49,8 @@ from . import keys
 from .base import Consumer, Delivery
 from .options import BusOptions
 from .redis_entries import INGEST_ENTRY_EVENTS, ingest_frames
-from .redis_link import MEMBERSHIP, RedisLink, text, unavailable_on_connection_errors
+from .redis_link import MEMBERSHIP, RedisLink, retriable_bus_errors, text
+from .redis_trim import IngestTrimmer
 
 log = logging.getLogger(__name__)
 T = TypeVar("T")
@@ -80,8 +81,9 @@ class RedisConsumer(Consumer):
         self._next_rebalance = 0.0
         self._next_sweep = 0.0
         self._closed = False
-        self._open: dict[str, set[int]] = {}
+        self._open: dict[tuple[int, str], set[int]] = {}
         """Entries of several events handed out → their events not yet acked or dead-lettered."""
+        self._trimmer = IngestTrimmer(link, options.prefix, group, options.ttl)
         self._entries_read = 0
         self._per_entry = float(INGEST_ENTRY_EVENTS)
         """Events per entry in the last fetch (at first the most an entry holds), so that a
@@ -147,7 +149,7 @@ class RedisConsumer(Consumer):
         if self._closed:
             raise RuntimeError("consumer is closed")
         out: list[Delivery] = []
-        with unavailable_on_connection_errors(f"fetch {self.group}/{self.name}"):
+        with retriable_bus_errors(f"fetch {self.group}/{self.name}"):
             if not self._started:
                 await self._create_groups()
                 self._renewer = asyncio.create_task(self._renew_forever())
@@ -338,7 +340,7 @@ class RedisConsumer(Consumer):
                     out.append(Delivery(entry_id=ident, shard=shard, data=frames[0],
                                         deliveries=times))
                     continue
-                self._open.setdefault(ident, set(range(len(frames))))
+                self._open.setdefault((shard, ident), set(range(len(frames))))
                 out += [Delivery(entry_id=ident, shard=shard, data=frame, deliveries=times,
                                  part=part) for part, frame in enumerate(frames)]
         if entries_seen:
@@ -367,15 +369,19 @@ class RedisConsumer(Consumer):
                 by_shard.setdefault(delivery.shard, []).append(delivery.entry_id)
         if not by_shard:
             return
-        with unavailable_on_connection_errors(f"ack {self.group}/{self.name}"):
+        with retriable_bus_errors(f"ack {self.group}/{self.name}"):
             if not self.link.cluster:
                 await self.link.raw_commands([[b"XACK", self._key(shard), self.group, *ids]
                                              for shard, ids in by_shard.items()])
-                return
-            pipe = self.link.redis.pipeline(transaction=False)
-            for shard, ids in by_shard.items():
-                pipe.xack(self._key(shard), self.group, *ids)
-            await pipe.execute()
+            else:
+                pipe = self.link.redis.pipeline(transaction=False)
+                for shard, ids in by_shard.items():
+                    pipe.xack(self._key(shard), self.group, *ids)
+                await pipe.execute()
+        try:  # what every group acked leaves the shard (redis_trim.py); the ack stands anyway
+            await self._trimmer.maybe_trim(self._owned)
+        except (BusUnavailable, rexc.RedisError) as exc:
+            log.debug("trimming the ingest shards of %s failed: %s", self.group, exc)
 
     async def dead_letter(self, delivery: Delivery, reason: str) -> None:
         """XADD to the dead-letter stream and XACK the entry (one round trip); an entry
@@ -385,7 +391,7 @@ class RedisConsumer(Consumer):
             "deliveries": delivery.deliveries, "shard": delivery.shard,
             "entry_id": delivery.entry_id,
         }
-        with unavailable_on_connection_errors("dead-letter"):
+        with retriable_bus_errors("dead-letter"):
             pipe = self.link.redis.pipeline(transaction=False)
             pipe.xadd(keys.dead_letter_key(self.options.prefix), fields,  # type: ignore[arg-type]
                       maxlen=self.options.dead_letter_maxlen, approximate=True)
@@ -397,13 +403,14 @@ class RedisConsumer(Consumer):
 
     def _settle(self, delivery: Delivery) -> bool:
         """Mark one event done; True when its entry has no other event left open."""
-        left = self._open.get(delivery.entry_id)
+        key = (delivery.shard, delivery.entry_id)  # ids are per shard: two shards reuse them
+        left = self._open.get(key)
         if left is None:
             return True
         left.discard(delivery.part)
         if left:
             return False
-        del self._open[delivery.entry_id]
+        del self._open[key]
         return True
 
     async def close(self) -> None:

@@ -27,7 +27,7 @@ from __future__ import annotations
 from collections.abc import Iterable, Sequence
 from typing import Any
 
-from ..core.envelope import Event, decode_many
+from ..core.envelope import Event, RunLifecycle, decode_many, is_terminal
 from ..core.errors import ProtocolError
 
 ENTRY_EVENTS = 512
@@ -162,3 +162,12 @@ def decode_stored(lines: Sequence[bytes]) -> list[Event]:
         if isinstance(event, ProtocolError):
             raise event
     return events  # type: ignore[return-value]
+
+
+def ends_run(events: Sequence[Event]) -> bool:
+    """Whether one stream's append holds the stream's own terminal ``run.lifecycle`` (a
+    child's, fanned into a parent stream, carries ``child_id`` and ends only the child)."""
+    for event in reversed(events):
+        if type(event) is RunLifecycle and event.child_id is None and is_terminal(event):
+            return True
+    return False

@@ -4,7 +4,9 @@
 Lua scripts by SHA (reloading them when the server lost them), and sends
 pipelines packed as RESP here for the hot paths. Connection errors become
 :class:`~runwire.core.errors.BusUnavailable` after redis-py's own ``Retry``
-(exponential backoff with jitter) gave up; the next call reconnects.
+(exponential backoff with jitter) gave up; the next call reconnects. A write
+refused at ``maxmemory`` becomes :class:`~runwire.core.errors.BusFull`, which
+callers retry the same way (:func:`retriable` is the one place that decides).
 """
 
 from __future__ import annotations
@@ -20,20 +22,44 @@ from redis.asyncio.cluster import RedisCluster
 from redis.asyncio.retry import Retry
 from redis.backoff import ExponentialWithJitterBackoff
 
-from ..core.errors import BusUnavailable, ConfigError
+from ..core.errors import BusFull, BusUnavailable, ConfigError
 from . import redis_scripts
 
 CONNECTION_ERRORS = (
     rexc.ConnectionError, rexc.TimeoutError, rexc.ClusterDownError, rexc.TryAgainError,
     rexc.MasterDownError, rexc.RedisClusterException, rexc.BusyLoadingError, OSError,
 )
+
+
+def retriable(exc: BaseException, what: str) -> BusUnavailable | None:
+    """The bus's one classification of Redis errors that pass: a lost/refused connection is
+    :class:`BusUnavailable`, a write refused at ``maxmemory`` (``OOM …``) is :class:`BusFull`;
+    ``None`` for any other error (a bug or bad input: not worth a retry)."""
+    if isinstance(exc, rexc.OutOfMemoryError):
+        return BusFull(f"{what}: Redis is at maxmemory ({exc})")
+    if isinstance(exc, CONNECTION_ERRORS):
+        return BusUnavailable(f"{what}: {exc}")
+    return None
+
+
+def at_maxmemory(memory: dict[str, Any]) -> bool:
+    """Whether ``INFO memory`` shows a server that refuses writes: ``used_memory`` over a
+    set ``maxmemory`` under ``noeviction`` (an evicting policy frees memory instead)."""
+    limit = int(memory.get("maxmemory") or 0)
+    return (limit > 0 and int(memory.get("used_memory") or 0) > limit
+            and memory.get("maxmemory_policy") == "noeviction")
+
+
 @contextlib.contextmanager
-def unavailable_on_connection_errors(what: str) -> Iterator[None]:
-    """Turn a lost/refused connection into the retriable BusUnavailable."""
+def retriable_bus_errors(what: str) -> Iterator[None]:
+    """Turn the errors that pass (see :func:`retriable`) into the retriable bus errors."""
     try:
         yield
-    except CONNECTION_ERRORS as exc:
-        raise BusUnavailable(f"{what}: {exc}") from exc
+    except Exception as exc:
+        error = retriable(exc, what)
+        if error is None:
+            raise
+        raise error from exc
 
 
 class Script:
@@ -73,10 +99,13 @@ def resp_evalsha(script: Script, call_keys: Sequence[str], args: Sequence[Any]) 
     return resp_command([b"EVALSHA", script.sha, len(call_keys), *call_keys, *args])
 
 
-def raise_errors(results: list[Any]) -> list[Any]:
-    """The replies of a pipeline, raising the first error reply among them."""
+def raise_errors(results: list[Any], what: str = "Redis") -> list[Any]:
+    """The replies of a pipeline, raising the first error reply among them (classified)."""
     for result in results:
         if isinstance(result, Exception):
+            error = retriable(result, what)
+            if error is not None:
+                raise error from result
             raise result
     return results
 
@@ -133,7 +162,7 @@ class RedisLink:
 
     async def run_scripts(self, calls: Sequence[ScriptCall]) -> list[Any]:
         """EVALSHA each call, all in one pipeline; reload scripts the server lost."""
-        with unavailable_on_connection_errors(f"script on {self.url}"):
+        with retriable_bus_errors(f"script on {self.url}"):
             results = await self._evalsha(calls)
             missing = [i for i, r in enumerate(results) if isinstance(r, rexc.NoScriptError)]
             if missing:
@@ -141,7 +170,7 @@ class RedisLink:
                 again = await self._evalsha([calls[i] for i in missing])
                 for index, result in zip(missing, again, strict=True):
                     results[index] = result
-        return raise_errors(results)
+        return raise_errors(results, f"script on {self.url}")
 
     async def _evalsha(self, calls: Sequence[ScriptCall]) -> list[Any]:
         if len(calls) == 1:
@@ -167,14 +196,14 @@ class RedisLink:
         reloaded and those calls run again through :meth:`run_scripts`.
         """
         packed = b"".join(resp_evalsha(*call) for call in calls)
-        with unavailable_on_connection_errors(f"script on {self.url}"):
+        with retriable_bus_errors(f"script on {self.url}"):
             results = await self._send_packed(packed, len(calls))
         missing = [i for i, r in enumerate(results) if isinstance(r, rexc.NoScriptError)]
         if missing:
             again = await self.run_scripts([calls[i] for i in missing])
             for index, result in zip(missing, again, strict=True):
                 results[index] = result
-        return raise_errors(results)
+        return raise_errors(results, f"script on {self.url}")
 
     async def raw_commands(self, commands: Sequence[Sequence[bytes | str | int]]) -> list[Any]:
         """Commands on a standalone server, their replies raw (no redis-py response parsing).
@@ -185,7 +214,7 @@ class RedisLink:
         lists of bytes. An error reply is raised (``ResponseError`` …).
         """
         packed = b"".join(resp_command(command) for command in commands)
-        return raise_errors(await self._send_packed(packed, len(commands)))
+        return raise_errors(await self._send_packed(packed, len(commands)), f"command on {self.url}")
 
     async def _send_packed(self, packed: bytes, replies: int) -> list[Any]:
         client = self.redis

@@ -7,10 +7,14 @@ state are one step, and group membership with its leases is another.
 from __future__ import annotations
 
 APPEND = """
--- KEYS[1] delivery stream, KEYS[2] its meta hash (last seq, writer state)
+-- KEYS[1] delivery stream, KEYS[2] its meta hash (last seq, writer state, 'end' once the
+-- run ended), KEYS[3] the run's control stream
 -- ARGV[1] seqs kept (MINID ~ <last seq - ARGV[1] + 1>), ARGV[2] ttl ms,
 -- ARGV[3] '1' when ARGV[4] is a state to store,
--- ARGV[5], ARGV[6], ... pairs, one per entry: its seqs ('first+count' when consecutive, else
+-- ARGV[5] grace ms, ARGV[6] '1' when these events hold the run's own terminal event:
+-- from then on the stream and the control stream live only the grace after each append
+-- (the meta hash keeps the ttl: a late or redelivered event still finds the writer state),
+-- ARGV[7], ARGV[8], ... pairs, one per entry: its seqs ('first+count' when consecutive, else
 -- 'seq,seq,...', increasing) and its events' canonical JSON joined by "\\n" (canonical JSON
 -- never holds a raw newline). An entry gets id '<its last seq>-0' and fields s (seqs) and
 -- e (events); events whose seq is not above the stream's last are left out of it.
@@ -54,7 +58,7 @@ local function above_seq(spec, blob, above)
 end
 
 local n = 0
-for i = 5, #ARGV, 2 do
+for i = 7, #ARGV, 2 do
   local spec, blob = ARGV[i], ARGV[i + 1]
   local _, final = parse(spec)
   if blob ~= '' and final > last then
@@ -72,7 +76,18 @@ elseif n > 0 then
 elseif ARGV[3] == '1' then
   redis.call('HSET', KEYS[2], 'state', ARGV[4])
 end
-redis.call('PEXPIRE', KEYS[1], ARGV[2])
+local ended = ARGV[6] == '1'
+if ended then
+  redis.call('HSET', KEYS[2], 'end', 1)
+else
+  ended = redis.call('HEXISTS', KEYS[2], 'end') == 1
+end
+if ended then
+  redis.call('PEXPIRE', KEYS[1], ARGV[5])
+  redis.call('PEXPIRE', KEYS[3], ARGV[5])
+else
+  redis.call('PEXPIRE', KEYS[1], ARGV[2])
+end
 redis.call('PEXPIRE', KEYS[2], ARGV[2])
 return n
 """

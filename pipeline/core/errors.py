@@ -18,6 +18,7 @@
     ├── RunFinished              KAI-STREAM-RUN-0002: control for a run that has ended (final)
     ├── BusError                 the bus failed
     │   ├── BusUnavailable       connection lost/refused, timeout      (retriable)
+    │   │   └── BusFull          a write refused at the bus's memory limit (retriable)
     │   └── DeliveryTimeout      publisher gave up after its deadline (final; names what was not delivered)
     └── StoreError               the replay log failed
         └── StoreUnavailable     connection lost/refused               (retriable)
@@ -60,6 +61,9 @@ class RunwireError(Exception):
 
     retriable: bool = False
     code: str | None = None
+    reason: str | None = None
+    """A retriable error's state in a word (``unavailable``, ``full``): what ``/readyz`` and
+    the pause log lines say."""
 
 
 class ProtocolError(RunwireError):
@@ -186,6 +190,17 @@ class BusUnavailable(BusError):
     """The bus could not be reached; retry with backoff."""
 
     retriable = True
+    reason = "unavailable"
+
+
+class BusFull(BusUnavailable):
+    """The bus refused a write at its memory limit (Redis ``maxmemory`` under ``noeviction``).
+
+    A pause, not a failure: nothing was written by the refused command, and
+    the write is retried with backoff like one to an unreachable bus, until
+    memory is freed (streams trimmed or expired, ``maxmemory`` raised)."""
+
+    reason = "full"
 
 
 class DeliveryTimeout(BusError):
@@ -204,6 +219,7 @@ class StoreUnavailable(StoreError):
     """The replay log could not be reached; retry with backoff."""
 
     retriable = True
+    reason = "unavailable"
 
 
 class LineError(msgspec.Struct, kw_only=True, omit_defaults=True):

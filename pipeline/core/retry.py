@@ -19,13 +19,14 @@ besides) time. ``stop()`` returning true ends the retries too
 from __future__ import annotations
 
 import asyncio
+import logging
 import time
 from collections.abc import Awaitable, Callable
 from typing import TypeVar
 
 from redis.backoff import AbstractBackoff
 
-from .errors import RunwireError
+from .errors import BusError, RunwireError, StoreError
 
 T = TypeVar("T")
 
@@ -90,3 +91,66 @@ class Retry:
                 if on_retry is not None:
                     on_retry(error, pause)
                 await asyncio.sleep(pause)
+
+
+def state_of(error: BaseException) -> str:
+    """A retriable error as a state: the part that failed and why (``bus full``)."""
+    part = "bus" if isinstance(error, BusError) else "store" if isinstance(error, StoreError) else "call"
+    reason = error.reason if isinstance(error, RunwireError) and error.reason else type(error).__name__
+    return f"{part} {reason}"
+
+
+class Outage:
+    """What a process's retries say about its dependencies: one log line when a pause starts
+    (or its cause changes), one when it ends, however many calls retry meanwhile.
+
+    Each call retried through :meth:`call` counts as failing from its first
+    retried error until it returns; the pause ends when no call is failing
+    any more and the last one succeeded. ``retried`` counts the retried
+    errors by state (``{"bus full": 12}``): a process's metric of it.
+    """
+
+    def __init__(self, logger: logging.Logger) -> None:
+        self.log = logger
+        self.state: str | None = None
+        self.retried: dict[str, int] = {}
+        self.paused_seconds = 0.0
+        self._since = 0.0
+        self._failing: set[object] = set()
+
+    def failed(self, call: object, error: BaseException) -> None:
+        """``call`` got a retriable error and will try again."""
+        state = state_of(error)
+        self.retried[state] = self.retried.get(state, 0) + 1
+        self._failing.add(call)
+        if state != self.state:
+            if self.state is None:
+                self._since = time.monotonic()
+            self.state = state
+            self.log.warning("paused: %s (%s); retrying with backoff until it passes", state, error)
+
+    def ended(self, call: object, *, succeeded: bool) -> None:
+        """``call`` returned (``succeeded``) or gave up."""
+        if call not in self._failing:
+            return
+        self._failing.discard(call)
+        if self._failing or self.state is None:
+            return
+        seconds = time.monotonic() - self._since
+        self.paused_seconds += seconds
+        if succeeded:
+            self.log.warning("resumed after %.1fs of %s", seconds, self.state)
+        self.state = None
+
+    async def call(
+        self, policy: Retry, do: Callable[[], Awaitable[T]], *, stop: Callable[[], bool] | None = None
+    ) -> T:
+        """``policy.call(do)``, its retries reported here."""
+        token = object()
+        succeeded = False
+        try:
+            result = await policy.call(do, stop=stop, on_retry=lambda error, _: self.failed(token, error))
+            succeeded = True
+            return result
+        finally:
+            self.ended(token, succeeded=succeeded)

@@ -45,6 +45,7 @@ from ..core.errors import (
     UnknownRun,
 )
 from ..core.redaction import redact_logs, redact_text
+from ..core.retry import state_of
 from ..sdk.runcontext import CONTEXT_HEADER, RunContext
 from ..store.base import ReplayLog, RunInfo
 from .auth import Principal
@@ -82,7 +83,8 @@ def error_response(exc: RunwireError) -> JSONResponse:
     code = exc.code or (REQ_BAD_PARAMETER if status == 400 else None)
     if code:
         body["code"] = code
-    headers = {"www-authenticate": "Bearer"} if status == 401 else None
+    headers = ({"www-authenticate": "Bearer"} if status == 401
+               else {"retry-after": "1"} if status == 503 else None)
     if isinstance(exc, QuotaExceeded):
         headers = {"retry-after": str(exc.retry_after_s)}
     return JSONResponse(body, status_code=status, headers=headers)
@@ -208,8 +210,12 @@ def ingest_endpoint(edge: Edge) -> Any:
             )
         except RequestError as exc:  # over a limit of the request as a whole: nothing published
             return error_response(exc)
-        except RunwireError as exc:  # the replay log holding the claims, or the bus, is down
-            return json_response({"error": str(exc), "accepted": 0}, status=503)
+        except RunwireError as exc:  # the replay log holding the claims, or the bus, is down or full
+            if exc.retriable:
+                edge.metrics.pause(state_of(exc))
+            response = json_response({"error": str(exc), "accepted": 0}, status=503)
+            response.headers["retry-after"] = "1"
+            return response
         return json_response(result, status=422 if result.rejected else 200)
 
     return endpoint
@@ -233,11 +239,16 @@ def control_request(body: bytes) -> ControlRequest:
 def control_endpoint(edge: Edge) -> Any:
     async def endpoint(request: Request) -> Response:
         run_id = request.path_params["run_id"]
-        principal = edge.gate.principal(request.headers, request.query_params)
-        body = control_request(await bounded_body(
-            request, edge.settings.max_control_bytes, timeout_s=edge.settings.body_timeout_s, what="control"
-        ))
-        command = await send_control(edge.bus, edge.gate, principal, run_id, body.command, body.args)
+        try:
+            principal = edge.gate.principal(request.headers, request.query_params)
+            body = control_request(await bounded_body(
+                request, edge.settings.max_control_bytes, timeout_s=edge.settings.body_timeout_s, what="control"
+            ))
+            command = await send_control(edge.bus, edge.gate, principal, run_id, body.command, body.args)
+        except RunwireError as exc:
+            if exc.retriable:
+                edge.metrics.pause(state_of(exc))
+            return error_response(exc)
         return json_response({"id": command.id, "command": command.command}, status=202)
 
     return endpoint
@@ -329,14 +340,25 @@ def ops_routes(edge: Edge) -> list[Route]:
             try:
                 await check()
             except Exception as exc:  # readiness reports any failure, it never raises
-                problems[name] = "unavailable"
-                log.warning("readyz: the %s is unavailable: %s", name, redact_text(str(exc) or type(exc).__name__))
+                reason = exc.reason if isinstance(exc, RunwireError) and exc.reason else "unavailable"
+                problems[name] = reason  # "full": Redis at maxmemory refuses writes
+                edge.metrics.pause(f"{name} {reason}")
+                log.warning("readyz: the %s is %s: %s", name, reason,
+                            redact_text(str(exc) or type(exc).__name__))
         status = 503 if problems else 200
         return JSONResponse({"ok": not problems, **problems}, status_code=status)
 
     async def metrics(request: Request) -> Response:
-        principal = edge.gate.principal(request.headers, request.query_params)
-        edge.gate.require_scope(principal, "ops")
+        try:
+            principal = edge.gate.principal(request.headers, request.query_params)
+            edge.gate.require_scope(principal, "ops")
+        except RunwireError as exc:
+            return error_response(exc)
+        try:
+            for group, lost in (await edge.bus.ingest_lost()).items():
+                edge.metrics.ingest_lost.labels(group).set(lost)
+        except RunwireError as exc:  # the bus is down: the other metrics still answer
+            log.debug("metrics: ingest losses unavailable: %s", exc)
         return Response(edge.metrics.render(), media_type="text/plain; version=0.0.4")
 
     return [

@@ -36,6 +36,7 @@ from starlette.responses import Response
 from ..core import envelope, limits
 from ..core.envelope import Event
 from ..core.errors import REQ_BAD_BODY, REQ_QUOTA, RequestError, RunwireError
+from ..core.retry import state_of
 from ..core.ulid import new_event_id
 from ..store.producers import MAX_PRODUCERS, Reservation
 from .auth import Principal
@@ -109,6 +110,8 @@ class DurableWrite:
                     await self.edge.bus.publish(numbered)  # a duplicate again: the workers drop it
                     self.edge.metrics.ingested.inc(len(numbered))
             except RunwireError as exc:
+                if exc.retriable:
+                    self.edge.metrics.pause(state_of(exc))
                 return _plain(503, f"{exc}; retry the batch (it is not applied twice)", retry=True)
             finally:
                 if outcome == "append":

@@ -41,6 +41,16 @@ class EdgeMetrics:
             "runwire_edge_ingested", "Events accepted by HTTP ingest", registry=r
         )
         self.bus_errors = Counter("runwire_edge_bus_errors", "Failed bus reads", registry=r)
+        self.ingest_lost = Gauge(
+            "runwire_ingest_lost_entries",
+            "Ingest entries a consumer group lost to ingest_maxlen before reading them"
+            " (each held up to 64 events)", ["group"], registry=r,
+        )
+        self.paused = Counter(
+            "runwire_edge_paused",
+            "Requests and readiness checks that found the bus or the replay log at a limit"
+            " (part: bus, store; reason: full, unavailable)", ["part", "reason"], registry=r,
+        )
 
         self._drop_counters: dict[str, Counter] = {}
 
@@ -50,6 +60,11 @@ class EdgeMetrics:
         if counter is None:
             counter = self._drop_counters[event_type] = self.drops.labels(event_type)
         counter.inc()
+
+    def pause(self, state: str) -> None:
+        """Count one request or check that met a retriable state (``bus full``)."""
+        part, _, reason = state.partition(" ")
+        self.paused.labels(part, reason).inc()
 
     def observe_lag(self, now_s: float, ts: str) -> None:
         try:

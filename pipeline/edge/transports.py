@@ -260,6 +260,8 @@ def http_status(exc: RunwireError) -> int:
         return 404
     if isinstance(exc, RunFinished):
         return 409
+    if exc.retriable:  # the bus or the replay log unreachable or full: retry later
+        return 503
     return 400
 
 

@@ -25,7 +25,7 @@ from ..bus import Bus, Delivery, EncodedAppend
 from ..bus.keys import shard_for
 from ..core.envelope import Event, decode_many, encode
 from ..core.errors import ProtocolError
-from ..core.retry import Retry
+from ..core.retry import Outage, Retry
 from ..store import ReplayLog
 from .checkpoint import settle_windows, unsent_windows
 from .fanin import Misrooted
@@ -52,11 +52,8 @@ SETTLE_READ = 100_000
 T = TypeVar("T")
 RETRY = Retry(ExponentialWithJitterBackoff(cap=RETRY_MAX_S, base=0.025))
 """A worker's writes, loads, fetches and acks: retriable errors (bus or store
-unavailable) are retried without a deadline until the worker stops."""
-
-
-def _log_retry(error: Exception, pause: float) -> None:
-    log.warning("retrying after %s (in %.2fs)", error, pause)
+unavailable, bus full) are retried without a deadline until the worker stops:
+a pause, logged once when it starts and once when it ends (:class:`Outage`)."""
 
 
 class EncodedWrite:
@@ -91,6 +88,10 @@ class WorkerStats(msgspec.Struct, kw_only=True):
     """From the first fetched batch to the end of the last batch's writes."""
     log_seconds: float = 0.0
     """Time spent waiting for replay log appends (part of ``busy_seconds``)."""
+    retried: dict[str, int] = {}
+    """Errors retried by state (``{"bus full": 40}``: writes Redis refused at ``maxmemory``)."""
+    paused_seconds: float = 0.0
+    """Time spent paused on an unavailable or full bus or store."""
 
 
 class Stages:
@@ -120,6 +121,7 @@ class Stages:
         self._load = load_state or self._bus_state
         self._first_batch_at: float | None = None
         self._appends = asyncio.Semaphore(APPEND_CONCURRENCY)
+        self.outage = Outage(log)
 
     async def handle(
         self, deliveries: Sequence[Delivery]
@@ -307,7 +309,7 @@ class Stages:
 
     async def retry(self, call: Callable[[], Awaitable[T]]) -> T:
         """``call()`` under :data:`RETRY`, until it succeeds or this worker stops."""
-        return await RETRY.call(call, stop=self.stop.is_set, on_retry=_log_retry)
+        return await self.outage.call(RETRY, call, stop=self.stop.is_set)
 
     def finish_stats(self) -> WorkerStats:
         stats = self.stats
@@ -315,4 +317,6 @@ class Stages:
         stats.gaps = self.processor.stats.gaps
         stats.silenced = self.processor.stats.silenced
         stats.foreign = self.processor.stats.foreign
+        stats.retried = dict(self.outage.retried)
+        stats.paused_seconds = self.outage.paused_seconds
         return stats

@@ -20,13 +20,16 @@ What it guarantees:
   past that ``emit`` waits. Nothing is dropped silently. The queue refills
   while a batch is on its way, so building events overlaps the bus's work.
 * **Retries.** A batch that fails with :class:`~runwire.core.errors.BusUnavailable`
-  is retried with exponential backoff and full jitter (redis-py's
+  (the bus unreachable, or :class:`~runwire.core.errors.BusFull`: Redis refusing
+  writes at ``maxmemory``) is retried with exponential backoff and full jitter (redis-py's
   ``FullJitterBackoff``) until ``delivery_timeout`` seconds have passed since
   its first failure. Then every queued event is given up and
   :class:`~runwire.core.errors.DeliveryTimeout` names each ``(run_id, seq)`` that
   was not delivered; it is raised from the emits that were waiting, else from
   the next ``emit``/``flush``/``close``. The publisher stays usable: once the
   bus answers again, new events flow (the lost seqs show up as a gap, Koder agent stream §7 T2).
+  A pause is logged once when it starts and once when it ends (logger
+  ``runwire.sdk.publisher``); ``outage.retried`` counts the retried errors.
 * **Graceful close.** Leaving the ``async with`` block flushes what is queued.
 * **Requests.** ``async for request in pub.requests(): run = pub.run_for(request)``
   answers the chat turns clients send through the edge (see
@@ -45,6 +48,7 @@ report are one piece of state that every emit and the flusher share.
 from __future__ import annotations
 
 import asyncio
+import logging
 import time
 from collections import OrderedDict, deque
 from collections.abc import AsyncIterator, Iterable, Mapping
@@ -59,11 +63,13 @@ from ..core import envelope
 from ..core.envelope import Event
 from ..core.errors import BusUnavailable, DeliveryTimeout, MalformedFrame
 from ..core.lifecycle import AsyncResource
-from ..core.retry import Retry
+from ..core.retry import Outage, Retry
 from ..core.ulid import MonotonicULID
 from .runcontext import RunContext
 
 __all__ = ["Publisher", "Run"]
+
+log = logging.getLogger("runwire.sdk.publisher")
 
 _encoder = msgspec.json.Encoder()
 MAX_KNOWN_RUNS = 100_000
@@ -218,6 +224,8 @@ class Publisher(AsyncResource):
             backoff, deadline_s=delivery_timeout,
             retry_on=(BusUnavailable, TimeoutError), retriable=lambda _: True,
         )
+        self.outage = Outage(log)
+        """This publisher's pauses: the retried bus errors by state (``{"bus full": 3}``)."""
         self._own_bus = own_bus
         self._clock = _Clock()
         self._roots: OrderedDict[str, tuple[str, str | None]] = OrderedDict()
@@ -462,7 +470,7 @@ class Publisher(AsyncResource):
                 await self.bus.publish_encoded(events, data)
 
         try:
-            await self._deliver_retry.call(attempt)
+            await self.outage.call(self._deliver_retry, attempt)
         except (BusUnavailable, TimeoutError) as exc:
             self._give_up(f"gave up after {self.delivery_timeout:g}s of bus errors ({exc!r})")
             return

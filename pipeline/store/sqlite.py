@@ -109,6 +109,9 @@ CREATE TABLE IF NOT EXISTS ds_producers (
 );
 """
 
+BUSY_TIMEOUT_S = 10.0
+"""How long a statement waits for another connection's lock (opening included) before
+"database is locked" (``StoreUnavailable``)."""
 _ROWS_PER_STATEMENT = 500
 """Rows per multi-row statement (an upsert of runs: 8 000 parameters, under SQLite's 32 766)."""
 _INSERT_EVENTS = "INSERT OR IGNORE INTO events (run_id, seq, body) VALUES "
@@ -240,6 +243,26 @@ def _undo(db: sqlite3.Connection, error: BaseException, *statements: str) -> Non
             error.add_note(f"{statement} after it failed too: {also}")
             return
 
+def _switch_to_wal(conn: sqlite3.Connection) -> None:
+    """``journal_mode = WAL``, waiting for the other openers of the file.
+
+    The switch needs the file to itself: while another connection writes to
+    it in rollback mode (a peer creating the schema of a new file), SQLite
+    answers "database is locked" at once, without the busy timeout's wait,
+    so the switch is retried with backoff for up to :data:`BUSY_TIMEOUT_S`.
+    """
+    deadline = time.monotonic() + BUSY_TIMEOUT_S
+    pause = 0.005
+    while True:
+        try:
+            conn.execute("PRAGMA journal_mode = WAL")
+            return
+        except sqlite3.OperationalError as exc:
+            if "locked" not in str(exc) or time.monotonic() + pause > deadline:
+                raise
+        time.sleep(pause)
+        pause = min(pause * 2, 0.25)
+
 
 def _migrate_from_1(conn: sqlite3.Connection) -> None:
     """Schema 1 → 2: the events move from the clustered table to a rowid table + index.
@@ -319,11 +342,11 @@ class SQLiteLog(ReplayLog):
     def _open(self) -> None:
         if self.path != ":memory:":
             Path(self.path).parent.mkdir(parents=True, exist_ok=True)
-        conn = sqlite3.connect(self.path, isolation_level=None, check_same_thread=False)
+        conn = sqlite3.connect(self.path, isolation_level=None, check_same_thread=False,
+                               timeout=BUSY_TIMEOUT_S)
         conn.execute("PRAGMA page_size = 16384")
-        conn.execute("PRAGMA journal_mode = WAL")
+        _switch_to_wal(conn)
         conn.execute("PRAGMA synchronous = NORMAL")
-        conn.execute("PRAGMA busy_timeout = 10000")
         conn.execute("PRAGMA cache_size = -65536")
         conn.execute("CREATE TABLE IF NOT EXISTS schema_version (version INTEGER NOT NULL)")
         version = conn.execute("SELECT max(version) FROM schema_version").fetchone()[0]
@@ -334,8 +357,9 @@ class SQLiteLog(ReplayLog):
         if version in (1, 2, 3):
             _migrate_from_3(conn)
         conn.executescript(_SCHEMA)
-        if version is None:
-            conn.execute("INSERT INTO schema_version VALUES (?)", (SCHEMA_VERSION,))
+        if version is None:  # one row, whoever of several openers of a new file gets here first
+            conn.execute("INSERT INTO schema_version SELECT ? WHERE NOT EXISTS"
+                         " (SELECT 1 FROM schema_version)", (SCHEMA_VERSION,))
         elif version > SCHEMA_VERSION:
             conn.close()
             raise StoreError(f"{self.path} has schema {version}, newer than {SCHEMA_VERSION}")

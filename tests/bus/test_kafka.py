@@ -183,3 +183,30 @@ async def test_state_record_follows_its_events_in_one_partition(
                                                   {"v": b"shaped", "k": b"s"}]
     assert [decode(line).seq for line in records[0].value.split(b"\n")] == [2, 5]
     assert records[1].value == b"st"
+
+
+async def test_a_finished_runs_hot_stream_leaves_memory_after_the_grace(
+    kafka_url: str, prefix: str
+) -> None:
+    """Invariant 7 on Kafka: the hot tier (process memory, fed by the delivery topic) holds a
+    finished run's events for ``grace`` seconds after its terminal event, then only its last
+    seq and writer state (resumes read the replay log); a run still going keeps its events."""
+    from runwire.core.envelope import make
+
+    url = f"{kafka_url}?prefix={prefix}&shards=4&grace=1"
+    done, going = ("run-done", "raw"), ("run-going", "raw")
+    async with open_bus(url) as bus:
+        end = make("run.lifecycle", {"state": "done"}, id="evt_end", ts=event("run-done", 3).ts,
+                   run_id="run-done", seq=3)
+        await bus.append(done, [event("run-done", 1), event("run-done", 2), end], state=b"ended")
+        await bus.append(going, [event("run-going", 1)], state=b"going")
+        assert await bus.bounds(done) == (1, 3)
+        async with asyncio.timeout(20):
+            while True:
+                if await bus.bounds(done) is None:
+                    break
+                await asyncio.sleep(0.1)
+        assert await bus.read(done, 0) == []
+        assert await bus.load_state(done) == b"ended"  # a late or redelivered event is a duplicate
+        assert await bus.append(done, [event("run-done", 2)]) == 0
+        assert await bus.bounds(going) == (1, 1)

@@ -8,13 +8,14 @@ and for the ingest entries workers ack.
 
 from __future__ import annotations
 
+import asyncio
 import uuid
 
 import pytest
 from redis.asyncio import Redis
 
 from runwire.bus import open_bus
-from runwire.bus.base import StreamKey
+from runwire.bus.base import Delivery, StreamKey
 from runwire.bus.keys import delivery_key, ingest_key, meta_key
 from runwire.bus.redis_entries import ENTRY_EVENTS
 from runwire.core.envelope import decode, encode
@@ -157,6 +158,41 @@ async def test_an_entry_of_several_events_is_acked_once_all_of_them_are(
         finally:
             await client.aclose()
         assert [d.reason for d in await bus.dead_letters()] == ["bad too", "bad"]
+
+
+async def test_entries_with_one_id_on_two_shards_are_acked_each_on_its_own(
+    redis_url: str, prefix: str,
+) -> None:
+    """Invariant 2: entry ids are per shard, and a publish writes every shard in the same
+    millisecond, so two shards often hold an entry with the same id. Acking one shard's
+    entry must neither leave it pending (claimed and redone 30 s later) nor count as an
+    event of the other shard's entry (acked before all its events are durable)."""
+    url = f"{redis_url}?prefix={prefix}&shards=2&claim_idle_ms=100000"
+    client = Redis.from_url(redis_url)
+    several = b"\n".join(encode(event("run-many", s)) for s in (1, 2))
+    try:
+        async with open_bus(url) as bus, bus.consumer("g", "c") as consumer:
+            assert await consumer.fetch(10, block_ms=10) == []  # the groups exist
+            await client.xadd(ingest_key(prefix, 0), {"m": several}, id="7-0")
+            await client.xadd(ingest_key(prefix, 1), {"e": encode(event("run-one", 1))}, id="7-0")
+
+            async def pending(shard: int) -> int:
+                return int((await client.xpending(ingest_key(prefix, shard), "g"))["pending"])
+
+            got: list[Delivery] = []
+            async with asyncio.timeout(10):
+                while len(got) < 3:
+                    got += await consumer.fetch(10, block_ms=100)
+            lone = next(d for d in got if d.shard == 1)
+            first, second = sorted((d for d in got if d.shard == 0), key=lambda d: d.part)
+            await consumer.ack([lone])
+            assert (await pending(1), await pending(0)) == (0, 1)
+            await consumer.ack([first])
+            assert await pending(0) == 1
+            await consumer.ack([second])
+            assert await pending(0) == 0
+    finally:
+        await client.aclose()
 
 
 async def test_ingest_maxlen_bounds_the_events_of_multi_event_entries(
