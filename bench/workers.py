@@ -217,6 +217,7 @@ def main() -> None:
 
 
 def _start(kind: str, services: list[object]) -> str:
+    sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # tests/services.py starts the servers
     from tests import services as test_services
 
     service = getattr(test_services, kind)()
