@@ -85,14 +85,21 @@ class ParentMap:
         return stated == tenant or stated == ANY_TENANT
 
     def learn(self, event: Event) -> None:
-        """Learn the parent links an event states (each tagged with the event's tenant)."""
+        """Learn the parent links an event states (each tagged with the event's tenant).
+
+        Every event of a child run states the same link: when it is known
+        already (as this tenant's, not only a spawn's) nothing is relearned.
+        """
         tenant = event.tenant
-        if event.parent_id is not None:
-            self.link(event.run_id, event.parent_id, tenant)
+        parent = event.parent_id
+        if parent is not None:
+            run_id, parents = event.run_id, self._parents
+            if parents.get(run_id) != parent or self._tenants[run_id] != tenant or run_id in self._spawned:
+                self.link(run_id, parent, tenant)
             root = event.root_id
-            if root is not None and root != event.parent_id and event.parent_id not in self._parents:
-                self.link(event.parent_id, root, tenant)
-        if isinstance(event, ChildSpawn):
+            if root is not None and root != parent and parent not in parents:
+                self.link(parent, root, tenant)
+        if type(event) is ChildSpawn:
             self.link(event.payload.child_id, event.run_id, tenant, own=False)
 
     def learn_chain(self, run_id: str, ancestors: Iterable[str], tenant: str | None = ANY_TENANT) -> None:
@@ -126,8 +133,11 @@ class ParentMap:
 
         Only links stated by the event's own tenant are followed.
         """
-        if event.parent_id is None or event.root_id is None:
+        parent, root = event.parent_id, event.root_id
+        if parent is None or root is None or parent == event.run_id:  # no run is its own parent
             return []
+        if parent == root:  # a child of the root (most children): no chain to follow
+            return [parent]
         tenant = event.tenant
         chain = [event.parent_id]
         seen = {event.run_id, event.parent_id}

@@ -39,6 +39,7 @@ from datetime import UTC, datetime
 from typing import Any
 
 import msgspec
+from msgspec import UNSET
 from msgspec.structs import replace as replace_struct
 
 from ..core.envelope import (
@@ -104,7 +105,7 @@ class ProcessorStats(msgspec.Struct, kw_only=True):
 
 
 class _Stream:
-    __slots__ = ("coalescer", "last_activity", "run_id", "sequencer", "state")
+    __slots__ = ("coalescer", "last_activity", "output", "run_id", "sequencer", "state")
 
     def __init__(self, run_id: str, checkpoint: Checkpoint, now: float, window_ms: int) -> None:
         self.run_id = run_id
@@ -115,6 +116,8 @@ class _Stream:
             checkpoint.shaper, window_ms=window_ms, floor=checkpoint.shaped_seq
         )
         self.last_activity = now
+        self.output: StreamOutput | None = None
+        """This stream's output in the batch being processed (None between batches)."""
 
     def checkpoint(self, output: StreamOutput) -> bytes:
         """The checkpoint after ``output`` (everything this stream emitted since the last one)."""
@@ -147,6 +150,8 @@ class Processor:
         self._restored: set[str] = set()
         """Streams loaded since the last :meth:`process_each` (dropped again if only a misrooted event wanted them)."""
         self._ids = MonotonicULID("evt_")
+        self._in_place = False
+        """Whether the events being processed may be stamped in place (see :meth:`process_each`)."""
 
     # ---- checkpoints ----------------------------------------------------
     def missing(self, events: Iterable[Event]) -> set[str]:
@@ -202,27 +207,36 @@ class Processor:
         outputs: dict[str, StreamOutput] = {}
         now = self.clock()
         self._restored.clear()
+        self.stats.events += len(events)
         for event in events:
             self._one(event, outputs, now)
         return self._finish(outputs, seal)
 
     def process_each(
-        self, events: Sequence[Event], *, seal: bool = True
+        self, events: Sequence[Event], *, seal: bool = True, owned: bool = False
     ) -> tuple[dict[str, StreamOutput], list[tuple[int, Exception]]]:
         """Like :meth:`process`, but an event whose processing raises is reported, not fatal.
 
         Returns the outputs and ``(index, error)`` of each failed event, so a
         runtime can dead-letter it while the events around it go on.
+        ``owned``: the events were decoded for this call alone, so each is
+        stamped with its delivery seq in place rather than copied (the
+        outputs hold them; the caller must not reuse them).
         """
         outputs: dict[str, StreamOutput] = {}
         failures: list[tuple[int, Exception]] = []
         now = self.clock()
         one = self._one
-        for index, event in enumerate(events):
-            try:
-                one(event, outputs, now)
-            except Exception as error:  # isolate one poison event
-                failures.append((index, error))
+        self.stats.events += len(events)
+        self._in_place = owned
+        try:
+            for index, event in enumerate(events):
+                try:
+                    one(event, outputs, now)
+                except Exception as error:  # isolate one poison event
+                    failures.append((index, error))
+        finally:
+            self._in_place = False
         for _, failure in failures:
             if isinstance(failure, Misrooted):  # streams loaded only for it belong to another writer
                 for run_id in (failure.event.run_id, failure.claimed):
@@ -269,77 +283,85 @@ class Processor:
                     self._output(outputs, run_id, stream).shaped.extend(shaped)
         for run_id in self._silent(now):
             self.stats.silenced += 1
+            self.stats.events += 1
             self._one(self._silence_event(run_id, now), outputs, now, made=True)
         return self._finish(outputs, True)
 
     def _one(
         self, event: Event, outputs: dict[str, StreamOutput], now: float, *, made: bool = False
     ) -> None:
-        self.stats.events += 1
         streams = self._streams
         own = streams[event.run_id]
-        if not made and (not own.state.owned or own.state.tenant != event.tenant):
-            self._check_owner(own.state, event)
-        if event.parent_id is None:
+        tenant = event.tenant
+        state = own.state
+        if not made and (not state.owned or state.tenant != tenant):
+            self._check_owner(state, event)
+        ref = event.child_ref
+        source = event.run_id if ref is UNSET or ref is None else ref
+        parent = event.parent_id
+        if parent is None:
             if type(event) is ChildSpawn:
                 self.parents.learn(event)
             ancestors: list[str] = _NONE
         else:
-            self.parents.learn(event)
-            if not made and event.child_id is None and event.root_id is not None:
-                root = self.parents.root_of(event.root_id, event.tenant)
+            parents = self.parents
+            parents.learn(event)
+            if not made and source is event.run_id and event.root_id is not None:
+                root = parents.root_of(event.root_id, tenant)
                 if root != event.root_id:
                     raise Misrooted(event, root)
-            ancestors = self.parents.ancestors(event)
+            ancestors = parents.ancestors(event)
             if made:  # an event runwire made fans in only where this process holds the streams
                 ancestors = self._loaded_prefix(ancestors)
             elif ancestors:
-                ancestors = self._same_tenant(ancestors, event.tenant)
-        if ancestors and own.state.ancestors != ancestors:
-            own.state.ancestors = ancestors
-        source = event.child_id or event.run_id
-        self._admit(own, event, source, outputs, now, None, None)
-        if type(event) is RunLifecycle and event.child_id is None and is_terminal(event):
-            own.state.terminal = True
+                ancestors = self._same_tenant(ancestors, tenant)
+            if ancestors and state.ancestors != ancestors:
+                state.ancestors = ancestors
+        admit = self._admit
+        published = event.seq
         if ancestors:
             # each copy: the ancestor's run, the originating child, and the ancestor's
-            # own parent/root links; the root's copy has none
+            # own parent/root links; the root's copy has none. Copies first: the
+            # stream's own event is the decoded one, stamped in place.
             root = ancestors[-1]
             for index in range(len(ancestors) - 1):
-                self._admit(streams[ancestors[index]], event, source, outputs, now,
-                            ancestors[index + 1], root)
-            self._admit(streams[root], event, source, outputs, now, None, None, copy=True)
+                admit(streams[ancestors[index]], event, published, source, outputs, now,
+                      ancestors[index + 1], root, True)
+            admit(streams[root], event, published, source, outputs, now, None, None, True)
+        admit(own, event, published, source, outputs, now, None, None, False)
+        if type(event) is RunLifecycle and source is event.run_id and is_terminal(event):
+            state.terminal = True
 
     def _admit(
         self,
         stream: _Stream,
         event: Event,
+        published: int,
         source: str,
         outputs: dict[str, StreamOutput],
         now: float,
         parent_id: str | None,
         root_id: str | None,
-        *,
-        copy: bool = False,
+        copy: bool,
     ) -> None:
-        """Sequence ``event`` and shape it into ``stream``.
+        """Sequence ``event`` (publisher seq ``published``) and shape it into ``stream``.
 
-        For an ancestor's stream (``parent_id`` set, or ``copy``) the event is
-        rewritten as that stream's copy: ``run_id`` the ancestor, ``child_id``
-        the originating run, ``parent_id``/``root_id`` the ancestor's own links.
+        For an ancestor's stream (``copy``) the event is rewritten as that
+        stream's copy: ``run_id`` the ancestor, ``child_id`` the originating
+        run, ``parent_id``/``root_id`` the ancestor's own links. Into its own
+        stream the event itself is stamped with the delivery seq (the last
+        use of the decoded event: copies are made before).
         """
         run_id = stream.run_id
-        output = outputs.get(run_id)
+        output = stream.output
         if output is None:
-            output = outputs[run_id] = StreamOutput(run_id=run_id, stream=stream)
+            output = stream.output = outputs[run_id] = StreamOutput(run_id=run_id, stream=stream)
         state = stream.state
-        published = event.seq
-        copy = copy or parent_id is not None
         if published:
             sources = state.sources
             last = sources.get(source, 0)
             if published != last + 1:  # a duplicate, or a gap: the sequencer's general path
-                if copy:
+                if copy:  # (the event itself still has its publisher seq: it is admitted last)
                     event = replace_struct(event, run_id=run_id, child_ref=source,
                                            parent_id=parent_id, root_id=root_id)
                 admitted = stream.sequencer.admit(event, source)
@@ -355,18 +377,20 @@ class Processor:
             sources[source] = published
         stream.last_activity = now
         seq = state.last_seq = state.last_seq + 1
-        stamped = (
-            replace_struct(event, seq=seq, run_id=run_id, child_ref=source,
-                           parent_id=parent_id, root_id=root_id)
-            if copy else replace_struct(event, seq=seq)
-        )
-        output.raw.append(stamped)
-        stream.coalescer.feed_into(stamped, output.shaped)
+        if copy:
+            event = replace_struct(event, seq=seq, run_id=run_id, child_ref=source,
+                                   parent_id=parent_id, root_id=root_id)
+        elif self._in_place:
+            event.seq = seq
+        else:
+            event = replace_struct(event, seq=seq)
+        output.raw.append(event)
+        stream.coalescer.feed_into(event, output.shaped)
 
     def _output(self, outputs: dict[str, StreamOutput], run_id: str, stream: _Stream) -> StreamOutput:
-        output = outputs.get(run_id)
+        output = stream.output
         if output is None:
-            output = outputs[run_id] = StreamOutput(run_id=run_id, stream=stream)
+            output = stream.output = outputs[run_id] = StreamOutput(run_id=run_id, stream=stream)
         return output
 
     def _finish(self, outputs: dict[str, StreamOutput], seal: bool) -> dict[str, StreamOutput]:
@@ -374,6 +398,7 @@ class Processor:
         stats = self.stats
         for run_id, output in outputs.items():
             stream = output.stream
+            stream.output = None
             if seal:
                 output.state = stream.checkpoint(output)
                 output.stream = None
@@ -394,8 +419,12 @@ class Processor:
 
     def _same_tenant(self, ancestors: list[str], tenant: str | None) -> list[str]:
         """The ancestors up to the first run of another tenant (fan-in never crosses tenants)."""
+        streams = self._streams
         for index, ancestor in enumerate(ancestors):
-            if not owns(self._streams[ancestor].state, tenant):
+            state = streams[ancestor].state
+            if state.owned and state.tenant == tenant:
+                continue
+            if not owns(state, tenant):
                 self.stats.foreign += 1
                 return ancestors[:index]
         return ancestors

@@ -166,7 +166,7 @@ class Stages:
                 good.append(delivery)
                 events.append(result)
         await self._restore(events, before_restore)
-        outputs, failures = self.processor.process_each(events, seal=seal)
+        outputs, failures = self.processor.process_each(events, seal=seal, owned=True)
         rerouted = [error for _, error in failures if isinstance(error, Misrooted)]
         if rerouted:
             await self._reroute(rerouted)
