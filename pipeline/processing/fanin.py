@@ -139,16 +139,15 @@ class ParentMap:
         if parent == root:  # a child of the root (most children): no chain to follow
             return [parent]
         tenant = event.tenant
-        chain = [event.parent_id]
-        seen = {event.run_id, event.parent_id}
-        while chain[-1] != event.root_id and len(chain) < MAX_DEPTH:  # never past the root
-            parent = self._parents.get(chain[-1])
-            if parent is None or parent in seen or not self._follows(chain[-1], tenant):
+        chain = [parent]
+        seen = {event.run_id, parent}
+        while chain[-1] != root and len(chain) < MAX_DEPTH:  # never past the root
+            above = self._parents.get(chain[-1])
+            if above is None or above in seen or not self._follows(chain[-1], tenant):
                 break
-            chain.append(parent)
-            seen.add(parent)
-        root = event.root_id
-        if root is not None and root not in seen:
+            chain.append(above)
+            seen.add(above)
+        if root not in seen:
             chain.append(root)
         return chain
 
