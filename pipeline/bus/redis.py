@@ -54,6 +54,7 @@ from .redis_entries import (
 )
 from .redis_link import (
     APPEND,
+    APPEND_MANY,
     RedisLink,
     ScriptCall,
     at_maxmemory,
@@ -225,14 +226,29 @@ class RedisBus(Bus):
         wanted = [i for i, (_, events, _, state) in enumerate(appends) if events or state is not None]
         counts = [0] * len(appends)
         if wanted:
-            calls = [self._append_call(*appends[i]) for i in wanted]
-            if self.cluster or len(calls) == 1:
-                results = await self.run_scripts(calls)
-            else:
-                results = await self.link.run_packed(calls)
+            if self.cluster or len(wanted) == 1:  # a Cluster's keys of one call share a slot
+                results = await self.run_scripts([self._append_call(*appends[i]) for i in wanted])
+            else:  # one script call for every stream: the per-call costs are paid once
+                (results,) = await self.link.run_packed([self._append_many_call(
+                    [appends[i] for i in wanted])])
             for index, result in zip(wanted, results, strict=True):
                 counts[index] = int(result)
         return counts
+
+    def _append_many_call(self, appends: Sequence[EncodedAppend]) -> ScriptCall:
+        """The ``APPEND_MANY`` call of several streams' appends (see :mod:`.redis_scripts`)."""
+        options, prefix = self.options, self.prefix
+        call_keys: list[str] = []
+        args: list[Any] = [b"%d" % options.maxlen, b"%d" % (options.ttl * 1000),
+                           b"%d" % (options.grace * 1000)]
+        for key, events, encoded, state in appends:
+            run_id, view = key
+            call_keys += (self._stream_key(key), keys.meta_key(prefix, run_id, view),
+                          keys.control_key(prefix, run_id))
+            entries = entry_args(events, encoded)
+            args += (b"0" if state is None else b"1", state or b"",
+                     b"1" if ends_run(events) else b"0", b"%d" % (len(entries) // 2), *entries)
+        return (APPEND_MANY, call_keys, args)
 
     def _append_call(
         self, key: StreamKey, events: Sequence[Event], encoded: Sequence[bytes], state: bytes | None

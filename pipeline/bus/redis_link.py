@@ -71,6 +71,7 @@ class Script:
 
 
 APPEND = Script(redis_scripts.APPEND)
+APPEND_MANY = Script(redis_scripts.APPEND_MANY)
 MEMBERSHIP = Script(redis_scripts.MEMBERSHIP)
 ScriptCall = tuple[Script, Sequence[str], Sequence[Any]]
 
@@ -157,7 +158,7 @@ class RedisLink:
             raise ConfigError(f"bad Redis URL {self.url!r}: {exc}") from None
 
     async def _load_scripts(self) -> None:
-        for script in (APPEND, MEMBERSHIP):
+        for script in (APPEND, APPEND_MANY, MEMBERSHIP):
             await self.redis.script_load(script.source)
 
     async def run_scripts(self, calls: Sequence[ScriptCall]) -> list[Any]:

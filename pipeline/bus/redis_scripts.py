@@ -6,27 +6,17 @@ state are one step, and group membership with its leases is another.
 
 from __future__ import annotations
 
-APPEND = """
--- KEYS[1] delivery stream, KEYS[2] its meta hash (last seq, writer state, 'end' once the
--- run ended), KEYS[3] the run's control stream
--- ARGV[1] seqs kept (MINID ~ <last seq - ARGV[1] + 1>), ARGV[2] ttl ms,
--- ARGV[3] '1' when ARGV[4] is a state to store,
--- ARGV[5] grace ms, ARGV[6] '1' when these events hold the run's own terminal event:
--- from then on the stream and the control stream live only the grace after each append
--- (the meta hash keeps the ttl: a late or redelivered event still finds the writer state),
--- ARGV[7], ARGV[8], ... pairs, one per entry: its seqs ('first+count' when consecutive, else
--- 'seq,seq,...', increasing) and its events' canonical JSON joined by "\\n" (canonical JSON
--- never holds a raw newline). An entry gets id '<its last seq>-0' and fields s (seqs) and
--- e (events); events whose seq is not above the stream's last are left out of it.
-local last = redis.call('HGET', KEYS[2], 'last')
-if last then
-  last = tonumber(last)
-else  -- no meta (new stream, or the hash was lost): the stream's last entry says
-  local top = redis.call('XREVRANGE', KEYS[1], '+', '-', 'COUNT', 1)
-  last = top[1] and tonumber(string.match(top[1][1], '^(%d+)')) or 0
-end
-local keep = tonumber(ARGV[1])
-
+_APPEND_ONE = """
+-- Append one stream's entries. stream, meta, control: its keys; keep: seqs kept
+-- (MINID ~ <last seq - keep + 1>); ttl, grace: ms; state: the writer state to store, or
+-- false; ends: these events hold the run's own terminal event: from then on the stream
+-- and the control stream live only the grace after each append (the meta hash keeps the
+-- ttl: a late or redelivered event still finds the writer state); ARGV[from..to]: pairs,
+-- one per entry: its seqs ('first+count' when consecutive, else 'seq,seq,...',
+-- increasing) and its events' canonical JSON joined by "\\n" (canonical JSON never holds
+-- a raw newline). An entry gets id '<its last seq>-0' and fields s (seqs) and e (events);
+-- events whose seq is not above the stream's last are left out of it. Returns how many
+-- events were appended.
 local function parse(spec)
   local plus = string.find(spec, '+', 1, true)
   if plus then
@@ -57,39 +47,78 @@ local function above_seq(spec, blob, above)
   return rest, string.sub(blob, pos), count - skip
 end
 
-local n = 0
-for i = 7, #ARGV, 2 do
-  local spec, blob = ARGV[i], ARGV[i + 1]
-  local _, final = parse(spec)
-  if blob ~= '' and final > last then
-    local rest, part, count = above_seq(spec, blob, last)
-    redis.call('XADD', KEYS[1], 'MINID', '~', math.max(0, final - keep + 1),
-               final .. '-0', 's', rest, 'e', part)
-    n = n + count
-    last = final
+local function append_one(stream, meta, control, keep, ttl, grace, state, ends, from, to)
+  local last = redis.call('HGET', meta, 'last')
+  if last then
+    last = tonumber(last)
+  else  -- no meta (new stream, or the hash was lost): the stream's last entry says
+    local top = redis.call('XREVRANGE', stream, '+', '-', 'COUNT', 1)
+    last = top[1] and tonumber(string.match(top[1][1], '^(%d+)')) or 0
   end
+  local n = 0
+  for i = from, to, 2 do
+    local spec, blob = ARGV[i], ARGV[i + 1]
+    local _, final = parse(spec)
+    if blob ~= '' and final > last then
+      local rest, part, count = above_seq(spec, blob, last)
+      redis.call('XADD', stream, 'MINID', '~', math.max(0, final - keep + 1),
+                 final .. '-0', 's', rest, 'e', part)
+      n = n + count
+      last = final
+    end
+  end
+  if n > 0 and state then
+    redis.call('HSET', meta, 'last', last, 'state', state)
+  elseif n > 0 then
+    redis.call('HSET', meta, 'last', last)
+  elseif state then
+    redis.call('HSET', meta, 'state', state)
+  end
+  local ended = ends
+  if ended then
+    redis.call('HSET', meta, 'end', 1)
+  else
+    ended = redis.call('HEXISTS', meta, 'end') == 1
+  end
+  if ended then
+    redis.call('PEXPIRE', stream, grace)
+    redis.call('PEXPIRE', control, grace)
+  else
+    redis.call('PEXPIRE', stream, ttl)
+  end
+  redis.call('PEXPIRE', meta, ttl)
+  return n
 end
-if n > 0 and ARGV[3] == '1' then
-  redis.call('HSET', KEYS[2], 'last', last, 'state', ARGV[4])
-elseif n > 0 then
-  redis.call('HSET', KEYS[2], 'last', last)
-elseif ARGV[3] == '1' then
-  redis.call('HSET', KEYS[2], 'state', ARGV[4])
+"""
+
+APPEND = _APPEND_ONE + """
+-- One stream. KEYS[1] delivery stream, KEYS[2] its meta hash (last seq, writer state,
+-- 'end' once the run ended), KEYS[3] the run's control stream.
+-- ARGV[1] seqs kept, ARGV[2] ttl ms, ARGV[3] '1' when ARGV[4] is a state to store,
+-- ARGV[5] grace ms, ARGV[6] '1' when these events hold the run's own terminal event,
+-- ARGV[7], ARGV[8], ... the entries' pairs (see append_one).
+return append_one(KEYS[1], KEYS[2], KEYS[3], tonumber(ARGV[1]), ARGV[2], ARGV[5],
+                  ARGV[3] == '1' and ARGV[4], ARGV[6] == '1', 7, #ARGV)
+"""
+
+APPEND_MANY = _APPEND_ONE + """
+-- Several streams in one call (a standalone server: the keys need not share a slot).
+-- KEYS: three per stream, as APPEND's. ARGV[1] seqs kept, ARGV[2] ttl ms, ARGV[3] grace ms,
+-- then per stream: '1' when a state follows else '0', the state (or ''), '1' when the
+-- events hold the run's own terminal event, the number of entries, the entries' pairs.
+-- Returns how many events each stream got.
+local keep, ttl, grace = tonumber(ARGV[1]), ARGV[2], ARGV[3]
+local counts = {}
+local at = 4
+for k = 1, #KEYS, 3 do
+  local entries = tonumber(ARGV[at + 3])
+  local from = at + 4
+  local to = from + 2 * entries - 1
+  counts[#counts + 1] = append_one(KEYS[k], KEYS[k + 1], KEYS[k + 2], keep, ttl, grace,
+                                   ARGV[at] == '1' and ARGV[at + 1], ARGV[at + 2] == '1', from, to)
+  at = to + 1
 end
-local ended = ARGV[6] == '1'
-if ended then
-  redis.call('HSET', KEYS[2], 'end', 1)
-else
-  ended = redis.call('HEXISTS', KEYS[2], 'end') == 1
-end
-if ended then
-  redis.call('PEXPIRE', KEYS[1], ARGV[5])
-  redis.call('PEXPIRE', KEYS[3], ARGV[5])
-else
-  redis.call('PEXPIRE', KEYS[1], ARGV[2])
-end
-redis.call('PEXPIRE', KEYS[2], ARGV[2])
-return n
+return counts
 """
 
 MEMBERSHIP = """
