@@ -313,8 +313,12 @@ class Processor:
             ancestors = parents.ancestors(event)
             if made:  # an event runwire made fans in only where this process holds the streams
                 ancestors = self._loaded_prefix(ancestors)
-            elif ancestors:
-                ancestors = self._same_tenant(ancestors, tenant)
+            else:
+                for ancestor in ancestors:  # (all of this tenant's already: the rule)
+                    above = streams[ancestor].state
+                    if not above.owned or above.tenant != tenant:
+                        ancestors = self._same_tenant(ancestors, tenant)
+                        break
             if ancestors and state.ancestors != ancestors:
                 state.ancestors = ancestors
         admit = self._admit

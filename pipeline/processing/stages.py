@@ -16,6 +16,7 @@ import logging
 import time
 from collections.abc import Awaitable, Callable, Sequence
 from datetime import UTC, datetime, timedelta
+from operator import attrgetter
 from typing import TypeVar
 
 import msgspec
@@ -23,7 +24,7 @@ from redis.backoff import ExponentialWithJitterBackoff
 
 from ..bus import Bus, Delivery, EncodedAppend
 from ..bus.keys import shard_for
-from ..core.envelope import Event, decode_many, encode
+from ..core.envelope import Event, decode_many, encode, ts_ms
 from ..core.errors import ProtocolError
 from ..core.retry import Outage, Retry
 from ..store import ReplayLog
@@ -50,10 +51,23 @@ APPEND_CHUNK = 256
 SETTLE_READ = 100_000
 """Shaped events read past a restored checkpoint (at most one write's: its writer died mid-write)."""
 T = TypeVar("T")
+_DATA = attrgetter("data")
 RETRY = Retry(ExponentialWithJitterBackoff(cap=RETRY_MAX_S, base=0.025))
 """A worker's writes, loads, fetches and acks: retriable errors (bus or store
 unavailable, bus full) are retried without a deadline until the worker stops:
 a pause, logged once when it starts and once when it ends (:class:`Outage`)."""
+
+
+def _all_valid(results: Sequence[Event | ProtocolError]) -> bool:
+    """Whether every result is an event :func:`validate` accepts (each distinct ``ts`` read once)."""
+    if any(issubclass(kind, ProtocolError) for kind in set(map(type, results))):
+        return False
+    try:
+        for ts in {event.ts for event in results}:  # type: ignore[union-attr]
+            ts_ms(ts)
+    except ProtocolError:
+        return False
+    return True
 
 
 class EncodedWrite:
@@ -150,21 +164,23 @@ class Stages:
             self._first_batch_at = time.monotonic()
         self.stats.batches += 1
         self.stats.entries += len(deliveries)
-        good: list[Delivery] = []
-        events: list[Event] = []
-        for delivery, result in zip(
-            deliveries, decode_many([d.data for d in deliveries]), strict=True
-        ):
-            if not isinstance(result, ProtocolError):
-                try:
-                    validate(result)
-                except ProtocolError as invalid:
-                    result = invalid
-            if isinstance(result, ProtocolError):
-                await self._dead_letter(delivery, f"undecodable: {result}")
-            else:
-                good.append(delivery)
-                events.append(result)
+        results = decode_many(list(map(_DATA, deliveries)))
+        if _all_valid(results):  # every event decoded and valid (the rule): no per-event pass
+            good: list[Delivery] = list(deliveries)
+            events: list[Event] = results  # type: ignore[assignment]
+        else:
+            good, events = [], []
+            for delivery, result in zip(deliveries, results, strict=True):
+                if not isinstance(result, ProtocolError):
+                    try:
+                        validate(result)
+                    except ProtocolError as invalid:
+                        result = invalid
+                if isinstance(result, ProtocolError):
+                    await self._dead_letter(delivery, f"undecodable: {result}")
+                else:
+                    good.append(delivery)
+                    events.append(result)
         await self._restore(events, before_restore)
         outputs, failures = self.processor.process_each(events, seal=seal, owned=True)
         rerouted = [error for _, error in failures if isinstance(error, Misrooted)]
@@ -174,6 +190,8 @@ class Stages:
             if not isinstance(error, Misrooted):
                 await self._dead_letter(good[index], f"processing failed: {error!r}")
         failed = {index for index, error in failures if not isinstance(error, Misrooted)}
+        if not failed:
+            return good, outputs
         return [d for i, d in enumerate(good) if i not in failed], outputs
 
     async def adopt_silent(self, owned: frozenset[int], shards: int) -> None:

@@ -19,12 +19,14 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
+from operator import attrgetter
 
 from ..bus import Consumer, Delivery
 from .processor import Processor, StreamOutput
 from .stages import PENDING_BATCHES, Stages
 
 log = logging.getLogger("runwire.worker")
+_SHARD = attrgetter("shard")
 
 
 class _Write:
@@ -80,7 +82,7 @@ class ConsumerLoop:
                     deliveries = await self._fetch(batch, block_ms)
                 fetched = len(deliveries)
                 await self._check_ownership()
-                if any(delivery.shard not in self._owned for delivery in deliveries):
+                if not self._owned.issuperset(map(_SHARD, deliveries)):
                     # a lease lost since the fetch: the shard's new owner redoes them
                     deliveries = [d for d in deliveries if d.shard in self._owned]
                 if fetched >= batch and not stop.is_set():
