@@ -89,10 +89,21 @@ def resp_bytes(value: Any) -> bytes:
 
 
 def resp_command(parts: Sequence[Any]) -> bytes:
-    """One command in RESP (arguments: bytes, str or int; bytes is the fast path)."""
-    encoded = [part if type(part) is bytes else resp_bytes(part) for part in parts]
-    return b"*%d\r\n" % len(encoded) + b"".join(
-        [b"$%d\r\n%b\r\n" % (len(part), part) for part in encoded])
+    """One command in RESP (arguments: bytes, str or int; bytes is the fast path).
+
+    Each argument is copied once, by the final join: formatting it into its
+    ``$<len>`` frame first (``%b``) costs ~3.5 times as much for the large
+    entry arguments of an append.
+    """
+    out = [b"*%d\r\n" % len(parts)]
+    for part in parts:
+        if type(part) is not bytes:
+            part = resp_bytes(part)
+        out += (b"$%d\r\n" % len(part), part, _CRLF)
+    return b"".join(out)
+
+
+_CRLF = b"\r\n"
 
 
 def resp_evalsha(script: Script, call_keys: Sequence[str], args: Sequence[Any]) -> bytes:
@@ -196,7 +207,8 @@ class RedisLink:
         exactly as redis-py's pipeline reads them; scripts the server lost are
         reloaded and those calls run again through :meth:`run_scripts`.
         """
-        packed = b"".join(resp_evalsha(*call) for call in calls)
+        packed = resp_evalsha(*calls[0]) if len(calls) == 1 else b"".join(
+            resp_evalsha(*call) for call in calls)
         with retriable_bus_errors(f"script on {self.url}"):
             results = await self._send_packed(packed, len(calls))
         missing = [i for i, r in enumerate(results) if isinstance(r, rexc.NoScriptError)]
