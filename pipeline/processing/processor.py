@@ -95,8 +95,6 @@ class StreamOutput(msgspec.Struct, kw_only=True):
 
 class ProcessorStats(msgspec.Struct, kw_only=True):
     events: int = 0
-    raw: int = 0
-    shaped: int = 0
     duplicates: int = 0
     gaps: int = 0
     silenced: int = 0
@@ -150,6 +148,8 @@ class Processor:
         self._restored: set[str] = set()
         """Streams loaded since the last :meth:`process_each` (dropped again if only a misrooted event wanted them)."""
         self._ids = MonotonicULID("evt_")
+        self._ended: list[_Stream] = []
+        """Streams of ended runs touched by the batch being processed (see :meth:`_finish`)."""
         self._in_place = False
         """Whether the events being processed may be stamped in place (see :meth:`process_each`)."""
 
@@ -198,22 +198,22 @@ class Processor:
         return len(self._streams)
 
     # ---- processing -----------------------------------------------------
-    def process(self, events: Sequence[Event], *, seal: bool = True) -> dict[str, StreamOutput]:
-        """Fan in, sequence and shape a batch. Every destination must be restored first.
-
-        With ``seal=False`` the outputs' checkpoints are left to :meth:`seal`
-        (a runtime that merges several batches into one write takes them once).
-        """
+    def process(self, events: Sequence[Event]) -> dict[str, StreamOutput]:
+        """Fan in, sequence and shape a batch. Every destination must be restored first."""
         outputs: dict[str, StreamOutput] = {}
         now = self.clock()
         self._restored.clear()
         self.stats.events += len(events)
         for event in events:
             self._one(event, outputs, now)
-        return self._finish(outputs, seal)
+        return self._finish(outputs, True)
 
     def process_each(
-        self, events: Sequence[Event], *, seal: bool = True, owned: bool = False
+        self,
+        events: Sequence[Event],
+        *,
+        owned: bool = False,
+        into: dict[str, StreamOutput] | None = None,
     ) -> tuple[dict[str, StreamOutput], list[tuple[int, Exception]]]:
         """Like :meth:`process`, but an event whose processing raises is reported, not fatal.
 
@@ -222,8 +222,13 @@ class Processor:
         ``owned``: the events were decoded for this call alone, so each is
         stamped with its delivery seq in place rather than copied (the
         outputs hold them; the caller must not reuse them).
+        ``into``: the unsealed outputs of earlier batches, which these events
+        extend stream by stream (and which are returned, unsealed) until
+        :meth:`seal` takes them all: a runtime merging batches into one write
+        pays for each stream's output and checkpoint once per write, not once
+        per batch. Without it the outputs are this batch's, sealed.
         """
-        outputs: dict[str, StreamOutput] = {}
+        outputs: dict[str, StreamOutput] = {} if into is None else into
         failures: list[tuple[int, Exception]] = []
         now = self.clock()
         one = self._one
@@ -243,7 +248,7 @@ class Processor:
                     if run_id in self._restored and run_id not in outputs:
                         self._streams.pop(run_id, None)
         self._restored.clear()
-        return self._finish(outputs, seal), failures
+        return self._finish(outputs, into is None), failures
 
     @staticmethod
     def seal(outputs: dict[str, StreamOutput]) -> dict[str, StreamOutput]:
@@ -251,12 +256,13 @@ class Processor:
 
         Call it before anything else is processed: the checkpoint is the
         stream's state now, which must be the state after exactly these outputs.
+        The streams' next events start new outputs.
         """
         for output in outputs.values():
             stream = output.stream
             if stream is not None:
                 output.state = stream.checkpoint(output)
-                output.stream = None
+                output.stream = stream.output = None
         return outputs
 
     def tick(
@@ -335,6 +341,7 @@ class Processor:
         admit(own, event, published, source, outputs, now, None, None, False)
         if type(event) is RunLifecycle and source is event.run_id and is_terminal(event):
             state.terminal = True
+            self._ended.append(own)
 
     def _admit(
         self,
@@ -361,6 +368,8 @@ class Processor:
         if output is None:
             output = stream.output = outputs[run_id] = StreamOutput(run_id=run_id, stream=stream)
         state = stream.state
+        if state.terminal:  # (ended: dropped from memory after the batch once its windows are closed)
+            self._ended.append(stream)
         if published:
             sources = state.sources
             last = sources.get(source, 0)
@@ -398,20 +407,17 @@ class Processor:
         return output
 
     def _finish(self, outputs: dict[str, StreamOutput], seal: bool) -> dict[str, StreamOutput]:
-        streams = self._streams
-        stats = self.stats
-        for run_id, output in outputs.items():
-            stream = output.stream
-            stream.output = None
-            if seal:
-                output.state = stream.checkpoint(output)
-                output.stream = None
-            stats.raw += len(output.raw)
-            stats.shaped += len(output.shaped)
-            if stream.sequencer.state.terminal and not stream.coalescer.pending:
-                if streams.get(run_id) is stream:
+        """Seal (when asked), then drop the ended streams this batch touched from memory."""
+        if seal:
+            self.seal(outputs)
+        streams, ended = self._streams, self._ended
+        if ended:
+            for stream in ended:
+                run_id = stream.run_id
+                if not stream.coalescer.pending and streams.get(run_id) is stream:
                     del streams[run_id]
                     self.parents.forget(run_id)
+            ended.clear()
         return outputs
 
     def _check_owner(self, state: SequencerState, event: Event) -> None:

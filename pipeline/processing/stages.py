@@ -151,14 +151,17 @@ class Stages:
         deliveries: Sequence[Delivery],
         before_restore: Callable[[set[str]], Awaitable[None]] | None = None,
         *,
-        seal: bool = True,
+        into: Callable[[], dict[str, StreamOutput]] | None = None,
     ) -> tuple[list[Delivery], dict[str, StreamOutput]]:
         """Decode (dead-lettering poison), restore checkpoints and process; no delivery writes.
 
         ``before_restore(run_ids)`` runs before the checkpoints of ``run_ids``
         are loaded from the bus (a runtime whose writes to some of those
-        streams are still in flight waits for them there). ``seal=False``
-        leaves the checkpoints to :meth:`write` (see :meth:`Processor.process`).
+        streams are still in flight waits for them there). ``into()``, when
+        given, is the runtime's unsealed outputs of earlier batches, read after
+        ``before_restore``: this batch extends them and they are returned
+        unsealed, their checkpoints left to :meth:`write` (see
+        :meth:`Processor.process_each`).
         """
         if self._first_batch_at is None:
             self._first_batch_at = time.monotonic()
@@ -182,7 +185,8 @@ class Stages:
                     good.append(delivery)
                     events.append(result)
         await self._restore(events, before_restore)
-        outputs, failures = self.processor.process_each(events, seal=seal, owned=True)
+        outputs, failures = self.processor.process_each(
+            events, owned=True, into=None if into is None else into())
         rerouted = [error for _, error in failures if isinstance(error, Misrooted)]
         if rerouted:
             await self._reroute(rerouted)

@@ -50,7 +50,7 @@ class ConsumerLoop:
         self._writes: list[_Write] = []
         """Writes in flight, oldest first (at most two: one in its views, one in its log)."""
         self._pending: dict[str, StreamOutput] = {}
-        """Processed batches waiting for the next write (merged per stream)."""
+        """Processed batches waiting for the next write (each stream's events in one output, unsealed)."""
         self._pending_acks: list[Delivery] = []
         self._pending_entries = 0
         self._next_adopt = 0.0
@@ -90,9 +90,10 @@ class ConsumerLoop:
                     # worker's own appends on the server) overlaps processing this batch
                     prefetch = asyncio.create_task(self._fetch(batch, block_ms))
                 if deliveries:
-                    acked, outputs = await self.stages.prepare(
-                        deliveries, self._drain_for, seal=False)
-                    self._merge(outputs, acked, len(deliveries))
+                    acked, _ = await self.stages.prepare(
+                        deliveries, self._drain_for, into=self._pending_outputs)
+                    self._pending_acks.extend(acked)
+                    self._pending_entries += len(deliveries)
                     if self._ready() or self._pending_entries >= most:
                         await self._wait_ready()
                         self._start_write()
@@ -140,18 +141,8 @@ class ConsumerLoop:
         self._pending, self._pending_acks, self._pending_entries = {}, [], 0
         self.stages.processor.forget_all()
 
-    def _merge(self, outputs: dict[str, StreamOutput], acked: list[Delivery], entries: int) -> None:
-        pending = self._pending
-        for run_id, output in outputs.items():
-            earlier = pending.get(run_id)
-            if earlier is None:
-                pending[run_id] = output
-            else:  # a later batch of the same stream: its events follow, its checkpoint wins
-                earlier.raw.extend(output.raw)
-                earlier.shaped.extend(output.shaped)
-                earlier.state, earlier.stream = output.state, output.stream
-        self._pending_acks.extend(acked)
-        self._pending_entries += entries
+    def _pending_outputs(self) -> dict[str, StreamOutput]:
+        return self._pending
 
     def _ready(self) -> bool:
         """Whether a new write may start: none in flight, or one whose log part is done."""
