@@ -25,11 +25,13 @@ before multi-event entries); readers take both.
 from __future__ import annotations
 
 from collections.abc import Iterable, Sequence
+from operator import attrgetter
 from typing import Any
 
 from ..core.envelope import Event, RunLifecycle, decode_many, is_terminal
 from ..core.errors import ProtocolError
 
+_SEQ = attrgetter("seq")
 ENTRY_EVENTS = 512
 """At most this many events per delivery entry (a reader resuming mid-entry skips the rest
 undecoded)."""
@@ -91,7 +93,7 @@ def entry_args(events: Sequence[Event], encoded: Sequence[bytes]) -> list[bytes]
     args: list[bytes] = []
     for start in range(0, len(events), ENTRY_EVENTS):
         chunk = events[start:start + ENTRY_EVENTS]
-        args += (seq_spec([event.seq for event in chunk]),
+        args += (seq_spec(list(map(_SEQ, chunk))),
                  b"\n".join(encoded[start:start + ENTRY_EVENTS]))
     return args
 
@@ -167,6 +169,8 @@ def decode_stored(lines: Sequence[bytes]) -> list[Event]:
 def ends_run(events: Sequence[Event]) -> bool:
     """Whether one stream's append holds the stream's own terminal ``run.lifecycle`` (a
     child's, fanned into a parent stream, carries ``child_id`` and ends only the child)."""
+    if RunLifecycle not in set(map(type, events)):  # (most appends: one C-level pass)
+        return False
     for event in reversed(events):
         if type(event) is RunLifecycle and event.child_id is None and is_terminal(event):
             return True

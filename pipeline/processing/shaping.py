@@ -157,7 +157,7 @@ class DeltaCoalescer:
         windows = state.windows
         if self._first_end <= clock:
             self._expire(clock)
-        child = event.child_id
+        child = event.child_ref  # (UNSET or None: the stream's own)
         key = child + suffix if child else suffix
         window = windows.get(key)
         if window is None:
