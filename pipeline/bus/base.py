@@ -37,8 +37,11 @@ EncodedAppend = tuple[StreamKey, Sequence[Event], Sequence[bytes], bytes | None]
 DEFAULT_SHARDS = 16
 
 
-class Delivery(msgspec.Struct, kw_only=True):
-    """One ingest entry handed to a consumer; ack it after the work is durable."""
+class Delivery(msgspec.Struct, kw_only=True, gc=False):
+    """One ingest entry handed to a consumer; ack it after the work is durable.
+
+    (Untracked by the cyclic GC: its fields are strings, bytes and ints, and a
+    worker makes one per event.)"""
 
     entry_id: str
     """The backend's position (Redis entry id; Kafka ``partition:offset``)."""
