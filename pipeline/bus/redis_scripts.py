@@ -48,7 +48,8 @@ local function above_seq(spec, blob, above)
 end
 
 local function append_one(stream, meta, control, keep, ttl, grace, state, ends, from, to)
-  local last = redis.call('HGET', meta, 'last')
+  local got = redis.call('HMGET', meta, 'last', 'end')
+  local last = got[1]
   if last then
     last = tonumber(last)
   else  -- no meta (new stream, or the hash was lost): the stream's last entry says
@@ -74,11 +75,9 @@ local function append_one(stream, meta, control, keep, ttl, grace, state, ends, 
   elseif state then
     redis.call('HSET', meta, 'state', state)
   end
-  local ended = ends
-  if ended then
+  local ended = ends or got[2] ~= false
+  if ends and not got[2] then
     redis.call('HSET', meta, 'end', 1)
-  else
-    ended = redis.call('HEXISTS', meta, 'end') == 1
   end
   if ended then
     redis.call('PEXPIRE', stream, grace)
