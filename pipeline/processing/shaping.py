@@ -48,6 +48,7 @@ from __future__ import annotations
 
 from collections.abc import Iterable
 from datetime import UTC, datetime, timedelta
+from operator import attrgetter
 
 import msgspec
 
@@ -204,7 +205,7 @@ class DeltaCoalescer:
         held.extend(closed)
         held.sort(key=_last_seq)
         self._first_end = _first_end(windows)
-        return max(window.end_ms for window in closed)
+        return int(max(map(_END_MS, closed)))
 
     def _replay_close(self, key: str, seq: int) -> None:
         """Close ``key``'s window at ``seq`` when the writer before this one closed it there."""
@@ -230,7 +231,7 @@ class DeltaCoalescer:
     def _release(self, out: list[Event]) -> None:
         """Send the closed windows that end before every open one (so seq keeps increasing)."""
         held = self.state.held
-        bound = min((window.last.seq for window in self.state.windows.values()), default=None)
+        bound = min(map(_last_seq, self.state.windows.values()), default=None)
         count = len(held) if bound is None else 0
         if bound is not None:
             while count < len(held) and held[count].last.seq < bound:
@@ -269,12 +270,13 @@ def format_millis(millis: int) -> str:
     return format_ts(_EPOCH + timedelta(milliseconds=millis))
 
 
-def _last_seq(window: Window) -> int:
-    return window.last.seq
+_last_seq = attrgetter("last.seq")
+"""A window's last seq (C-level: read for every window a close or a release looks at)."""
+_END_MS = attrgetter("end_ms")
 
 
 def _first_end(windows: dict[str, Window]) -> float:
-    return min((window.end_ms for window in windows.values()), default=float("inf"))
+    return min(map(_END_MS, windows.values()), default=float("inf"))
 
 
 def window_key(event: Event) -> str | None:
