@@ -20,6 +20,7 @@ from runwire.bus import ControlCommand, open_bus
 from runwire.core.envelope import Event, decode, encode, parse_ts
 from runwire.core.errors import DeliveryTimeout, MalformedFrame, UnknownEventType
 from tests.services import RedisServer
+from tests.waiting import until, until_received
 
 BACKENDS = ["memory", "redis", "kafka"]
 
@@ -168,11 +169,11 @@ async def test_run_controls_receive_commands(pub_url: str) -> None:
     async with Publisher.connect(pub_url) as pub:
         run = pub.run("run-ctl")
         live = run.controls()
-        waiting = asyncio.create_task(anext(live))
-        await asyncio.sleep(0.5)
         async with open_bus(pub_url) as client_side:
+            marker = ControlCommand(command="pause", run_id="run-ctl", by="marker")
+            await until_received(anext(live), lambda: client_side.send_control(marker))
             await client_side.send_control(ControlCommand(command="cancel", run_id="run-ctl"))
-            command = await asyncio.wait_for(waiting, 10)
+            command = await asyncio.wait_for(anext(c async for c in live if c.by != "marker"), 10)
         await live.aclose()  # type: ignore[attr-defined]
     assert (command.command, command.run_id) == ("cancel", "run-ctl")
 
@@ -199,14 +200,10 @@ async def test_bound_holds_while_redis_is_down_then_recovers(own_redis: RedisSer
                 emitted += 1
 
         emitter = asyncio.create_task(emit_forever())
-        await asyncio.sleep(0.5)
-        assert pub.pending == 60  # 50 queued + one batch of 10 in flight: the bound
-        stuck_at = emitted
-        await asyncio.sleep(0.3)
-        assert (emitted, pub.pending) == (stuck_at, 60)  # waiting, not growing
-
+        await until(lambda: pub.pending == 60, what="50 queued + one batch of 10 in flight: the bound")
         with pytest.raises(DeliveryTimeout) as failure:
             await asyncio.wait_for(emitter, 10)
+        assert emitted == 60  # waited at the bound until the deadline, not growing
         assert failure.value.undelivered == [("run-down", s) for s in range(2, 63)]
         assert "run-down seq 2..61" in str(failure.value)
         assert "run-down seq 62" in str(failure.value)  # the emit that was waiting for room
@@ -228,7 +225,7 @@ async def test_emit_waits_out_a_short_outage_without_loss(own_redis: RedisServer
         run = pub.run("run-blip")
         for n in range(20):
             await run.emit("text.delta", {"text": str(n)})
-        await asyncio.sleep(0.5)
+        await until(lambda: sum(pub.outage.retried.values()) >= 3, what="three retries in the outage")
         own_redis.start()
         await asyncio.wait_for(pub.flush(), 15)
         assert pub.published == 20
@@ -252,14 +249,15 @@ async def test_bound_in_bytes_holds_while_the_bus_is_slow() -> None:
                     await run.emit("text.delta", {"text": "x" * 100})
                     emitted += 1
 
-            task = asyncio.create_task(emit_forever())
-            await asyncio.sleep(0.3)
-            stuck_at = emitted
             one = len(encode(run.event("text.delta", {"text": "x" * 100})))
             run.seq -= 1  # that event was only measured
+            task = asyncio.create_task(emit_forever())
+            await until(lambda: pub.pending_bytes > 4000 - one, what="the bound in bytes reached")
+            stuck_at = emitted
             # 4000 bytes queued + one batch (5 events) in flight
             assert 4000 - one < pub.pending_bytes <= 4000 + 5 * one and stuck_at < 60
-            await asyncio.sleep(0.2)
+            for _ in range(100):  # the emitter had every chance to run (it needs no I/O)
+                await asyncio.sleep(0)
             assert emitted == stuck_at  # waiting, not growing
             drained = 0
             while drained < 100:

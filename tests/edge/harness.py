@@ -14,6 +14,7 @@ import uvicorn
 from runwire.bus.base import Bus
 from runwire.core.envelope import Event
 from runwire.edge import EdgeSettings, create_app
+from runwire.edge.hub import Hub
 from runwire.store.base import ReplayLog
 from tests.events import event as event  # the one test event factory, also importable from here
 from tests.services import free_port as free_port  # restartable on the same port
@@ -45,6 +46,11 @@ class EdgeServer:
             await asyncio.sleep(0.02)
         raise RuntimeError("edge did not start")
 
+    def live_clients(self, run_id: str) -> int:
+        """Clients attached to the run's streams in this edge's hub (live, in every view and format)."""
+        assert self.server is not None
+        return live_clients(self.server.config.app.state.edge.hub, run_id)
+
     async def stop(self) -> None:
         if self.server is None or self.task is None:
             return
@@ -52,6 +58,13 @@ class EdgeServer:
         with contextlib.suppress(asyncio.CancelledError):
             await asyncio.wait_for(self.task, 10)
         self.server = None
+
+
+def live_clients(hub: Hub, run_id: str) -> int:
+    """Clients ``hub`` queues the run's live frames for (every view): a test waits for this
+    before it publishes what a client must receive live."""
+    return sum(len(feed.clients) for (run, _view), stream in hub.streams.items() if run == run_id
+               for feed in stream.feeds.values())
 
 
 @contextlib.asynccontextmanager

@@ -14,6 +14,7 @@ from runwire.core.envelope import Event
 from runwire.store.base import ReplayLog
 from tests.events import event
 from tests.nodecheck import validate
+from tests.waiting import until
 
 from .harness import append, decoded, read_sse, serve_edge
 
@@ -57,7 +58,7 @@ async def test_every_egress_format_streams_live_and_ends(
     async with serve_edge(memory_bus, store) as edge:
         url = f"{edge.url}/v1/runs/{run_id}/stream?detail=full&format={format_name}"
         reader = asyncio.create_task(_frames(url))
-        await asyncio.sleep(0.3)
+        await until(lambda: edge.live_clients(run_id) == 1, what="the client attached")
         await append(memory_bus, run_id, events[6:])
         frames, headers = await reader
     expected = protocols.egress(format_name).encode_all(events)
@@ -88,7 +89,7 @@ async def test_agui_mid_run_join_passes_verify_events(
     async with serve_edge(memory_bus, store) as edge:
         url = f"{edge.url}/v1/runs/{run_id}/stream?detail=full&format=agui&{join}"
         reader = asyncio.create_task(_frames(url))
-        await asyncio.sleep(0.3)
+        await until(lambda: edge.live_clients(run_id) == 1, what="the client attached")
         await append(memory_bus, run_id, events[5:])
         frames, _ = await reader
     assert frames[0]["type"] == "RUN_STARTED"

@@ -18,6 +18,7 @@ from runwire.core.envelope import Event, decode, encode
 from runwire.edge import EdgeSettings, issue_token
 from runwire.store.base import ReplayLog
 from tests.events import event
+from tests.waiting import until
 
 from .chatnode import chat_result, run_chat_client, start_chat_client, wait_for_streams
 from .harness import decoded, read_sse, run_events, serve_edge
@@ -58,7 +59,9 @@ async def test_runs_are_listed_by_thread(memory_bus: Bus, store: ReplayLog) -> N
 async def test_a_thread_without_an_active_run_answers_204(memory_bus: Bus, store: ReplayLog) -> None:
     """No run, or the newest run of the thread has ended: "no active stream" (the client does not resume)."""
     await publish(memory_bus, store, run_events("run-old", 3, end=None, thread_id="chat-1"))
-    await asyncio.sleep(0.01)
+    old = await store.run("run-old")
+    assert old is not None and old.created_at is not None
+    await until(lambda: time.time() > old.created_at.timestamp(), what="a clock past run-old's creation")
     await publish(memory_bus, store, run_events("run-new", 3, thread_id="chat-1"))
     async with serve_edge(memory_bus, store) as edge, httpx.AsyncClient(base_url=edge.url, timeout=10) as http:
         unknown = await http.get("/v1/threads/chat-nobody/stream")
@@ -77,7 +80,7 @@ async def test_the_active_run_is_replayed_from_its_start_and_ends_with_done(memo
             assert response.headers["x-vercel-ai-ui-message-stream"] == "v1"
             assert response.headers["content-type"].startswith("text/event-stream")
             reader = asyncio.create_task(read_sse(response))
-            await asyncio.sleep(0.3)
+            await until(lambda: edge.live_clients("run-live") == 1, what="the client attached")
             await publish(memory_bus, store, [event("run-live", 5, "run.lifecycle", {"state": "done"})])
             events, _ = await asyncio.wait_for(reader, 10)
     chunks = decoded(events)
