@@ -187,7 +187,6 @@ class ReplayLog(AsyncResource):
     async def stream_release(self, run_id: str) -> None:
         """The batch reserved last has been published: the next may go."""
 
-    @abstractmethod
     async def runs(
         self,
         *,
@@ -199,6 +198,19 @@ class ReplayLog(AsyncResource):
         thread_id: str | None = None,
     ) -> list[RunInfo]:
         """Runs newest first, filtered by tenant, last state, activity time and thread."""
+        filters = {"tenant = {}": tenant, "thread_id = {}": thread_id, "state = {}": state,
+                   "updated_at >= {}": since, "created_at <= {}": until}
+        return await self._runs({sql: v for sql, v in filters.items() if v is not None}, limit)
+
+    @abstractmethod
+    async def _runs(self, filters: dict[str, str | datetime], limit: int) -> list[RunInfo]:
+        """:meth:`runs`: the ``runs`` table's rows meeting every SQL condition of ``filters``
+        (``{}`` stands for the value's placeholder), newest first, with their expiry."""
+
+    def shortest_retention(self) -> timedelta:
+        """The shortest time any policy keeps a run: nothing more recent can have expired."""
+        return min(p.keep_for(s) for p in (self.retention, *self.tenant_retention.values())
+                   for s in ("done", "error", None))
 
     def policy_for(self, tenant: str | None) -> RetentionPolicy:
         """The retention policy of a tenant (its override, else the default)."""

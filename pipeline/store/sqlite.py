@@ -653,42 +653,18 @@ class SQLiteLog(ReplayLog):
         )
         return None if row is None else RunOwner(tenant=row[0], root_id=row[1])
 
-    async def runs(
-        self,
-        *,
-        tenant: str | None = None,
-        state: str | None = None,
-        since: datetime | None = None,
-        until: datetime | None = None,
-        limit: int = 100,
-        thread_id: str | None = None,
-    ) -> list[RunInfo]:
-        where, args = ["1 = 1"], []
-        for clause, value in (
-            ("tenant = ?", tenant),
-            ("thread_id = ?", thread_id),
-            ("state = ?", state),
-            ("updated_at >= ?", since and _epoch(since)),
-            ("created_at <= ?", until and _epoch(until)),
-        ):
-            if value is not None:
-                where.append(clause)
-                args.append(value)
-        sql = (f"SELECT {RUN_COLUMNS} FROM runs WHERE {' AND '.join(where)}"
-               " ORDER BY updated_at DESC, run_id LIMIT ?")
+    async def _runs(self, filters: dict[str, str | datetime], limit: int) -> list[RunInfo]:
+        where = " AND ".join(["1 = 1", *(sql.format("?") for sql in filters)])
+        sql = f"SELECT {RUN_COLUMNS} FROM runs WHERE {where} ORDER BY updated_at DESC, run_id LIMIT ?"
+        args = [_epoch(v) if isinstance(v, datetime) else v for v in filters.values()]
         rows = await self._call(lambda: self._db.execute(sql, (*args, limit)).fetchall())
         return [self.with_expiry(run_info(row, _moment)) for row in rows]
 
     # ---- retention -----------------------------------------------------
     def _expired(self, now: datetime) -> list[tuple[str, int]]:
-        shortest = min(
-            p.keep_for(s)
-            for p in (self.retention, *self.tenant_retention.values())
-            for s in ("done", "error", None)
-        )
         cursor = self._db.execute(
             "SELECT run_id, tenant, state, updated_at, events FROM runs WHERE updated_at <= ?",
-            (_epoch(now - shortest),),
+            (_epoch(now - self.shortest_retention()),),
         )
         return [
             (run_id, events)
