@@ -22,26 +22,14 @@ import msgspec
 from ..core import envelope
 from ..core.envelope import Event
 from ..core.errors import UnknownRun
-from ..core.lifecycle import AsyncResource
+from ..core.lifecycle import ConnectedResource
 from .producers import Reservation
+from .retention import RetentionPolicy, split_retention, utc_now
 
 
-class RetentionPolicy(msgspec.Struct, kw_only=True, frozen=True):
-    done: timedelta = timedelta(days=90)
-    failed: timedelta = timedelta(days=30)
-    """aborted and error runs"""
-    unfinished: timedelta = timedelta(days=30)
-    """runs with no terminal event, measured from their last activity"""
+class RunFields(msgspec.Struct, kw_only=True):
+    """Who a run is and where it stands: what its metadata and each change to it share."""
 
-    def keep_for(self, state: str | None) -> timedelta:
-        if state == "done":
-            return self.done
-        if state in ("aborted", "error"):
-            return self.failed
-        return self.unfinished
-
-
-class RunInfo(msgspec.Struct, kw_only=True):
     run_id: str
     tenant: str | None = None
     parent_id: str | None = None
@@ -50,6 +38,9 @@ class RunInfo(msgspec.Struct, kw_only=True):
     """The chat/thread the run answers (its own events' ``thread_id``)."""
     state: str | None = None
     """Last run.lifecycle state seen (None before any)."""
+
+
+class RunInfo(RunFields, kw_only=True):
     terminal: bool = False
     events: int = 0
     last_seq: int = 0
@@ -80,27 +71,31 @@ class SweepResult(msgspec.Struct, kw_only=True):
 Clock = Callable[[], datetime]
 
 
-class ReplayLog(AsyncResource):
-    """One replay log, selected by URL. ``async with open_store(url) as log``."""
+class ReplayLog(ConnectedResource):
+    """One replay log, selected by URL. ``async with open_store(url) as log``.
 
-    url: str
-    retention: RetentionPolicy
-    tenant_retention: dict[str, RetentionPolicy]
-    clock: Clock
-    """Wall clock for activity times and expiry (injectable in tests)."""
+    ``connect`` opens it (and migrates the schema), raising StoreUnavailable.
+    """
 
-    async def _enter(self) -> None:
-        await self.connect()
+    def __init__(
+        self,
+        url: str,
+        *,
+        retention: RetentionPolicy | None = None,
+        tenant_retention: dict[str, RetentionPolicy] | None = None,
+        clock: Clock | None = None,
+    ) -> None:
+        location, policy, per_tenant = split_retention(url, retention)
+        self.url = url
+        self.retention = policy
+        self.tenant_retention = {**per_tenant, **(tenant_retention or {})}
+        self.clock: Clock = clock or utc_now
+        """Wall clock for activity times and expiry (injectable in tests)."""
+        self._locate(location)
 
     @abstractmethod
-    async def connect(self) -> None:
-        """Open (and migrate the schema). Raises StoreUnavailable."""
-
-    @abstractmethod
-    async def close(self) -> None: ...
-
-    @abstractmethod
-    async def ping(self) -> None: ...
+    def _locate(self, location: str) -> None:
+        """Set up for ``location``: the URL without its retention parameters (nothing opens yet)."""
 
     @abstractmethod
     async def append(self, events: Sequence[Event]) -> int:

@@ -36,9 +36,8 @@ import psycopg
 from ..core import envelope
 from ..core.envelope import Event
 from ..core.errors import StoreError, StoreUnavailable
-from .base import Clock, ReplayLog, RetentionPolicy, RunInfo, RunOwner, SweepResult
+from .base import ReplayLog, RunInfo, RunOwner, SweepResult
 from .producers import ProducerState, Reservation, reserve
-from .retention import split_retention, utc_now
 from .runmeta import RUN_COLUMNS, RunDelta, run_info, summarize, upsert_run_sql
 
 SCHEMA_VERSION = 2
@@ -168,20 +167,8 @@ class _Conn:
 class PostgresLog(ReplayLog):
     """The replay log in PostgreSQL."""
 
-    def __init__(
-        self,
-        url: str,
-        *,
-        retention: RetentionPolicy | None = None,
-        tenant_retention: dict[str, RetentionPolicy] | None = None,
-        clock: Clock | None = None,
-    ) -> None:
-        clean, policy, per_tenant = split_retention(url, retention)
-        self.url = url
-        self.dsn = "postgresql://" + clean.split("://", 1)[1]
-        self.retention = policy
-        self.tenant_retention = {**per_tenant, **(tenant_retention or {})}
-        self.clock = clock or utc_now
+    def _locate(self, location: str) -> None:
+        self.dsn = "postgresql://" + location.split("://", 1)[1]
         self._writer = _Conn(self._open_writer)
         self._reader = _Conn(self._open)
 

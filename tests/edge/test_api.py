@@ -19,15 +19,19 @@ from runwire.sdk.publisher import Publisher
 from runwire.store.base import ReplayLog
 from tests.events import event
 
-from .harness import EdgeServer, append, read_sse, run_events, serve_edge
-
-SECRET = "test-secret-please-rotate-0123456789abcdef"
-RUN_A = "run-tenant-a"
-RUN_B = "run-tenant-b"
-
-
-def token(tenant: str, *scopes: str, runs: list[str] | None = None, ttl: float = 600) -> str:
-    return issue_token(SECRET, tenant=tenant, runs=runs, scopes=scopes or ("read",), ttl_s=ttl)
+from .harness import (
+    RUN_A,
+    RUN_B,
+    SECRET,
+    EdgeServer,
+    append,
+    controls_received,
+    read_sse,
+    run_events,
+    serve_edge,
+    token,
+    two_tenants_runs,
+)
 
 
 def bearer(value: str) -> dict[str, str]:
@@ -37,10 +41,7 @@ def bearer(value: str) -> dict[str, str]:
 @pytest.fixture
 async def secured(memory_bus: Bus, store: ReplayLog) -> AsyncIterator[EdgeServer]:
     """An edge with a secret, and one finished run for each of tenants A and B."""
-    for run_id, tenant in ((RUN_A, "A"), (RUN_B, "B")):
-        events = run_events(run_id, 4, tenant=tenant)
-        await store.append(events)
-        await append(memory_bus, run_id, events)
+    await two_tenants_runs(memory_bus, store)
     async with serve_edge(memory_bus, store, EdgeSettings(secret=SECRET)) as edge:
         yield edge
 
@@ -161,15 +162,7 @@ async def test_control_round_trip_to_the_publisher_sdk(memory_bus: Bus, store: R
     run = publisher.run(run_id)
     await run.emit("run.lifecycle", {"state": "running"})
     await publisher.flush()
-    received: list[tuple[str, dict[str, object]]] = []
-
-    async def agent() -> None:
-        async for command in run.controls(after="0"):
-            received.append((command.command, command.args))
-            if len(received) == 2:
-                return
-
-    listener = asyncio.create_task(agent())
+    received, listener = controls_received(run, 2)
     await append(memory_bus, run_id, run_events(run_id, 3, end=None))
     async with serve_edge(memory_bus, store) as edge, httpx.AsyncClient(timeout=10) as http:
         async with http.stream("GET", f"{edge.url}/v1/runs/{run_id}/stream?detail=full") as response:

@@ -21,9 +21,14 @@ from runwire.store.base import ReplayLog
 from tests.events import event
 from tests.waiting import until
 
-from .chatnode import chat_result, run_chat_client, start_chat_client, wait_for_streams
-from .harness import EdgeServer, run_events, serve_edge
-from .test_threads import publish
+from .chatnode import (
+    chat_result,
+    resume_mid_run,
+    run_chat_client,
+    start_chat_client,
+    wait_for_streams,
+)
+from .harness import EdgeServer, publish, run_events, serve_edge
 
 USER_MESSAGE = {"id": "u1", "role": "user", "parts": [{"type": "text", "text": "hello"}]}
 
@@ -266,16 +271,8 @@ async def test_websocket_chat_transport_resumes_mid_run_and_finds_nothing_after_
 ) -> None:
     """``ai``'s ``WebSocketChatTransport.reconnectToStream`` against the edge: mid-run the whole
     message (replayed head + live tail, sequences checked by the transport); after the end, null."""
-    await publish(memory_bus, store, run_events("run-node", 4, end=None, thread_id="chat-n"))
-    async with serve_edge(memory_bus, store) as edge:
-        client = await start_chat_client(edge=edge.url, chatId="chat-n", mode="ws-resume")
-        await wait_for_streams(edge.url)
-        await publish(memory_bus, store, [event("run-node", 5, "text.delta", {"text": " tail"}),
-                                          event("run-node", 6, "run.lifecycle", {"state": "done"})])
-        resumed = await chat_result(client)
-        after_end = await run_chat_client(edge=edge.url, chatId="chat-n", mode="ws-resume")
-    assert "error" not in resumed, resumed
-    message = resumed["result"]["message"]
+    resumed, after_end = await resume_mid_run(memory_bus, store, "run-node", "chat-n", "ws-resume")
+    message = resumed["message"]
     assert message["id"] == "run-node"
     assert [p["text"] for p in message["parts"] if p["type"] == "text"] == ["t2t3t4 tail"]
     assert after_end == {"result": None}

@@ -9,28 +9,20 @@ from __future__ import annotations
 
 import asyncio
 import time
-from collections.abc import Sequence
 
 import httpx
 
 from runwire.bus.base import Bus
-from runwire.core.envelope import Event, decode, encode
+from runwire.core.envelope import decode, encode
 from runwire.edge import EdgeSettings, issue_token
 from runwire.store.base import ReplayLog
 from tests.events import event
 from tests.waiting import until
 
-from .chatnode import chat_result, run_chat_client, start_chat_client, wait_for_streams
-from .harness import decoded, read_sse, run_events, serve_edge
+from .chatnode import resume_mid_run
+from .harness import decoded, publish, read_sse, run_events, serve_edge
 
 SECRET = "test-secret-please-rotate-0123456789abcdef"
-
-
-async def publish(bus: Bus, store: ReplayLog, events: Sequence[Event]) -> None:
-    """What a worker writes: the replay log, the raw and the shaped delivery stream."""
-    await store.append(events)
-    await bus.append((events[0].run_id, "raw"), list(events))
-    await bus.append((events[0].run_id, "shaped"), list(events))
 
 
 async def test_http_ingest_stamps_the_thread_header_on_the_runs_own_events(memory_bus: Bus, store: ReplayLog) -> None:
@@ -120,17 +112,9 @@ async def test_default_chat_transport_resumes_mid_run_and_finds_nothing_after_th
 ) -> None:
     """``ai``'s ``DefaultChatTransport({api: edge + "/v1/threads"}).reconnectToStream`` unchanged:
     mid-run it gets the whole message (replayed head + live tail); after the end, null (204)."""
-    await publish(memory_bus, store, run_events("run-chat", 4, end=None, thread_id="chat-5"))
-    async with serve_edge(memory_bus, store) as edge:
-        client = await start_chat_client(edge=edge.url, chatId="chat-5", mode="http-resume")
-        await wait_for_streams(edge.url)
-        await publish(memory_bus, store, [event("run-chat", 5, "text.delta", {"text": " tail"}),
-                                          event("run-chat", 6, "run.lifecycle", {"state": "done"})])
-        resumed = await chat_result(client)
-        after_end = await run_chat_client(edge=edge.url, chatId="chat-5", mode="http-resume")
-    assert "error" not in resumed, resumed
-    message = resumed["result"]["message"]
+    resumed, after_end = await resume_mid_run(memory_bus, store, "run-chat", "chat-5", "http-resume")
+    message = resumed["message"]
     assert message["id"] == "run-chat" and message["role"] == "assistant"
     assert [p["text"] for p in message["parts"] if p["type"] == "text"] == ["t2t3t4 tail"]
-    assert resumed["result"]["chunks"][-1]["type"] == "finish"
+    assert resumed["chunks"][-1]["type"] == "finish"
     assert after_end == {"result": None}

@@ -25,7 +25,7 @@ from runwire.edge import EdgeSettings, issue_token
 from runwire.store.base import ReplayLog
 from tests.edge.harness import free_port, serve_edge
 from tests.ops.conftest import RUNWIRE, runwire_env
-from tests.services import RedisServer, wait_port
+from tests.services import RedisServer, own_server, wait_port
 
 from .conftest import SECRET
 
@@ -35,13 +35,7 @@ PASSWORD = "hunter2-do-not-print-me"
 @pytest.fixture
 def locked_redis() -> Iterator[RedisServer]:
     """A Redis of the test's own that needs a password."""
-    server = RedisServer("--requirepass", PASSWORD)
-    try:
-        server.start()
-    except (AssertionError, OSError, RuntimeError) as exc:
-        pytest.fail(f"cannot start redis-server: {exc}", pytrace=False)
-    yield server
-    server.close()
+    yield from own_server(RedisServer("--requirepass", PASSWORD))
 
 
 def _url(server: RedisServer) -> str:

@@ -75,6 +75,14 @@ async def until_working(bus: Bus, log_dir: Path, name: str, roots: list[str]) ->
     await until(working, what=f"{name} writing")
 
 
+def kill_all(workers: list[subprocess.Popen[bytes]]) -> None:
+    """SIGKILL the workers still running (a test's clean-up)."""
+    for proc in workers:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait(5)
+
+
 async def publish_trees(
     bus: Bus, trees: list[list[Event]], per_step: int = 2, pause_s: float = 0.05
 ) -> None:
@@ -133,7 +141,4 @@ async def test_sigkill_one_redis_worker_the_survivor_takes_over_exactly_once(
             for events, ancestry in trees:
                 await assert_delivered_exactly_once(bus, store, events, ancestry, exact_shape=False)
     finally:
-        for proc in workers:
-            if proc.poll() is None:
-                proc.kill()
-                proc.wait(5)
+        kill_all(workers)

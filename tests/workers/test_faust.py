@@ -20,6 +20,7 @@ from runwire.workers.faust_seam import IngestConsumer
 from tests.workers.checks import assert_delivered_exactly_once, read_all, run_tree
 from tests.workers.events import RunScript
 from tests.workers.test_crash import (
+    kill_all,
     publish_trees,
     start_worker,
     until_working,
@@ -115,10 +116,7 @@ async def test_sigkill_one_faust_worker_the_survivor_resumes_from_the_changelog(
             for events, ancestry in trees:
                 await assert_delivered_exactly_once(bus, store, events, ancestry, exact_shape=False)
     finally:
-        for proc in workers:
-            if proc.poll() is None:
-                proc.kill()
-                proc.wait(5)
+        kill_all(workers)
 
 
 class _LosingWorker(FaustWorker):
