@@ -39,7 +39,7 @@ from typing import IO, Any
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
-from runwire import envelope  # noqa: E402
+from runwire.core import envelope  # noqa: E402
 from runwire.core.ulid import MonotonicULID  # noqa: E402
 from runwire.store import open_store  # noqa: E402
 from runwire.store.jsonl import export_jsonl, import_jsonl  # noqa: E402

@@ -28,7 +28,8 @@ from .retention import RetentionPolicy, split_retention, utc_now
 
 
 class RunFields(msgspec.Struct, kw_only=True):
-    """Who a run is and where it stands: what its metadata and each change to it share."""
+    """Who a run is, where it stands and what it counted: the fields its metadata and each
+    change to it (what one append adds) share."""
 
     run_id: str
     tenant: str | None = None
@@ -38,10 +39,6 @@ class RunFields(msgspec.Struct, kw_only=True):
     """The chat/thread the run answers (its own events' ``thread_id``)."""
     state: str | None = None
     """Last run.lifecycle state seen (None before any)."""
-
-
-class RunInfo(RunFields, kw_only=True):
-    terminal: bool = False
     events: int = 0
     last_seq: int = 0
     input_tokens: int = 0
@@ -49,6 +46,10 @@ class RunInfo(RunFields, kw_only=True):
     dropped: int = 0
     first_ts: str | None = None
     last_ts: str | None = None
+
+
+class RunInfo(RunFields, kw_only=True):
+    terminal: bool = False
     created_at: datetime | None = None
     updated_at: datetime | None = None
     """Wall-clock time of the last append (retention of unfinished runs)."""

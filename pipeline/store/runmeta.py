@@ -23,14 +23,7 @@ class RunDelta(RunFields, kw_only=True):
     """What one append adds to a run's metadata."""
 
     state_seq: int = 0
-    events: int = 0
     first_seq: int = 0
-    last_seq: int = 0
-    input_tokens: int = 0
-    output_tokens: int = 0
-    dropped: int = 0
-    first_ts: str | None = None
-    last_ts: str | None = None
 
     @property
     def terminal(self) -> bool:

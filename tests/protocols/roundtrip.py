@@ -13,6 +13,15 @@ from runwire.protocols import egress, ingest
 from runwire.protocols.framediff import same
 
 FIXTURES = Path(__file__).resolve().parent.parent / "fixtures"
+SAMPLES = {
+    "koder": "koder/sample_run.ndjson",
+    "loom": "loom/sample_run.ndjson",
+    "loom-export": "loom-export/sample_run.ndjson",
+    "loom-mcp": "loom-mcp/sample_run.ndjson",
+    "cogency": "cogency/conversation.ndjson",
+    "cogency-wire": "cogency-wire/multi_tool.txt",
+}
+"""One sample run per ingest format, under ``FIXTURES``."""
 
 
 def fixture_lines(fmt: str, name: str) -> list[bytes]:

@@ -11,6 +11,7 @@ import sys
 import time
 import uuid
 from pathlib import Path
+from typing import Any
 
 import msgspec
 import pytest
@@ -83,6 +84,24 @@ def kill_all(workers: list[subprocess.Popen[bytes]]) -> None:
             proc.wait(5)
 
 
+async def kill_mid_load(
+    bus: Bus, workers: list[subprocess.Popen[bytes]], log_dir: Path, names: list[str],
+    trees: list[tuple[list[Event], Any]], *, pause_s: float, finish_s: float,
+) -> None:
+    """Publish the trees (``names``, ``run_tree``'s) while the workers run, SIGKILL the first
+    once it is writing, in the middle of many runs; return when every tree has finished."""
+    roots = [f"{name}_root" for name in names]
+    publishing = asyncio.create_task(
+        publish_trees(bus, [events for events, _ in trees], per_step=1, pause_s=pause_s)
+    )
+    await until_working(bus, log_dir, "w0", roots)
+    assert not publishing.done()
+    workers[0].send_signal(signal.SIGKILL)
+    assert workers[0].wait(5) == -signal.SIGKILL
+    await publishing
+    await wait_finished(bus, roots, finish_s)
+
+
 async def publish_trees(
     bus: Bus, trees: list[list[Event]], per_step: int = 2, pause_s: float = 0.05
 ) -> None:
@@ -123,16 +142,8 @@ async def test_sigkill_one_redis_worker_the_survivor_takes_over_exactly_once(
     try:
         async with open_bus(bus_url) as bus, open_store(postgres_url) as store:
             await wait_sharing(tmp_path, ["w0", "w1"])
-            roots = [f"{prefix}t{i}_root" for i in range(24)]
-            publishing = asyncio.create_task(
-                publish_trees(bus, [events for events, _ in trees], per_step=1, pause_s=0.15)
-            )
-            await until_working(bus, tmp_path, "w0", roots)  # both are in the middle of many runs
-            assert not publishing.done()
-            workers[0].send_signal(signal.SIGKILL)
-            assert workers[0].wait(5) == -signal.SIGKILL
-            await publishing
-            await wait_finished(bus, roots, 45)
+            await kill_mid_load(bus, workers, tmp_path, [f"{prefix}t{i}" for i in range(24)], trees,
+                                pause_s=0.15, finish_s=45)
             workers[1].send_signal(signal.SIGTERM)
             assert workers[1].wait(15) == 0, (tmp_path / "w1.log").read_text()
             survivor = msgspec.json.decode((tmp_path / "w1.log").read_bytes().splitlines()[-1])

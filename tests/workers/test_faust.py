@@ -21,9 +21,8 @@ from tests.workers.checks import assert_delivered_exactly_once, read_all, run_tr
 from tests.workers.events import RunScript
 from tests.workers.test_crash import (
     kill_all,
-    publish_trees,
+    kill_mid_load,
     start_worker,
-    until_working,
     wait_finished,
     wait_sharing,
 )
@@ -99,16 +98,8 @@ async def test_sigkill_one_faust_worker_the_survivor_resumes_from_the_changelog(
         async with open_bus(bus_url) as bus, open_store(postgres_url) as store:
             # the second's join settled into one generation: the two split the partitions
             await wait_sharing(tmp_path, ["w0", "w1"], timeout_s=40, shards=bus.shards)
-            roots = [f"{prefix}t{i}_root" for i in range(16)]
-            publishing = asyncio.create_task(
-                publish_trees(bus, [events for events, _ in trees], per_step=1, pause_s=0.2)
-            )
-            await until_working(bus, tmp_path, "w0", roots)
-            assert not publishing.done()
-            workers[0].send_signal(signal.SIGKILL)
-            assert workers[0].wait(5) == -signal.SIGKILL
-            await publishing
-            await wait_finished(bus, roots, 60)
+            await kill_mid_load(bus, workers, tmp_path, [f"{prefix}t{i}" for i in range(16)], trees,
+                                pause_s=0.2, finish_s=60)
             workers[1].send_signal(signal.SIGTERM)
             assert workers[1].wait(30) == 0, (tmp_path / "w1.log").read_text()[-3000:]
             survivor_log = (tmp_path / "w1.log").read_text()
