@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import io
 import json
 import time
 from collections.abc import AsyncIterator
@@ -12,9 +13,11 @@ import jwt
 import pytest
 import websockets
 
+from runwire import protocols
 from runwire.bus.base import Bus
 from runwire.core import envelope
 from runwire.edge import EdgeSettings, issue_token
+from runwire.jobs.replay import export_run
 from runwire.sdk.publisher import Publisher
 from runwire.store.base import ReplayLog
 from tests.events import event
@@ -192,3 +195,22 @@ async def test_runs_listing_filters_and_jsonl_export(memory_bus: Bus, store: Rep
     assert [json.loads(line)["seq"] for line in export.text.splitlines()] == [1, 2, 3, 4]
     assert json.loads(agui.text.splitlines()[0])["type"] == "RUN_STARTED"
     assert missing.status_code == 404
+
+
+@pytest.mark.parametrize("format_name", sorted(protocols.EGRESS))
+async def test_the_edge_exports_what_runwire_replay_export_writes(
+    memory_bus: Bus, store: ReplayLog, format_name: str
+) -> None:
+    """One export path: ``events.jsonl`` of a finished run, of an unfinished one (which the
+    format's closing frames end) and of a run with a child is byte for byte the CLI's export."""
+    await store.append(run_events("r-ended", 5, end="done"))
+    await store.append(run_events("r-open", 4, end=None))
+    await store.append([*run_events("r-tree", 3, end=None),
+                        event("r-tree", 4, "text.delta", child_id="kid"),
+                        event("r-tree", 5, "run.lifecycle", {"state": "done"}, child_id="kid")])
+    async with serve_edge(memory_bus, store) as edge, httpx.AsyncClient(timeout=10) as http:
+        for run_id in ("r-ended", "r-open", "r-tree"):
+            served = await http.get(f"{edge.url}/v1/runs/{run_id}/events.jsonl?format={format_name}")
+            written = io.BytesIO()
+            await export_run(store, run_id, written.write, format=format_name)
+            assert served.content == written.getvalue() != b"", (run_id, format_name)
