@@ -21,10 +21,12 @@ one idea, no import cycles.
 from __future__ import annotations
 
 import ast
+import io
 import re
 import subprocess
 import sys
 import textwrap
+import tokenize
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -249,3 +251,20 @@ def test_pyproject_installs_every_folder_under_runwire() -> None:
     data = ["runwire.edge.static"]  # the page: files, no modules
     assert setuptools["package-dir"] == {"runwire": "pipeline", "runwire.workers": "workers"}
     assert sorted(setuptools["packages"]) == sorted([*packages, *data])
+
+
+# ---- one name per event type ---------------------------------------------------------------
+
+
+def test_an_event_types_name_is_written_once_as_its_structs_tag() -> None:
+    """The protocols and the envelope read a canonical type's name from its class
+    (``TextDelta.type_name``, the Struct's tag) rather than spelling it again, so a type's
+    tables can't drift from its definition."""
+    from runwire.core.envelope import EVENT_CLASSES
+
+    spelled = []
+    for path in [*sorted((ROOT / "pipeline" / "protocols").glob("*.py")), ROOT / "pipeline/core/envelope.py"]:
+        for token in tokenize.generate_tokens(io.StringIO(path.read_text()).readline):
+            if token.type == tokenize.STRING and token.string.strip("\"'") in EVENT_CLASSES:
+                spelled.append(f"{path.relative_to(ROOT)}:{token.start[0]}: {token.string}")
+    assert not spelled, "use the class's type_name:\n" + "\n".join(spelled)
