@@ -37,8 +37,8 @@ sys.path.insert(0, str(ROOT))
 import httpx  # noqa: E402
 import websockets  # noqa: E402
 
-from runwire import envelope  # noqa: E402
 from runwire.bus import open_bus  # noqa: E402
+from runwire.core import envelope  # noqa: E402
 from runwire.core.envelope import Event  # noqa: E402
 from runwire.store import open_store  # noqa: E402
 from tests.edge.harness import serve_edge  # noqa: E402

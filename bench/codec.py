@@ -32,26 +32,18 @@ import time
 from collections.abc import Callable
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
-from typing import Any
+from typing import Any, get_args
 
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
-from runwire import envelope  # noqa: E402
+from runwire.core import envelope  # noqa: E402
 from runwire.core.envelope import Event  # noqa: E402
 from runwire.protocols import EGRESS, INGEST, egress, ingest  # noqa: E402
+from tests.protocols.roundtrip import FIXTURES, SAMPLES  # noqa: E402
 
-FIXTURES = ROOT / "tests" / "fixtures"
 BATCH = 1000
 """Frames per batch for batch decoding (a bus read of 1000 entries)."""
-SAMPLES = {
-    "koder": "koder/sample_run.ndjson",
-    "loom": "loom/sample_run.ndjson",
-    "loom-export": "loom-export/sample_run.ndjson",
-    "loom-mcp": "loom-mcp/sample_run.ndjson",
-    "cogency": "cogency/conversation.ndjson",
-    "cogency-wire": "cogency-wire/multi_tool.txt",
-}
 
 
 # ------------------------------------------------------------------ data
@@ -123,17 +115,8 @@ _ENVELOPE_KEYS = {
     "root_id",
     "tenant",
 }
-_STATES = {
-    "planning",
-    "awaiting_approval",
-    "running",
-    "paused",
-    "redirecting",
-    "done",
-    "aborted",
-    "error",
-}
-_KINDS = {"plan", "tool-roundtrip", "text-only", "fan-out", "fan-in", "done"}
+_STATES = set(get_args(envelope.LifecycleState))
+_KINDS = set(get_args(envelope.StepKind))
 
 
 def _fail(why: str) -> None:

@@ -180,17 +180,6 @@ async def prepare(bus_url: str, store_url: str, events: int) -> None:
         await store.append(run)
 
 
-async def wait_port(port: int) -> None:
-    for _ in range(300):
-        try:
-            _, writer = await asyncio.open_connection("127.0.0.1", port)
-            writer.close()
-            return
-        except OSError:
-            await asyncio.sleep(0.05)
-    raise RuntimeError("the edge did not start")
-
-
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--role", choices=["bench", "server"], default="bench")
@@ -215,7 +204,7 @@ def main() -> None:
         bus_url = redis.url
     bus_url += ("&" if "?" in bus_url else "?") + f"maxlen={args.events * 2}"
     store_url = f"sqlite:///{Path(tempfile.mkdtemp()) / 'replay.db'}"
-    from tests.edge.harness import free_port
+    from tests.services import free_port, wait_port
 
     port = free_port()
     server = None
@@ -223,7 +212,7 @@ def main() -> None:
         asyncio.run(prepare(bus_url, store_url, args.events))
         server = subprocess.Popen([sys.executable, __file__, "--role", "server", "--bus", bus_url,
                                    "--store", store_url, "--port", str(port)])
-        asyncio.run(wait_port(port))
+        wait_port(port, 15.0)
         result = asyncio.run(measure(port, args.events, args.clients, args.rounds))
     finally:
         if server is not None:

@@ -61,9 +61,11 @@ from typing import Any
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
-from runwire import envelope  # noqa: E402
 from runwire.bus import open_bus  # noqa: E402
+from runwire.core import envelope  # noqa: E402
 from runwire.core.envelope import Event  # noqa: E402
+from tests.services import free_port  # noqa: E402
+from tests.services import wait_port as wait_listening  # noqa: E402
 
 MAIN_RUN = "bench-main"
 RESUME_RUN = "bench-resume"
@@ -272,24 +274,9 @@ def rss_kib(pid: int) -> int:
     return 0
 
 
-def free_port() -> int:
-    import socket
-
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        port: int = sock.getsockname()[1]
-        return port
-
-
 async def wait_port(port: int) -> None:
-    for _ in range(300):
-        try:
-            _, writer = await asyncio.open_connection("127.0.0.1", port)
-            writer.close()
-            return
-        except OSError:
-            await asyncio.sleep(0.05)
-    raise RuntimeError(f"server on {port} did not start")
+    """Until a server listens on ``port`` (tests/services.py's wait, off the loop)."""
+    await asyncio.to_thread(wait_listening, port, 15.0)
 
 
 class Seqs:

@@ -7,7 +7,7 @@
 The data: ``--runs`` runs (default 100) sharing ``--events`` events, the mix
 of a real run (mostly text/reasoning deltas, tool calls, usage, lifecycle).
 
-* **runwire export** — ``runwire.store.jsonl.export_jsonl`` of every run (koder JSONL,
+* **runwire export** — ``runwire.jobs.replay.export_run`` of every run (koder JSONL,
   seq order) into ``/dev/null``: streams the stored canonical bytes.
 * **baseline export** — the loop a user writes over a plain events table
   (``id, run_id, tenant, child_id, seq, type, ts, payload`` — Koder agent stream §6):
@@ -39,10 +39,11 @@ from typing import IO, Any
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
-from runwire import envelope  # noqa: E402
+from runwire.core import envelope  # noqa: E402
 from runwire.core.ulid import MonotonicULID  # noqa: E402
+from runwire.jobs.replay import export_run  # noqa: E402
 from runwire.store import open_store  # noqa: E402
-from runwire.store.jsonl import export_jsonl, import_jsonl  # noqa: E402
+from runwire.store.jsonl import import_jsonl  # noqa: E402
 
 BASE_COLUMNS = "id, run_id, tenant, child_id, seq, type, ts, payload"
 
@@ -106,7 +107,7 @@ async def runwire_import(url: str, path: Path) -> tuple[float, int]:
 async def runwire_export(url: str, run_ids: list[str], sink: IO[bytes]) -> tuple[float, int]:
     async with open_store(url) as log:
         start = time.perf_counter()
-        count = await export_jsonl(log, run_ids, sink.write)
+        count = sum([await export_run(log, run_id, sink.write) for run_id in run_ids])
         return time.perf_counter() - start, count
 
 

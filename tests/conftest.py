@@ -17,6 +17,7 @@ from tests.services import (
     RedisCluster,
     RedisServer,
     TansuBroker,
+    own_server,
     provide,
 )
 
@@ -30,13 +31,7 @@ def redis_url() -> Iterator[str]:
 @pytest.fixture
 def own_redis() -> Iterator[RedisServer]:
     """A Redis of this test's own, which the test may restart (data is lost on restart)."""
-    server = RedisServer()
-    try:
-        server.start()
-    except (AssertionError, OSError, RuntimeError) as exc:
-        pytest.fail(f"cannot start redis-server: {exc}", pytrace=False)
-    yield server
-    server.close()
+    yield from own_server(RedisServer())
 
 
 @pytest.fixture(scope="session")

@@ -264,6 +264,16 @@ def _container(kind: str) -> Iterator[str]:
             yield c.get_connection_url(driver=None)
 
 
+def own_server(server: RedisServer) -> Iterator[RedisServer]:
+    """``server`` started for one test (which fails with the reason when it can't), closed after."""
+    try:
+        server.start()
+    except (AssertionError, OSError, RuntimeError) as exc:
+        pytest.fail(f"cannot start redis-server: {exc}", pytrace=False)
+    yield server
+    server.close()
+
+
 def provide(kind: str, env: str, factory: type) -> Iterator[str]:
     """Yield a URL for ``kind``: env URL, else a local binary, else a container, else fail."""
     url = os.environ.get(env)

@@ -2,8 +2,6 @@
 
 from __future__ import annotations
 
-from pathlib import Path
-
 import msgspec
 import pytest
 from click.testing import CliRunner
@@ -12,16 +10,7 @@ from runwire.core import envelope
 from runwire.protocols import EGRESS, INGEST
 from runwire.protocols.framediff import same
 from runwire.workers.cli import main
-
-FIXTURES = Path(__file__).resolve().parent / "fixtures"
-SAMPLES = {
-    "koder": "koder/sample_run.ndjson",
-    "loom": "loom/sample_run.ndjson",
-    "loom-export": "loom-export/sample_run.ndjson",
-    "loom-mcp": "loom-mcp/sample_run.ndjson",
-    "cogency": "cogency/conversation.ndjson",
-    "cogency-wire": "cogency-wire/multi_tool.txt",
-}
+from tests.protocols.roundtrip import FIXTURES, SAMPLES
 
 
 def _run(*args: str, stdin: bytes | None = None) -> tuple[int, bytes, str]:

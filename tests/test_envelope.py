@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from datetime import UTC, datetime, timedelta, timezone
 from pathlib import Path
-from typing import Any
+from typing import Any, get_args
 
 import msgspec
 import pytest
@@ -289,9 +289,7 @@ payloads: dict[str, st.SearchStrategy[Any]] = {
     "step.boundary": st.builds(
         envelope.StepBoundaryPayload,
         step_index=st.integers(min_value=0, max_value=10**6),
-        step_kind=st.sampled_from(
-            ["plan", "tool-roundtrip", "text-only", "fan-out", "fan-in", "done"]
-        ),
+        step_kind=st.sampled_from(get_args(envelope.StepKind)),
         checkpoint_id=maybe(names),
     ),
     "child.spawn": st.builds(
@@ -324,18 +322,7 @@ payloads: dict[str, st.SearchStrategy[Any]] = {
     ),
     "run.lifecycle": st.builds(
         envelope.RunLifecyclePayload,
-        state=st.sampled_from(
-            [
-                "planning",
-                "awaiting_approval",
-                "running",
-                "paused",
-                "redirecting",
-                "done",
-                "aborted",
-                "error",
-            ]
-        ),
+        state=st.sampled_from(get_args(envelope.LifecycleState)),
         reason=maybe(st.text()),
         dropped_count=maybe(st.integers(min_value=0, max_value=10**6)),
     ),

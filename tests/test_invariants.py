@@ -23,6 +23,7 @@ import pytest
 import redis.asyncio as aioredis
 
 from runwire.bus import open_bus
+from runwire.bus.base import Bus
 from runwire.bus.keys import DATA_FIELD, ingest_key, lease_key, shard_for
 from runwire.core import envelope
 from runwire.edge import EdgeSettings
@@ -40,6 +41,7 @@ from tests.e2e_harness import (
 )
 from tests.edge.harness import EdgeServer, read_sse
 from tests.edge.test_backpressure import _sse_bodies, _stalled_sse
+from tests.waiting import until
 
 pytestmark = pytest.mark.timeout(120)
 
@@ -143,7 +145,7 @@ async def test_invariant_2_no_loss_no_duplicates_across_a_worker_crash_and_a_cli
                     if len(first_half) == 40:
                         break
         publishing = asyncio.create_task(publish(60, 130))
-        await asyncio.sleep(0.05)
+        await until(lambda: len(published[runs[0]]) >= 70, what="publishing under way")
         assert pipe.workers[0].alive
         await pipe.workers[0].crash()  # killed while events are being published and processed
         await publishing
@@ -456,7 +458,7 @@ async def test_invariant_4_bounded_memory_a_slow_client_drops_per_r4_a_fast_one_
         sampler = asyncio.create_task(sample_queues())
         async with http.stream("GET", url) as fast:
             fast_reader = asyncio.create_task(read_sse(fast))
-            await asyncio.sleep(0.3)
+            await until(lambda: pipe.edge.live_clients(run_id) == 2, what="both clients attached")
             for index in range(900):
                 kind = ("reasoning.delta", "text.delta", "text.delta")[index % 3]
                 await run.emit(kind, {"text": BIG})
@@ -595,6 +597,12 @@ def _koder(run_id: str, seq: int, type: str, payload: dict[str, Any], **extra: A
 SECRET = "e2e-secret-" + "k" * 32
 
 
+def same_shard(bus: Bus, run_id: str) -> str:
+    """A new root run id on the same ingest shard as ``run_id``'s (the worker keeps a shard's order)."""
+    candidates = (unique("marker") for _ in range(10_000))
+    return next(c for c in candidates if shard_for(c, bus.shards) == shard_for(run_id, bus.shards))
+
+
 def token(tenant: str, runs: str | list[str] = "*") -> dict[str, str]:
     claims = {"tenant": tenant, "runs": runs, "scopes": ["read", "write", "control"], "exp": int(time.time()) + 600}
     return {"Authorization": f"Bearer {jwt.encode(claims, SECRET, algorithm='HS256')}"}
@@ -657,7 +665,12 @@ success."""
         narrow = token("acme", [acme_run])
         assert await status("GET", stream, narrow) == 404
         assert globex_run not in [r["run_id"] for r in (await http.get(f"{edge}/v1/runs", headers=narrow)).json()["runs"]]
-        await asyncio.sleep(0.5)  # had the forged event been published, a worker would have written it
+        # a marker through the same entrance after it, on the forged event's ingest shard: once a
+        # worker wrote the marker, it would have written the forged event before it
+        marker_run = same_shard(pipe.bus, globex_run)
+        marker = _koder(marker_run, 1, "run.lifecycle", {"state": "done"}, tenant="globex")
+        assert await status("POST", f"/v1/runs/{marker_run}/events", globex, content=marker) == 200
+        await wait_for_terminal(pipe.store, marker_run)
         logged = [e.payload_dict().get("call_id") for e in await pipe.store.read(globex_run)]
 
     assert "forged" not in logged

@@ -16,15 +16,20 @@ one idea, no import cycles.
   moved into a function hides a cycle from the first check without removing
   it). Plugin tables of ``"module:Class"`` strings load backends by URL scheme
   on purpose; they are not imports.
+* An event type's name is written once, as its Struct's tag: the protocols read it
+  (``TextDelta.type_name``) rather than spell it.
+* bench/ (which no test runs) imports only names ``runwire`` has.
 """
 
 from __future__ import annotations
 
 import ast
+import io
 import re
 import subprocess
 import sys
 import textwrap
+import tokenize
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -249,3 +254,41 @@ def test_pyproject_installs_every_folder_under_runwire() -> None:
     data = ["runwire.edge.static"]  # the page: files, no modules
     assert setuptools["package-dir"] == {"runwire": "pipeline", "runwire.workers": "workers"}
     assert sorted(setuptools["packages"]) == sorted([*packages, *data])
+
+
+# ---- one name per event type ---------------------------------------------------------------
+
+
+def test_an_event_types_name_is_written_once_as_its_structs_tag() -> None:
+    """The protocols and the envelope read a canonical type's name from its class
+    (``TextDelta.type_name``, the Struct's tag) rather than spelling it again, so a type's
+    tables can't drift from its definition."""
+    from runwire.core.envelope import EVENT_CLASSES
+
+    spelled = []
+    for path in [*sorted((ROOT / "pipeline" / "protocols").glob("*.py")), ROOT / "pipeline/core/envelope.py"]:
+        for token in tokenize.generate_tokens(io.StringIO(path.read_text()).readline):
+            if token.type == tokenize.STRING and token.string.strip("\"'") in EVENT_CLASSES:
+                spelled.append(f"{path.relative_to(ROOT)}:{token.start[0]}: {token.string}")
+    assert not spelled, "use the class's type_name:\n" + "\n".join(spelled)
+
+
+# ---- bench/ ---------------------------------------------------------------------------------
+
+
+def test_the_benchmarks_import_names_that_exist() -> None:
+    """bench/ is not run by the tests, so a rename in ``runwire`` would break it unnoticed:
+    every ``from runwire… import name`` in bench/ names a module or an attribute that exists."""
+    import importlib
+    import importlib.util
+
+    missing = []
+    for path in sorted((ROOT / "bench").glob("*.py")):
+        for node in ast.walk(ast.parse(path.read_text())):
+            if isinstance(node, ast.ImportFrom) and (node.module or "").split(".")[0] == "runwire":
+                module = importlib.import_module(node.module or "")
+                for alias in node.names:
+                    name = f"{node.module}.{alias.name}"
+                    if not hasattr(module, alias.name) and importlib.util.find_spec(name) is None:
+                        missing.append(f"bench/{path.name}:{node.lineno}: {name}")
+    assert not missing, "\n".join(missing)

@@ -7,7 +7,6 @@ codec makes of it (ids and timestamps aside, which codecs may mint).
 from __future__ import annotations
 
 import asyncio
-import time
 import uuid
 from collections import Counter
 from pathlib import Path
@@ -17,12 +16,12 @@ import msgspec
 import pytest
 from click.testing import CliRunner
 
-from runwire.bus import open_bus
-from runwire.core.envelope import Event, decode, to_builtins
+from runwire.core.envelope import Event, to_builtins
 from runwire.core.errors import ProtocolError
 from runwire.protocols import INGEST, ingest
 from runwire.protocols.detect import detect
 from runwire.workers.cli import main
+from tests.bus.reading import consume
 
 FIXTURES = Path(__file__).parent / "fixtures"
 SAMPLES = sorted(p for p in FIXTURES.glob("*/*") if p.is_file() and p.parent.name in INGEST)
@@ -53,18 +52,6 @@ def comparable(event: Event) -> str:
 
 def publish(*args: str, input: bytes | None = None) -> Any:
     return CliRunner().invoke(main, ["publish", *args], input=input)
-
-
-async def consume(url: str, want: int, within: float = 30.0) -> list[Event]:
-    got: list[Event] = []
-    async with open_bus(url) as bus, bus.consumer("check", "c") as consumer:
-        deadline = time.monotonic() + within
-        while len(got) < want and time.monotonic() < deadline:
-            batch = await consumer.fetch(max_count=1000, block_ms=200)
-            got += [decode(d.data) for d in batch]
-            await consumer.ack(batch)
-        got += [decode(d.data) for d in await consumer.fetch(block_ms=300)]  # nothing extra
-    return got
 
 
 def test_there_are_samples_of_several_formats() -> None:
@@ -98,7 +85,7 @@ def test_publish_moves_every_sample_onto_a_real_bus(
         expected.update(comparable(e) for e in events)
         result = publish("--bus", url, str(path))
         assert result.exit_code == (1 if rejected else 0), (path, result.output)
-    got = asyncio.run(consume(url, sum(expected.values())))
+    got = asyncio.run(consume(url, sum(expected.values()), then_nothing=True))
     assert Counter(comparable(e) for e in got) == expected
 
 

@@ -57,6 +57,7 @@ from runwire.store import ReplayLog, open_store
 from runwire.workers.faust_partitions import PartitionTracker
 from runwire.workers.faust_seam import Intake, check_faust_version
 from runwire.workers.faust_setup import build_app, build_table, subscribe
+from runwire.workers.runtime import stop_on_signals
 
 log = logging.getLogger("runwire.faust")
 
@@ -378,12 +379,7 @@ async def _main(
     bus_url: str, store_url: str, group: str, name: str, burst: bool, silence_s: float,
     data_dir: Path,
 ) -> WorkerStats:
-    import signal
-
-    stop = asyncio.Event()
-    loop = asyncio.get_running_loop()
-    for sig in (signal.SIGINT, signal.SIGTERM):
-        loop.add_signal_handler(sig, stop.set)
+    stop = stop_on_signals()
     async with open_bus(bus_url) as bus, open_store(store_url) as store:
         if not isinstance(bus, KafkaBus):
             raise TypeError(f"the faust worker needs a kafka:// bus, not {bus_url!r}")

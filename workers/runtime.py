@@ -8,6 +8,7 @@ until a stop (or, with ``burst``, until idle), then leaves the group.
 from __future__ import annotations
 
 import asyncio
+import signal
 import time
 
 from runwire.bus import Bus
@@ -16,7 +17,16 @@ from runwire.processing.stages import BATCH, FETCH, TICK_S, Stages, WorkerStats
 from runwire.processing.worker_loop import ConsumerLoop
 from runwire.store import ReplayLog
 
-__all__ = ["BATCH", "FETCH", "TICK_S", "Stages", "WorkerStats", "run_worker"]
+__all__ = ["BATCH", "FETCH", "TICK_S", "Stages", "WorkerStats", "run_worker", "stop_on_signals"]
+
+
+def stop_on_signals() -> asyncio.Event:
+    """An event that SIGINT or SIGTERM sets (handlers on the running loop): a worker's stop."""
+    stop = asyncio.Event()
+    loop = asyncio.get_running_loop()
+    for sig in (signal.SIGINT, signal.SIGTERM):
+        loop.add_signal_handler(sig, stop.set)
+    return stop
 
 
 async def run_worker(

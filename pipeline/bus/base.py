@@ -25,7 +25,7 @@ from typing import Any, Literal
 import msgspec
 
 from ..core.envelope import Event
-from ..core.lifecycle import AsyncResource
+from ..core.lifecycle import AsyncResource, ConnectedResource
 from .keys import shard_for
 
 View = Literal["raw", "shaped"]
@@ -123,8 +123,11 @@ class Consumer(AsyncResource):
 
 
 
-class Bus(AsyncResource):
-    """One bus, selected by URL. Use as ``async with open_bus(url) as bus``."""
+class Bus(ConnectedResource):
+    """One bus, selected by URL. Use as ``async with open_bus(url) as bus``.
+
+    ``connect`` creates the streams, topics and groups it needs, raising BusUnavailable.
+    """
 
     url: str
     shards: int = DEFAULT_SHARDS
@@ -132,20 +135,6 @@ class Bus(AsyncResource):
     """Past this many deliveries an entry is poison: dead-letter it."""
     claim_idle_ms: int = 30_000
     """Default idle time before a pending entry is claimed by another consumer."""
-
-    async def _enter(self) -> None:
-        await self.connect()
-
-    @abstractmethod
-    async def connect(self) -> None:
-        """Connect (and create streams/topics/groups as needed). Raises BusUnavailable."""
-
-    @abstractmethod
-    async def close(self) -> None: ...
-
-    @abstractmethod
-    async def ping(self) -> None:
-        """Raise BusUnavailable unless the bus answers."""
 
     async def ingest_lost(self) -> dict[str, int]:
         """Ingest entries each consumer group lost to the ingest cap before reading them, by

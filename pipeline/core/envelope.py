@@ -29,6 +29,7 @@ from .events import (
     MAX_DEPTH,
     MAX_FRAME_BYTES,
     MAX_ID_CHARS,
+    PAYLOAD_CLASSES,
     TERMINAL_STATES,
     TYPED,
     ChildSpawn,
@@ -387,7 +388,7 @@ def make(
         return Extension(
             id=id, ts=ts, type=type, run_id=run_id, seq=seq, payload=dict(data), **envelope
         )
-    payload_cls = _PAYLOAD_CLASSES[type]
+    payload_cls = PAYLOAD_CLASSES[type]
     if not isinstance(payload, payload_cls):
         try:
             payload = msgspec.convert(payload, payload_cls)
@@ -399,16 +400,3 @@ def make(
     event: Event = cls(id=id, ts=ts, run_id=run_id, seq=seq, payload=payload, **envelope)  # type: ignore[call-arg, assignment]
     return event
 
-
-_PAYLOAD_CLASSES: dict[str, type[msgspec.Struct]] = {
-    "reasoning.delta": TextPayload,
-    "text.delta": TextPayload,
-    "tool.start": ToolStartPayload,
-    "tool.end": ToolEndPayload,
-    "step.boundary": StepBoundaryPayload,
-    "child.spawn": ChildSpawnPayload,
-    "plan.proposal": PlanProposalPayload,
-    "run.lifecycle": RunLifecyclePayload,
-    "x.usage": UsagePayload,
-    "x.gap": GapPayload,
-}

@@ -186,6 +186,8 @@ class Envelope(
     thread_id: RunRef | None = None
 
     type_name: ClassVar[str] = ""
+    """The event type: the concrete class's tag, the one place a type's name is written
+    (copied here when the classes are defined, below, for a fast ``type``)."""
 
     @property
     def type(self) -> str:
@@ -202,52 +204,42 @@ class Envelope(
 
 
 class ReasoningDelta(Envelope, tag="reasoning.delta"):
-    type_name: ClassVar[str] = "reasoning.delta"
     payload: TextPayload
 
 
 class TextDelta(Envelope, tag="text.delta"):
-    type_name: ClassVar[str] = "text.delta"
     payload: TextPayload
 
 
 class ToolStart(Envelope, tag="tool.start"):
-    type_name: ClassVar[str] = "tool.start"
     payload: ToolStartPayload
 
 
 class ToolEnd(Envelope, tag="tool.end"):
-    type_name: ClassVar[str] = "tool.end"
     payload: ToolEndPayload
 
 
 class StepBoundary(Envelope, tag="step.boundary"):
-    type_name: ClassVar[str] = "step.boundary"
     payload: StepBoundaryPayload
 
 
 class ChildSpawn(Envelope, tag="child.spawn"):
-    type_name: ClassVar[str] = "child.spawn"
     payload: ChildSpawnPayload
 
 
 class PlanProposal(Envelope, tag="plan.proposal"):
-    type_name: ClassVar[str] = "plan.proposal"
     payload: PlanProposalPayload
 
 
 class RunLifecycle(Envelope, tag="run.lifecycle"):
-    type_name: ClassVar[str] = "run.lifecycle"
     payload: RunLifecyclePayload
 
 
 class Usage(Envelope, tag="x.usage"):
-    type_name: ClassVar[str] = "x.usage"
     payload: UsagePayload
 
 
 class Gap(Envelope, tag="x.gap"):
-    type_name: ClassVar[str] = "x.gap"
     payload: GapPayload
 
 
@@ -290,7 +282,13 @@ CORE_TYPES: tuple[type[Envelope], ...] = (
     RunLifecycle,
 )
 TYPED: tuple[type[Envelope], ...] = (*CORE_TYPES, Usage, Gap)
+for _cls in TYPED:
+    _cls.type_name = str(_cls.__struct_config__.tag)
 EVENT_CLASSES: dict[str, type[Envelope]] = {cls.type_name: cls for cls in TYPED}
+PAYLOAD_CLASSES: dict[str, type[msgspec.Struct]] = {
+    cls.type_name: next(f.type for f in msgspec.structs.fields(cls) if f.name == "payload") for cls in TYPED
+}
+"""Each event type's payload Struct, read from its class."""
 DELTA_TYPES: frozenset[str] = frozenset({"reasoning.delta", "text.delta"})
 
 Event = (

@@ -34,3 +34,18 @@ class AsyncResource(ABC):
         tb: TracebackType | None,
     ) -> None:
         await self.close()
+
+
+class ConnectedResource(AsyncResource):
+    """An :class:`AsyncResource` on a server (a bus, a replay log): entering connects."""
+
+    async def _enter(self) -> None:
+        await self.connect()
+
+    @abstractmethod
+    async def connect(self) -> None:
+        """Connect (and create what it needs); raises the part's ``…Unavailable`` error."""
+
+    @abstractmethod
+    async def ping(self) -> None:
+        """Raise the part's ``…Unavailable`` error unless the server answers."""

@@ -46,6 +46,7 @@ from ..core.errors import (
 )
 from ..core.redaction import redact_logs, redact_text
 from ..core.retry import state_of
+from ..jobs.replay import export_chunks
 from ..sdk.runcontext import CONTEXT_HEADER, RunContext
 from ..store.base import ReplayLog, RunInfo
 from .auth import Principal
@@ -312,20 +313,10 @@ def export_endpoint(edge: Edge) -> Any:
         format_name = _choice(request.query_params.get("format", "koder"), tuple(protocols.EGRESS), "format")
         if await edge.store.run(run_id) is None:
             raise UnknownRun(f"no run {run_id!r} in the replay log")
-        return StreamingResponse(_export(edge.store, run_id, format_name), media_type=NDJSON_MEDIA_TYPE)
+        chunks = export_chunks(edge.store, run_id, format=format_name)
+        return StreamingResponse((chunk async for chunk, _ in chunks), media_type=NDJSON_MEDIA_TYPE)
 
     return endpoint
-
-
-async def _export(store: ReplayLog, run_id: str, format_name: str) -> AsyncIterator[bytes]:
-    encoder = protocols.egress(format_name)
-    async for event in store.iter_events(run_id):
-        frames = encoder.encode(event)
-        if frames:
-            yield b"".join(frame + b"\n" for frame in frames)
-    tail = encoder.finish()
-    if tail:
-        yield b"".join(_json.encode(frame) + b"\n" for frame in tail)
 
 
 # ---- operations and the page ------------------------------------------------

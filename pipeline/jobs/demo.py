@@ -9,7 +9,8 @@ reports token usage (``x.usage``) and ends with a terminal
 
 Content and timing are a deterministic function of ``(seed, run number)``;
 only the run ids carry a per-process prefix, so a restarted demo never
-collides with runs already in the replay log.
+collides with runs already in the replay log. The runs belong to the tenant
+``DEMO_TENANT``, whose retention ``runwire up --demo`` keeps short.
 """
 
 from __future__ import annotations
@@ -21,6 +22,8 @@ import time
 from collections.abc import Awaitable, Callable
 from typing import Any, Protocol
 
+DEMO_TENANT = "demo"
+"""The tenant of the demo's runs: a retention policy of their own keeps them from piling up."""
 TOKEN_PACE_S = 0.03
 """Seconds between two deltas (about 33 tokens/s, a typical model's speed)."""
 
@@ -233,7 +236,7 @@ async def publish_runs(
     still going are ended as ``aborted`` so no stream waits forever.
     Returns how many runs were started.
     """
-    script = DemoScript(publisher, seed=seed, pace=pace)
+    script = DemoScript(publisher, seed=seed, pace=pace, tenant=DEMO_TENANT)
     prefix = prefix or run_prefix()
     running: set[asyncio.Task[str]] = set()
     started = 0

@@ -24,7 +24,9 @@ text; ``reasoning.delta`` → left out in ``chat`` unless ``reasoning=True``
 a tool call of the open assistant turn; ``tool.end`` (or a result stored in
 the Cogency streaming protocol's text form, ``x.<ns>.result``, answering the oldest open call) →
 a tool result, which closes the turn. Events of child runs (``child_id`` set) are left out unless
-``children=True``. Other events (steps, lifecycle, usage …) carry no message.
+``children=True``; then each run's text (and reasoning) in a turn stays whole — the run's own
+first, then each child's in the order it first spoke — joined by ``SEPARATOR`` (a blank line),
+however the runs' deltas interleaved. Other events (steps, lifecycle, usage …) carry no message.
 """
 
 from __future__ import annotations
@@ -37,6 +39,8 @@ from ..core.envelope import Event, Extension, ReasoningDelta, TextDelta, ToolEnd
 
 Message = dict[str, Any]
 Style = Literal["chat", "cogency"]
+SEPARATOR = "\n\n"
+"""Between the texts of two runs (the run's own, a child's) in one message (``children=True``)."""
 
 
 def _as_text(value: Any) -> str:
@@ -73,12 +77,30 @@ def user_content(event: Event) -> str | None:
     return content if isinstance(content, str) else None
 
 
+class _Text:
+    """Deltas of one turn, kept whole per run that spoke (the run itself: ``None``)."""
+
+    def __init__(self) -> None:
+        self.by_run: dict[str | None, list[str]] = {}
+
+    def add(self, event: TextDelta | ReasoningDelta) -> None:
+        self.by_run.setdefault(event.child_id, []).append(event.payload.text)
+
+    def __bool__(self) -> bool:
+        return bool(self.by_run)
+
+    def joined(self) -> str:
+        own = self.by_run.get(None, [])
+        children = [parts for run, parts in self.by_run.items() if run is not None]
+        return SEPARATOR.join("".join(parts) for parts in ([own] if own else []) + children)
+
+
 class _Turn:
     """One assistant turn being collected: reasoning, text, tool calls."""
 
     def __init__(self) -> None:
-        self.reasoning: list[str] = []
-        self.text: list[str] = []
+        self.reasoning = _Text()
+        self.text = _Text()
         self.calls: list[ToolStart] = []
 
     def empty(self) -> bool:
@@ -108,9 +130,9 @@ class MessageAssembler:
             self._close()
             self.messages.append({"role": "user", "content": user})
         elif isinstance(event, TextDelta):
-            self._open_turn().text.append(event.payload.text)
+            self._open_turn().text.add(event)
         elif isinstance(event, ReasoningDelta):
-            self._open_turn().reasoning.append(event.payload.text)
+            self._open_turn().reasoning.add(event)
         elif isinstance(event, ToolStart):
             self._open_turn().calls.append(event)
             self._tools[event.payload.call_id] = event.payload.tool
@@ -154,9 +176,9 @@ class MessageAssembler:
             return
         if not (turn.text or turn.calls) and not self.reasoning:
             return
-        message: Message = {"role": "assistant", "content": "".join(turn.text) or None}
+        message: Message = {"role": "assistant", "content": turn.text.joined() or None}
         if self.reasoning and turn.reasoning:
-            message["reasoning_content"] = "".join(turn.reasoning)
+            message["reasoning_content"] = turn.reasoning.joined()
         if turn.calls:
             message["tool_calls"] = [_chat_call(call) for call in turn.calls]
         self.messages.append(message)
@@ -196,12 +218,12 @@ def _chat_call(call: ToolStart) -> dict[str, Any]:
 def _cogency_turn(turn: _Turn) -> str:
     parts: list[str] = []
     if turn.reasoning:
-        parts.append(f"<think>{''.join(turn.reasoning)}</think>")
+        parts.append(f"<think>{turn.reasoning.joined()}</think>")
     if turn.calls:
         calls = [{"name": c.payload.tool, "args": known(c.payload.input)} for c in turn.calls]
         parts.append(f"<execute>\n{json.dumps(calls, ensure_ascii=False)}\n</execute>")
     if turn.text:
-        parts.append("".join(turn.text))
+        parts.append(turn.text.joined())
     return "\n\n".join(parts)
 
 

@@ -1,7 +1,9 @@
 """Offline replay jobs on a stored run: export in any format, re-publish with timing.
 
 Both stream a run batch by batch from the replay log, so memory stays bounded
-however long the run is.
+however long the run is. :func:`export_chunks` is the one export: ``runwire replay
+export`` writes it (:func:`export_run`) and the edge's ``GET /v1/runs/{id}/events.jsonl``
+streams it.
 """
 
 from __future__ import annotations
@@ -35,6 +37,50 @@ async def _shaped(events: AsyncIterator[Event]) -> AsyncIterator[Event]:
         yield shaped
 
 
+async def export_chunks(
+    log: ReplayLog, run_id: str, *, format: str = "koder", detail: Detail = "full"
+) -> AsyncIterator[tuple[bytes, int]]:
+    """One run as JSON lines of ``format`` (one frame a line), in chunks: ``(bytes, raw events
+    read for them)``.
+
+    ``koder`` at ``detail=full`` streams the stored canonical bytes as they
+    are; any other format or ``detail=shaped`` decodes, shapes (the same
+    pure function the workers use) and encodes with a fresh egress codec,
+    whose closing frames end a run stored without its terminal event.
+    """
+    if format == "koder" and detail == "full":
+        async for chunk, lines in log.iter_jsonl(run_id):
+            yield chunk, lines
+        return
+    codec = egress(format)
+    read = 0
+
+    async def counted() -> AsyncIterator[Event]:
+        nonlocal read
+        async for event in log.iter_events(run_id):
+            read += 1
+            yield event
+
+    source = _shaped(counted()) if detail == "shaped" else counted()
+    pending: list[bytes] = []
+    reported = 0
+    terminal = False
+    async for event in source:
+        pending += [frame + b"\n" for frame in codec.encode(event)]
+        terminal = envelope.is_terminal(event) and event.child_id is None
+        if read - reported >= CHUNK_EVENTS:
+            yield b"".join(pending), read - reported
+            pending, reported = [], read
+    if not terminal:
+        pending += [msgspec.json.encode(frame) + b"\n" for frame in codec.finish()]
+    if pending or read > reported:
+        yield b"".join(pending), read - reported
+
+
+CHUNK_EVENTS = 2000
+"""Raw events read for one chunk of a re-encoded export (progress is reported a chunk at a time)."""
+
+
 async def export_run(
     log: ReplayLog,
     run_id: str,
@@ -44,52 +90,13 @@ async def export_run(
     detail: Detail = "full",
     progress: Progress = lambda _: None,
 ) -> int:
-    """Write one run as JSON lines of ``format`` (one frame a line); returns raw events read.
-
-    ``koder`` at ``detail=full`` streams the stored canonical bytes as they
-    are; any other format or ``detail=shaped`` decodes, shapes (the same
-    pure function the workers use) and encodes with a fresh egress codec.
-    """
-    if format == "koder" and detail == "full":
-        count = 0
-        async for chunk, lines in log.iter_jsonl(run_id):
-            out(chunk)
-            count += lines
-            progress(lines)
-        return count
-    codec = egress(format)
-    counter = _Counter(progress)
-    events = counter.wrap(log.iter_events(run_id))
-    source = _shaped(events) if detail == "shaped" else events
-    terminal = False
-    async for event in source:
-        for frame in codec.encode(event):
-            out(frame + b"\n")
-        terminal = envelope.is_terminal(event) and event.child_id is None
-    if not terminal:
-        for frame in codec.finish():
-            out(msgspec.json.encode(frame) + b"\n")
-    counter.done()
-    return counter.total
-
-
-class _Counter:
-    """Counts events passing through and reports progress every few thousand."""
-
-    def __init__(self, progress: Progress, every: int = 2000) -> None:
-        self.progress, self.every = progress, every
-        self.total = self._reported = 0
-
-    async def wrap(self, events: AsyncIterator[Event]) -> AsyncIterator[Event]:
-        async for event in events:
-            self.total += 1
-            if self.total - self._reported >= self.every:
-                self.done()
-            yield event
-
-    def done(self) -> None:
-        self.progress(self.total - self._reported)
-        self._reported = self.total
+    """Write :func:`export_chunks` of one run to ``out``; returns the raw events read."""
+    count = 0
+    async for chunk, events in export_chunks(log, run_id, format=format, detail=detail):
+        out(chunk)
+        count += events
+        progress(events)
+    return count
 
 
 def republished(event: Event, run_id: str, seq: int, ids: MonotonicULID) -> Event:

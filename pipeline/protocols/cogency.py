@@ -212,21 +212,21 @@ class CogencyIngest(Ingest):
         kind = frame["type"]
         content = frame.get("content")
         if kind == "think" and isinstance(content, str):
-            return "reasoning.delta", {"text": content}
+            return envelope.ReasoningDelta.type_name, {"text": content}
         if kind == "respond" and isinstance(content, str):
-            return "text.delta", {"text": content}
+            return envelope.TextDelta.type_name, {"text": content}
         if kind == "call":
             mapped = self._map_call(content)
             if mapped is not None:
                 return mapped
         if kind == "result" and isinstance(frame.get("payload"), dict):
-            return "tool.end", self._map_result(frame["payload"])
+            return envelope.ToolEnd.type_name, self._map_result(frame["payload"])
         if kind == "metric" and isinstance(frame.get("step"), dict):
-            return "x.usage", _usage(frame["step"])
+            return envelope.Usage.type_name, _usage(frame["step"])
         if kind == "end":
-            return "run.lifecycle", {"state": "done"}
+            return envelope.RunLifecycle.type_name, {"state": "done"}
         if kind == "interrupt":
-            return "run.lifecycle", {"state": "aborted"}
+            return envelope.RunLifecycle.type_name, {"state": "aborted"}
         rest = {k: v for k, v in frame.items() if k not in ("type", "timestamp")}
         return EXT_PREFIX + kind, rest
 
@@ -241,7 +241,7 @@ class CogencyIngest(Ingest):
             return None
         call_id = f"{self.run_id}.call.{self._seq}"
         self._open_calls.append(call_id)
-        return "tool.start", {"call_id": call_id, "tool": call["name"], "input": call.get("args")}
+        return envelope.ToolStart.type_name, {"call_id": call_id, "tool": call["name"], "input": call.get("args")}
 
     def _map_result(self, payload: dict[str, Any]) -> dict[str, Any]:
         if self._open_calls:

@@ -191,7 +191,7 @@ class CogencyWireIngest(Ingest):
     def _text(self, text: str) -> None:
         chunk = self._segment.push(text)
         if chunk:
-            kind = "reasoning.delta" if self._state == THINK else "text.delta"
+            kind = envelope.ReasoningDelta.type_name if self._state == THINK else envelope.TextDelta.type_name
             self._emit(kind, {"text": chunk})
 
     def _error(self, message: str, block: str) -> None:
@@ -220,7 +220,7 @@ class CogencyWireIngest(Ingest):
             self._calls += 1
             call_id = f"{self.run_id}.call.{self._calls}"
             self._open_calls.append(call_id)
-            self._emit("tool.start", {"call_id": call_id, "tool": call["name"], "input": call.get("args")})
+            self._emit(envelope.ToolStart.type_name, {"call_id": call_id, "tool": call["name"], "input": call.get("args")})
         self._emit("x.cogency.execute", {})
 
     def _results(self, body: str) -> None:
@@ -236,4 +236,4 @@ class CogencyWireIngest(Ingest):
             payload: dict[str, Any] = {"call_id": call_id, "ok": ok, "output": item.get("content")}
             if not ok:
                 payload["error"] = item.get("status") or "failure"
-            self._emit("tool.end", payload)
+            self._emit(envelope.ToolEnd.type_name, payload)

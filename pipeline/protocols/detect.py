@@ -30,14 +30,12 @@ import msgspec
 
 from ..core.envelope import EVENT_CLASSES, is_extension_type
 from ..core.errors import ConfigError
+from .cogency import COGENCY_TYPES
 from .loom import LOOM_TYPES
 from .loom_export import LOOM_TYPES_BY_KEY
 from .loom_mcp import MCP_TYPES
 
 FORMATS = ("koder", "loom", "loom-export", "cogency", "cogency-wire", "loom-mcp")
-COGENCY_TYPES = frozenset(
-    {"user", "think", "call", "execute", "result", "respond", "end", "metric", "error", "interrupt"}
-)
 WIRE_MARKERS = (b"<think>", b"<execute>", b"<results>", b"<respond>", b"</think>", b"</respond>")
 KODER_KEYS = frozenset({"id", "ts", "type", "run_id", "seq", "payload"})
 PULSE_KEYS = frozenset(

@@ -233,11 +233,11 @@ class LoomIngest(Ingest):
 
     def _map(self, kind: str, frame: dict[str, Any], seq: int) -> tuple[str, dict[str, Any]]:
         if kind == "run_start":
-            return "run.lifecycle", {"state": "running"}
+            return envelope.RunLifecycle.type_name, {"state": "running"}
         if kind == "message_chunk":
-            return "text.delta", {"text": frame["content"]}
+            return envelope.TextDelta.type_name, {"text": frame["content"]}
         if kind == "usage":
-            return "x.usage", {
+            return envelope.Usage.type_name, {
                 "input_tokens": as_int(frame.get("prompt_tokens")),
                 "output_tokens": as_int(frame.get("completion_tokens")),
                 "total_tokens": as_int(frame.get("total_tokens")),
@@ -245,13 +245,13 @@ class LoomIngest(Ingest):
         if kind in ("tool_call", "tool_start"):
             call_id = self.calls.resolve(frame, seq)
             if self.calls.start(call_id, frame["name"]):
-                return "tool.start", {
+                return envelope.ToolStart.type_name, {
                     "call_id": call_id,
                     "tool": frame["name"],
                     "input": frame.get("arguments"),
                 }
         if kind == "tool_end":
-            return "tool.end", _tool_end(frame, self.calls.resolve(frame, seq, closing=True))
+            return envelope.ToolEnd.type_name, _tool_end(frame, self.calls.resolve(frame, seq, closing=True))
         return EXT_PREFIX + kind, {
             k: v for k, v in frame.items() if k != "type" and k not in ENVELOPE_FIELDS
         }

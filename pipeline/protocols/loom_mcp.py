@@ -285,30 +285,30 @@ def validate(frame: dict[str, Any]) -> tuple[str, dict[str, Any]]:
 
 def _map(kind: str, payload: dict[str, Any]) -> tuple[str, dict[str, Any]]:
     if kind == "assistant_reply":
-        return "text.delta", {"text": payload["text"]}
+        return envelope.TextDelta.type_name, {"text": payload["text"]}
     if kind == "planner_thought":
         text = payload.get("text", payload.get("note"))
         if isinstance(text, str):
-            return "reasoning.delta", {"text": text}
+            return envelope.ReasoningDelta.type_name, {"text": text}
     elif kind == "tool_start":
-        return "tool.start", {
+        return envelope.ToolStart.type_name, {
             "call_id": payload["tool_call_id"],
             "tool": payload["tool_name"],
             "input": payload.get("payload"),
         }
     elif kind == "tool_end":
-        return "tool.end", _tool_end(payload)
+        return envelope.ToolEnd.type_name, _tool_end(payload)
     elif kind == "usage":
-        return "x.usage", _usage(payload)
+        return envelope.Usage.type_name, _usage(payload)
     elif kind == "workflow":
         state = PHASE_TO_STATE.get(payload["phase"])
         if state is not None:
             reason = payload.get("error")
-            return "run.lifecycle", {"state": state, "reason": reason} if reason else {
+            return envelope.RunLifecycle.type_name, {"state": state, "reason": reason} if reason else {
                 "state": state
             }
     elif kind == "child_run_linked":
-        return "child.spawn", {"child_id": payload["child_run_id"]}
+        return envelope.ChildSpawn.type_name, {"child_id": payload["child_run_id"]}
     elif kind not in MCP_TYPES:
         return kind, payload
     return EXT_PREFIX + kind, payload

@@ -53,6 +53,7 @@ from collections.abc import Callable
 
 import msgspec
 
+from ..core import envelope
 from ..core.envelope import Event
 from ..core.errors import ConfigError
 
@@ -80,31 +81,31 @@ class StreamProfile(msgspec.Struct, frozen=True, kw_only=True):
 
 
 FLAG_OF_TYPE: dict[str, str] = {
-    "text.delta": "assistant",
-    "reasoning.delta": "thoughts",
+    envelope.TextDelta.type_name: "assistant",
+    envelope.ReasoningDelta.type_name: "thoughts",
     "x.mcp.planner_thought": "thoughts",
     "x.mcp.prompt_rendered": "prompt_rendered",
-    "tool.start": "tool_start",
+    envelope.ToolStart.type_name: "tool_start",
     "x.mcp.tool_update": "tool_update",
     "x.mcp.tool_output_delta": "tool_update",
     "x.mcp.tool_call_args_delta": "tool_call_args_delta",
-    "tool.end": "tool_end",
+    envelope.ToolEnd.type_name: "tool_end",
     "x.mcp.await_clarification": "await_clarification",
     "x.mcp.await_confirmation": "await_confirmation",
-    "plan.proposal": "await_confirmation",
+    envelope.PlanProposal.type_name: "await_confirmation",
     "x.mcp.await_questions": "await_questions",
     "x.mcp.await_external_tools": "await_external_tools",
     "x.mcp.tool_authorization": "tool_authorization",
-    "x.usage": "usage",
-    "run.lifecycle": "workflow",
-    "step.boundary": "workflow",
+    envelope.Usage.type_name: "usage",
+    envelope.RunLifecycle.type_name: "workflow",
+    envelope.StepBoundary.type_name: "workflow",
     "x.mcp.workflow": "workflow",
     "x.mcp.run_stream_end": "workflow",
     "x.mcp.session_stream_started": "workflow",
     "x.mcp.session_stream_end": "workflow",
-    "child.spawn": "child_runs",
+    envelope.ChildSpawn.type_name: "child_runs",
 }
-ALWAYS: frozenset[str] = frozenset({"x.gap"})
+ALWAYS: frozenset[str] = frozenset({envelope.Gap.type_name})
 
 _EVERYTHING = StreamProfile(**{name: True for name in StreamProfile.__struct_fields__})
 

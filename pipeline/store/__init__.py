@@ -11,7 +11,8 @@ from __future__ import annotations
 from typing import Any
 
 from ..core.loader import load_entry, url_scheme
-from .base import ReplayLog, RetentionPolicy, RunInfo, SweepResult
+from .base import ReplayLog, RunInfo, SweepResult
+from .retention import RetentionPolicy
 
 BACKENDS: dict[str, str] = {
     "sqlite": "runwire.store.sqlite:SQLiteLog",

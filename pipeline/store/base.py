@@ -22,26 +22,15 @@ import msgspec
 from ..core import envelope
 from ..core.envelope import Event
 from ..core.errors import UnknownRun
-from ..core.lifecycle import AsyncResource
+from ..core.lifecycle import ConnectedResource
 from .producers import Reservation
+from .retention import RetentionPolicy, split_retention, utc_now
 
 
-class RetentionPolicy(msgspec.Struct, kw_only=True, frozen=True):
-    done: timedelta = timedelta(days=90)
-    failed: timedelta = timedelta(days=30)
-    """aborted and error runs"""
-    unfinished: timedelta = timedelta(days=30)
-    """runs with no terminal event, measured from their last activity"""
+class RunFields(msgspec.Struct, kw_only=True):
+    """Who a run is, where it stands and what it counted: the fields its metadata and each
+    change to it (what one append adds) share."""
 
-    def keep_for(self, state: str | None) -> timedelta:
-        if state == "done":
-            return self.done
-        if state in ("aborted", "error"):
-            return self.failed
-        return self.unfinished
-
-
-class RunInfo(msgspec.Struct, kw_only=True):
     run_id: str
     tenant: str | None = None
     parent_id: str | None = None
@@ -50,7 +39,6 @@ class RunInfo(msgspec.Struct, kw_only=True):
     """The chat/thread the run answers (its own events' ``thread_id``)."""
     state: str | None = None
     """Last run.lifecycle state seen (None before any)."""
-    terminal: bool = False
     events: int = 0
     last_seq: int = 0
     input_tokens: int = 0
@@ -58,6 +46,10 @@ class RunInfo(msgspec.Struct, kw_only=True):
     dropped: int = 0
     first_ts: str | None = None
     last_ts: str | None = None
+
+
+class RunInfo(RunFields, kw_only=True):
+    terminal: bool = False
     created_at: datetime | None = None
     updated_at: datetime | None = None
     """Wall-clock time of the last append (retention of unfinished runs)."""
@@ -80,27 +72,31 @@ class SweepResult(msgspec.Struct, kw_only=True):
 Clock = Callable[[], datetime]
 
 
-class ReplayLog(AsyncResource):
-    """One replay log, selected by URL. ``async with open_store(url) as log``."""
+class ReplayLog(ConnectedResource):
+    """One replay log, selected by URL. ``async with open_store(url) as log``.
 
-    url: str
-    retention: RetentionPolicy
-    tenant_retention: dict[str, RetentionPolicy]
-    clock: Clock
-    """Wall clock for activity times and expiry (injectable in tests)."""
+    ``connect`` opens it (and migrates the schema), raising StoreUnavailable.
+    """
 
-    async def _enter(self) -> None:
-        await self.connect()
+    def __init__(
+        self,
+        url: str,
+        *,
+        retention: RetentionPolicy | None = None,
+        tenant_retention: dict[str, RetentionPolicy] | None = None,
+        clock: Clock | None = None,
+    ) -> None:
+        location, policy, per_tenant = split_retention(url, retention)
+        self.url = url
+        self.retention = policy
+        self.tenant_retention = {**per_tenant, **(tenant_retention or {})}
+        self.clock: Clock = clock or utc_now
+        """Wall clock for activity times and expiry (injectable in tests)."""
+        self._locate(location)
 
     @abstractmethod
-    async def connect(self) -> None:
-        """Open (and migrate the schema). Raises StoreUnavailable."""
-
-    @abstractmethod
-    async def close(self) -> None: ...
-
-    @abstractmethod
-    async def ping(self) -> None: ...
+    def _locate(self, location: str) -> None:
+        """Set up for ``location``: the URL without its retention parameters (nothing opens yet)."""
 
     @abstractmethod
     async def append(self, events: Sequence[Event]) -> int:
@@ -187,7 +183,6 @@ class ReplayLog(AsyncResource):
     async def stream_release(self, run_id: str) -> None:
         """The batch reserved last has been published: the next may go."""
 
-    @abstractmethod
     async def runs(
         self,
         *,
@@ -199,6 +194,19 @@ class ReplayLog(AsyncResource):
         thread_id: str | None = None,
     ) -> list[RunInfo]:
         """Runs newest first, filtered by tenant, last state, activity time and thread."""
+        filters = {"tenant = {}": tenant, "thread_id = {}": thread_id, "state = {}": state,
+                   "updated_at >= {}": since, "created_at <= {}": until}
+        return await self._runs({sql: v for sql, v in filters.items() if v is not None}, limit)
+
+    @abstractmethod
+    async def _runs(self, filters: dict[str, str | datetime], limit: int) -> list[RunInfo]:
+        """:meth:`runs`: the ``runs`` table's rows meeting every SQL condition of ``filters``
+        (``{}`` stands for the value's placeholder), newest first, with their expiry."""
+
+    def shortest_retention(self) -> timedelta:
+        """The shortest time any policy keeps a run: nothing more recent can have expired."""
+        return min(p.keep_for(s) for p in (self.retention, *self.tenant_retention.values())
+                   for s in ("done", "error", None))
 
     def policy_for(self, tenant: str | None) -> RetentionPolicy:
         """The retention policy of a tenant (its override, else the default)."""

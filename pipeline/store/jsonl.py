@@ -1,13 +1,13 @@
-"""JSONL export and import of a replay log: one canonical envelope a line.
+"""JSONL import into a replay log: one canonical envelope a line.
 
-Export streams each run's stored lines (:meth:`ReplayLog.iter_jsonl`);
-import reports bad lines with their number and code and keeps the good ones.
+Import reports bad lines with their number and code and keeps the good ones. (Export, in
+any format, is :func:`runwire.jobs.replay.export_run`.)
 """
 
 from __future__ import annotations
 
 import asyncio
-from collections.abc import Callable, Iterable
+from collections.abc import Iterable
 
 import msgspec
 
@@ -26,23 +26,6 @@ class ImportReport(msgspec.Struct, kw_only=True):
     """Events newly stored (re-importing the same file adds 0)."""
     runs: list[str] = []
     errors: list[LineError] = []
-
-
-async def export_jsonl(
-    log: ReplayLog, run_ids: Iterable[str], out: Callable[[bytes], object]
-) -> int:
-    """Write runs of ``log`` as JSONL (one canonical envelope a line, ascending per run).
-
-    A run's lines come in delivery-seq order, which is id order: event ids
-    are monotonic per stream (Koder agent stream §2). Memory is bounded by one batch.
-    Returns the number of events written.
-    """
-    count = 0
-    for run_id in run_ids:
-        async for chunk, events in log.iter_jsonl(run_id):
-            out(chunk)
-            count += events
-    return count
 
 
 def decode_line(number: int, line: bytes) -> tuple[Event, bytes] | LineError:

@@ -36,9 +36,8 @@ import psycopg
 from ..core import envelope
 from ..core.envelope import Event
 from ..core.errors import StoreError, StoreUnavailable
-from .base import Clock, ReplayLog, RetentionPolicy, RunInfo, RunOwner, SweepResult
+from .base import ReplayLog, RunInfo, RunOwner, SweepResult
 from .producers import ProducerState, Reservation, reserve
-from .retention import split_retention, utc_now
 from .runmeta import RUN_COLUMNS, RunDelta, run_info, summarize, upsert_run_sql
 
 SCHEMA_VERSION = 2
@@ -168,20 +167,8 @@ class _Conn:
 class PostgresLog(ReplayLog):
     """The replay log in PostgreSQL."""
 
-    def __init__(
-        self,
-        url: str,
-        *,
-        retention: RetentionPolicy | None = None,
-        tenant_retention: dict[str, RetentionPolicy] | None = None,
-        clock: Clock | None = None,
-    ) -> None:
-        clean, policy, per_tenant = split_retention(url, retention)
-        self.url = url
-        self.dsn = "postgresql://" + clean.split("://", 1)[1]
-        self.retention = policy
-        self.tenant_retention = {**per_tenant, **(tenant_retention or {})}
-        self.clock = clock or utc_now
+    def _locate(self, location: str) -> None:
+        self.dsn = "postgresql://" + location.split("://", 1)[1]
         self._writer = _Conn(self._open_writer)
         self._reader = _Conn(self._open)
 
@@ -426,43 +413,18 @@ class PostgresLog(ReplayLog):
         rows = await self._fetch("SELECT tenant, root_id FROM run_owners WHERE run_id = %s", (run_id,))
         return RunOwner(tenant=rows[0][0], root_id=rows[0][1]) if rows else None
 
-    async def runs(
-        self,
-        *,
-        tenant: str | None = None,
-        state: str | None = None,
-        since: datetime | None = None,
-        until: datetime | None = None,
-        limit: int = 100,
-        thread_id: str | None = None,
-    ) -> list[RunInfo]:
-        where, args = ["true"], []
-        for clause, value in (
-            ("tenant = %s", tenant),
-            ("thread_id = %s", thread_id),
-            ("state = %s", state),
-            ("updated_at >= %s", since),
-            ("created_at <= %s", until),
-        ):
-            if value is not None:
-                where.append(clause)
-                args.append(value)
-        sql = (f"SELECT {RUN_COLUMNS} FROM runs WHERE {' AND '.join(where)}"
-               " ORDER BY updated_at DESC, run_id LIMIT %s")
-        return [self.with_expiry(run_info(row)) for row in await self._fetch(sql, (*args, limit))]
+    async def _runs(self, filters: dict[str, str | datetime], limit: int) -> list[RunInfo]:
+        where = " AND ".join(["true", *(sql.format("%s") for sql in filters)])
+        sql = f"SELECT {RUN_COLUMNS} FROM runs WHERE {where} ORDER BY updated_at DESC, run_id LIMIT %s"
+        return [self.with_expiry(run_info(row)) for row in await self._fetch(sql, (*filters.values(), limit))]
 
     # ---- retention -----------------------------------------------------
     async def _expired(
         self, conn: psycopg.AsyncConnection[Any], now: datetime
     ) -> list[tuple[str, int]]:
-        shortest = min(
-            p.keep_for(s)
-            for p in (self.retention, *self.tenant_retention.values())
-            for s in ("done", "error", None)
-        )
         cursor = await conn.execute(
             "SELECT run_id, tenant, state, updated_at, events FROM runs WHERE updated_at <= %s",
-            (now - shortest,),
+            (now - self.shortest_retention(),),
         )
         return [
             (run_id, events)

@@ -12,8 +12,25 @@ from collections.abc import Mapping
 from datetime import UTC, datetime, timedelta
 from urllib.parse import parse_qsl, urlencode
 
+import msgspec
+
 from ..core.errors import ConfigError
-from .base import RetentionPolicy
+
+
+class RetentionPolicy(msgspec.Struct, kw_only=True, frozen=True):
+    done: timedelta = timedelta(days=90)
+    failed: timedelta = timedelta(days=30)
+    """aborted and error runs"""
+    unfinished: timedelta = timedelta(days=30)
+    """runs with no terminal event, measured from their last activity"""
+
+    def keep_for(self, state: str | None) -> timedelta:
+        if state == "done":
+            return self.done
+        if state in ("aborted", "error"):
+            return self.failed
+        return self.unfinished
+
 
 _FIELDS = {"retention_done_days": "done", "retention_failed_days": "failed",
            "retention_aborted_days": "failed", "retention_unfinished_days": "unfinished"}

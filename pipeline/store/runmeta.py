@@ -15,30 +15,15 @@ from datetime import datetime
 from operator import attrgetter
 from typing import Any
 
-import msgspec
-
 from ..core.envelope import INT64_MAX, TERMINAL_STATES, Event, Gap, RunLifecycle, Usage
-from .base import RunInfo
+from .base import RunFields, RunInfo
 
 
-class RunDelta(msgspec.Struct, kw_only=True):
+class RunDelta(RunFields, kw_only=True):
     """What one append adds to a run's metadata."""
 
-    run_id: str
-    tenant: str | None = None
-    parent_id: str | None = None
-    root_id: str | None = None
-    thread_id: str | None = None
-    state: str | None = None
     state_seq: int = 0
-    events: int = 0
     first_seq: int = 0
-    last_seq: int = 0
-    input_tokens: int = 0
-    output_tokens: int = 0
-    dropped: int = 0
-    first_ts: str | None = None
-    last_ts: str | None = None
 
     @property
     def terminal(self) -> bool:

@@ -36,9 +36,9 @@ import msgspec
 from ..core import envelope
 from ..core.envelope import Event
 from ..core.errors import ConfigError, StoreError, StoreUnavailable
-from .base import Clock, ReplayLog, RetentionPolicy, RunInfo, RunOwner, SweepResult
+from .base import ReplayLog, RunInfo, RunOwner, SweepResult
 from .producers import ProducerState, Reservation, reserve
-from .retention import split_retention, utc_now
+from .retention import RetentionPolicy
 from .runmeta import RUN_COLUMNS, RunDelta, run_info, summarize, summarize_run, upsert_run_sql
 
 SCHEMA_VERSION = 4
@@ -264,61 +264,49 @@ def _switch_to_wal(conn: sqlite3.Connection) -> None:
         pause = min(pause * 2, 0.25)
 
 
-def _migrate_from_1(conn: sqlite3.Connection) -> None:
-    """Schema 1 → 2: the events move from the clustered table to a rowid table + index.
-
-    One transaction (it needs free disk for a second copy of the events);
-    a process that opened the file at the same time finds it done.
-    """
-    with _transaction(conn):
-        if conn.execute("SELECT max(version) FROM schema_version").fetchone()[0] != 1:
-            return  # another process migrated it meanwhile
-        conn.execute(_EVENTS.format(name="events_v2"))
-        conn.execute("INSERT INTO events_v2 (run_id, seq, body)"
-                     " SELECT run_id, seq, body FROM events ORDER BY run_id, seq")
-        conn.execute("DROP TABLE events")
-        conn.execute("ALTER TABLE events_v2 RENAME TO events")
-        conn.execute("CREATE UNIQUE INDEX events_run_seq ON events (run_id, seq)")
-        conn.execute("UPDATE schema_version SET version = 2")
+def _from_1(conn: sqlite3.Connection) -> None:
+    """Schema 1 → 2: the events move from the clustered table to a rowid table + index
+    (it needs free disk for a second copy of the events)."""
+    conn.execute(_EVENTS.format(name="events_v2"))
+    conn.execute("INSERT INTO events_v2 (run_id, seq, body)"
+                 " SELECT run_id, seq, body FROM events ORDER BY run_id, seq")
+    conn.execute("DROP TABLE events")
+    conn.execute("ALTER TABLE events_v2 RENAME TO events")
+    conn.execute("CREATE UNIQUE INDEX events_run_seq ON events (run_id, seq)")
 
 
-def _migrate_from_2(conn: sqlite3.Connection) -> None:
+def _from_2(conn: sqlite3.Connection) -> None:
     """Schema 2 → 3: runs gain ``thread_id`` (NULL for the runs stored before)."""
-    with _transaction(conn):
-        if conn.execute("SELECT max(version) FROM schema_version").fetchone()[0] != 2:
-            return  # another process migrated it meanwhile
-        conn.execute("ALTER TABLE runs ADD COLUMN thread_id TEXT")
-        conn.execute("UPDATE schema_version SET version = 3")
+    conn.execute("ALTER TABLE runs ADD COLUMN thread_id TEXT")
 
 
-def _migrate_from_3(conn: sqlite3.Connection) -> None:
+def _from_3(conn: sqlite3.Connection) -> None:
     """Schema 3 → 4: Durable Streams producers remember their last batch's digest."""
-    with _transaction(conn):
-        if conn.execute("SELECT max(version) FROM schema_version").fetchone()[0] != 3:
-            return  # another process migrated it meanwhile
-        columns = [row[1] for row in conn.execute("PRAGMA table_info(ds_producers)")]
-        if columns and "last_digest" not in columns:  # a file from before the table is made whole below
-            conn.execute("ALTER TABLE ds_producers ADD COLUMN last_digest TEXT NOT NULL DEFAULT ''")
-        conn.execute("UPDATE schema_version SET version = 4")
+    columns = [row[1] for row in conn.execute("PRAGMA table_info(ds_producers)")]
+    if columns and "last_digest" not in columns:  # a file from before the table is made whole later
+        conn.execute("ALTER TABLE ds_producers ADD COLUMN last_digest TEXT NOT NULL DEFAULT ''")
+
+
+MIGRATIONS: dict[int, Callable[[sqlite3.Connection], None]] = {1: _from_1, 2: _from_2, 3: _from_3}
+"""The step from each old schema version to the next."""
+
+
+def _migrate(conn: sqlite3.Connection, version: int) -> None:
+    """From ``version`` to ``SCHEMA_VERSION``, a transaction a step; a process that opened the
+    file at the same time finds a step done and goes on from there."""
+    for step in range(version, SCHEMA_VERSION):
+        with _transaction(conn):
+            if conn.execute("SELECT max(version) FROM schema_version").fetchone()[0] != step:
+                continue  # another process migrated it meanwhile
+            MIGRATIONS[step](conn)
+            conn.execute("UPDATE schema_version SET version = ?", (step + 1,))
 
 
 class SQLiteLog(ReplayLog):
     """The replay log in one SQLite file (or in memory)."""
 
-    def __init__(
-        self,
-        url: str,
-        *,
-        retention: RetentionPolicy | None = None,
-        tenant_retention: dict[str, RetentionPolicy] | None = None,
-        clock: Clock | None = None,
-    ) -> None:
-        clean, policy, per_tenant = split_retention(url, retention)
-        self.url = url
-        self.path = _path_of(clean)
-        self.retention = policy
-        self.tenant_retention = {**per_tenant, **(tenant_retention or {})}
-        self.clock = clock or utc_now
+    def _locate(self, location: str) -> None:
+        self.path = _path_of(location)
         self._executor: ThreadPoolExecutor | None = None
         self._conn: sqlite3.Connection | None = None
 
@@ -350,12 +338,8 @@ class SQLiteLog(ReplayLog):
         conn.execute("PRAGMA cache_size = -65536")
         conn.execute("CREATE TABLE IF NOT EXISTS schema_version (version INTEGER NOT NULL)")
         version = conn.execute("SELECT max(version) FROM schema_version").fetchone()[0]
-        if version == 1:
-            _migrate_from_1(conn)
-        if version in (1, 2):
-            _migrate_from_2(conn)
-        if version in (1, 2, 3):
-            _migrate_from_3(conn)
+        if version is not None and version < SCHEMA_VERSION:
+            _migrate(conn, version)
         conn.executescript(_SCHEMA)
         if version is None:  # one row, whoever of several openers of a new file gets here first
             conn.execute("INSERT INTO schema_version SELECT ? WHERE NOT EXISTS"
@@ -653,42 +637,18 @@ class SQLiteLog(ReplayLog):
         )
         return None if row is None else RunOwner(tenant=row[0], root_id=row[1])
 
-    async def runs(
-        self,
-        *,
-        tenant: str | None = None,
-        state: str | None = None,
-        since: datetime | None = None,
-        until: datetime | None = None,
-        limit: int = 100,
-        thread_id: str | None = None,
-    ) -> list[RunInfo]:
-        where, args = ["1 = 1"], []
-        for clause, value in (
-            ("tenant = ?", tenant),
-            ("thread_id = ?", thread_id),
-            ("state = ?", state),
-            ("updated_at >= ?", since and _epoch(since)),
-            ("created_at <= ?", until and _epoch(until)),
-        ):
-            if value is not None:
-                where.append(clause)
-                args.append(value)
-        sql = (f"SELECT {RUN_COLUMNS} FROM runs WHERE {' AND '.join(where)}"
-               " ORDER BY updated_at DESC, run_id LIMIT ?")
+    async def _runs(self, filters: dict[str, str | datetime], limit: int) -> list[RunInfo]:
+        where = " AND ".join(["1 = 1", *(sql.format("?") for sql in filters)])
+        sql = f"SELECT {RUN_COLUMNS} FROM runs WHERE {where} ORDER BY updated_at DESC, run_id LIMIT ?"
+        args = [_epoch(v) if isinstance(v, datetime) else v for v in filters.values()]
         rows = await self._call(lambda: self._db.execute(sql, (*args, limit)).fetchall())
         return [self.with_expiry(run_info(row, _moment)) for row in rows]
 
     # ---- retention -----------------------------------------------------
     def _expired(self, now: datetime) -> list[tuple[str, int]]:
-        shortest = min(
-            p.keep_for(s)
-            for p in (self.retention, *self.tenant_retention.values())
-            for s in ("done", "error", None)
-        )
         cursor = self._db.execute(
             "SELECT run_id, tenant, state, updated_at, events FROM runs WHERE updated_at <= ?",
-            (_epoch(now - shortest),),
+            (_epoch(now - self.shortest_retention()),),
         )
         return [
             (run_id, events)

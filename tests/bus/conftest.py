@@ -8,9 +8,11 @@ from __future__ import annotations
 
 import time
 import uuid
-from collections.abc import Callable
+from collections.abc import AsyncIterator, Callable
 
 import pytest
+
+from runwire.bus import open_bus
 
 FAST = "claim_idle_ms=500&lease_ms=1000&max_deliveries=3"
 
@@ -90,3 +92,21 @@ def bus_url(request: pytest.FixtureRequest) -> str:
 def shared_bus_url(request: pytest.FixtureRequest) -> str:
     """Like ``bus_url``, for backends another process can reach."""
     return URL_BUILDERS[request.param](request)
+
+
+SDK_BACKENDS = ["memory", "redis", "kafka"]
+"""Backends the publisher SDK and the requests channel are tested on."""
+
+
+@pytest.fixture(params=SDK_BACKENDS)
+async def sdk_url(request: pytest.FixtureRequest) -> AsyncIterator[str]:
+    """A fresh bus URL on each SDK backend, with the backend's default timeouts (Kafka's
+    group session shortened); a named memory bus lives while the fixture holds it."""
+    if request.param == "memory":
+        url = f"memory://{_unique()}"
+        async with open_bus(url):
+            yield url
+        return
+    base = request.getfixturevalue(f"{request.param}_url")
+    fast = "&session_timeout_ms=2000" if request.param == "kafka" else ""
+    yield f"{base}?prefix={_unique()}{fast}"

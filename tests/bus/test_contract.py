@@ -17,7 +17,7 @@ import subprocess
 import sys
 import time
 from collections import defaultdict
-from collections.abc import Sequence
+from collections.abc import AsyncIterator, Sequence
 from pathlib import Path
 
 import pytest
@@ -27,6 +27,7 @@ from runwire.bus.base import Bus, Consumer, StreamKey
 from runwire.core.envelope import decode, encode
 from runwire.core.errors import BusUnavailable, ConfigError
 from tests.events import event
+from tests.waiting import until, until_received
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -226,7 +227,12 @@ async def test_poison_entry_goes_to_dead_letters_after_max_deliveries(bus_url: s
             while time.monotonic() < deadline and len(counts) < bus.max_deliveries:
                 counts += [d.deliveries for d in await consumer.fetch(block_ms=300)]
             assert counts == list(range(1, bus.max_deliveries + 1))
-            await asyncio.sleep(0.6)
+
+            async def dead_lettered() -> list[object]:
+                assert await consumer.fetch(block_ms=100) == []  # never handed out again
+                return await bus.dead_letters()
+
+            await until(dead_lettered, what="the poison entry in the dead letters")
             assert await drain(consumer, 1, within=0.8) == []
         letters = await bus.dead_letters()
     assert len(letters) == 1
@@ -240,12 +246,16 @@ async def test_dead_letter_keeps_the_reason_and_acks(bus_url: str) -> None:
     entries around it are unaffected."""
     async with open_bus(bus_url) as bus:
         await bus.publish([event("run-d", s) for s in range(1, 4)])
+        await bus.publish([event("run-d", 4)])  # an entry of its own (Redis entries hold batches)
         async with bus.consumer("g", "c") as consumer:
-            got = await drain(consumer, 3, ack=False)
+            got = await drain(consumer, 4, ack=False)
             await consumer.dead_letter(got[1], "KAI-STREAM-PROTO-0001: bad payload")
             await consumer.ack([got[0], got[2]])
-            await asyncio.sleep(0.7)
-            assert await drain(consumer, 1, within=1.0) == []
+            # seq 4 stays unacked: a witness handed out with the others, so the claim that
+            # hands it out again would hand out the others too had they been left pending
+            again = await drain(consumer, 1)
+            assert [(decode(d.data).seq, d.deliveries) for d in again] == [(4, 2)]
+            assert await drain(consumer, 1, within=0.3) == []
         letters = await bus.dead_letters()
     assert [(decode(x.data).seq, x.reason, x.group, x.deliveries) for x in letters] == [
         (2, "KAI-STREAM-PROTO-0001: bad payload", "g", 1)
@@ -341,8 +351,8 @@ async def test_tail_wakes_up_on_a_new_append(bus_url: str) -> None:
         ]
         cursors = dict.fromkeys(keys, 0) | {keys[3]: 1}
         waiting = asyncio.create_task(bus.tail(cursors, block_ms=10_000))
-        await asyncio.sleep(0.3)
-        assert not waiting.done()
+        await asyncio.wait([waiting], timeout=0.3)
+        assert not waiting.done()  # blocked: nothing new yet
         await bus.append(keys[17], [event("run-t17", 1), event("run-t17", 2)])
         woke = await asyncio.wait_for(waiting, 5)
     assert [(k, e.seq) for k, e in woke] == [(keys[17], 1), (keys[17], 2)]
@@ -361,19 +371,29 @@ async def test_control_round_trip(bus_url: str) -> None:
     async with open_bus(bus_url) as bus:
         await bus.send_control(ControlCommand(command="pause", run_id="run-c"))
         live = bus.controls("run-c")
-        pending = asyncio.create_task(anext(live))
-        await asyncio.sleep(0.3)
+        marker = ControlCommand(command="resume", run_id="run-c", by="marker")
+        first = await until_received(anext(live), lambda: bus.send_control(marker))
+        assert first.by == "marker"  # live from now: the earlier pause is not for it
         await bus.send_control(ControlCommand(command="cancel", run_id="run-c", by="u1"))
-        received = await asyncio.wait_for(pending, 5)
+        received = await asyncio.wait_for(unmarked(live), 5)
         assert (received.command, received.run_id, received.by) == ("cancel", "run-c", "u1")
         await live.aclose()  # type: ignore[attr-defined]
 
         history = bus.controls("run-c", after="0")
-        assert [(await anext(history)).command for _ in range(2)] == ["pause", "cancel"]
+        assert (await anext(history)).command == "pause"
+        assert (await unmarked(history)).command == "cancel"
         await history.aclose()  # type: ignore[attr-defined]
         other = bus.controls("run-other", after="0")
         with pytest.raises(TimeoutError):
             await asyncio.wait_for(anext(other), 0.3)
+
+
+async def unmarked(commands: AsyncIterator[ControlCommand]) -> ControlCommand:
+    """The next command that is not a marker."""
+    async for command in commands:
+        if command.by != "marker":
+            return command
+    raise AssertionError("the channel ended")
 
 
 # ---- configuration ---------------------------------------------------------------
@@ -396,7 +416,7 @@ async def test_memory_bus_publish_waits_when_the_backlog_is_full() -> None:
         await consumer.fetch(block_ms=0)
         await bus.publish([event("run-x", s) for s in range(1, 101)])
         blocked = asyncio.create_task(bus.publish([event("run-x", 101)]))
-        await asyncio.sleep(0.2)
+        await asyncio.wait([blocked], timeout=0.2)
         assert not blocked.done()
         got = await consumer.fetch(max_count=10, block_ms=0)
         await consumer.ack(got)
@@ -413,12 +433,17 @@ async def test_memory_bus_forgets_expired_streams() -> None:
 
     async with open_bus("memory://?ttl=1") as bus:
         assert isinstance(bus, MemoryBus)
+        started = time.monotonic()
         for i in range(200):
             await bus.append((f"run-e{i}", "raw"), [event(f"run-e{i}", 1)])
         assert len(bus.state.streams) == 200
-        await asyncio.sleep(1.2)
-        await bus.append(("run-new", "raw"), [event("run-new", 1)])
-        assert list(bus.state.streams) == [("run-new", "raw")]
+
+        async def only_the_new_one_left() -> bool:
+            await bus.append(("run-new", "raw"), [event("run-new", 1)])
+            return list(bus.state.streams) == [("run-new", "raw")]
+
+        await until(only_the_new_one_left, within=10)
+        assert time.monotonic() - started >= 1.0  # not before the ttl
 
 
 async def test_memory_named_bus_is_shared_within_the_process() -> None:
@@ -493,10 +518,15 @@ async def test_delivery_streams_expire_after_ttl(bus_url: str) -> None:
     url = bus_url.replace("?", "?ttl=1&", 1)
     key: StreamKey = ("run-ttl", "raw")
     async with open_bus(url) as bus:
+        started = time.monotonic()
         await bus.append(key, [event("run-ttl", 1)], state=b"s")
         assert await bus.bounds(key) == (1, 1)
-        await asyncio.sleep(1.3)
-        assert await bus.bounds(key) is None
+
+        async def expired() -> bool:
+            return await bus.bounds(key) is None
+
+        await until(expired, within=10)
+        assert time.monotonic() - started >= 0.9  # not before the ttl (Redis expires on the ms)
         assert await bus.load_state(key) is None
 
 

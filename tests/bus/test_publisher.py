@@ -11,46 +11,20 @@ import asyncio
 import time
 import uuid
 from collections import defaultdict
-from collections.abc import AsyncIterator
 
 import pytest
 
 from runwire import Publisher
 from runwire.bus import ControlCommand, open_bus
-from runwire.core.envelope import Event, decode, encode, parse_ts
+from runwire.core.envelope import Event, encode, parse_ts
 from runwire.core.errors import DeliveryTimeout, MalformedFrame, UnknownEventType
+from tests.bus.reading import consume
 from tests.services import RedisServer
-
-BACKENDS = ["memory", "redis", "kafka"]
+from tests.waiting import until, until_received
 
 
 def _unique() -> str:
     return "p" + uuid.uuid4().hex[:12]
-
-
-@pytest.fixture(params=BACKENDS)
-async def pub_url(request: pytest.FixtureRequest) -> AsyncIterator[str]:
-    """A fresh bus URL on each backend the publisher is tested on."""
-    if request.param == "memory":
-        url = f"memory://{_unique()}"
-        async with open_bus(url):  # a named memory bus lives while someone holds it
-            yield url
-        return
-    base = request.getfixturevalue(f"{request.param}_url")
-    fast = "&session_timeout_ms=2000" if request.param == "kafka" else ""
-    yield f"{base}?prefix={_unique()}{fast}"
-
-
-async def consume(url: str, want: int, within: float = 20.0) -> list[Event]:
-    """Every ingest entry (up to ``want``) as events, read by a fresh consumer group."""
-    got: list[Event] = []
-    async with open_bus(url) as bus, bus.consumer("check", "c") as consumer:
-        deadline = time.monotonic() + within
-        while len(got) < want and time.monotonic() < deadline:
-            batch = await consumer.fetch(max_count=1000, block_ms=200)
-            got += [decode(d.data) for d in batch]
-            await consumer.ack(batch)
-    return got
 
 
 def by_run(events: list[Event]) -> dict[str, list[Event]]:
@@ -60,16 +34,16 @@ def by_run(events: list[Event]) -> dict[str, list[Event]]:
     return out
 
 
-async def test_seq_from_one_ids_monotonic_ts_assigned(pub_url: str) -> None:
+async def test_seq_from_one_ids_monotonic_ts_assigned(sdk_url: str) -> None:
     """Seq counts from 1 per run, ids are monotonic ULIDs, ts is RFC 3339 — and
     what ``emit`` returns is exactly what consumers read."""
     returned: list[Event] = []
-    async with Publisher.connect(pub_url) as pub:
+    async with Publisher.connect(sdk_url) as pub:
         runs = [pub.run(f"run-{i}") for i in range(3)]
         for n in range(40):
             for run in runs:
                 returned.append(await run.emit("text.delta", {"text": f"{run.run_id}/{n}"}))
-    got = await consume(pub_url, 120)
+    got = await consume(sdk_url, 120)
     assert sorted(got, key=lambda e: e.id) == sorted(returned, key=lambda e: e.id)
     for run_id, events in by_run(got).items():
         assert [e.seq for e in events] == list(range(1, 41)), run_id
@@ -79,36 +53,36 @@ async def test_seq_from_one_ids_monotonic_ts_assigned(pub_url: str) -> None:
         parse_ts(events[0].ts)
 
 
-async def test_emits_are_batched(pub_url: str) -> None:
+async def test_emits_are_batched(sdk_url: str) -> None:
     """Many quick emits go out in few bus calls (short linger, max batch)."""
-    async with Publisher.connect(pub_url, linger_ms=5, max_batch=500) as pub:
+    async with Publisher.connect(sdk_url, linger_ms=5, max_batch=500) as pub:
         run = pub.run("run-batch")
         for n in range(2000):
             await run.emit("text.delta", {"text": str(n)})
         await pub.flush()
         assert pub.published == 2000
         assert pub.batches <= 40
-    got = await consume(pub_url, 2000)
+    got = await consume(sdk_url, 2000)
     assert [e.seq for e in got] == list(range(1, 2001))
 
 
-async def test_close_flushes_what_is_queued(pub_url: str) -> None:
+async def test_close_flushes_what_is_queued(sdk_url: str) -> None:
     """Graceful close: leaving the block delivers every queued event."""
-    async with Publisher.connect(pub_url, linger_ms=50) as pub:
+    async with Publisher.connect(sdk_url, linger_ms=50) as pub:
         run = pub.run("run-close")
         for n in range(300):
             await run.emit("reasoning.delta", {"text": str(n)})
         await run.finish("done")
         assert pub.pending > 0  # still queued when the block ends
-    got = await consume(pub_url, 301)
+    got = await consume(sdk_url, 301)
     assert [e.seq for e in got] == list(range(1, 302))
     assert got[-1].type == "run.lifecycle"
 
 
-async def test_child_runs_carry_parent_root_and_tenant(pub_url: str) -> None:
+async def test_child_runs_carry_parent_root_and_tenant(sdk_url: str) -> None:
     """Child runs carry parent_id and root_id on every event, so workers fan them in,
     and share the root's ingest shard (one owner for the whole tree)."""
-    async with Publisher.connect(pub_url) as pub:
+    async with Publisher.connect(sdk_url) as pub:
         root = pub.run("run-root", tenant="acme")
         child = pub.run("run-child", parent=root)
         grandchild = pub.run("run-grand", parent=child)
@@ -117,7 +91,7 @@ async def test_child_runs_carry_parent_root_and_tenant(pub_url: str) -> None:
         for run in (root, child, grandchild, by_id, orphan):
             await run.emit("step.boundary", {"step_index": 0, "step_kind": "plan"})
             await run.emit("text.delta", {"text": "x"})
-    got = by_run(await consume(pub_url, 10))
+    got = by_run(await consume(sdk_url, 10))
     expect = {
         "run-root": (None, None, "acme"),
         "run-child": ("run-root", "run-root", "acme"),
@@ -129,22 +103,22 @@ async def test_child_runs_carry_parent_root_and_tenant(pub_url: str) -> None:
         assert [(e.parent_id, e.root_id, e.tenant) for e in got[run_id]] == [
             (parent_id, root_id, tenant)
         ] * 2
-    async with open_bus(pub_url) as bus:
+    async with open_bus(sdk_url) as bus:
         shards = {bus.shard_of(e) for run_id in ("run-root", "run-child", "run-grand")
                   for e in got[run_id]}
     assert len(shards) == 1
 
 
-async def test_a_runs_thread_travels_on_every_event_and_children_have_their_own(pub_url: str) -> None:
+async def test_a_runs_thread_travels_on_every_event_and_children_have_their_own(sdk_url: str) -> None:
     """``pub.run(..., thread=)`` puts ``thread_id`` on each of the run's events (the worker
     writes run metadata from them); a child run is not one of the thread's turns."""
-    async with Publisher.connect(pub_url) as pub:
+    async with Publisher.connect(sdk_url) as pub:
         turn = pub.run("run-turn", tenant="acme", thread="chat-1")
         child = pub.run("run-helper", parent=turn)
         for run in (turn, child):
             await run.emit("text.delta", {"text": "x"})
             await run.finish()
-    got = by_run(await consume(pub_url, 4))
+    got = by_run(await consume(sdk_url, 4))
     assert [e.thread_id for e in got["run-turn"]] == ["chat-1", "chat-1"]
     assert [e.thread_id for e in got["run-helper"]] == [None, None]
 
@@ -163,16 +137,16 @@ async def test_invalid_events_are_rejected_before_queueing() -> None:
         assert good.seq == 1 and pub.pending + pub.published == 1
 
 
-async def test_run_controls_receive_commands(pub_url: str) -> None:
+async def test_run_controls_receive_commands(sdk_url: str) -> None:
     """The agent reads its run's control channel (cancel, pause …) through the SDK."""
-    async with Publisher.connect(pub_url) as pub:
+    async with Publisher.connect(sdk_url) as pub:
         run = pub.run("run-ctl")
         live = run.controls()
-        waiting = asyncio.create_task(anext(live))
-        await asyncio.sleep(0.5)
-        async with open_bus(pub_url) as client_side:
+        async with open_bus(sdk_url) as client_side:
+            marker = ControlCommand(command="pause", run_id="run-ctl", by="marker")
+            await until_received(anext(live), lambda: client_side.send_control(marker))
             await client_side.send_control(ControlCommand(command="cancel", run_id="run-ctl"))
-            command = await asyncio.wait_for(waiting, 10)
+            command = await asyncio.wait_for(anext(c async for c in live if c.by != "marker"), 10)
         await live.aclose()  # type: ignore[attr-defined]
     assert (command.command, command.run_id) == ("cancel", "run-ctl")
 
@@ -199,14 +173,10 @@ async def test_bound_holds_while_redis_is_down_then_recovers(own_redis: RedisSer
                 emitted += 1
 
         emitter = asyncio.create_task(emit_forever())
-        await asyncio.sleep(0.5)
-        assert pub.pending == 60  # 50 queued + one batch of 10 in flight: the bound
-        stuck_at = emitted
-        await asyncio.sleep(0.3)
-        assert (emitted, pub.pending) == (stuck_at, 60)  # waiting, not growing
-
+        await until(lambda: pub.pending == 60, what="50 queued + one batch of 10 in flight: the bound")
         with pytest.raises(DeliveryTimeout) as failure:
             await asyncio.wait_for(emitter, 10)
+        assert emitted == 60  # waited at the bound until the deadline, not growing
         assert failure.value.undelivered == [("run-down", s) for s in range(2, 63)]
         assert "run-down seq 2..61" in str(failure.value)
         assert "run-down seq 62" in str(failure.value)  # the emit that was waiting for room
@@ -228,7 +198,7 @@ async def test_emit_waits_out_a_short_outage_without_loss(own_redis: RedisServer
         run = pub.run("run-blip")
         for n in range(20):
             await run.emit("text.delta", {"text": str(n)})
-        await asyncio.sleep(0.5)
+        await until(lambda: sum(pub.outage.retried.values()) >= 3, what="three retries in the outage")
         own_redis.start()
         await asyncio.wait_for(pub.flush(), 15)
         assert pub.published == 20
@@ -252,14 +222,15 @@ async def test_bound_in_bytes_holds_while_the_bus_is_slow() -> None:
                     await run.emit("text.delta", {"text": "x" * 100})
                     emitted += 1
 
-            task = asyncio.create_task(emit_forever())
-            await asyncio.sleep(0.3)
-            stuck_at = emitted
             one = len(encode(run.event("text.delta", {"text": "x" * 100})))
             run.seq -= 1  # that event was only measured
+            task = asyncio.create_task(emit_forever())
+            await until(lambda: pub.pending_bytes > 4000 - one, what="the bound in bytes reached")
+            stuck_at = emitted
             # 4000 bytes queued + one batch (5 events) in flight
             assert 4000 - one < pub.pending_bytes <= 4000 + 5 * one and stuck_at < 60
-            await asyncio.sleep(0.2)
+            for _ in range(100):  # the emitter had every chance to run (it needs no I/O)
+                await asyncio.sleep(0)
             assert emitted == stuck_at  # waiting, not growing
             drained = 0
             while drained < 100:

@@ -8,32 +8,11 @@ from __future__ import annotations
 
 import asyncio
 import time
-import uuid
-from collections.abc import AsyncIterator
-
-import pytest
 
 from runwire import Publisher
 from runwire.bus import open_bus
 from runwire.bus.base import Bus
 from runwire.bus.requests import AgentRequest, consumer_alive, send_request
-
-BACKENDS = ["memory", "redis", "kafka"]
-
-
-def _unique() -> str:
-    return "q" + uuid.uuid4().hex[:12]
-
-
-@pytest.fixture(params=BACKENDS)
-async def bus_url(request: pytest.FixtureRequest) -> AsyncIterator[str]:
-    if request.param == "memory":
-        url = f"memory://{_unique()}"
-        async with open_bus(url):  # a named memory bus lives while someone holds it
-            yield url
-        return
-    base = request.getfixturevalue(f"{request.param}_url")
-    yield f"{base}?prefix={_unique()}"
 
 
 async def until(bus: Bus, channel: str, alive: bool, within: float = 20.0) -> float:
@@ -45,13 +24,13 @@ async def until(bus: Bus, channel: str, alive: bool, within: float = 20.0) -> fl
     return time.monotonic() - started
 
 
-async def test_a_request_reaches_the_consuming_agent_with_everything_it_needs(bus_url: str) -> None:
+async def test_a_request_reaches_the_consuming_agent_with_everything_it_needs(sdk_url: str) -> None:
     request = AgentRequest(
         id="req-1", channel="support", run_id="run-answer", thread_id="chat-1", tenant="acme",
         messages=[{"id": "u1", "role": "user", "parts": [{"type": "text", "text": "hi"}]}],
         body={"model": "small"}, trigger="submit-message",
     )
-    async with Publisher.connect(bus_url) as pub, open_bus(bus_url) as edge_side:
+    async with Publisher.connect(sdk_url) as pub, open_bus(sdk_url) as edge_side:
         assert not await consumer_alive(edge_side, "support")
         incoming = pub.requests("support")
         first = asyncio.ensure_future(anext(incoming))
@@ -65,9 +44,9 @@ async def test_a_request_reaches_the_consuming_agent_with_everything_it_needs(bu
     assert (run.run_id, run.tenant, run.thread_id) == ("run-answer", "acme", "chat-1")
 
 
-async def test_presence_ends_soon_after_the_agent_stops_consuming(bus_url: str) -> None:
+async def test_presence_ends_soon_after_the_agent_stops_consuming(sdk_url: str) -> None:
     """A consumer that stopped (or died) is not alive once its announced ttl has passed."""
-    async with Publisher.connect(bus_url) as pub, open_bus(bus_url) as edge_side:
+    async with Publisher.connect(sdk_url) as pub, open_bus(sdk_url) as edge_side:
         incoming = pub.requests("ops", ttl_s=1.5)
         pending = asyncio.ensure_future(anext(incoming))
         await until(edge_side, "ops", True)

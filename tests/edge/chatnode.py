@@ -7,9 +7,15 @@ import json
 import shutil
 from typing import Any
 
+import httpx
 import pytest
 
+from runwire.bus.base import Bus
+from runwire.store.base import ReplayLog
 from tests.nodecheck import NODE_DIR
+from tests.waiting import until
+
+from .harness import event, publish, run_events, serve_edge
 
 
 async def start_chat_client(**options: Any) -> asyncio.subprocess.Process:
@@ -39,12 +45,29 @@ async def run_chat_client(**options: Any) -> dict[str, Any]:
 
 async def wait_for_streams(edge_url: str, count: int = 1, within: float = 30) -> None:
     """Wait until the edge serves ``count`` stream connections (the client is reading)."""
-    import httpx
-
     wanted = f"runwire_edge_connections {float(count)}"
     async with httpx.AsyncClient(base_url=edge_url, timeout=10) as http:
-        for _ in range(int(within / 0.05)):
-            if wanted in (await http.get("/metrics")).text:
-                return
-            await asyncio.sleep(0.05)
-    raise AssertionError(f"the client did not connect within {within} s")
+
+        async def serving() -> bool:
+            return wanted in (await http.get("/metrics")).text
+
+        await until(serving, within=within, what=f"{count} client(s) connected")
+
+
+async def resume_mid_run(
+    bus: Bus, store: ReplayLog, run_id: str, chat_id: str, mode: str
+) -> tuple[dict[str, Any], dict[str, Any]]:
+    """``ai``'s chat transport (``mode``) resuming ``chat_id`` mid-run: the run's head is
+    written, the client connects, the tail (`` tail``, then done) comes live. Returns the
+    resumed result and what a second resume, after the end, got."""
+    await publish(bus, store, run_events(run_id, 4, end=None, thread_id=chat_id))
+    async with serve_edge(bus, store) as edge:
+        client = await start_chat_client(edge=edge.url, chatId=chat_id, mode=mode)
+        await wait_for_streams(edge.url)
+        await publish(bus, store, [event(run_id, 5, "text.delta", {"text": " tail"}),
+                                   event(run_id, 6, "run.lifecycle", {"state": "done"})])
+        resumed = await chat_result(client)
+        after_end = await run_chat_client(edge=edge.url, chatId=chat_id, mode=mode)
+    assert "error" not in resumed, resumed
+    result: dict[str, Any] = resumed["result"]
+    return result, after_end

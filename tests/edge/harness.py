@@ -13,10 +13,39 @@ import uvicorn
 
 from runwire.bus.base import Bus
 from runwire.core.envelope import Event
-from runwire.edge import EdgeSettings, create_app
+from runwire.edge import EdgeSettings, create_app, issue_token
+from runwire.edge.hub import Hub
+from runwire.sdk.publisher import Run
 from runwire.store.base import ReplayLog
 from tests.events import event as event  # the one test event factory, also importable from here
 from tests.services import free_port as free_port  # restartable on the same port
+from tests.waiting import until
+
+SECRET = "test-secret-please-rotate-0123456789abcdef"
+RUN_A = "run-tenant-a"
+RUN_B = "run-tenant-b"
+
+
+def loopback_config(app: Any, port: int) -> uvicorn.Config:
+    """uvicorn serving ``app`` on a loopback port as tests want it: quiet, no pings, quick to stop."""
+    return uvicorn.Config(app, host="127.0.0.1", port=port, log_level="warning", lifespan="on",
+                          ws_ping_interval=None, timeout_graceful_shutdown=0.5)
+
+
+async def start_uvicorn(config: uvicorn.Config) -> tuple[uvicorn.Server, asyncio.Task[None]]:
+    """``config``'s server running in this loop, once it listens, and its task."""
+    server = uvicorn.Server(config)
+    task = asyncio.create_task(server.serve())
+    await until(lambda: server.started or task.done(), within=10, what="the edge listening")
+    if not server.started:
+        raise RuntimeError(f"the edge did not start: {task.exception()}")
+    return server, task
+
+
+async def stop_uvicorn(server: uvicorn.Server, task: asyncio.Task[None]) -> None:
+    server.should_exit = True
+    with contextlib.suppress(asyncio.CancelledError):
+        await asyncio.wait_for(task, 10)
 
 
 class EdgeServer:
@@ -33,25 +62,25 @@ class EdgeServer:
 
     async def start(self) -> None:
         app = create_app(self.bus, self.store, self.settings)
-        config = uvicorn.Config(
-            app, host="127.0.0.1", port=self.port, log_level="warning", lifespan="on",
-            ws_ping_interval=None, timeout_graceful_shutdown=0.5,
-        )
-        self.server = uvicorn.Server(config)
-        self.task = asyncio.create_task(self.server.serve())
-        for _ in range(200):
-            if self.server.started:
-                return
-            await asyncio.sleep(0.02)
-        raise RuntimeError("edge did not start")
+        self.server, self.task = await start_uvicorn(loopback_config(app, self.port))
+
+    def live_clients(self, run_id: str) -> int:
+        """Clients attached to the run's streams in this edge's hub (live, in every view and format)."""
+        assert self.server is not None
+        return live_clients(self.server.config.app.state.edge.hub, run_id)
 
     async def stop(self) -> None:
         if self.server is None or self.task is None:
             return
-        self.server.should_exit = True
-        with contextlib.suppress(asyncio.CancelledError):
-            await asyncio.wait_for(self.task, 10)
+        await stop_uvicorn(self.server, self.task)
         self.server = None
+
+
+def live_clients(hub: Hub, run_id: str) -> int:
+    """Clients ``hub`` queues the run's live frames for (every view): a test waits for this
+    before it publishes what a client must receive live."""
+    return sum(len(feed.clients) for (run, _view), stream in hub.streams.items() if run == run_id
+               for feed in stream.feeds.values())
 
 
 @contextlib.asynccontextmanager
@@ -87,6 +116,43 @@ class SseEvent(msgspec.Struct):
     data: str
     id: str | None = None
     event: str | None = None
+
+
+async def two_tenants_runs(bus: Bus, store: ReplayLog) -> None:
+    """One finished run (``run_events``, four events) of each tenant, ``RUN_A`` of A and
+    ``RUN_B`` of B, in the replay log and in their delivery streams."""
+    for run_id, tenant in ((RUN_A, "A"), (RUN_B, "B")):
+        events = run_events(run_id, 4, tenant=tenant)
+        await store.append(events)
+        await append(bus, run_id, events)
+
+
+def token(tenant: str, *scopes: str, runs: list[str] | None = None, ttl: float = 600) -> str:
+    """A token of ``SECRET`` for ``tenant`` (scope ``read`` unless others are named)."""
+    return issue_token(SECRET, tenant=tenant, runs=runs, scopes=scopes or ("read",), ttl_s=ttl)
+
+
+def controls_received(
+    run: Run, count: int
+) -> tuple[list[tuple[str, dict[str, Any]]], asyncio.Task[None]]:
+    """An agent reading ``run``'s control channel from its start: what it received
+    (command, args), filled in until ``count`` came, and its task (done then)."""
+    received: list[tuple[str, dict[str, Any]]] = []
+
+    async def agent() -> None:
+        async for command in run.controls(after="0"):
+            received.append((command.command, command.args))
+            if len(received) == count:
+                return
+
+    return received, asyncio.create_task(agent())
+
+
+async def publish(bus: Bus, store: ReplayLog, events: Sequence[Event]) -> None:
+    """What a worker writes: the replay log, the raw and the shaped delivery stream."""
+    await store.append(events)
+    await bus.append((events[0].run_id, "raw"), list(events))
+    await bus.append((events[0].run_id, "shaped"), list(events))
 
 
 async def read_sse(

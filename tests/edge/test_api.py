@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import io
 import json
 import time
 from collections.abc import AsyncIterator
@@ -12,22 +13,28 @@ import jwt
 import pytest
 import websockets
 
+from runwire import protocols
 from runwire.bus.base import Bus
 from runwire.core import envelope
 from runwire.edge import EdgeSettings, issue_token
+from runwire.jobs.replay import export_run
 from runwire.sdk.publisher import Publisher
 from runwire.store.base import ReplayLog
 from tests.events import event
 
-from .harness import EdgeServer, append, read_sse, run_events, serve_edge
-
-SECRET = "test-secret-please-rotate-0123456789abcdef"
-RUN_A = "run-tenant-a"
-RUN_B = "run-tenant-b"
-
-
-def token(tenant: str, *scopes: str, runs: list[str] | None = None, ttl: float = 600) -> str:
-    return issue_token(SECRET, tenant=tenant, runs=runs, scopes=scopes or ("read",), ttl_s=ttl)
+from .harness import (
+    RUN_A,
+    RUN_B,
+    SECRET,
+    EdgeServer,
+    append,
+    controls_received,
+    read_sse,
+    run_events,
+    serve_edge,
+    token,
+    two_tenants_runs,
+)
 
 
 def bearer(value: str) -> dict[str, str]:
@@ -37,10 +44,7 @@ def bearer(value: str) -> dict[str, str]:
 @pytest.fixture
 async def secured(memory_bus: Bus, store: ReplayLog) -> AsyncIterator[EdgeServer]:
     """An edge with a secret, and one finished run for each of tenants A and B."""
-    for run_id, tenant in ((RUN_A, "A"), (RUN_B, "B")):
-        events = run_events(run_id, 4, tenant=tenant)
-        await store.append(events)
-        await append(memory_bus, run_id, events)
+    await two_tenants_runs(memory_bus, store)
     async with serve_edge(memory_bus, store, EdgeSettings(secret=SECRET)) as edge:
         yield edge
 
@@ -161,15 +165,7 @@ async def test_control_round_trip_to_the_publisher_sdk(memory_bus: Bus, store: R
     run = publisher.run(run_id)
     await run.emit("run.lifecycle", {"state": "running"})
     await publisher.flush()
-    received: list[tuple[str, dict[str, object]]] = []
-
-    async def agent() -> None:
-        async for command in run.controls(after="0"):
-            received.append((command.command, command.args))
-            if len(received) == 2:
-                return
-
-    listener = asyncio.create_task(agent())
+    received, listener = controls_received(run, 2)
     await append(memory_bus, run_id, run_events(run_id, 3, end=None))
     async with serve_edge(memory_bus, store) as edge, httpx.AsyncClient(timeout=10) as http:
         async with http.stream("GET", f"{edge.url}/v1/runs/{run_id}/stream?detail=full") as response:
@@ -199,3 +195,22 @@ async def test_runs_listing_filters_and_jsonl_export(memory_bus: Bus, store: Rep
     assert [json.loads(line)["seq"] for line in export.text.splitlines()] == [1, 2, 3, 4]
     assert json.loads(agui.text.splitlines()[0])["type"] == "RUN_STARTED"
     assert missing.status_code == 404
+
+
+@pytest.mark.parametrize("format_name", sorted(protocols.EGRESS))
+async def test_the_edge_exports_what_runwire_replay_export_writes(
+    memory_bus: Bus, store: ReplayLog, format_name: str
+) -> None:
+    """One export path: ``events.jsonl`` of a finished run, of an unfinished one (which the
+    format's closing frames end) and of a run with a child is byte for byte the CLI's export."""
+    await store.append(run_events("r-ended", 5, end="done"))
+    await store.append(run_events("r-open", 4, end=None))
+    await store.append([*run_events("r-tree", 3, end=None),
+                        event("r-tree", 4, "text.delta", child_id="kid"),
+                        event("r-tree", 5, "run.lifecycle", {"state": "done"}, child_id="kid")])
+    async with serve_edge(memory_bus, store) as edge, httpx.AsyncClient(timeout=10) as http:
+        for run_id in ("r-ended", "r-open", "r-tree"):
+            served = await http.get(f"{edge.url}/v1/runs/{run_id}/events.jsonl?format={format_name}")
+            written = io.BytesIO()
+            await export_run(store, run_id, written.write, format=format_name)
+            assert served.content == written.getvalue() != b"", (run_id, format_name)

@@ -16,6 +16,7 @@ from runwire.edge.clients import ClientQueue
 from runwire.edge.frames import DROP_REASONING, DROP_TEXT, NEVER_DROP, Frame
 from runwire.store.base import ReplayLog
 from tests.events import event
+from tests.waiting import until
 
 from .harness import append, decoded, read_sse, serve_edge
 
@@ -94,7 +95,7 @@ async def test_a_slow_client_gets_every_control_event_and_its_dropped_count(
         reader, writer = await _stalled_sse(url)
         async with http.stream("GET", url) as healthy:
             healthy_reader = asyncio.create_task(read_sse(healthy))
-            await asyncio.sleep(0.3)
+            await until(lambda: edge.live_clients(run_id) == 2, what="both clients attached")
             seq = 2
             for index in range(900):
                 kind = ("reasoning.delta", "text.delta", "text.delta")[index % 3]
@@ -136,7 +137,7 @@ async def test_buf_0001_disconnects_a_client_that_cannot_take_control_events(
     async with serve_edge(memory_bus, store, settings) as edge, httpx.AsyncClient(timeout=30) as http:
         url = f"{edge.url}/v1/runs/{run_id}/stream?detail=full"
         reader, writer = await _stalled_sse(url)
-        await asyncio.sleep(0.3)
+        await until(lambda: edge.live_clients(run_id) == 1, what="the client attached")
         for seq in range(2, 600):
             start = {"call_id": f"c{seq}", "tool": "search", "input": {"q": BIG}}
             await append(memory_bus, run_id, [event(run_id, seq, "tool.start", start)])

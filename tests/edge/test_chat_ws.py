@@ -7,7 +7,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import json
-from collections.abc import AsyncIterator, Sequence
+from collections.abc import AsyncIterator, Callable, Sequence
 from typing import Any
 
 import pytest
@@ -19,10 +19,16 @@ from runwire.core.envelope import Event
 from runwire.edge import EdgeSettings, issue_token
 from runwire.store.base import ReplayLog
 from tests.events import event
+from tests.waiting import until
 
-from .chatnode import chat_result, run_chat_client, start_chat_client, wait_for_streams
-from .harness import EdgeServer, run_events, serve_edge
-from .test_threads import publish
+from .chatnode import (
+    chat_result,
+    resume_mid_run,
+    run_chat_client,
+    start_chat_client,
+    wait_for_streams,
+)
+from .harness import EdgeServer, publish, run_events, serve_edge
 
 USER_MESSAGE = {"id": "u1", "role": "user", "parts": [{"type": "text", "text": "hello"}]}
 
@@ -31,16 +37,28 @@ def ws_url(edge: EdgeServer, query: str = "") -> str:
     return edge.url.replace("http://", "ws://") + "/v1/threads" + query
 
 
-async def frames_until_done(ws: Any, request_id: str) -> list[dict[str, Any]]:
-    """The server frames of one request until its end / error / no-active."""
+async def frames_until(
+    ws: Any, request_id: str | None, last: Callable[[dict[str, Any]], bool]
+) -> list[dict[str, Any]]:
+    """The server frames of one request (of any, for ``None``) up to the first one ``last`` holds for."""
     got: list[dict[str, Any]] = []
     while True:
         frame = json.loads(await asyncio.wait_for(ws.recv(), 10))
-        if frame["requestId"] != request_id:
+        if request_id is not None and frame["requestId"] != request_id:
             continue
         got.append(frame)
-        if frame["type"] in ("end", "error", "no-active"):
+        if last(frame):
             return got
+
+
+async def frames_until_done(ws: Any, request_id: str) -> list[dict[str, Any]]:
+    """The server frames of one request until its end / error / no-active."""
+    return await frames_until(ws, request_id, lambda frame: frame["type"] in ("end", "error", "no-active"))
+
+
+def delta(text: str) -> Callable[[dict[str, Any]], bool]:
+    """The frame carrying the text delta ``text`` (the history's last, before going live)."""
+    return lambda frame: frame.get("chunk", {}).get("delta") == text
 
 
 def resume(request_id: str, chat_id: str, last: int | None = None) -> str:
@@ -111,11 +129,11 @@ async def test_resume_replays_from_sequence_0_then_goes_live_then_ends(bus: Bus,
     await publish(bus, store, run_events("run-w", 4, end=None, thread_id="chat-w"))
     async with serve_edge(bus, store) as edge, websockets.connect(ws_url(edge)) as ws:
         await ws.send(resume("r1", "chat-w"))
-        start = json.loads(await asyncio.wait_for(ws.recv(), 10))
-        await asyncio.sleep(0.3)
+        history = await frames_until(ws, "r1", delta("t4"))
         await publish(bus, store, [event("run-w", 5, "run.lifecycle", {"state": "done"})])
-        frames = await frames_until_done(ws, "r1")
-    assert start == {"type": "start", "requestId": "r1"}
+        frames = history + await frames_until_done(ws, "r1")
+    assert frames[0] == {"type": "start", "requestId": "r1"}
+    frames = frames[1:]
     got = chunks(frames)
     assert [s for s, _ in got] == list(range(len(got)))
     assert got[0][1] == {"type": "start", "messageId": "run-w"}
@@ -131,10 +149,11 @@ async def test_last_sequence_gives_exactly_the_chunks_after_it_on_another_edge_t
         async with websockets.connect(ws_url(one)) as a, websockets.connect(ws_url(two)) as b:
             await a.send(resume("a", "chat-l"))
             await b.send(resume("b", "chat-l", last=3))
-            await asyncio.sleep(0.5)
+            history_a = await frames_until(a, "a", delta("t6"))
+            history_b = await frames_until(b, "b", delta("t6"))
             await publish(bus, store, [event("run-live2", 7, "run.lifecycle", {"state": "done"})])
-            everything = chunks(await frames_until_done(a, "a"))
-            after_three = chunks(await frames_until_done(b, "b"))
+            everything = chunks(history_a + await frames_until_done(a, "a"))
+            after_three = chunks(history_b + await frames_until_done(b, "b"))
     assert [s for s, _ in everything] == list(range(len(everything)))
     assert after_three == everything[4:]
 
@@ -193,20 +212,46 @@ async def test_abort_cancels_the_run_and_a_disconnect_does_not(bus: Bus, store: 
             got[run_id].append(command)
 
     listeners = [asyncio.create_task(listen(r)) for r in got]
-    await asyncio.sleep(0.3)
+    for run_id in got:  # listening: each has received a marker
+        await until(lambda run_id=run_id: marked(bus, run_id, got[run_id]), what=f"{run_id}'s listener")
     async with serve_edge(bus, store, EdgeSettings()) as edge:
         async with websockets.connect(ws_url(edge)) as ws:
             await ws.send(resume("k", "chat-keep"))
             await ws.send(resume("r", "chat-stop"))
-            await asyncio.sleep(0.3)
+            live: set[str] = set()
+
+            def both_live(frame: dict[str, Any]) -> bool:
+                if delta("t3")(frame):
+                    live.add(frame["requestId"])
+                return live == {"k", "r"}
+
+            await frames_until(ws, None, both_live)
             await ws.send(json.dumps({"type": "abort", "requestId": "r"}))
-            await asyncio.sleep(0.5)
-        await asyncio.sleep(0.5)
+            await until(lambda: unmarked(got["run-stop"]), what="the cancel")
+    # the edge has stopped: a cancel on disconnect would be on the channel before this marker
+    got["run-keep"].clear()
+    await until(lambda: marked(bus, "run-keep", got["run-keep"]), what="the marker after the disconnect")
     for listener in listeners:
         listener.cancel()
     await asyncio.gather(*listeners, return_exceptions=True)
-    assert [c.command for c in got["run-stop"]] == ["cancel"]
-    assert got["run-keep"] == []
+    assert [c.command for c in unmarked(got["run-stop"])] == ["cancel"]
+    assert unmarked(got["run-keep"]) == []
+
+
+MARKER = "marker"
+
+
+async def marked(bus: Bus, run_id: str, received: list[ControlCommand]) -> bool:
+    """Whether a listener has received a marker; sends one if not yet (a live listener's
+    start can't be seen from outside, nor what it would have received before a marker)."""
+    if any(c.by == MARKER for c in received):
+        return True
+    await bus.send_control(ControlCommand(command="pause", run_id=run_id, by=MARKER))
+    return False
+
+
+def unmarked(received: list[ControlCommand]) -> list[ControlCommand]:
+    return [c for c in received if c.by != MARKER]
 
 
 @pytest.mark.parametrize("frame", ['{"type": "resume"}', "not json", '{"type": "send", "requestId": "x", "trigger": "nope"}',
@@ -226,16 +271,8 @@ async def test_websocket_chat_transport_resumes_mid_run_and_finds_nothing_after_
 ) -> None:
     """``ai``'s ``WebSocketChatTransport.reconnectToStream`` against the edge: mid-run the whole
     message (replayed head + live tail, sequences checked by the transport); after the end, null."""
-    await publish(memory_bus, store, run_events("run-node", 4, end=None, thread_id="chat-n"))
-    async with serve_edge(memory_bus, store) as edge:
-        client = await start_chat_client(edge=edge.url, chatId="chat-n", mode="ws-resume")
-        await wait_for_streams(edge.url)
-        await publish(memory_bus, store, [event("run-node", 5, "text.delta", {"text": " tail"}),
-                                          event("run-node", 6, "run.lifecycle", {"state": "done"})])
-        resumed = await chat_result(client)
-        after_end = await run_chat_client(edge=edge.url, chatId="chat-n", mode="ws-resume")
-    assert "error" not in resumed, resumed
-    message = resumed["result"]["message"]
+    resumed, after_end = await resume_mid_run(memory_bus, store, "run-node", "chat-n", "ws-resume")
+    message = resumed["message"]
     assert message["id"] == "run-node"
     assert [p["text"] for p in message["parts"] if p["type"] == "text"] == ["t2t3t4 tail"]
     assert after_end == {"result": None}

@@ -14,6 +14,7 @@ from runwire.bus.base import Bus
 from runwire.edge import EdgeSettings
 from runwire.store.base import ReplayLog
 from tests.nodecheck import NODE_DIR
+from tests.waiting import until
 
 from .harness import append, event, run_events, serve_edge
 
@@ -51,9 +52,8 @@ async def test_ds_client_reads_a_live_run_saves_its_offset_and_resumes_on_a_seco
         rest_task = asyncio.create_task(
             node({"mode": "read", "url": second.url + path, "live": live, "offset": head["offset"]})
         )
-        await asyncio.sleep(0.5)
+        await until(lambda: second.live_clients(run_id) == 1, what="the client waiting on the second edge")
         await append(bus, run_id, [event(run_id, 6), event(run_id, 7)])
-        await asyncio.sleep(0.3)
         await append(bus, run_id, [event(run_id, 8, "run.lifecycle", {"state": "done"})])
         rest = await rest_task
     assert [item["seq"] for item in rest["items"]] == [6, 7, 8], rest
@@ -86,7 +86,7 @@ async def test_python_durable_streams_client_reads_a_run_live_and_catches_up_a_f
     url = f"/v1/ds/runs/{run_id}"
     async with serve_edge(memory_bus, store) as edge:
         async def finish_later() -> None:
-            await asyncio.sleep(0.5)
+            await until(lambda: edge.live_clients(run_id) == 1, what="the client reading live")
             await append(memory_bus, run_id, [event(run_id, 4), event(run_id, 5, "run.lifecycle", {"state": "done"})])
 
         producer = asyncio.create_task(finish_later())

@@ -14,6 +14,7 @@ from runwire.core.envelope import Event
 from runwire.store.base import ReplayLog
 from tests.events import event
 from tests.nodecheck import validate
+from tests.waiting import until
 
 from .harness import append, decoded, read_sse, serve_edge
 
@@ -47,19 +48,27 @@ async def _frames(url: str, **headers: str) -> tuple[list[dict[str, Any]], httpx
         return decoded(events), response.headers
 
 
+async def _frames_live(
+    bus: Bus, store: ReplayLog, events: list[Event], head: int, query: str
+) -> tuple[list[dict[str, Any]], httpx.Headers]:
+    """A client's frames of the run (``query`` after the stream's URL): ``events[:head]`` are
+    there before it connects, the rest come once it is reading live."""
+    run_id = events[0].run_id
+    await append(bus, run_id, events[:head])
+    async with serve_edge(bus, store) as edge:
+        reader = asyncio.create_task(_frames(f"{edge.url}/v1/runs/{run_id}/stream?{query}"))
+        await until(lambda: edge.live_clients(run_id) == 1, what="the client attached")
+        await append(bus, run_id, events[head:])
+        return await reader
+
+
 @pytest.mark.parametrize("format_name", sorted(protocols.EGRESS))
 async def test_every_egress_format_streams_live_and_ends(
     memory_bus: Bus, store: ReplayLog, run_id: str, format_name: str
 ) -> None:
     """``format=`` serves every egress format over SSE, live, until the run ends."""
     events = story(run_id)
-    await append(memory_bus, run_id, events[:6])
-    async with serve_edge(memory_bus, store) as edge:
-        url = f"{edge.url}/v1/runs/{run_id}/stream?detail=full&format={format_name}"
-        reader = asyncio.create_task(_frames(url))
-        await asyncio.sleep(0.3)
-        await append(memory_bus, run_id, events[6:])
-        frames, headers = await reader
+    frames, headers = await _frames_live(memory_bus, store, events, 6, f"detail=full&format={format_name}")
     expected = protocols.egress(format_name).encode_all(events)
     assert len(frames) == len(expected) > 0
     for key, value in protocols.egress(format_name).headers.items():
@@ -83,14 +92,8 @@ async def test_agui_mid_run_join_passes_verify_events(
 ) -> None:
     """A strict client joining mid-message / mid-tool-call gets the format's preamble first,
     so verifyEvents accepts the sequence (AG-UI itself has no resume)."""
-    events = story(run_id)
-    await append(memory_bus, run_id, events[:5])  # a text message is open
-    async with serve_edge(memory_bus, store) as edge:
-        url = f"{edge.url}/v1/runs/{run_id}/stream?detail=full&format=agui&{join}"
-        reader = asyncio.create_task(_frames(url))
-        await asyncio.sleep(0.3)
-        await append(memory_bus, run_id, events[5:])
-        frames, _ = await reader
+    # five events before the client joins: a text message is open
+    frames, _ = await _frames_live(memory_bus, store, story(run_id), 5, f"detail=full&format=agui&{join}")
     assert frames[0]["type"] == "RUN_STARTED"
     await asyncio.to_thread(validate, "verify-agui.mjs", frames)
 

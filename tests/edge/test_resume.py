@@ -12,6 +12,7 @@ from runwire.bus import open_bus
 from runwire.bus.base import Bus
 from runwire.store.base import ReplayLog
 from tests.events import event
+from tests.waiting import until
 
 from .harness import append, decoded, read_sse, run_events, serve_edge
 
@@ -117,7 +118,7 @@ async def test_t3_on_kafka_resume_on_another_edge_instance(
                 assert [e.id for e in seen] == ["1", "2", "3", "4", "5", "6"]
 
                 async def produce() -> None:
-                    await asyncio.sleep(0.5)
+                    await until(lambda: edge_b.live_clients(run_id) == 1, what="the client on edge B")
                     await store.append(rest)
                     await append(writer, run_id, rest)
 

@@ -17,6 +17,7 @@ import websockets
 from runwire.bus.base import Bus
 from runwire.edge import EdgeSettings
 from runwire.store.base import ReplayLog
+from tests.waiting import until
 
 from .harness import append, decoded, event, read_sse, run_events, serve_edge
 
@@ -126,7 +127,7 @@ async def test_a_run_published_while_its_client_waits_is_streamed_from_its_first
 ) -> None:
     async with serve_edge(bus, store) as edge, httpx.AsyncClient(timeout=10) as http:
         async def publish_later() -> None:
-            await asyncio.sleep(0.3)
+            await until(lambda: edge.live_clients(run_id) == 1, what="the client waiting")
             await append(bus, run_id, run_events(run_id, 4))
 
         producer = asyncio.create_task(publish_later())
@@ -147,12 +148,12 @@ async def test_a_client_arriving_after_a_silent_run_was_ended_gets_the_end_too(
     async with serve_edge(memory_bus, store, settings) as edge, httpx.AsyncClient(timeout=10) as http:
         url = f"{edge.url}/v1/runs/{run_id}/stream?detail=full"
         async with http.stream("GET", url) as first:
-            seen, _ = await asyncio.wait_for(read_sse(first, limit=3), 5)
-            await asyncio.sleep(0.3)
+            seen, _ = await asyncio.wait_for(read_sse(first), 5)  # to the end, once the run is silent
             async with http.stream("GET", url, headers={"Last-Event-ID": "1"}) as second:
                 later, _ = await asyncio.wait_for(read_sse(second), 5)
             ended = await asyncio.wait_for(http.get(url, headers={"Last-Event-ID": "3"}), 5)
-    assert [e.id for e in seen] == ["1", "2", "3"]
+    assert [e.id for e in seen[:3]] == ["1", "2", "3"]
+    assert decoded(seen)[-1]["payload"]["state"] == "error"
     body = decoded(later)
     assert [e["seq"] for e in body[:2]] == [2, 3]
     assert body[-1]["payload"]["state"] == "error"

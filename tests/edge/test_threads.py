@@ -9,27 +9,20 @@ from __future__ import annotations
 
 import asyncio
 import time
-from collections.abc import Sequence
 
 import httpx
 
 from runwire.bus.base import Bus
-from runwire.core.envelope import Event, decode, encode
+from runwire.core.envelope import decode, encode
 from runwire.edge import EdgeSettings, issue_token
 from runwire.store.base import ReplayLog
 from tests.events import event
+from tests.waiting import until
 
-from .chatnode import chat_result, run_chat_client, start_chat_client, wait_for_streams
-from .harness import decoded, read_sse, run_events, serve_edge
+from .chatnode import resume_mid_run
+from .harness import decoded, publish, read_sse, run_events, serve_edge
 
 SECRET = "test-secret-please-rotate-0123456789abcdef"
-
-
-async def publish(bus: Bus, store: ReplayLog, events: Sequence[Event]) -> None:
-    """What a worker writes: the replay log, the raw and the shaped delivery stream."""
-    await store.append(events)
-    await bus.append((events[0].run_id, "raw"), list(events))
-    await bus.append((events[0].run_id, "shaped"), list(events))
 
 
 async def test_http_ingest_stamps_the_thread_header_on_the_runs_own_events(memory_bus: Bus, store: ReplayLog) -> None:
@@ -58,7 +51,9 @@ async def test_runs_are_listed_by_thread(memory_bus: Bus, store: ReplayLog) -> N
 async def test_a_thread_without_an_active_run_answers_204(memory_bus: Bus, store: ReplayLog) -> None:
     """No run, or the newest run of the thread has ended: "no active stream" (the client does not resume)."""
     await publish(memory_bus, store, run_events("run-old", 3, end=None, thread_id="chat-1"))
-    await asyncio.sleep(0.01)
+    old = await store.run("run-old")
+    assert old is not None and old.created_at is not None
+    await until(lambda: time.time() > old.created_at.timestamp(), what="a clock past run-old's creation")
     await publish(memory_bus, store, run_events("run-new", 3, thread_id="chat-1"))
     async with serve_edge(memory_bus, store) as edge, httpx.AsyncClient(base_url=edge.url, timeout=10) as http:
         unknown = await http.get("/v1/threads/chat-nobody/stream")
@@ -77,7 +72,7 @@ async def test_the_active_run_is_replayed_from_its_start_and_ends_with_done(memo
             assert response.headers["x-vercel-ai-ui-message-stream"] == "v1"
             assert response.headers["content-type"].startswith("text/event-stream")
             reader = asyncio.create_task(read_sse(response))
-            await asyncio.sleep(0.3)
+            await until(lambda: edge.live_clients("run-live") == 1, what="the client attached")
             await publish(memory_bus, store, [event("run-live", 5, "run.lifecycle", {"state": "done"})])
             events, _ = await asyncio.wait_for(reader, 10)
     chunks = decoded(events)
@@ -117,17 +112,9 @@ async def test_default_chat_transport_resumes_mid_run_and_finds_nothing_after_th
 ) -> None:
     """``ai``'s ``DefaultChatTransport({api: edge + "/v1/threads"}).reconnectToStream`` unchanged:
     mid-run it gets the whole message (replayed head + live tail); after the end, null (204)."""
-    await publish(memory_bus, store, run_events("run-chat", 4, end=None, thread_id="chat-5"))
-    async with serve_edge(memory_bus, store) as edge:
-        client = await start_chat_client(edge=edge.url, chatId="chat-5", mode="http-resume")
-        await wait_for_streams(edge.url)
-        await publish(memory_bus, store, [event("run-chat", 5, "text.delta", {"text": " tail"}),
-                                          event("run-chat", 6, "run.lifecycle", {"state": "done"})])
-        resumed = await chat_result(client)
-        after_end = await run_chat_client(edge=edge.url, chatId="chat-5", mode="http-resume")
-    assert "error" not in resumed, resumed
-    message = resumed["result"]["message"]
+    resumed, after_end = await resume_mid_run(memory_bus, store, "run-chat", "chat-5", "http-resume")
+    message = resumed["message"]
     assert message["id"] == "run-chat" and message["role"] == "assistant"
     assert [p["text"] for p in message["parts"] if p["type"] == "text"] == ["t2t3t4 tail"]
-    assert resumed["result"]["chunks"][-1]["type"] == "finish"
+    assert resumed["chunks"][-1]["type"] == "finish"
     assert after_end == {"result": None}

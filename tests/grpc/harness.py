@@ -2,13 +2,11 @@
 
 from __future__ import annotations
 
-import asyncio
 import contextlib
 from collections.abc import AsyncIterator, Sequence
 from typing import Any
 
 import grpc
-import uvicorn
 
 from runwire.bus.base import Bus
 from runwire.edge import EdgeSettings, create_app
@@ -16,7 +14,7 @@ from runwire.edge.context import Edge
 from runwire.edge.grpc_server import GrpcServer, start_grpc
 from runwire.edge.proto.runwire.v1 import runwire_pb2 as pb
 from runwire.store.base import ReplayLog
-from tests.edge.harness import free_port
+from tests.edge.harness import free_port, loopback_config, start_uvicorn, stop_uvicorn
 
 SERVICE = "/runwire.v1.Runwire/"
 
@@ -102,18 +100,7 @@ async def serve(
     """uvicorn and gRPC on free loopback ports, from one ``create_app`` (one hub)."""
     app = create_app(bus, store, settings or EdgeSettings())
     port = free_port()
-    config = uvicorn.Config(
-        app, host="127.0.0.1", port=port, log_level="warning", lifespan="on",
-        ws_ping_interval=None, timeout_graceful_shutdown=0.5,
-    )
-    server = uvicorn.Server(config)
-    task = asyncio.create_task(server.serve())
-    for _ in range(250):
-        if server.started:
-            break
-        await asyncio.sleep(0.02)
-    else:
-        raise RuntimeError("edge did not start")
+    server, task = await start_uvicorn(loopback_config(app, port))
     grpc_server = await start_grpc(app.state.edge, "127.0.0.1", 0)
     served = Served(app.state.edge, f"http://127.0.0.1:{port}", grpc_server)
     try:
@@ -122,9 +109,7 @@ async def serve(
         for channel in served.channels:
             await channel.close()
         await grpc_server.stop(0.5)
-        server.should_exit = True
-        with contextlib.suppress(asyncio.CancelledError):
-            await asyncio.wait_for(task, 10)
+        await stop_uvicorn(server, task)
 
 
 async def read_rest(call: Any) -> list[Any]:

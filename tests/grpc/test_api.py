@@ -12,7 +12,7 @@ from runwire.core import envelope
 from runwire.edge.proto.runwire.v1 import runwire_pb2 as pb
 from runwire.sdk.publisher import Publisher
 from runwire.store.base import ReplayLog
-from tests.edge.harness import run_events
+from tests.edge.harness import controls_received, run_events
 from tests.events import event
 
 from .harness import serve
@@ -29,15 +29,7 @@ async def test_control_reaches_the_agents_run_controls(memory_bus: Bus, store: R
     publisher = Publisher(memory_bus)
     await publisher.start()
     run = publisher.run(run_id)
-    received: list[tuple[str, dict[str, object]]] = []
-
-    async def agent() -> None:
-        async for command in run.controls(after="0"):
-            received.append((command.command, command.args))
-            if len(received) == 2:
-                return
-
-    listener = asyncio.create_task(agent())
+    received, listener = controls_received(run, 2)
     await memory_bus.append((run_id, "raw"), run_events(run_id, 2, end=None))  # a live run: control needs one
     async with serve(memory_bus, store) as edge:
         client = edge.client()

@@ -16,27 +16,17 @@ from runwire.bus.base import Bus
 from runwire.edge import EdgeSettings, issue_token
 from runwire.edge.proto.runwire.v1 import runwire_pb2 as pb
 from runwire.store.base import ReplayLog
-from tests.edge.harness import append, run_events
+from tests.edge.harness import RUN_A, RUN_B, SECRET, token, two_tenants_runs
 
 from .harness import Served, read_all, serve
 
-SECRET = "test-secret-please-rotate-0123456789abcdef"
-RUN_A = "run-tenant-a"
-RUN_B = "run-tenant-b"
 OK = grpc.StatusCode.OK
-
-
-def token(tenant: str, *scopes: str, runs: list[str] | None = None) -> str:
-    return issue_token(SECRET, tenant=tenant, runs=runs, scopes=scopes or ("read",), ttl_s=600)
 
 
 @pytest.fixture
 async def secured(memory_bus: Bus, store: ReplayLog) -> AsyncIterator[Served]:
     """An edge with a secret, and one finished run for each of tenants A and B."""
-    for run_id, tenant in ((RUN_A, "A"), (RUN_B, "B")):
-        events = run_events(run_id, 4, tenant=tenant)
-        await store.append(events)
-        await append(memory_bus, run_id, events)
+    await two_tenants_runs(memory_bus, store)
     async with serve(memory_bus, store, EdgeSettings(secret=SECRET)) as edge:
         yield edge
 

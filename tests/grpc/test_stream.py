@@ -17,9 +17,10 @@ from runwire.edge import EdgeSettings
 from runwire.edge.proto.runwire.v1 import runwire_pb2 as pb
 from runwire.processing.shaping import shape
 from runwire.store.base import ReplayLog
-from tests.edge.harness import append, decoded, read_sse, run_events
+from tests.edge.harness import append, decoded, live_clients, read_sse, run_events
 from tests.edge.test_views import spaced
 from tests.events import event
+from tests.waiting import until
 
 from .harness import read_all, read_rest, serve
 
@@ -63,7 +64,7 @@ async def test_t3_resume_after_seq_n_on_a_second_edge_instance_gets_exactly_n_pl
         async with serve(bus_b, store) as second:
             call = second.client().stream(run_id, detail="full", after_seq=25)
             reader = asyncio.create_task(read_all(call))
-            await asyncio.sleep(0.2)
+            await until(lambda: live_clients(second.edge.hub, run_id) == 1, what="the client attached")
             await append(bus_b, run_id, events[30:])
             got = await asyncio.wait_for(reader, 10)
             assert await call.code() == grpc.StatusCode.OK
@@ -97,7 +98,7 @@ async def test_one_hub_serves_sse_and_grpc_clients_of_a_run(
     async with serve(memory_bus, store) as edge, httpx.AsyncClient(timeout=10) as http:
         grpc_reader = asyncio.create_task(read_all(edge.client().stream(run_id, detail="full")))
         async with http.stream("GET", f"{edge.http}/v1/runs/{run_id}/stream?detail=full") as response:
-            await asyncio.sleep(0.3)
+            await until(lambda: live_clients(edge.edge.hub, run_id) == 2, what="both clients attached")
             assert list(edge.edge.hub.streams) == [(run_id, "raw")]
             feeds = edge.edge.hub.streams[(run_id, "raw")].feeds
             assert len(feeds) == 1 and len(next(iter(feeds.values())).clients) == 2
@@ -145,7 +146,9 @@ async def test_r4_a_slow_client_loses_deltas_only_and_gets_its_dropped_count(
         for start in range(1, total, 500):
             await append(memory_bus, run_id, events[start:start + 500])
             await asyncio.sleep(0.01)
-        await asyncio.sleep(1.0)  # the client reads nothing meanwhile
+        feeds = edge.edge.hub.streams[(run_id, "raw")].feeds.values()
+        # the client reads nothing while the hub queues (and drops) everything up to the end
+        await until(lambda: all(feed.position == total for feed in feeds), what="the hub at the end")
         rest = await asyncio.wait_for(read_rest(call), 30)
     got = [first, *rest]
     seqs = [m.seq for m in got]

@@ -12,6 +12,7 @@ from runwire.bus.memory import MemoryBus
 from runwire.core import envelope
 from runwire.jobs.demo import DemoScript, keep_publishing, publish_runs
 from runwire.sdk.publisher import Publisher
+from tests.waiting import until
 
 
 async def _no_wait(_: float) -> None:
@@ -35,6 +36,22 @@ async def demo_events(seed: int, runs: int) -> list[Any]:
             for number in range(runs):
                 await script.run(f"r{number}", number)
         return await published(bus)
+
+
+async def until_started(bus: MemoryBus, runs: int) -> None:
+    """Until ``runs`` runs have started on the bus (a group of its own watches)."""
+    watch, started = bus.consumer("watch", "c1"), set()
+
+    async def enough() -> bool:
+        batch = await watch.fetch(10_000, block_ms=50)
+        started.update(e.run_id for e in map(envelope.decode, (d.data for d in batch)) if not e.parent_id)
+        await watch.ack(batch)
+        return len(started) >= runs
+
+    try:
+        await until(enough, what=f"{runs} runs started")
+    finally:
+        await watch.close()
 
 
 def shape(events: list[Any]) -> list[tuple[str, str, int, bytes]]:
@@ -94,7 +111,7 @@ async def test_stopping_the_demo_ends_open_runs_as_aborted() -> None:
         async with Publisher(bus) as pub:
             stop = asyncio.Event()
             task = asyncio.create_task(publish_runs(pub, stop, rate=20, pace=0.005, prefix="d"))
-            await asyncio.sleep(0.3)
+            await until_started(bus, 2)
             stop.set()
             started = await task
         events = await published(bus)
@@ -114,7 +131,7 @@ async def test_keep_publishing_connects_by_url_and_keeps_starting_runs() -> None
     async with MemoryBus("memory://demo-keep") as bus:
         stop = asyncio.Event()
         task = asyncio.create_task(keep_publishing("memory://demo-keep", stop, rate=10, pace=0.001))
-        await asyncio.sleep(0.5)
+        await until_started(bus, 3)
         stop.set()
         started = await task
         events = await published(bus)

@@ -81,6 +81,15 @@ def start_worker(bus: str, store: str, name: str, *extra: str) -> subprocess.Pop
     return proc
 
 
+def until_logged(db: Path, more_than: int, worker: subprocess.Popen[str], within: float = 90) -> None:
+    """Until ``worker`` (still running) has written more than ``more_than`` rows to ``db``."""
+    deadline = time.monotonic() + within
+    while logged_rows(db) <= more_than:
+        assert worker.poll() is None, worker.stderr.read() if worker.stderr else ""
+        assert time.monotonic() < deadline, f"the worker wrote no more than {more_than} rows"
+        time.sleep(0.01)
+
+
 def logged_rows(db: Path) -> int:
     """Rows in the SQLite replay log so far (0 before its schema exists)."""
     try:
@@ -133,11 +142,7 @@ def test_sigterm_mid_load_then_a_successor_loses_and_duplicates_nothing(
     store = f"sqlite:///{db}"
 
     first = start_worker(own_redis.url, store, "w1")
-    deadline = time.monotonic() + 60
-    while logged_rows(db) == 0:
-        assert first.poll() is None, first.stderr.read() if first.stderr else ""
-        assert time.monotonic() < deadline, "the first worker wrote nothing"
-        time.sleep(0.01)
+    until_logged(db, 0, first, within=60)
     first.send_signal(signal.SIGTERM)
     first_stats = stats_of(first)
     assert 0 < first_stats["acked"] < len(events), "SIGTERM must land mid-way through the load"
@@ -172,15 +177,11 @@ def test_sigterm_mid_load_on_kafka_loses_and_duplicates_nothing(
             time.sleep(0.05)
 
     first = start_worker(bus, store, "w1")
-    deadline = time.monotonic() + 90
-    while logged_rows(db) == 0:  # the app is up and working
-        assert first.poll() is None, first.stderr.read() if first.stderr else ""
-        assert time.monotonic() < deadline, "the first worker wrote nothing"
-        time.sleep(0.01)
+    until_logged(db, 0, first)  # the app is up and working
     publisher = threading.Thread(target=publish_the_rest)
     publisher.start()
     try:
-        time.sleep(0.4)  # a few slices in
+        until_logged(db, len(slices[0]), first)  # into the slices published while it runs
         first.send_signal(signal.SIGTERM)
         first_stats = stats_of(first, timeout=90)
     finally:

@@ -5,6 +5,7 @@ from __future__ import annotations
 import asyncio
 import socket
 import subprocess
+import time
 from pathlib import Path
 from typing import Any
 
@@ -54,6 +55,22 @@ def test_up_demo_serves_the_page_runs_and_live_streams(start_up: Any, tmp_path: 
     assert run["run_id"] in {r.run_id for r in runs}
     unfinished = [r.run_id for r in runs if not r.terminal]
     assert unfinished == [], "SIGTERM drains: every demo run ends (aborted) and is recorded"
+
+
+def test_up_demo_runs_are_swept_after_their_retention(start_up: Any, tmp_path: Path) -> None:
+    """The demo's runs (tenant ``demo``) leave the replay log ``--demo-keep-minutes`` after their
+    last event: the demo's data stays bounded however long it runs."""
+    up = start_up("--demo", "--demo-rate", "2", "--demo-keep-minutes", "0.05", "--data-dir",
+                  str(tmp_path / "data"))
+    run = up.wait_for_run(terminal=True, timeout=60)
+    assert run["tenant"] == "demo"
+    assert "kept 0.05 min" in up.out.read_text()
+    deadline = time.monotonic() + 60
+    while run["run_id"] in {r["run_id"] for r in httpx.get(f"{up.base}/v1/runs?limit=1000").json()["runs"]}:
+        assert time.monotonic() < deadline, "the finished demo run was never swept"
+        time.sleep(0.2)
+    assert httpx.get(f"{up.base}/v1/runs/{run['run_id']}/events.jsonl").status_code == 404
+    assert up.terminate() == 0
 
 
 def test_up_restarts_on_the_same_data_dir_and_keeps_history(start_up: Any, tmp_path: Path) -> None:

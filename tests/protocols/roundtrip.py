@@ -6,13 +6,25 @@ from pathlib import Path
 from typing import Any
 
 import msgspec
+import pytest
 
 from runwire.core import envelope
 from runwire.core.envelope import Event
+from runwire.core.errors import ProtocolError
 from runwire.protocols import egress, ingest
+from runwire.protocols.base import Ingest
 from runwire.protocols.framediff import same
 
 FIXTURES = Path(__file__).resolve().parent.parent / "fixtures"
+SAMPLES = {
+    "koder": "koder/sample_run.ndjson",
+    "loom": "loom/sample_run.ndjson",
+    "loom-export": "loom-export/sample_run.ndjson",
+    "loom-mcp": "loom-mcp/sample_run.ndjson",
+    "cogency": "cogency/conversation.ndjson",
+    "cogency-wire": "cogency-wire/multi_tool.txt",
+}
+"""One sample run per ingest format, under ``FIXTURES``."""
 
 
 def fixture_lines(fmt: str, name: str) -> list[bytes]:
@@ -46,6 +58,24 @@ def egress_all(fmt: str, events: list[Event], *, finish: bool = False) -> list[d
     if finish:
         frames.extend(codec.finish())
     return [msgspec.json.decode(msgspec.json.encode(frame)) for frame in frames]
+
+
+def koder_sample_as(fmt: str) -> list[dict[str, Any]]:
+    """The koder sample run (a foreign stream to ``fmt``) egressed as ``fmt``, ``finish()``
+    included, checked to be ``fmt`` a reader accepts: each frame ingests again as one event."""
+    events = ingest_all("koder", fixture_lines("koder", "sample_run.ndjson"))
+    frames = egress_all(fmt, events, finish=True)
+    assert len(ingest_all(fmt, [msgspec.json.encode(f) for f in frames])) == len(frames)
+    return frames
+
+
+def rejected(fmt: str, frame: bytes, error: type[ProtocolError]) -> tuple[ProtocolError, Ingest]:
+    """What a fresh ``fmt`` ingest raised for one bad ``frame`` (it must be ``error``), and the
+    codec, to show it goes on."""
+    codec = ingest(fmt)
+    with pytest.raises(error) as caught:
+        codec.feed(frame)
+    return caught.value, codec
 
 
 def assert_same_frames(got: list[dict[str, Any]], want: list[dict[str, Any]]) -> None:

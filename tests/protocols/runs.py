@@ -228,6 +228,11 @@ def stream(codec: str, events: list[Event]) -> list[Any]:
     return frames + encoder.finish()
 
 
+def types(frames: list[dict[str, Any]]) -> list[str]:
+    """The ``type`` of each frame (both strict formats name their frames so)."""
+    return [f["type"] for f in frames]
+
+
 def joined(codec: str, events: list[Event], n: int) -> list[Any]:
     """What a client joining after event ``n`` gets: preamble, then events n+1.., then ``finish()``.
 

@@ -20,6 +20,8 @@ from tests.protocols.roundtrip import (
     fixture_lines,
     fixture_names,
     ingest_all,
+    koder_sample_as,
+    rejected,
     round_trip,
     through_koder,
 )
@@ -163,12 +165,10 @@ def test_bad_frames_are_rejected_with_code_and_field(
     frame: bytes, error: type[ProtocolError], field: str | None
 ) -> None:
     """PROTO-0001 for malformed frames, PROTO-0002 for unknown types; the error names the field."""
-    codec = ingest("loom")
-    with pytest.raises(error) as caught:
-        codec.feed(frame)
-    assert caught.value.field == field
-    assert str(caught.value).startswith(caught.value.code)
-    assert caught.value.code == (
+    caught, _ = rejected("loom", frame, error)
+    assert caught.field == field
+    assert str(caught).startswith(caught.code)
+    assert caught.code == (
         "KAI-STREAM-PROTO-0002" if error is UnknownEventType else "KAI-STREAM-PROTO-0001"
     )
 
@@ -195,10 +195,7 @@ def test_frame_over_the_size_limit_is_rejected() -> None:
 def test_foreign_stream_egresses_as_valid_loom_frames_ending_with_a_reply() -> None:
     """A koder run → loom: every frame is accepted by the loom ingest; tool_end names its
     tool; events loom has no type for ride in custom; the run's text ends in a reply frame."""
-    events = ingest_all("koder", fixture_lines("koder", "sample_run.ndjson"))
-    frames = egress_all("loom", events, finish=True)
-    reingested = ingest_all("loom", [msgspec.json.encode(f) for f in frames])
-    assert len(reingested) == len(frames)
+    frames = koder_sample_as("loom")
     tool_end = next(f for f in frames if f.get("type") == "tool_end")
     assert tool_end["name"] == "web.search"
     assert frames[-1] == {"reply": "The cheapest is model B at 899 EUR."}

@@ -6,7 +6,6 @@ import msgspec
 import pytest
 
 from runwire.core.errors import MalformedFrame, ProtocolError, UnknownEventType
-from runwire.protocols import ingest
 from runwire.protocols.loom import LOOM_TYPES
 from runwire.protocols.loom_export import EXPORT_KEYS
 from tests.protocols.roundtrip import (
@@ -15,6 +14,8 @@ from tests.protocols.roundtrip import (
     fixture_lines,
     fixture_names,
     ingest_all,
+    koder_sample_as,
+    rejected,
     round_trip,
     through_koder,
 )
@@ -72,15 +73,11 @@ def test_single_key_frame_decodes() -> None:
 def test_bad_frames_are_rejected_with_code_and_field(
     frame: bytes, error: type[ProtocolError], field: str
 ) -> None:
-    codec = ingest("loom-export")
-    with pytest.raises(error) as caught:
-        codec.feed(frame)
-    assert caught.value.field == field
+    caught, codec = rejected("loom-export", frame, error)
+    assert caught.field == field
     assert codec.feed(b'{"Messages":{"content":"next"}}')[0].payload_dict() == {"text": "next"}
 
 
 def test_foreign_stream_egresses_as_single_key_frames() -> None:
-    events = ingest_all("koder", fixture_lines("koder", "sample_run.ndjson"))
-    frames = egress_all("loom-export", events, finish=True)
+    frames = koder_sample_as("loom-export")
     assert all(len(f) == 1 and next(iter(f)) in EXPORT_KEYS.values() for f in frames)
-    assert len(ingest_all("loom-export", [msgspec.json.encode(f) for f in frames])) == len(frames)

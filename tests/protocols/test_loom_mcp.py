@@ -19,13 +19,14 @@ from runwire.core.envelope import (
     Usage,
 )
 from runwire.core.errors import MalformedFrame, ProtocolError, UnknownEventType
-from runwire.protocols import ingest
 from runwire.protocols.loom_mcp import MCP_TYPES
 from tests.protocols.roundtrip import (
     egress_all,
     fixture_lines,
     fixture_names,
     ingest_all,
+    koder_sample_as,
+    rejected,
     round_trip,
     through_koder,
 )
@@ -134,10 +135,8 @@ def test_failed_workflow_is_an_error_with_the_user_safe_reason() -> None:
 def test_bad_frames_are_rejected_with_code_and_field(
     frame: bytes, error: type[ProtocolError], field: str | None
 ) -> None:
-    codec = ingest("loom-mcp")
-    with pytest.raises(error) as caught:
-        codec.feed(frame)
-    assert caught.value.field == field
+    caught, codec = rejected("loom-mcp", frame, error)
+    assert caught.field == field
     (event,) = codec.feed(b'{"type":"assistant_reply","run_id":"r","payload":{"text":"next"}}')
     assert event.payload_dict() == {"text": "next"}
 
@@ -145,9 +144,7 @@ def test_bad_frames_are_rejected_with_code_and_field(
 def test_foreign_stream_egresses_pulse_envelopes_ending_with_run_stream_end() -> None:
     """A koder run → loom-mcp: valid envelopes (re-ingestable), tool_end names its tool,
     child events are on the child's run, and the explicit end marker follows the terminal event."""
-    events = ingest_all("koder", fixture_lines("koder", "sample_run.ndjson"))
-    frames = egress_all("loom-mcp", events, finish=True)
-    assert len(ingest_all("loom-mcp", [msgspec.json.encode(f) for f in frames])) == len(frames)
+    frames = koder_sample_as("loom-mcp")
     assert [f["type"] for f in frames[-2:]] == ["workflow", "run_stream_end"]
     assert frames[-2]["payload"]["phase"] == "completed"
     ends = [f for f in frames if f["type"] == "tool_end"]

@@ -19,8 +19,7 @@ from runwire.core import envelope
 from runwire.edge import EdgeSettings
 from runwire.edge.proto.runwire.v1 import runwire_pb2 as pb
 from runwire.store.base import ReplayLog
-from tests.edge.harness import run_events
-from tests.edge.test_threads import publish
+from tests.edge.harness import publish, run_events
 from tests.grpc.harness import serve
 
 from .conftest import new_id

@@ -24,6 +24,7 @@ from runwire.core.envelope import Event, ToolStart, ToolStartPayload
 from runwire.store.base import ReplayLog
 from tests.edge.harness import append, decoded, read_sse, serve_edge
 from tests.events import event
+from tests.waiting import until
 
 FORMATS = ["ai-sdk", "agui", "koder", "loom"]
 DEPTH = 20_000
@@ -97,7 +98,8 @@ async def test_an_event_a_format_cannot_encode_is_skipped_there_and_everything_e
             await append(memory_bus, hostile_run, run_with_a_deep_event(hostile_run)[:4])
         readers = {f: asyncio.create_task(read_run(url)) for f, url in urls.items()}
         other = asyncio.create_task(read_run(other_url))
-        await asyncio.sleep(0.4)
+        await until(lambda: (edge.live_clients(hostile_run), edge.live_clients(other_run)) == (len(urls), 1),
+                    what="every client attached")
         # one tail batch: both runs' events together
         events = run_with_a_deep_event(hostile_run)
         await append(memory_bus, hostile_run, events if live else events[4:])

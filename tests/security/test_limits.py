@@ -14,13 +14,19 @@ from collections.abc import AsyncIterator
 
 import httpx
 import pytest
-import uvicorn
 
 from runwire.bus.base import Bus
 from runwire.edge import EdgeSettings, create_app, issue_token
 from runwire.edge.server import edge_config
 from runwire.store.base import ReplayLog
-from tests.edge.harness import append, free_port, run_events, serve_edge
+from tests.edge.harness import (
+    append,
+    free_port,
+    run_events,
+    serve_edge,
+    start_uvicorn,
+    stop_uvicorn,
+)
 from tests.events import event
 
 from .conftest import SECRET, new_id
@@ -124,17 +130,11 @@ async def deadline_edge(bus: Bus, store: ReplayLog, seconds: float) -> AsyncIter
     config = edge_config(create_app(bus, store, EdgeSettings()), host="127.0.0.1", port=port,
                          log_level="warning", lifespan="on", header_timeout_s=seconds,
                          ws_ping_interval=None, timeout_graceful_shutdown=0.5)
-    server = uvicorn.Server(config)
-    task = asyncio.create_task(server.serve())
-    for _ in range(500):
-        if server.started:
-            break
-        await asyncio.sleep(0.02)
+    server, task = await start_uvicorn(config)
     try:
         yield port
     finally:
-        server.should_exit = True
-        await asyncio.wait_for(task, 10)
+        await stop_uvicorn(server, task)
 
 
 async def _closed_after(reader: asyncio.StreamReader, writer: asyncio.StreamWriter, trickle: bytes) -> float:

@@ -21,8 +21,7 @@ from runwire.bus.base import Bus
 from runwire.core import envelope
 from runwire.edge import EdgeSettings, issue_token
 from runwire.store.base import ReplayLog
-from tests.edge.harness import EdgeServer, append, run_events, serve_edge
-from tests.edge.test_threads import publish
+from tests.edge.harness import EdgeServer, append, publish, run_events, serve_edge
 from tests.events import event
 
 from .conftest import SECRET, new_id

@@ -16,8 +16,9 @@ import pytest
 
 from runwire.core import envelope
 from runwire.core.errors import UnknownRun
+from runwire.jobs.replay import export_run
 from runwire.store import RetentionPolicy, open_store
-from runwire.store.jsonl import export_jsonl, import_jsonl
+from runwire.store.jsonl import import_jsonl
 from tests.events import T0, deltas, event
 from tests.store.conftest import Clock
 
@@ -250,7 +251,7 @@ async def test_jsonl_export_import_round_trip(new_store_url: Callable[[], str]) 
     async with open_store(source_url) as log:
         await log.append(originals)
         out = io.BytesIO()
-        assert await export_jsonl(log, ["r1", "r2"], out.write) == 34
+        assert [await export_run(log, run, out.write) for run in ("r1", "r2")] == [31, 3]
     exported = out.getvalue()
     lines = exported.splitlines()
     assert lines == [envelope.encode(e) for e in originals]
@@ -262,7 +263,8 @@ async def test_jsonl_export_import_round_trip(new_store_url: Callable[[], str]) 
         report = await import_jsonl(copy, damaged, batch=7)
         again = await import_jsonl(copy, lines)
         out = io.BytesIO()
-        await export_jsonl(copy, ["r1", "r2"], out.write)
+        for run in ("r1", "r2"):
+            await export_run(copy, run, out.write)
         info = await copy.run("r1")
     assert (report.lines, report.added, report.runs) == (36, 34, ["r1", "r2"])
     assert [(e.line, e.code) for e in report.errors] == [

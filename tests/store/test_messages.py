@@ -12,7 +12,7 @@ import json
 from pathlib import Path
 
 from runwire.core.envelope import Event
-from runwire.jobs.messages import to_messages
+from runwire.jobs.messages import SEPARATOR, to_messages
 from runwire.protocols.cogency import CogencyIngest
 from runwire.store import open_store
 from tests.events import event
@@ -79,7 +79,26 @@ def test_streamed_deltas_join_and_child_events_stay_out() -> None:
     ]
     assert to_messages(events) == [
         {"role": "user", "content": "hi"}, {"role": "assistant", "content": "Hello"}]
-    assert to_messages(events, children=True)[1]["content"] == "Helsub-agent sayslo"
+    assert to_messages(events, children=True)[1]["content"] == "Hello\n\nsub-agent says"
+
+
+def test_with_children_each_runs_text_stays_whole_between_separators() -> None:
+    """Children answering at once interleave their deltas; a message keeps each run's text in
+    one piece — the run's own first, then each child's as it first spoke — a blank line apart."""
+    events = [
+        event("r", 1, "text.delta", {"text": "a"}, child_id="kid-2"),
+        event("r", 2, "text.delta", {"text": "x"}, child_id="kid-1"),
+        event("r", 3, "text.delta", {"text": "Sum"}),
+        event("r", 4, "text.delta", {"text": "b"}, child_id="kid-2"),
+        event("r", 5, "reasoning.delta", {"text": "why"}, child_id="kid-1"),
+        event("r", 6, "text.delta", {"text": "y"}, child_id="kid-1"),
+        event("r", 7, "text.delta", {"text": "mary"}),
+    ]
+    (chat,) = to_messages(events, children=True, reasoning=True)
+    assert chat["content"] == "Summary" + SEPARATOR + "ab" + SEPARATOR + "xy"
+    assert chat["reasoning_content"] == "why"
+    (cogency,) = to_messages(events, children=True, style="cogency")
+    assert cogency["content"] == "<think>why</think>\n\nSummary\n\nab\n\nxy"
 
 
 async def test_messages_of_a_stored_run(tmp_path: Path) -> None:

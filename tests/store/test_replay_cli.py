@@ -16,6 +16,7 @@ from runwire.core import envelope
 from runwire.core.envelope import Event
 from runwire.jobs.replay import play_run
 from runwire.store import open_store
+from runwire.store.base import RunInfo
 from runwire.workers.cli import main
 from tests.events import event
 
@@ -84,6 +85,32 @@ def test_ls_filters_by_tenant_and_state(loaded: str) -> None:
     assert json.loads(future.stdout) == []
     table = _runwire("ls", "--since", "1h", "--store", loaded)
     assert table.exit_code == 0 and "r1" in table.stdout and "acme" in table.stdout
+
+
+LONG = "run-" + "0123456789abcdef" * 5  # a run id longer than a default 80-column table
+
+
+def test_tables_are_not_cut_at_80_columns(store_url: str) -> None:
+    """Piped (not a terminal), ``ls`` and ``stats`` print whole rows at their natural width; in
+    a narrow terminal a run id folds onto more lines but keeps every character."""
+    from rich.console import Console
+
+    from runwire.workers.commands.replay import _runs_table
+
+    async def stored() -> list[RunInfo]:
+        async with open_store(store_url) as log:
+            await log.append([event(LONG, 1, tenant="acme"), event(LONG, 2, "run.lifecycle", {"state": "done"})])
+            return await log.runs()
+
+    runs = asyncio.run(stored())
+    for args in (("ls",), ("stats", LONG)):
+        out = _runwire(*args, "--store", store_url).stdout
+        assert LONG in out and "…" not in out, out
+        assert max(map(len, out.splitlines())) > 80
+    narrow = Console(width=60, record=True, force_terminal=True)
+    narrow.print(_runs_table(runs))
+    text = narrow.export_text()
+    assert LONG in "".join(line.split("│")[1].strip() for line in text.splitlines() if "│" in line)
 
 
 def test_export_streams_many_runs_as_imported(loaded: str, jsonl: Path, tmp_path: Path) -> None:

@@ -12,11 +12,7 @@ from runwire.core import envelope
 from runwire.store import open_store
 from tests.events import event
 
-SCHEMA_1 = """
-CREATE TABLE schema_version (version INTEGER NOT NULL);
-CREATE TABLE events (
-    run_id TEXT NOT NULL, seq INTEGER NOT NULL, body BLOB NOT NULL, PRIMARY KEY (run_id, seq)
-) WITHOUT ROWID;
+RUNS_BEFORE_3 = """
 CREATE TABLE runs (
     run_id TEXT PRIMARY KEY, tenant TEXT, parent_id TEXT, root_id TEXT, state TEXT,
     state_seq INTEGER NOT NULL DEFAULT 0, terminal INTEGER NOT NULL DEFAULT 0,
@@ -25,6 +21,15 @@ CREATE TABLE runs (
     dropped INTEGER NOT NULL DEFAULT 0, first_ts TEXT, last_ts TEXT,
     created_at REAL NOT NULL, updated_at REAL NOT NULL, expires_at REAL
 );
+"""
+"""The runs table of schemas 1 and 2 (no ``thread_id``)."""
+
+SCHEMA_1 = f"""
+CREATE TABLE schema_version (version INTEGER NOT NULL);
+CREATE TABLE events (
+    run_id TEXT NOT NULL, seq INTEGER NOT NULL, body BLOB NOT NULL, PRIMARY KEY (run_id, seq)
+) WITHOUT ROWID;
+{RUNS_BEFORE_3}
 INSERT INTO schema_version VALUES (1);
 """
 
@@ -57,18 +62,11 @@ async def test_a_schema_1_file_is_migrated_and_keeps_every_event(tmp_path: Path)
         conn.close()
 
 
-SCHEMA_2_RUNS = """
+SCHEMA_2_RUNS = f"""
 CREATE TABLE schema_version (version INTEGER NOT NULL);
 CREATE TABLE events (run_id TEXT NOT NULL, seq INTEGER NOT NULL, body BLOB NOT NULL);
 CREATE UNIQUE INDEX events_run_seq ON events (run_id, seq);
-CREATE TABLE runs (
-    run_id TEXT PRIMARY KEY, tenant TEXT, parent_id TEXT, root_id TEXT, state TEXT,
-    state_seq INTEGER NOT NULL DEFAULT 0, terminal INTEGER NOT NULL DEFAULT 0,
-    events INTEGER NOT NULL DEFAULT 0, last_seq INTEGER NOT NULL DEFAULT 0,
-    input_tokens INTEGER NOT NULL DEFAULT 0, output_tokens INTEGER NOT NULL DEFAULT 0,
-    dropped INTEGER NOT NULL DEFAULT 0, first_ts TEXT, last_ts TEXT,
-    created_at REAL NOT NULL, updated_at REAL NOT NULL, expires_at REAL
-);
+{RUNS_BEFORE_3}
 INSERT INTO schema_version VALUES (2);
 """
 

@@ -8,7 +8,7 @@ import asyncio
 import logging
 import signal
 import uuid
-from collections.abc import AsyncIterator, Callable
+from collections.abc import AsyncIterator
 from pathlib import Path
 
 import msgspec
@@ -23,6 +23,7 @@ from runwire.sdk.publisher import Publisher
 from runwire.store import ReplayLog, open_store
 from runwire.workers.runtime import run_worker
 from tests.services import RedisServer
+from tests.waiting import until
 from tests.workers.checks import assert_delivered_exactly_once, read_all, run_tree
 from tests.workers.test_crash import start_worker, wait_finished, wait_sharing
 
@@ -44,15 +45,6 @@ async def admin(own_redis: RedisServer) -> AsyncIterator[Redis]:
 async def log_store(tmp_path) -> AsyncIterator[ReplayLog]:  # type: ignore[no-untyped-def]
     async with open_store(f"sqlite:///{tmp_path}/replay.db") as store:
         yield store
-
-
-async def until(condition: Callable[[], bool], within: float = 30.0) -> None:
-    """Poll ``condition`` (state of a task in this loop) until it holds."""
-    async with asyncio.timeout(within):
-        while True:
-            if condition():
-                return
-            await asyncio.sleep(0.02)
 
 
 def lines(caplog: pytest.LogCaptureFixture, start: str) -> list[str]:

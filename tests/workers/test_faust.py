@@ -19,7 +19,13 @@ from runwire.workers.faust_app import FaustWorker
 from runwire.workers.faust_seam import IngestConsumer
 from tests.workers.checks import assert_delivered_exactly_once, read_all, run_tree
 from tests.workers.events import RunScript
-from tests.workers.test_crash import publish_trees, start_worker, wait_finished, wait_sharing
+from tests.workers.test_crash import (
+    kill_all,
+    kill_mid_load,
+    start_worker,
+    wait_finished,
+    wait_sharing,
+)
 
 
 def kafka_bus_url(kafka_url: str, prefix: str, **options: object) -> str:
@@ -90,16 +96,10 @@ async def test_sigkill_one_faust_worker_the_survivor_resumes_from_the_changelog(
                for i in range(2)]
     try:
         async with open_bus(bus_url) as bus, open_store(postgres_url) as store:
-            await wait_sharing(tmp_path, ["w0", "w1"], timeout_s=40)
-            await asyncio.sleep(3)  # let the second join settle into one generation
-            publishing = asyncio.create_task(
-                publish_trees(bus, [events for events, _ in trees], per_step=1, pause_s=0.2)
-            )
-            await asyncio.sleep(1.5)
-            workers[0].send_signal(signal.SIGKILL)
-            assert workers[0].wait(5) == -signal.SIGKILL
-            await publishing
-            await wait_finished(bus, [f"{prefix}t{i}_root" for i in range(16)], 60)
+            # the second's join settled into one generation: the two split the partitions
+            await wait_sharing(tmp_path, ["w0", "w1"], timeout_s=40, shards=bus.shards)
+            await kill_mid_load(bus, workers, tmp_path, [f"{prefix}t{i}" for i in range(16)], trees,
+                                pause_s=0.2, finish_s=60)
             workers[1].send_signal(signal.SIGTERM)
             assert workers[1].wait(30) == 0, (tmp_path / "w1.log").read_text()[-3000:]
             survivor_log = (tmp_path / "w1.log").read_text()
@@ -107,10 +107,7 @@ async def test_sigkill_one_faust_worker_the_survivor_resumes_from_the_changelog(
             for events, ancestry in trees:
                 await assert_delivered_exactly_once(bus, store, events, ancestry, exact_shape=False)
     finally:
-        for proc in workers:
-            if proc.poll() is None:
-                proc.kill()
-                proc.wait(5)
+        kill_all(workers)
 
 
 class _LosingWorker(FaustWorker):

@@ -32,7 +32,7 @@ from runwire.workers.runtime import run_worker
 from tests.events import event
 from tests.shaped_checks import as_dicts, max_per_second, r1_excess, t2_problems, texts
 from tests.workers.checks import read_all
-from tests.workers.test_crash import start_worker, wait_sharing
+from tests.workers.test_crash import kill_all, start_worker, wait_sharing
 
 
 def assert_shaped_view(run_id: str, raw: list[Event], shaped: list[Event]) -> None:
@@ -207,7 +207,4 @@ async def test_r1_and_t2_hold_when_a_worker_is_sigkilled_mid_run_and_its_backlog
                     assert_shaped_view(run_id, raw, shaped)
                     assert [(e.seq, e.id) for e in await store.read(run_id)] == [(e.seq, e.id) for e in raw]
     finally:
-        for proc in workers:
-            if proc.poll() is None:
-                proc.kill()
-                proc.wait(5)
+        kill_all(workers)

@@ -30,7 +30,7 @@ import click
 import msgspec
 from rich.console import Console
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeRemainingColumn
-from rich.table import Table
+from rich.table import Column, Table
 
 from runwire.core.errors import RunwireError
 from runwire.jobs.stats import StatsCollector
@@ -116,8 +116,27 @@ def _when(moment: datetime | None) -> str:
     return moment.astimezone(UTC).strftime("%Y-%m-%d %H:%M:%S") if moment else ""
 
 
+UNBOUNDED = 1 << 20
+"""A width no table reaches: measured against it, a table has its natural width."""
+
+
+def print_table(table: Table) -> None:
+    """``table`` on stdout: at the terminal's width, or whole when stdout is not a terminal
+    (a pipe, a file: nothing cut at 80 columns). Ids fold rather than lose characters."""
+    console = Console()
+    if not console.is_terminal:
+        natural = console.measure(table, options=console.options.update_width(UNBOUNDED))
+        console = Console(width=natural.maximum)
+    console.print(table)
+
+
+def _id(header: str) -> Column:
+    """A column of run ids: never cut, folded onto a second line when the terminal is narrow."""
+    return Column(header, overflow="fold")
+
+
 def _runs_table(runs: list[RunInfo]) -> Table:
-    table = Table("run", "tenant", "state", "events", "tokens in/out", "dropped", "parent",
+    table = Table(_id("run"), "tenant", "state", "events", "tokens in/out", "dropped", _id("parent"),
                   "updated (UTC)", "expires (UTC)")
     for info in runs:
         table.add_row(info.run_id, info.tenant or "", info.state or "", str(info.events),
@@ -145,7 +164,7 @@ async def ls(
     if as_json:
         click.echo(json.dumps([_run_row(info) for info in runs], default=str))
     else:
-        Console().print(_runs_table(runs))
+        print_table(_runs_table(runs))
 
 
 # ---- export --------------------------------------------------------------------
@@ -262,7 +281,7 @@ async def messages(
 
 
 def _stats_table(rows: list[dict[str, Any]]) -> Table:
-    table = Table("run", "events", "by type", "duration", "tools (errors)", "tokens in/out",
+    table = Table(_id("run"), "events", "by type", "duration", "tools (errors)", "tokens in/out",
                   "dropped", "children", "state")
     for row in rows:
         by_type = "\n".join(f"{k} {v}" for k, v in row["by_type"].items())
@@ -294,7 +313,7 @@ async def stats(store: str, run_ids: tuple[str, ...], as_json: bool) -> None:
     if as_json:
         click.echo(json.dumps(rows))
     else:
-        Console().print(_stats_table(rows))
+        print_table(_stats_table(rows))
 
 
 # ---- sweep -----------------------------------------------------------------------

@@ -3,7 +3,10 @@
 Embedded defaults — bus ``memory://``, replay log
 ``sqlite:///<data-dir>/replay.db`` — so one command shows runwire working;
 ``--bus``/``--store`` move any part to Redis, Kafka or PostgreSQL.
-``--demo`` keeps publishing synthetic runs so the page moves at once.
+``--demo`` keeps publishing synthetic runs so the page moves at once; their
+tenant (``demo``) has a retention of ``--demo-keep-minutes`` (10 by
+default), and ``runwire up`` sweeps the replay log while the demo runs, so
+its data stays bounded (about 40 MB at the default rate).
 
 SIGINT/SIGTERM drain: the demo ends its open runs (as aborted), the edge
 stops accepting and closes its streams (clients resume elsewhere), the
@@ -17,11 +20,13 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import ipaddress
+import logging
 import os
 import signal
 import socket
 import sys
 from collections.abc import Generator
+from datetime import timedelta
 from pathlib import Path
 from typing import Any
 
@@ -34,14 +39,19 @@ from runwire.core.redaction import redact_url
 from runwire.edge.app import create_app
 from runwire.edge.server import edge_config
 from runwire.edge.settings import EdgeSettings
-from runwire.jobs.demo import publish_runs
+from runwire.jobs.demo import DEMO_TENANT, publish_runs
 from runwire.sdk.publisher import Publisher
-from runwire.store import ReplayLog, open_store
+from runwire.store import ReplayLog, RetentionPolicy, open_store
 from runwire.workers.commands.edge import check_grpc_available, start_grpc_or_exit
 from runwire.workers.config import absolute_dir, absolute_store
 from runwire.workers.runtime import run_worker
 
+log = logging.getLogger("runwire.up")
+
 DEFAULT_DATA_DIR = Path(".runwire")
+DEMO_KEEP_S = 600.0
+"""How long the demo's runs stay in the replay log by default (``--demo-keep-minutes``)."""
+SWEEP_EVERY_S = 60.0
 MIN_SECRET_BYTES = 32
 LOOPBACK_NAMES = frozenset({"localhost", "127.0.0.1", "::1"})
 
@@ -60,7 +70,19 @@ class UpSettings(msgspec.Struct, kw_only=True, frozen=True):
     demo: bool = False
     demo_rate: float = 0.5
     demo_seed: int = 0
+    demo_keep_s: float = DEMO_KEEP_S
     data_dir: str = str(DEFAULT_DATA_DIR)
+
+    def store_options(self) -> dict[str, Any]:
+        """``open_store`` options: with the demo, its tenant's short retention."""
+        if not self.demo:
+            return {}
+        keep = timedelta(seconds=self.demo_keep_s)
+        return {"tenant_retention": {DEMO_TENANT: RetentionPolicy(done=keep, failed=keep, unfinished=keep)}}
+
+    def sweep_every_s(self) -> float:
+        """How often the demo sweeps: a fraction of its retention, at most a minute."""
+        return min(SWEEP_EVERY_S, self.demo_keep_s / 4)
 
 
 def default_name() -> str:
@@ -92,6 +114,14 @@ def is_loopback(host: str) -> bool:
     show_default=True,
     envvar="RUNWIRE_DEMO_RATE",
     help="Demo runs started per second.",
+)
+@click.option(
+    "--demo-keep-minutes",
+    type=click.FloatRange(min=0.01),
+    default=DEMO_KEEP_S / 60,
+    show_default=True,
+    envvar="RUNWIRE_DEMO_KEEP_MINUTES",
+    help="Minutes the demo's runs stay in the replay log (swept while the demo runs).",
 )
 @click.option(
     "--demo-seed",
@@ -164,6 +194,7 @@ def is_loopback(host: str) -> bool:
 def up(
     demo: bool,
     demo_rate: float,
+    demo_keep_minutes: float,
     demo_seed: int,
     data_dir: Path,
     bus: str,
@@ -198,6 +229,7 @@ def up(
         demo=demo,
         demo_rate=demo_rate,
         demo_seed=demo_seed,
+        demo_keep_s=demo_keep_minutes * 60,
         data_dir=str(data_dir),
     )
     if store is None:
@@ -229,7 +261,7 @@ async def serve(settings: UpSettings) -> None:
     sock = listen(settings.host, settings.port)
     stop = asyncio.Event()
     _install_signal_handlers(stop)
-    async with open_bus(settings.bus) as bus, open_store(settings.store) as store:
+    async with open_bus(settings.bus) as bus, open_store(settings.store, **settings.store_options()) as store:
         parts = _Parts(bus, store, settings)
         await parts.start(sock)
         _announce(settings, sock.getsockname()[1], parts.grpc_port)
@@ -274,7 +306,10 @@ class _Parts:
         await _until_started(self.server, self.edge)
         if settings.demo and not self.edge.done():
             self.demo = asyncio.create_task(self._demo(), name="runwire-demo")
-            self.tasks.add(self.demo)
+            self.sweeper = asyncio.create_task(
+                sweep_until(self.store, settings.sweep_every_s(), self.demo_stop), name="runwire-sweep"
+            )
+            self.tasks |= {self.demo, self.sweeper}
 
     @property
     def grpc_port(self) -> int | None:
@@ -303,7 +338,7 @@ class _Parts:
             await self.grpc.stop(2.0)
         self.server.should_exit = True
         self.worker_stop.set()
-        for task in (getattr(self, "demo", None), self.edge, self.worker):
+        for task in (getattr(self, "demo", None), getattr(self, "sweeper", None), self.edge, self.worker):
             if task is not None:
                 await asyncio.gather(task, return_exceptions=True)
         if self.settings.bus.startswith("memory://") and failure is None:
@@ -314,6 +349,16 @@ class _Parts:
         return failure
 
 
+async def sweep_until(store: ReplayLog, every_s: float, stop: asyncio.Event) -> None:
+    """Delete the runs whose retention expired, every ``every_s`` seconds until ``stop``."""
+    while not stop.is_set():
+        swept = await store.sweep()
+        if swept.runs:
+            log.info("swept %d expired runs (%d events)", len(swept.runs), swept.events)
+        with contextlib.suppress(TimeoutError):
+            await asyncio.wait_for(stop.wait(), every_s)
+
+
 def _announce(settings: UpSettings, port: int, grpc_port: int | None = None) -> None:
     host = settings.host if ":" not in settings.host else f"[{settings.host}]"
     url = f"http://{host}:{port}/"
@@ -321,7 +366,8 @@ def _announce(settings: UpSettings, port: int, grpc_port: int | None = None) -> 
     if grpc_port is not None:
         click.echo(f"runwire up: gRPC on {host}:{grpc_port}")
     if settings.demo:
-        click.echo(f"runwire up: publishing demo runs ({settings.demo_rate:g}/s)")
+        click.echo(f"runwire up: publishing demo runs ({settings.demo_rate:g}/s, "
+                   f"kept {settings.demo_keep_s / 60:g} min)")
     sys.stdout.flush()
 
 

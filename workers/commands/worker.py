@@ -12,7 +12,6 @@ from __future__ import annotations
 import asyncio
 import logging
 import os
-import signal
 import socket
 import sys
 
@@ -92,12 +91,9 @@ async def _run(
 ) -> WorkerStats:
     from runwire.bus import open_bus
     from runwire.store import open_store
-    from runwire.workers.runtime import run_worker
+    from runwire.workers.runtime import run_worker, stop_on_signals
 
-    stop = asyncio.Event()
-    loop = asyncio.get_running_loop()
-    for sig in (signal.SIGINT, signal.SIGTERM):
-        loop.add_signal_handler(sig, stop.set)
+    stop = stop_on_signals()
     async with open_bus(bus_url) as bus, open_store(store_url) as store:
         return await run_worker(
             bus, store, group=group, name=name, stop=stop, burst=burst,
