@@ -147,8 +147,13 @@ class EventStamper:
         source: dict[str, Any],
         render: Callable[[Event], dict[str, Any]],
         child_id: str | None = None,
+        marked: bool = False,
     ) -> Event:
-        """The canonical event, with ``ext[fmt]`` holding what ``render`` cannot restore."""
+        """The canonical event, with ``ext[fmt]`` holding what ``render`` cannot restore.
+
+        ``marked``: ``ext[fmt]`` is set even when ``render`` restores the frame
+        exactly (an empty diff), for a format whose egress treats events without
+        it as foreign ones."""
         event = envelope.make(
             kind,
             payload,
@@ -160,7 +165,9 @@ class EventStamper:
         )
         change = diff(source, render(event))
         if change is None:
-            return event
+            if not marked:
+                return event
+            change = {}
         return envelope.replace(event, ext={self.fmt: change})
 
 

@@ -229,6 +229,7 @@ class LoomIngest(Ingest):
             source=frame,
             render=render,
             child_id=child_id,
+            marked=inner is None,  # loom's own event: LoomEgress renders it back, not as foreign
         )
 
     def _map(self, kind: str, frame: dict[str, Any], seq: int) -> tuple[str, dict[str, Any]]:

@@ -82,11 +82,19 @@ def test_missing_event_id_is_recorded_so_egress_does_not_invent_it() -> None:
     assert egress_all("loom", [event]) == [{"type": "node_enter", "id": "think"}]
 
 
-def test_frame_the_rendering_reproduces_carries_no_ext() -> None:
+def test_frame_the_rendering_reproduces_carries_an_empty_diff() -> None:
+    """Nothing to restore, but still marked as loom's own (egress treats unmarked events as foreign)."""
     line = b'{"type":"tool_call","call_id":"c1","name":"grep","arguments":{"q":"x"},"event_id":3}'
     (event,) = ingest_all("loom", [line])
-    assert isinstance(event, ToolStart) and event.ext is None
+    assert isinstance(event, ToolStart) and event.ext == {"loom": {}}
     assert event.payload.input == {"q": "x"}
+
+
+def test_t1_a_run_start_the_rendering_reproduces_comes_back_as_run_start() -> None:
+    """Koder agent stream §7 T1: a later ``run_start`` whose rendering is exact is loom's own,
+    not a foreign lifecycle event to carry as ``custom``."""
+    frames = [{"type": "run_start"}] * 3 + [{"type": "run_start", "run_id": "0", "event_id": 0}]
+    round_trip("loom", [msgspec.json.encode(frame) for frame in frames])
 
 
 def test_run_id_comes_from_run_start_else_option_else_stable_default() -> None:
