@@ -78,6 +78,7 @@ from .kafka_io import (
     Record,
     event_records,
     guard,
+    ingest_records,
     json_encoder,
 )
 from .kafka_tail import DeliveryTail
@@ -175,11 +176,18 @@ class KafkaBus(Bus):
         """:meth:`publish` with each event's canonical JSON already encoded (the publisher's)."""
         if not events:
             return
-        shards = self.shards
-        records: list[Record] = []
+        by_root: dict[str, list[bytes]] = {}
         for event, value in zip(events, data, strict=True):
             root = event.root_id or event.run_id
-            records.append((keys.shard_for(root, shards), root.encode(), value, []))
+            found = by_root.get(root)
+            if found is None:
+                by_root[root] = [value]
+            else:
+                found.append(value)
+        shards = self.shards
+        records: list[Record] = []
+        for root, values in by_root.items():
+            records += ingest_records(keys.shard_for(root, shards), root.encode(), values)
         await self.link.send(self.topics[keys.KAFKA_INGEST], records)
 
     def consumer(self, group: str, name: str, *, claim_idle_ms: int | None = None) -> Consumer:
