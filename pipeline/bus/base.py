@@ -37,8 +37,12 @@ EncodedAppend = tuple[StreamKey, Sequence[Event], Sequence[bytes], bytes | None]
 DEFAULT_SHARDS = 16
 
 
-class Delivery(msgspec.Struct, kw_only=True):
-    """One ingest entry handed to a consumer; ack it after the work is durable."""
+class Delivery(msgspec.Struct, kw_only=True, gc=False):
+    """One ingest entry handed to a consumer; ack it after the work is durable.
+
+    Not tracked by the garbage collector (``gc=False``): it holds only strings, ints
+    and bytes, so it is never part of a reference cycle, and one is made per event.
+    """
 
     entry_id: str
     """The backend's position (Redis entry id; Kafka ``partition:offset``)."""

@@ -49,7 +49,9 @@ class Notifier:
                 self._waiters.remove(fut)
 
 
-class Pending(msgspec.Struct):
+class Pending(msgspec.Struct, gc=False):
+    """A delivered, unacked entry (untracked by the collector: it holds no containers)."""
+
     consumer: str
     delivered_ms: float
     count: int
