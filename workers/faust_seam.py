@@ -203,7 +203,7 @@ class IngestConsumer(faust_kafka.Consumer):
             if read_offset and offset - read_offset > 1 and acks_enabled:
                 await self._add_gap(tp, read_offset + 1, offset)
             messages.append(to_message(tp, record))
-            sizes.append(ingest_event_count(record.headers) if record.headers else 1)
+            sizes.append(ingest_event_count(record.value, record.headers) if record.headers else 1)
             read_offset = offset
         if messages and self.flow_active:
             track = self.track_message

@@ -3,6 +3,7 @@
 A record may hold several events (:mod:`runwire.bus.ingest_entries`): ``fetch``
 hands out one delivery per event and counts events, and a record counts as
 acked once each of its events is acked or dead-lettered.
+
 Offsets are committed explicitly after the caller's ``ack`` (only the
 contiguous acked prefix of a partition, at most every
 ``commit_interval_ms``), and always in the rebalance listener's

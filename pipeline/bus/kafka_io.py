@@ -104,15 +104,16 @@ def ingest_events(value: bytes, headers: Sequence[tuple[str, bytes]]) -> list[by
     """The events of an ingest record: one per line with header ``n``, else the value."""
     for name, _ in headers:
         if name == COUNT_HEADER:
-            return split(value)
+            return split(value or b"")
     return [value]
 
 
-def ingest_event_count(headers: Sequence[tuple[str, bytes]]) -> int:
-    """How many events an ingest record holds (header ``n``, else one)."""
-    for name, count in headers:
+def ingest_event_count(value: bytes, headers: Sequence[tuple[str, bytes]]) -> int:
+    """How many events :func:`ingest_events` finds in a record, without splitting it (the
+    lines are counted: a header ``n`` that is wrong or no number cannot mislead a reader)."""
+    for name, _ in headers:
         if name == COUNT_HEADER:
-            return max(1, int(count))
+            return (value or b"").count(b"\n") + 1
     return 1
 
 

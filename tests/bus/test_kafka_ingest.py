@@ -77,6 +77,19 @@ async def test_records_of_one_event_and_of_several_are_read_in_order(url: str) -
     assert len({d.entry_id for d in got}) == 3 + 4  # three plain records, 200 events in four
 
 
+async def test_a_record_with_header_n_is_its_lines_whatever_the_header_says(url: str) -> None:
+    """Header ``n`` marks the format; readers count the lines (a wrong count misleads none)."""
+    async with open_bus(url) as bus:
+        assert isinstance(bus, KafkaBus)
+        lines = b"\n".join(encode(event("run-n", seq)) for seq in (1, 2, 3))
+        await produce(bus, "run-n", lines, [("n", b"not a number")])
+        await produce(bus, "run-n", encode(event("run-n", 4)), [("other", b"x")])
+        async with bus.consumer("g", "c") as consumer:
+            got = await take(consumer, 4)
+            await consumer.ack(got)
+    assert seqs(got) == [1, 2, 3, 4] and [d.part for d in got] == [0, 1, 2, 0]
+
+
 async def test_a_record_is_committed_once_each_event_is_acked_or_dead_lettered(url: str) -> None:
     async with open_bus(url) as bus:
         await bus.publish([event("run-p", seq) for seq in range(1, 4)])
