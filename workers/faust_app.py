@@ -50,6 +50,7 @@ import msgspec
 from runwire.bus import DeadLetter, Delivery, open_bus
 from runwire.bus import keys as bus_keys
 from runwire.bus.kafka import KafkaBus
+from runwire.bus.kafka_io import ingest_events
 from runwire.processing.checkpoint import newest_checkpoint
 from runwire.processing.processor import DEFAULT_SILENCE_S, Processor, StreamOutput
 from runwire.processing.stages import BATCH, TICK_S, Stages, WorkerStats
@@ -62,11 +63,11 @@ from runwire.workers.runtime import stop_on_signals
 log = logging.getLogger("runwire.faust")
 
 TAKE = 4 * BATCH
-"""Entries processed in one step (the processor's batch; their writes are merged, see below)."""
+"""Events processed in one step (the processor's batch; their writes are merged, see below)."""
 PENDING_ENTRIES = 64 * BATCH
-"""At most this many entries are processed into the pending write while a write is in flight."""
+"""At most this many events are processed into the pending write while a write is in flight."""
 INTAKE_LIMIT = 16 * BATCH
-"""Fetched entries waiting for the worker before faust's consumer stops fetching."""
+"""Fetched events waiting for the worker before faust's consumer stops fetching."""
 BURST_IDLE_S = 2.0
 """``--burst``: stop after this long with nothing new once partitions are assigned."""
 _dead_json = msgspec.json.Encoder()
@@ -176,7 +177,12 @@ class FaustWorker:
             await self._flush()
 
     async def _process(self, messages: list[Any]) -> int:
-        """Process a batch into the pending write; returns how many entries it took."""
+        """Process a batch into the pending write; returns how many events it took.
+
+        One delivery per event of each record (:mod:`runwire.bus.ingest_entries`); a
+        poison event is dead-lettered alone, and the record is acked after its batch's
+        writes like any other.
+        """
         by_partition: dict[int, list[Delivery]] = defaultdict(list)
         taken: list[Any] = []
         for partition in {message.partition for message in messages}:
@@ -186,9 +192,16 @@ class FaustWorker:
             if not await self.partitions.accept(partition, offset):
                 continue
             taken.append(message)
-            by_partition[partition].append(Delivery(
-                entry_id=f"{partition}:{offset}", shard=partition, data=message.value,
-            ))
+            entry_id = f"{partition}:{offset}"
+            events = ingest_events(message.value, message.headers) if message.headers else [
+                message.value]
+            if len(events) == 1:
+                by_partition[partition].append(
+                    Delivery(entry_id=entry_id, shard=partition, data=events[0]))
+            else:
+                by_partition[partition] += [
+                    Delivery(entry_id=entry_id, shard=partition, data=data, part=part)
+                    for part, data in enumerate(events)]
         self.partitions.processed(list(by_partition))
         # Partitions hold disjoint run trees, so their entries are processed concurrently.
         prepared = await asyncio.gather(*(
@@ -198,7 +211,7 @@ class FaustWorker:
         for partition, outputs in zip(by_partition, prepared, strict=True):
             self._merge(outputs, partition)
         self._pending_acks.extend(taken)
-        return len(taken)
+        return sum(len(deliveries) for deliveries in by_partition.values())
 
     async def _prepare_partition(
         self, partition: int, deliveries: list[Delivery]

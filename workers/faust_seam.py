@@ -34,6 +34,7 @@ from faust.transport.consumer import CONSUMER_FETCHING
 from faust.transport.drivers import aiokafka as faust_kafka
 from faust.types import TP
 
+from runwire.bus.kafka_io import ingest_event_count
 from runwire.core.errors import ConfigError
 
 TESTED_FAUST_VERSIONS = frozenset({"0.15.3"})
@@ -65,14 +66,19 @@ def check_faust_version(version: str | None = None) -> None:
 class Intake:
     """Fetched ingest messages waiting for the worker, in fetch order per partition.
 
-    Faust's flow control clears it at the start of a rebalance, as it clears
-    its stream buffers: entries not yet taken are dropped (never acked, so
-    read again by whoever owns their partition next).
+    Counted in events (a record may hold several, see
+    :mod:`runwire.bus.ingest_entries`): at :attr:`limit` events waiting, faust's
+    consumer stops fetching. Faust's flow control clears it at the start of a
+    rebalance, as it clears its stream buffers: entries not yet taken are
+    dropped (never acked, so read again by whoever owns their partition next).
     """
 
     def __init__(self, limit: int) -> None:
         self.limit = limit
         self.messages: list[Any] = []
+        self.sizes: list[int] = []
+        """Events per message."""
+        self.events = 0
         self.ready = asyncio.Event()
         self.space = asyncio.Event()
         self.space.set()
@@ -80,24 +86,37 @@ class Intake:
     def __len__(self) -> int:
         return len(self.messages)
 
-    def put(self, messages: list[Any]) -> None:
+    def put(self, messages: list[Any], sizes: list[int]) -> None:
         self.messages.extend(messages)
+        self.sizes.extend(sizes)
+        self.events += sum(sizes)
         self.ready.set()
-        if len(self.messages) >= self.limit:
+        if self.events >= self.limit:
             self.space.clear()
 
     def take(self, most: int) -> list[Any]:
-        taken = self.messages[:most]
-        del self.messages[:most]
+        """The first messages holding about ``most`` events (at least one message)."""
+        count, events = 0, 0
+        for size in self.sizes:
+            if count and events + size > most:
+                break
+            count += 1
+            events += size
+        taken = self.messages[:count]
+        del self.messages[:count]
+        del self.sizes[:count]
+        self.events -= events
         if not self.messages:
             self.ready.clear()
-        if len(self.messages) < self.limit:
+        if self.events < self.limit:
             self.space.set()
         return taken
 
     def clear(self) -> None:
         """Drop what is waiting (``FlowControlEvent.clear`` on a rebalance)."""
         self.messages.clear()
+        self.sizes.clear()
+        self.events = 0
         self.ready.clear()
         self.space.set()
 
@@ -175,6 +194,7 @@ class IngestConsumer(faust_kafka.Consumer):
         read_offset = self._read_offset[tp]
         acks_enabled = self.app.topics.acks_enabled_for(tp.topic)
         messages: list[Any] = []
+        sizes: list[int] = []
         to_message = self._to_message
         for record in records:
             offset = record.offset
@@ -183,12 +203,13 @@ class IngestConsumer(faust_kafka.Consumer):
             if read_offset and offset - read_offset > 1 and acks_enabled:
                 await self._add_gap(tp, read_offset + 1, offset)
             messages.append(to_message(tp, record))
+            sizes.append(ingest_event_count(record.value, record.headers) if record.headers else 1)
             read_offset = offset
         if messages and self.flow_active:
             track = self.track_message
             for message in messages:
                 track(message)
-            intake.put(messages)
+            intake.put(messages, sizes)
             self._read_offset[tp] = read_offset
 
     async def _deliver_each(self, tp: TP, records: list[Any]) -> None:

@@ -25,7 +25,7 @@ from typing import Any, Literal
 import msgspec
 
 from ..core.envelope import Event
-from ..core.lifecycle import AsyncResource, ConnectedResource
+from ..core.lifecycle import AsyncResource
 from .keys import shard_for
 
 View = Literal["raw", "shaped"]
@@ -40,8 +40,9 @@ DEFAULT_SHARDS = 16
 class Delivery(msgspec.Struct, kw_only=True, gc=False):
     """One ingest entry handed to a consumer; ack it after the work is durable.
 
-    (Untracked by the cyclic GC: its fields are strings, bytes and ints, and a
-    worker makes one per event.)"""
+    Not tracked by the garbage collector (``gc=False``): it holds only strings, ints
+    and bytes, so it is never part of a reference cycle, and one is made per event.
+    """
 
     entry_id: str
     """The backend's position (Redis entry id; Kafka ``partition:offset``)."""
@@ -123,11 +124,8 @@ class Consumer(AsyncResource):
 
 
 
-class Bus(ConnectedResource):
-    """One bus, selected by URL. Use as ``async with open_bus(url) as bus``.
-
-    ``connect`` creates the streams, topics and groups it needs, raising BusUnavailable.
-    """
+class Bus(AsyncResource):
+    """One bus, selected by URL. Use as ``async with open_bus(url) as bus``."""
 
     url: str
     shards: int = DEFAULT_SHARDS
@@ -135,6 +133,20 @@ class Bus(ConnectedResource):
     """Past this many deliveries an entry is poison: dead-letter it."""
     claim_idle_ms: int = 30_000
     """Default idle time before a pending entry is claimed by another consumer."""
+
+    async def _enter(self) -> None:
+        await self.connect()
+
+    @abstractmethod
+    async def connect(self) -> None:
+        """Connect (and create streams/topics/groups as needed). Raises BusUnavailable."""
+
+    @abstractmethod
+    async def close(self) -> None: ...
+
+    @abstractmethod
+    async def ping(self) -> None:
+        """Raise BusUnavailable unless the bus answers."""
 
     async def ingest_lost(self) -> dict[str, int]:
         """Ingest entries each consumer group lost to the ingest cap before reading them, by

@@ -9,7 +9,9 @@ Topics (``<prefix>.<kind>``, created at connect; see ``docs/bus.md``):
 =====================  ==========  =============  ============================
 topic                  partitions  record key     value
 =====================  ==========  =============  ============================
-``rw.ingest``          shards      root run id    event JSON
+``rw.ingest``          shards      root run id    event JSON, or events of
+                                                  one root run, one per line
+                                                  with header ``n`` = count
 ``rw.delivery``        shards      run id         events' JSON, one per line;
                                                   headers ``v`` = view, ``q``
                                                   = last seq, ``n`` = count;
@@ -23,7 +25,11 @@ topic                  partitions  record key     value
 A record's partition is ``shard_for(key, shards)``, chosen here rather than
 by the client's hash, so a run's shard is the same number on every backend.
 
-* **Ingest** is consumed in Kafka consumer groups (id ``<prefix>.<group>``);
+* **Ingest** records hold one event, or up to 64 events of one root run
+  published together (:mod:`runwire.bus.ingest_entries`, the encoding of
+  Redis's multi-event ingest entries); a consumer hands out one delivery per
+  event and acks a record once each of its events is acked or dead-lettered.
+  It is consumed in Kafka consumer groups (id ``<prefix>.<group>``);
   offsets are committed explicitly after the caller's ``ack`` (only the
   contiguous acked prefix of a partition, at most every
   ``commit_interval_ms``), and always in the rebalance listener's
@@ -78,6 +84,7 @@ from .kafka_io import (
     Record,
     event_records,
     guard,
+    ingest_records,
     json_encoder,
 )
 from .kafka_tail import DeliveryTail
@@ -172,14 +179,25 @@ class KafkaBus(Bus):
         await self.publish_encoded(events, [encode(event) for event in events])
 
     async def publish_encoded(self, events: Sequence[Event], data: Sequence[bytes]) -> None:
-        """:meth:`publish` with each event's canonical JSON already encoded (the publisher's)."""
+        """:meth:`publish` with each event's canonical JSON already encoded (the publisher's).
+
+        Each root run's events go as few records (:func:`~runwire.bus.kafka_io.ingest_records`),
+        keyed by the root run id, in its shard's partition.
+        """
         if not events:
             return
-        shards = self.shards
-        records: list[Record] = []
+        by_root: dict[str, list[bytes]] = {}
         for event, value in zip(events, data, strict=True):
             root = event.root_id or event.run_id
-            records.append((keys.shard_for(root, shards), root.encode(), value, []))
+            found = by_root.get(root)
+            if found is None:
+                by_root[root] = [value]
+            else:
+                found.append(value)
+        shards = self.shards
+        records: list[Record] = []
+        for root, values in by_root.items():
+            records += ingest_records(keys.shard_for(root, shards), root.encode(), values)
         await self.link.send(self.topics[keys.KAFKA_INGEST], records)
 
     def consumer(self, group: str, name: str, *, claim_idle_ms: int | None = None) -> Consumer:

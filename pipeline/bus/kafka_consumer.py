@@ -1,5 +1,9 @@
 """A member of a Kafka consumer group on the ingest topic, and its partition bookkeeping.
 
+A record may hold several events (:mod:`runwire.bus.ingest_entries`): ``fetch``
+hands out one delivery per event and counts events, and a record counts as
+acked once each of its events is acked or dead-lettered.
+
 Offsets are committed explicitly after the caller's ``ack`` (only the
 contiguous acked prefix of a partition, at most every
 ``commit_interval_ms``), and always in the rebalance listener's
@@ -27,14 +31,17 @@ from aiokafka.structs import OffsetAndMetadata
 from ..core.errors import BusUnavailable
 from . import keys
 from .base import Consumer, DeadLetter, Delivery
-from .kafka_io import KafkaLink, Record, guard, json_encoder
+from .ingest_entries import INGEST_ENTRY_EVENTS, OpenEntries
+from .kafka_io import KafkaLink, Record, guard, ingest_events, json_encoder
 from .options import BusOptions
 
 log = logging.getLogger(__name__)
 
 
 class _Held(msgspec.Struct):
-    delivery: Delivery
+    """A record handed out and not yet acked: its events' deliveries (the open ones)."""
+
+    deliveries: list[Delivery]
     delivered_ms: float
 
 
@@ -53,6 +60,8 @@ class _PartitionState:
 
     def __init__(self, mark: _Mark | None = None) -> None:
         self.held: dict[int, _Held] = {}
+        self.open: OpenEntries[int] = OpenEntries()
+        """Held records of several events, by offset: their events not yet acked."""
         self.next_offset: int | None = None
         self.committed: int | None = None
         self.prior_through = -1 if mark is None else mark.through
@@ -131,6 +140,9 @@ class KafkaConsumer(Consumer):
         self._dirty: set[int] = set()
         """Partitions with acks not yet committed."""
         self._last_commit = time.monotonic()
+        self._per_record = float(INGEST_ENTRY_EVENTS)
+        """Events per record in the last fetch (at first the most a record holds), so that a
+        fetch of ``max_count`` events asks for ``max_count / _per_record`` records."""
 
     def owned_shards(self) -> frozenset[int]:
         if self._client is None:
@@ -203,22 +215,29 @@ class KafkaConsumer(Consumer):
         for delivery in poison:
             await self.dead_letter(delivery, f"delivered {delivery.deliveries} times without an "
                                    f"ack (max_deliveries={self.options.max_deliveries})")
-        if len(out) < max_count:
-            wait = 0 if out else min(block_ms, max(self._next_redelivery_ms(), 0))
-            batches = await guard("fetch", client.getmany(
-                timeout_ms=int(wait), max_records=max_count - len(out)))
+        wait = 0 if out else min(block_ms, max(self._next_redelivery_ms(), 0))
+        while len(out) < max_count:
+            # records hold several events: ask for about as many as the events still wanted
+            asked = max(1, -(-(max_count - len(out)) // round(self._per_record)))
+            batches = await guard("fetch", client.getmany(timeout_ms=int(wait), max_records=asked))
             # aiokafka may fetch before our assignment listener has read the marks
             await self._assigned([tp for tp in batches if tp.partition not in self._partitions])
             out += self._take(batches)
+            if sum(map(len, batches.values())) < asked:
+                break  # nothing more is ready
+            wait = 0
         if out:
-            await self._write_marks({int(d.entry_id.partition(":")[0]) for d in out})
+            await self._write_marks({d.shard for d in out})
         return out
 
     def _take(self, batches: Mapping[TopicPartition, Sequence[Any]]) -> list[Delivery]:
+        """One delivery per event of the records fetched (see :mod:`runwire.bus.ingest_entries`)."""
         now = time.monotonic() * 1000
         out: list[Delivery] = []
+        taken = 0
         for tp, records in batches.items():
-            state = self._partitions[tp.partition]
+            partition = tp.partition
+            state = self._partitions[partition]
             handed_out = state.next_offset
             if handed_out is not None and records[0].offset < handed_out:
                 # the partition came back to us and the broker replays from the last commit
@@ -226,13 +245,25 @@ class KafkaConsumer(Consumer):
                 if not records:
                     continue
             for record in records:
-                count = state.first_count(record.offset)
-                delivery = Delivery(entry_id=f"{tp.partition}:{record.offset}", shard=tp.partition,
-                                    data=record.value, deliveries=count)
-                state.counts[record.offset] = count
-                state.held[record.offset] = _Held(delivery, now)
-                out.append(delivery)
+                offset = record.offset
+                count = state.first_count(offset)
+                entry_id = f"{partition}:{offset}"
+                events = ingest_events(record.value, record.headers)
+                if len(events) == 1:
+                    handed = [Delivery(entry_id=entry_id, shard=partition, data=events[0],
+                                       deliveries=count)]
+                else:
+                    handed = [Delivery(entry_id=entry_id, shard=partition, data=data,
+                                       deliveries=count, part=part)
+                              for part, data in enumerate(events)]
+                    state.open.hand_out(offset, len(events))
+                state.counts[offset] = count
+                state.held[offset] = _Held(handed, now)
+                out += handed
+            taken += len(records)
             state.next_offset = records[-1].offset + 1
+        if taken:
+            self._per_record = max(1.0, len(out) / taken)
         return out
 
     async def _write_marks(self, partitions: set[int]) -> None:
@@ -252,14 +283,20 @@ class KafkaConsumer(Consumer):
         return soonest
 
     def _redeliver(self, limit: int) -> tuple[list[Delivery], list[Delivery]]:
-        """Own unacked entries idle past ``claim_idle_ms``, handed out again (counted).
+        """Own unacked records idle past ``claim_idle_ms``: their open events, handed out again
+        (counted).
 
-        Returns the entries to hand out and those past ``max_deliveries`` (poison).
+        Returns the deliveries to hand out and those past ``max_deliveries`` (poison).
         """
         now = time.monotonic() * 1000
         out: list[Delivery] = []
         poison: list[Delivery] = []
         for state in self._partitions.values():
+            if not state.held:
+                continue
+            oldest = min(held.delivered_ms for held in state.held.values())
+            if now - oldest < self.claim_idle_ms:
+                continue
             for offset in sorted(state.held):
                 held = state.held[offset]
                 if len(out) >= limit:
@@ -268,20 +305,29 @@ class KafkaConsumer(Consumer):
                     continue
                 count = state.counts[offset] = state.counts.get(offset, 1) + 1
                 held.delivered_ms = now
-                held.delivery = msgspec.structs.replace(held.delivery, deliveries=count)
+                open_parts = state.open.open_parts(offset)
+                held.deliveries = [
+                    msgspec.structs.replace(delivery, deliveries=count)
+                    for delivery in held.deliveries
+                    if open_parts is None or delivery.part in open_parts
+                ]
                 if count > self.options.max_deliveries:
-                    poison.append(held.delivery)
+                    poison += held.deliveries
                     continue
-                out.append(held.delivery)
+                out += held.deliveries
         return out, poison
 
     async def ack(self, deliveries: Sequence[Delivery]) -> None:
+        """Ack records whose events are all acked or dead-lettered (a worker acks them together)."""
         for delivery in deliveries:
-            partition, _, offset = delivery.entry_id.partition(":")
-            state = self._partitions.get(int(partition)) or self._former.get(int(partition))
-            if state is not None and state.held.pop(int(offset), None) is not None:
-                state.counts.pop(int(offset), None)
-                self._dirty.add(int(partition))
+            partition, _, at = delivery.entry_id.partition(":")
+            shard, offset = int(partition), int(at)
+            state = self._partitions.get(shard) or self._former.get(shard)
+            if state is None or not state.open.settle(offset, delivery.part):
+                continue
+            if state.held.pop(offset, None) is not None:
+                state.counts.pop(offset, None)
+                self._dirty.add(shard)
         await self._commit_due()
 
     async def _commit_due(self) -> None:

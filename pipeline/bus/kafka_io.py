@@ -21,6 +21,7 @@ from aiokafka.errors import KafkaError
 
 from ..core.envelope import Event
 from ..core.errors import BusUnavailable
+from .ingest_entries import chunks, join, split
 
 VIEW_HEADER = "v"
 KIND_HEADER = "k"
@@ -85,6 +86,35 @@ def event_records(
         out.append((partition, key, b"\n".join(values[start:end]), headers))
         start = end
     return out
+
+
+def ingest_records(partition: int, key: bytes, values: Sequence[bytes]) -> list[Record]:
+    """One root run's events of a publish as ingest records (:mod:`runwire.bus.ingest_entries`):
+    several in a record, one per line with header ``n`` = how many, or one alone as before."""
+    out: list[Record] = []
+    for chunk in chunks(values):
+        if len(chunk) == 1:
+            out.append((partition, key, chunk[0], []))
+        else:
+            out.append((partition, key, join(chunk), [(COUNT_HEADER, b"%d" % len(chunk))]))
+    return out
+
+
+def ingest_events(value: bytes, headers: Sequence[tuple[str, bytes]]) -> list[bytes]:
+    """The events of an ingest record: one per line with header ``n``, else the value."""
+    for name, _ in headers:
+        if name == COUNT_HEADER:
+            return split(value or b"")
+    return [value]
+
+
+def ingest_event_count(value: bytes, headers: Sequence[tuple[str, bytes]]) -> int:
+    """How many events :func:`ingest_events` finds in a record, without splitting it (the
+    lines are counted: a header ``n`` that is wrong or no number cannot mislead a reader)."""
+    for name, _ in headers:
+        if name == COUNT_HEADER:
+            return (value or b"").count(b"\n") + 1
+    return 1
 
 
 async def guard(what: str, call: Awaitable[T]) -> T:

@@ -9,10 +9,11 @@ entries idle longer than ``claim_idle_ms``, dead letters past
 from __future__ import annotations
 
 import logging
+from collections import deque
 from collections.abc import Sequence
 
 from .base import Consumer, DeadLetter, Delivery
-from .memory_state import MemoryState, Pending, now_ms
+from .memory_state import MemoryState, now_ms
 
 log = logging.getLogger("runwire.bus.memory")
 
@@ -32,7 +33,9 @@ class MemoryConsumer(Consumer):
         self._owned: set[int] = set()
         self._joined = False
         self._closed = False
-        self._own_pending_read = False
+        self._own_pending: dict[int, deque[int]] = {}
+        """Owned shard → its entries pending for this name when first owned, not yet re-read."""
+        self._own_pending_done: set[int] = set()
 
     def owned_shards(self) -> frozenset[int]:
         return frozenset(self._owned)
@@ -50,6 +53,8 @@ class MemoryConsumer(Consumer):
             if group.leases.get(shard) == self.name:
                 del group.leases[shard]
             self._owned.discard(shard)
+            self._own_pending.pop(shard, None)
+            self._own_pending_done.discard(shard)
         for shard in desired:
             holder = group.leases.get(shard)
             if holder is None or holder not in group.members or holder == self.name:
@@ -71,40 +76,81 @@ class MemoryConsumer(Consumer):
             await self.state.ingest_changed.wait(max(wait, 1) / 1000)
 
     def _collect(self, max_count: int) -> list[Delivery]:
-        out: list[Delivery] = []
-        if not self._own_pending_read and self._owned:
-            self._own_pending_read = True
-            out += self._take_pending(max_count, mine_only=True)
-        out += self._take_pending(max_count - len(out), mine_only=False)
+        out = self._take_own_pending(max_count)
+        out += self._take_idle(max_count - len(out))
         out += self._take_new(max_count - len(out))
         return out
 
-    def _take_pending(self, limit: int, *, mine_only: bool) -> list[Delivery]:
-        """Own pending entries (after a restart) or entries idle past ``claim_idle_ms``."""
+    def _take_own_pending(self, limit: int) -> list[Delivery]:
+        """Entries pending for this name (a restart under it) on owned shards, in id order.
+
+        A shard's are listed once, when it is first owned (one pass over its
+        pending entries); until they are all re-read no newer entry of the
+        shard is handed out, so a restarted worker never processes newer
+        entries before its older ones.
+        """
         out: list[Delivery] = []
+        shards = self._owned - self._own_pending_done
+        if not shards:
+            return out
         now = now_ms()
+        for shard in sorted(shards):
+            queue = self._own_pending.get(shard)
+            group_shard = self._group.shards[shard]
+            if queue is None:
+                queue = self._own_pending[shard] = deque(sorted(
+                    entry_id for entry_id, pending in group_shard.pending.items()
+                    if pending.consumer == self.name))
+            while queue and len(out) < limit:
+                entry_id = queue.popleft()
+                pending = group_shard.pending.get(entry_id)
+                if pending is None or pending.consumer != self.name:
+                    continue  # acked or claimed meanwhile
+                delivery = self._redeliver(shard, entry_id, now)
+                if delivery is not None:
+                    out.append(delivery)
+            if queue:
+                break
+            del self._own_pending[shard]
+            self._own_pending_done.add(shard)
+        return out
+
+    def _take_idle(self, limit: int) -> list[Delivery]:
+        """Entries idle past ``claim_idle_ms`` on owned shards, claimed in id order.
+
+        Pending entries are kept in delivery order, so a shard with nothing
+        idle costs one look at its oldest entry.
+        """
+        out: list[Delivery] = []
+        if limit <= 0:
+            return out
+        now = now_ms()
+        idle_before = now - self.claim_idle_ms
         for shard in sorted(self._owned):
             group_shard = self._group.shards[shard]
-            for entry_id in sorted(group_shard.pending):
+            oldest = group_shard.oldest()
+            if oldest is None or oldest.delivered_ms > idle_before:
+                continue
+            idle: list[int] = []
+            for entry_id, pending in group_shard.pending.items():
+                if pending.delivered_ms > idle_before:
+                    break
+                idle.append(entry_id)
+            for entry_id in sorted(idle):
                 if len(out) >= limit:
                     return out
-                pending = group_shard.pending[entry_id]
-                if mine_only:
-                    if pending.consumer != self.name:
-                        continue
-                elif now - pending.delivered_ms < self.claim_idle_ms:
-                    continue
-                delivery = self._redeliver(shard, entry_id, pending, now)
+                delivery = self._redeliver(shard, entry_id, now)
                 if delivery is not None:
                     out.append(delivery)
         return out
 
-    def _redeliver(self, shard: int, entry_id: int, pending: Pending, now: float) -> Delivery | None:
-        pending.consumer, pending.delivered_ms = self.name, now
-        pending.count += 1
+    def _redeliver(self, shard: int, entry_id: int, now: float) -> Delivery | None:
+        group_shard = self._group.shards[shard]
+        pending = group_shard.pending[entry_id]
+        group_shard.move(entry_id, pending, self.name, now)
         data = self.state.shards[shard].get(entry_id)
         if data is None:  # cannot happen while unacked; drop the stale reference
-            del self._group.shards[shard].pending[entry_id]
+            group_shard.release([entry_id])
             return None
         delivery = Delivery(entry_id=f"{entry_id}-0", shard=shard, data=data,
                             deliveries=pending.count)
@@ -119,37 +165,42 @@ class MemoryConsumer(Consumer):
         if limit <= 0 or not self._owned:
             return out
         now = now_ms()
+        name = self.name
         per_shard = -(-limit // len(self._owned))  # fair: a busy shard can't starve the rest
         for shard in sorted(self._owned):
             group_shard = self._group.shards[shard]
             if limit - len(out) <= 0:
                 break
-            if any(p.consumer != self.name for p in group_shard.pending.values()):
-                continue  # a previous owner's entries come first (per-run order)
-            for entry_id, data in self.state.shards[shard].after(
-                group_shard.last_delivered, min(per_shard, limit - len(out))
-            ):
-                group_shard.pending[entry_id] = Pending(self.name, now, 1)
-                group_shard.last_delivered = entry_id
-                out.append(Delivery(entry_id=f"{entry_id}-0", shard=shard, data=data))
+            if shard not in self._own_pending_done or group_shard.held_by_others(name):
+                continue  # older pending entries come first (per-run order)
+            first, entries = self.state.shards[shard].after(
+                group_shard.last_delivered, min(per_shard, limit - len(out)))
+            if not entries:
+                continue
+            group_shard.hold(first, len(entries), name, now)
+            out += [Delivery(entry_id=f"{entry_id}-0", shard=shard, data=data)
+                    for entry_id, data in enumerate(entries, first)]
         return out
 
     def _next_claim_in(self) -> float:
         """Milliseconds until some pending entry on an owned shard becomes claimable."""
         now, soonest = now_ms(), float("inf")
         for shard in self._owned:
-            for pending in self._group.shards[shard].pending.values():
-                soonest = min(soonest, pending.delivered_ms + self.claim_idle_ms - now)
+            oldest = self._group.shards[shard].oldest()
+            if oldest is not None:
+                soonest = min(soonest, oldest.delivered_ms + self.claim_idle_ms - now)
         return soonest
 
     async def ack(self, deliveries: Sequence[Delivery]) -> None:
-        touched: set[int] = set()
+        by_shard: dict[int, list[int]] = {}
         for delivery in deliveries:
-            entry_id = int(delivery.entry_id.split("-", 1)[0])
-            if self._group.shards[delivery.shard].pending.pop(entry_id, None) is not None:
-                touched.add(delivery.shard)
-        for shard in touched:
-            self.state.trim(shard)
+            by_shard.setdefault(delivery.shard, []).append(
+                int(delivery.entry_id.partition("-")[0]))
+        shards, touched = self._group.shards, False
+        for shard, entry_ids in by_shard.items():
+            if shards[shard].release(entry_ids):
+                touched = True
+                self.state.trim(shard)
         if touched:
             self.state.ingest_changed.notify()
 
@@ -160,8 +211,8 @@ class MemoryConsumer(Consumer):
         ))
         log.warning("dead-lettered entry %s of shard %d in group %s: %s",
                     delivery.entry_id, delivery.shard, self.group, reason)
-        entry_id = int(delivery.entry_id.split("-", 1)[0])
-        self._group.shards[delivery.shard].pending.pop(entry_id, None)
+        entry_id = int(delivery.entry_id.partition("-")[0])
+        self._group.shards[delivery.shard].release([entry_id])
         self.state.trim(delivery.shard)
 
     async def dead_letter(self, delivery: Delivery, reason: str) -> None:

@@ -7,7 +7,8 @@ from __future__ import annotations
 
 import asyncio
 import time
-from collections import deque
+from collections import OrderedDict, deque
+from collections.abc import Iterable
 
 import msgspec
 
@@ -48,56 +49,130 @@ class Notifier:
                 self._waiters.remove(fut)
 
 
-class Pending(msgspec.Struct):
+class Pending(msgspec.Struct, gc=False):
+    """A delivered, unacked entry (untracked by the collector: it holds no containers)."""
+
     consumer: str
     delivered_ms: float
     count: int
 
 
 class _ShardLog:
-    """One ingest shard: entries with increasing ids (the oldest may be trimmed)."""
+    """One ingest shard: entries with increasing ids (the oldest may be trimmed).
+
+    A list with a moving head: reading by id and trimming cost what they
+    return or drop (the list is compacted once half of it is trimmed).
+    """
 
     def __init__(self) -> None:
-        self.entries: deque[tuple[int, bytes]] = deque()
-        self.next_id = 1
+        self.data: list[bytes] = []
+        self.head = 0
+        """Index in ``data`` of the oldest entry kept."""
+        self.base_id = 1
+        """The id of ``data[0]``."""
+
+    @property
+    def next_id(self) -> int:
+        return self.base_id + len(self.data)
+
+    def __len__(self) -> int:
+        return len(self.data) - self.head
 
     def append(self, data: bytes) -> None:
-        self.entries.append((self.next_id, data))
-        self.next_id += 1
+        self.data.append(data)
 
     def get(self, entry_id: int) -> bytes | None:
-        if not self.entries:
-            return None
-        index = entry_id - self.entries[0][0]
-        if 0 <= index < len(self.entries):
-            return self.entries[index][1]
+        index = entry_id - self.base_id
+        if self.head <= index < len(self.data):
+            return self.data[index]
         return None
 
-    def after(self, entry_id: int, limit: int) -> list[tuple[int, bytes]]:
-        if not self.entries or limit <= 0:
-            return []
-        start = max(0, entry_id + 1 - self.entries[0][0])
-        end = min(len(self.entries), start + limit)
-        return [self.entries[i] for i in range(start, end)]
+    def after(self, entry_id: int, limit: int) -> tuple[int, list[bytes]]:
+        """Up to ``limit`` entries with ids above ``entry_id``: the first one's id, their data."""
+        start = max(self.head, entry_id + 1 - self.base_id)
+        return self.base_id + start, self.data[start:start + max(limit, 0)]
 
     def trim_through(self, entry_id: int) -> int:
-        dropped = 0
-        while self.entries and self.entries[0][0] <= entry_id:
-            self.entries.popleft()
-            dropped += 1
+        """Drop the entries with ids up to ``entry_id``; returns how many were dropped."""
+        head = min(len(self.data), max(self.head, entry_id + 1 - self.base_id))
+        dropped, self.head = head - self.head, head
+        if head and head * 2 >= len(self.data):
+            del self.data[:head]
+            self.base_id += head
+            self.head = 0
         return dropped
 
 
 class _GroupShard:
+    """A group's position in one shard and its pending (delivered, unacked) entries.
+
+    ``pending`` is kept in the order of (re)delivery, so the entries idle
+    longest come first; ``held`` counts them per consumer; no entry below
+    ``low`` is pending. Each fetch and ack costs what it returns or acks.
+    """
+
     def __init__(self) -> None:
         self.last_delivered = 0
-        self.pending: dict[int, Pending] = {}
+        self.pending: OrderedDict[int, Pending] = OrderedDict()
+        self.held: dict[str, int] = {}
+        self.low = 1
+
+    def hold(self, first: int, count: int, consumer: str, now: float) -> None:
+        """Record the first delivery of entries ``first`` … ``first + count - 1`` (the next ones)."""
+        if not self.pending:
+            self.low = first
+        self.pending.update(
+            (entry_id, Pending(consumer, now, 1)) for entry_id in range(first, first + count))
+        self.held[consumer] = self.held.get(consumer, 0) + count
+        self.last_delivered = first + count - 1
+
+    def move(self, entry_id: int, pending: Pending, consumer: str, now: float) -> None:
+        """Record a redelivery of a pending entry to ``consumer``."""
+        self._forget_holder(pending.consumer)
+        self.held[consumer] = self.held.get(consumer, 0) + 1
+        pending.consumer, pending.delivered_ms = consumer, now
+        pending.count += 1
+        self.pending.move_to_end(entry_id)
+
+    def release(self, entry_ids: Iterable[int]) -> bool:
+        """Forget acked (or dead-lettered) entries; False if none of them was pending."""
+        pop, holders = self.pending.pop, self.held
+        released: dict[str, int] = {}
+        for entry_id in entry_ids:
+            pending = pop(entry_id, None)
+            if pending is not None:
+                released[pending.consumer] = released.get(pending.consumer, 0) + 1
+        for consumer, count in released.items():
+            left = holders[consumer] - count
+            if left:
+                holders[consumer] = left
+            else:
+                del holders[consumer]
+        return bool(released)
+
+    def _forget_holder(self, consumer: str) -> None:
+        left = self.held[consumer] - 1
+        if left:
+            self.held[consumer] = left
+        else:
+            del self.held[consumer]
+
+    def held_by_others(self, consumer: str) -> bool:
+        return len(self.pending) > self.held.get(consumer, 0)
+
+    def oldest(self) -> Pending | None:
+        """The entry delivered longest ago (the first to become claimable)."""
+        return next(iter(self.pending.values()), None)
 
     def done_through(self) -> int:
         """Every entry up to this id is delivered and acked by the group."""
-        if self.pending:
-            return min(self.pending) - 1
-        return self.last_delivered
+        pending, low, last = self.pending, self.low, self.last_delivered
+        if not pending:
+            return last
+        while low <= last and low not in pending:
+            low += 1
+        self.low = low
+        return low - 1
 
 
 class Group:

@@ -139,7 +139,7 @@ class RedisBus(Bus):
 
     async def publish_encoded(self, events: Sequence[Event], data: Sequence[bytes]) -> None:
         """One round trip per batch: an ``XADD`` per shard and up to
-        :data:`~runwire.bus.redis_entries.INGEST_ENTRY_EVENTS` events, pipelined
+        :data:`~runwire.bus.ingest_entries.INGEST_ENTRY_EVENTS` events, pipelined
         (``data[i]`` is ``encode(events[i])``).
 
         All-or-error: a connection error raises BusUnavailable and the caller

@@ -47,8 +47,9 @@ import redis.exceptions as rexc
 from ..core.errors import BusUnavailable
 from . import keys
 from .base import Consumer, Delivery
+from .ingest_entries import INGEST_ENTRY_EVENTS, OpenEntries
 from .options import BusOptions
-from .redis_entries import INGEST_ENTRY_EVENTS, ingest_frames
+from .redis_entries import ingest_frames
 from .redis_link import MEMBERSHIP, RedisLink, retriable_bus_errors, text
 from .redis_trim import IngestTrimmer
 
@@ -81,8 +82,8 @@ class RedisConsumer(Consumer):
         self._next_rebalance = 0.0
         self._next_sweep = 0.0
         self._closed = False
-        self._open: dict[tuple[int, str], set[int]] = {}
-        """Entries of several events handed out → their events not yet acked or dead-lettered."""
+        self._open: OpenEntries[tuple[int, str]] = OpenEntries()
+        """Entries of several events handed out, by (shard, id): ids are per shard."""
         self._trimmer = IngestTrimmer(link, options.prefix, group, options.ttl)
         self._entries_read = 0
         self._per_entry = float(INGEST_ENTRY_EVENTS)
@@ -340,7 +341,7 @@ class RedisConsumer(Consumer):
                     out.append(Delivery(entry_id=ident, shard=shard, data=frames[0],
                                         deliveries=times))
                     continue
-                self._open.setdefault((shard, ident), set(range(len(frames))))
+                self._open.hand_out((shard, ident), len(frames))
                 out += [Delivery(entry_id=ident, shard=shard, data=frame, deliveries=times,
                                  part=part) for part, frame in enumerate(frames)]
         if entries_seen:
@@ -403,15 +404,7 @@ class RedisConsumer(Consumer):
 
     def _settle(self, delivery: Delivery) -> bool:
         """Mark one event done; True when its entry has no other event left open."""
-        key = (delivery.shard, delivery.entry_id)  # ids are per shard: two shards reuse them
-        left = self._open.get(key)
-        if left is None:
-            return True
-        left.discard(delivery.part)
-        if left:
-            return False
-        del self._open[key]
-        return True
+        return self._open.settle((delivery.shard, delivery.entry_id), delivery.part)
 
     async def close(self) -> None:
         """Release leases and leave; unacked entries stay pending for a successor."""

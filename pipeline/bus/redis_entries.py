@@ -1,10 +1,11 @@
 """Stream entries on Redis that hold several events: ingest and delivery.
 
 **Ingest.** A publish writes one entry per shard and up to
-:data:`INGEST_ENTRY_EVENTS` events: field ``m``, the events' canonical JSON
-one per line (canonical JSON never holds a raw newline). A lone event is
-an entry with field ``e`` as before, which is also what a hand-written
-``XADD`` sends; consumers take both (:func:`ingest_frames`).
+:data:`~runwire.bus.ingest_entries.INGEST_ENTRY_EVENTS` events (the encoding
+shared with Kafka, :mod:`runwire.bus.ingest_entries`): field ``m``, the
+events' canonical JSON one per line. A lone event is an entry with field
+``e`` as before, which is also what a hand-written ``XADD`` sends; consumers
+take both (:func:`ingest_frames`).
 
 **Delivery streams.** Several events per entry, the seq ↔ entry mapping exact.
 
@@ -30,14 +31,12 @@ from typing import Any
 
 from ..core.envelope import Event, RunLifecycle, decode_many, is_terminal
 from ..core.errors import ProtocolError
+from .ingest_entries import chunks, join, split
 
 _SEQ = attrgetter("seq")
 ENTRY_EVENTS = 512
 """At most this many events per delivery entry (a reader resuming mid-entry skips the rest
 undecoded)."""
-INGEST_ENTRY_EVENTS = 64
-"""At most this many events per ingest entry (an entry is one unit of a consumer's fetch,
-claim and ack)."""
 INGEST_FIELD = b"e"
 INGEST_MANY_FIELD = b"m"
 
@@ -49,15 +48,14 @@ def ingest_xadd(key: str, frames: Sequence[bytes], maxlen: int) -> list[list[byt
     ``n`` events trims to ``maxlen // n`` entries.
     """
     commands: list[list[bytes | str | int]] = []
-    for start in range(0, len(frames), INGEST_ENTRY_EVENTS):
-        chunk = frames[start:start + INGEST_ENTRY_EVENTS]
+    for chunk in chunks(frames):
         command: list[bytes | str | int] = ["XADD", key]
         if maxlen:
             command += ("MAXLEN", "~", max(1, maxlen // len(chunk)))
         if len(chunk) == 1:
             command += ("*", INGEST_FIELD, chunk[0])
         else:
-            command += ("*", INGEST_MANY_FIELD, b"\n".join(chunk))
+            command += ("*", INGEST_MANY_FIELD, join(chunk))
         commands.append(command)
     return commands
 
@@ -69,10 +67,10 @@ def ingest_frames(fields: Any) -> list[bytes] | None:
         if name == INGEST_FIELD:
             return [value]
         if name == INGEST_MANY_FIELD:
-            return value.split(b"\n")  # type: ignore[no-any-return]
+            return split(value)
     many = _field(fields, INGEST_MANY_FIELD)
     if many is not None:
-        return many.split(b"\n")
+        return split(many)
     one = _field(fields, INGEST_FIELD)
     return None if one is None else [one]
 

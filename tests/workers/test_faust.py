@@ -14,6 +14,7 @@ from aiokafka import AIOKafkaProducer
 from runwire.bus import open_bus
 from runwire.bus.kafka import KafkaBus
 from runwire.bus.keys import shard_for
+from runwire.core.envelope import encode
 from runwire.store import open_store
 from runwire.workers.faust_app import FaustWorker
 from runwire.workers.faust_seam import IngestConsumer
@@ -47,6 +48,8 @@ async def test_faust_app_delivers_a_run_tree_exactly_once_and_dead_letters_poiso
     events, ancestry = run_tree(prefix, deltas=20)
     poisoned = RunScript(f"{prefix}_poison")
     good = [poisoned.tool_start("before"), poisoned.tool_start("after")]
+    mixed = RunScript(f"{prefix}_mixed")  # a poison event inside a record of several
+    around = [mixed.tool_start("first"), mixed.tool_start("last")]
     async with open_bus(kafka_bus_url(kafka_url, prefix, session_timeout_ms=3000)) as bus, \
             open_store(f"sqlite:///{tmp_path}/replay.db") as store:
         assert isinstance(bus, KafkaBus)
@@ -55,28 +58,37 @@ async def test_faust_app_delivers_a_run_tree_exactly_once_and_dead_letters_poiso
         await bus.publish(good[:1])
         await _produce_raw(bus, poisoned.run_id, b"}{ not json")
         await bus.publish(good[1:])
+        await _produce_raw(bus, mixed.run_id, b"\n".join(
+            [encode(around[0]), b"}{ not json either", encode(around[1])]), [("n", b"3")])
         worker = FaustWorker(bus, store, group=f"{prefix}-g", name="f1", burst=True,
                              data_dir=tmp_path / "data")
         stats = await asyncio.wait_for(worker.run(), 60)
         assert isinstance(worker.app.consumer, IngestConsumer)
-        assert stats.entries == len(events) + 20 + len(good) + 1  # all through the seam's intake
+        # every event through the seam's intake
+        assert stats.entries == len(events) + 20 + len(good) + 1 + 3
         assert stats.duplicates >= 20
         assert list(cwd.iterdir()) == []
         assert (tmp_path / "data" / "faust" / f"{prefix}-g").is_dir()
         await assert_delivered_exactly_once(bus, store, events, ancestry)
         raw = await read_all(bus, poisoned.run_id)
         assert [e.payload_dict()["call_id"] for e in raw] == ["before", "after"]
+        raw = await read_all(bus, mixed.run_id)
+        assert [e.payload_dict()["call_id"] for e in raw] == ["first", "last"]
         dead = await bus.dead_letters()
         assert any(d.data == b"}{ not json" and "KAI-STREAM-PROTO-0001" in d.reason for d in dead)
+        assert sorted(d.data for d in dead if d.data.startswith(b"}{")) == [
+            b"}{ not json", b"}{ not json either"]  # each poison event alone, once
 
 
-async def _produce_raw(bus: KafkaBus, run_id: str, data: bytes) -> None:
+async def _produce_raw(
+    bus: KafkaBus, run_id: str, data: bytes, headers: list[tuple[str, bytes]] | None = None
+) -> None:
     producer = AIOKafkaProducer(bootstrap_servers=bus.bootstrap)
     await producer.start()
     try:
         await producer.send_and_wait(
             bus.topics["ingest"], data, key=run_id.encode(),
-            partition=shard_for(run_id, bus.shards),
+            partition=shard_for(run_id, bus.shards), headers=headers,
         )
     finally:
         await producer.stop()
@@ -127,15 +139,16 @@ class _LosingWorker(FaustWorker):
         self.lost: dict[int, list[int]] = {p: [] for p in lose}
         put = self.intake.put
 
-        def losing_put(messages: list[Any]) -> None:
-            kept = []
-            for message in messages:
+        def losing_put(messages: list[Any], sizes: list[int]) -> None:
+            kept, kept_sizes = [], []
+            for message, size in zip(messages, sizes, strict=True):
                 if self.lose.get(message.partition, 0) > 0:
                     self.lose[message.partition] -= 1
                     self.lost[message.partition].append(message.offset)
                 else:
                     kept.append(message)
-            put(kept)
+                    kept_sizes.append(size)
+            put(kept, kept_sizes)
 
         self.intake.put = losing_put  # type: ignore[method-assign]
 
@@ -158,9 +171,12 @@ async def test_entries_lost_before_a_new_partitions_first_is_processed_are_read_
     async with open_bus(kafka_bus_url(kafka_url, prefix, session_timeout_ms=3000, shards=2)) as bus, \
             open_store(f"sqlite:///{tmp_path}/replay.db") as store:
         assert isinstance(bus, KafkaBus)
-        for events, _ in trees:
-            await bus.publish(events)
-        lose = {first: 3, second: len(trees[1][0])}
+        records = {first: 0, second: 0}
+        for (events, _), partition in zip(trees, (first, second), strict=True):
+            for start in range(0, len(events), 4):  # records of up to four events
+                await bus.publish(events[start:start + 4])
+                records[partition] += 1
+        lose = {first: 3, second: records[second]}
         worker = _LosingWorker(bus, store, group=f"{prefix}-g", name="f1", lose=lose)
         running = asyncio.create_task(worker.run())
         try:
@@ -168,7 +184,7 @@ async def test_entries_lost_before_a_new_partitions_first_is_processed_are_read_
         finally:
             worker.stop.set()
             stats = await asyncio.wait_for(running, 30)
-        assert worker.lost == {first: [0, 1, 2], second: list(range(len(trees[1][0])))}
+        assert worker.lost == {first: [0, 1, 2], second: list(range(records[second]))}
         assert stats.gaps == 0
         for events, ancestry in trees:
             await assert_delivered_exactly_once(bus, store, events, ancestry)
