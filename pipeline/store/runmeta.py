@@ -73,26 +73,31 @@ _parent = attrgetter("parent_id")
 _thread = attrgetter("thread_id")
 
 
-def summarize_run(run_id: str, events: Sequence[Event]) -> RunDelta:
-    """The metadata delta of one run's newly stored events (any order, at least one).
+def summarize_run(run_id: str, events: Sequence[Event], *, ascending: bool = False) -> RunDelta:
+    """The metadata delta of one run's newly stored events (any order, at least one;
+    ``ascending``: in seq order, as a caller that checked it says).
 
     Called for every stream of every worker write: the passes over the
-    events are C-level (``map``) except where a rare field is present.
+    events are C-level (``map``, stopping at the first hit where they can)
+    except where a rare field is present.
     """
-    seqs = list(map(_seq, events))
+    if ascending:
+        first_seq, last_seq = events[0].seq, events[-1].seq
+    else:
+        seqs = list(map(_seq, events))
+        first_seq, last_seq = min(seqs), max(seqs)
     stamps = list(map(_ts, events))
     delta = RunDelta(
-        run_id=run_id, events=len(events), first_seq=min(seqs), last_seq=max(seqs),
+        run_id=run_id, events=len(events), first_seq=first_seq, last_seq=last_seq,
         first_ts=min(stamps), last_ts=max(stamps),
     )
-    tenants = set(map(_tenant, events))
-    if tenants != _ONLY_NONE:
+    if not _ONLY_NONE.issuperset(map(_tenant, events)):
         delta.tenant = next(t for t in map(_tenant, events) if t is not None)
-    if set(map(_parent, events)) != _ONLY_NONE:
+    if not _ONLY_NONE.issuperset(map(_parent, events)):
         linked = next((e for e in events if e.parent_id is not None and e.child_id is None), None)
         if linked is not None:
             delta.parent_id, delta.root_id = linked.parent_id, linked.root_id
-    if set(map(_thread, events)) != _ONLY_NONE:
+    if not _ONLY_NONE.issuperset(map(_thread, events)):
         delta.thread_id = next(
             (e.thread_id for e in events if e.thread_id is not None and e.child_id is None), None)
     if not _METERED.isdisjoint(map(type, events)):
@@ -102,7 +107,7 @@ def summarize_run(run_id: str, events: Sequence[Event]) -> RunDelta:
     return delta
 
 
-_ONLY_NONE = {None}
+_ONLY_NONE = frozenset({None})
 
 
 def summarize(events: Sequence[Event]) -> dict[str, RunDelta]:

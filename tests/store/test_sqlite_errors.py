@@ -69,8 +69,8 @@ async def test_a_full_disk_is_the_error_a_write_reports(tmp_path: Path, write: s
 
 
 OPERATIONS: dict[str, tuple[str, Callable[[ReplayLog], Awaitable[object]]]] = {
-    "append": ("BEFORE INSERT ON events", lambda log: log.append(_big("r-trig", 2))),
-    "append_streams": ("BEFORE INSERT ON events", lambda log: log.append_streams(
+    "append": ("BEFORE INSERT ON segments", lambda log: log.append(_big("r-trig", 2))),
+    "append_streams": ("BEFORE INSERT ON segments", lambda log: log.append_streams(
         [("r-trig", events, [envelope.encode(e) for e in events]) for events in [_big("r-trig", 2)]]
     )),
     "sweep": ("BEFORE DELETE ON runs", lambda log: log.sweep()),
