@@ -39,7 +39,11 @@ from typing import IO, Any
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
-from runwire import envelope  # noqa: E402
+from cputime import import_code  # noqa: E402 - bench/ is the script's directory
+
+import_code()
+
+from runwire.core import envelope  # noqa: E402 - the tree import_code() names
 from runwire.core.ulid import MonotonicULID  # noqa: E402
 from runwire.store import open_store  # noqa: E402
 from runwire.store.jsonl import export_jsonl, import_jsonl  # noqa: E402
