@@ -145,22 +145,32 @@ def run_info(row: Sequence[Any], moment: Callable[[Any], datetime | None] = _sam
     )
 
 
-def upsert_run_sql(param: str, greatest: str) -> str:
+STATE_AFTER_MERGE = ("CASE WHEN excluded.state IS NOT NULL AND excluded.state_seq >= runs.state_seq"
+                     " THEN excluded.state ELSE runs.state END")
+"""The ``state`` a run has once :func:`upsert_run_sql` merged a delta into it (an SQL expression)."""
+
+
+def upsert_run_sql(param: str, greatest: str, expires: str | None = None) -> str:
     """The statement merging one :class:`RunDelta` into ``runs`` (17 values, see the
-    backends), in a dialect: its placeholder and its two-argument maximum."""
-    values = ", ".join([param] * 17)
+    backends), in a dialect: its placeholder and its two-argument maximum.
+
+    With ``expires`` (an SQL expression over ``runs`` and ``excluded``), an 18th
+    value sets ``expires_at`` of a new run, and ``expires`` that of a merged one.
+    """
+    values = ", ".join([param] * (17 if expires is None else 18))
+    expiry_column = "" if expires is None else ", expires_at"
+    expiry_update = "" if expires is None else f"\n    expires_at = {expires},"
     return f"""
 INSERT INTO runs (run_id, tenant, parent_id, root_id, thread_id, state, state_seq, terminal,
                   events, last_seq, input_tokens, output_tokens, dropped, first_ts, last_ts,
-                  created_at, updated_at)
+                  created_at, updated_at{expiry_column})
 VALUES ({values})
 ON CONFLICT (run_id) DO UPDATE SET
     tenant = coalesce(runs.tenant, excluded.tenant),
     parent_id = coalesce(runs.parent_id, excluded.parent_id),
     root_id = coalesce(runs.root_id, excluded.root_id),
     thread_id = coalesce(runs.thread_id, excluded.thread_id),
-    state = CASE WHEN excluded.state IS NOT NULL AND excluded.state_seq >= runs.state_seq
-                 THEN excluded.state ELSE runs.state END,
+    state = {STATE_AFTER_MERGE},{expiry_update}
     terminal = CASE WHEN excluded.state IS NOT NULL AND excluded.state_seq >= runs.state_seq
                     THEN excluded.terminal ELSE runs.terminal END,
     state_seq = {greatest}(runs.state_seq, excluded.state_seq),

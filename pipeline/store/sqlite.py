@@ -41,7 +41,14 @@ from ..core.errors import ConfigError, StoreError, StoreUnavailable
 from .base import Clock, ReplayLog, RetentionPolicy, RunInfo, RunOwner, SweepResult
 from .producers import ProducerState, Reservation, reserve
 from .retention import split_retention, utc_now
-from .runmeta import RUN_COLUMNS, RunDelta, run_info, summarize_run, upsert_run_sql
+from .runmeta import (
+    RUN_COLUMNS,
+    STATE_AFTER_MERGE,
+    RunDelta,
+    run_info,
+    summarize_run,
+    upsert_run_sql,
+)
 
 SCHEMA_VERSION = 5
 
@@ -174,18 +181,26 @@ def _execute_rows(
         db.execute(_rows_sql(head, width, len(chunk) // width, tail), chunk)
 
 
-_UPSERT_RUN = upsert_run_sql("?", "max")
-_UPSERT_RUN_ONLY = _UPSERT_RUN.rsplit("RETURNING", 1)[0]
-_UPSERT_RUNS_HEAD, _UPSERT_RUNS_TAIL = _UPSERT_RUN_ONLY.replace(
-    "VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)", "VALUES {rows}").split("{rows}")
-"""The run upsert around its VALUES rows, for :func:`_execute_rows` (17 values a row)."""
+@functools.lru_cache(maxsize=16)
+def _upsert_runs(keep: tuple[float, float, float]) -> tuple[str, str]:
+    """The run upsert around its VALUES rows, for :func:`_execute_rows` (18 values a row),
+    setting ``expires_at`` as :meth:`ReplayLog.expiry` computes it with these keep times
+    (seconds: done, aborted/error, unfinished) in the same statement."""
+    done, failed, unfinished = (repr(float(seconds)) for seconds in keep)
+    expires = (f"max(runs.updated_at, excluded.updated_at) + CASE {STATE_AFTER_MERGE} WHEN 'done' THEN {done}"
+               f" WHEN 'aborted' THEN {failed} WHEN 'error' THEN {failed} ELSE {unfinished} END")
+    statement = upsert_run_sql("?", "max", expires).rsplit("RETURNING", 1)[0]
+    head, tail = statement.replace("VALUES (" + ", ".join(["?"] * 18) + ")", "VALUES {rows}").split("{rows}")
+    return head, tail
+
+
 _SET_EXPIRY = """
 UPDATE runs SET expires_at = updated_at + CASE
         WHEN state = 'done' THEN ?
         WHEN state IN ('aborted', 'error') THEN ?
         ELSE ? END
 WHERE run_id IN (SELECT value FROM json_each(?))"""
-"""Expiry as :meth:`ReplayLog.expiry` computes it, for one policy's runs among those touched."""
+"""Expiry as :meth:`ReplayLog.expiry` computes it, for one tenant's runs among those touched."""
 
 
 def _keep_seconds(policy: RetentionPolicy) -> tuple[float, float, float]:
@@ -601,28 +616,27 @@ class SQLiteLog(ReplayLog):
         return fresh
 
     def _merge_runs(self, deltas: Sequence[RunDelta], now: float) -> None:
-        """Merge the batch's run deltas, then set the touched runs' expiry, in a few statements.
+        """Merge the batch's run deltas and set the touched runs' expiry, in a few statements.
 
-        One ``executemany`` upsert, then one ``UPDATE`` per retention policy
-        in use (the default, and each tenant override) over the touched runs.
+        The upsert sets the expiry under the default policy; then one
+        ``UPDATE`` per tenant with a policy of its own sets its touched runs'.
         """
         if not deltas:
             return
         db = self._db
-        _execute_rows(db, _UPSERT_RUNS_HEAD, 17, [
+        keep = _keep_seconds(self.retention)
+        head, tail = _upsert_runs(keep)
+        expiry = {"done": keep[0], "aborted": keep[1], "error": keep[1]}
+        _execute_rows(db, head, 18, [
             value for d in deltas
             for value in (d.run_id, d.tenant, d.parent_id, d.root_id, d.thread_id, d.state,
                           d.state_seq, d.terminal, d.events, d.last_seq, d.input_tokens, d.output_tokens,
-                          d.dropped, d.first_ts, d.last_ts, now, now)
-        ], _UPSERT_RUNS_TAIL)
-        touched = _ids_json.encode([d.run_id for d in deltas])
-        overridden = list(self.tenant_retention)
-        db.execute(
-            _SET_EXPIRY + " AND (tenant IS NULL OR tenant NOT IN (SELECT value FROM json_each(?)))",
-            (*_keep_seconds(self.retention), touched, _ids_json.encode(overridden)),
-        )
-        for tenant, policy in self.tenant_retention.items():
-            db.execute(_SET_EXPIRY + " AND tenant = ?", (*_keep_seconds(policy), touched, tenant))
+                          d.dropped, d.first_ts, d.last_ts, now, now, now + expiry.get(d.state or "", keep[2]))
+        ], tail)
+        if self.tenant_retention:
+            touched = _ids_json.encode([d.run_id for d in deltas])
+            for tenant, policy in self.tenant_retention.items():
+                db.execute(_SET_EXPIRY + " AND tenant = ?", (*_keep_seconds(policy), touched, tenant))
 
     # ---- read ----------------------------------------------------------
     async def read(self, run_id: str, after: int = 0, limit: int | None = None) -> list[Event]:

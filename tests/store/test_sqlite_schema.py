@@ -4,14 +4,15 @@ from __future__ import annotations
 
 import sqlite3
 import uuid
-from datetime import timedelta
+from datetime import UTC, datetime, timedelta
 from pathlib import Path
 
 import psycopg
 
 from runwire.core import envelope
-from runwire.store import open_store
+from runwire.store import RetentionPolicy, open_store
 from tests.events import T0, event
+from tests.store.conftest import Clock
 
 SCHEMA_1 = """
 CREATE TABLE schema_version (version INTEGER NOT NULL);
@@ -192,3 +193,27 @@ async def test_a_schema_4_file_keeps_every_event_and_stays_idempotent(tmp_path: 
         assert conn.execute("SELECT count(*) FROM segments").fetchone() == (0,)
     finally:
         conn.close()
+
+
+async def test_the_runs_table_keeps_each_runs_expiry(tmp_path: Path) -> None:
+    """``runs.expires_at`` in the file is the expiry the log reports: the default policy's for a new
+    run and after a state change, a tenant's own policy for its runs."""
+    path = tmp_path / "expiry.db"
+    clock = Clock()
+    short = RetentionPolicy(done=timedelta(days=7))
+    async with open_store(f"sqlite:///{path}", clock=clock, tenant_retention={"short": short}) as log:
+        await log.append([event("a", 1, "run.lifecycle", {"state": "running"}),
+                          event("b", 1, "run.lifecycle", {"state": "done"}, tenant="short")])
+        clock.advance(hours=1)
+        await log.append([event("a", 2, "run.lifecycle", {"state": "done"}),
+                          event("c", 1, "run.lifecycle", {"state": "error"})])
+        reported = {run_id: info.expires_at for run_id in "abc" if (info := await log.run(run_id))}
+    conn = sqlite3.connect(path)
+    try:
+        stored = {run_id: datetime.fromtimestamp(at, UTC)
+                  for run_id, at in conn.execute("SELECT run_id, expires_at FROM runs")}
+    finally:
+        conn.close()
+    hour = timedelta(hours=1)
+    assert stored == reported == {"a": T0 + hour + timedelta(days=90), "b": T0 + timedelta(days=7),
+                                  "c": T0 + hour + timedelta(days=30)}
