@@ -63,18 +63,19 @@ CREATE TABLE IF NOT EXISTS segments (
 """A run's events as segments: the events ``first_seq`` … ``last_seq``, every seq
 of that range exactly once, their canonical JSON joined by ``\\n`` in seq order.
 
-A run's segments never overlap, so ordered by ``last_seq`` (the unique
-index) they are in seq order, and an event's line within its segment is
-``seq - first_seq``. A worker's write stores one segment per run it touches
-(~27 events each in ``bench/workers.py``): one row insert and one index
-entry instead of one per event cut the SQLite thread's CPU per event by
-more than half (docs/workers.md § Throughput). A segment holds at most
-:data:`SEGMENT_EVENTS` events, so a read from any seq loads little more
-than it returns.
+A run's segments never overlap, so ordered by ``last_seq`` (the index
+``(run_id, last_seq, first_seq)``, which also gives their spans without
+reading them) they are in seq order, and an event's line within its
+segment is ``seq - first_seq``. A worker's write stores one segment per
+run it touches (~23 events each in ``bench/workers.py``): one row and one
+index entry instead of one per event took the SQLite thread's CPU per
+published event from ~6 to ~3.5 µs (docs/workers.md § Throughput). A
+segment holds at most :data:`SEGMENT_EVENTS` events, so a read from any
+seq loads little more than it returns.
 
-Schemas 2–4 kept one row per event (``_EVENTS_V4``), schema 1 the same
-clustered by ``(run_id, seq)``: rowid order (arrival) keeps a write's rows
-together, which is what made the clustered table ~40 % dearer to write."""
+Schemas 2–4 kept one row per event (:data:`_EVENTS_V4`); schema 1 the
+same clustered by ``(run_id, seq)``, ~40 % dearer to write than rows in
+arrival order."""
 
 _EVENTS_V4 = """
 CREATE TABLE IF NOT EXISTS {name} (
