@@ -237,9 +237,11 @@ _EVENTS_OF_RUNS = (
     "SELECT coalesce(sum(last_seq - first_seq + 1), 0) FROM segments"
     " WHERE run_id IN (SELECT value FROM json_each(?))"
 )
+"""How many events the runs of a JSON list of ids hold (what a sweep deletes)."""
 _STORED_FROM = (
     "SELECT first_seq, last_seq FROM segments WHERE run_id = ? AND last_seq >= ? ORDER BY last_seq"
 )
+"""The spans of a run's segments holding a seq at or past one, in seq order."""
 
 
 def _cut(blob: bytes, head: int, tail: int) -> bytes:
@@ -676,8 +678,11 @@ class SQLiteLog(ReplayLog):
             blob, low, high, total = db.execute(_JOINED, (run_id, after, end)).fetchone()
         except sqlite3.DataError:  # string or blob too big
             rows = db.execute(_SEGMENTS_OF_CHUNK, (run_id, after, end)).fetchall()
-            blob, low, high = b"\n".join([body for _, _, body in rows]), rows[0][0], rows[-1][1]
+            blob = b"\n".join([body for _, _, body in rows])
+            low, high = (rows[0][0], rows[-1][1]) if rows else (0, 0)
             total = sum(last - first + 1 for first, last, _ in rows)
+        if not total:  # swept by another process between the two statements
+            return b"", 0, after
         head = max(0, after + 1 - low)  # the first segment's events at or before ``after``
         tail = max(0, total - head - limit)  # the last segment's events past the limit
         return _cut(blob, head, tail), total - head - tail, high - tail
@@ -834,9 +839,10 @@ class SQLiteLog(ReplayLog):
     def _delete(self, run_ids: list[str]) -> int:
         db, deleted = self._db, 0
         for start in range(0, len(run_ids), 500):
-            chunk = [(run_id,) for run_id in run_ids[start:start + 500]]
+            some = run_ids[start:start + 500]
+            chunk = [(run_id,) for run_id in some]
             with _transaction(db):
-                deleted += db.execute(_EVENTS_OF_RUNS, (_ids_json.encode(run_ids[start:start + 500]),)).fetchone()[0]
+                deleted += db.execute(_EVENTS_OF_RUNS, (_ids_json.encode(some),)).fetchone()[0]
                 db.executemany("DELETE FROM segments WHERE run_id = ?", chunk)
                 db.executemany("DELETE FROM runs WHERE run_id = ?", chunk)
                 db.executemany("DELETE FROM run_owners WHERE run_id = ?", chunk)
