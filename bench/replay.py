@@ -16,6 +16,10 @@ of a real run (mostly text/reasoning deltas, tool calls, usage, lifecycle).
   (validates every line, maintains run metadata, idempotent).
 * **baseline import** — ``json.loads`` each line and ``executemany`` an
   ``INSERT … ON CONFLICT DO NOTHING`` into the plain table, 10 000 a batch.
+* **stored as a worker writes it** (SQLite, ``sqlite_worker_written_*``) — the
+  same data appended with ``append_streams``, ``--per-write`` events of every run
+  a write; then an export of every run, a decode of every event
+  (``iter_events``) and 2 000 reads of 64 events from random seqs.
 
 Figures are medians of ``--repeats`` (import: ``--import-repeats``) runs.
 """
