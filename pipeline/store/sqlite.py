@@ -358,6 +358,17 @@ def _transaction(db: sqlite3.Connection) -> Iterator[None]:
         raise
 
 
+@contextmanager
+def _snapshot(db: sqlite3.Connection) -> Iterator[None]:
+    """A read transaction: the statements inside see one state of the file, whatever
+    other processes commit meanwhile (WAL: no lock is taken from writers)."""
+    db.execute("BEGIN")
+    try:
+        yield
+    finally:
+        db.execute("COMMIT")
+
+
 def _undo(db: sqlite3.Connection, error: BaseException, *statements: str) -> None:
     """Roll back after ``error`` without ever raising in its place.
 
@@ -667,22 +678,20 @@ class SQLiteLog(ReplayLog):
         joined in Python instead.
         """
         db, counted, end = self._db, 0, _ALL
-        for first, last in db.execute(_SPANS_AFTER, (run_id, after)):
-            counted += last - max(first, after + 1) + 1
-            if counted >= limit:
-                end = last
-                break
-        if not counted:
-            return b"", 0, after
-        try:
-            blob, low, high, total = db.execute(_JOINED, (run_id, after, end)).fetchone()
-        except sqlite3.DataError:  # string or blob too big
-            rows = db.execute(_SEGMENTS_OF_CHUNK, (run_id, after, end)).fetchall()
-            blob = b"\n".join([body for _, _, body in rows])
-            low, high = (rows[0][0], rows[-1][1]) if rows else (0, 0)
-            total = sum(last - first + 1 for first, last, _ in rows)
-        if not total:  # swept by another process between the two statements
-            return b"", 0, after
+        with _snapshot(db):
+            for first, last in db.execute(_SPANS_AFTER, (run_id, after)):
+                counted += last - max(first, after + 1) + 1
+                if counted >= limit:
+                    end = last
+                    break
+            if not counted:
+                return b"", 0, after
+            try:
+                blob, low, high, total = db.execute(_JOINED, (run_id, after, end)).fetchone()
+            except sqlite3.DataError:  # string or blob too big
+                rows = db.execute(_SEGMENTS_OF_CHUNK, (run_id, after, end)).fetchall()
+                blob, low, high = b"\n".join([body for _, _, body in rows]), rows[0][0], rows[-1][1]
+                total = sum(last - first + 1 for first, last, _ in rows)
         head = max(0, after + 1 - low)  # the first segment's events at or before ``after``
         tail = max(0, total - head - limit)  # the last segment's events past the limit
         return _cut(blob, head, tail), total - head - tail, high - tail
