@@ -19,7 +19,8 @@ of a real run (mostly text/reasoning deltas, tool calls, usage, lifecycle).
 * **stored as a worker writes it** (SQLite, ``sqlite_worker_written_*``) — the
   same data appended with ``append_streams``, ``--per-write`` events of every run
   a write; then an export of every run, a decode of every event
-  (``iter_events``) and 2 000 reads of 64 events from random seqs.
+  (``iter_events``), 2 000 reads of 64 events from random seqs, and the file's
+  bytes per event (``bytes_per_event``, beside the events' JSON).
 
 Figures are medians of ``--repeats`` (import: ``--import-repeats``) runs.
 """
@@ -119,7 +120,7 @@ async def runwire_export(url: str, run_ids: list[str], sink: IO[bytes]) -> tuple
         return time.perf_counter() - start, count
 
 
-async def written_like_a_worker(url: str, data: Path, per_write: int, sink: IO[bytes]) -> dict[str, float]:
+async def written_like_a_worker(db: Path, data: Path, per_write: int, sink: IO[bytes]) -> dict[str, float]:
     """Store the data as a worker writes it (``per_write`` events of every run per write), then
     time an export of every run, a decode of every event, and short reads from random seqs."""
     runs: dict[str, tuple[list[Any], list[bytes]]] = {}
@@ -133,7 +134,7 @@ async def written_like_a_worker(url: str, data: Path, per_write: int, sink: IO[b
     longest = max(len(events) for events, _ in runs.values())
     picks = random.Random(7)
     starts = [(run_id, picks.randrange(len(events))) for run_id, (events, _) in runs.items() for _ in range(20)]
-    async with open_store(url) as log:
+    async with open_store(f"sqlite:///{db}") as log:
         for offset in range(0, longest, per_write):
             await log.append_streams([(run_id, events[offset:offset + per_write], bodies[offset:offset + per_write])
                                       for run_id, (events, bodies) in runs.items() if offset < len(events)])
@@ -152,7 +153,8 @@ async def written_like_a_worker(url: str, data: Path, per_write: int, sink: IO[b
         reads_s = time.perf_counter() - started
     assert exported == decoded == total, (exported, decoded, total)
     return {"export_per_s": total / export_s, "iter_events_per_s": total / decode_s,
-            "reads_64_per_s": len(starts) / reads_s}
+            "reads_64_per_s": len(starts) / reads_s, "events": total,
+            "json_bytes_per_event": sum(len(b) for _, bodies in runs.values() for b in bodies) / total}
 
 
 # ---- the plain loop ----------------------------------------------------------------------
@@ -306,8 +308,10 @@ def bench_worker_written(args: argparse.Namespace, work: Path, data: Path) -> di
     rounds = []
     for index in range(args.repeats):
         with open(os.devnull, "wb") as sink:
-            rounds.append(asyncio.run(written_like_a_worker(
-                f"sqlite:///{work}/worker-{index}.db", data, args.per_write, sink)))
+            db = work / f"worker-{index}.db"
+            figures = asyncio.run(written_like_a_worker(db, data, args.per_write, sink))
+        figures["bytes_per_event"] = db.stat().st_size / figures.pop("events")  # closed: WAL checkpointed
+        rounds.append(figures)
     return {f"sqlite_worker_written_{key}": statistics.median(r[key] for r in rounds) for key in rounds[0]}
 
 
@@ -391,6 +395,8 @@ def main() -> None:
             print(f"  {key:38s} {value:>14,.0f}")
         elif key.endswith("_vs_baseline"):
             print(f"  {key:38s} {value:>14.2f}x")
+        elif key.endswith("_per_event"):
+            print(f"  {key:38s} {value:>14.0f} B")
 
 
 if __name__ == "__main__":
