@@ -16,6 +16,11 @@ of a real run (mostly text/reasoning deltas, tool calls, usage, lifecycle).
   (validates every line, maintains run metadata, idempotent).
 * **baseline import** — ``json.loads`` each line and ``executemany`` an
   ``INSERT … ON CONFLICT DO NOTHING`` into the plain table, 10 000 a batch.
+* **stored as a worker writes it** (SQLite, ``sqlite_worker_written_*``) — the
+  same data appended with ``append_streams``, ``--per-write`` events of every run
+  a write; then an export of every run, a decode of every event
+  (``iter_events``), 2 000 reads of 64 events from random seqs, and the file's
+  bytes per event (``bytes_per_event``, beside the events' JSON).
 
 Figures are medians of ``--repeats`` (import: ``--import-repeats``) runs.
 """
@@ -26,6 +31,7 @@ import argparse
 import asyncio
 import json
 import os
+import random
 import sqlite3
 import statistics
 import sys
@@ -39,7 +45,11 @@ from typing import IO, Any
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
-from runwire.core import envelope  # noqa: E402
+from cputime import import_code  # noqa: E402 - bench/ is the script's directory
+
+import_code()
+
+from runwire.core import envelope  # noqa: E402 - the tree import_code() names
 from runwire.core.ulid import MonotonicULID  # noqa: E402
 from runwire.jobs.replay import export_run  # noqa: E402
 from runwire.store import open_store  # noqa: E402
@@ -109,6 +119,43 @@ async def runwire_export(url: str, run_ids: list[str], sink: IO[bytes]) -> tuple
         start = time.perf_counter()
         count = sum([await export_run(log, run_id, sink.write) for run_id in run_ids])
         return time.perf_counter() - start, count
+
+
+async def written_like_a_worker(db: Path, data: Path, per_write: int, sink: IO[bytes]) -> dict[str, float]:
+    """Store the data as a worker writes it (``per_write`` events of every run per write), then
+    time an export of every run, a decode of every event, and short reads from random seqs."""
+    runs: dict[str, tuple[list[Any], list[bytes]]] = {}
+    for line in _lines(data):
+        body = line.rstrip(b"\n")
+        event = envelope.decode(body)
+        events, bodies = runs.setdefault(event.run_id, ([], []))
+        events.append(event)
+        bodies.append(body)
+    total = sum(len(events) for events, _ in runs.values())
+    longest = max(len(events) for events, _ in runs.values())
+    picks = random.Random(7)
+    starts = [(run_id, picks.randrange(len(events))) for run_id, (events, _) in runs.items() for _ in range(20)]
+    async with open_store(f"sqlite:///{db}") as log:
+        for offset in range(0, longest, per_write):
+            await log.append_streams([(run_id, events[offset:offset + per_write], bodies[offset:offset + per_write])
+                                      for run_id, (events, bodies) in runs.items() if offset < len(events)])
+        started = time.perf_counter()
+        exported = sum([await export_run(log, run_id, sink.write) for run_id in runs])
+        export_s = time.perf_counter() - started
+        started = time.perf_counter()
+        decoded = 0
+        for run_id in runs:
+            async for _ in log.iter_events(run_id):
+                decoded += 1
+        decode_s = time.perf_counter() - started
+        started = time.perf_counter()
+        for run_id, after in starts:
+            await log.read(run_id, after=after, limit=64)
+        reads_s = time.perf_counter() - started
+    assert exported == decoded == total, (exported, decoded, total)
+    return {"export_per_s": total / export_s, "iter_events_per_s": total / decode_s,
+            "reads_64_per_s": len(starts) / reads_s, "events": total,
+            "json_bytes_per_event": sum(len(b) for _, bodies in runs.values() for b in bodies) / total}
 
 
 # ---- the plain loop ----------------------------------------------------------------------
@@ -258,6 +305,17 @@ def bench_sqlite(args: argparse.Namespace, work: Path, data: Path, run_ids: list
                    new_url, base_import, lambda: sqlite_baseline_export(baselines[-1], run_ids))
 
 
+def bench_worker_written(args: argparse.Namespace, work: Path, data: Path) -> dict[str, float]:
+    rounds = []
+    for index in range(args.repeats):
+        with open(os.devnull, "wb") as sink:
+            db = work / f"worker-{index}.db"
+            figures = asyncio.run(written_like_a_worker(db, data, args.per_write, sink))
+        figures["bytes_per_event"] = db.stat().st_size / figures.pop("events")  # closed: WAL checkpointed
+        rounds.append(figures)
+    return {f"sqlite_worker_written_{key}": statistics.median(r[key] for r in rounds) for key in rounds[0]}
+
+
 def bench_postgres(args: argparse.Namespace, base_url: str, data: Path, run_ids: list[str]) -> dict[str, float]:
     import psycopg
 
@@ -308,6 +366,8 @@ def main() -> None:
     parser.add_argument("--postgres", help="PostgreSQL URL (default: start one of our own)")
     parser.add_argument("--skip-postgres", action="store_true")
     parser.add_argument("--json", action="store_true", help="print one JSON object")
+    parser.add_argument("--per-write", type=int, default=23,
+                        help="events of each run per write when stored as a worker does (bench/workers.py: ~23)")
     args = parser.parse_args()
     if args.quick:
         args.events = min(args.events, 200_000)
@@ -320,6 +380,7 @@ def main() -> None:
         data = work / "events.jsonl"
         run_ids = make_jsonl(data, args.events, args.runs)
         figures.update(bench_sqlite(args, work, data, run_ids))
+        figures.update(bench_worker_written(args, work, data))
         if not args.skip_postgres:
             url, stop = _postgres(args)
             try:
@@ -335,6 +396,8 @@ def main() -> None:
             print(f"  {key:38s} {value:>14,.0f}")
         elif key.endswith("_vs_baseline"):
             print(f"  {key:38s} {value:>14.2f}x")
+        elif key.endswith("_per_event"):
+            print(f"  {key:38s} {value:>14.0f} B")
 
 
 if __name__ == "__main__":

@@ -106,7 +106,9 @@ class ReplayLog(ConnectedResource):
         """:meth:`append` for events whose canonical JSON is already at hand.
 
         Bulk paths (import, workers that encoded the event once) skip a second
-        encode; backends that store the bytes override this.
+        encode; backends that store the bytes override this. The bytes are the
+        event's canonical JSON (``envelope.encode``: one line, no newline byte),
+        which export writes as they are.
         """
         return await self.append([event for event, _ in rows])
 

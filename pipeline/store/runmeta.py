@@ -58,26 +58,31 @@ _parent = attrgetter("parent_id")
 _thread = attrgetter("thread_id")
 
 
-def summarize_run(run_id: str, events: Sequence[Event]) -> RunDelta:
-    """The metadata delta of one run's newly stored events (any order, at least one).
+def summarize_run(run_id: str, events: Sequence[Event], *, ascending: bool = False) -> RunDelta:
+    """The metadata delta of one run's newly stored events (any order, at least one;
+    ``ascending``: in seq order, as a caller that checked it says).
 
     Called for every stream of every worker write: the passes over the
-    events are C-level (``map``) except where a rare field is present.
+    events are C-level (``map``, stopping at the first hit where they can)
+    except where a rare field is present.
     """
-    seqs = list(map(_seq, events))
+    if ascending:
+        first_seq, last_seq = events[0].seq, events[-1].seq
+    else:
+        seqs = list(map(_seq, events))
+        first_seq, last_seq = min(seqs), max(seqs)
     stamps = list(map(_ts, events))
     delta = RunDelta(
-        run_id=run_id, events=len(events), first_seq=min(seqs), last_seq=max(seqs),
+        run_id=run_id, events=len(events), first_seq=first_seq, last_seq=last_seq,
         first_ts=min(stamps), last_ts=max(stamps),
     )
-    tenants = set(map(_tenant, events))
-    if tenants != _ONLY_NONE:
+    if not _ONLY_NONE.issuperset(map(_tenant, events)):
         delta.tenant = next(t for t in map(_tenant, events) if t is not None)
-    if set(map(_parent, events)) != _ONLY_NONE:
+    if not _ONLY_NONE.issuperset(map(_parent, events)):
         linked = next((e for e in events if e.parent_id is not None and e.child_id is None), None)
         if linked is not None:
             delta.parent_id, delta.root_id = linked.parent_id, linked.root_id
-    if set(map(_thread, events)) != _ONLY_NONE:
+    if not _ONLY_NONE.issuperset(map(_thread, events)):
         delta.thread_id = next(
             (e.thread_id for e in events if e.thread_id is not None and e.child_id is None), None)
     if not _METERED.isdisjoint(map(type, events)):
@@ -87,7 +92,7 @@ def summarize_run(run_id: str, events: Sequence[Event]) -> RunDelta:
     return delta
 
 
-_ONLY_NONE = {None}
+_ONLY_NONE = frozenset({None})
 
 
 def summarize(events: Sequence[Event]) -> dict[str, RunDelta]:
@@ -125,22 +130,32 @@ def run_info(row: Sequence[Any], moment: Callable[[Any], datetime | None] = _sam
     )
 
 
-def upsert_run_sql(param: str, greatest: str) -> str:
+STATE_AFTER_MERGE = ("CASE WHEN excluded.state IS NOT NULL AND excluded.state_seq >= runs.state_seq"
+                     " THEN excluded.state ELSE runs.state END")
+"""The ``state`` a run has once :func:`upsert_run_sql` merged a delta into it (an SQL expression)."""
+
+
+def upsert_run_sql(param: str, greatest: str, expires: str | None = None) -> str:
     """The statement merging one :class:`RunDelta` into ``runs`` (17 values, see the
-    backends), in a dialect: its placeholder and its two-argument maximum."""
-    values = ", ".join([param] * 17)
+    backends), in a dialect: its placeholder and its two-argument maximum.
+
+    With ``expires`` (an SQL expression over ``runs`` and ``excluded``), an 18th
+    value sets ``expires_at`` of a new run, and ``expires`` that of a merged one.
+    """
+    values = ", ".join([param] * (17 if expires is None else 18))
+    expiry_column = "" if expires is None else ", expires_at"
+    expiry_update = "" if expires is None else f"\n    expires_at = {expires},"
     return f"""
 INSERT INTO runs (run_id, tenant, parent_id, root_id, thread_id, state, state_seq, terminal,
                   events, last_seq, input_tokens, output_tokens, dropped, first_ts, last_ts,
-                  created_at, updated_at)
+                  created_at, updated_at{expiry_column})
 VALUES ({values})
 ON CONFLICT (run_id) DO UPDATE SET
     tenant = coalesce(runs.tenant, excluded.tenant),
     parent_id = coalesce(runs.parent_id, excluded.parent_id),
     root_id = coalesce(runs.root_id, excluded.root_id),
     thread_id = coalesce(runs.thread_id, excluded.thread_id),
-    state = CASE WHEN excluded.state IS NOT NULL AND excluded.state_seq >= runs.state_seq
-                 THEN excluded.state ELSE runs.state END,
+    state = {STATE_AFTER_MERGE},{expiry_update}
     terminal = CASE WHEN excluded.state IS NOT NULL AND excluded.state_seq >= runs.state_seq
                     THEN excluded.terminal ELSE runs.terminal END,
     state_seq = {greatest}(runs.state_seq, excluded.state_seq),

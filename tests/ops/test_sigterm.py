@@ -91,10 +91,11 @@ def until_logged(db: Path, more_than: int, worker: subprocess.Popen[str], within
 
 
 def logged_rows(db: Path) -> int:
-    """Rows in the SQLite replay log so far (0 before its schema exists)."""
+    """Events in the SQLite replay log so far (0 before its schema exists)."""
     try:
         with sqlite3.connect(f"file:{db}?mode=ro", uri=True, timeout=5) as conn:
-            return int(conn.execute("select count(*) from events").fetchone()[0])
+            query = "select coalesce(sum(last_seq - first_seq + 1), 0) from segments"
+            return int(conn.execute(query).fetchone()[0])
     except sqlite3.OperationalError:
         return 0
 

@@ -15,6 +15,7 @@ from datetime import timedelta
 import pytest
 
 from runwire.core import envelope
+from runwire.core.envelope import Event
 from runwire.core.errors import UnknownRun
 from runwire.jobs.replay import export_run
 from runwire.store import RetentionPolicy, open_store
@@ -340,6 +341,66 @@ async def test_append_streams_is_append_of_the_same_rows(store_url: str, clock: 
     assert (info.tenant, info.state, info.terminal, info.events) == ("acme", "done", True, 4)
     assert (info.input_tokens, info.output_tokens, info.last_seq) == (5, 2, 4)
     assert (child.parent_id, child.root_id, child.tenant, child.events) == ("sp", "sp", "acme", 2)
+
+
+def _streams(*groups: tuple[str, list[Event]]) -> list[tuple[str, list[Event], list[bytes]]]:
+    return [(run, events, [envelope.encode(e) for e in events]) for run, events in groups]
+
+
+async def test_a_write_redone_in_other_groupings_stores_each_event_once(store_url: str) -> None:
+    """Invariant 2 (no loss, no duplicates): after a crash the same events come again, batched
+    otherwise, overlapping what is stored, a run split over two streams, next to new runs."""
+    async with open_store(store_url) as log:
+        assert await log.append_streams(_streams(("ra", deltas("ra", 1, 30)), ("rb", deltas("rb", 1, 10)))) == 40
+        assert await log.append_streams(_streams(("ra", deltas("ra", 1, 45)), ("rc", deltas("rc", 1, 3)))) == 18
+        assert await log.append_streams(_streams(
+            ("rb", deltas("rb", 5, 12)), ("ra", deltas("ra", 40, 44)), ("ra", deltas("ra", 42, 50)))) == 7
+        assert await log.append_streams(_streams(("ra", deltas("ra", 50, 50)), ("rb", deltas("rb", 1, 12)))) == 0
+        stored = {run: await log.read(run) for run in ("ra", "rb", "rc")}
+        infos = {run: await log.run(run) for run in ("ra", "rb", "rc")}
+        exported = b"".join([lines async for lines, _ in log.iter_jsonl("ra", batch=7)])
+    assert stored == {"ra": deltas("ra", 1, 50), "rb": deltas("rb", 1, 12), "rc": deltas("rc", 1, 3)}
+    assert [(i.events, i.last_seq) for i in infos.values() if i] == [(50, 50), (12, 12), (3, 3)]
+    assert exported.splitlines() == [envelope.encode(e) for e in deltas("ra", 1, 50)]
+
+
+async def test_reads_start_and_stop_inside_a_write(store_url: str) -> None:
+    """T3 from any seq: a read or an export after a seq in the middle of one write, with a limit
+    that ends in the middle of another, returns exactly the events in between."""
+    async with open_store(store_url) as log:
+        await log.append_streams(_streams(("r1", deltas("r1", 1, 40))))
+        await log.append_streams(_streams(("r1", deltas("r1", 41, 100))))
+        await log.append_streams(_streams(("r1", deltas("r1", 101, 1300))))  # longer than any one row
+        middle = await log.read("r1", after=37, limit=5)
+        across = await log.read("r1", after=38, limit=10)
+        late = await log.read("r1", after=1250)
+        none = await log.read("r1", after=30, limit=0)
+        chunks = [chunk async for chunk in log.iter_jsonl("r1", after=33, batch=500)]
+        events = [e.seq async for e in log.iter_events("r1", after=99, batch=3)]
+    assert [e.seq for e in middle] == [38, 39, 40, 41, 42]
+    assert [e.seq for e in across] == list(range(39, 49))
+    assert [e.seq for e in late] == list(range(1251, 1301)) and none == []
+    assert [count for _, count in chunks] == [500, 500, 267]
+    assert b"".join(lines for lines, _ in chunks).splitlines() == [
+        envelope.encode(e) for e in deltas("r1", 34, 1300)]
+    assert events == list(range(100, 1301))
+
+
+async def test_a_run_with_gaps_reads_whole_and_its_gaps_fill_later(store_url: str) -> None:
+    """Seqs need not be contiguous: a limit counts stored events across a gap, and a late write
+    into the gap adds only the missing seqs."""
+    async with open_store(store_url) as log:
+        await log.append([*deltas("g", 20, 30), *deltas("g", 1, 10)])
+        assert await log.first_seq("g") == 1
+        across = await log.read("g", after=5, limit=10)
+        batches = [e.seq async for e in log.iter_events("g", batch=4)]
+        assert await log.append(deltas("g", 5, 25)) == 9
+        stored = await log.read("g")
+        info = await log.run("g")
+    assert [e.seq for e in across] == [6, 7, 8, 9, 10, 20, 21, 22, 23, 24]
+    assert batches == [*range(1, 11), *range(20, 31)]
+    assert stored == deltas("g", 1, 30)
+    assert info is not None and info.events == 30
 
 
 async def test_a_stream_created_and_never_written_is_swept_with_its_producers(store_url: str) -> None:

@@ -69,8 +69,8 @@ async def test_a_full_disk_is_the_error_a_write_reports(tmp_path: Path, write: s
 
 
 OPERATIONS: dict[str, tuple[str, Callable[[ReplayLog], Awaitable[object]]]] = {
-    "append": ("BEFORE INSERT ON events", lambda log: log.append(_big("r-trig", 2))),
-    "append_streams": ("BEFORE INSERT ON events", lambda log: log.append_streams(
+    "append": ("BEFORE INSERT ON segments", lambda log: log.append(_big("r-trig", 2))),
+    "append_streams": ("BEFORE INSERT ON segments", lambda log: log.append_streams(
         [("r-trig", events, [envelope.encode(e) for e in events]) for events in [_big("r-trig", 2)]]
     )),
     "sweep": ("BEFORE DELETE ON runs", lambda log: log.sweep()),
@@ -101,3 +101,20 @@ async def test_an_error_that_ended_the_transaction_reaches_the_caller(
         with closing(sqlite3.connect(path, isolation_level=None)) as other:
             other.execute("DROP TRIGGER fail")
         await call(log)  # the same operation, without the trigger
+
+
+async def test_a_chunk_over_sqlites_value_limit_is_joined_in_python(tmp_path: Path) -> None:
+    """An export or read whose joined bytes exceed SQLite's largest value (``SQLITE_LIMIT_LENGTH``,
+    per connection: the log's own) still returns exactly the events asked for, in order."""
+    stored = [event("r-big", seq) for seq in range(1, 61)]
+    async with open_store(f"sqlite:///{tmp_path / 'replay.db'}") as log:
+        assert isinstance(log, SQLiteLog)
+        for start in range(0, 60, 6):  # writes of 6 events: segments well under the limit
+            await log.append(stored[start:start + 6])
+        lengths = [len(envelope.encode(e)) for e in stored]
+        await log._call(lambda: log._db.setlimit(sqlite3.SQLITE_LIMIT_LENGTH, sum(lengths[:20])))
+        chunks = [chunk async for chunk in log.iter_jsonl("r-big", after=3, batch=40)]
+        middle = await log.read("r-big", after=8, limit=30)
+    assert [count for _, count in chunks] == [40, 17]
+    assert b"".join(lines for lines, _ in chunks).splitlines() == [envelope.encode(e) for e in stored[3:]]
+    assert middle == stored[8:38]

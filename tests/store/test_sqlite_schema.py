@@ -4,13 +4,15 @@ from __future__ import annotations
 
 import sqlite3
 import uuid
+from datetime import UTC, datetime, timedelta
 from pathlib import Path
 
 import psycopg
 
 from runwire.core import envelope
-from runwire.store import open_store
-from tests.events import event
+from runwire.store import RetentionPolicy, open_store
+from tests.events import T0, event
+from tests.store.conftest import Clock
 
 RUNS_BEFORE_3 = """
 CREATE TABLE runs (
@@ -54,10 +56,9 @@ async def test_a_schema_1_file_is_migrated_and_keeps_every_event(tmp_path: Path)
     assert info is not None and info.events == 4
     conn = sqlite3.connect(path)
     try:
-        assert conn.execute("SELECT max(version) FROM schema_version").fetchone() == (4,)
-        ddl = conn.execute("SELECT sql FROM sqlite_master WHERE name = 'events'").fetchone()[0]
-        assert "WITHOUT ROWID" not in ddl
-        assert conn.execute("SELECT count(*) FROM events").fetchone() == (5,)
+        assert conn.execute("SELECT max(version) FROM schema_version").fetchone() == (5,)
+        assert conn.execute("SELECT name FROM sqlite_master WHERE name = 'events'").fetchone() is None
+        assert conn.execute("SELECT sum(last_seq - first_seq + 1) FROM segments").fetchone() == (5,)
     finally:
         conn.close()
 
@@ -92,7 +93,7 @@ async def test_a_schema_2_file_gains_thread_ids_and_keeps_its_runs(tmp_path: Pat
     assert listed == {"r1", "r2"}
     conn = sqlite3.connect(path)
     try:
-        assert conn.execute("SELECT max(version) FROM schema_version").fetchone() == (4,)
+        assert conn.execute("SELECT max(version) FROM schema_version").fetchone() == (5,)
     finally:
         conn.close()
 
@@ -135,6 +136,9 @@ async def test_a_schema_3_file_keeps_its_producers_and_fences_by_digest(tmp_path
         CREATE TABLE ds_producers (run_id TEXT NOT NULL, producer_id TEXT NOT NULL, epoch INTEGER NOT NULL,
             last_seq INTEGER NOT NULL, last_base INTEGER NOT NULL, PRIMARY KEY (run_id, producer_id));
         INSERT INTO ds_producers VALUES ('s1', 'p', 0, 0, 0);
+        DROP TABLE segments;
+        CREATE TABLE events (run_id TEXT NOT NULL, seq INTEGER NOT NULL, body BLOB NOT NULL);
+        CREATE UNIQUE INDEX events_run_seq ON events (run_id, seq);
         UPDATE ds_streams SET next_seq = 1 WHERE run_id = 's1';
         UPDATE schema_version SET version = 3;
     """)
@@ -146,3 +150,68 @@ async def test_a_schema_3_file_keeps_its_producers_and_fences_by_digest(tmp_path
         changed = await log.stream_reserve("s1", ("p", 0, 1), 1, close=False, hold_s=0, digest="ccc")
         same = await log.stream_reserve("s1", ("p", 0, 1), 1, close=False, hold_s=0, digest="bbb")
     assert (retry.outcome, nxt.outcome, changed.outcome, same.outcome) == ("duplicate", "append", "conflict", "duplicate")
+
+
+async def test_a_schema_4_file_keeps_every_event_and_stays_idempotent(tmp_path: Path) -> None:
+    """Schema 4 → 5: one row per event becomes one segment per event; reads, exports, retries
+    and new writes (segments of many events) behave as on a new file."""
+    path = tmp_path / "v4.db"
+    old = [event("r1", seq) for seq in (1, 2, 3, 5)] + [event("r2", 1)]
+    async with open_store(f"sqlite:///{path}"):  # today's schema, then made a schema-4 file
+        pass
+    conn = sqlite3.connect(path)
+    conn.executescript("""
+        DROP TABLE segments;
+        CREATE TABLE events (run_id TEXT NOT NULL, seq INTEGER NOT NULL, body BLOB NOT NULL);
+        CREATE UNIQUE INDEX events_run_seq ON events (run_id, seq);
+        UPDATE schema_version SET version = 4;
+    """)
+    conn.executemany("INSERT INTO events VALUES (?, ?, ?)",
+                     [(e.run_id, e.seq, envelope.encode(e)) for e in old])
+    conn.execute("INSERT INTO runs (run_id, events, last_seq, created_at, updated_at)"
+                 " VALUES ('r1', 4, 5, 0, 0), ('r2', 1, 1, 0, 0)")
+    conn.commit()
+    conn.close()
+
+    fresh = [event("r1", seq) for seq in range(3, 9)]
+    async with open_store(f"sqlite:///{path}") as log:
+        assert await log.read("r1", after=1, limit=2) == old[1:3]
+        assert await log.append_encoded([(e, envelope.encode(e)) for e in fresh]) == 4  # 4, 6, 7, 8
+        stored = await log.read("r1")
+        exported = b"".join([lines async for lines, _ in log.iter_jsonl("r1", after=2, batch=4)])
+        first = await log.first_seq("r2")
+        swept = await log.sweep(now=T0 + timedelta(days=400))
+    assert [e.seq for e in stored] == list(range(1, 9))
+    assert stored[4] == old[3]  # seq 5 kept as it was stored, not as appended again
+    assert exported.splitlines() == [envelope.encode(e) for e in stored[2:]]
+    assert first == 1 and swept.events == 9
+    conn = sqlite3.connect(path)
+    try:
+        assert conn.execute("SELECT max(version) FROM schema_version").fetchone() == (5,)
+        assert conn.execute("SELECT count(*) FROM segments").fetchone() == (0,)
+    finally:
+        conn.close()
+
+
+async def test_the_runs_table_keeps_each_runs_expiry(tmp_path: Path) -> None:
+    """``runs.expires_at`` in the file is the expiry the log reports: the default policy's for a new
+    run and after a state change, a tenant's own policy for its runs."""
+    path = tmp_path / "expiry.db"
+    clock = Clock()
+    short = RetentionPolicy(done=timedelta(days=7))
+    async with open_store(f"sqlite:///{path}", clock=clock, tenant_retention={"short": short}) as log:
+        await log.append([event("a", 1, "run.lifecycle", {"state": "running"}),
+                          event("b", 1, "run.lifecycle", {"state": "done"}, tenant="short")])
+        clock.advance(hours=1)
+        await log.append([event("a", 2, "run.lifecycle", {"state": "done"}),
+                          event("c", 1, "run.lifecycle", {"state": "error"})])
+        reported = {run_id: info.expires_at for run_id in "abc" if (info := await log.run(run_id))}
+    conn = sqlite3.connect(path)
+    try:
+        stored = {run_id: datetime.fromtimestamp(at, UTC)
+                  for run_id, at in conn.execute("SELECT run_id, expires_at FROM runs")}
+    finally:
+        conn.close()
+    hour = timedelta(hours=1)
+    assert stored == reported == {"a": T0 + hour + timedelta(days=90), "b": T0 + timedelta(days=7),
+                                  "c": T0 + hour + timedelta(days=30)}
