@@ -19,6 +19,7 @@ import msgspec
 
 from runwire.bus import open_bus
 from runwire.bus.base import Bus
+from runwire.bus.keys import shard_for
 from runwire.core.envelope import is_terminal
 from runwire.edge import EdgeSettings
 from runwire.sdk.publisher import Publisher
@@ -34,6 +35,12 @@ BUS_OPTIONS = "shards=4&lease_ms=1500&claim_idle_ms=1000"
 
 def unique(label: str) -> str:
     return f"{label}-{uuid.uuid4().hex[:10]}"
+
+
+def same_shard(bus: Bus, run_id: str) -> str:
+    """A new root run id on the same ingest shard as ``run_id``'s (the worker keeps a shard's order)."""
+    candidates = (unique("marker") for _ in range(10_000))
+    return next(c for c in candidates if shard_for(c, bus.shards) == shard_for(run_id, bus.shards))
 
 
 def bus_url(redis_url: str, prefix: str, extra: str = "") -> str:

@@ -23,7 +23,6 @@ import pytest
 import redis.asyncio as aioredis
 
 from runwire.bus import open_bus
-from runwire.bus.base import Bus
 from runwire.bus.keys import DATA_FIELD, ingest_key, lease_key, shard_for
 from runwire.core import envelope
 from runwire.edge import EdgeSettings
@@ -34,6 +33,7 @@ from tests.e2e_harness import (
     decoded,
     ndjson,
     pipeline,
+    same_shard,
     sse,
     unique,
     wait_for_stream_end,
@@ -595,12 +595,6 @@ def _koder(run_id: str, seq: int, type: str, payload: dict[str, Any], **extra: A
 
 
 SECRET = "e2e-secret-" + "k" * 32
-
-
-def same_shard(bus: Bus, run_id: str) -> str:
-    """A new root run id on the same ingest shard as ``run_id``'s (the worker keeps a shard's order)."""
-    candidates = (unique("marker") for _ in range(10_000))
-    return next(c for c in candidates if shard_for(c, bus.shards) == shard_for(run_id, bus.shards))
 
 
 def token(tenant: str, runs: str | list[str] = "*") -> dict[str, str]:

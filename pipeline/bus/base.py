@@ -133,6 +133,10 @@ class Bus(AsyncResource):
     """Past this many deliveries an entry is poison: dead-letter it."""
     claim_idle_ms: int = 30_000
     """Default idle time before a pending entry is claimed by another consumer."""
+    checkpoint_grace_s: float | None = None
+    """How long a finished run's stored checkpoints outlive its end (None: as long as a live
+    run's). A worker that finds no checkpoint for a run the replay log ended longer ago than
+    this retires the run instead of starting it anew (``Stages._load_state``)."""
 
     async def _enter(self) -> None:
         await self.connect()

@@ -96,6 +96,7 @@ class RedisBus(Bus):
         self.shards = options.shards
         self.max_deliveries = options.max_deliveries
         self.claim_idle_ms = options.claim_idle_ms
+        self.checkpoint_grace_s = float(options.grace)
         self.prefix = options.prefix
         self.link = RedisLink(url, self.connect_url, cluster=self.cluster)
         self._consumers: weakref.WeakSet[Consumer] = weakref.WeakSet()

@@ -9,9 +9,10 @@ from __future__ import annotations
 _APPEND_ONE = """
 -- Append one stream's entries. stream, meta, control: its keys; keep: seqs kept
 -- (MINID ~ <last seq - keep + 1>); ttl, grace: ms; state: the writer state to store, or
--- false; ends: these events hold the run's own terminal event: from then on the stream
--- and the control stream live only the grace after each append (the meta hash keeps the
--- ttl: a late or redelivered event still finds the writer state); ARGV[from..to]: pairs,
+-- false; ends: these events hold the run's own terminal event: from then on the stream,
+-- its meta hash and the control stream live only the grace after each append (a worker
+-- that later finds no writer state asks the replay log whether the run ended: see
+-- Stages._load_state); ARGV[from..to]: pairs,
 -- one per entry: its seqs ('first+count' when consecutive, else 'seq,seq,...',
 -- increasing) and its events' canonical JSON joined by "\\n" (canonical JSON never holds
 -- a raw newline). An entry gets id '<its last seq>-0' and fields s (seqs) and e (events);
@@ -82,10 +83,11 @@ local function append_one(stream, meta, control, keep, ttl, grace, state, ends, 
   if ended then
     redis.call('PEXPIRE', stream, grace)
     redis.call('PEXPIRE', control, grace)
+    redis.call('PEXPIRE', meta, grace)
   else
     redis.call('PEXPIRE', stream, ttl)
+    redis.call('PEXPIRE', meta, ttl)
   end
-  redis.call('PEXPIRE', meta, ttl)
   return n
 end
 """

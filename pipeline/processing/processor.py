@@ -100,6 +100,9 @@ class ProcessorStats(msgspec.Struct, kw_only=True):
     silenced: int = 0
     foreign: int = 0
     """Events refused, or not fanned in, because a run they name belongs to another tenant."""
+    retired: int = 0
+    """Events (or fan-in copies) dropped because their stream's run ended longer ago than its
+    checkpoint is kept (see ``SequencerState.retired``)."""
 
 
 class _Stream:
@@ -363,13 +366,16 @@ class Processor:
         stream the event itself is stamped with the delivery seq (the last
         use of the decoded event: copies are made before).
         """
+        state = stream.state
+        if state.terminal:  # (ended: dropped from memory after the batch once its windows are closed)
+            self._ended.append(stream)
+            if state.retired:
+                self.stats.retired += 1
+                return
         run_id = stream.run_id
         output = stream.output
         if output is None:
             output = stream.output = outputs[run_id] = StreamOutput(run_id=run_id, stream=stream)
-        state = stream.state
-        if state.terminal:  # (ended: dropped from memory after the batch once its windows are closed)
-            self._ended.append(stream)
         if published:
             sources = state.sources
             last = sources.get(source, 0)

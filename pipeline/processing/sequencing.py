@@ -38,6 +38,9 @@ class SequencerState(msgspec.Struct, kw_only=True, omit_defaults=True):
     duplicates: int = 0
     gaps: int = 0
     terminal: bool = False
+    retired: bool = False
+    """The run ended longer ago than its checkpoint is kept (the bus's ``checkpoint_grace_s``):
+    what still arrives for it is dropped and counted, its streams stay closed."""
     owned: bool = False
     """Whether ``tenant`` is decided: the first event written to the stream decides it."""
     tenant: str | None = None

@@ -28,9 +28,10 @@ from ..core.envelope import Event, decode_many, encode, ts_ms
 from ..core.errors import ProtocolError
 from ..core.retry import Outage, Retry
 from ..store import ReplayLog
-from .checkpoint import settle_windows, unsent_windows
+from .checkpoint import Checkpoint, encode_checkpoint, settle_windows, unsent_windows
 from .fanin import Misrooted
 from .processor import Processor, StreamOutput, validate
+from .sequencing import SequencerState
 
 log = logging.getLogger("runwire.worker")
 
@@ -97,6 +98,9 @@ class WorkerStats(msgspec.Struct, kw_only=True):
     silenced: int = 0
     foreign: int = 0
     """Events refused, or kept out of an ancestor's stream, because that run is another tenant's."""
+    retired: int = 0
+    """Events (or fan-in copies) of runs that ended longer ago than the bus keeps checkpoints:
+    dropped (``Stages._retired``)."""
     seconds: float = 0.0
     busy_seconds: float = 0.0
     """From the first fetched batch to the end of the last batch's writes."""
@@ -320,11 +324,41 @@ class Stages:
     async def _load_state(self, run_id: str) -> bytes | None:
         async with self._appends:
             data = await self.retry(lambda: self._load(run_id))
+            if data is None:
+                return await self._retired(run_id)
             after = unsent_windows(data)
-            if data is None or after is None:
+            if after is None:
                 return data
             sent = await self.retry(lambda: self.bus.read((run_id, "shaped"), after, limit=SETTLE_READ))
             return settle_windows(data, sent) if sent else data
+
+    async def _retired(self, run_id: str) -> bytes | None:
+        """The checkpoint of a run that ended longer ago than the bus keeps checkpoints, else None.
+
+        A run's stored checkpoints expire ``checkpoint_grace_s`` after its end
+        (Redis: with its hot streams), so a missing one is a new run — or one
+        that ended before that, whose late events (an entry redelivered after a
+        long outage, a publisher's retry, an event sent after the end) must not
+        start it anew from seq 1. The replay log, written before every
+        checkpoint, tells them apart: a run it holds as ended since longer
+        than the grace is retired — what still comes for it is dropped and
+        counted (``retired``), and its streams stay closed (a resume reads the
+        log). A run that ended more recently lost its checkpoint some other
+        way (a writer that died between its log write and its views) and is
+        redone from the start, as after any crash.
+        """
+        grace = self.bus.checkpoint_grace_s
+        if grace is None:
+            return None
+        info = await self.retry(lambda: self.store.run(run_id))
+        if info is None or not info.terminal or info.updated_at is None:
+            return None
+        if info.updated_at > datetime.now(UTC) - timedelta(seconds=grace):
+            return None
+        log.info("run %s ended before %s; what still arrives for it is dropped", run_id,
+                 info.updated_at.isoformat(timespec="seconds"))
+        return encode_checkpoint(Checkpoint(sequencer=SequencerState(
+            last_seq=info.last_seq, terminal=True, retired=True, owned=True, tenant=info.tenant)))
 
     async def _bus_state(self, run_id: str) -> bytes | None:
         return await self.bus.load_state((run_id, "raw"))
@@ -339,6 +373,7 @@ class Stages:
         stats.gaps = self.processor.stats.gaps
         stats.silenced = self.processor.stats.silenced
         stats.foreign = self.processor.stats.foreign
+        stats.retired = self.processor.stats.retired
         stats.retried = dict(self.outage.retried)
         stats.paused_seconds = self.outage.paused_seconds
         return stats

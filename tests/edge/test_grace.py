@@ -1,5 +1,6 @@
 """Invariant 7 (bounded by live work): a finished run's hot keys (raw and shaped delivery
-streams, control stream) expire ``grace`` seconds after its terminal event, and every resume
+streams, control stream, and the writer checkpoints beside them) expire ``grace`` seconds after
+its terminal event — what still arrives for it then is dropped, not started anew — and every resume
 after that — from seq 0 or mid-run, SSE or NDJSON, full or shaped — is served whole from the
 replay log (Koder agent stream §7 T3). A run still streaming keeps its hot tier."""
 
@@ -13,8 +14,8 @@ import pytest
 from redis.asyncio import Redis
 
 from runwire.bus import ControlCommand, keys
-from runwire.core.envelope import Event
-from tests.e2e_harness import decoded, ndjson, pipeline, sse, unique, wait_for_terminal
+from runwire.core.envelope import Event, make
+from tests.e2e_harness import decoded, ndjson, pipeline, same_shard, sse, unique, wait_for_terminal
 
 GRACE_S = 1
 
@@ -56,13 +57,27 @@ async def test_a_finished_runs_hot_keys_expire_after_the_grace_and_resumes_come_
         redis = Redis.from_url(redis_url)
         try:
             hot = [keys.delivery_key(prefix, finished, "raw"), keys.delivery_key(prefix, finished, "shaped"),
+                   keys.meta_key(prefix, finished, "raw"), keys.meta_key(prefix, finished, "shaped"),
                    keys.control_key(prefix, finished),
-                   keys.delivery_key(prefix, f"{finished}-child", "raw")]
-            await keys_gone(redis, hot)
-            # the writer state stays (bounded by ttl): a redelivered event is still a duplicate
-            assert await redis.exists(keys.meta_key(prefix, finished, "raw")) == 1
+                   keys.delivery_key(prefix, f"{finished}-child", "raw"),
+                   keys.meta_key(prefix, f"{finished}-child", "raw")]
+            await keys_gone(redis, hot)  # the writer checkpoints (meta) too: nothing of it is left
             assert await redis.exists(keys.delivery_key(prefix, live, "raw")) == 1
             assert await redis.pttl(keys.delivery_key(prefix, live, "raw")) > 3_600_000
+            assert await redis.pttl(keys.meta_key(prefix, live, "raw")) > 3_600_000
+
+            # what still comes for the finished run (an entry redelivered after a long outage, an
+            # event sent after its end) is dropped: not a new run from seq 1, no hot key again
+            late = make("text.delta", {"text": "late"}, id=f"{finished}-late",
+                        ts=published[-1].ts, run_id=finished, seq=published[-1].seq + 1)
+            await pipe.bus.publish([published[5], late])
+            # a marker on the same ingest shard, after them: once it is written, they were handled
+            marker = pipe.publisher.run(same_shard(pipe.bus, finished))
+            await marker.finish("done")
+            await pipe.publisher.flush()
+            await wait_for_terminal(pipe.store, marker.run_id)
+            assert await redis.exists(*hot) == 0
+            assert await pipe.store.read(finished) == logged
         finally:
             await redis.aclose()
 
