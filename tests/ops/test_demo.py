@@ -8,6 +8,7 @@ from typing import Any
 
 import msgspec
 
+from runwire.bus.base import Consumer
 from runwire.bus.memory import MemoryBus
 from runwire.core import envelope
 from runwire.jobs.demo import DemoScript, keep_publishing, publish_runs
@@ -20,7 +21,9 @@ async def _no_wait(_: float) -> None:
 
 
 async def published(bus: MemoryBus) -> list[Any]:
-    consumer = bus.consumer("inspect", "c1")
+    """Every event published on ``bus`` since :func:`inspecting` (or since now, on a fresh bus):
+    a group's entries stay until it acks them, while those every existing group acked leave."""
+    consumer = inspecting(bus)
     events: list[Any] = []
     while batch := await consumer.fetch(10_000, block_ms=50):
         events += [envelope.decode(d.data) for d in batch]
@@ -36,6 +39,11 @@ async def demo_events(seed: int, runs: int) -> list[Any]:
             for number in range(runs):
                 await script.run(f"r{number}", number)
         return await published(bus)
+
+
+def inspecting(bus: MemoryBus) -> Consumer:
+    """The group :func:`published` reads; make it before publishing when another group acks too."""
+    return bus.consumer("inspect", "c1")
 
 
 async def until_started(bus: MemoryBus, runs: int) -> None:
@@ -108,6 +116,7 @@ async def test_same_seed_same_runs_other_seed_other_runs() -> None:
 async def test_stopping_the_demo_ends_open_runs_as_aborted() -> None:
     """No run of the demo is left without a terminal event when it stops."""
     async with MemoryBus("memory://") as bus:
+        await inspecting(bus).close()  # the group exists: what "watch" acks stays for it
         async with Publisher(bus) as pub:
             stop = asyncio.Event()
             task = asyncio.create_task(publish_runs(pub, stop, rate=20, pace=0.005, prefix="d"))
@@ -129,6 +138,7 @@ async def test_stopping_the_demo_ends_open_runs_as_aborted() -> None:
 async def test_keep_publishing_connects_by_url_and_keeps_starting_runs() -> None:
     """`keep_publishing(url, stop, rate=…)` publishes onto the bus at the URL until stopped."""
     async with MemoryBus("memory://demo-keep") as bus:
+        await inspecting(bus).close()  # the group exists: what "watch" acks stays for it
         stop = asyncio.Event()
         task = asyncio.create_task(keep_publishing("memory://demo-keep", stop, rate=10, pace=0.001))
         await until_started(bus, 3)
