@@ -154,6 +154,16 @@ async def wait_for_terminal(store: ReplayLog, run_id: str, within: float = 30.0)
             await asyncio.sleep(0.05)
 
 
+async def raw_stream_ids(bus: Bus, run_id: str) -> list[str]:
+    """The ids of every event on the run's raw delivery stream (``bus.read`` returns a page)."""
+    ids: list[str] = []
+    after = 0
+    while page := await bus.read((run_id, "raw"), after, 1000):
+        ids += [event.id for event in page]
+        after = page[-1].seq
+    return ids
+
+
 async def wait_for_stream_end(bus: Bus, run_id: str, within: float = 30.0) -> None:
     """Wait until the run's raw delivery stream has its own terminal event.
 

@@ -33,6 +33,7 @@ from tests.e2e_harness import (
     decoded,
     ndjson,
     pipeline,
+    raw_stream_ids,
     same_shard,
     sse,
     unique,
@@ -164,7 +165,7 @@ async def test_invariant_2_no_loss_no_duplicates_across_a_worker_crash_and_a_cli
             await wait_for_terminal(pipe.store, run_id, within=60)
             await wait_for_stream_end(pipe.bus, run_id)  # views are written after the log
         logged = {run_id: [e.id for e in await pipe.store.read(run_id)] for run_id in runs}
-        streams = {run_id: [e.id for e in await pipe.bus.read((run_id, "raw"), 0)] for run_id in runs}
+        streams = {run_id: await raw_stream_ids(pipe.bus, run_id) for run_id in runs}
 
     client = first_half + second_half
     assert [e["id"] for e in client] == published[runs[0]]
@@ -276,7 +277,7 @@ async def test_invariant_2_no_loss_no_duplicates_when_a_worker_process_is_killed
                 await wait_for_terminal(pipe.store, run_id, within=60)
                 await wait_for_stream_end(pipe.bus, run_id)  # views are written after the log
             logged = {r: [e.id for e in await pipe.store.read(r)] for r in runs.values()}
-            streams = {r: [e.id for e in await pipe.bus.read((r, "raw"), 0)] for r in runs.values()}
+            streams = {r: await raw_stream_ids(pipe.bus, r) for r in runs.values()}
         finally:
             if worker.returncode is None:
                 worker.kill()
