@@ -112,6 +112,10 @@ class WorkerStats(msgspec.Struct, kw_only=True):
     """Time spent paused on an unavailable or full bus or store."""
 
 
+_FROM_PROCESSOR = ("duplicates", "gaps", "silenced", "foreign", "retired")
+"""The :class:`ProcessorStats` counters a :class:`WorkerStats` reports as they are."""
+
+
 class Stages:
     """Decode → restore → process → write for one batch; shared by both runtimes.
 
@@ -368,12 +372,9 @@ class Stages:
         return await self.outage.call(RETRY, call, stop=self.stop.is_set)
 
     def finish_stats(self) -> WorkerStats:
-        stats = self.stats
-        stats.duplicates = self.processor.stats.duplicates
-        stats.gaps = self.processor.stats.gaps
-        stats.silenced = self.processor.stats.silenced
-        stats.foreign = self.processor.stats.foreign
-        stats.retired = self.processor.stats.retired
+        stats, counted = self.stats, self.processor.stats
+        for name in _FROM_PROCESSOR:  # the processor's counters, under the same names
+            setattr(stats, name, getattr(counted, name))
         stats.retried = dict(self.outage.retried)
         stats.paused_seconds = self.outage.paused_seconds
         return stats
