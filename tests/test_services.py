@@ -46,7 +46,8 @@ async def test_kafka_broker_round_trips_a_message(kafka_url: str) -> None:
     finally:
         await producer.stop()
     consumer = AIOKafkaConsumer(topic, bootstrap_servers=bootstrap, auto_offset_reset="earliest",
-                                group_id=f"g-{topic}")
+                                group_id=f"g-{topic}", session_timeout_ms=2000,
+                                heartbeat_interval_ms=500)  # (Tansu answers a join after half the session)
     await consumer.start()
     try:
         batch = await consumer.getmany(timeout_ms=10_000)

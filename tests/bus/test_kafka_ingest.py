@@ -23,7 +23,7 @@ from tests.events import event
 
 @pytest.fixture
 def url(kafka_url: str) -> str:
-    return f"{kafka_url}?prefix=m{uuid.uuid4().hex[:10]}&shards=2&claim_idle_ms=300"
+    return f"{kafka_url}?prefix=m{uuid.uuid4().hex[:10]}&shards=2&claim_idle_ms=300&session_timeout_ms=2000"
 
 
 async def take(consumer: Consumer, want: int, within: float = 20) -> list[Delivery]:

@@ -166,7 +166,7 @@ def test_sigterm_mid_load_on_kafka_loses_and_duplicates_nothing(
     SIGTERM lands while it is working, and the successor finds the rest.
     """
     events, ancestry = workload(trees=24)
-    bus = bus_on(kafka_url)
+    bus = bus_on(f"{kafka_url}?session_timeout_ms=2000")  # (Tansu answers a join after half of it)
     slices = [events[start : start + 250] for start in range(0, len(events), 250)]
     asyncio.run(publish(bus, slices[0]))
     db = tmp_path / "replay.db"

@@ -112,7 +112,7 @@ def test_up_refuses_a_public_address_without_a_secret(tmp_path: Path) -> None:
 
 def test_up_on_kafka(start_up: Any, bus_on: Any, kafka_url: str, tmp_path: Path) -> None:
     """`--bus kafka://` runs the same single-process pipeline on a Kafka-protocol broker."""
-    bus = bus_on(kafka_url)
+    bus = bus_on(f"{kafka_url}?session_timeout_ms=2000")  # (Tansu answers a join after half of it)
     up = start_up("--demo", "--demo-rate", "1", "--bus", bus, "--data-dir", str(tmp_path / "d"))
     run = up.wait_for_run(terminal=True, timeout=60)
     assert_demo_run(stream_events(up.base, run["run_id"]))

@@ -180,7 +180,7 @@ async def test_the_kafka_worker_links_no_run_of_another_tenant_either(
     from runwire.workers.faust_app import FaustWorker
 
     prefix = f"r{uuid.uuid4().hex[:8]}"
-    async with open_bus(f"{kafka_url}?prefix={prefix}&session_timeout_ms=3000") as bus:
+    async with open_bus(f"{kafka_url}?prefix={prefix}&session_timeout_ms=2000") as bus:
         runs = await _pull_attempt(bus)
         worker = FaustWorker(bus, store, group=f"{prefix}-g", name="f1", burst=True, data_dir=tmp_path / "data")
         stats = await asyncio.wait_for(worker.run(), 60)

@@ -50,7 +50,7 @@ async def test_faust_app_delivers_a_run_tree_exactly_once_and_dead_letters_poiso
     good = [poisoned.tool_start("before"), poisoned.tool_start("after")]
     mixed = RunScript(f"{prefix}_mixed")  # a poison event inside a record of several
     around = [mixed.tool_start("first"), mixed.tool_start("last")]
-    async with open_bus(kafka_bus_url(kafka_url, prefix, session_timeout_ms=3000)) as bus, \
+    async with open_bus(kafka_bus_url(kafka_url, prefix, session_timeout_ms=2000)) as bus, \
             open_store(f"sqlite:///{tmp_path}/replay.db") as store:
         assert isinstance(bus, KafkaBus)
         await bus.publish(events)
@@ -102,7 +102,7 @@ async def test_sigkill_one_faust_worker_the_survivor_resumes_from_the_changelog(
     mid-run; the survivor restores the checkpoints from the table's changelog and every event is in
     the delivery streams and the replay log exactly once, in order; the shaped view holds R1/R3."""
     prefix = f"f{uuid.uuid4().hex[:8]}"
-    bus_url = kafka_bus_url(kafka_url, prefix, session_timeout_ms=3000, shards=8)
+    bus_url = kafka_bus_url(kafka_url, prefix, session_timeout_ms=2000, shards=8)
     trees = [run_tree(f"{prefix}t{i}", deltas=15) for i in range(16)]
     workers = [start_worker(bus_url, postgres_url, f"w{i}", tmp_path, group=f"{prefix}-g")
                for i in range(2)]
@@ -168,7 +168,7 @@ async def test_entries_lost_before_a_new_partitions_first_is_processed_are_read_
         index += 1
     trees.append(run_tree(f"{prefix}b{index}", deltas=3))
     second = 1 - first
-    async with open_bus(kafka_bus_url(kafka_url, prefix, session_timeout_ms=3000, shards=2)) as bus, \
+    async with open_bus(kafka_bus_url(kafka_url, prefix, session_timeout_ms=2000, shards=2)) as bus, \
             open_store(f"sqlite:///{tmp_path}/replay.db") as store:
         assert isinstance(bus, KafkaBus)
         records = {first: 0, second: 0}

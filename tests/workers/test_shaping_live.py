@@ -171,7 +171,7 @@ async def test_r1_and_t2_hold_when_a_worker_is_sigkilled_mid_run_and_its_backlog
         bus_url = f"{url}{'&' if '?' in url else '?'}prefix={prefix}&lease_ms=2000"
     else:
         url = request.getfixturevalue("kafka_url")
-        bus_url = f"{url}?prefix={prefix}&session_timeout_ms=3000&shards=8"
+        bus_url = f"{url}?prefix={prefix}&session_timeout_ms=2000&shards=8"
     trees = alternating_trees(prefix, runs=6, children=3, deltas=2000)
     group = "alt" if backend == "redis" else f"{prefix}-g"
     workers = [start_worker(bus_url, postgres_url, f"w{i}", tmp_path, group=group) for i in range(2)]
