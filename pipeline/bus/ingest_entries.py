@@ -36,16 +36,23 @@ def chunks(frames: Sequence[bytes]) -> list[Sequence[bytes]]:
     """``frames`` (encoded events, in order) cut into the consecutive runs one entry each holds."""
     if len(frames) <= INGEST_ENTRY_EVENTS and sum(map(len, frames)) <= INGEST_ENTRY_BYTES:
         return [frames]
-    out: list[Sequence[bytes]] = []
+    return [frames[start:end] for start, end in cuts(frames, INGEST_ENTRY_EVENTS, INGEST_ENTRY_BYTES)]
+
+
+def cuts(frames: Sequence[bytes], most_events: int, most_bytes: int) -> list[tuple[int, int]]:
+    """``(start, end)`` of each consecutive run of ``frames`` that one entry or record holds:
+    at most ``most_events`` frames and ``most_bytes`` of them joined by newlines (a larger frame
+    is a run of its own)."""
+    out: list[tuple[int, int]] = []
     start = 0
     while start < len(frames):
         end, size = start, 0
-        while end < len(frames) and end - start < INGEST_ENTRY_EVENTS and (
-            end == start or size + len(frames[end]) <= INGEST_ENTRY_BYTES
+        while end < len(frames) and end - start < most_events and (
+            end == start or size + len(frames[end]) <= most_bytes
         ):
             size += len(frames[end]) + 1
             end += 1
-        out.append(frames[start:end])
+        out.append((start, end))
         start = end
     return out
 

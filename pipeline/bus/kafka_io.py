@@ -21,7 +21,7 @@ from aiokafka.errors import KafkaError
 
 from ..core.envelope import Event
 from ..core.errors import BusUnavailable
-from .ingest_entries import chunks, join, split
+from .ingest_entries import chunks, cuts, join, split
 
 VIEW_HEADER = "v"
 KIND_HEADER = "k"
@@ -73,18 +73,10 @@ def event_records(
     many events. Fewer records cost less to produce and to read back.
     """
     out: list[Record] = []
-    start = 0
-    while start < len(values):
-        end, size = start, 0
-        while end < len(values) and end - start < RECORD_EVENTS and (
-            end == start or size + len(values[end]) <= RECORD_BYTES
-        ):
-            size += len(values[end]) + 1
-            end += 1
+    for start, end in cuts(values, RECORD_EVENTS, RECORD_BYTES):
         headers = [view_header, (SEQ_HEADER, b"%d" % events[end - 1].seq),
                    (COUNT_HEADER, b"%d" % (end - start))]
-        out.append((partition, key, b"\n".join(values[start:end]), headers))
-        start = end
+        out.append((partition, key, join(values[start:end]), headers))
     return out
 
 
