@@ -385,3 +385,27 @@ def test_t1_round_trip_of_generated_envelopes(event: Event) -> None:
 def test_batch_decoding_equals_single_decoding(batch: list[Event]) -> None:
     wire = b"\n".join(envelope.encode(e) for e in batch)
     assert envelope.decode_lines(wire) == batch
+
+
+@settings(max_examples=100, deadline=None)
+@given(st.lists(events(), max_size=8))
+def test_batch_encoding_equals_encoding_each(batch: list[Event]) -> None:
+    """A worker's write encodes a stream's events in one call (``encode_lines``): the lines
+    stored (joined) and each line read back are exactly what ``encode`` makes of each event,
+    newlines and other control characters in texts included."""
+    each = [envelope.encode(e) for e in batch]
+    lines = envelope.encode_lines(batch)
+    assert lines.joined == b"\n".join(each)
+    assert envelope.join_lines(lines) == b"\n".join(each)
+    assert list(lines) == each and len(lines) == len(batch)
+    if batch:
+        assert lines[-1] == each[-1] and lines[1:] == each[1:]
+        assert envelope.join_lines(lines, 1) == b"\n".join(each[1:])
+
+
+def test_batch_encoding_keeps_texts_with_newlines_on_one_line() -> None:
+    text = envelope.make("text.delta", {"text": "a\nb\r\n\u2028c"}, id="evt_1", ts=GOOD["ts"],
+                         run_id="run_1", seq=1)
+    lines = envelope.encode_lines([text, text])
+    assert len(lines.joined.split(b"\n")) == 2
+    assert [envelope.decode(line) for line in lines] == [text, text]

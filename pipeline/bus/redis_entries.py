@@ -29,7 +29,7 @@ from collections.abc import Iterable, Sequence
 from operator import attrgetter
 from typing import Any
 
-from ..core.envelope import Event, RunLifecycle, decode_many, is_terminal
+from ..core.envelope import Event, RunLifecycle, decode_many, is_terminal, join_lines
 from ..core.errors import ProtocolError
 from .ingest_entries import chunks, join, split
 
@@ -92,7 +92,7 @@ def entry_args(events: Sequence[Event], encoded: Sequence[bytes]) -> list[bytes]
     for start in range(0, len(events), ENTRY_EVENTS):
         chunk = events[start:start + ENTRY_EVENTS]
         args += (seq_spec(list(map(_SEQ, chunk))),
-                 b"\n".join(encoded[start:start + ENTRY_EVENTS]))
+                 join_lines(encoded, start, start + ENTRY_EVENTS))
     return args
 
 

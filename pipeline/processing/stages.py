@@ -24,7 +24,7 @@ from redis.backoff import ExponentialWithJitterBackoff
 
 from ..bus import Bus, Delivery, EncodedAppend
 from ..bus.keys import shard_for
-from ..core.envelope import Event, decode_many, encode, ts_ms
+from ..core.envelope import Event, decode_many, encode_lines, ts_ms
 from ..core.errors import ProtocolError
 from ..core.retry import Outage, Retry
 from ..store import ReplayLog
@@ -257,12 +257,12 @@ class Stages:
         Processor.seal(outputs)
         write = EncodedWrite()
         for output in outputs.values():
-            encoded = list(map(encode, output.raw))
+            encoded = encode_lines(output.raw)
             write.log.append((output.run_id, output.raw, encoded))
             write.raw.append(((output.run_id, "raw"), output.raw, encoded, output.state))
             if output.shaped:
                 write.shaped.append(((output.run_id, "shaped"), output.shaped,
-                                     list(map(encode, output.shaped)), None))
+                                     encode_lines(output.shaped), None))
         return write
 
     async def write_log(self, write: EncodedWrite) -> None:

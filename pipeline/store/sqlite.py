@@ -36,7 +36,7 @@ from typing import Any, TypeVar
 import msgspec
 
 from ..core import envelope
-from ..core.envelope import Event
+from ..core.envelope import Event, join_lines
 from ..core.errors import ConfigError, StoreError, StoreUnavailable
 from .base import ReplayLog, RunInfo, RunOwner, SweepResult
 from .producers import ProducerState, Reservation, reserve
@@ -290,9 +290,8 @@ def _add_segments(
             if seqs[index] != seqs[index - 1] + 1 or index - bounds[-1] == SEGMENT_EVENTS:
                 bounds.append(index)
         bounds.append(count)
-    whole = len(bounds) == 2
     for start, stop in zip(bounds, bounds[1:], strict=False):
-        params += (run_id, seqs[start], seqs[stop - 1], b"\n".join(encoded if whole else encoded[start:stop]))
+        params += (run_id, seqs[start], seqs[stop - 1], join_lines(encoded, start, stop))
 
 
 def _ascending_segments(
@@ -312,7 +311,7 @@ def _ascending_segments(
             continue
         first = events[0].seq
         if count <= SEGMENT_EVENTS and all(map(eq, map(_seq, events), range(first, first + count))):
-            params += (run_id, first, first + count - 1, b"\n".join(encoded))
+            params += (run_id, first, first + count - 1, join_lines(encoded))
         else:
             seqs = list(map(_seq, events))
             if not all(map(lt, seqs, seqs[1:])):
