@@ -162,11 +162,17 @@ class Processor:
         wanted: set[str] = set()
         streams, parents = self._streams, self.parents
         for event in events:
-            if event.parent_id is None:  # a root's own event: no ancestors (most events)
+            parent = event.parent_id
+            if parent is None:  # a root's own event: no ancestors
                 if type(event) is ChildSpawn:
                     parents.learn(event)
                 if event.run_id not in streams:
                     wanted.add(event.run_id)
+                continue
+            if parent == event.root_id and parent in streams and event.run_id in streams \
+                    and type(event) is not ChildSpawn:
+                # a child of a loaded root (most children's events): both its destinations
+                # are loaded, and its link, to a loaded root, adds none (processing learns it)
                 continue
             parents.learn(event)
             for run_id in (event.run_id, *parents.ancestors(event)):
