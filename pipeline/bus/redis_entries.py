@@ -88,8 +88,15 @@ def entry_args(events: Sequence[Event], encoded: Sequence[bytes]) -> list[bytes]
     :data:`ENTRY_EVENTS` events."""
     if len(events) != len(encoded):
         raise ValueError(f"{len(events)} events, {len(encoded)} encoded")
+    count = len(events)
+    if 0 < count <= ENTRY_EVENTS:  # (most appends: one entry)
+        first = events[0].seq
+        # increasing seqs: contiguous exactly when the last is first + count - 1
+        spec = (b"%d+%d" % (first, count) if events[-1].seq - first == count - 1
+                else seq_spec(list(map(_SEQ, events))))
+        return [spec, join_lines(encoded)]
     args: list[bytes] = []
-    for start in range(0, len(events), ENTRY_EVENTS):
+    for start in range(0, count, ENTRY_EVENTS):
         chunk = events[start:start + ENTRY_EVENTS]
         args += (seq_spec(list(map(_SEQ, chunk))),
                  join_lines(encoded, start, start + ENTRY_EVENTS))
