@@ -13,7 +13,7 @@ from __future__ import annotations
 
 import contextlib
 import hashlib
-from collections.abc import Iterator, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from typing import Any
 
 import redis.exceptions as rexc
@@ -209,11 +209,19 @@ class RedisLink:
         """
         packed = resp_evalsha(*calls[0]) if len(calls) == 1 else b"".join(
             resp_evalsha(*call) for call in calls)
+        return await self.run_prepacked(packed, len(calls), lambda: calls)
+
+    async def run_prepacked(
+        self, packed: bytes, count: int, calls: Callable[[], Sequence[ScriptCall]]
+    ) -> list[Any]:
+        """:meth:`run_packed` of ``count`` calls already packed as RESP; ``calls()`` gives
+        them as :data:`ScriptCall` only if the server lost a script (to reload it)."""
         with retriable_bus_errors(f"script on {self.url}"):
-            results = await self._send_packed(packed, len(calls))
+            results = await self._send_packed(packed, count)
         missing = [i for i, r in enumerate(results) if isinstance(r, rexc.NoScriptError)]
         if missing:
-            again = await self.run_scripts([calls[i] for i in missing])
+            listed = calls()
+            again = await self.run_scripts([listed[i] for i in missing])
             for index, result in zip(missing, again, strict=True):
                 results[index] = result
         return raise_errors(results, f"script on {self.url}")

@@ -15,10 +15,12 @@ import pytest
 from redis.asyncio import Redis
 
 from runwire.bus import open_bus
+from runwire.bus import redis as redis_bus
 from runwire.bus.base import Delivery, StreamKey
 from runwire.bus.keys import delivery_key, ingest_key, meta_key
 from runwire.bus.redis_entries import ENTRY_EVENTS
-from runwire.core.envelope import decode, encode
+from runwire.bus.redis_link import resp_evalsha
+from runwire.core.envelope import decode, encode, encode_lines
 from tests.events import event
 
 
@@ -234,3 +236,28 @@ async def test_a_fetch_returns_max_count_events_while_more_are_ready(
             assert seqs == list(range(1, 301))
             assert all(size >= 50 for size in sizes[:-1]), sizes
             assert await consumer.fetch(50, block_ms=100) == []
+
+
+def test_a_write_to_many_streams_is_packed_exactly_as_its_script_call(
+    redis_url: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A worker's write is one ``APPEND_MANY`` call whose RESP is built directly, with each
+    stream's keys framed once and kept: byte for byte the command of the call it stands for
+    (state or none, a run's end, several entries, a seq gap, names with ``{``), also after
+    the kept keys were dropped for being too many."""
+    monkeypatch.setattr(redis_bus, "_FRAMED_KEYS", 3)
+    bus = redis_bus.RedisBus(f"{redis_url}?prefix=pk")
+    ended = [event("run-c", 1), event("run-c", 2, "run.lifecycle", {"state": "done"})]
+    long = [event("run-d", s) for s in range(1, ENTRY_EVENTS + 8)]
+    gap = [event("run-e", s) for s in (4, 5, 9)]
+    writes = [
+        [(("run-a", "raw"), [event("run-a", 1)], encode_lines([event("run-a", 1)]), b"st")],
+        [(("run-a", "raw"), [], encode_lines([]), b"only-state"),
+         (("r{u}n%b", "shaped"), gap, encode_lines(gap), None),
+         (("run-c", "raw"), ended, encode_lines(ended), b"s" * 300),
+         (("run-d", "raw"), long, [encode(e) for e in long], None),
+         (("run-a", "shaped"), gap, encode_lines(gap), b"")],
+    ]
+    for appends in writes * 2:
+        assert bus._append_many_packed(appends) == resp_evalsha(*bus._append_many_call(appends))
+    assert len(bus._framed_keys) <= 3
