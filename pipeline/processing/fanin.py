@@ -48,9 +48,12 @@ ANY_TENANT = "\x00any"
 class ParentMap:
     """Child run → parent run links, learned from events, each with the tenant that stated it."""
 
-    __slots__ = ("_parents", "_spawned", "_tenants")
+    __slots__ = ("_parents", "_spawned", "_tenants", "version")
 
     def __init__(self) -> None:
+        self.version = 0
+        """Changes with every link made or forgotten: a chain computed at one version holds
+        while it stays (see ``Processor._one``'s cached routes)."""
         self._parents: dict[str, str] = {}
         self._tenants: dict[str, str | None] = {}
         self._spawned: set[str] = set()
@@ -73,6 +76,7 @@ class ParentMap:
         if child in self._parents and self._tenants.get(child) != tenant:
             if not (own and child in self._spawned):
                 return
+        self.version += 1
         self._parents[child] = parent
         self._tenants[child] = tenant
         if own:
@@ -124,6 +128,7 @@ class ParentMap:
         return run_id
 
     def forget(self, run_id: str) -> None:
+        self.version += 1
         self._parents.pop(run_id, None)
         self._tenants.pop(run_id, None)
         self._spawned.discard(run_id)

@@ -106,7 +106,7 @@ class ProcessorStats(msgspec.Struct, kw_only=True):
 
 
 class _Stream:
-    __slots__ = ("coalescer", "last_activity", "output", "run_id", "sequencer", "state")
+    __slots__ = ("coalescer", "last_activity", "output", "route", "run_id", "sequencer", "state")
 
     def __init__(self, run_id: str, checkpoint: Checkpoint, now: float, window_ms: int) -> None:
         self.run_id = run_id
@@ -119,6 +119,10 @@ class _Stream:
         self.last_activity = now
         self.output: StreamOutput | None = None
         """This stream's output in the batch being processed (None between batches)."""
+        self.route: tuple[str | None, str | None, str | None, int, list[str]] | None = None
+        """The links its run's last event stated (parent, root, tenant), the parent map's
+        version then and the chain they gave: a child's events all state the same links,
+        so while the map is unchanged its chain is not worked out again."""
 
     def checkpoint(self, output: StreamOutput) -> bytes:
         """The checkpoint after ``output`` (everything this stream emitted since the last one)."""
@@ -320,12 +324,15 @@ class Processor:
             ancestors: list[str] = _NONE
         else:
             parents = self.parents
-            parents.learn(event)
-            if not made and source is event.run_id and event.root_id is not None:
-                root = parents.root_of(event.root_id, tenant)
-                if root != event.root_id:
-                    raise Misrooted(event, root)
-            ancestors = parents.ancestors(event)
+            route = own.route
+            if (
+                route is not None and route[3] == parents.version and route[0] == parent
+                and route[1] == event.root_id and route[2] == tenant and not made
+                and source is event.run_id and type(event) is not ChildSpawn
+            ):  # the run's events state the same links as its last one: the same chain
+                ancestors = route[4]
+            else:
+                ancestors = self._chain(own, event, source, made)
             if made:  # an event runwire made fans in only where this process holds the streams
                 ancestors = self._loaded_prefix(ancestors)
             else:
@@ -351,6 +358,21 @@ class Processor:
         if type(event) is RunLifecycle and source is event.run_id and is_terminal(event):
             state.terminal = True
             self._ended.append(own)
+
+    def _chain(self, own: _Stream, event: Event, source: str, made: bool) -> list[str]:
+        """Learn the links ``event`` states and give its ancestors (raises :class:`Misrooted`);
+        kept as ``own.route`` when the run's next events may reuse it."""
+        parents, tenant = self.parents, event.tenant
+        parents.learn(event)
+        own_event = not made and source is event.run_id
+        if own_event and event.root_id is not None:
+            root = parents.root_of(event.root_id, tenant)
+            if root != event.root_id:
+                raise Misrooted(event, root)
+        ancestors = parents.ancestors(event)
+        if own_event and type(event) is not ChildSpawn:
+            own.route = (event.parent_id, event.root_id, tenant, parents.version, ancestors)
+        return ancestors
 
     def _admit(
         self,

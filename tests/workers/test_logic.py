@@ -324,6 +324,27 @@ def test_each_ancestors_copy_describes_that_ancestors_run() -> None:
     ]
 
 
+def test_a_link_learned_later_reaches_the_next_events_of_a_run_already_fanned_in() -> None:
+    """Fan-in at any depth, whatever order the links arrive in: a grandchild's events,
+    fanned in to ``c`` and the root while ``c``'s own parent was unknown, reach ``p``'s
+    stream too once ``c``'s events link it to ``p`` (an earlier batch's chain is not reused)."""
+    grand = RunScript("g", parent="c", root="r")
+    middle = RunScript("c", parent="p", root="r")
+    streams = Streams()
+    streams.feed([RunScript("p", parent="r", root="r").tool_start("p1"), grand.tool_start("g1"),
+                  grand.tool_start("g2")])
+    streams.feed([middle.tool_start("c1")])
+    streams.feed([grand.tool_start("g3"), grand.tool_start("g4")])
+
+    def calls(run_id: str) -> list[str]:
+        return [e.payload_dict()["call_id"] for e in streams.raw[run_id]
+                if e.child_id == "g" and e.type == "tool.start"]
+
+    assert calls("c") == calls("r") == ["g1", "g2", "g3", "g4"]
+    assert calls("p") == ["g3", "g4"]
+    assert [e.payload_dict()["call_id"] for e in streams.raw["p"] if e.child_id == "c"] == ["c1"]
+
+
 # ---- sequencing: dedupe, T2 --------------------------------------------------------
 
 
