@@ -24,6 +24,8 @@ from runwire.core.envelope import (
     ToolStart,
 )
 from runwire.core.errors import MalformedFrame, ProtocolError, UnknownEventType
+from runwire.core.lines import encode_lines as lines_of
+from runwire.core.lines import join_lines
 
 SPEC_EXAMPLES = Path(__file__).parent / "fixtures" / "koder" / "spec_examples.ndjson"
 GOOD = {
@@ -394,18 +396,18 @@ def test_batch_encoding_equals_encoding_each(batch: list[Event]) -> None:
     stored (joined) and each line read back are exactly what ``encode`` makes of each event,
     newlines and other control characters in texts included."""
     each = [envelope.encode(e) for e in batch]
-    lines = envelope.encode_lines(batch)
+    lines = lines_of(batch)
     assert lines.joined == b"\n".join(each)
-    assert envelope.join_lines(lines) == b"\n".join(each)
+    assert join_lines(lines) == b"\n".join(each)
     assert list(lines) == each and len(lines) == len(batch)
     if batch:
         assert lines[-1] == each[-1] and lines[1:] == each[1:]
-        assert envelope.join_lines(lines, 1) == b"\n".join(each[1:])
+        assert join_lines(lines, 1) == b"\n".join(each[1:])
 
 
 def test_batch_encoding_keeps_texts_with_newlines_on_one_line() -> None:
     text = envelope.make("text.delta", {"text": "a\nb\r\n\u2028c"}, id="evt_1", ts=GOOD["ts"],
                          run_id="run_1", seq=1)
-    lines = envelope.encode_lines([text, text])
+    lines = lines_of([text, text])
     assert len(lines.joined.split(b"\n")) == 2
     assert [envelope.decode(line) for line in lines] == [text, text]

@@ -44,12 +44,15 @@ from .base import Bus, Consumer, ControlCommand, DeadLetter, EncodedAppend, Stre
 from .options import split_url
 from .redis_consumer import RedisConsumer
 from .redis_entries import (
+    FramedKeys,
     decode_stored,
     ends_run,
     entry_args,
     first_seq,
+    frame_ints,
     ingest_xadd,
     lines_after,
+    pack_append_many,
     seq_of,
 )
 from .redis_link import (
@@ -83,25 +86,6 @@ _control_decoder = msgspec.json.Decoder(ControlCommand)
 _encoder = msgspec.json.Encoder()
 
 
-_FRAMED_KEYS = 4096
-"""Streams whose framed keys a bus keeps (~0.2 KB each): a write's streams, and more."""
-_CRLF = b"\r\n"
-
-
-def _frame(data: bytes) -> bytes:
-    """A RESP bulk string (for short arguments; long ones are framed without a copy)."""
-    return b"$%d\r\n%b\r\n" % (len(data), data)
-
-
-def _frame_int(value: int) -> bytes:
-    return _frame(b"%d" % value)
-
-
-_NO_STATE = _frame(b"0") + _frame(b"")
-_STATE = _frame(b"1")
-_ENDS, _GOES_ON = _frame(b"1"), _frame(b"0")
-
-
 class RedisBus(Bus):
     """The bus on Redis Streams, standalone or Cluster (see the module docstring)."""
 
@@ -118,8 +102,7 @@ class RedisBus(Bus):
         self.checkpoint_grace_s = float(options.grace)
         self.prefix = options.prefix
         self.link = RedisLink(url, self.connect_url, cluster=self.cluster)
-        self._framed_keys: dict[StreamKey, bytes] = {}
-        """Streams' ``APPEND`` keys, RESP-framed (at most :data:`_FRAMED_KEYS`; cleared when full)."""
+        self._framed_keys = FramedKeys(self._append_keys)
         self._append_many_head: bytes | None = None
         self._consumers: weakref.WeakSet[Consumer] = weakref.WeakSet()
 
@@ -261,73 +244,39 @@ class RedisBus(Bus):
 
     def _append_many_call(self, appends: Sequence[EncodedAppend]) -> ScriptCall:
         """The ``APPEND_MANY`` call of several streams' appends (see :mod:`.redis_scripts`)."""
-        options, prefix = self.options, self.prefix
+        options = self.options
         call_keys: list[str] = []
         args: list[Any] = [b"%d" % options.maxlen, b"%d" % (options.ttl * 1000),
                            b"%d" % (options.grace * 1000)]
         for key, events, encoded, state in appends:
-            run_id, view = key
-            call_keys += (self._stream_key(key), keys.meta_key(prefix, run_id, view),
-                          keys.control_key(prefix, run_id))
+            call_keys += self._append_keys(key)
             entries = entry_args(events, encoded)
             args += (b"0" if state is None else b"1", state or b"",
                      b"1" if ends_run(events) else b"0", b"%d" % (len(entries) // 2), *entries)
         return (APPEND_MANY, call_keys, args)
 
     def _append_many_packed(self, appends: Sequence[EncodedAppend]) -> bytes:
-        """:meth:`_append_many_call` as RESP, built directly (the bytes ``resp_evalsha`` makes
-        of it): each stream's three keys come framed from a cache, and each argument is
-        framed once. A write of a few events to each of hundreds of streams pays per
-        stream here, not per event (docs/workers.md § Throughput)."""
-        framed_keys = self._framed_keys
-        keys_out: list[bytes] = []
-        args_out: list[bytes] = []
-        arguments = 3  # maxlen, ttl, grace; then per stream: state given, state, ends, entries
-        for key, events, encoded, state in appends:
-            framed = framed_keys.get(key)
-            if framed is None:
-                framed = self._frame_keys(key)
-            keys_out.append(framed)
-            if state is None:
-                args_out.append(_NO_STATE)
-            else:
-                args_out += (_STATE, b"$%d\r\n" % len(state), state, _CRLF)
-            entries = entry_args(events, encoded)
-            arguments += 4 + len(entries)
-            args_out += (_ENDS if ends_run(events) else _GOES_ON, _frame_int(len(entries) // 2))
-            for part in entries:
-                args_out += (b"$%d\r\n" % len(part), part, _CRLF)
+        """:meth:`_append_many_call` as RESP, built directly (:func:`.redis_entries.pack_append_many`)."""
         head = self._append_many_head
         if head is None:
             options = self.options
-            head = self._append_many_head = b"".join(map(_frame_int, (
-                options.maxlen, options.ttl * 1000, options.grace * 1000)))
-        count = len(keys_out) * 3
-        return b"".join([b"*%d\r\n$7\r\nEVALSHA\r\n" % (3 + count + arguments),
-                         _frame(APPEND_MANY.sha.encode()), _frame_int(count), *keys_out, head,
-                         *args_out])
+            head = self._append_many_head = frame_ints(options.maxlen, options.ttl * 1000,
+                                                       options.grace * 1000)
+        return pack_append_many(APPEND_MANY.sha, head, appends, self._framed_keys)
 
-    def _frame_keys(self, key: StreamKey) -> bytes:
-        """A stream's three ``APPEND`` keys as RESP bulk strings (kept for the next write)."""
-        if len(self._framed_keys) >= _FRAMED_KEYS:
-            self._framed_keys.clear()
-        run_id, view = key
-        framed = self._framed_keys[key] = b"".join(_frame(name.encode()) for name in (
-            self._stream_key(key), keys.meta_key(self.prefix, run_id, view),
-            keys.control_key(self.prefix, run_id)))
-        return framed
+    def _append_keys(self, key: StreamKey) -> tuple[str, str, str]:
+        """A stream's keys as the ``APPEND`` scripts take them: stream, meta hash, control."""
+        return (self._stream_key(key), keys.meta_key(self.prefix, key[0], key[1]),
+                keys.control_key(self.prefix, key[0]))
 
     def _append_call(
         self, key: StreamKey, events: Sequence[Event], encoded: Sequence[bytes], state: bytes | None
     ) -> ScriptCall:
-        run_id, view = key
         args: list[Any] = [self.options.maxlen, self.options.ttl * 1000,
                            "0" if state is None else "1", state or b"",
                            self.options.grace * 1000, "1" if ends_run(events) else "0",
                            *entry_args(events, encoded)]
-        call_keys = [self._stream_key(key), keys.meta_key(self.prefix, run_id, view),
-                     keys.control_key(self.prefix, run_id)]
-        return (APPEND, call_keys, args)
+        return (APPEND, self._append_keys(key), args)
 
     async def load_state(self, key: StreamKey) -> bytes | None:
         with retriable_bus_errors("load delivery state"):

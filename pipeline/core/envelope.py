@@ -11,7 +11,7 @@ as ``KAI-STREAM-PROTO-0001`` naming the field, and encodes each event once.
 from __future__ import annotations
 
 import re
-from collections.abc import Iterator, Mapping, Sequence
+from collections.abc import Mapping, Sequence
 from itertools import compress
 from operator import attrgetter
 from typing import Any, TypeVar
@@ -80,14 +80,14 @@ from .events import (
 __all__ = [
     "CORE_TYPES", "ChildSpawn", "ChildSpawnPayload", "Count", "DELTA_TYPES", "EVENT_CLASSES",
     "Envelope", "Event", "EventId", "Extension", "Gap", "GapPayload", "INT64_MAX",
-    "LifecycleState", "Lines", "MAX_DEPTH", "MAX_FRAME_BYTES", "MAX_ID_CHARS", "Plan", "PlanProposal",
+    "LifecycleState", "MAX_DEPTH", "MAX_FRAME_BYTES", "MAX_ID_CHARS", "Plan", "PlanProposal",
     "PlanProposalPayload", "PlanStep", "ReasoningDelta", "RunId", "RunLifecycle",
     "RunLifecyclePayload", "RunRef", "Seq", "StepBoundary", "StepBoundaryPayload", "StepIntent",
     "StepKind", "TERMINAL_STATES", "TYPED", "TextDelta", "TextPayload", "Timestamp", "ToolEnd",
     "ToolEndPayload", "ToolStart", "ToolStartPayload", "Usage", "UsagePayload", "check",
-    "check_encoded", "decode", "decode_lines", "decode_many", "encode", "encode_lines", "format_ts",
-    "from_builtins", "is_extension_type", "is_terminal", "is_timestamp", "is_too_deep", "join_lines",
-    "known", "make", "now_ts", "parse_ts", "replace", "to_builtins", "ts_ms",
+    "check_encoded", "decode", "decode_lines", "decode_many", "encode", "format_ts",
+    "from_builtins", "is_extension_type", "is_terminal", "is_timestamp", "is_too_deep", "known",
+    "make", "now_ts", "parse_ts", "replace", "to_builtins", "ts_ms",
 ]
 
 _FREE_FORM: frozenset[type] = frozenset({ToolStart, ToolEnd, Extension})
@@ -355,50 +355,6 @@ def _decode_extension(frame: bytes | str, text: str, path: str | None) -> Extens
 def encode(event: Event) -> bytes:
     """Encode one event as canonical JSON bytes."""
     return _encoder.encode(event)
-
-
-class Lines(Sequence[bytes]):
-    """Events encoded by :func:`encode_lines`: their canonical JSON lines, joined by ``\\n``.
-
-    Delivery entries and replay-log segments store events exactly so, so a
-    writer hands them :attr:`joined` as it is (:func:`join_lines`); indexing
-    splits the lines once (canonical JSON never holds a raw newline).
-    """
-
-    __slots__ = ("_count", "_split", "joined")
-
-    def __init__(self, joined: bytes, count: int) -> None:
-        self.joined = joined
-        self._count = count
-        self._split: list[bytes] | None = None
-
-    def __len__(self) -> int:
-        return self._count
-
-    def _lines(self) -> list[bytes]:
-        if self._split is None:
-            self._split = self.joined.split(b"\n") if self._count else []
-        return self._split
-
-    def __getitem__(self, index: Any) -> Any:
-        return self._lines()[index]
-
-    def __iter__(self) -> Iterator[bytes]:
-        return iter(self._lines())
-
-
-def encode_lines(events: Sequence[Event]) -> Lines:
-    """Encode events as :class:`Lines`: one encoder call for all of them, equal to
-    ``b"\\n".join(map(encode, events))`` (a worker's write: docs/workers.md)."""
-    return Lines(_encoder.encode_lines(events)[:-1], len(events))
-
-
-def join_lines(encoded: Sequence[bytes], start: int = 0, stop: int | None = None) -> bytes:
-    """``b"\\n".join(encoded[start:stop])``, without splitting and joining again when
-    ``encoded`` is :class:`Lines` and the slice is all of it."""
-    if type(encoded) is Lines and not start and (stop is None or stop >= len(encoded)):
-        return encoded.joined
-    return b"\n".join(encoded[start:stop])
 
 
 def from_builtins(data: Mapping[str, Any]) -> Event:

@@ -24,8 +24,9 @@ from redis.backoff import ExponentialWithJitterBackoff
 
 from ..bus import Bus, Delivery, EncodedAppend
 from ..bus.keys import shard_for
-from ..core.envelope import Event, decode_many, encode_lines, ts_ms
+from ..core.envelope import Event, decode_many, ts_ms
 from ..core.errors import ProtocolError
+from ..core.lines import encode_lines
 from ..core.retry import Outage, Retry
 from ..store import ReplayLog
 from .checkpoint import Checkpoint, encode_checkpoint, settle_windows, unsent_windows

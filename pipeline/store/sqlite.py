@@ -36,8 +36,9 @@ from typing import Any, TypeVar
 import msgspec
 
 from ..core import envelope
-from ..core.envelope import Event, join_lines
+from ..core.envelope import Event
 from ..core.errors import ConfigError, StoreError, StoreUnavailable
+from ..core.lines import join_lines
 from .base import ReplayLog, RunInfo, RunOwner, SweepResult
 from .producers import ProducerState, Reservation, reserve
 from .retention import RetentionPolicy

@@ -14,13 +14,14 @@ import uuid
 import pytest
 from redis.asyncio import Redis
 
-from runwire.bus import open_bus
+from runwire.bus import open_bus, redis_entries
 from runwire.bus import redis as redis_bus
 from runwire.bus.base import Delivery, StreamKey
 from runwire.bus.keys import delivery_key, ingest_key, meta_key
 from runwire.bus.redis_entries import ENTRY_EVENTS
 from runwire.bus.redis_link import resp_evalsha
-from runwire.core.envelope import decode, encode, encode_lines
+from runwire.core.envelope import decode, encode
+from runwire.core.lines import encode_lines
 from tests.events import event
 
 
@@ -245,7 +246,7 @@ def test_a_write_to_many_streams_is_packed_exactly_as_its_script_call(
     stream's keys framed once and kept: byte for byte the command of the call it stands for
     (state or none, a run's end, several entries, a seq gap, names with ``{``), also after
     the kept keys were dropped for being too many."""
-    monkeypatch.setattr(redis_bus, "_FRAMED_KEYS", 3)
+    monkeypatch.setattr(redis_entries, "FRAMED_KEYS", 3)
     bus = redis_bus.RedisBus(f"{redis_url}?prefix=pk")
     ended = [event("run-c", 1), event("run-c", 2, "run.lifecycle", {"state": "done"})]
     long = [event("run-d", s) for s in range(1, ENTRY_EVENTS + 8)]
