@@ -13,7 +13,8 @@ neighbours; runwire and the baseline run interleaved, round by round:
   same fields and the same rules (types, required fields, RFC 3339 pattern,
   enum values, no unknown fields), measured in the same run on the same data;
 * canonical encode — :func:`runwire.core.envelope.encode` vs ``json.dumps`` of the
-  equivalent dict;
+  equivalent dict; and a stream's events at once (``STREAM_EVENTS`` of them,
+  :func:`runwire.core.lines.encode_lines`, as a worker's write encodes each stream);
 * each ingest codec (frames/s through ``feed``) and each egress codec
   (events/s through ``encode``) on realistic sample runs from ``tests/fixtures``.
 
@@ -39,10 +40,13 @@ sys.path.insert(0, str(ROOT))
 
 from runwire.core import envelope  # noqa: E402
 from runwire.core.envelope import Event  # noqa: E402
+from runwire.core.lines import encode_lines as lines_of  # noqa: E402
 from runwire.protocols import EGRESS, INGEST, egress, ingest  # noqa: E402
 from tests.protocols.roundtrip import FIXTURES, SAMPLES  # noqa: E402
 
 BATCH = 1000
+STREAM_EVENTS = 40
+"""Events of one stream in one worker write (the worker bench: ~5,900 events over ~430 streams, raw and shaped)."""
 """Frames per batch for batch decoding (a bus read of 1000 entries)."""
 
 
@@ -260,6 +264,15 @@ def canonical_figures(count: int, repeat: int) -> dict[str, float]:
             enc(event)
         return len(events)
 
+    streams = [events[i : i + STREAM_EVENTS] for i in range(0, len(events), STREAM_EVENTS)]
+    assert [lines_of(stream).joined for stream in streams] == [
+        b"\n".join(lines[i : i + STREAM_EVENTS]) for i in range(0, len(lines), STREAM_EVENTS)]
+
+    def encode_streams() -> int:
+        for stream in streams:
+            lines_of(stream)
+        return len(events)
+
     def base_encode() -> int:
         dumps = json.dumps
         for d in dicts:
@@ -273,6 +286,7 @@ def canonical_figures(count: int, repeat: int) -> dict[str, float]:
                 "decode_single_per_s": single_decode,
                 "baseline_decode_per_s": base_decode,
                 "encode_per_s": encode,
+                "encode_stream_per_s": encode_streams,
                 "baseline_encode_per_s": base_encode,
             },
             repeat,
@@ -362,6 +376,7 @@ def main() -> None:
     print(
         f"  encode                      {result['encode_per_s']:>12,.0f} /s  ({result['encode_vs_baseline']:.1f}x baseline)"
     )
+    print(f"  encode, {STREAM_EVENTS} at once          {result['encode_stream_per_s']:>12,.0f} /s")
     print(f"  baseline json.dumps         {result['baseline_encode_per_s']:>12,.0f} /s")
     print("ingest codecs (frames/s through feed)")
     for name, value in result["ingest_frames_per_s"].items():
