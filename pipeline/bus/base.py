@@ -37,11 +37,12 @@ EncodedAppend = tuple[StreamKey, Sequence[Event], Sequence[bytes], bytes | None]
 DEFAULT_SHARDS = 16
 
 
-class Delivery(msgspec.Struct, kw_only=True, gc=False):
+class Delivery(msgspec.Struct, gc=False):
     """One ingest entry handed to a consumer; ack it after the work is durable.
 
     Not tracked by the garbage collector (``gc=False``): it holds only strings, ints
-    and bytes, so it is never part of a reference cycle, and one is made per event.
+    and bytes, so it is never part of a reference cycle, and one is made per event
+    (by a bus's fetch, with positional arguments and ``map``: half the cost of keywords).
     """
 
     entry_id: str

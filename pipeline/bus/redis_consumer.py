@@ -40,6 +40,8 @@ import contextlib
 import logging
 import time
 from collections.abc import Awaitable, Callable, Sequence
+from itertools import repeat
+from operator import attrgetter
 from typing import Any, TypeVar
 
 import redis.exceptions as rexc
@@ -55,6 +57,7 @@ from .redis_trim import IngestTrimmer
 
 log = logging.getLogger(__name__)
 T = TypeVar("T")
+_SHARD, _ENTRY_ID, _PART = attrgetter("shard"), attrgetter("entry_id"), attrgetter("part")
 Entry = tuple[bytes, dict[bytes, bytes] | list[bytes] | None]
 
 
@@ -341,9 +344,10 @@ class RedisConsumer(Consumer):
                     out.append(Delivery(entry_id=ident, shard=shard, data=frames[0],
                                         deliveries=times))
                     continue
-                self._open.hand_out((shard, ident), len(frames))
-                out += [Delivery(entry_id=ident, shard=shard, data=frame, deliveries=times,
-                                 part=part) for part, frame in enumerate(frames)]
+                count = len(frames)
+                self._open.hand_out((shard, ident), count)
+                out += map(Delivery, repeat(ident, count), repeat(shard, count), frames,
+                           repeat(times, count), range(count))
         if entries_seen:
             self._per_entry = max(1.0, len(out) / entries_seen)
         self._entries_read += entries_seen
@@ -365,9 +369,9 @@ class RedisConsumer(Consumer):
         if not deliveries:
             return
         by_shard: dict[int, list[str]] = {}
-        for delivery in deliveries:
-            if self._settle(delivery):
-                by_shard.setdefault(delivery.shard, []).append(delivery.entry_id)
+        entries = zip(map(_SHARD, deliveries), map(_ENTRY_ID, deliveries), strict=True)
+        for shard, entry_id in self._open.settle_all(zip(entries, map(_PART, deliveries), strict=True)):
+            by_shard.setdefault(shard, []).append(entry_id)
         if not by_shard:
             return
         with retriable_bus_errors(f"ack {self.group}/{self.name}"):
