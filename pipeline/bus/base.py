@@ -42,7 +42,7 @@ class Delivery(msgspec.Struct, gc=False):
 
     Not tracked by the garbage collector (``gc=False``): it holds only strings, ints
     and bytes, so it is never part of a reference cycle, and one is made per event
-    (by a bus's fetch, with positional arguments and ``map``: half the cost of keywords).
+    (by a bus's fetch, with positional arguments and ``map``: ~25 % less than keywords).
     """
 
     entry_id: str

@@ -19,7 +19,7 @@ and acks the entry once each of them is acked or dead-lettered
 
 from __future__ import annotations
 
-from collections.abc import Hashable, Iterable, Sequence
+from collections.abc import Hashable, Sequence
 from typing import Generic, TypeVar
 
 INGEST_ENTRY_EVENTS = 64
@@ -85,21 +85,6 @@ class OpenEntries(Generic[K]):
     def open_parts(self, key: K) -> set[int] | None:
         """The parts of an entry still open; None for an entry of one event or not handed out."""
         return self._left.get(key)
-
-    def settle_all(self, done: Iterable[tuple[K, int]]) -> list[K]:
-        """:meth:`settle` of each ``(key, part)``, in order: the keys for which it returned
-        True (a worker acks a write's events together: one call, not one per event)."""
-        left_of, out = self._left, []
-        for key, part in done:
-            left = left_of.get(key)
-            if left is None:
-                out.append(key)
-                continue
-            left.discard(part)
-            if not left:
-                del left_of[key]
-                out.append(key)
-        return out
 
     def settle(self, key: K, part: int) -> bool:
         """Mark one event done; True when its entry has no other event left open."""

@@ -41,7 +41,6 @@ import logging
 import time
 from collections.abc import Awaitable, Callable, Sequence
 from itertools import repeat
-from operator import attrgetter
 from typing import Any, TypeVar
 
 import redis.exceptions as rexc
@@ -57,7 +56,6 @@ from .redis_trim import IngestTrimmer
 
 log = logging.getLogger(__name__)
 T = TypeVar("T")
-_SHARD, _ENTRY_ID, _PART = attrgetter("shard"), attrgetter("entry_id"), attrgetter("part")
 Entry = tuple[bytes, dict[bytes, bytes] | list[bytes] | None]
 
 
@@ -369,9 +367,9 @@ class RedisConsumer(Consumer):
         if not deliveries:
             return
         by_shard: dict[int, list[str]] = {}
-        entries = zip(map(_SHARD, deliveries), map(_ENTRY_ID, deliveries), strict=True)
-        for shard, entry_id in self._open.settle_all(zip(entries, map(_PART, deliveries), strict=True)):
-            by_shard.setdefault(shard, []).append(entry_id)
+        for delivery in deliveries:
+            if self._settle(delivery):
+                by_shard.setdefault(delivery.shard, []).append(delivery.entry_id)
         if not by_shard:
             return
         with retriable_bus_errors(f"ack {self.group}/{self.name}"):
