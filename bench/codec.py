@@ -45,9 +45,9 @@ from runwire.protocols import EGRESS, INGEST, egress, ingest  # noqa: E402
 from tests.protocols.roundtrip import FIXTURES, SAMPLES  # noqa: E402
 
 BATCH = 1000
+"""Frames per batch for batch decoding (a bus read of 1000 entries)."""
 STREAM_EVENTS = 40
 """Events of one stream in one worker write (the worker bench: ~5,900 events over ~430 streams, raw and shaped)."""
-"""Frames per batch for batch decoding (a bus read of 1000 entries)."""
 
 
 # ------------------------------------------------------------------ data
