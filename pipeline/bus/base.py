@@ -137,7 +137,7 @@ class Bus(AsyncResource):
     checkpoint_grace_s: float | None = None
     """How long a finished run's stored checkpoints outlive its end (None: as long as a live
     run's). A worker that finds no checkpoint for a run the replay log ended longer ago than
-    this retires the run instead of starting it anew (``Stages._load_state``)."""
+    this retires the run instead of starting it anew (``Stages._load_states``)."""
 
     async def _enter(self) -> None:
         await self.connect()
@@ -225,6 +225,11 @@ class Bus(AsyncResource):
     @abstractmethod
     async def load_state(self, key: StreamKey) -> bytes | None:
         """The state last stored with :meth:`append` for this stream, or None."""
+
+    async def load_states(self, keys: Sequence[StreamKey]) -> list[bytes | None]:
+        """:meth:`load_state` of each stream, in order (a worker restoring many streams at
+        once: a backend that can asks for all of them in one round trip)."""
+        return [await self.load_state(key) for key in keys]
 
     @abstractmethod
     async def read(self, key: StreamKey, after: int, limit: int = 1000) -> list[Event]:

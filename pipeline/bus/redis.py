@@ -164,13 +164,7 @@ class RedisBus(Bus):
             for command in ingest_xadd(keys.ingest_key(self.prefix, shard), batch, maxlen)
         ]
         with retriable_bus_errors(f"publish to {self.url}"):
-            if not self.cluster:
-                await self.link.raw_commands(commands)
-                return
-            pipe = self.redis.pipeline(transaction=False)
-            for command in commands:
-                pipe.execute_command(*command)
-            await pipe.execute()
+            await self.link.commands(commands)
 
     async def ingest_lost(self) -> dict[str, int]:
         with retriable_bus_errors("ingest losses"):
@@ -279,10 +273,17 @@ class RedisBus(Bus):
         return (APPEND, self._append_keys(key), args)
 
     async def load_state(self, key: StreamKey) -> bytes | None:
+        (state,) = await self.load_states([key])
+        return state
+
+    async def load_states(self, streams: Sequence[StreamKey]) -> list[bytes | None]:
+        """One ``HGET`` per stream, all in one round trip (per node)."""
+        if not streams:
+            return []
         with retriable_bus_errors("load delivery state"):
-            state: Any = await self.redis.hget(
-                keys.meta_key(self.prefix, key[0], key[1]), "state")
-        return None if state is None else bytes(state)
+            states = await self.link.commands([("HGET", keys.meta_key(self.prefix, run_id, view),
+                                                "state") for run_id, view in streams])
+        return [None if state is None else bytes(state) for state in states]
 
     async def read(self, key: StreamKey, after: int, limit: int = 1000) -> list[Event]:
         """``XRANGE`` from the entry holding seq ``after + 1``; entries hold several events,

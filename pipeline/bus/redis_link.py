@@ -226,6 +226,16 @@ class RedisLink:
                 results[index] = result
         return raise_errors(results, f"script on {self.url}")
 
+    async def commands(self, commands: Sequence[Sequence[bytes | str | int]]) -> list[Any]:
+        """Commands in one round trip per node, their replies raw: :meth:`raw_commands` on a
+        standalone server, a pipeline on a Cluster (which routes each by its key)."""
+        if not self.cluster:
+            return await self.raw_commands(commands)
+        pipe = self.redis.pipeline(transaction=False)
+        for command in commands:
+            pipe.execute_command(*command)
+        return list(await pipe.execute())
+
     async def raw_commands(self, commands: Sequence[Sequence[bytes | str | int]]) -> list[Any]:
         """Commands on a standalone server, their replies raw (no redis-py response parsing).
 

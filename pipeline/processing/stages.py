@@ -22,7 +22,7 @@ from typing import TypeVar
 import msgspec
 from redis.backoff import ExponentialWithJitterBackoff
 
-from ..bus import Bus, Delivery, EncodedAppend
+from ..bus import Bus, Delivery, EncodedAppend, StreamKey
 from ..bus.keys import shard_for
 from ..core.envelope import Event, decode_many, ts_ms
 from ..core.errors import ProtocolError
@@ -45,7 +45,10 @@ backlog it is ~30 % more events/s than 512 (fewer round trips and writes)."""
 TICK_S = 0.05
 RETRY_MAX_S = 2.0
 APPEND_CONCURRENCY = 32
-"""Checkpoint loads in flight at once (bounds the bus client's connections)."""
+"""Checkpoint loads in flight at once through a runtime's own lookup (bounds the bus client's
+connections)."""
+LOAD_CHUNK = 1000
+"""Streams whose checkpoints one ``Bus.load_states`` call asks for."""
 PENDING_BATCHES = 8
 """At most this many fetched batches are merged into one write while the previous one is in flight."""
 APPEND_CHUNK = 256
@@ -141,7 +144,7 @@ class Stages:
         self.stop = stop
         self.stats = WorkerStats()
         self._dead_letter_to = dead_letter
-        self._load = load_state or self._bus_state
+        self._load = load_state
         self._first_batch_at: float | None = None
         self._appends = asyncio.Semaphore(APPEND_CONCURRENCY)
         self.outage = Outage(log)
@@ -214,15 +217,13 @@ class Stages:
         already silent when its previous owner died is found in the replay log.
         """
         cutoff = datetime.now(UTC) - timedelta(seconds=self.processor.silence_s)
-        for info in await self.retry(lambda: self.store.runs(until=cutoff, limit=1000)):
-            run_id = info.run_id
-            if info.terminal or self.processor.holds(run_id):
-                continue
-            if shard_for(info.root_id or run_id, shards) not in owned:
-                continue
-            state = await self._load_state(run_id)
+        silent = [info for info in await self.retry(lambda: self.store.runs(until=cutoff, limit=1000))
+                  if not info.terminal and not self.processor.holds(info.run_id)
+                  and shard_for(info.root_id or info.run_id, shards) in owned]
+        states = await self._load_states([info.run_id for info in silent])
+        for info, state in zip(silent, states, strict=True):
             seen = info.updated_at.timestamp() if info.updated_at else None
-            self.processor.restore(run_id, state, last_activity=seen)
+            self.processor.restore(info.run_id, state, last_activity=seen)
 
     def busy_until_now(self) -> None:
         if self._first_batch_at is not None:
@@ -321,24 +322,46 @@ class Stages:
             if before_restore is not None:
                 await before_restore(missing)
             ordered = sorted(missing)
-            states = await asyncio.gather(*(self._load_state(run_id) for run_id in ordered))
-            for run_id, state in zip(ordered, states, strict=True):
+            for run_id, state in zip(ordered, await self._load_states(ordered), strict=True):
                 self.processor.restore(run_id, state)
             missing = self.processor.missing(events)
 
-    async def _load_state(self, run_id: str) -> bytes | None:
-        async with self._appends:
-            data = await self.retry(lambda: self._load(run_id))
-            if data is None:
-                return await self._retired(run_id)
-            after = unsent_windows(data)
-            if after is None:
-                return data
-            sent = await self.retry(lambda: self.bus.read((run_id, "shaped"), after, limit=SETTLE_READ))
-            return settle_windows(data, sent) if sent else data
+    async def _load_states(self, run_ids: Sequence[str]) -> list[bytes | None]:
+        """The stored checkpoints of streams, in order (None: a new stream).
 
-    async def _retired(self, run_id: str) -> bytes | None:
-        """The checkpoint of a run that ended longer ago than the bus keeps checkpoints, else None.
+        The bus's are asked for together (:meth:`Bus.load_states`, one round trip
+        per :data:`LOAD_CHUNK` streams); a runtime's own lookup (the faust app's
+        table), run by run, at most :data:`APPEND_CONCURRENCY` at once. Runs
+        without one are looked up in the replay log together (:meth:`_retired`).
+        """
+        states: list[bytes | None] = []
+        if self._load is None:
+            for start in range(0, len(run_ids), LOAD_CHUNK):
+                chunk: list[StreamKey] = [(run_id, "raw") for run_id in run_ids[start:start + LOAD_CHUNK]]
+                states += await self.retry(functools.partial(self.bus.load_states, chunk))
+        else:
+            states = list(await asyncio.gather(*map(self._load_one, run_ids)))
+        new = [run_id for run_id, state in zip(run_ids, states, strict=True) if state is None]
+        retired = await self._retired(new) if new else {}
+        for index, (run_id, data) in enumerate(zip(run_ids, states, strict=True)):
+            if data is None:
+                states[index] = retired.get(run_id)
+                continue
+            after = unsent_windows(data)
+            if after is not None:
+                sent = await self.retry(functools.partial(
+                    self.bus.read, (run_id, "shaped"), after, limit=SETTLE_READ))
+                if sent:
+                    states[index] = settle_windows(data, sent)
+        return states
+
+    async def _load_one(self, run_id: str) -> bytes | None:
+        assert self._load is not None
+        async with self._appends:
+            return await self.retry(functools.partial(self._load, run_id))
+
+    async def _retired(self, run_ids: Sequence[str]) -> dict[str, bytes]:
+        """The checkpoints of runs that ended longer ago than the bus keeps checkpoints.
 
         A run's stored checkpoints expire ``checkpoint_grace_s`` after its end
         (Redis: with its hot streams), so a missing one is a new run — or one
@@ -354,19 +377,18 @@ class Stages:
         """
         grace = self.bus.checkpoint_grace_s
         if grace is None:
-            return None
-        info = await self.retry(lambda: self.store.run(run_id))
-        if info is None or not info.terminal or info.updated_at is None:
-            return None
-        if info.updated_at > datetime.now(UTC) - timedelta(seconds=grace):
-            return None
-        log.info("run %s ended before %s; what still arrives for it is dropped", run_id,
-                 info.updated_at.isoformat(timespec="seconds"))
-        return encode_checkpoint(Checkpoint(sequencer=SequencerState(
-            last_seq=info.last_seq, terminal=True, retired=True, owned=True, tenant=info.tenant)))
-
-    async def _bus_state(self, run_id: str) -> bytes | None:
-        return await self.bus.load_state((run_id, "raw"))
+            return {}
+        infos = await self.retry(functools.partial(self.store.runs_by_id, run_ids))
+        ended_before = datetime.now(UTC) - timedelta(seconds=grace)
+        retired: dict[str, bytes] = {}
+        for run_id, info in infos.items():
+            if not info.terminal or info.updated_at is None or info.updated_at > ended_before:
+                continue
+            log.info("run %s ended before %s; what still arrives for it is dropped", run_id,
+                     info.updated_at.isoformat(timespec="seconds"))
+            retired[run_id] = encode_checkpoint(Checkpoint(sequencer=SequencerState(
+                last_seq=info.last_seq, terminal=True, retired=True, owned=True, tenant=info.tenant)))
+        return retired
 
     async def retry(self, call: Callable[[], Awaitable[T]]) -> T:
         """``call()`` under :data:`RETRY`, until it succeeds or this worker stops."""

@@ -142,6 +142,12 @@ class ReplayLog(ConnectedResource):
     @abstractmethod
     async def run(self, run_id: str) -> RunInfo | None: ...
 
+    async def runs_by_id(self, run_ids: Sequence[str]) -> dict[str, RunInfo]:
+        """:meth:`run` of each run the log holds, by run id (a worker restoring many runs at
+        once: a backend that can looks them up in one query)."""
+        infos = {run_id: await self.run(run_id) for run_id in dict.fromkeys(run_ids)}
+        return {run_id: info for run_id, info in infos.items() if info is not None}
+
     @abstractmethod
     async def claim_run(self, run_id: str, tenant: str, root_id: str) -> RunOwner:
         """Record ``tenant`` as the owner of ``run_id`` unless an owner is recorded; return the owner.

@@ -334,6 +334,11 @@ class PostgresLog(ReplayLog):
         rows = await self._fetch(f"SELECT {RUN_COLUMNS} FROM runs WHERE run_id = %s", (run_id,))
         return self.with_expiry(run_info(rows[0])) if rows else None
 
+    async def runs_by_id(self, run_ids: Sequence[str]) -> dict[str, RunInfo]:
+        rows = await self._fetch(f"SELECT {RUN_COLUMNS} FROM runs WHERE run_id = ANY(%s)",
+                                 (list(dict.fromkeys(run_ids)),))
+        return {row[0]: self.with_expiry(run_info(row)) for row in rows}
+
     async def claim_run(self, run_id: str, tenant: str, root_id: str) -> RunOwner:
         args = {"run": run_id, "tenant": tenant, "root": root_id}
         for _ in range(3):

@@ -146,6 +146,8 @@ BUSY_TIMEOUT_S = 10.0
 "database is locked" (``StoreUnavailable``)."""
 _ROWS_PER_STATEMENT = 500
 """Rows per multi-row statement (an upsert of runs: 8 000 parameters, under SQLite's 32 766)."""
+_IDS_PER_QUERY = 1000
+"""Run ids per ``IN (…)`` lookup (under SQLite's 32 766 parameters)."""
 _INSERT_SEGMENTS = "INSERT INTO segments (run_id, first_seq, last_seq, body) VALUES "
 _STORED_PAST = (
     "SELECT 1 FROM json_each(?) AS start WHERE EXISTS (SELECT 1 FROM segments"
@@ -701,6 +703,18 @@ class SQLiteLog(ReplayLog):
             ).fetchone()
         )
         return None if row is None else self.with_expiry(run_info(row, _moment))
+
+    async def runs_by_id(self, run_ids: Sequence[str]) -> dict[str, RunInfo]:
+        return await self._call(self._runs_by_id, list(dict.fromkeys(run_ids)))
+
+    def _runs_by_id(self, run_ids: list[str]) -> dict[str, RunInfo]:
+        found: dict[str, RunInfo] = {}
+        for start in range(0, len(run_ids), _IDS_PER_QUERY):
+            chunk = run_ids[start:start + _IDS_PER_QUERY]
+            for row in self._db.execute(f"SELECT {RUN_COLUMNS} FROM runs WHERE run_id IN"
+                                        f" ({', '.join('?' * len(chunk))})", chunk):
+                found[row[0]] = self.with_expiry(run_info(row, _moment))
+        return found
 
     async def claim_run(self, run_id: str, tenant: str, root_id: str) -> RunOwner:
         return await self._call(self._claim, run_id, tenant, root_id)

@@ -298,6 +298,21 @@ async def test_append_many_equals_appends_in_order(bus_url: str) -> None:
         assert await bus.load_state(("run-other", "raw")) == b"only-state"
 
 
+async def test_load_states_gives_each_streams_state_in_order(bus_url: str) -> None:
+    """A worker restoring many streams at once gets what :meth:`load_state` gives each,
+    a stream never written (or written without a state) included."""
+    keys: list[StreamKey] = [(f"run-ls-{n}", "raw") for n in range(40)]
+    async with open_bus(bus_url) as bus:
+        await bus.append_many([(key, [event(key[0], 1)], b"s%d" % n)
+                               for n, key in enumerate(keys) if n % 3])
+        await bus.append(("run-ls-shaped", "shaped"), [event("run-ls-shaped", 1)])
+        asked = [*keys, ("run-ls-shaped", "shaped"), ("run-ls-never", "raw"), keys[1]]
+        states = await bus.load_states(asked)
+        assert states == [await bus.load_state(key) for key in asked]
+        assert await bus.load_states([]) == []
+    assert states[:4] == [None, b"s1", b"s2", None] and states[-3:] == [None, None, b"s1"]
+
+
 async def test_append_many_encoded_stores_the_given_bytes_with_the_same_semantics(
     bus_url: str,
 ) -> None:

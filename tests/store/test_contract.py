@@ -119,6 +119,23 @@ async def test_run_metadata_is_maintained_on_append(store_url: str, clock: Clock
     assert (ended.state, ended.terminal) == ("error", True)
 
 
+async def test_runs_by_id_gives_what_run_gives_for_each_stored_run(store_url: str) -> None:
+    """A worker restoring many runs looks them up at once: the same RunInfo as :meth:`run`,
+    runs the log does not hold left out, an id asked twice answered once."""
+    stored = [f"many-{n}" for n in range(1_205)]  # (more than one lookup's worth of ids)
+    async with open_store(store_url) as log:
+        await log.append([event(run_id, 1, "run.lifecycle", {"state": "running"}, tenant="acme")
+                          for run_id in stored[:3]])
+        await log.append([event(run_id, 1) for run_id in stored[3:]])
+        await log.append([event("many-0", 2, "run.lifecycle", {"state": "done"})])
+        found = await log.runs_by_id([*stored, "never-logged", "many-0"])
+        assert set(found) == set(stored)
+        for run_id in ("many-0", "many-1", stored[-1]):
+            assert found[run_id] == await log.run(run_id)
+        assert await log.runs_by_id([]) == {}
+    assert (found["many-0"].state, found["many-0"].terminal, found["many-0"].tenant) == ("done", True, "acme")
+
+
 async def test_a_late_older_lifecycle_event_does_not_overwrite_the_state(store_url: str) -> None:
     async with open_store(store_url) as log:
         await log.append([event("r", 5, "run.lifecycle", {"state": "done"})])
