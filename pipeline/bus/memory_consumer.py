@@ -161,25 +161,34 @@ class MemoryConsumer(Consumer):
         return delivery
 
     def _take_new(self, limit: int) -> list[Delivery]:
+        """New entries of owned shards, up to ``limit``: a fair share of each shard first (a
+        busy shard can't starve the rest), then what is left of ``limit`` from the shards
+        that had more — fewer than ``limit`` only when no owned shard has more (a runtime
+        takes a short fetch as caught up)."""
         out: list[Delivery] = []
         if limit <= 0 or not self._owned:
             return out
         now = now_ms()
         name = self.name
-        per_shard = -(-limit // len(self._owned))  # fair: a busy shard can't starve the rest
-        for shard in sorted(self._owned):
-            group_shard = self._group.shards[shard]
-            if limit - len(out) <= 0:
-                break
-            if shard not in self._own_pending_done or group_shard.held_by_others(name):
-                continue  # older pending entries come first (per-run order)
-            first, entries = self.state.shards[shard].after(
-                group_shard.last_delivered, min(per_shard, limit - len(out)))
-            if not entries:
-                continue
-            group_shard.hold(first, len(entries), name, now)
-            out += [Delivery(entry_id=f"{entry_id}-0", shard=shard, data=data)
-                    for entry_id, data in enumerate(entries, first)]
+        shards = [shard for shard in sorted(self._owned) if shard in self._own_pending_done
+                  and not self._group.shards[shard].held_by_others(name)]
+        while shards and len(out) < limit:  # (older pending entries come first: per-run order)
+            per_shard = -(-(limit - len(out)) // len(shards))
+            more: list[int] = []
+            for shard in shards:
+                room = min(per_shard, limit - len(out))
+                if room <= 0:
+                    break
+                group_shard = self._group.shards[shard]
+                first, entries = self.state.shards[shard].after(group_shard.last_delivered, room)
+                if not entries:
+                    continue
+                group_shard.hold(first, len(entries), name, now)
+                out += [Delivery(entry_id=f"{entry_id}-0", shard=shard, data=data)
+                        for entry_id, data in enumerate(entries, first)]
+                if len(entries) == room:
+                    more.append(shard)
+            shards = more
         return out
 
     def _next_claim_in(self) -> float:

@@ -86,7 +86,8 @@ class RedisConsumer(Consumer):
         self._open: OpenEntries[tuple[int, str]] = OpenEntries()
         """Entries of several events handed out, by (shard, id): ids are per shard."""
         self._trimmer = IngestTrimmer(link, options.prefix, group, options.ttl)
-        self._entries_read = 0
+        self._full = False
+        """Whether a read of the fetch under way filled a shard's share: that shard may hold more."""
         self._per_entry = float(INGEST_ENTRY_EVENTS)
         """Events per entry in the last fetch (at first the most an entry holds), so that a
         fetch of ``max_count`` events asks for ``max_count / _per_entry`` entries."""
@@ -147,7 +148,8 @@ class RedisConsumer(Consumer):
         """``max_count`` events while more are ready, fewer only when none are (a runtime
         takes that as caught up). Entries hold several events, so this reads about as many
         entries as the events wanted need, again while a read came back full; an entry is
-        handed out whole, so the last one may take a fetch past ``max_count``."""
+        handed out whole, so the last one may take a fetch past ``max_count``. Shards are
+        read in fair shares, so a fetch reads again while a shard filled its share."""
         if self._closed:
             raise RuntimeError("consumer is closed")
         out: list[Delivery] = []
@@ -159,11 +161,11 @@ class RedisConsumer(Consumer):
             await self._rebalance()
             while True:
                 asked = max(1, -(-(max_count - len(out)) // round(self._per_entry)))
-                self._entries_read = 0
+                self._full = False
                 wait = 0 if out else block_ms
                 got = await self._recreating_group(lambda: self._collect(asked, wait))  # noqa: B023
                 out += await self._screen(got)
-                if len(out) >= max_count or self._entries_read < asked or not got:
+                if len(out) >= max_count or not self._full or not got:
                     return out
 
     async def _recreating_group(self, step: Callable[[], Awaitable[T]]) -> T:
@@ -236,6 +238,7 @@ class RedisConsumer(Consumer):
                             "0-0", count=per_shard)
         replies: list[tuple[str, list[Entry]]] = []
         for shard, (_cursor, entries, deleted) in zip(shards, await pipe.execute(), strict=True):
+            self._full = self._full or len(entries) >= per_shard
             if deleted:
                 log.warning("%d pending entries of shard %d were trimmed before group %r "
                             "processed them (raise ingest_maxlen): %s", len(deleted), shard,
@@ -278,6 +281,7 @@ class RedisConsumer(Consumer):
             for shard in shards:
                 pipe.xreadgroup(self.group, self.name, {self._key(shard): ">"}, count=per_shard)
             replies = [item for reply in await pipe.execute() for item in reply or []]
+            self._filled(replies, per_shard)
             remaining = deadline - loop.time()
             if replies or remaining <= 0:
                 return self._deliveries(replies, {})
@@ -290,11 +294,11 @@ class RedisConsumer(Consumer):
             pipe = self.link.redis.pipeline(transaction=False)
             for name, position in streams.items():
                 pipe.xreadgroup(self.group, self.name, {name: position}, count=count)
-            return [item for reply in await pipe.execute() for item in reply or []]
+            return self._filled([item for reply in await pipe.execute() for item in reply or []], count)
         if self.link.cluster:
             replies: Any = await self.link.redis.xreadgroup(
                 self.group, self.name, streams, count=count, block=block_ms)  # type: ignore[arg-type]
-            return list(replies or [])
+            return self._filled(list(replies or []), count)
         # a standalone server: the reply is parsed here (see RedisLink.raw_commands)
         command: list[bytes | str | int] = [b"XREADGROUP", b"GROUP", self.group, self.name,
                                             b"COUNT", count]
@@ -304,7 +308,12 @@ class RedisConsumer(Consumer):
         (reply,) = await self.link.raw_commands([command])
         if isinstance(reply, dict):  # RESP3
             reply = reply.items()
-        return [(name, entries) for name, entries in reply or []]  # fields stay raw lists
+        return self._filled([(name, entries) for name, entries in reply or []], count)  # fields stay raw
+
+    def _filled(self, replies: list[Any], count: int) -> list[Any]:
+        """``replies`` of a read of ``count`` entries per shard, noting whether one came back full."""
+        self._full = self._full or any(len(entries or ()) >= count for _, entries in replies)
+        return replies
 
     async def _with_counts(self, replies: Sequence[Any]) -> list[Delivery]:
         """Deliveries of re-read / claimed entries, with Redis's delivery counters."""
@@ -348,7 +357,6 @@ class RedisConsumer(Consumer):
                            repeat(times, count), range(count))
         if entries_seen:
             self._per_entry = max(1.0, len(out) / entries_seen)
-        self._entries_read += entries_seen
         return out
 
     async def _screen(self, deliveries: list[Delivery]) -> list[Delivery]:

@@ -77,6 +77,28 @@ async def test_order_per_run_across_many_concurrent_runs(bus_url: str) -> None:
     assert all(seqs == list(range(1, 51)) for seqs in seen.values())
 
 
+async def test_a_fetch_is_short_only_when_nothing_more_is_ready(bus_url: str) -> None:
+    """Shards are read in fair shares, but a fetch still fills ``max_count`` while any shard
+    has more: a runtime takes a short fetch as caught up (it then writes everything in
+    flight and waits for it), so one busy run beside a few quiet ones must not look so."""
+    async with open_bus(bus_url) as bus:
+        busy = [event("run-busy", seq) for seq in range(1, 301)]
+        quiet = [event(f"run-quiet-{n}", seq) for n in range(3) for seq in range(1, 6)]
+        async with bus.consumer("g", "c1") as consumer:
+            await consumer.fetch(block_ms=10)  # join before publishing
+            await bus.publish(quiet)
+            for start in range(0, len(busy), 10):
+                await bus.publish(busy[start:start + 10])
+            sizes: list[int] = []
+            total = 0
+            while total < len(busy) + len(quiet):
+                batch = await consumer.fetch(max_count=100, block_ms=1000)
+                assert len(batch) >= min(100, len(busy) + len(quiet) - total), sizes
+                sizes.append(len(batch))
+                total += len(batch)
+                await consumer.ack(batch)
+
+
 async def test_unacked_entries_come_back_first_after_a_restart(bus_url: str) -> None:
     """ack after the work is durable; a restarted consumer re-reads
     its own pending entries before new ones."""
