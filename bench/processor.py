@@ -3,7 +3,7 @@
 The workload of ``bench/workers.py`` (``--runs`` run trees of a root and two
 children, 85 % deltas), encoded once; then, per round, the loop a
 consumer-group worker runs on its event loop's thread, batch by batch
-(2,048 entries, up to 8 batches merged into one write):
+(2,048 entries, up to 16 batches merged into one write):
 
 * ``decode_us`` — ``decode_many`` of the batch's frames;
 * ``restore_us`` — ``Processor.missing`` and restoring the new streams (no stored checkpoints);

@@ -49,8 +49,10 @@ APPEND_CONCURRENCY = 32
 connections)."""
 LOAD_CHUNK = 1000
 """Streams whose checkpoints one ``Bus.load_states`` call asks for."""
-PENDING_BATCHES = 8
-"""At most this many fetched batches are merged into one write while the previous one is in flight."""
+PENDING_BATCHES = 16
+"""At most this many fetched batches are merged into one write while the previous one is in flight
+(32,768 entries, as the faust app's ``PENDING_ENTRIES``): under a backlog a write's fixed costs and
+the replay log's hand-offs of the GIL are paid once per 32,768 entries (docs/workers.md § Throughput)."""
 APPEND_CHUNK = 256
 """Delivery appends sent together (one pipeline on Redis)."""
 SETTLE_READ = 100_000
