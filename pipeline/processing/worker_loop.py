@@ -172,8 +172,10 @@ class ConsumerLoop:
         self._writes.append(write)
 
     async def _flush(self) -> None:
-        """Write and ack everything processed so far, and wait for it."""
-        await self._drain()
+        """Write and ack everything processed so far, and wait for it (the last write starts
+        as any does, once the write before has its log part done: its log part overlaps
+        that write's views)."""
+        await self._wait_ready()
         self._start_write()
         await self._drain()
 
