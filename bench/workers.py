@@ -48,6 +48,7 @@ from cputime import CpuMeter, import_code, per_event_us
 
 import_code()
 
+import runwire.workers.commands.worker as worker_command  # noqa: E402 - the tree import_code() names
 from runwire.bus import Bus, open_bus  # noqa: E402 - the tree import_code() names
 from runwire.core.envelope import Event, format_ts, make  # noqa: E402 - the tree import_code() names
 from runwire.store import open_store  # noqa: E402 - the tree import_code() names
@@ -179,6 +180,8 @@ def main() -> None:
     logging.basicConfig(level=logging.ERROR)
     wanted = set(args.only.split(","))
     events = workload(args.events, args.runs)
+    if hasattr(worker_command, "tune_gc"):  # the process set up as `runwire worker` sets it up
+        worker_command.tune_gc()
     tmp = Path(tempfile.mkdtemp(prefix="runwire-bench-"))
     counter = iter(range(1_000_000))
 

@@ -18,6 +18,7 @@ import click
 
 from runwire.core.redaction import redact_logs
 from runwire.workers.config import absolute_store
+from runwire.workers.process import tune_gc
 
 if TYPE_CHECKING:
     from runwire.edge import EdgeSettings
@@ -30,17 +31,6 @@ def check_grpc_available() -> None:
     """A clear error before anything starts when gRPC is asked for but not installed."""
     if importlib.util.find_spec("grpc") is None or importlib.util.find_spec("grpc_health") is None:
         raise click.UsageError(GRPC_MISSING)
-
-
-def tune_gc() -> None:
-    """Fewer, later cyclic GC passes: a full pass over thousands of connections' objects is a
-    pause every client sees as latency; the edge's objects are mostly acyclic and freed by
-    reference counting."""
-    import gc
-
-    gc.collect()
-    gc.freeze()
-    gc.set_threshold(100_000, 50, 1000)
 
 
 def is_loopback(host: str) -> bool:

@@ -21,6 +21,7 @@ import msgspec
 from runwire.core.redaction import redact_logs
 from runwire.processing.stages import WorkerStats
 from runwire.workers.config import absolute_store
+from runwire.workers.process import tune_gc
 
 
 def default_name() -> str:
@@ -68,6 +69,7 @@ def worker(
     redact_logs()
     if os.environ.get("RUNWIRE_DEBUG"):
         logging.getLogger("runwire").setLevel(logging.DEBUG)
+    tune_gc()
     if bus.startswith("kafka://"):
         from runwire.workers.faust_app import run_faust_worker
 
