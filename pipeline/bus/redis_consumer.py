@@ -86,8 +86,11 @@ class RedisConsumer(Consumer):
         self._open: OpenEntries[tuple[int, str]] = OpenEntries()
         """Entries of several events handed out, by (shard, id): ids are per shard."""
         self._trimmer = IngestTrimmer(link, options.prefix, group, options.ttl)
-        self._full = False
-        """Whether a read of the fetch under way filled a shard's share: that shard may hold more."""
+        self._full: set[str] = set()
+        """The shards (keys) a read of the fetch under way filled the share of: they may hold more,
+        and the fetch's next read asks only them."""
+        self._reread: set[str] = set()
+        """The shards the read under way asks (empty: every clear shard)."""
         self._per_entry = float(INGEST_ENTRY_EVENTS)
         """Events per entry in the last fetch (at first the most an entry holds), so that a
         fetch of ``max_count`` events asks for ``max_count / _per_entry`` entries."""
@@ -149,7 +152,8 @@ class RedisConsumer(Consumer):
         takes that as caught up). Entries hold several events, so this reads about as many
         entries as the events wanted need, again while a read came back full; an entry is
         handed out whole, so the last one may take a fetch past ``max_count``. Shards are
-        read in fair shares, so a fetch reads again while a shard filled its share."""
+        read in fair shares, so a fetch reads again, from the shards that filled their share,
+        while one did."""
         if self._closed:
             raise RuntimeError("consumer is closed")
         out: list[Delivery] = []
@@ -159,9 +163,10 @@ class RedisConsumer(Consumer):
                 self._renewer = asyncio.create_task(self._renew_forever())
                 self._started = True
             await self._rebalance()
+            self._full = set()
             while True:
                 asked = max(1, -(-(max_count - len(out)) // round(self._per_entry)))
-                self._full = False
+                self._reread, self._full = self._full, set()
                 wait = 0 if out else block_ms
                 got = await self._recreating_group(lambda: self._collect(asked, wait))  # noqa: B023
                 out += await self._screen(got)
@@ -238,7 +243,8 @@ class RedisConsumer(Consumer):
                             "0-0", count=per_shard)
         replies: list[tuple[str, list[Entry]]] = []
         for shard, (_cursor, entries, deleted) in zip(shards, await pipe.execute(), strict=True):
-            self._full = self._full or len(entries) >= per_shard
+            if len(entries) >= per_shard:
+                self._full.add(self._key(shard))
             if deleted:
                 log.warning("%d pending entries of shard %d were trimmed before group %r "
                             "processed them (raise ingest_maxlen): %s", len(deleted), shard,
@@ -262,6 +268,8 @@ class RedisConsumer(Consumer):
 
     async def _read_new(self, max_count: int, block_ms: int) -> list[Delivery]:
         shards = sorted(self._clear)
+        if self._reread:  # the fetch's earlier read filled these shards' shares: only they may have more
+            shards = [shard for shard in shards if self._key(shard) in self._reread] or shards
         per_shard = max(1, -(-max_count // len(shards)))
         if self.link.cluster and len(shards) > 1:
             return await self._read_new_cluster(shards, per_shard, block_ms)
@@ -312,7 +320,7 @@ class RedisConsumer(Consumer):
 
     def _filled(self, replies: list[Any], count: int) -> list[Any]:
         """``replies`` of a read of ``count`` entries per shard, noting whether one came back full."""
-        self._full = self._full or any(len(entries or ()) >= count for _, entries in replies)
+        self._full.update(text(name) for name, entries in replies if len(entries or ()) >= count)
         return replies
 
     async def _with_counts(self, replies: Sequence[Any]) -> list[Delivery]:

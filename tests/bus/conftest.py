@@ -23,6 +23,11 @@ here and a URL builder to ``URL_BUILDERS`` below."""
 OUT_OF_PROCESS_BACKENDS = [b for b in CONTRACT_BACKENDS if b != "memory"]
 """Backends a separate process can share (the SIGKILL scenario)."""
 
+READ_ON_FETCH_BACKENDS = [b for b in CONTRACT_BACKENDS if b != "kafka"]
+"""Backends whose fetch reads the entries on the server when called, so every entry published
+before it is ready to it; a Kafka consumer's are the records its client has fetched so far
+(aiokafka fetches in the background), which a test can't see."""
+
 
 def _unique() -> str:
     return "t" + uuid.uuid4().hex[:12]
@@ -91,6 +96,12 @@ def bus_url(request: pytest.FixtureRequest) -> str:
 @pytest.fixture(params=OUT_OF_PROCESS_BACKENDS)
 def shared_bus_url(request: pytest.FixtureRequest) -> str:
     """Like ``bus_url``, for backends another process can reach."""
+    return URL_BUILDERS[request.param](request)
+
+
+@pytest.fixture(params=READ_ON_FETCH_BACKENDS)
+def read_on_fetch_bus_url(request: pytest.FixtureRequest) -> str:
+    """Like ``bus_url``, for backends whose fetch reads what is on the server when called."""
     return URL_BUILDERS[request.param](request)
 
 

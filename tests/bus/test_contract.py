@@ -77,11 +77,14 @@ async def test_order_per_run_across_many_concurrent_runs(bus_url: str) -> None:
     assert all(seqs == list(range(1, 51)) for seqs in seen.values())
 
 
-async def test_a_fetch_is_short_only_when_nothing_more_is_ready(bus_url: str) -> None:
+async def test_a_fetch_is_short_only_when_nothing_more_is_ready(read_on_fetch_bus_url: str) -> None:
     """Shards are read in fair shares, but a fetch still fills ``max_count`` while any shard
     has more: a runtime takes a short fetch as caught up (it then writes everything in
-    flight and waits for it), so one busy run beside a few quiet ones must not look so."""
-    async with open_bus(bus_url) as bus:
+    flight and waits for it), so one busy run beside a few quiet ones must not look so.
+    (Kafka's client fetches records in the background: what is ready to it can't be seen
+    from here, so it is not under this test; its reading again while a read came back
+    full is docs/bus.md § Kafka's.)"""
+    async with open_bus(read_on_fetch_bus_url) as bus:
         busy = [event("run-busy", seq) for seq in range(1, 301)]
         quiet = [event(f"run-quiet-{n}", seq) for n in range(3) for seq in range(1, 6)]
         async with bus.consumer("g", "c1") as consumer:
