@@ -4,6 +4,9 @@ For each backend, in the same run:
 
 * ``<bus>_consume_baseline_per_s`` — one consumer of a fresh group doing only
   ``fetch`` + ``ack`` of the published events (no decode, no writes);
+  ``<bus>_consume_one_busy_run_per_s`` — the same for one busy run beside 15
+  quiet ones (half as many events, nearly all on one shard: fetches that fill
+  from one shard);
 * ``<bus>_events_per_s`` — published events through ``run_worker`` (decode,
   fan-in, sequence, shape, replay log append, delivery appends, ack), counted
   from its first fetched batch to the end of its last batch's writes.
@@ -76,6 +79,15 @@ def workload(count: int, runs: int) -> list[Event]:
     return out
 
 
+def one_busy_run(count: int) -> list[Event]:
+    """One event of each of 15 quiet runs, then ``count`` deltas of one busy run."""
+    ts = format_ts(_at(time.time()))
+    quiet = [make("step.boundary", _payload("step.boundary", n), id=f"evt_q{n:03d}", ts=ts,
+                  run_id=f"quiet{n}", seq=1) for n in range(15)]
+    return quiet + [make("text.delta", {"text": TEXT}, id=f"evt_{seq:020d}", ts=ts, run_id="busy",
+                         seq=seq) for seq in range(1, count + 1)]
+
+
 def _at(seconds: float):  # type: ignore[no-untyped-def]
     from datetime import UTC, datetime
 
@@ -126,6 +138,8 @@ Figures = dict[str, float]
 async def one_round(name: str, bus_url: str, store_url: str, events: list[Event],
                     meter: CpuMeter) -> Figures:
     baseline = await baseline_round(bus_url.replace("{p}", uuid.uuid4().hex[:8]), events)
+    busy_run = await baseline_round(bus_url.replace("{p}", uuid.uuid4().hex[:8]),
+                                    one_busy_run(len(events) // 2))
     async with open_bus(bus_url.replace("{p}", uuid.uuid4().hex[:8])) as bus, \
             open_store(store_url) as store:
         await publish(bus, events)
@@ -136,6 +150,7 @@ async def one_round(name: str, bus_url: str, store_url: str, events: list[Event]
         assert stats.entries >= len(events), stats
         return {f"{name}_events_per_s": len(events) / stats.busy_seconds,
                 f"{name}_consume_baseline_per_s": baseline,
+                f"{name}_consume_one_busy_run_per_s": busy_run,
                 **per_event_us(cpu, len(events), name)}
 
 
