@@ -23,20 +23,22 @@ from operator import attrgetter
 
 from ..bus import Consumer, Delivery
 from .processor import Processor, StreamOutput
-from .stages import PENDING_BATCHES, Stages
+from .stages import PENDING_BATCHES, EncodedWrite, Stages
 
 log = logging.getLogger("runwire.worker")
 _SHARD = attrgetter("shard")
 
 
 class _Write:
-    """A write in flight: its task, whether its replay-log part is done, the streams it writes."""
+    """A write in flight: its task, whether its replay-log part is done (and went through),
+    the streams it writes."""
 
-    __slots__ = ("logged", "runs", "task")
+    __slots__ = ("logged", "logged_ok", "runs", "task")
 
     def __init__(self, runs: frozenset[str]) -> None:
         self.runs = runs
         self.logged = asyncio.Event()
+        self.logged_ok = False
         self.task: asyncio.Task[None] | None = None
 
 
@@ -65,7 +67,9 @@ class ConsumerLoop:
         batches are processed and merged into it (up to ``PENDING_BATCHES``
         batches): one replay-log transaction and one delivery append per
         stream for all of them, so the per-write costs (commit, run
-        metadata, round trips) shrink as the backlog grows. Each write's
+        metadata, round trips) shrink as the backlog grows. A write that is
+        full (or flushed) before then is sealed, encoded and queued behind
+        that log part, so the log's thread goes on to it at once. Each write's
         views go out after its own log part and after the previous write's
         views, so streams stay in order; each entry is acked after its writes.
         """
@@ -95,8 +99,7 @@ class ConsumerLoop:
                     self._pending_acks.extend(acked)
                     self._pending_entries += len(deliveries)
                     if self._ready() or self._pending_entries >= most:
-                        await self._wait_ready()
-                        self._start_write()
+                        await self._write_pending()
                 if fetched < batch:
                     await self._flush()
                     await self._adopt_silent()
@@ -151,32 +154,35 @@ class ConsumerLoop:
             write.task.result()  # type: ignore[union-attr]  # a failed write fails the loop
         return not self._writes or (len(self._writes) < 2 and self._writes[-1].logged.is_set())
 
-    async def _wait_ready(self) -> None:
-        while not self._ready():
-            newest = self._writes[-1]
-            if not newest.logged.is_set():
-                await newest.logged.wait()
-            else:
-                assert self._writes[0].task is not None
-                await asyncio.wait([self._writes[0].task])
+    async def _write_pending(self) -> None:
+        """Start writing (then acking) everything pending.
 
-    def _start_write(self) -> None:
-        """Start writing (then acking) everything pending; call only when :meth:`_ready`."""
+        When the newest write is still in its replay-log part, this write is sealed and
+        encoded now and queued behind it: its own log part starts as soon as that one is
+        done, without waiting for this task (nor for that write's views, which go after).
+        At most two writes are in flight: a third waits for the oldest to finish.
+        """
         if not self._pending and not self._pending_acks:
             return
+        encoded = None
+        if not self._ready():
+            encoded = self.stages.encode(self._pending)  # (overlaps the write before's log part)
+            while len(self._writes) >= 2:
+                assert self._writes[0].task is not None
+                await asyncio.wait([self._writes[0].task])
+                self._ready()  # (drops what is done; a failed write fails the loop)
         outputs, acked = Processor.seal(self._pending), self._pending_acks
         self._pending, self._pending_acks, self._pending_entries = {}, [], 0
-        previous = self._writes[-1].task if self._writes else None
+        previous = self._writes[-1] if self._writes else None
         write = _Write(frozenset(outputs))
-        write.task = asyncio.create_task(self._write_and_ack(outputs, acked, previous, write.logged))
+        write.task = asyncio.create_task(self._write_and_ack(outputs, encoded, acked, previous, write))
         self._writes.append(write)
 
     async def _flush(self) -> None:
         """Write and ack everything processed so far, and wait for it (the last write starts
         as any does, once the write before has its log part done: its log part overlaps
         that write's views)."""
-        await self._wait_ready()
-        self._start_write()
+        await self._write_pending()
         await self._drain()
 
     async def _adopt_silent(self) -> None:
@@ -210,17 +216,29 @@ class ConsumerLoop:
     async def _write_and_ack(
         self,
         outputs: dict[str, StreamOutput],
+        encoded: EncodedWrite | None,
         acked: list[Delivery],
-        previous: asyncio.Task[None] | None,
-        logged: asyncio.Event,
+        previous: _Write | None,
+        write: _Write,
     ) -> None:
+        """Replay log (after the write before's), views (after the write before's), acks."""
         try:
-            encoded = self.stages.encode(outputs)
+            if previous is not None and not previous.logged.is_set():
+                await previous.logged.wait()
+            if previous is not None and not previous.logged_ok:  # it failed: so does this one
+                assert previous.task is not None
+                await previous.task
+            if encoded is None:
+                encoded = self.stages.encode(outputs)
             await self.stages.write_log(encoded)
+            write.logged_ok = True
         finally:
-            logged.set()
+            write.logged.set()
+        # a write queued behind this one's log part starts that part before these views run
+        await asyncio.sleep(0)
         if previous is not None:  # views in write order (a failed write fails this one too)
-            await previous
+            assert previous.task is not None
+            await previous.task
         await self.stages.write_views(encoded)
         await self._ack(acked)
         self.stages.busy_until_now()

@@ -15,7 +15,7 @@ from collections.abc import AsyncIterator
 
 import pytest
 
-from runwire.bus import Bus
+from runwire.bus import Bus, open_bus
 from runwire.processing.processor import Processor
 from runwire.processing.stages import EncodedWrite, Stages
 from runwire.processing.worker_loop import ConsumerLoop
@@ -67,3 +67,50 @@ async def test_the_replay_log_has_the_terminal_event_before_the_raw_stream_does(
         stop.set()
         await asyncio.wait_for(worker, 30)
         await consumer.close()
+
+
+class Recorded(Stages):
+    """Stages that note when each write's log part and views start, and whose first log part
+    is slow (a busy disk), so the loop queues the next write behind it."""
+
+    def __init__(self, *args: object, **kwargs: object) -> None:
+        super().__init__(*args, **kwargs)  # type: ignore[arg-type]
+        self.order: list[tuple[str, int]] = []
+        self._numbers: dict[int, int] = {}
+
+    def _number(self, write: EncodedWrite) -> int:
+        return self._numbers.setdefault(id(write), len(self._numbers) + 1)
+
+    async def write_log(self, write: EncodedWrite) -> None:
+        number = self._number(write)
+        self.order.append(("log", number))
+        if number == 1:
+            await asyncio.sleep(0.3)
+        await super().write_log(write)
+
+    async def write_views(self, write: EncodedWrite) -> None:
+        self.order.append(("views", self._number(write)))
+        await super().write_views(write)
+
+
+async def test_a_write_queued_behind_a_log_part_starts_its_own_before_that_writes_views(
+    log_store: ReplayLog,
+) -> None:
+    """The replay log's thread is the worker's other lane: while a write's log part runs, the
+    batches processed meanwhile are sealed into the next write, whose log part starts as soon
+    as that one ends — not after that write's views and acks have run on the loop."""
+    async with open_bus("memory://?shards=1") as bus:
+        run = RunScript(f"queued-{uuid.uuid4().hex[:8]}")
+        events = [run.tool_start(f"c{i}", ms=i) for i in range(1, 2001)]
+        await bus.publish(events)
+        consumer = bus.consumer("g", "w1")
+        stages = Recorded(bus, log_store, Processor(), asyncio.Event(),
+                          dead_letter=consumer.dead_letter)
+        try:
+            await ConsumerLoop(consumer, stages).loop(batch=100, tick_s=0.05, burst=True)
+        finally:
+            await consumer.close()
+        assert stages.order[:2] == [("log", 1), ("log", 2)], stages.order
+        assert stages.order.index(("log", 2)) < stages.order.index(("views", 1))
+        assert [e.id for e in await read_all(bus, run.run_id)] == [e.id for e in events]
+        assert [e.id for e in await log_store.read(run.run_id)] == [e.id for e in events]
