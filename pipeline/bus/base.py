@@ -20,12 +20,14 @@ from __future__ import annotations
 
 from abc import abstractmethod
 from collections.abc import AsyncIterator, Mapping, Sequence
+from itertools import repeat
 from typing import Any, Literal
 
 import msgspec
 
 from ..core.envelope import Event
 from ..core.lifecycle import AsyncResource
+from .ingest_entries import split
 from .keys import shard_for
 
 View = Literal["raw", "shaped"]
@@ -56,6 +58,28 @@ class Delivery(msgspec.Struct, gc=False):
     """This event's place in its entry, when an entry holds several events (Redis ingest):
     they share ``entry_id``, and the entry is acked once each of them is acked or
     dead-lettered."""
+    count: int = 1
+    """How many events ``data`` holds: more than one only from :meth:`Consumer.fetch_entries`,
+    a whole entry whose events' canonical JSON lines are joined by newlines (``part`` 0)."""
+
+    def events(self) -> list[Delivery]:
+        """One delivery per event of this one (itself when it holds one)."""
+        if self.count == 1:
+            return [self]
+        count = self.count
+        return list(map(Delivery, repeat(self.entry_id, count), repeat(self.shard, count),
+                        split(self.data), repeat(self.deliveries, count), range(count)))
+
+
+def each_event(deliveries: Sequence[Delivery]) -> list[Delivery]:
+    """``deliveries`` with every whole entry (``count`` > 1) handed out as one delivery per event."""
+    out: list[Delivery] = []
+    for delivery in deliveries:
+        if delivery.count == 1:
+            out.append(delivery)
+        else:
+            out += delivery.events()
+    return out
 
 
 class ControlCommand(msgspec.Struct, kw_only=True, omit_defaults=True):
@@ -106,6 +130,15 @@ class Consumer(AsyncResource):
         caught up). Where an entry holds several events (Redis ingest), one delivery
         per event, ``max_count`` counts events, and an entry comes whole, so the last
         one may take a fetch past ``max_count``."""
+
+    async def fetch_entries(self, max_count: int = 512, block_ms: int = 1000) -> list[Delivery]:
+        """:meth:`fetch`, but where an entry holds several events it may come whole: one
+        delivery whose ``count`` says how many (a worker decodes and acks an entry at once
+        rather than event by event; ``max_count`` still counts events). Acking such a delivery
+        acks every event of the entry not dead-lettered before; a single event of it is
+        dead-lettered as its own delivery (:meth:`Delivery.events`). The default hands out
+        what :meth:`fetch` does."""
+        return await self.fetch(max_count, block_ms)
 
     @abstractmethod
     async def ack(self, deliveries: Sequence[Delivery]) -> None:

@@ -86,6 +86,11 @@ class OpenEntries(Generic[K]):
         """The parts of an entry still open; None for an entry of one event or not handed out."""
         return self._left.get(key)
 
+    def settle_all(self, key: K) -> bool:
+        """Mark every event of an entry done (it was handed out whole); True."""
+        self._left.pop(key, None)
+        return True
+
     def settle(self, key: K, part: int) -> bool:
         """Mark one event done; True when its entry has no other event left open."""
         left = self._left.get(key)

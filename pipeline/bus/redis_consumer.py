@@ -40,23 +40,24 @@ import contextlib
 import logging
 import time
 from collections.abc import Awaitable, Callable, Sequence
-from itertools import repeat
+from operator import attrgetter
 from typing import Any, TypeVar
 
 import redis.exceptions as rexc
 
 from ..core.errors import BusUnavailable
 from . import keys
-from .base import Consumer, Delivery
+from .base import Consumer, Delivery, each_event
 from .ingest_entries import INGEST_ENTRY_EVENTS, OpenEntries
 from .options import BusOptions
-from .redis_entries import ingest_frames
+from .redis_entries import ingest_entry
 from .redis_link import MEMBERSHIP, RedisLink, retriable_bus_errors, text
 from .redis_trim import IngestTrimmer
 
 log = logging.getLogger(__name__)
 T = TypeVar("T")
 Entry = tuple[bytes, dict[bytes, bytes] | list[bytes] | None]
+_COUNT = attrgetter("count")
 
 
 class RedisConsumer(Consumer):
@@ -148,6 +149,10 @@ class RedisConsumer(Consumer):
 
     # ---- fetch ---------------------------------------------------------------
     async def fetch(self, max_count: int = 512, block_ms: int = 1000) -> list[Delivery]:
+        """:meth:`fetch_entries`, one delivery per event."""
+        return each_event(await self.fetch_entries(max_count, block_ms))
+
+    async def fetch_entries(self, max_count: int = 512, block_ms: int = 1000) -> list[Delivery]:
         """``max_count`` events while more are ready, fewer only when none are (a runtime
         takes that as caught up). Entries hold several events, so this reads about as many
         entries as the events wanted need, again while a read came back full; an entry is
@@ -157,6 +162,7 @@ class RedisConsumer(Consumer):
         if self._closed:
             raise RuntimeError("consumer is closed")
         out: list[Delivery] = []
+        events = 0
         with retriable_bus_errors(f"fetch {self.group}/{self.name}"):
             if not self._started:
                 await self._create_groups()
@@ -165,12 +171,14 @@ class RedisConsumer(Consumer):
             await self._rebalance()
             self._full = set()
             while True:
-                asked = max(1, -(-(max_count - len(out)) // round(self._per_entry)))
+                asked = max(1, -(-(max_count - events) // round(self._per_entry)))
                 self._reread, self._full = self._full, set()
                 wait = 0 if out else block_ms
                 got = await self._recreating_group(lambda: self._collect(asked, wait))  # noqa: B023
-                out += await self._screen(got)
-                if len(out) >= max_count or not self._full or not got:
+                got = await self._screen(got)
+                out += got
+                events += sum(map(_COUNT, got))
+                if events >= max_count or not self._full or not got:
                     return out
 
     async def _recreating_group(self, step: Callable[[], Awaitable[T]]) -> T:
@@ -338,9 +346,9 @@ class RedisConsumer(Consumer):
         return self._deliveries(replies, counts)
 
     def _deliveries(self, replies: Sequence[Any], counts: dict[bytes, int]) -> list[Delivery]:
-        """One delivery per event; the events of a multi-event entry share its id."""
+        """One delivery per entry: an entry of several events comes whole (``count``)."""
         out: list[Delivery] = []
-        entries_seen = 0
+        entries_seen = events = 0
         for name, entries in replies:
             shard = int(text(name).rsplit(":", 1)[1].rstrip("}"))
             entries_seen += len(entries)
@@ -348,30 +356,27 @@ class RedisConsumer(Consumer):
                 # new single-event entries as read raw, each with the one field "e"
                 out += [Delivery(entry_id=entry_id.decode(), shard=shard, data=fields[1])
                         for entry_id, fields in entries]
+                events += len(entries)
                 continue
             for entry_id, fields in entries:
                 if fields is None:  # trimmed while pending: nothing left to deliver
                     log.warning("pending entry %s of shard %d was trimmed", text(entry_id), shard)
                     continue
                 ident, times = text(entry_id), counts.get(entry_id, 1)
-                frames = ingest_frames(fields) or [b""]  # no event field: poison
-                if len(frames) == 1:
-                    out.append(Delivery(entry_id=ident, shard=shard, data=frames[0],
-                                        deliveries=times))
-                    continue
-                count = len(frames)
-                self._open.hand_out((shard, ident), count)
-                out += map(Delivery, repeat(ident, count), repeat(shard, count), frames,
-                           repeat(times, count), range(count))
+                data, count = ingest_entry(fields) or (b"", 1)  # no event field: poison
+                if count > 1:
+                    self._open.hand_out((shard, ident), count)
+                out.append(Delivery(ident, shard, data, times, 0, count))
+                events += count
         if entries_seen:
-            self._per_entry = max(1.0, len(out) / entries_seen)
+            self._per_entry = max(1.0, events / entries_seen)
         return out
 
     async def _screen(self, deliveries: list[Delivery]) -> list[Delivery]:
-        """Dead-letter entries delivered more than ``max_deliveries`` times."""
+        """Dead-letter entries delivered more than ``max_deliveries`` times (each event of one)."""
         limit = self.options.max_deliveries
         poison = [d for d in deliveries if d.deliveries > limit]
-        for delivery in poison:
+        for delivery in each_event(poison):
             await self.dead_letter(delivery, f"delivered {delivery.deliveries} times without "
                                              f"an ack (max_deliveries={limit})")
         return [d for d in deliveries if d.deliveries <= limit] if poison else deliveries
@@ -421,7 +426,9 @@ class RedisConsumer(Consumer):
                     delivery.entry_id, delivery.shard, self.group, delivery.deliveries, reason)
 
     def _settle(self, delivery: Delivery) -> bool:
-        """Mark one event done; True when its entry has no other event left open."""
+        """Mark one event (or a whole entry) done; True when its entry has no event left open."""
+        if delivery.count > 1:
+            return self._open.settle_all((delivery.shard, delivery.entry_id))
         return self._open.settle((delivery.shard, delivery.entry_id), delivery.part)
 
     async def close(self) -> None:

@@ -5,7 +5,7 @@
 shared with Kafka, :mod:`runwire.bus.ingest_entries`): field ``m``, the
 events' canonical JSON one per line. A lone event is an entry with field
 ``e`` as before, which is also what a hand-written ``XADD`` sends; consumers
-take both (:func:`ingest_frames`).
+take both (:func:`ingest_entry`).
 
 **Delivery streams.** Several events per entry, the seq ↔ entry mapping exact.
 
@@ -33,7 +33,7 @@ from ..core.envelope import Event, RunLifecycle, decode_many, is_terminal
 from ..core.errors import ProtocolError
 from ..core.lines import join_lines
 from .base import EncodedAppend, StreamKey
-from .ingest_entries import chunks, join, split
+from .ingest_entries import chunks, join
 
 _SEQ = attrgetter("seq")
 ENTRY_EVENTS = 512
@@ -62,19 +62,20 @@ def ingest_xadd(key: str, frames: Sequence[bytes], maxlen: int) -> list[list[byt
     return commands
 
 
-def ingest_frames(fields: Any) -> list[bytes] | None:
-    """The events of an ingest entry (raw ``[name, value, …]`` or a dict), None without any."""
+def ingest_entry(fields: Any) -> tuple[bytes, int] | None:
+    """An ingest entry's events (raw ``[name, value, …]`` or a dict) as ``(data, count)``:
+    their canonical JSON lines joined by newlines and how many there are; None without any."""
     if isinstance(fields, list) and len(fields) == 2:
         name, value = fields
         if name == INGEST_FIELD:
-            return [value]
+            return value, 1
         if name == INGEST_MANY_FIELD:
-            return split(value)
+            return value, value.count(b"\n") + 1
     many = _field(fields, INGEST_MANY_FIELD)
     if many is not None:
-        return split(many)
+        return many, many.count(b"\n") + 1
     one = _field(fields, INGEST_FIELD)
-    return None if one is None else [one]
+    return None if one is None else (one, 1)
 
 
 def seq_spec(seqs: Sequence[int]) -> bytes:

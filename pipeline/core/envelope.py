@@ -296,28 +296,15 @@ def decode_many(
     """Decode separate frames: exactly one result per frame, the event or its error, in order.
 
     When every frame is a one-line canonical frame (what publishers write),
-    the batch goes through one msgspec call; otherwise, or when any frame
+    the batch goes through one msgspec call (:func:`decode_joined`); otherwise, or when any frame
     fails, each frame is decoded alone, so a bad frame affects only its own
     result. (Unlike :func:`decode_lines`, nothing is skipped.) The limits are
     those of :func:`decode`; the depth limit costs a bracket count per frame.
     """
     if frames and max(map(len, frames)) <= max_bytes:
-        joined = b"\n".join(frames)
-        if joined.count(b"\n") == len(frames) - 1:
-            try:
-                events: list[Event | ProtocolError] = _decoder.decode_lines(joined)
-            except (msgspec.ValidationError, msgspec.DecodeError, RecursionError):
-                events = []
-            if len(events) == len(frames) and all(
-                map(_TS_RE.match, {event.ts for event in events})  # type: ignore[union-attr]
-            ):
-                if max_depth is not None:
-                    for index in _deep_candidates(events):
-                        if _may_be_deep(frames[index], max_depth) and is_too_deep(
-                            events[index], max_depth  # type: ignore[arg-type]
-                        ):
-                            events[index] = _too_deep(max_depth)
-                return events
+        events = decode_joined(b"\n".join(frames), len(frames), max_depth=max_depth, frames=frames)
+        if events is not None:
+            return events
     out: list[Event | ProtocolError] = []
     for frame in frames:
         try:
@@ -325,6 +312,34 @@ def decode_many(
         except ProtocolError as exc:
             out.append(exc)
     return out
+
+
+def decode_joined(
+    joined: bytes, count: int, *, max_depth: int | None = MAX_DEPTH,
+    frames: Sequence[bytes] | None = None,
+) -> list[Event | ProtocolError] | None:
+    """The ``count`` events of canonical frames joined by newlines (each frame within the size
+    limit: the caller checks; ``frames``, when the caller has them apart), in one msgspec call;
+    a too-deep event's result is its error. None when the frames need decoding one by one
+    (not ``count`` lines, or one fails)."""
+    if joined.count(b"\n") != count - 1:
+        return None
+    try:
+        events: list[Event | ProtocolError] = _decoder.decode_lines(joined)
+    except (msgspec.ValidationError, msgspec.DecodeError, RecursionError):
+        return None
+    if len(events) != count or not all(map(_TS_RE.match, {event.ts for event in events})):  # type: ignore[union-attr]
+        return None
+    if max_depth is not None:
+        candidates = _deep_candidates(events)
+        if candidates and frames is None:
+            frames = joined.split(b"\n")
+        for index in candidates:
+            if _may_be_deep(frames[index], max_depth) and is_too_deep(  # type: ignore[index]
+                events[index], max_depth  # type: ignore[arg-type]
+            ):
+                events[index] = _too_deep(max_depth)
+    return events
 
 
 def _decode_extension(frame: bytes | str, text: str, path: str | None) -> Extension:

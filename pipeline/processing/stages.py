@@ -16,22 +16,22 @@ import logging
 import time
 from collections.abc import Awaitable, Callable, Sequence
 from datetime import UTC, datetime, timedelta
-from operator import attrgetter
 from typing import TypeVar
 
 import msgspec
 from redis.backoff import ExponentialWithJitterBackoff
 
 from ..bus import Bus, Delivery, EncodedAppend, StreamKey
+from ..bus.base import each_event
 from ..bus.keys import shard_for
-from ..core.envelope import Event, decode_many, ts_ms
-from ..core.errors import ProtocolError
+from ..core.envelope import Event
 from ..core.lines import encode_lines
 from ..core.retry import Outage, Retry
 from ..store import ReplayLog
 from .checkpoint import Checkpoint, encode_checkpoint, settle_windows, unsent_windows
 from .fanin import Misrooted
-from .processor import Processor, StreamOutput, validate
+from .intake import decode_batch
+from .processor import Processor, StreamOutput
 from .sequencing import SequencerState
 
 log = logging.getLogger("runwire.worker")
@@ -58,23 +58,10 @@ APPEND_CHUNK = 256
 SETTLE_READ = 100_000
 """Shaped events read past a restored checkpoint (at most one write's: its writer died mid-write)."""
 T = TypeVar("T")
-_DATA = attrgetter("data")
 RETRY = Retry(ExponentialWithJitterBackoff(cap=RETRY_MAX_S, base=0.025))
 """A worker's writes, loads, fetches and acks: retriable errors (bus or store
 unavailable, bus full) are retried without a deadline until the worker stops:
 a pause, logged once when it starts and once when it ends (:class:`Outage`)."""
-
-
-def _all_valid(results: Sequence[Event | ProtocolError]) -> bool:
-    """Whether every result is an event :func:`validate` accepts (each distinct ``ts`` read once)."""
-    if any(issubclass(kind, ProtocolError) for kind in set(map(type, results))):
-        return False
-    try:
-        for ts in {event.ts for event in results}:  # type: ignore[union-attr]
-            ts_ms(ts)
-    except ProtocolError:
-        return False
-    return True
 
 
 class EncodedWrite:
@@ -180,30 +167,18 @@ class Stages:
         if self._first_batch_at is None:
             self._first_batch_at = time.monotonic()
         self.stats.batches += 1
-        self.stats.entries += len(deliveries)
-        results = decode_many(list(map(_DATA, deliveries)))
-        if _all_valid(results):  # every event decoded and valid (the rule): no per-event pass
-            good: list[Delivery] = list(deliveries)
-            events: list[Event] = results  # type: ignore[assignment]
-        else:
-            good, events = [], []
-            for delivery, result in zip(deliveries, results, strict=True):
-                if not isinstance(result, ProtocolError):
-                    try:
-                        validate(result)
-                    except ProtocolError as invalid:
-                        result = invalid
-                if isinstance(result, ProtocolError):
-                    await self._dead_letter(delivery, f"undecodable: {result}")
-                else:
-                    good.append(delivery)
-                    events.append(result)
+        good, events, poison, whole = decode_batch(deliveries)
+        self.stats.entries += len(events) + len(poison)
+        for delivery, bad in poison:
+            await self._dead_letter(delivery, f"undecodable: {bad}")
         await self._restore(events, before_restore)
         outputs, failures = self.processor.process_each(
             events, owned=True, into=None if into is None else into())
         rerouted = [error for _, error in failures if isinstance(error, Misrooted)]
         if rerouted:
             await self._reroute(rerouted)
+        if whole and failures:  # (their indexes count events)
+            good = each_event(good)
         for index, error in failures:
             if not isinstance(error, Misrooted):
                 await self._dead_letter(good[index], f"processing failed: {error!r}")

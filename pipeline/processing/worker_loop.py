@@ -27,6 +27,7 @@ from .stages import PENDING_BATCHES, EncodedWrite, Stages
 
 log = logging.getLogger("runwire.worker")
 _SHARD = attrgetter("shard")
+_COUNT = attrgetter("count")
 
 
 class _Write:
@@ -84,7 +85,7 @@ class ConsumerLoop:
                     deliveries, prefetch = await prefetch, None
                 else:
                     deliveries = await self._fetch(batch, block_ms)
-                fetched = len(deliveries)
+                fetched = sum(map(_COUNT, deliveries))
                 await self._check_ownership()
                 if not self._owned.issuperset(map(_SHARD, deliveries)):
                     # a lease lost since the fetch: the shard's new owner redoes them
@@ -97,7 +98,7 @@ class ConsumerLoop:
                     acked, _ = await self.stages.prepare(
                         deliveries, self._drain_for, into=self._pending_outputs)
                     self._pending_acks.extend(acked)
-                    self._pending_entries += len(deliveries)
+                    self._pending_entries += fetched
                     if self._ready() or self._pending_entries >= most:
                         await self._write_pending()
                 if fetched < batch:
@@ -121,7 +122,7 @@ class ConsumerLoop:
 
     async def _fetch(self, batch: int, block_ms: int) -> list[Delivery]:
         """One fetch, retried while the bus is unavailable (until a stop)."""
-        return await self.stages.retry(lambda: self.consumer.fetch(batch, block_ms=block_ms))
+        return await self.stages.retry(lambda: self.consumer.fetch_entries(batch, block_ms=block_ms))
 
     async def _abandon(self) -> None:
         """The loop failed: write nothing more, so no checkpoint covers a write that failed.

@@ -163,6 +163,45 @@ async def test_an_entry_of_several_events_is_acked_once_all_of_them_are(
         assert [d.reason for d in await bus.dead_letters()] == ["bad too", "bad"]
 
 
+async def test_a_worker_fetches_an_entry_of_several_events_whole_and_acks_it_once(
+    redis_url: str, prefix: str,
+) -> None:
+    """``fetch_entries`` hands an entry out as one delivery holding its events' lines
+    (``count`` of them, ``max_count`` still counting events); acking it acks the entry,
+    and after one of its events was dead-lettered on its own, acking the rest does."""
+    url = f"{redis_url}?prefix={prefix}&shards=1&claim_idle_ms=100000"
+    async with open_bus(url) as bus:
+        first = [event("run-whole", s) for s in range(1, 4)]
+        second = [event("run-whole", s) for s in range(4, 6)]
+        await bus.publish(first)
+        await bus.publish(second)
+        await bus.publish([event("run-whole", 6)])
+        client = Redis.from_url(redis_url)
+
+        async def pending() -> int:
+            return int((await client.xpending(ingest_key(prefix, 0), "g"))["pending"])
+
+        try:
+            async with bus.consumer("g", "c") as consumer:
+                got: list[Delivery] = []
+                async with asyncio.timeout(10):
+                    while sum(d.count for d in got) < 6:
+                        got += await consumer.fetch_entries(100, block_ms=100)
+                assert [d.count for d in got] == [3, 2, 1]
+                assert got[0].data == b"\n".join(map(encode, first))
+                assert [decode(p.data).seq for p in got[1].events()] == [4, 5]
+                assert await pending() == 3
+                await consumer.ack([got[0]])
+                assert await pending() == 2
+                await consumer.dead_letter(got[1].events()[0], "bad")
+                assert await pending() == 2  # its other event is not done yet
+                await consumer.ack([got[1], got[2]])
+                assert await pending() == 0
+        finally:
+            await client.aclose()
+        assert [d.data for d in await bus.dead_letters()] == [encode(second[0])]
+
+
 async def test_entries_with_one_id_on_two_shards_are_acked_each_on_its_own(
     redis_url: str, prefix: str,
 ) -> None:

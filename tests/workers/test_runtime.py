@@ -80,6 +80,42 @@ async def test_poison_entries_are_dead_lettered_with_the_reason_and_the_run_goes
     assert [e.id for e in await store.read(run.run_id)] == [e.id for e in raw]
 
 
+async def test_a_bad_event_inside_an_entry_of_several_is_dead_lettered_alone(
+    redis_url: str, store: ReplayLog
+) -> None:
+    """A worker takes a Redis entry of several events whole; one undecodable line and one
+    event another tenant's (refused while processing) are each dead-lettered on their own,
+    the entry's other events are processed, and the entry is acked once all of it is done."""
+    import msgspec
+    from redis.asyncio import Redis
+
+    from runwire.bus.keys import ingest_key, shard_for
+    from runwire.bus.redis_entries import INGEST_MANY_FIELD
+
+    url = f"{redis_url}?prefix=t{uuid.uuid4().hex[:10]}"
+    run = RunScript(f"{prefix()}_entry")
+    events = [msgspec.structs.replace(run.tool_start(f"c{i}"), tenant="acme") for i in range(5)]
+    foreign = msgspec.structs.replace(events[1], tenant="other")
+    entries = [[encode(events[0]), encode(foreign), encode(events[2])],  # decodes: refused in processing
+               [b"}{ not json", encode(events[3]), encode(events[4])]]
+    async with open_bus(url) as bus:
+        shard = shard_for(run.run_id, bus.shards)
+        key = ingest_key(bus.options.prefix, shard)  # type: ignore[attr-defined]
+        client = Redis.from_url(redis_url)
+        try:
+            for lines in entries:
+                await client.xadd(key, {INGEST_MANY_FIELD: b"\n".join(lines)})
+                stats = await run_worker(bus, store, group="g", name="w1", burst=True)
+                assert int((await client.xpending(key, "g"))["pending"]) == 0
+                assert stats.dead_lettered == 1 and stats.entries == 3
+        finally:
+            await client.aclose()
+        assert sorted(d.data for d in await bus.dead_letters()) == sorted([b"}{ not json", encode(foreign)])
+        raw = await read_all(bus, run.run_id)
+    calls = [e.payload_dict().get("call_id") for e in raw if e.type == "tool.start"]
+    assert calls == ["c0", "c2", "c3", "c4"]
+
+
 async def test_a_silent_run_is_ended_as_error(bus: Bus, store: ReplayLog) -> None:
     """When the producer dies the stream still ends, with state=error."""
     run = RunScript(f"{prefix()}_silent")
