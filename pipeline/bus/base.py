@@ -60,7 +60,8 @@ class Delivery(msgspec.Struct, gc=False):
     dead-lettered."""
     count: int = 1
     """How many events ``data`` holds: more than one only from :meth:`Consumer.fetch_entries`,
-    a whole entry whose events' canonical JSON lines are joined by newlines (``part`` 0)."""
+    a whole entry (on the in-process bus: consecutive entries of a shard, ``part`` then
+    counting from the first) whose events' canonical JSON lines are joined by newlines."""
 
     def events(self) -> list[Delivery]:
         """One delivery per event of this one (itself when it holds one)."""

@@ -62,24 +62,29 @@ class MemoryConsumer(Consumer):
                 self._owned.add(shard)
 
     async def fetch(self, max_count: int = 512, block_ms: int = 1000) -> list[Delivery]:
+        return await self._fetch(max_count, block_ms, whole=False)
+
+    async def fetch_entries(self, max_count: int = 512, block_ms: int = 1000) -> list[Delivery]:
+        """:meth:`fetch`, but the new entries a shard hands out at once come as one delivery
+        (their lines joined, ``count`` of them, ``entry_id`` the first's; an event's
+        :meth:`~runwire.bus.Delivery.events` part is its offset from it)."""
+        return await self._fetch(max_count, block_ms, whole=True)
+
+    async def _fetch(self, max_count: int, block_ms: int, *, whole: bool) -> list[Delivery]:
         if self._closed:
             raise RuntimeError("consumer is closed")
         self._join()
         deadline = now_ms() + block_ms
         while True:
             self._rebalance()
-            out = self._collect(max_count)
+            out = self._take_own_pending(max_count)
+            out += self._take_idle(max_count - len(out))
+            out += self._take_new(max_count - len(out), whole)
             remaining = deadline - now_ms()
             if out or remaining <= 0:
                 return out
             wait = min(remaining, self._next_claim_in())
             await self.state.ingest_changed.wait(max(wait, 1) / 1000)
-
-    def _collect(self, max_count: int) -> list[Delivery]:
-        out = self._take_own_pending(max_count)
-        out += self._take_idle(max_count - len(out))
-        out += self._take_new(max_count - len(out))
-        return out
 
     def _take_own_pending(self, limit: int) -> list[Delivery]:
         """Entries pending for this name (a restart under it) on owned shards, in id order.
@@ -160,7 +165,7 @@ class MemoryConsumer(Consumer):
             return None
         return delivery
 
-    def _take_new(self, limit: int) -> list[Delivery]:
+    def _take_new(self, limit: int, whole: bool = False) -> list[Delivery]:
         """New entries of owned shards, up to ``limit``: a fair share of each shard first (a
         busy shard can't starve the rest), then what is left of ``limit`` from the shards
         that had more — fewer than ``limit`` only when no owned shard has more (a runtime
@@ -172,11 +177,12 @@ class MemoryConsumer(Consumer):
         name = self.name
         shards = [shard for shard in sorted(self._owned) if shard in self._own_pending_done
                   and not self._group.shards[shard].held_by_others(name)]
-        while shards and len(out) < limit:  # (older pending entries come first: per-run order)
-            per_shard = -(-(limit - len(out)) // len(shards))
+        taken = 0
+        while shards and taken < limit:  # (older pending entries come first: per-run order)
+            per_shard = -(-(limit - taken) // len(shards))
             more: list[int] = []
             for shard in shards:
-                room = min(per_shard, limit - len(out))
+                room = min(per_shard, limit - taken)
                 if room <= 0:
                     break
                 group_shard = self._group.shards[shard]
@@ -184,8 +190,13 @@ class MemoryConsumer(Consumer):
                 if not entries:
                     continue
                 group_shard.hold(first, len(entries), name, now)
-                out += [Delivery(entry_id=f"{entry_id}-0", shard=shard, data=data)
-                        for entry_id, data in enumerate(entries, first)]
+                taken += len(entries)
+                joined = b"\n".join(entries) if whole and len(entries) > 1 else None
+                if joined is not None and joined.count(b"\n") == len(entries) - 1:  # one line each
+                    out.append(Delivery(f"{first}-0", shard, joined, 1, 0, len(entries)))
+                else:
+                    out += [Delivery(entry_id=f"{entry_id}-0", shard=shard, data=data)
+                            for entry_id, data in enumerate(entries, first)]
                 if len(entries) == room:
                     more.append(shard)
             shards = more
@@ -203,8 +214,12 @@ class MemoryConsumer(Consumer):
     async def ack(self, deliveries: Sequence[Delivery]) -> None:
         by_shard: dict[int, list[int]] = {}
         for delivery in deliveries:
-            by_shard.setdefault(delivery.shard, []).append(
-                int(delivery.entry_id.partition("-")[0]))
+            entry_id = _entry_id(delivery)
+            if delivery.count == 1:
+                by_shard.setdefault(delivery.shard, []).append(entry_id)
+            else:
+                by_shard.setdefault(delivery.shard, []).extend(
+                    range(entry_id, entry_id + delivery.count))
         shards, touched = self._group.shards, False
         for shard, entry_ids in by_shard.items():
             if shards[shard].release(entry_ids):
@@ -214,13 +229,17 @@ class MemoryConsumer(Consumer):
             self.state.ingest_changed.notify()
 
     def _dead_letter_now(self, delivery: Delivery, reason: str) -> None:
+        if delivery.count > 1:  # (each entry of it)
+            for event in delivery.events():
+                self._dead_letter_now(event, reason)
+            return
+        entry_id = _entry_id(delivery)
         self.state.dead.append(DeadLetter(
-            entry_id=delivery.entry_id, shard=delivery.shard, data=delivery.data,
+            entry_id=f"{entry_id}-0", shard=delivery.shard, data=delivery.data,
             reason=reason, deliveries=delivery.deliveries, group=self.group,
         ))
-        log.warning("dead-lettered entry %s of shard %d in group %s: %s",
-                    delivery.entry_id, delivery.shard, self.group, reason)
-        entry_id = int(delivery.entry_id.partition("-")[0])
+        log.warning("dead-lettered entry %d-0 of shard %d in group %s: %s",
+                    entry_id, delivery.shard, self.group, reason)
         self._group.shards[delivery.shard].release([entry_id])
         self.state.trim(delivery.shard)
 
@@ -243,3 +262,8 @@ class MemoryConsumer(Consumer):
                 group.members[self.name] = left
         self._owned.clear()
         self.state.ingest_changed.notify()
+
+
+def _entry_id(delivery: Delivery) -> int:
+    """The shard entry a delivery names (of one handed out whole, its ``part``-th)."""
+    return int(delivery.entry_id.partition("-")[0]) + delivery.part
