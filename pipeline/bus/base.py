@@ -21,6 +21,7 @@ from __future__ import annotations
 from abc import abstractmethod
 from collections.abc import AsyncIterator, Mapping, Sequence
 from itertools import repeat
+from operator import attrgetter
 from typing import Any, Literal
 
 import msgspec
@@ -70,6 +71,14 @@ class Delivery(msgspec.Struct, gc=False):
         count = self.count
         return list(map(Delivery, repeat(self.entry_id, count), repeat(self.shard, count),
                         split(self.data), repeat(self.deliveries, count), range(count)))
+
+
+_COUNT = attrgetter("count")
+
+
+def event_count(deliveries: Sequence[Delivery]) -> int:
+    """How many events ``deliveries`` hold (whole entries count each of theirs)."""
+    return sum(map(_COUNT, deliveries))
 
 
 def each_event(deliveries: Sequence[Delivery]) -> list[Delivery]:

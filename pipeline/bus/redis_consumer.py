@@ -40,14 +40,13 @@ import contextlib
 import logging
 import time
 from collections.abc import Awaitable, Callable, Sequence
-from operator import attrgetter
 from typing import Any, TypeVar
 
 import redis.exceptions as rexc
 
 from ..core.errors import BusUnavailable
 from . import keys
-from .base import Consumer, Delivery, each_event
+from .base import Consumer, Delivery, each_event, event_count
 from .ingest_entries import INGEST_ENTRY_EVENTS, OpenEntries
 from .options import BusOptions
 from .redis_entries import ingest_entry
@@ -57,7 +56,6 @@ from .redis_trim import IngestTrimmer
 log = logging.getLogger(__name__)
 T = TypeVar("T")
 Entry = tuple[bytes, dict[bytes, bytes] | list[bytes] | None]
-_COUNT = attrgetter("count")
 
 
 class RedisConsumer(Consumer):
@@ -177,7 +175,7 @@ class RedisConsumer(Consumer):
                 got = await self._recreating_group(lambda: self._collect(asked, wait))  # noqa: B023
                 got = await self._screen(got)
                 out += got
-                events += sum(map(_COUNT, got))
+                events += event_count(got)
                 if events >= max_count or not self._full or not got:
                     return out
 

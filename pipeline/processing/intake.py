@@ -14,13 +14,12 @@ from collections.abc import Sequence
 from operator import attrgetter
 
 from ..bus import Delivery
-from ..bus.base import each_event
+from ..bus.base import each_event, event_count
 from ..core.envelope import MAX_FRAME_BYTES, Event, decode_joined, decode_many, ts_ms
 from ..core.errors import ProtocolError
 from .processor import validate
 
 _DATA = attrgetter("data")
-_COUNT = attrgetter("count")
 
 
 def decode_batch(
@@ -29,7 +28,7 @@ def decode_batch(
     """``(good, events, poison, whole)``: the deliveries of valid events and those events,
     the deliveries of events that are not valid with the reason, and whether ``good`` holds
     whole entries (then ``events`` counts more than ``good``; otherwise they pair up)."""
-    count = sum(map(_COUNT, deliveries))
+    count = event_count(deliveries)
     whole = count != len(deliveries)
     results: list[Event | ProtocolError] | None
     if whole:

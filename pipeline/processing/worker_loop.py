@@ -22,12 +22,12 @@ import time
 from operator import attrgetter
 
 from ..bus import Consumer, Delivery
+from ..bus.base import event_count
 from .processor import Processor, StreamOutput
 from .stages import PENDING_BATCHES, EncodedWrite, Stages
 
 log = logging.getLogger("runwire.worker")
 _SHARD = attrgetter("shard")
-_COUNT = attrgetter("count")
 
 
 class _Write:
@@ -85,7 +85,7 @@ class ConsumerLoop:
                     deliveries, prefetch = await prefetch, None
                 else:
                     deliveries = await self._fetch(batch, block_ms)
-                fetched = sum(map(_COUNT, deliveries))
+                fetched = event_count(deliveries)
                 await self._check_ownership()
                 if not self._owned.issuperset(map(_SHARD, deliveries)):
                     # a lease lost since the fetch: the shard's new owner redoes them
