@@ -6,8 +6,10 @@ takes a snapshot of every part before and after a measured span:
 
 * each thread of this process, by its CPU clock (``pthread_getcpuclockid``),
   grouped as ``loop`` (the main thread, which runs the event loop), ``log``
-  (the replay log's SQLite thread, ``runwire-sqlite*``) and ``other``;
-  a thread that ended during the span is not counted;
+  (the replay log's SQLite thread, ``runwire-sqlite*``) and ``other``; a
+  thread that ended during the span (the faust app's consumer thread, which
+  stops with the app) counts as ``other``: the process's CPU time less its
+  live threads';
 * a Redis server: ``INFO cpu`` (``used_cpu_user`` + ``used_cpu_sys``, all its
   threads) and ``INFO commandstats`` (calls per command, scripts' inner calls
   included);
@@ -89,6 +91,7 @@ class CpuMeter:
         self._threads: dict[int, tuple[str, float]] = {}
         self._redis: tuple[float, dict[str, int]] = (0.0, {})
         self._procs: dict[str, float] = {}
+        self._process = 0.0
 
     def _redis_now(self) -> tuple[float, dict[str, int]]:
         import redis
@@ -107,14 +110,17 @@ class CpuMeter:
             self._redis = self._redis_now()
         self._procs = {name: _proc_seconds(pid) for name, pid in self.pids.items()}
         self._threads = _threads()
+        self._process = time.process_time()
 
     def stop(self) -> dict[str, float]:
         """CPU seconds per part (``loop``, ``log``, ``other``, ``redis``, each pid's name) and,
         with Redis, ``calls_<command>`` per command called meanwhile."""
         now = _threads()
+        process = time.process_time() - self._process
         out = {"loop": 0.0, "log": 0.0, "other": 0.0}
         for ident, (part, seconds) in now.items():
             out[part] += seconds - self._threads.get(ident, (part, 0.0))[1]
+        out["other"] += max(0.0, process - sum(out.values()))  # threads that ended meanwhile
         for name, pid in self.pids.items():
             out[name] = _proc_seconds(pid) - self._procs[name]
         if self.redis_url:

@@ -21,12 +21,12 @@ from __future__ import annotations
 from abc import abstractmethod
 from collections.abc import AsyncIterator, Mapping, Sequence
 from itertools import repeat
-from operator import attrgetter
+from operator import attrgetter, lt
 from typing import Any, Literal
 
 import msgspec
 
-from ..core.envelope import Event
+from ..core.envelope import Event, RunLifecycle, is_terminal
 from ..core.lifecycle import AsyncResource
 from .ingest_entries import split
 from .keys import shard_for
@@ -79,6 +79,29 @@ _COUNT = attrgetter("count")
 def event_count(deliveries: Sequence[Delivery]) -> int:
     """How many events ``deliveries`` hold (whole entries count each of theirs)."""
     return sum(map(_COUNT, deliveries))
+
+
+def ends_run(events: Sequence[Event]) -> bool:
+    """Whether one stream's append holds the stream's own terminal ``run.lifecycle`` (a
+    child's, fanned into a parent stream, carries ``child_id`` and ends only the child)."""
+    if RunLifecycle not in set(map(type, events)):  # (most appends: one C-level pass)
+        return False
+    for event in reversed(events):
+        if type(event) is RunLifecycle and event.child_id is None and is_terminal(event):
+            return True
+    return False
+
+
+_SEQ = attrgetter("seq")
+
+
+def ascending_past(events: Sequence[Event], last: int) -> bool:
+    """Whether every one of ``events`` is past ``last`` in ascending seq order (a writer's usual
+    append: each is new, in order), found by C-level passes rather than a step per event."""
+    if not events or events[0].seq <= last:
+        return False
+    seqs = list(map(_SEQ, events))
+    return all(map(lt, seqs, seqs[1:]))
 
 
 def each_event(deliveries: Sequence[Delivery]) -> list[Delivery]:

@@ -72,7 +72,15 @@ from aiokafka.admin import AIOKafkaAdminClient, NewTopic
 from ..core.envelope import Event, encode
 from ..core.errors import ConfigError
 from . import keys
-from .base import Bus, Consumer, ControlCommand, DeadLetter, EncodedAppend, StreamKey
+from .base import (
+    Bus,
+    Consumer,
+    ControlCommand,
+    DeadLetter,
+    EncodedAppend,
+    StreamKey,
+    ascending_past,
+)
 from .kafka_consumer import KafkaConsumer
 from .kafka_hot import HotStreams
 from .kafka_io import (
@@ -103,6 +111,23 @@ _OWN_STATES_MAX = 100_000
 """Own appended states remembered per epoch (then the tail is caught up on again)."""
 
 __all__ = ["KafkaBus", "KafkaConsumer", "KafkaOptions"]
+
+
+def _past(
+    events: Sequence[Event], encoded: Sequence[bytes] | None, last: int
+) -> tuple[list[Event], Sequence[bytes], int]:
+    """The events of one append past seq ``last`` (appended already: the rest), their bytes,
+    and the new last seq."""
+    if encoded is not None and ascending_past(events, last):  # a worker's append: all new, in order
+        return list(events), encoded, events[-1].seq
+    fresh: list[Event] = []
+    values: list[bytes] = []
+    for index, event in enumerate(events):
+        if event.seq > last:
+            fresh.append(event)
+            values.append(encode(event) if encoded is None else encoded[index])
+            last = event.seq
+    return fresh, values, last
 
 
 class KafkaBus(Bus):
@@ -335,13 +360,7 @@ class KafkaBus(Bus):
         for key, events, encoded, state in appends:
             run_id, view = key
             last = last_of[key] if key in last_of else tail.streams.last_seq(key)
-            fresh: list[Event] = []
-            values: list[bytes] = []
-            for index, event in enumerate(events):
-                if event.seq > last:
-                    fresh.append(event)
-                    values.append(encode(event) if encoded is None else encoded[index])
-                    last = event.seq
+            fresh, values, last = _past(events, encoded, last)
             last_of[key] = last
             planned.append((key, fresh, state))
             if not fresh and state is None:

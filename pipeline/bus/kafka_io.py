@@ -21,6 +21,7 @@ from aiokafka.errors import KafkaError
 
 from ..core.envelope import Event
 from ..core.errors import BusUnavailable
+from ..core.lines import Lines
 from .ingest_entries import chunks, cuts, join, split
 
 VIEW_HEADER = "v"
@@ -72,6 +73,10 @@ def event_records(
     seq (a reader that holds it skips the record undecoded), ``n`` = how
     many events. Fewer records cost less to produce and to read back.
     """
+    if type(values) is Lines and len(values) <= RECORD_EVENTS and len(values.joined) <= RECORD_BYTES:
+        # a worker's stream of a write, encoded at once: one record, its lines as they are
+        return [(partition, key, values.joined, [view_header, (SEQ_HEADER, b"%d" % events[-1].seq),
+                                                 (COUNT_HEADER, b"%d" % len(values))])]
     out: list[Record] = []
     for start, end in cuts(values, RECORD_EVENTS, RECORD_BYTES):
         headers = [view_header, (SEQ_HEADER, b"%d" % events[end - 1].seq),

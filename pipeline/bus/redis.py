@@ -40,13 +40,12 @@ from ..core.envelope import Event, encode
 from ..core.errors import BusFull
 from ..core.retry import Retry
 from . import keys
-from .base import Bus, Consumer, ControlCommand, DeadLetter, EncodedAppend, StreamKey
+from .base import Bus, Consumer, ControlCommand, DeadLetter, EncodedAppend, StreamKey, ends_run
 from .options import split_url
 from .redis_consumer import RedisConsumer
 from .redis_entries import (
     FramedKeys,
     decode_stored,
-    ends_run,
     entry_args,
     first_seq,
     frame_ints,

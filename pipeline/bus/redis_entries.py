@@ -29,10 +29,10 @@ from collections.abc import Callable, Iterable, Sequence
 from operator import attrgetter
 from typing import Any
 
-from ..core.envelope import Event, RunLifecycle, decode_many, is_terminal
+from ..core.envelope import Event, decode_many
 from ..core.errors import ProtocolError
 from ..core.lines import join_lines
-from .base import EncodedAppend, StreamKey
+from .base import EncodedAppend, StreamKey, ends_run
 from .ingest_entries import chunks, join
 
 _SEQ = attrgetter("seq")
@@ -172,17 +172,6 @@ def decode_stored(lines: Sequence[bytes]) -> list[Event]:
         if isinstance(event, ProtocolError):
             raise event
     return events  # type: ignore[return-value]
-
-
-def ends_run(events: Sequence[Event]) -> bool:
-    """Whether one stream's append holds the stream's own terminal ``run.lifecycle`` (a
-    child's, fanned into a parent stream, carries ``child_id`` and ends only the child)."""
-    if RunLifecycle not in set(map(type, events)):  # (most appends: one C-level pass)
-        return False
-    for event in reversed(events):
-        if type(event) is RunLifecycle and event.child_id is None and is_terminal(event):
-            return True
-    return False
 
 
 FRAMED_KEYS = 4096
