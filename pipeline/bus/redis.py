@@ -49,6 +49,7 @@ from .redis_entries import (
     entry_args,
     first_seq,
     frame_ints,
+    ingest_entries,
     ingest_xadd,
     lines_after,
     pack_append_many,
@@ -57,6 +58,7 @@ from .redis_entries import (
 from .redis_link import (
     APPEND,
     APPEND_MANY,
+    INGEST_ADD,
     RedisLink,
     ScriptCall,
     at_maxmemory,
@@ -143,13 +145,17 @@ class RedisBus(Bus):
         await self.publish_encoded(events, [encode(event) for event in events])
 
     async def publish_encoded(self, events: Sequence[Event], data: Sequence[bytes]) -> None:
-        """One round trip per batch: an ``XADD`` per shard and up to
-        :data:`~runwire.bus.ingest_entries.INGEST_ENTRY_EVENTS` events, pipelined
+        """One round trip per batch: the entries of each shard (an entry holds up to
+        :data:`~runwire.bus.ingest_entries.INGEST_ENTRY_EVENTS` events), pipelined
         (``data[i]`` is ``encode(events[i])``).
 
-        All-or-error: a connection error raises BusUnavailable and the caller
-        retries the whole batch (shards that made it get duplicates, which
-        the workers drop on ``(run_id, seq)``).
+        All-or-error: an error raises and the caller retries the whole batch
+        (shards that made it get duplicates, which the workers drop on
+        ``(run_id, seq)``). Each shard's entries land all or none: one ``XADD``,
+        or the ``INGEST_ADD`` script when there are several. Separate ``XADD``s
+        at ``maxmemory`` could land a later entry after an earlier one was
+        refused; the retry would then bring a run's earlier events after its
+        later ones, and a worker would drop them as duplicates.
         """
         if not events:
             return
@@ -157,13 +163,17 @@ class RedisBus(Bus):
         for event, encoded in zip(events, data, strict=True):
             by_shard.setdefault(self.shard_of(event), []).append(encoded)
         maxlen = self.options.ingest_maxlen
-        commands = [
-            command
-            for shard, batch in by_shard.items()
-            for command in ingest_xadd(keys.ingest_key(self.prefix, shard), batch, maxlen)
+        shards = [(keys.ingest_key(self.prefix, shard), ingest_entries(batch, maxlen))
+                  for shard, batch in by_shard.items()]
+        if all(len(entries) == 1 for _key, entries in shards):
+            with retriable_bus_errors(f"publish to {self.url}"):
+                await self.link.commands([ingest_xadd(key, entries[0]) for key, entries in shards])
+            return
+        calls: list[ScriptCall] = [
+            (INGEST_ADD, [key], [part for entry in entries for part in entry])
+            for key, entries in shards
         ]
-        with retriable_bus_errors(f"publish to {self.url}"):
-            await self.link.commands(commands)
+        await (self.link.run_scripts(calls) if self.cluster else self.link.run_packed(calls))
 
     async def ingest_lost(self) -> dict[str, int]:
         with retriable_bus_errors("ingest losses"):

@@ -43,23 +43,32 @@ INGEST_FIELD = b"e"
 INGEST_MANY_FIELD = b"m"
 
 
-def ingest_xadd(key: str, frames: Sequence[bytes], maxlen: int) -> list[list[bytes | str | int]]:
-    """The ``XADD`` commands that append ``frames`` to an ingest stream, in order.
+IngestEntry = tuple[int, bytes, bytes]
+"""One ingest entry to add: its ``MAXLEN ~`` (0: none), its field and its value."""
+
+
+def ingest_entries(frames: Sequence[bytes], maxlen: int) -> list[IngestEntry]:
+    """The entries that append ``frames`` to an ingest stream, in order.
 
     ``maxlen`` (events, 0 = unbounded) bounds the stream approximately: an entry of
     ``n`` events trims to ``maxlen // n`` entries.
     """
-    commands: list[list[bytes | str | int]] = []
-    for chunk in chunks(frames):
-        command: list[bytes | str | int] = ["XADD", key]
-        if maxlen:
-            command += ("MAXLEN", "~", max(1, maxlen // len(chunk)))
-        if len(chunk) == 1:
-            command += ("*", INGEST_FIELD, chunk[0])
-        else:
-            command += ("*", INGEST_MANY_FIELD, join(chunk))
-        commands.append(command)
-    return commands
+    return [
+        (max(1, maxlen // len(chunk)) if maxlen else 0,
+         INGEST_FIELD if len(chunk) == 1 else INGEST_MANY_FIELD,
+         chunk[0] if len(chunk) == 1 else join(chunk))
+        for chunk in chunks(frames)
+    ]
+
+
+def ingest_xadd(key: str, entry: IngestEntry) -> list[bytes | str | int]:
+    """The ``XADD`` command that adds one ingest entry."""
+    maxlen, field, value = entry
+    command: list[bytes | str | int] = ["XADD", key]
+    if maxlen:
+        command += ("MAXLEN", "~", maxlen)
+    command += ("*", field, value)
+    return command
 
 
 def ingest_entry(fields: Any) -> tuple[bytes, int] | None:

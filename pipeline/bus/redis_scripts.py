@@ -165,3 +165,20 @@ for s = 0, #KEYS - 2 do
 end
 return owned
 """
+
+INGEST_ADD = """
+-- Add one publish's entries to one ingest shard, all of them or none. Redis checks
+-- maxmemory before a script's first write only, so a publish refused at maxmemory leaves
+-- no entry behind; were the entries separate XADDs, a later one could be accepted after an
+-- earlier one was refused (memory freed in between), and the publisher's retry would then
+-- bring a run's earlier events after its later ones, which a worker drops as duplicates.
+-- ARGV: triples, one per entry: MAXLEN ('0': none), field, value. Returns how many entries.
+for i = 1, #ARGV, 3 do
+  if ARGV[i] == '0' then
+    redis.call('XADD', KEYS[1], '*', ARGV[i + 1], ARGV[i + 2])
+  else
+    redis.call('XADD', KEYS[1], 'MAXLEN', '~', ARGV[i], '*', ARGV[i + 1], ARGV[i + 2])
+  end
+end
+return #ARGV / 3
+"""
