@@ -8,10 +8,13 @@ another process reaches the in-process bus of ``scripts/run`` by changing
 one line: the URL. ``?token=`` is sent as the bearer token when the edge has
 auth on (``RUNWIRE_SECRET``).
 
-It is a bus for publishing only: the workers and the edge need a real bus
-(``memory://`` in their own process, ``redis://``, ``kafka://``), so every
-other operation — consuming, delivery streams, control commands for the
-agent — raises :class:`~runwire.core.errors.ConfigError` saying so. An
+It is a bus for publishing and for the agent's control channel
+(``run.controls()`` reads ``GET /v1/runs/{run}/control``, so a client's
+cancel or approval reaches an agent that publishes through the edge): the
+workers and the edge need a real bus (``memory://`` in their own process,
+``redis://``, ``kafka://``), so every other operation — consuming, delivery
+streams, sending control commands — raises
+:class:`~runwire.core.errors.ConfigError` saying so. An
 unreachable edge, a 5xx or a 429 is :class:`BusUnavailable` (the publisher
 retries it within its ``delivery_timeout``); a refused event (4xx) is the
 edge's error with its ``KAI-STREAM-*`` code, never retried (the publisher
@@ -21,11 +24,15 @@ other lines: a 422 names only the refused ones).
 
 from __future__ import annotations
 
+import asyncio
+import logging
 from collections.abc import AsyncIterator, Mapping, Sequence
 from typing import NoReturn
 from urllib.parse import parse_qs, urlsplit, urlunsplit
 
 import httpx
+import msgspec
+from redis.backoff import FullJitterBackoff
 
 from ..core import envelope
 from ..core.envelope import Event
@@ -38,7 +45,12 @@ from ..core.errors import (
     RequestError,
     WriteRefused,
 )
+from ..core.redaction import redact_text
 from .base import Bus, Consumer, ControlCommand, DeadLetter, StreamKey
+
+log = logging.getLogger(__name__)
+CONTROL_BACKOFF = FullJitterBackoff(cap=2.0, base=0.05)
+_control_json = msgspec.json.Decoder(ControlCommand)
 
 
 class HttpBus(Bus):
@@ -127,8 +139,33 @@ class HttpBus(Bus):
     async def send_control(self, command: ControlCommand) -> None:
         _publish_only("control commands (POST /v1/runs/{run}/control does)")
 
-    def controls(self, run_id: str, *, after: str = "$") -> AsyncIterator[ControlCommand]:
-        _publish_only("control commands for the agent")
+    async def controls(self, run_id: str, *, after: str = "$") -> AsyncIterator[ControlCommand]:
+        """The run's commands, live from now (``after`` other than ``"$"`` is refused), read
+        from the edge; a lost connection or an edge that is down is retried with backoff for
+        as long as this is iterated (commands sent while it was away are not seen)."""
+        if after != "$":
+            raise ConfigError("an http:// bus reads a run's control channel live from now only")
+        failures = 0
+        while True:
+            try:
+                async with self._http().stream(
+                    "GET", f"/v1/runs/{run_id}/control", timeout=httpx.Timeout(self._timeout_s, read=None),
+                ) as answer:
+                    if answer.status_code != 200:
+                        await answer.aread()
+                        if answer.status_code < 500 and answer.status_code != 429:
+                            raise _refusal(answer)
+                        raise httpx.HTTPStatusError("edge busy", request=answer.request, response=answer)
+                    failures = 0
+                    async for line in answer.aiter_lines():
+                        if line.strip():
+                            yield _control_json.decode(line)
+            except httpx.HTTPError as exc:
+                failures += 1
+                pause = CONTROL_BACKOFF.compute(failures)
+                log.warning("control channel of %s unavailable (%s); retrying in %.2fs", run_id,
+                            redact_text(str(exc)), pause)
+                await asyncio.sleep(pause)
 
 
 def _publish_only(what: str) -> NoReturn:

@@ -31,6 +31,9 @@ EVENTS_PER_REQUEST: Final = 100_000
 """Most events (lines, messages) in one ingest request of any entrance."""
 CONTROL_BYTES: Final = 64 * 1024
 """Largest control command: the HTTP control body, a gRPC ``Control``'s ``args``."""
+TOOL_VALUE_BYTES: Final = 256 * 1024
+"""Largest tool input, output or error a framework integration publishes whole; a larger one
+is cut to this many bytes of its JSON and marked (``runwire.integrations.values``)."""
 HEADER_CHARS: Final = ID_CHARS
 """Longest value of a header that names something (``Thread-Id``, ``Producer-Id``)."""
 

@@ -6,6 +6,7 @@ Endpoints (``docs/edge.md`` has the full table):
 ``GET  /v1/runs/{run_id}/stream``               SSE, NDJSON (``Accept``) or WebSocket
 ``POST /v1/runs/{run_id}/events``               HTTP ingest (NDJSON, any ingest format)
 ``POST /v1/runs/{run_id}/control``              cancel / pause / resume / redirect / …
+``GET  /v1/runs/{run_id}/control``              the run's commands, for its agent (NDJSON)
 ``GET  /v1/runs``                               the tenant's runs (``state``, ``since``, ``thread_id`` …)
 ``GET  /v1/threads/{thread_id}/stream``         a thread's active run for AI SDK resume (or 204)
 ``WS   /v1/threads``                            AI SDK ``WebSocketChatTransport`` (send/resume/abort)
@@ -53,7 +54,7 @@ from .auth import Principal
 from .authz import authorize_write
 from .chat import serve_chat
 from .context import Edge
-from .control import send_control
+from .control import agent_controls, send_control
 from .durable import DurableRead
 from .durable_write import DurableWrite
 from .filters import CHILDREN, PROFILE_NAMES
@@ -255,6 +256,17 @@ def control_endpoint(edge: Edge) -> Any:
     return endpoint
 
 
+def agent_control_endpoint(edge: Edge) -> Any:
+    """``GET /v1/runs/{run_id}/control``: the agent's read of its run's commands (NDJSON)."""
+    async def endpoint(request: Request) -> Response:
+        run_id = request.path_params["run_id"]
+        principal = edge.gate.principal(request.headers, request.query_params)
+        lines = await agent_controls(edge.bus, edge.gate, principal, run_id)
+        return StreamingResponse(lines, media_type=NDJSON_MEDIA_TYPE)
+
+    return endpoint
+
+
 async def list_runs(
     edge: Edge,
     principal: Principal | None,
@@ -398,6 +410,7 @@ def create_app(bus: Bus, store: ReplayLog, settings: EdgeSettings | None = None)
         Route("/v1/runs/{run_id}/events", ingest_endpoint(edge), methods=["POST"]),
         Route("/v1/runs/{run_id}/events.jsonl", export_endpoint(edge)),
         Route("/v1/runs/{run_id}/control", control_endpoint(edge), methods=["POST"]),
+        Route("/v1/runs/{run_id}/control", agent_control_endpoint(edge), methods=["GET"]),
         Route("/v1/threads/{thread_id}/stream", ThreadStreamEndpoint(edge)),
         Route("/v1/ds/runs/{run_id}", DurableRead(edge, authorize_stream), methods=["GET", "HEAD"]),
         Route("/v1/ds/runs/{run_id}", DurableWrite(edge).endpoint, methods=["PUT", "POST"]),

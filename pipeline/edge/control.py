@@ -7,13 +7,18 @@ disconnect, never a cancel (closing a tab must not stop the agent); cancelling d
 
 from __future__ import annotations
 
+import asyncio
+import contextlib
+from collections.abc import AsyncIterator
 from typing import Any
+
+import msgspec
 
 from ..bus.base import Bus, ControlCommand
 from ..core.envelope import now_ts
 from ..core.ulid import new_event_id
 from .auth import Gate, Principal
-from .authz import authorize_control
+from .authz import authorize_control, authorize_write
 from .params import check_depth, choice
 
 CONTROL_COMMANDS = frozenset({"cancel", "pause", "resume", "redirect", "approve", "deny", "answer"})
@@ -48,3 +53,37 @@ async def send_control(
     )
     await bus.send_control(sent)
     return sent
+
+
+AGENT_KEEPALIVE_S = 15.0
+"""A quiet agent control stream gets an empty line this often (proxies close idle responses)."""
+_command_json = msgspec.json.Encoder()
+
+
+async def agent_controls(
+    bus: Bus, gate: Gate, principal: Principal | None, run_id: str
+) -> AsyncIterator[bytes]:
+    """``GET /v1/runs/{run_id}/control``: the run's commands as NDJSON lines, live from now, for
+    an agent that publishes through the edge (the publisher SDK's ``http://`` bus). The caller
+    needs the ``write`` scope on the run, as its publisher does (checked here, before anything
+    is sent); an empty line every :data:`AGENT_KEEPALIVE_S` while quiet. Ends when the client
+    goes."""
+    await authorize_write(gate, principal, run_id)
+    return _command_lines(bus.controls(run_id))
+
+
+async def _command_lines(commands: AsyncIterator[ControlCommand]) -> AsyncIterator[bytes]:
+    upcoming = asyncio.ensure_future(anext(commands))
+    try:
+        while True:
+            done, _ = await asyncio.wait({upcoming}, timeout=AGENT_KEEPALIVE_S)
+            if not done:
+                yield b"\n"
+                continue
+            yield _command_json.encode(upcoming.result()) + b"\n"
+            upcoming = asyncio.ensure_future(anext(commands))
+    finally:
+        upcoming.cancel()
+        with contextlib.suppress(BaseException):
+            await upcoming
+        await commands.aclose()  # type: ignore[attr-defined]

@@ -137,10 +137,13 @@ class Run:
             if v is not None
         }
 
-    def event(self, type: str, payload: Mapping[str, Any] | msgspec.Struct) -> Event:
-        """Build (and validate) the run's next event without publishing it."""
+    def event(self, type: str, payload: Mapping[str, Any] | msgspec.Struct,
+              ext: dict[str, Any] | None = None) -> Event:
+        """Build (and validate) the run's next event without publishing it (``ext``: the
+        envelope's extension object)."""
         event_id, ts = self.publisher._clock.stamp()
         typed = _TYPED.get(type)
+        fields = self._fields if ext is None else {**self._fields, "ext": ext}
         event: Event
         try:
             if typed is None:
@@ -149,14 +152,15 @@ class Run:
             if not isinstance(payload, payload_cls):
                 payload = msgspec.convert(payload, payload_cls)
             event = cls(id=event_id, ts=ts, run_id=self.run_id, seq=self.seq + 1,
-                        payload=payload, **self._fields)
+                        payload=payload, **fields)
         except msgspec.ValidationError:
             event = envelope.make(type, payload, id=event_id, ts=ts, run_id=self.run_id,
-                                  seq=self.seq + 1, **self._fields)
+                                  seq=self.seq + 1, **fields)
         self.seq += 1
         return event
 
-    async def emit(self, type: str, payload: Mapping[str, Any] | msgspec.Struct) -> Event:
+    async def emit(self, type: str, payload: Mapping[str, Any] | msgspec.Struct,
+                   ext: dict[str, Any] | None = None) -> Event:
         """Publish one event of any canonical (or ``x.*``) type; returns it.
 
         Raises ``MalformedFrame``/``UnknownEventType`` for an invalid payload
@@ -164,7 +168,7 @@ class Run:
         deeper than 64 levels; nothing is published, seq is not used up), and
         ``DeliveryTimeout`` when the publisher gave up on earlier events.
         """
-        event = self.event(type, payload)
+        event = self.event(type, payload, ext)
         try:
             await self.publisher._enqueue(event)
         except MalformedFrame:  # refused before anything awaited: the seq is not used up

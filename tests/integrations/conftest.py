@@ -1,0 +1,67 @@
+"""Framework integrations end to end: a real Redis bus, two workers and an edge
+(:func:`tests.e2e_harness.pipeline`); the agent publishes with ``redis://`` or ``http://``
+(through the edge), and the test reads the run back as an SSE client of the raw view."""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import AsyncIterator
+from pathlib import Path
+from typing import Any
+
+import httpx
+import msgspec
+import pytest
+
+from runwire.sdk.publisher import Publisher
+from tests.e2e_harness import Pipeline, pipeline, sse, wait_for_stream_end
+
+
+@pytest.fixture
+async def pipe(redis_url: str, tmp_path: Path) -> AsyncIterator[Pipeline]:
+    async with pipeline(redis_url, f"sqlite:///{tmp_path}/replay.db") as running:
+        yield running
+
+
+@pytest.fixture(params=["redis", "http"])
+async def publisher(request: pytest.FixtureRequest, pipe: Pipeline) -> AsyncIterator[Publisher]:
+    """A publisher of the agent's own, on the bus itself or through the edge's HTTP ingest."""
+    url = pipe.url if request.param == "redis" else pipe.edge.url
+    async with Publisher.connect(url, linger_ms=1.0) as pub:
+        yield pub
+
+
+async def read_run(pipe: Pipeline, run_id: str) -> list[dict[str, Any]]:
+    """Every event of a finished run (and its children, flattened) as an SSE client of the raw
+    view sees it: the koder envelope of each frame."""
+    await wait_for_stream_end(pipe.bus, run_id)
+    async with httpx.AsyncClient(base_url=pipe.edge.url, timeout=30) as http:
+        frames = await sse(http, f"/v1/runs/{run_id}/stream?detail=full")
+    return [msgspec.json.decode(frame.data) for frame in frames if frame.data]
+
+
+def own(events: list[dict[str, Any]], run_id: str | None = None) -> list[dict[str, Any]]:
+    """The events of one run among a flattened stream (``run_id`` None: the root's own)."""
+    if run_id is None:
+        return [e for e in events if not e.get("child_id")]
+    return [e for e in events if e.get("child_id") == run_id]
+
+
+def text_of(events: list[dict[str, Any]]) -> str:
+    return "".join(e["payload"]["text"] for e in events if e["type"] == "text.delta")
+
+
+def states(events: list[dict[str, Any]]) -> list[str]:
+    return [e["payload"]["state"] for e in events if e["type"] == "run.lifecycle"]
+
+
+async def control(pipe: Pipeline, run_id: str, command: str, **args: Any) -> None:
+    """A client's command, as any client sends it (``POST /v1/runs/{run}/control``), once the
+    run is known to the edge."""
+    async with httpx.AsyncClient(base_url=pipe.edge.url, timeout=10) as http:
+        for _ in range(200):
+            answer = await http.post(f"/v1/runs/{run_id}/control", json={"command": command, "args": args})
+            if answer.status_code != 404:
+                break
+            await asyncio.sleep(0.05)
+        assert answer.status_code == 202, answer.text
