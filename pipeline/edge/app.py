@@ -76,8 +76,6 @@ STATIC = Path(__file__).parent / "static"
 _json = msgspec.json.Encoder()
 
 
-
-
 def error_response(exc: RunwireError) -> JSONResponse:
     """A RunwireError as a JSON error body with the right status (the one mapping: see :func:`refusal`)."""
     status = http_status(exc)
@@ -241,6 +239,10 @@ def control_request(body: bytes) -> ControlRequest:
 def control_endpoint(edge: Edge) -> Any:
     async def endpoint(request: Request) -> Response:
         run_id = request.path_params["run_id"]
+        if request.method == "GET":  # the run's agent reads its commands (NDJSON, live)
+            principal = edge.gate.principal(request.headers, request.query_params)
+            lines = await agent_controls(edge.bus, edge.gate, principal, run_id)
+            return StreamingResponse(lines, media_type=NDJSON_MEDIA_TYPE)
         try:
             principal = edge.gate.principal(request.headers, request.query_params)
             body = control_request(await bounded_body(
@@ -252,17 +254,6 @@ def control_endpoint(edge: Edge) -> Any:
                 edge.metrics.pause(state_of(exc))
             return error_response(exc)
         return json_response({"id": command.id, "command": command.command}, status=202)
-
-    return endpoint
-
-
-def agent_control_endpoint(edge: Edge) -> Any:
-    """``GET /v1/runs/{run_id}/control``: the agent's read of its run's commands (NDJSON)."""
-    async def endpoint(request: Request) -> Response:
-        run_id = request.path_params["run_id"]
-        principal = edge.gate.principal(request.headers, request.query_params)
-        lines = await agent_controls(edge.bus, edge.gate, principal, run_id)
-        return StreamingResponse(lines, media_type=NDJSON_MEDIA_TYPE)
 
     return endpoint
 
@@ -409,8 +400,7 @@ def create_app(bus: Bus, store: ReplayLog, settings: EdgeSettings | None = None)
         WebSocketRoute("/v1/runs/{run_id}/stream", websocket_endpoint(edge)),
         Route("/v1/runs/{run_id}/events", ingest_endpoint(edge), methods=["POST"]),
         Route("/v1/runs/{run_id}/events.jsonl", export_endpoint(edge)),
-        Route("/v1/runs/{run_id}/control", control_endpoint(edge), methods=["POST"]),
-        Route("/v1/runs/{run_id}/control", agent_control_endpoint(edge), methods=["GET"]),
+        Route("/v1/runs/{run_id}/control", control_endpoint(edge), methods=["GET", "POST"]),
         Route("/v1/threads/{thread_id}/stream", ThreadStreamEndpoint(edge)),
         Route("/v1/ds/runs/{run_id}", DurableRead(edge, authorize_stream), methods=["GET", "HEAD"]),
         Route("/v1/ds/runs/{run_id}", DurableWrite(edge).endpoint, methods=["PUT", "POST"]),
