@@ -32,7 +32,10 @@ What it does for them:
   ``on_publish_error="continue"`` (the default) then counts the event in
   :attr:`unpublished` and goes on, logging once when publishing stops and once
   when it resumes; ``"raise"`` raises :class:`PublishFailed`. Once an emit
-  failed, later ones wait only :data:`DEGRADED_WAIT_S` until one succeeds.
+  failed, later text and reasoning deltas don't wait at all until an event
+  finds room again (other events still wait up to ``publish_timeout``). An event
+  not published uses up its seq, so the workers report the gap to clients
+  (``x.gap``, Koder agent stream §7 T2).
 """
 
 from __future__ import annotations
@@ -59,9 +62,10 @@ __all__ = ["AgentRun", "Decision", "PublishFailed", "current"]
 log = logging.getLogger("runwire.integrations")
 
 OnPublishError = Literal["continue", "raise"]
-DEGRADED_WAIT_S = 0.05
-"""How long an emit waits for room once publishing has failed, until one succeeds again."""
 REASON_CHARS = 1000
+_DELTAS = frozenset({"text.delta", "reasoning.delta"})
+"""Events that don't wait at all once publishing has failed (the others still wait up to
+``publish_timeout``: a tool's end or the run's end is worth the wait)."""
 _ids = MonotonicULID("run_")
 _CURRENT: ContextVar[AgentRun | None] = ContextVar("runwire_agent_run", default=None)
 
@@ -119,7 +123,10 @@ class AgentRun:
         self.on_publish_error = on_publish_error
         self.publish_timeout = publish_timeout
         self.unpublished = 0
-        """Events this run could not publish in time (``on_publish_error="continue"``)."""
+        """This run's events not published (``on_publish_error="continue"``): those that found
+        no room in time, and those the publisher gave up after its ``delivery_timeout`` when
+        the report reached this run (it reaches the next emit of any run: the publisher's
+        ``DeliveryTimeout`` names each one, and is logged)."""
         self.run: Run | None = None
         self._degraded = False
         self._steps = 0
@@ -184,23 +191,28 @@ class AgentRun:
     async def emit(self, type: str, payload: dict[str, Any], ext: dict[str, Any] | None = None) -> None:
         """Publish one event of this run, within the publishing policy (module docstring)."""
         assert self.run is not None, "use `async with AgentRun(...)`"
-        wait = DEGRADED_WAIT_S if self._degraded else self.publish_timeout
+        wait = 0.0 if self._degraded and type in _DELTAS else self.publish_timeout
         try:
-            async with asyncio.timeout(wait):
-                await self.run.emit(type, payload, ext)
-        except (DeliveryTimeout, BusUnavailable, TimeoutError) as exc:
-            self._failed(type, exc)
+            await self.run.emit(type, payload, ext, room_timeout=wait)
+        except (DeliveryTimeout, BusUnavailable) as exc:
+            self._failed(type, exc, self._lost(exc))
             return
         if self._degraded:
             self._degraded = False
             log.warning("run %s: publishing resumed (%d event(s) were not published)",
                         self.run_id, self.unpublished)
 
-    def _failed(self, type: str, exc: BaseException) -> None:
+    def _lost(self, exc: BaseException) -> int:
+        """This run's events a failure names (given up by the publisher, or this one), at least 1."""
+        assert self.run is not None
+        named = {seq for run_id, seq in getattr(exc, "undelivered", ()) if run_id == self.run_id}
+        named.add(self.run.seq)  # the event being emitted was not queued
+        return len(named)
+
+    def _failed(self, type: str, exc: BaseException, lost: int) -> None:
         if self.on_publish_error == "raise":
-            raise PublishFailed(f"run {self.run_id}: {type} not published: "
-                                f"{describe(exc) or 'no room within the publish timeout'}") from exc
-        self.unpublished += 1
+            raise PublishFailed(f"run {self.run_id}: {type} not published: {describe(exc)}") from exc
+        self.unpublished += lost
         if not self._degraded:
             self._degraded = True
             log.warning("run %s: publishing stopped (%s); the agent goes on and counts what is "

@@ -51,7 +51,7 @@ import asyncio
 import logging
 import time
 from collections import OrderedDict, deque
-from collections.abc import AsyncIterator, Iterable, Mapping
+from collections.abc import AsyncIterator, Coroutine, Iterable, Mapping
 from typing import Any
 
 import msgspec
@@ -160,17 +160,20 @@ class Run:
         return event
 
     async def emit(self, type: str, payload: Mapping[str, Any] | msgspec.Struct,
-                   ext: dict[str, Any] | None = None) -> Event:
+                   ext: dict[str, Any] | None = None, *, room_timeout: float | None = None) -> Event:
         """Publish one event of any canonical (or ``x.*``) type; returns it.
 
         Raises ``MalformedFrame``/``UnknownEventType`` for an invalid payload
         or type, or one a worker could not carry (over 1 MiB encoded, nested
         deeper than 64 levels; nothing is published, seq is not used up), and
         ``DeliveryTimeout`` when the publisher gave up on earlier events.
+        ``room_timeout`` bounds the wait for room in a full queue (default: no bound;
+        0: none at all): past it ``DeliveryTimeout`` names this event, which is not
+        published and whose seq is used up, so the workers report the gap (T2).
         """
         event = self.event(type, payload, ext)
         try:
-            await self.publisher._enqueue(event)
+            await self.publisher._enqueue(event, room_timeout)
         except MalformedFrame:  # refused before anything awaited: the seq is not used up
             self.seq -= 1
             raise
@@ -399,7 +402,7 @@ class Publisher(AsyncResource):
         """Encoded bytes queued or in flight."""
         return self._queued_bytes + self._in_flight_bytes
 
-    async def _enqueue(self, event: Event) -> None:
+    async def _enqueue(self, event: Event, room_timeout: float | None = None) -> None:
         if self._failure is not None:
             self._raise_failure()
         try:
@@ -411,7 +414,7 @@ class Publisher(AsyncResource):
         if self._queued and (
             self._queued >= self.max_pending or self._queued_bytes + size > self.max_pending_bytes
         ):
-            await self._wait_for_room(event, size)
+            await self._wait_for_room(event, size, room_timeout)
         self._queue.append(event)
         self._encoded.append(data)
         self._count += 1
@@ -425,16 +428,23 @@ class Publisher(AsyncResource):
             # the flusher send a full batch and the loop take the bus's replies.
             await asyncio.sleep(0)
 
-    async def _wait_for_room(self, event: Event, size: int) -> None:
-        """Wait until ``event`` fits the bound (one event always fits an empty queue)."""
+    async def _wait_for_room(self, event: Event, size: int, patience: float | None = None) -> None:
+        """Wait until ``event`` fits the bound (one event always fits an empty queue), at most
+        ``patience`` seconds when given (then DeliveryTimeout names it)."""
         epoch = self._failure_epoch
+        deadline = None if patience is None else time.monotonic() + patience
         while self._queued and (
             self._queued >= self.max_pending or self._queued_bytes + size > self.max_pending_bytes
         ):
             self._space.clear()
             if self._flusher is None or self._flusher.done():
                 raise RuntimeError("publisher is not running (use `async with`)")
-            await self._space.wait()
+            if deadline is None:
+                await self._space.wait()
+            elif not await _within(self._space.wait(), deadline - time.monotonic()):
+                raise DeliveryTimeout(
+                    f"no room in the publisher within {patience:g}s for {event.run_id} seq "
+                    f"{event.seq} (the bus is slow or down)", [(event.run_id, event.seq)])
             failure = self._last_failure
             if self._failure_epoch != epoch and failure is not None:
                 self._failure = None  # reported here
@@ -507,6 +517,19 @@ class Publisher(AsyncResource):
         self._failure_epoch += 1
         self._space.set()
         self._idle.set()
+
+
+async def _within(waiting: Coroutine[Any, Any, Any], seconds: float) -> bool:
+    """Whether ``waiting`` finished within ``seconds`` (it is cancelled if not)."""
+    if seconds <= 0:
+        waiting.close()
+        return False
+    try:
+        async with asyncio.timeout(seconds):
+            await waiting
+    except TimeoutError:
+        return False
+    return True
 
 
 def _describe(undelivered: list[tuple[str, int]]) -> str:
