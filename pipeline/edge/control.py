@@ -9,13 +9,14 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Awaitable, Callable
 from typing import Any
 
 import msgspec
 
 from ..bus.base import Bus, ControlCommand
 from ..core.envelope import now_ts
+from ..core.errors import RunwireError
 from ..core.ulid import new_event_id
 from .auth import Gate, Principal
 from .authz import authorize_control, authorize_write
@@ -65,14 +66,26 @@ async def agent_controls(
 ) -> AsyncIterator[bytes]:
     """``GET /v1/runs/{run_id}/control``: the run's commands as NDJSON lines, live from now, for
     an agent that publishes through the edge (the publisher SDK's ``http://`` bus). The caller
-    needs the ``write`` scope on the run, as its publisher does (checked here, before anything
-    is sent); an empty line every :data:`AGENT_KEEPALIVE_S` while quiet. Ends when the client
-    goes."""
+    needs what its publisher needs to write the run (checked here, before anything is sent).
+    A run nobody has seen yet passes that check (the agent listens before its first event), so
+    the check is made again before the first command is sent: a run that turned out to be
+    another tenant's ends the stream and shows nothing of it. An empty line every
+    :data:`AGENT_KEEPALIVE_S` while quiet; ends when the client goes."""
     await authorize_write(gate, principal, run_id)
-    return _command_lines(bus.controls(run_id))
+
+    async def still_writable() -> bool:
+        try:
+            await authorize_write(gate, principal, run_id)
+        except RunwireError:
+            return False
+        return True
+
+    return _command_lines(bus.controls(run_id), None if principal is None else still_writable)
 
 
-async def _command_lines(commands: AsyncIterator[ControlCommand]) -> AsyncIterator[bytes]:
+async def _command_lines(
+    commands: AsyncIterator[ControlCommand], check: Callable[[], Awaitable[bool]] | None
+) -> AsyncIterator[bytes]:
     upcoming = asyncio.ensure_future(anext(commands))
     try:
         while True:
@@ -80,6 +93,10 @@ async def _command_lines(commands: AsyncIterator[ControlCommand]) -> AsyncIterat
             if not done:
                 yield b"\n"
                 continue
+            if check is not None:
+                if not await check():
+                    return
+                check = None  # the run is the caller's: it stays so (claims are never moved)
             yield _command_json.encode(upcoming.result()) + b"\n"
             upcoming = asyncio.ensure_future(anext(commands))
     finally:
