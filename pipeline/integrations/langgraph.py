@@ -1,0 +1,387 @@
+"""LangGraph graphs published on runwire: ``run(graph, input, publisher=...)``.
+
+::
+
+    from runwire.integrations import langgraph
+    async with Publisher.connect("redis://localhost:6379") as pub:
+        state = await langgraph.run(graph, {"messages": [("user", "hi")]}, publisher=pub)
+
+``run`` drives ``graph.astream(input, config, stream_mode=[...], subgraphs=True, **kwargs)``
+and returns what ``graph.ainvoke(input, config)`` returns (the final state). What maps to what:
+
+* ``messages``: ``AIMessageChunk`` text (``str`` content or ``text`` blocks) → ``text.delta``;
+  ``reasoning``/``thinking`` blocks and ``reasoning_content`` → ``reasoning.delta``;
+  ``usage_metadata`` → ``x.usage`` (model from ``response_metadata.model_name`` or
+  ``ls_model_name``) once per message; a whole ``AIMessage`` a node returns unstreamed → its
+  text once (deduplicated by message id); a ``ToolMessage`` → ``tool.end`` (``status="error"``
+  → ``ok: false``); other messages → ``x.langgraph.message``.
+* ``updates``: a node's update with a new ``AIMessage`` ends a model step → ``step.boundary``
+  (``tool-roundtrip`` when it calls tools, else ``text-only``), then ``tool.start`` per tool
+  call; the rest of an update (keys that are not messages) → ``x.langgraph.update``.
+* ``custom`` (``get_stream_writer()``) → ``x.langgraph.custom``.
+* a subgraph namespace (``("node:<task id>", ...)``) → a child run of its parent namespace's
+  run at any depth, closed when its task ends (``tasks`` mode).
+* ``interrupt(value)`` with a checkpointer and a ``thread_id`` → ``awaiting_approval`` (call id =
+  the ``Interrupt``'s id, tool = the node that interrupted, input = its value); the client's
+  decision resumes the graph with ``Command(resume=...)``: ``answer`` → ``args.answer``,
+  ``approve`` → ``True``, ``deny`` → ``False`` (``resume_value=`` changes that). Without a
+  checkpointer the interrupts are carried (``x.langgraph.interrupt``) and returned under
+  ``"__interrupt__"`` as ``ainvoke`` does.
+
+A ``run()`` nested in a node or tool of a graph being published is a child run of the run of
+the graph that called it; the outer run leaves that namespace to it (no doubling).
+"""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import Callable, Iterable
+from contextvars import ContextVar
+from typing import Any, Literal
+
+from runwire.integrations import require
+from runwire.integrations.agentrun import AgentRun, Decision, OnPublishError, describe
+from runwire.sdk.publisher import Publisher
+
+require("langgraph")
+
+from langchain_core.messages import (  # noqa: E402 - after require(): its one-line ImportError
+    AIMessage,
+    AIMessageChunk,
+    BaseMessage,
+    ToolMessage,
+)
+from langchain_core.runnables.config import var_child_runnable_config  # noqa: E402
+from langgraph.checkpoint.base import BaseCheckpointSaver  # noqa: E402
+from langgraph.pregel import Pregel  # noqa: E402
+from langgraph.types import Command, Interrupt  # noqa: E402
+
+__all__ = ["STREAM_MODES", "decision_value", "run"]
+
+FRAMEWORK = "langgraph"
+STREAM_MODES: list[Literal["messages", "updates", "custom", "values", "tasks"]] = [
+    "messages", "updates", "custom", "values", "tasks"]
+"""What ``run`` streams: ``values`` gives the return value, ``tasks`` when a subgraph ends."""
+INTERRUPT = "__interrupt__"
+Namespace = tuple[str, ...]
+_ACTIVE: ContextVar[_Publishing | None] = ContextVar("runwire_langgraph_publishing", default=None)
+
+
+def decision_value(decision: Decision) -> Any:
+    """What ``interrupt()`` returns for a client's decision: ``answer`` → ``args.answer``,
+    ``approve`` → ``True``, ``deny`` → ``False``."""
+    if decision.command == "answer":
+        return decision.answer
+    return decision.approved
+
+
+async def run(
+    agent: Pregel[Any, Any, Any, Any],
+    input: Any,
+    *,
+    publisher: Publisher,
+    run_id: str | None = None,
+    on_publish_error: OnPublishError = "continue",
+    publish_timeout: float = 5.0,
+    resume_value: Callable[[Decision], Any] = decision_value,
+    **kwargs: Any,
+) -> Any:
+    """Run the compiled graph ``agent`` on ``input`` (``config`` and other ``astream`` keywords
+    in ``kwargs``), publishing it as run ``run_id``; returns what ``agent.ainvoke`` returns.
+    Interrupts are decided by the run's clients when the graph can resume (module docstring);
+    ``resume_value`` turns a :class:`Decision` into the value ``interrupt()`` returns."""
+    outer = _ACTIVE.get()
+    here = _namespace_here() if outer is not None else None
+    parent: AgentRun | Literal["current"] = "current"
+    if outer is not None and here is not None:
+        inside = outer.relative(here)
+        outer.claimed.add(inside)
+        parent = await outer.run_for(inside[:-1])
+    async with AgentRun(publisher, run_id, framework=FRAMEWORK, name=agent.name, parent=parent,
+                        prompt=_prompt_of(input), on_publish_error=on_publish_error,
+                        publish_timeout=publish_timeout) as agent_run:
+        publishing = _Publishing(agent_run, here or ())
+        token = _ACTIVE.set(publishing)
+        try:
+            return await publishing.drive(agent, input, kwargs, resume_value)
+        except BaseException as exc:
+            await publishing.close(exc)
+            raise
+        finally:
+            _ACTIVE.reset(token)
+
+
+class _Publishing:
+    """One ``run()``'s mapping of LangGraph's stream onto its runs (root and subgraphs)."""
+
+    def __init__(self, root: AgentRun, base: Namespace = ()) -> None:
+        self.root = root
+        self.base = base
+        """The namespace this graph runs in when nested in another's node: its events carry it."""
+        self.children: dict[Namespace, asyncio.Task[AgentRun]] = {}
+        self.claimed: set[Namespace] = set()
+        """Namespaces a nested ``run()`` publishes itself."""
+        self.values: Any = None
+        self.interrupts: list[Interrupt] = []
+        self.interrupt_nodes: dict[str, str] = {}
+        self._published: set[str] = set()  # ids of messages whose text/usage went out
+        self._stepped: set[str] = set()  # ids of AI messages that ended a step
+        self._tools: dict[str, AgentRun] = {}  # tool call id → the run it started on
+        self._ended: set[str] = set()
+        self._usage: dict[Namespace, list[Any]] = {}
+
+    # ---- driving -------------------------------------------------------------
+    async def drive(self, agent: Pregel[Any, Any, Any, Any], input: Any, kwargs: dict[str, Any],
+                    decide: Callable[[Decision], Any]) -> Any:
+        config = kwargs.pop("config", None)
+        resumable = isinstance(agent.checkpointer, BaseCheckpointSaver) and bool(
+            (config or {}).get("configurable", {}).get("thread_id"))
+        while True:
+            async for namespace, mode, chunk in agent.astream(
+                    input, config, stream_mode=STREAM_MODES, subgraphs=True, **kwargs):
+                await self.handle(namespace, mode, chunk)
+            await self.flush_usage()
+            if not self.interrupts:
+                await self.close(None)
+                return self.values
+            interrupts, self.interrupts = self.interrupts, []
+            if not resumable:
+                for pending in interrupts:
+                    await self.root.carry("interrupt", {"id": pending.id, "value": pending.value})
+                await self.close(None)
+                latest = self.values if isinstance(self.values, dict) else {}
+                return {**latest, INTERRUPT: interrupts}
+            decisions = await self.root.awaiting([
+                {"call_id": i.id, "tool": self.interrupt_nodes.get(i.id, "interrupt"), "input": i.value}
+                for i in interrupts])
+            input = Command(resume={i.id: decide(decisions[i.id]) for i in interrupts})
+
+    def relative(self, namespace: Namespace) -> Namespace:
+        """``namespace`` (as LangGraph streams it) from this graph's own root."""
+        if self.base and namespace[: len(self.base)] == self.base:
+            return namespace[len(self.base):]
+        return namespace
+
+    async def handle(self, namespace: Namespace, mode: str, chunk: Any) -> None:
+        namespace = self.relative(namespace)
+        if self.claimed and any(namespace[: len(c)] == c for c in self.claimed):
+            return
+        if mode == "values":
+            if not namespace:
+                self.values = chunk
+            return
+        if mode == "tasks":
+            await self.task_event(namespace, chunk)
+            return
+        target = await self.run_for(namespace)
+        if mode == "messages":
+            await self.message(target, namespace, *chunk)
+        elif mode == "updates":
+            await self.updates(target, namespace, chunk)
+        else:
+            await target.carry(mode, chunk)
+
+    # ---- child runs ----------------------------------------------------------
+    async def run_for(self, namespace: Namespace) -> AgentRun:
+        """The run publishing ``namespace``: the root, or a child opened on its first event."""
+        if not namespace:
+            return self.root
+        opening = self.children.get(namespace)
+        if opening is None:
+            parent = await self.run_for(namespace[:-1])
+            opening = self.children.get(namespace)
+            if opening is None:  # a task of its own: the child doesn't become `current` here
+                opening = asyncio.create_task(_open(parent, namespace[-1].split(":")[0]))
+                self.children[namespace] = opening
+        return await opening
+
+    async def task_event(self, namespace: Namespace, chunk: dict[str, Any]) -> None:
+        """A task's end closes the child run of its subgraph (not when it interrupted: a resume
+        continues the same subgraph task)."""
+        if "triggers" in chunk:
+            return
+        interrupted = chunk.get("interrupts") or ()
+        for pending in interrupted:
+            self.interrupt_nodes.setdefault(str(pending["id"]), str(chunk["name"]))
+        if not interrupted:
+            error = chunk.get("error")
+            if error is not None and not isinstance(error, BaseException):
+                error = RuntimeError(str(error))
+            await self.close(error, under=(*namespace, f"{chunk['name']}:{chunk['id']}"))
+
+    async def close(self, exc: BaseException | None, under: Namespace | None = None) -> None:
+        """Close the child runs (all, or those at and below ``under``), deepest first; when all
+        close on an exception, the tool calls still open end with it first."""
+        if under is None and exc is not None and not isinstance(exc, asyncio.CancelledError):
+            for call_id, owner in self._tools.items():
+                if owner.tool_open(call_id):
+                    await owner.tool_end(call_id, ok=False, error=describe(exc))
+        closing = [ns for ns in self.children if under is None or ns[: len(under)] == under]
+        for namespace in sorted(closing, key=len, reverse=True):
+            await self.flush_usage(namespace)
+            child = await self.children.pop(namespace)
+            await child.__aexit__(type(exc) if exc else None, exc, None)
+
+    # ---- messages ------------------------------------------------------------
+    async def message(self, target: AgentRun, namespace: Namespace, message: BaseMessage,
+                      metadata: dict[str, Any]) -> None:
+        if isinstance(message, AIMessageChunk):
+            await self.ai_chunk(target, namespace, message, metadata)
+        elif isinstance(message, ToolMessage):
+            await self.tool_result(target, message)
+        elif message.id is None or message.id not in self._published:
+            if message.id is not None:
+                self._published.add(message.id)
+            if isinstance(message, AIMessage):
+                await self.ai_content(target, message)
+                self.add_usage(namespace, message, metadata)
+                await self.flush_usage(namespace)
+            else:
+                await target.carry("message", {"type": message.type, "id": message.id,
+                                                "content": message.content})
+
+    async def ai_chunk(self, target: AgentRun, namespace: Namespace, chunk: AIMessageChunk,
+                       metadata: dict[str, Any]) -> None:
+        if chunk.id is not None:
+            self._published.add(chunk.id)
+        await self.ai_content(target, chunk)
+        if chunk.usage_metadata or chunk.response_metadata:
+            self.add_usage(namespace, chunk, metadata)
+        if chunk.chunk_position == "last":
+            await self.flush_usage(namespace)
+
+    @staticmethod
+    async def ai_content(target: AgentRun, message: AIMessage | AIMessageChunk) -> None:
+        reasoning = message.additional_kwargs.get("reasoning_content")
+        if isinstance(reasoning, str):
+            await target.reasoning(reasoning)
+        if isinstance(message.content, str):
+            await target.text(message.content)
+            return
+        for kind, text in _content_parts(message.content):
+            await (target.text(text) if kind == "text" else target.reasoning(text))
+
+    async def tool_result(self, target: AgentRun, message: ToolMessage) -> None:
+        call_id = message.tool_call_id
+        if call_id in self._ended:
+            return
+        self._ended.add(call_id)
+        owner = self._tools.get(call_id, target)
+        if message.status == "error":
+            await owner.tool_end(call_id, ok=False, error=message.content, tool=message.name)
+        else:
+            await owner.tool_end(call_id, ok=True, output=message.content, tool=message.name)
+
+    # ---- updates -------------------------------------------------------------
+    async def updates(self, target: AgentRun, namespace: Namespace, chunk: dict[str, Any]) -> None:
+        for node, update in chunk.items():
+            if node == INTERRUPT:
+                if not namespace:
+                    self.interrupts.extend(update)
+                continue
+            for message in _messages_in(update):
+                if isinstance(message, AIMessage):
+                    await self.model_step(target, namespace, message)
+                elif isinstance(message, ToolMessage):
+                    await self.tool_result(target, message)
+            rest = _without_messages(update)
+            if rest is not None:
+                await target.carry("update", {"node": node, "update": rest})
+
+    async def model_step(self, target: AgentRun, namespace: Namespace, message: AIMessage) -> None:
+        """A new model response in a node's update: ``step.boundary``, then its tool calls."""
+        if message.id is not None:
+            if message.id in self._stepped:
+                return
+            self._stepped.add(message.id)
+        await self.flush_usage(namespace)
+        await target.step("tool-roundtrip" if message.tool_calls else "text-only")
+        for call in message.tool_calls:
+            call_id = call.get("id")
+            if call_id and call_id not in self._tools:
+                self._tools[call_id] = target
+                await target.tool_start(call_id, call["name"], call["args"])
+
+    # ---- usage ---------------------------------------------------------------
+    def add_usage(self, namespace: Namespace, message: AIMessage | AIMessageChunk,
+                  metadata: dict[str, Any]) -> None:
+        usage = message.usage_metadata
+        model = message.response_metadata.get("model_name") or metadata.get("ls_model_name")
+        totals = self._usage.setdefault(namespace, [0, 0, 0, None])
+        if usage:
+            totals[0] += usage.get("input_tokens", 0)
+            totals[1] += usage.get("output_tokens", 0)
+            totals[2] += usage.get("total_tokens", 0)
+        totals[3] = totals[3] or model
+
+    async def flush_usage(self, namespace: Namespace | None = None) -> None:
+        """``x.usage`` of what was counted (in ``namespace``, or everywhere) since the last."""
+        for ns in [namespace] if namespace is not None else list(self._usage):
+            totals = self._usage.pop(ns, None)
+            if totals and totals[2] + totals[0] + totals[1]:
+                target = self.root if not ns else await self.children[ns]
+                await target.usage(totals[0], totals[1], totals[3], total_tokens=totals[2])
+
+
+async def _open(parent: AgentRun, name: str) -> AgentRun:
+    child = parent.child(name=name)
+    await child.__aenter__()
+    return child
+
+
+def _namespace_here() -> Namespace | None:
+    """The namespace of the LangGraph node or tool this code runs in, if any."""
+    config = var_child_runnable_config.get() or {}
+    checkpoint_ns = config.get("configurable", {}).get("checkpoint_ns")
+    return tuple(checkpoint_ns.split("|")) if checkpoint_ns else None
+
+
+def _content_parts(content: list[Any]) -> Iterable[tuple[str, str]]:
+    """``("text" | "reasoning", text)`` of a message's content blocks, in order."""
+    for block in content:
+        if isinstance(block, str):
+            yield "text", block
+        elif isinstance(block, dict):
+            kind = block.get("type")
+            if kind == "text" and isinstance(block.get("text"), str):
+                yield "text", block["text"]
+            elif kind in ("reasoning", "thinking") and isinstance(block.get(kind), str):
+                yield "reasoning", block[kind]
+
+
+def _messages_in(update: Any) -> Iterable[BaseMessage]:
+    """The messages a node's update carries (top-level values, single or in a list)."""
+    if not isinstance(update, dict):
+        return
+    for value in update.values():
+        if isinstance(value, BaseMessage):
+            yield value
+        elif isinstance(value, list | tuple):
+            yield from (item for item in value if isinstance(item, BaseMessage))
+
+
+def _is_messages(value: Any) -> bool:
+    return isinstance(value, BaseMessage) or (
+        isinstance(value, list | tuple) and bool(value)
+        and all(isinstance(item, BaseMessage) for item in value))
+
+
+def _without_messages(update: Any) -> Any:
+    """A node's update without its messages (published as such); None when nothing is left."""
+    if isinstance(update, dict):
+        rest = {key: value for key, value in update.items() if not _is_messages(value)}
+        return rest or None
+    return update
+
+
+def _prompt_of(input: Any) -> str | None:
+    """The text a run starts from: a string input, or the last message of ``{"messages"}``."""
+    if isinstance(input, str):
+        return input
+    messages = input.get("messages") if isinstance(input, dict) else None
+    last = messages[-1] if isinstance(messages, list) and messages else None
+    if isinstance(last, BaseMessage):
+        return str(last.text)
+    if isinstance(last, tuple) and len(last) == 2 and isinstance(last[1], str):
+        return last[1]
+    return last if isinstance(last, str) else None
