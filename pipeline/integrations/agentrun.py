@@ -44,6 +44,7 @@ import asyncio
 import contextlib
 import logging
 import time
+from collections.abc import Iterator
 from contextvars import ContextVar, Token
 from types import TracebackType
 from typing import Any, Literal
@@ -109,6 +110,7 @@ class AgentRun:
         tenant: str | None = None,
         on_publish_error: OnPublishError = "continue",
         publish_timeout: float = 5.0,
+        current: bool = True,
     ) -> None:
         if on_publish_error not in ("continue", "raise"):
             raise ValueError('on_publish_error must be "continue" or "raise"')
@@ -122,6 +124,10 @@ class AgentRun:
         self.tenant = tenant
         self.on_publish_error = on_publish_error
         self.publish_timeout = publish_timeout
+        self.becomes_current = current
+        """Whether the run is the current one of the task context that opens it, for its
+        ``async with`` block (False: a framework's own sub-agent opened beside the code that
+        drives the framework; :meth:`as_current` makes it current where it runs)."""
         self.unpublished = 0
         """This run's events not published (``on_publish_error="continue"``): those that found
         no room in time, and those the publisher gave up after its ``delivery_timeout`` when
@@ -153,7 +159,8 @@ class AgentRun:
                 spawn["prompt"] = self.prompt
             await parent.emit("child.spawn", spawn)
         await self.emit("run.lifecycle", {"state": "running"}, self._agent_ext())
-        self._token = _CURRENT.set(self)
+        if self.becomes_current:
+            self._token = _CURRENT.set(self)
         return self
 
     async def __aexit__(
@@ -181,11 +188,22 @@ class AgentRun:
         return {"agent": agent}
 
     def child(self, run_id: str | None = None, *, name: str | None = None,
-              prompt: str | None = None) -> AgentRun:
+              prompt: str | None = None, current: bool = True) -> AgentRun:
         """A sub-run of this one (open it with ``async with``), whatever run is current."""
         return AgentRun(self.publisher, run_id, framework=self.framework, name=name, parent=self,
                         prompt=prompt, tenant=self.tenant, on_publish_error=self.on_publish_error,
-                        publish_timeout=self.publish_timeout)
+                        publish_timeout=self.publish_timeout, current=current)
+
+    @contextlib.contextmanager
+    def as_current(self) -> Iterator[AgentRun]:
+        """Make this run the current one for a block (a framework's sub-agent running there:
+        a ``run(...)`` nested in it becomes this run's child)."""
+        token = _CURRENT.set(self)
+        try:
+            yield self
+        finally:
+            with contextlib.suppress(ValueError):
+                _CURRENT.reset(token)
 
     # ---- events ------------------------------------------------------------
     async def emit(self, type: str, payload: dict[str, Any], ext: dict[str, Any] | None = None) -> None:
