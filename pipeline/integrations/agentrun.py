@@ -118,7 +118,7 @@ class AgentRun:
         self.run_id = run_id or _ids.new()
         self.framework = framework
         self.name = name
-        self.parent = current() if parent == "current" else parent
+        self.parent = _CURRENT.get() if parent == "current" else parent
         self.prompt = prompt
         self.thread = thread
         self.tenant = tenant
