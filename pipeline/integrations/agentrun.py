@@ -53,6 +53,7 @@ import msgspec
 
 from ..bus.base import ControlCommand
 from ..core.errors import BusUnavailable, DeliveryTimeout, RunwireError
+from ..core.events import TextPayload
 from ..core.redaction import redact_text
 from ..core.ulid import MonotonicULID
 from ..sdk.publisher import Publisher, Run
@@ -206,7 +207,8 @@ class AgentRun:
                 _CURRENT.reset(token)
 
     # ---- events ------------------------------------------------------------
-    async def emit(self, type: str, payload: dict[str, Any], ext: dict[str, Any] | None = None) -> None:
+    async def emit(self, type: str, payload: dict[str, Any] | msgspec.Struct,
+                   ext: dict[str, Any] | None = None) -> None:
         """Publish one event of this run, within the publishing policy (module docstring)."""
         assert self.run is not None, "use `async with AgentRun(...)`"
         wait = 0.0 if self._degraded and type in _DELTAS else self.publish_timeout
@@ -238,11 +240,11 @@ class AgentRun:
 
     async def text(self, text: str) -> None:
         if text:
-            await self.emit("text.delta", {"text": text})
+            await self.emit("text.delta", TextPayload(text=text))
 
     async def reasoning(self, text: str) -> None:
         if text:
-            await self.emit("reasoning.delta", {"text": text})
+            await self.emit("reasoning.delta", TextPayload(text=text))
 
     async def tool_start(self, call_id: str, tool: str, arguments: Any = None) -> None:
         """``tool.start``; its ``tool.end`` gets the duration from now."""

@@ -172,8 +172,11 @@ class Run:
         published and whose seq is used up, so the workers report the gap (T2).
         """
         event = self.event(type, payload, ext)
+        publisher = self.publisher
         try:
-            await self.publisher._enqueue(event, room_timeout)
+            data = publisher._put(event)  # the common case, room to spare, awaits nothing
+            if data is not None or publisher._queued % publisher._yield_every == 0:
+                await publisher._settle(event, data, room_timeout)
         except MalformedFrame:  # refused before anything awaited: the seq is not used up
             self.seq -= 1
             raise
@@ -403,6 +406,22 @@ class Publisher(AsyncResource):
         return self._queued_bytes + self._in_flight_bytes
 
     async def _enqueue(self, event: Event, room_timeout: float | None = None) -> None:
+        await self._settle(event, self._put(event), room_timeout)
+
+    async def _settle(self, event: Event, data: bytes | None, room_timeout: float | None) -> None:
+        """After :meth:`_put`: wait for room and queue ``event`` when it found none (``data``:
+        its bytes), and yield to the loop every ``max_batch / 4`` events."""
+        if data is not None:
+            await self._wait_for_room(event, len(data), room_timeout)
+            self._append(event, data)
+        if self._queued % self._yield_every == 0:
+            # A caller emitting in a tight loop never yields while there is room: let
+            # the flusher send a full batch and the loop take the bus's replies.
+            await asyncio.sleep(0)
+
+    def _put(self, event: Event) -> bytes | None:
+        """Encode, check and queue ``event`` when there is room (None); else its bytes, not
+        queued. Synchronous: an emit with room to spare awaits nothing but this."""
         if self._failure is not None:
             self._raise_failure()
         try:
@@ -410,23 +429,22 @@ class Publisher(AsyncResource):
         except RecursionError:
             raise MalformedFrame(f"event is nested deeper than {envelope.MAX_DEPTH} levels") from None
         envelope.check_encoded(event, data)  # what a worker would dead-letter is refused here
-        size = len(data)
         if self._queued and (
-            self._queued >= self.max_pending or self._queued_bytes + size > self.max_pending_bytes
+            self._queued >= self.max_pending or self._queued_bytes + len(data) > self.max_pending_bytes
         ):
-            await self._wait_for_room(event, size, room_timeout)
+            return data
+        self._append(event, data)
+        return None
+
+    def _append(self, event: Event, data: bytes) -> None:
         self._queue.append(event)
         self._encoded.append(data)
         self._count += 1
         self._queued += 1
-        self._queued_bytes += size
+        self._queued_bytes += len(data)
         queued = self._queued
         if queued == 1 or queued >= self.max_batch:
             self._wakeup.set()
-        if queued % self._yield_every == 0:
-            # A caller emitting in a tight loop never yields while there is room: let
-            # the flusher send a full batch and the loop take the bus's replies.
-            await asyncio.sleep(0)
 
     async def _wait_for_room(self, event: Event, size: int, patience: float | None = None) -> None:
         """Wait until ``event`` fits the bound (one event always fits an empty queue), at most
