@@ -31,3 +31,28 @@ def test_random_ulids_of_one_millisecond_are_not_neighbours() -> None:
     tails = sorted(int.from_bytes(i[14:].encode(), "big") for i in ids)
     assert len(set(ids)) == 200 and all(i.startswith("run_") and len(i) == 30 for i in ids)
     assert min(b - a for a, b in zip(tails, tails[1:], strict=False)) > 1
+
+
+def test_ids_across_milliseconds_and_seconds_increase_and_carry_each_millisecond() -> None:
+    """An agent emitting an event every few milliseconds: each id carries its own millisecond
+    (the last two time characters change every millisecond, the first eight about every second)."""
+    gen = MonotonicULID("evt_")
+    moments = [1_700_000_000_000 + step * 7 for step in range(3000)]  # 21 s, crossing many seconds
+    ids = [gen.new(ms) for ms in moments for _ in range(2)]
+    assert ids == sorted(ids) and len(set(ids)) == len(ids)
+    assert [ulid_timestamp_ms(i) for i in ids[::2]] == moments
+
+
+def test_the_publishers_timestamps_are_the_emit_time_to_the_millisecond() -> None:
+    import time
+    from datetime import UTC, datetime
+
+    from runwire.sdk.publisher import _Clock
+
+    clock = _Clock()
+    before = time.time()
+    event_id, ts = clock.stamp()
+    after = time.time()
+    stamped = datetime.strptime(ts, "%Y-%m-%dT%H:%M:%S.%fZ").replace(tzinfo=UTC).timestamp()
+    assert int(before * 1000) / 1000 <= stamped <= after
+    assert ulid_timestamp_ms(event_id) == round(stamped * 1000)

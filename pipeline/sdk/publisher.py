@@ -79,24 +79,31 @@ MAX_KNOWN_RUNS = 100_000
 class _Clock:
     """Monotonic ULID (``evt_…``) and RFC 3339 timestamp from one reading of the clock.
 
-    The timestamp string is formatted once per millisecond; ids come from
-    :class:`runwire.core.ulid.MonotonicULID`, which is cheap within a millisecond.
+    The timestamp's date and time are formatted once per second, its milliseconds taken from a
+    table; ids come from :class:`runwire.core.ulid.MonotonicULID`, cheap in every millisecond.
     """
 
-    __slots__ = ("_ids", "_last_ms", "_ts")
+    __slots__ = ("_ids", "_last_ms", "_second", "_second_of", "_ts")
 
     def __init__(self) -> None:
         self._ids = MonotonicULID("evt_")
-        self._last_ms = -1
-        self._ts = ""
+        self._last_ms = self._second_of = -1
+        self._ts = self._second = ""
 
     def stamp(self) -> tuple[str, str]:
-        now = time.time()
-        ms = int(now * 1000)
+        ms = int(time.time() * 1000)
         if ms > self._last_ms:
             self._last_ms = ms
-            self._ts = time.strftime("%Y-%m-%dT%H:%M:%S", time.gmtime(now)) + f".{ms % 1000:03d}Z"
+            second = ms // 1000
+            if second != self._second_of:
+                self._second_of = second
+                self._second = time.strftime("%Y-%m-%dT%H:%M:%S", time.gmtime(second))
+            self._ts = self._second + _MILLIS[ms % 1000]
         return self._ids.new(ms), self._ts
+
+
+_MILLIS = [f".{ms:03d}Z" for ms in range(1000)]
+"""A timestamp's last characters, by millisecond."""
 
 
 def _payload_type(cls: type[msgspec.Struct]) -> Any:
