@@ -43,3 +43,34 @@ def test_the_readme_agent_reaches_a_running_up_and_its_child_fans_into_the_run(
     child = [(e["type"], e["child_id"]) for e in events if e.get("child_id")]
     assert ("tool.start", "hello-run.search") in child and ("tool.end", "hello-run.search") in child
     assert events[-1]["payload"]["state"] == "done"
+
+
+def framework_example() -> str:
+    section = README.read_text().split("### From your agent framework", 1)[1]
+    match = re.search(r"```python\n(.*?)```", section, re.S)
+    assert match, "the README's From your agent framework has a python example"
+    return match[1]
+
+
+def test_the_readme_framework_agent_publishes_its_run_with_its_tool_call(
+    start_up: Any, tmp_path: Path
+) -> None:
+    """The README's framework example as written (pydantic-ai and its offline test model):
+    three lines publish the run — its text, its tool call paired with arguments and output."""
+    code = framework_example()
+    assert BUS_LINE in code and "from runwire.integrations import pydantic_ai" in code
+    up = start_up("--data-dir", str(tmp_path / "data"))
+    agent = tmp_path / "framework_agent.py"
+    agent.write_text(code.replace(BUS_LINE, f'BUS = "{up.base}"'))
+    done = subprocess.run([sys.executable, str(agent)], cwd=tmp_path, env=runwire_env(), capture_output=True,
+                          text=True, timeout=60, check=False)
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.strip() == "Sunny, 21 degrees."
+    events = stream_events(up.base, "weather-run")
+    text = "".join(e["payload"]["text"] for e in events if e["type"] == "text.delta")
+    assert text == "Sunny, 21 degrees."
+    start = next(e["payload"] for e in events if e["type"] == "tool.start")
+    end = next(e["payload"] for e in events if e["type"] == "tool.end")
+    assert start["tool"] == "forecast" and set(start["input"]) == {"city"}
+    assert end["call_id"] == start["call_id"] and end["ok"] is True and end["output"].endswith(": sunny")
+    assert [e["payload"]["state"] for e in events if e["type"] == "run.lifecycle"] == ["running", "done"]
