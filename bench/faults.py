@@ -1,0 +1,181 @@
+"""Faults runwire survives, each driven on real services and checked event by event.
+
+Run: ``.venv/bin/python bench/faults.py [--runs 300] [--deltas 400] [--json]``
+
+Each scenario starts what it needs on free ports (a ``redis-server`` of its own, ``runwire
+worker`` processes, publisher processes using the SDK), drives the fault, then reads every
+run back from the replay log and counts, per run, the deltas missing, doubled or out of
+order against what the publishers' ``emit`` calls returned. It prints one row per scenario:
+what happened, the recovery time measured, and what was lost. ``docs/operations.md`` § What
+runwire survives has the latest table.
+
+Scenarios so far:
+
+* ``redis-maxmemory`` — Redis at ``--maxmemory`` (30mb, ``noeviction``) with two workers and
+  two publishers (``--runs`` runs × ``--deltas`` deltas in all, ``delivery_timeout=600``);
+  memory is raised after ``--full-s`` seconds. Recovery: from raising memory to the last run
+  ended in the replay log. The row says how many pauses the processes logged (a row with none
+  did not reach the limit: lower ``--maxmemory``).
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import os
+import shutil
+import signal
+import socket
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+from typing import Any
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from cputime import import_code
+
+import_code()
+
+from runwire.store import open_store  # noqa: E402 - the tree import_code() names
+
+RUNWIRE = [sys.executable, "-c", "from runwire.workers.cli import main; main()"]
+
+PUBLISHER = r'''
+import asyncio, sys
+from runwire import Publisher
+
+async def main(url: str, first: int, count: int, deltas: int) -> None:
+    async with Publisher.connect(url, delivery_timeout=600) as pub:
+        runs = [pub.run(f"fault-{i}") for i in range(first, first + count)]
+        for run in runs:
+            await run.emit("run.lifecycle", {"state": "running"})
+        for k in range(deltas):
+            for run in runs:
+                await run.emit("text.delta", {"text": f"d{k} "})
+        for run in runs:
+            await run.finish()
+
+asyncio.run(main(sys.argv[1], int(sys.argv[2]), int(sys.argv[3]), int(sys.argv[4])))
+'''
+
+
+def free_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return int(sock.getsockname()[1])
+
+
+def redis_cli(port: int, *args: str) -> None:
+    subprocess.run(["redis-cli", "-p", str(port), *args], check=True, stdout=subprocess.DEVNULL)
+
+
+def ended_runs(db: Path, runs: int) -> int:
+    """Runs whose terminal event is in the replay log."""
+    async def count() -> int:
+        async with open_store(f"sqlite:///{db}") as store:
+            infos = [await store.run(f"fault-{index}") for index in range(runs)]
+        return sum(1 for info in infos if info is not None and info.terminal)
+
+    return asyncio.run(count()) if db.exists() else 0
+
+
+def tally(db: Path, runs: int, deltas: int) -> dict[str, int]:
+    """Deltas missing, doubled and out of order, over every run, from the replay log."""
+    expected = [f"d{k} " for k in range(deltas)]
+
+    async def read() -> list[list[str]]:
+        async with open_store(f"sqlite:///{db}") as store:
+            return [[e.payload.text for e in await store.read(f"fault-{index}", 0, None)  # type: ignore[attr-defined]
+                     if e.type == "text.delta" and not e.child_id] for index in range(runs)]
+
+    missing = doubled = disordered = 0
+    for texts in asyncio.run(read()):
+        missing += len(set(expected) - set(texts))
+        doubled += len(texts) - len(set(texts))
+        disordered += int([t for t in expected if t in set(texts)] != list(dict.fromkeys(texts)))
+    return {"missing": missing, "doubled": doubled, "runs_out_of_order": disordered}
+
+
+def redis_maxmemory(args: argparse.Namespace) -> dict[str, Any]:
+    work = Path(tempfile.mkdtemp(prefix="runwire-fault-"))
+    port = free_port()
+    redis = subprocess.Popen(["redis-server", "--port", str(port), "--bind", "127.0.0.1", "--save", "",
+                              "--appendonly", "no", "--maxmemory", args.maxmemory, "--maxmemory-policy",
+                              "noeviction", "--dir", str(work)], stdout=subprocess.DEVNULL)
+    procs: list[subprocess.Popen[bytes]] = []
+    try:
+        time.sleep(0.5)
+        url = f"redis://127.0.0.1:{port}/0"
+        db = work / "replay.db"
+        for n in range(args.workers):
+            procs.append(subprocess.Popen(
+                [*RUNWIRE, "worker", "--bus", url, "--store", f"sqlite:///{db}", "--name", f"w{n}",
+                 "--data-dir", str(work)], cwd=work, stdout=subprocess.DEVNULL,
+                stderr=open(work / f"worker{n}.log", "w")))
+        share = args.runs // args.publishers
+        publishers = [subprocess.Popen([sys.executable, "-c", PUBLISHER, url, str(p * share), str(share),
+                                        str(args.deltas)], cwd=work,
+                                       stderr=open(work / f"publisher{p}.log", "w"))
+                      for p in range(args.publishers)]
+        time.sleep(args.full_s)
+        redis_cli(port, "config", "set", "maxmemory", "0")
+        raised = time.monotonic()
+        codes = [p.wait(timeout=900) for p in publishers]
+        total = share * args.publishers
+        deadline = time.monotonic() + 600
+        while ended_runs(db, total) < total and time.monotonic() < deadline:
+            time.sleep(0.5)
+        recovery = time.monotonic() - raised
+        counts = tally(db, total, args.deltas)
+        pauses = {kind: sum(path.read_text().count("paused:") for path in work.glob(f"{kind}*.log"))
+                  for kind in ("publisher", "worker")}
+        return {"fault": "redis-maxmemory", "publishers_exit": codes, "runs": total,
+                "ended": ended_runs(db, total), "events_published": total * (args.deltas + 2),
+                "recovery_s": round(recovery, 1), **counts,
+                "publisher_pauses": pauses["publisher"], "worker_pauses": pauses["worker"],
+                "workers_alive": sum(p.poll() is None for p in procs)}
+    finally:
+        for proc in procs:
+            proc.send_signal(signal.SIGTERM)
+        for proc in procs:
+            try:
+                proc.wait(30)
+            except subprocess.TimeoutExpired:
+                proc.kill()
+        redis.kill()
+        redis.wait()
+        shutil.rmtree(work, ignore_errors=True)
+
+
+SCENARIOS = {"redis-maxmemory": redis_maxmemory}
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--runs", type=int, default=300)
+    parser.add_argument("--deltas", type=int, default=400)
+    parser.add_argument("--workers", type=int, default=2)
+    parser.add_argument("--publishers", type=int, default=2)
+    parser.add_argument("--full-s", type=float, default=25.0, help="seconds Redis stays full")
+    parser.add_argument("--maxmemory", default="30mb")
+    parser.add_argument("--only", default=",".join(SCENARIOS))
+    parser.add_argument("--json", action="store_true")
+    args = parser.parse_args()
+    os.environ.setdefault("PYTHONUNBUFFERED", "1")
+    rows = [SCENARIOS[name](args) for name in args.only.split(",")]
+    if args.json:
+        print(json.dumps(rows))
+        return
+    for row in rows:
+        print(f"{row['fault']}: {row['runs']} runs, {row['events_published']} events; publishers exit "
+              f"{row['publishers_exit']}; {row['ended']} ended; recovery {row['recovery_s']} s; "
+              f"missing {row['missing']}, doubled {row['doubled']}, runs out of order "
+              f"{row['runs_out_of_order']}; workers alive {row['workers_alive']}; pauses logged: publishers "
+              f"{row['publisher_pauses']}, workers {row['worker_pauses']}")
+
+
+if __name__ == "__main__":
+    main()
