@@ -20,7 +20,10 @@ and returns what ``graph.ainvoke(input, config)`` returns (the final state). Wha
   call; the rest of an update (keys that are not messages) → ``x.langgraph.update``.
 * ``custom`` (``get_stream_writer()``) → ``x.langgraph.custom``.
 * a subgraph namespace (``("node:<task id>", ...)``) → a child run of its parent namespace's
-  run at any depth, closed when its task ends (``tasks`` mode).
+  run at any depth, opened when its first task starts and closed when its task ends (``tasks``
+  mode). A client's cancel of such a child run stops the whole graph, as a cancel of the root
+  does: the child ends ``aborted`` with the client's reason, the runs above it ``aborted``
+  (``"cancelled"``), and ``run()`` raises ``CancelledError``.
 * ``interrupt(value)`` with a checkpointer and a ``thread_id`` → ``awaiting_approval`` (call id =
   the ``Interrupt``'s id, tool = the node that interrupted, input = its value); the client's
   decision resumes the graph with ``Command(resume=...)``: ``answer`` → ``args.answer``,
@@ -30,12 +33,15 @@ and returns what ``graph.ainvoke(input, config)`` returns (the final state). Wha
 
 A ``run()`` nested in a node or tool of a graph being published is a child run of the run of
 the graph that called it; the outer run leaves that namespace to it (no doubling).
+
+Just over ~400 lines: the five stream modes' mapping and the subgraph runs' bookkeeping share
+one state (the runs open by namespace, the messages already published).
 """
 
 from __future__ import annotations
 
 import asyncio
-from collections.abc import Callable, Iterable
+from collections.abc import AsyncIterator, Awaitable, Callable, Iterable
 from contextvars import ContextVar
 from typing import Any, Literal
 
@@ -118,17 +124,22 @@ class _Publishing:
         self.root = root
         self.base = base
         """The namespace this graph runs in when nested in another's node: its events carry it."""
-        self.children: dict[Namespace, asyncio.Task[AgentRun]] = {}
+        self.children: dict[Namespace, AgentRun] = {}  # relative namespace → its child run
         self.claimed: set[Namespace] = set()
         """Namespaces a nested ``run()`` publishes itself."""
         self.values: Any = None
         self.interrupts: list[Interrupt] = []
         self.interrupt_nodes: dict[str, str] = {}
-        self._published: set[str] = set()  # ids of messages whose text/usage went out
+        self._runs: dict[Namespace, AgentRun] = {base: root}  # as streamed → open run (fast path)
+        self._entering: dict[Namespace, asyncio.Event] = {}
+        self._published: set[str | None] = set()  # ids of messages whose text/usage went out
         self._stepped: set[str] = set()  # ids of AI messages that ended a step
         self._tools: dict[str, AgentRun] = {}  # tool call id → the run it started on
         self._ended: set[str] = set()
         self._usage: dict[Namespace, list[Any]] = {}
+        self._by_mode: dict[str, Callable[[Namespace, Any], Awaitable[None]]] = {
+            "messages": self.on_message, "updates": self.on_update, "custom": self.on_other,
+            "values": self.on_values, "tasks": self.task_event}
 
     # ---- driving -------------------------------------------------------------
     async def drive(self, agent: Pregel[Any, Any, Any, Any], input: Any, kwargs: dict[str, Any],
@@ -137,9 +148,8 @@ class _Publishing:
         resumable = isinstance(agent.checkpointer, BaseCheckpointSaver) and bool(
             (config or {}).get("configurable", {}).get("thread_id"))
         while True:
-            async for namespace, mode, chunk in agent.astream(
-                    input, config, stream_mode=STREAM_MODES, subgraphs=True, **kwargs):
-                await self.handle(namespace, mode, chunk)
+            await self.stream(agent.astream(input, config, stream_mode=STREAM_MODES, subgraphs=True,
+                                            **kwargs))
             await self.flush_usage()
             if not self.interrupts:
                 await self.close(None)
@@ -162,43 +172,78 @@ class _Publishing:
             return namespace[len(self.base):]
         return namespace
 
+    async def stream(self, events: AsyncIterator[tuple[Namespace, str, Any]]) -> None:
+        """Publish one ``astream``'s events. Inline fast path (most events, per token): a plain
+        text chunk (``str`` content, no usage or metadata, not the last) of a run already open."""
+        runs, published, handle = self._runs, self._published, self.handle
+        async for namespace, mode, chunk in events:
+            if mode == "messages":
+                message = chunk[0]
+                if type(message) is AIMessageChunk and (target := runs.get(namespace)) is not None:
+                    text = message.content
+                    if type(text) is str and not (message.usage_metadata or message.chunk_position
+                                                  or message.response_metadata or message.additional_kwargs):
+                        published.add(message.id)
+                        if text:
+                            await target.emit("text.delta", {"text": text})
+                        continue
+            await handle(namespace, mode, chunk)
+
     async def handle(self, namespace: Namespace, mode: str, chunk: Any) -> None:
         namespace = self.relative(namespace)
         if self.claimed and any(namespace[: len(c)] == c for c in self.claimed):
             return
-        if mode == "values":
-            if not namespace:
-                self.values = chunk
-            return
-        if mode == "tasks":
-            await self.task_event(namespace, chunk)
-            return
-        target = await self.run_for(namespace)
-        if mode == "messages":
-            await self.message(target, namespace, *chunk)
-        elif mode == "updates":
-            await self.updates(target, namespace, chunk)
-        else:
-            await target.carry(mode, chunk)
+        await self._by_mode.get(mode, self.on_other)(namespace, chunk)
+
+    async def on_values(self, namespace: Namespace, chunk: Any) -> None:
+        if not namespace:
+            self.values = chunk
+
+    async def on_other(self, namespace: Namespace, chunk: Any) -> None:
+        await (await self.run_for(namespace)).carry("custom", chunk)
 
     # ---- child runs ----------------------------------------------------------
     async def run_for(self, namespace: Namespace) -> AgentRun:
         """The run publishing ``namespace``: the root, or a child opened on its first event."""
         if not namespace:
             return self.root
-        opening = self.children.get(namespace)
-        if opening is None:
+        child = self.children.get(namespace)
+        if child is None:
             parent = await self.run_for(namespace[:-1])
-            opening = self.children.get(namespace)
-            if opening is None:  # a task of its own: the child doesn't become `current` here
-                opening = asyncio.create_task(_open(parent, namespace[-1].split(":")[0]))
-                self.children[namespace] = opening
-        return await opening
+            child = self.children.get(namespace)
+            if child is None:
+                return await self.open(parent, namespace)
+        entering = self._entering.get(namespace)
+        if entering is not None:  # being opened by another task (a nested run()): wait for it
+            await entering.wait()
+        return child
+
+    async def open(self, parent: AgentRun, namespace: Namespace) -> AgentRun:
+        """Open the child run of a subgraph in the task that calls (the one driving the graph,
+        unless a nested ``run()`` gets there first): a cancel of it cancels that task, so the
+        graph stops; it does not become the current run there (``current=False``)."""
+        child = parent.child(name=namespace[-1].split(":")[0], current=False)
+        self.children[namespace] = child
+        entered = self._entering[namespace] = asyncio.Event()
+        try:
+            await child.__aenter__()
+        except BaseException:
+            if child.run is None:
+                del self.children[namespace]
+            raise
+        finally:
+            del self._entering[namespace]
+            entered.set()
+        self._runs[self.base + namespace] = child
+        return child
 
     async def task_event(self, namespace: Namespace, chunk: dict[str, Any]) -> None:
-        """A task's end closes the child run of its subgraph (not when it interrupted: a resume
-        continues the same subgraph task)."""
+        """A task's start in a subgraph opens the subgraph's run (if not yet); a task's end
+        closes the child run of its subgraph (not when it interrupted: a resume continues the
+        same subgraph task)."""
         if "triggers" in chunk:
+            if namespace:
+                await self.run_for(namespace)
             return
         interrupted = chunk.get("interrupts") or ()
         for pending in interrupted:
@@ -219,12 +264,15 @@ class _Publishing:
         closing = [ns for ns in self.children if under is None or ns[: len(under)] == under]
         for namespace in sorted(closing, key=len, reverse=True):
             await self.flush_usage(namespace)
-            child = await self.children.pop(namespace)
+            self._runs.pop(self.base + namespace, None)
+            child = self.children.pop(namespace)
             await child.__aexit__(type(exc) if exc else None, exc, None)
 
     # ---- messages ------------------------------------------------------------
-    async def message(self, target: AgentRun, namespace: Namespace, message: BaseMessage,
-                      metadata: dict[str, Any]) -> None:
+    async def on_message(self, namespace: Namespace, chunk: tuple[BaseMessage, dict[str, Any]]) -> None:
+        """A ``messages`` event the fast path in :meth:`stream` leaves."""
+        target = await self.run_for(namespace)
+        message, metadata = chunk
         if isinstance(message, AIMessageChunk):
             await self.ai_chunk(target, namespace, message, metadata)
         elif isinstance(message, ToolMessage):
@@ -273,7 +321,8 @@ class _Publishing:
             await owner.tool_end(call_id, ok=True, output=message.content, tool=message.name)
 
     # ---- updates -------------------------------------------------------------
-    async def updates(self, target: AgentRun, namespace: Namespace, chunk: dict[str, Any]) -> None:
+    async def on_update(self, namespace: Namespace, chunk: dict[str, Any]) -> None:
+        target = await self.run_for(namespace)
         for node, update in chunk.items():
             if node == INTERRUPT:
                 if not namespace:
@@ -319,14 +368,8 @@ class _Publishing:
         for ns in [namespace] if namespace is not None else list(self._usage):
             totals = self._usage.pop(ns, None)
             if totals and totals[2] + totals[0] + totals[1]:
-                target = self.root if not ns else await self.children[ns]
+                target = self.root if not ns else self.children[ns]
                 await target.usage(totals[0], totals[1], totals[3], total_tokens=totals[2])
-
-
-async def _open(parent: AgentRun, name: str) -> AgentRun:
-    child = parent.child(name=name)
-    await child.__aenter__()
-    return child
 
 
 def _namespace_here() -> Namespace | None:

@@ -332,6 +332,55 @@ async def test_a_clients_cancel_stops_the_graph_within_a_second(pipe: Pipeline, 
     assert events[-1]["payload"] == {"state": "aborted", "reason": "user pressed stop"}
 
 
+async def first_child_text(pipe: Pipeline, run_id: str) -> str:
+    """The id of the child run whose text the root's stream shows first, once published."""
+    async with asyncio.timeout(10):
+        while True:
+            for event in await pipe.bus.read((run_id, "raw"), 0, 1000):
+                if event.child_id is not None and getattr(event.payload, "text", None):
+                    return str(event.child_id)
+            await asyncio.sleep(0.05)
+
+
+async def test_a_cancel_of_a_subgraphs_child_run_stops_the_graph_within_a_second(
+    pipe: Pipeline, publisher: Publisher
+) -> None:
+    words = " ".join(f"w{i}" for i in range(400))  # 800 chunks, 20 ms apart: 16 s of streaming
+    model = ScriptedModel(messages=iter([said(words, id="long")]), delay=0.02)
+    stopped_at: list[float] = []
+
+    async def speak(state: MessagesState) -> dict[str, Any]:
+        try:
+            return {"messages": [await model.ainvoke(state["messages"])]}
+        finally:
+            stopped_at.append(time.monotonic())
+
+    team = StateGraph(MessagesState)
+    team.add_node("speak", speak)
+    team.add_edge(START, "speak")
+    graph = StateGraph(MessagesState)
+    graph.add_node("team", team.compile(name="team"))
+    graph.add_edge(START, "team")
+    run_id = unique("lg-subcancel")
+    task = asyncio.create_task(langgraph.run(graph.compile(), question("Talk"), publisher=publisher,
+                                             run_id=run_id))
+    team_run = await first_child_text(pipe, run_id)  # the subgraph's run, streaming
+    await control(pipe, team_run, "cancel", reason="stop the team")
+    sent = time.monotonic()
+    with pytest.raises(asyncio.CancelledError):
+        await asyncio.wait_for(task, 10)
+    assert time.monotonic() - sent < 1.0
+    assert stopped_at and stopped_at[0] - sent < 1.0
+    events = await read_run(pipe, run_id)
+    assert children(own(events)) == [team_run]
+    assert own(events, team_run)[-1]["payload"] == {"state": "aborted", "reason": "stop the team"}
+    assert states(own(events, team_run)) == ["running", "aborted"]
+    assert states(own(events)) == ["running", "aborted"]  # the graph stopped: so did its run
+    assert own(events)[-1]["payload"] == {"state": "aborted", "reason": "cancelled"}
+    streamed = text_of(own(events, team_run))
+    assert streamed and words.startswith(streamed) and len(streamed) < len(words)
+
+
 async def awaiting_calls(pipe: Pipeline, run_id: str) -> list[dict[str, Any]]:
     """The calls of the run's first ``awaiting_approval`` not yet decided, once published."""
     async with asyncio.timeout(10):

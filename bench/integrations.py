@@ -1,0 +1,120 @@
+"""CPU the framework integrations add per framework event, beside each framework's bare stream.
+
+Run: ``.venv/bin/python bench/integrations.py [--events N] [--rounds R] [--only a,b] [--json]``
+
+For each framework (``bench/integration_cases/<name>.py``: the same agent, the same input,
+driven by the framework's own offline test model), rounds alternate, in one process:
+
+* **bare** — the framework's streaming call, its events consumed and dropped;
+* **adapted** — the same through ``runwire.integrations.<name>.run`` onto a publisher of an
+  in-process ``memory://`` bus (the events built, validated, encoded and published);
+* **sdk** — the publisher alone emitting as many events as the adapted round published
+  (text deltas), to split what the adapter adds into its own mapping and the SDK's publish.
+
+Figures are CPU µs per framework event (``time.process_time``, every thread of the process),
+medians of the rounds: ``bare``, ``adapted``, ``added`` = adapted − bare (the target: ≤ 5 µs),
+and within it ``sdk`` (publishing) and ``mapping`` = added − sdk. Latest figures:
+``docs/benchmarks.md`` § Integrations.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import gc
+import importlib.util
+import json
+import statistics
+import sys
+import time
+import uuid
+from collections.abc import Awaitable, Callable
+from pathlib import Path
+from types import ModuleType
+from typing import Any
+
+HERE = Path(__file__).resolve().parent
+sys.path.insert(0, str(HERE))
+from cputime import import_code  # noqa: E402
+
+import_code()
+
+from runwire import Publisher  # noqa: E402 - the tree import_code() names
+
+FRAMEWORKS = ("pydantic_ai", "openai_agents", "langgraph", "google_adk")
+
+
+def load_case(name: str) -> ModuleType:
+    path = HERE / "integration_cases" / f"{name}.py"
+    spec = importlib.util.spec_from_file_location(f"integration_case_{name}", path)
+    assert spec is not None and spec.loader is not None
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+async def cpu_per_event(work: Callable[[], Awaitable[int]]) -> tuple[float, int]:
+    gc.collect()  # untimed: the garbage of the part before is not this part's cost
+    started = time.process_time()
+    count = await work()
+    return (time.process_time() - started) * 1e6 / max(count, 1), count
+
+
+async def one_round(case: ModuleType, events: int) -> dict[str, float]:
+    bare, count = await cpu_per_event(lambda: case.bare(events))
+    async with Publisher.connect(f"memory://bench-{uuid.uuid4().hex[:8]}") as pub:
+        before = pub.published + pub.pending
+
+        async def adapted() -> int:
+            n: int = await case.adapted(events, pub)
+            await pub.flush()
+            return n
+
+        adapted_us, adapted_count = await cpu_per_event(adapted)
+        emitted = pub.published + pub.pending - before
+    async with Publisher.connect(f"memory://bench-{uuid.uuid4().hex[:8]}") as pub:
+        run = pub.run("sdk-only")
+
+        async def sdk() -> int:
+            for index in range(emitted):
+                await run.emit("text.delta", {"text": f"token {index} "})
+            await pub.flush()
+            return adapted_count
+
+        sdk_us, _ = await cpu_per_event(sdk)
+    return {"bare_us": bare, "adapted_us": adapted_us, "sdk_us": sdk_us,
+            "framework_events": float(count), "published_per_framework_event": emitted / max(adapted_count, 1)}
+
+
+async def measure(name: str, events: int, rounds: int) -> dict[str, float]:
+    case = load_case(name)
+    await one_round(case, max(events // 10, 10))  # warm-up: imports, caches
+    results = [await one_round(case, events) for _ in range(rounds)]
+    figures = {key: statistics.median(r[key] for r in results) for key in results[0]}
+    figures["added_us"] = statistics.median(r["adapted_us"] - r["bare_us"] for r in results)
+    figures["mapping_us"] = statistics.median(r["adapted_us"] - r["bare_us"] - r["sdk_us"] for r in results)
+    return figures
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--events", type=int, default=4000, help="framework events per round")
+    parser.add_argument("--rounds", type=int, default=7)
+    parser.add_argument("--only", default=",".join(FRAMEWORKS))
+    parser.add_argument("--json", action="store_true")
+    args = parser.parse_args()
+    out: dict[str, Any] = {}
+    for name in args.only.split(","):
+        figures = asyncio.run(measure(name, args.events, args.rounds))
+        out.update({f"{name}_{key}": value for key, value in figures.items()})
+        if not args.json:
+            print(f"{name:14} bare {figures['bare_us']:7.1f} µs/event  adapted {figures['adapted_us']:7.1f}"
+                  f"  added {figures['added_us']:6.1f} (sdk {figures['sdk_us']:5.1f},"
+                  f" mapping {figures['mapping_us']:5.1f})  over {figures['framework_events']:.0f} events,"
+                  f" {figures['published_per_framework_event']:.2f} published per event")
+    if args.json:
+        print(json.dumps(out))
+
+
+if __name__ == "__main__":
+    main()
