@@ -57,9 +57,10 @@ _COUNTS: dict[int, int] = {}
 
 
 async def adapted(n: int, publisher: Any) -> int:
-    """The same run through the integration, with no handler of the bench's own: a second
-    consumer of the event stream would make pydantic-ai share it between two readers, a cost of
-    the bench, not of the integration. Returns the bare run's count for the same ``n``."""
+    """The same run through the integration, whose own ``event_stream_handler`` is the stream's
+    one consumer, as the counter is in :func:`bare` (a handler of the caller's own would get the
+    events passed on, through one async generator more). Returns the bare run's count for the
+    same ``n``."""
     from runwire.integrations import pydantic_ai
 
     if n not in _COUNTS:

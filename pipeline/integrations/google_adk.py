@@ -345,7 +345,8 @@ async def _session(runner: Runner, user_id: str, session_id: str) -> None:
 
 async def run(agent: Runner, input: types.Content | str, *, publisher: Publisher,
               run_id: str | None = None, on_publish_error: OnPublishError = "continue",
-              publish_timeout: float = 5.0, **kwargs: Any) -> Event | None:
+              publish_timeout: float = 5.0, tenant: str | None = None, thread: str | None = None,
+              **kwargs: Any) -> Event | None:
     """Drive ``agent.run_async(...)`` (a :class:`Runner`) with ``input`` as ``new_message`` (a
     ``str`` becomes a user ``Content``), publishing every event as it happens, and return the
     root agent's final-response :class:`Event` (else the last final response; ``None`` when
@@ -356,8 +357,8 @@ async def run(agent: Runner, input: types.Content | str, *, publisher: Publisher
     runner = agent
     root_name = runner.agent.name
     async with AgentRun(publisher, run_id, framework=FRAMEWORK, name=root_name,
-                        on_publish_error=on_publish_error,
-                        publish_timeout=publish_timeout) as root:
+                        on_publish_error=on_publish_error, publish_timeout=publish_timeout,
+                        tenant=tenant, thread=thread) as root:
         user_id = str(kwargs.pop("user_id", "runwire"))
         session_id = str(kwargs.pop("session_id", root.run_id))
         kwargs["run_config"] = _streaming(kwargs.get("run_config"))

@@ -90,6 +90,8 @@ async def run(
     on_publish_error: OnPublishError = "continue",
     publish_timeout: float = 5.0,
     resume_value: Callable[[Decision], Any] = decision_value,
+    tenant: str | None = None,
+    thread: str | None = None,
     **kwargs: Any,
 ) -> Any:
     """Run the compiled graph ``agent`` on ``input`` (``config`` and other ``astream`` keywords
@@ -105,7 +107,8 @@ async def run(
         parent = await outer.run_for(inside[:-1])
     async with AgentRun(publisher, run_id, framework=FRAMEWORK, name=agent.name, parent=parent,
                         prompt=_prompt_of(input), on_publish_error=on_publish_error,
-                        publish_timeout=publish_timeout) as agent_run:
+                        publish_timeout=publish_timeout, tenant=tenant,
+                        thread=thread) as agent_run:
         publishing = _Publishing(agent_run, here or ())
         token = _ACTIVE.set(publishing)
         try:

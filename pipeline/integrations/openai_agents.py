@@ -236,6 +236,8 @@ async def run(
     on_publish_error: OnPublishError = "continue",
     publish_timeout: float = 5.0,
     approvals: Approvals = "clients",
+    tenant: str | None = None,
+    thread: str | None = None,
     **kwargs: Any,
 ) -> RunResultStreaming:
     """``Runner.run_streamed(agent, input, **kwargs)`` with every event published onto a run.
@@ -254,7 +256,8 @@ async def run(
     async with AgentRun(publisher, run_id, framework=FRAMEWORK, name=agent.name,
                         parent=parent.active if parent is not None else "current",
                         prompt=input if isinstance(input, str) else None,
-                        on_publish_error=on_publish_error, publish_timeout=publish_timeout) as opened:
+                        on_publish_error=on_publish_error, publish_timeout=publish_timeout,
+                        tenant=tenant, thread=thread) as opened:
         published = _Published(opened, agent, failures)
         token = _PUBLISHED.set(published)
         try:

@@ -15,25 +15,36 @@ What maps to what (``docs/integrations.md`` has the table):
 * any other event (``FinalResultEvent``, output tool calls, custom events …) → ``x.pydantic_ai.<event_kind>``;
 * another agent run through :func:`run` inside a tool → a child run.
 
+The events are read by the run's ``event_stream_handler`` (the framework's one consumer of its
+stream; a handler of the caller's own gets the same events passed on); the capability
+:class:`Publishing` adds what only its hooks see (usage, steps, a raising tool, approvals).
+
 Use::
 
     from runwire.integrations import pydantic_ai
     result = await pydantic_ai.run(agent, "What is the weather?", publisher=pub)
     print(result.output)      # what `await agent.run(...)` returns
 
-The same mapping as a capability for code that calls ``agent.run`` itself, around a run it opened:
-``agent.run(prompt, capabilities=[Publishing(run)])``, or, events only, as an event stream handler:
-``agent.run(prompt, event_stream_handler=handler(run))``.
+For code that calls ``agent.run`` itself, around a run it opened: ``publishing = Publishing(run)``,
+then ``agent.run(prompt, capabilities=[publishing], event_stream_handler=publishing.handler())``;
+events only: ``agent.run(prompt, event_stream_handler=handler(run))``.
 """
 
 from __future__ import annotations
 
 import asyncio
 import inspect
-from collections.abc import AsyncIterable, Awaitable, Callable, Sequence
+from collections.abc import (
+    AsyncGenerator,
+    AsyncIterable,
+    AsyncIterator,
+    Awaitable,
+    Callable,
+    Sequence,
+)
 from dataclasses import dataclass, field
 from types import FrameType
-from typing import Any
+from typing import Any, cast
 
 from ..sdk.publisher import Publisher
 from . import require
@@ -81,8 +92,12 @@ __all__ = ["FRAMEWORK", "Publishing", "handler", "run"]
 FRAMEWORK = "pydantic_ai"
 _SIGNALS = (ToolRetryError, ToolFailedError, ApprovalRequired, CallDeferred, SkipToolExecution)
 """What a tool raises to steer the run, not to fail it: its result event follows (or it waits)."""
+_DELTA_EVENTS: dict[type, str] = {TextPart: "text.delta", ThinkingPart: "reasoning.delta",
+                                  TextPartDelta: "text.delta", ThinkingPartDelta: "reasoning.delta"}
+"""The runwire event of a text or thinking part's content, by the type of the part or delta."""
 
 EventStreamHandler = Callable[[RunContext[Any], AsyncIterable[AgentStreamEvent]], Awaitable[None]]
+_Route = Callable[[Any], Awaitable[None]]
 
 
 async def run(
@@ -93,22 +108,29 @@ async def run(
     run_id: str | None = None,
     on_publish_error: OnPublishError = "continue",
     publish_timeout: float = 5.0,
+    tenant: str | None = None,
+    thread: str | None = None,
     **kwargs: Any,
 ) -> AgentRunResult[Any]:
     """Run ``agent`` on ``input`` (its user prompt) with ``kwargs`` (``deps``, ``message_history``,
-    ``output_type`` …), publishing the run as it streams; return what ``await agent.run(...)``
-    returns. Inside another published run (a tool of an agent run this way) this is its child.
+    ``output_type``, ``event_stream_handler`` …), publishing the run as it streams; return what
+    ``await agent.run(...)`` returns. Inside another published run (a tool of an agent run this
+    way) this is its child.
 
-    Tools that need approval wait for a client's ``approve``/``deny`` and the run goes on with
-    the decisions; a client's ``cancel`` raises :class:`asyncio.CancelledError` here."""
+    Your ``event_stream_handler`` (or the agent's) gets every event, after it is published. Tools
+    that need approval wait for a client's ``approve``/``deny`` and the run goes on with the
+    decisions; a client's ``cancel`` raises :class:`asyncio.CancelledError` here."""
     prompt = input if isinstance(input, str) else None
     if kwargs.pop("infer_name", True):
         _infer_name(agent, inspect.currentframe())
     async with AgentRun(publisher, run_id, framework=FRAMEWORK, name=agent.name, prompt=prompt,
-                        on_publish_error=on_publish_error, publish_timeout=publish_timeout) as published:
+                        on_publish_error=on_publish_error, publish_timeout=publish_timeout,
+                        tenant=tenant, thread=thread) as published:
+        publishing = Publishing(published)
         given: Sequence[AgentCapability[Any]] = kwargs.pop("capabilities", None) or ()
-        capabilities: list[AgentCapability[Any]] = [*given, Publishing(published)]
-        return await agent.run(input, capabilities=capabilities, infer_name=False, **kwargs)
+        then = kwargs.pop("event_stream_handler", None) or agent.event_stream_handler
+        return await agent.run(input, capabilities=[*given, publishing], infer_name=False,
+                               event_stream_handler=publishing.handler(then), **kwargs)
 
 
 def _infer_name(agent: AbstractAgent[Any, Any], frame: FrameType | None) -> None:
@@ -122,24 +144,22 @@ def _infer_name(agent: AbstractAgent[Any, Any], frame: FrameType | None) -> None
             return
 
 
-def handler(published: AgentRun) -> EventStreamHandler:
+def handler(published: AgentRun, then: EventStreamHandler | None = None) -> EventStreamHandler:
     """An ``event_stream_handler`` for ``agent.run`` publishing the run's events (text, reasoning,
-    tool calls, carried events) onto ``published``, a run the caller opened. :class:`Publishing`
-    also publishes usage, steps, a raising tool's error and approvals."""
-    mapper = _EventMapper(published)
-
-    async def publish_events(_ctx: RunContext[Any], events: AsyncIterable[AgentStreamEvent]) -> None:
-        mapper.new_response()  # called once per node: a model response's parts, or tool calls
-        async for event in events:
-            await mapper.event(event)
-
-    return publish_events
+    tool calls, carried events) onto ``published``, a run the caller opened, and passing them on
+    to ``then`` if given. :class:`Publishing` also publishes usage, steps, a raising tool's error
+    and approvals."""
+    return _EventMapper(published).handler(then)
 
 
 @dataclass
 class Publishing(AbstractCapability[Any]):
-    """A capability publishing an agent's run onto ``published`` (an open :class:`AgentRun`):
-    ``agent.run(prompt, capabilities=[Publishing(published)])``. With it the run streams."""
+    """A capability publishing an agent's run onto ``published`` (an open :class:`AgentRun`), with
+    its event stream handler: ``publishing = Publishing(published)``, then
+    ``agent.run(prompt, capabilities=[publishing], event_stream_handler=publishing.handler())``.
+
+    The capability publishes usage, steps, a raising tool's error and approvals; the handler, the
+    events (without it, the run's text and tool calls are not published)."""
 
     published: AgentRun
     _mapper: _EventMapper = field(init=False, repr=False)
@@ -153,12 +173,17 @@ class Publishing(AbstractCapability[Any]):
     def get_serialization_name(cls) -> str | None:
         return None  # not part of an agent spec: it holds a live run
 
-    async def on_event(self, ctx: RunContext[Any], *, event: AgentStreamEvent) -> None:
-        await self._mapper.event(event)
+    def handler(self, then: EventStreamHandler | None = None) -> EventStreamHandler:
+        """The ``event_stream_handler`` publishing this run's events, passing them on to ``then``."""
+        return self._mapper.handler(then)
+
+    def listens_to(self, event: AgentStreamEvent) -> bool:
+        """No ``on_event`` here (events go through :meth:`handler`): say so without the default's
+        per-event look-up of ``@on_event`` methods."""
+        return False
 
     async def after_model_request(self, ctx: RunContext[Any], *, request_context: Any,
                                   response: ModelResponse) -> ModelResponse:
-        self._mapper.new_response()
         usage = response.usage
         await self.published.usage(usage.input_tokens, usage.output_tokens, response.model_name)
         calls_tools = any(isinstance(part, ToolCallPart) for part in response.parts)
@@ -199,38 +224,90 @@ def _approval(decision: Decision) -> bool | ToolApproved | ToolDenied:
     return True
 
 
+def _delta_event(item: Any) -> str | None:
+    """The runwire event of a subclass of a text or thinking part or delta, else ``None``."""
+    if isinstance(item, TextPart | TextPartDelta):
+        return "text.delta"
+    if isinstance(item, ThinkingPart | ThinkingPartDelta):
+        return "reasoning.delta"
+    return None
+
+
 class _EventMapper:
-    """Pydantic AI's stream events onto one :class:`AgentRun` (the module docstring's mapping)."""
+    """Pydantic AI's stream events onto one :class:`AgentRun` (the module docstring's mapping).
+
+    Each event goes to its route by its type (a dict lookup, no chain of ``isinstance``); a
+    subclass finds its base's route once, then has its own."""
 
     def __init__(self, published: AgentRun) -> None:
         self.published = published
         self._failed: set[str] = set()
         """Calls whose failure the tool's exception published (its call event may come later)."""
-        self._streamed: dict[int, tuple[str, str]] = {}
-        """Each text or thinking part of the current response, by index: its kind, what was sent."""
+        self._sent: dict[int, tuple[str, list[str]]] = {}
+        """Each text or thinking part of the current response, by index: the event type its content
+        is published as, the chunks sent (joined only when the framework replaces the part)."""
+        self._routes: dict[type, _Route] = {
+            PartDeltaEvent: self._delta, PartStartEvent: self._part_start,
+            PartEndEvent: self._part_end, FunctionToolCallEvent: self._call,
+            FunctionToolResultEvent: self._result}
 
-    def new_response(self) -> None:
-        """The next model response: its parts are numbered from 0 again."""
-        self._streamed.clear()
+    def handler(self, then: EventStreamHandler | None = None) -> EventStreamHandler:
+        """An ``event_stream_handler`` publishing each event, then passing it on to ``then``: the
+        framework's stream has one consumer; what ``then`` leaves unread is published too."""
 
-    async def event(self, event: AgentStreamEvent) -> None:
-        if isinstance(event, PartStartEvent):
-            await self._part(event.index, event.part)
-        elif isinstance(event, PartDeltaEvent):
-            await self._delta(event.index, event.delta)
-        elif isinstance(event, PartEndEvent):
-            if isinstance(event.part, NativeToolCallPart):
-                await self._native_call(event.part)
-        elif isinstance(event, FunctionToolCallEvent):
-            await self._call(event.part)
-        elif isinstance(event, FunctionToolResultEvent):
-            await self._result(event)
-        else:
-            await self.published.carry(event.event_kind, event)
+        async def publish_events(ctx: RunContext[Any], events: AsyncIterable[AgentStreamEvent]) -> None:
+            self._sent.clear()  # called once per node: a model response's parts, or tool calls
+            source = aiter(events)
+            if then is not None:
+                forwarded = self._passed_on(source)
+                try:
+                    await then(ctx, forwarded)
+                finally:
+                    await forwarded.aclose()
+            routes = self._routes
+            async for event in source:
+                await (routes.get(type(event)) or self._route(event))(event)
 
-    async def _part(self, index: int, part: Any) -> None:
-        if isinstance(part, TextPart | ThinkingPart):
-            await self._content(index, part.part_kind, part.content, whole=True)
+        return publish_events
+
+    async def _passed_on(self, source: AsyncIterator[AgentStreamEvent]) -> AsyncGenerator[AgentStreamEvent]:
+        """``source``'s events, each published before the handler passed them sees it."""
+        routes = self._routes
+        async for event in source:
+            await (routes.get(type(event)) or self._route(event))(event)
+            yield event
+
+    def _route(self, event: AgentStreamEvent) -> _Route:
+        """The route of an event type not seen yet: its nearest base's, else carried."""
+        kind = type(event)
+        route = next((self._routes[base] for base in kind.__mro__ if base in self._routes), self._carry)
+        self._routes[kind] = route
+        return route
+
+    async def _carry(self, event: AgentStreamEvent) -> None:
+        await self.published.carry(event.event_kind, event)
+
+    async def _delta(self, event: PartDeltaEvent) -> None:
+        delta = event.delta
+        published_as = _DELTA_EVENTS.get(type(delta)) or _delta_event(delta)
+        if published_as is None:
+            if not isinstance(delta, ToolCallPartDelta):  # a call's arguments: whole at tool.start
+                await self.published.carry("delta", delta)
+            return
+        text = cast("TextPartDelta | ThinkingPartDelta", delta).content_delta
+        if text:  # a thinking delta may carry only a signature
+            sent = self._sent.get(event.index)
+            if sent is None or sent[0] != published_as:
+                self._sent[event.index] = (published_as, [text])
+            else:
+                sent[1].append(text)
+            await self.published.emit(published_as, {"text": text})
+
+    async def _part_start(self, event: PartStartEvent) -> None:
+        part = event.part
+        published_as = _DELTA_EVENTS.get(type(part)) or _delta_event(part)
+        if published_as is not None:
+            await self._content(event.index, published_as, cast("TextPart | ThinkingPart", part).content)
         elif isinstance(part, NativeToolReturnPart):
             await self.published.tool_end(part.tool_call_id, ok=part.outcome == "success",
                                           output=part.content, error=part.content,
@@ -238,31 +315,33 @@ class _EventMapper:
         elif not isinstance(part, ToolCallPart | NativeToolCallPart):  # calls: at their call event
             await self.published.carry("part", part)
 
-    async def _delta(self, index: int, delta: Any) -> None:
-        if isinstance(delta, TextPartDelta | ThinkingPartDelta):
-            await self._content(index, delta.part_delta_kind, delta.content_delta or "", whole=False)
-        elif not isinstance(delta, ToolCallPartDelta):  # a call's arguments: whole at tool.start
-            await self.published.carry("delta", delta)
+    async def _content(self, index: int, published_as: str, text: str) -> None:
+        """The whole content of part ``index``, of a new part or one the framework replaced. Of a
+        replacement only what extends the text sent is new; one that rewrites it is carried
+        (``x.pydantic_ai.part_replaced``), not sent twice."""
+        sent = self._sent.get(index)
+        new = text
+        if sent is not None:
+            sent_text = "".join(sent[1])
+            if sent[0] != published_as or not text.startswith(sent_text):
+                self._sent[index] = (published_as, [text])
+                kind = "text" if published_as == "text.delta" else "thinking"
+                await self.published.carry("part_replaced", {"index": index, "kind": kind, "content": text})
+                return
+            new = text[len(sent_text):]
+        self._sent[index] = (published_as, [text])
+        if new:
+            await self.published.emit(published_as, {"text": new})
 
-    async def _content(self, index: int, kind: str, text: str, *, whole: bool) -> None:
-        """Text or thinking of part ``index``: a delta, or (``whole``) the part's content, of a new
-        part or one the framework replaced. Of a replacement only what extends the text sent is
-        new; one that rewrites it is carried (``x.pydantic_ai.part_replaced``), not sent twice."""
-        sent_kind, sent = self._streamed.get(index, (kind, ""))
-        if whole and (sent_kind != kind or not text.startswith(sent)):
-            self._streamed[index] = (kind, text)
-            await self.published.carry("part_replaced", {"index": index, "kind": kind, "content": text})
-            return
-        new = text[len(sent):] if whole else text
-        self._streamed[index] = (kind, sent + new)
-        await (self.published.text(new) if kind == "text" else self.published.reasoning(new))
-
-    async def _call(self, call: ToolCallPart) -> None:
-        if call.tool_call_id not in self._failed:
+    async def _part_end(self, event: PartEndEvent) -> None:
+        if isinstance(event.part, NativeToolCallPart):  # text and calls: sent already, or at their call event
+            call = event.part
             await self.published.tool_start(call.tool_call_id, call.tool_name, call.args_as_dict())
 
-    async def _native_call(self, call: NativeToolCallPart) -> None:
-        await self.published.tool_start(call.tool_call_id, call.tool_name, call.args_as_dict())
+    async def _call(self, event: FunctionToolCallEvent) -> None:
+        call = event.part
+        if call.tool_call_id not in self._failed:
+            await self.published.tool_start(call.tool_call_id, call.tool_name, call.args_as_dict())
 
     async def _result(self, event: FunctionToolResultEvent) -> None:
         part = event.part

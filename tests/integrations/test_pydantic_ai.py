@@ -339,3 +339,41 @@ async def test_the_event_stream_handler_publishes_onto_a_run_the_caller_opened(
     assert {p["tool"] for p in starts(events).values()} == {"weather", "population"}
     assert all(p["ok"] for p in ends(events).values()) and len(ends(events)) == 2
     assert states(events) == ["running", "done"]
+
+
+async def test_the_capability_and_its_handler_publish_a_run_the_caller_opened(
+    pipe: Pipeline, publisher: Publisher
+) -> None:
+    agent = weather_agent(TestModel(custom_output_text=ANSWER))
+    run_id = unique("pai-capability")
+    async with AgentRun(publisher, run_id, framework="pydantic_ai", name="mine") as published:
+        publishing = pydantic_ai.Publishing(published)
+        result = await agent.run("Paris?", capabilities=[publishing],
+                                 event_stream_handler=publishing.handler())
+    events = await read_run(pipe, run_id)
+    assert text_of(events) == result.output == ANSWER
+    assert len(ends(events)) == 2 and all(p["ok"] for p in ends(events).values())
+    assert [e["payload"]["step_kind"] for e in events if e["type"] == "step.boundary"] == [
+        "tool-roundtrip", "text-only"]
+    assert sum(e["payload"]["total_tokens"] for e in events if e["type"] == "x.usage") == \
+        result.usage.total_tokens
+
+
+async def test_what_the_callers_handler_leaves_unread_is_published_too(pipe: Pipeline) -> None:
+    chunks = ["One ", "two ", "three ", "four."]
+    agent = Agent(thinking_then_text([], chunks), name="counter")
+    seen: list[AgentStreamEvent] = []
+
+    async def first_only(_ctx: RunContext[None], events: AsyncIterable[AgentStreamEvent]) -> None:
+        async for event in events:
+            seen.append(event)
+            break
+
+    run_id = unique("pai-partial")
+    async with Publisher.connect(pipe.url, linger_ms=1.0) as publisher:
+        result = await pydantic_ai.run(agent, "count", publisher=publisher, run_id=run_id,
+                                       event_stream_handler=first_only)
+    events = await read_run(pipe, run_id)
+    assert seen and [e["payload"]["text"] for e in events if e["type"] == "text.delta"] == chunks
+    assert text_of(events) == result.output == "".join(chunks)
+    assert states(events) == ["running", "done"]

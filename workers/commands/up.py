@@ -6,7 +6,9 @@ Embedded defaults — bus ``memory://``, replay log
 ``--demo`` keeps publishing synthetic runs so the page moves at once; their
 tenant (``demo``) has a retention of ``--demo-keep-minutes`` (10 by
 default), and ``runwire up`` sweeps the replay log while the demo runs, so
-its data stays bounded (about 40 MB at the default rate).
+its data stays bounded (about 40 MB at the default rate). With pydantic-ai installed
+(``scripts/run --framework-demo``), a real framework agent runs beside them every 30 s
+(``runwire.integrations.demo``).
 
 SIGINT/SIGTERM drain: the demo ends its open runs (as aborted), the edge
 stops accepting and closes its streams (clients resume elsewhere), the
@@ -273,6 +275,16 @@ async def serve(settings: UpSettings) -> None:
     click.echo("runwire up: stopped", err=True)
 
 
+def framework_demo() -> Any:
+    """The demo's framework agent (``runwire.integrations.demo.framework_runs``) when pydantic-ai
+    is installed (``scripts/run --framework-demo`` installs it), else None."""
+    try:
+        from runwire.integrations.demo import framework_runs
+    except ImportError:
+        return None
+    return framework_runs
+
+
 class _Parts:
     """The worker, the edge and the demo publisher of one ``runwire up``, as tasks."""
 
@@ -317,12 +329,12 @@ class _Parts:
 
     async def _demo(self) -> None:
         async with Publisher(self.bus) as publisher:
-            await publish_runs(
-                publisher,
-                self.demo_stop,
-                rate=self.settings.demo_rate,
-                seed=self.settings.demo_seed,
-            )
+            parts = [publish_runs(publisher, self.demo_stop, rate=self.settings.demo_rate,
+                                  seed=self.settings.demo_seed)]
+            framework = framework_demo()
+            if framework is not None:
+                parts.append(framework(publisher, self.demo_stop, seed=self.settings.demo_seed))
+            await asyncio.gather(*parts)
 
     async def run_until(self, stop: asyncio.Event) -> None:
         """Until ``stop`` is set or any part ends (which only happens when it fails)."""
