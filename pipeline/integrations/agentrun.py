@@ -210,10 +210,18 @@ class AgentRun:
     async def emit(self, type: str, payload: dict[str, Any] | msgspec.Struct,
                    ext: dict[str, Any] | None = None) -> None:
         """Publish one event of this run, within the publishing policy (module docstring)."""
-        assert self.run is not None, "use `async with AgentRun(...)`"
+        run = self.run
+        assert run is not None, "use `async with AgentRun(...)`"
+        if not self._degraded:
+            try:
+                if run.emit_nowait(type, payload, ext) is not None:
+                    return  # the common case: room in the publisher, no coroutine of its own
+            except (DeliveryTimeout, BusUnavailable) as exc:
+                self._failed(type, exc, self._lost(exc))
+                return
         wait = 0.0 if self._degraded and type in _DELTAS else self.publish_timeout
         try:
-            await self.run.emit(type, payload, ext, room_timeout=wait)
+            await run.emit(type, payload, ext, room_timeout=wait)
         except (DeliveryTimeout, BusUnavailable) as exc:
             self._failed(type, exc, self._lost(exc))
             return

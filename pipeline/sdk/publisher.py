@@ -189,6 +189,22 @@ class Run:
             raise
         return event
 
+    def emit_nowait(self, type: str, payload: Mapping[str, Any] | msgspec.Struct,
+                    ext: dict[str, Any] | None = None) -> Event | None:
+        """:meth:`emit` when the publisher has room now, without a coroutine; None when it has
+        none (nothing is published, no seq is used up: call :meth:`emit` to wait for room).
+        Raises what :meth:`emit` raises. It never yields to the loop, so a caller that never
+        awaits anything else should use :meth:`emit`."""
+        event = self.event(type, payload, ext)
+        try:
+            if self.publisher._put(event) is None:
+                return event
+        except MalformedFrame:
+            self.seq -= 1
+            raise
+        self.seq -= 1
+        return None
+
     async def finish(self, state: str = "done", reason: str | None = None) -> Event:
         """Publish the terminal ``run.lifecycle`` event (done, aborted or error)."""
         if state not in envelope.TERMINAL_STATES:
@@ -435,12 +451,19 @@ class Publisher(AsyncResource):
             data = _encoder.encode(event)
         except RecursionError:
             raise MalformedFrame(f"event is nested deeper than {envelope.MAX_DEPTH} levels") from None
-        envelope.check_encoded(event, data)  # what a worker would dead-letter is refused here
-        if self._queued and (
-            self._queued >= self.max_pending or self._queued_bytes + len(data) > self.max_pending_bytes
-        ):
+        size = len(data)
+        if size > envelope.MAX_FRAME_BYTES or event.ext is not None or type(event) in envelope.FREE_FORM:
+            envelope.check_encoded(event, data)  # what a worker would dead-letter is refused here
+        queued = self._queued
+        if queued and (queued >= self.max_pending or self._queued_bytes + size > self.max_pending_bytes):
             return data
-        self._append(event, data)
+        self._queue.append(event)  # as _append does, inlined: this is every emit's path
+        self._encoded.append(data)
+        self._count += 1
+        self._queued = queued = queued + 1
+        self._queued_bytes += size
+        if queued == 1 or queued >= self.max_batch:
+            self._wakeup.set()
         return None
 
     def _append(self, event: Event, data: bytes) -> None:
