@@ -531,6 +531,17 @@ class Publisher(AsyncResource):
             async with asyncio.timeout(self.delivery_timeout):
                 await self.bus.publish_encoded(events, data)
 
+        if self.outage.state is None:  # a healthy bus: one attempt, none of the retries' steps
+            try:
+                await attempt()
+            except (BusUnavailable, TimeoutError):
+                pass  # retried below, from the first retry on (which logs the pause)
+            except Exception as exc:  # not retriable: report it rather than loop
+                self._give_up(f"the bus refused the batch ({exc!r})")
+                return
+            else:
+                self._done(events)
+                return
         try:
             await self.outage.call(self._deliver_retry, attempt)
         except (BusUnavailable, TimeoutError) as exc:
