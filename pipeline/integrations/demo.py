@@ -1,5 +1,5 @@
 """A framework agent for the demo: what ``runwire up --demo`` runs beside its synthetic runs
-when pydantic-ai is installed (``scripts/run --framework-demo`` installs it).
+when pydantic-ai is installed (``scripts/run`` installs it).
 
 A pydantic-ai "incident triage" agent on the framework's own offline ``FunctionModel`` (no
 network, no key): it thinks, calls ``search_logs`` — whose tool delegates to a second agent,

@@ -7,7 +7,7 @@ Embedded defaults — bus ``memory://``, replay log
 tenant (``demo``) has a retention of ``--demo-keep-minutes`` (10 by
 default), and ``runwire up`` sweeps the replay log while the demo runs, so
 its data stays bounded (about 40 MB at the default rate). With pydantic-ai installed
-(``scripts/run --framework-demo``), a real framework agent runs beside them every 30 s
+(``scripts/run`` installs it), a real framework agent runs beside them every 30 s
 (``runwire.integrations.demo``).
 
 SIGINT/SIGTERM drain: the demo ends its open runs (as aborted), the edge
@@ -277,7 +277,7 @@ async def serve(settings: UpSettings) -> None:
 
 def framework_demo() -> Any:
     """The demo's framework agent (``runwire.integrations.demo.framework_runs``) when pydantic-ai
-    is installed (``scripts/run --framework-demo`` installs it), else None."""
+    is installed (``scripts/run`` installs it), else None."""
     try:
         from runwire.integrations.demo import framework_runs
     except ImportError:
