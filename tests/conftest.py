@@ -2,11 +2,14 @@
 
 from __future__ import annotations
 
+import contextlib
 import uuid
 from collections.abc import AsyncIterator, Iterator
 from pathlib import Path
 
 import pytest
+from redis.asyncio import Redis
+from redis.exceptions import RedisError
 
 from runwire.bus import open_bus
 from runwire.bus.base import Bus
@@ -32,6 +35,19 @@ def redis_url() -> Iterator[str]:
 def own_redis() -> Iterator[RedisServer]:
     """A Redis of this test's own, which the test may restart (data is lost on restart)."""
     yield from own_server(RedisServer())
+
+
+@pytest.fixture
+async def admin(own_redis: RedisServer) -> AsyncIterator[Redis]:
+    """A client of the test's own Redis for ``CONFIG SET maxmemory``; the limit is lifted after
+    (unless the test left the server stopped)."""
+    client = Redis.from_url(own_redis.url)
+    try:
+        yield client
+    finally:
+        with contextlib.suppress(RedisError):
+            await client.config_set("maxmemory", 0)
+        await client.aclose()
 
 
 @pytest.fixture(scope="session")

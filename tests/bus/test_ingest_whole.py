@@ -12,9 +12,6 @@ batch or all of it, in order.
 
 from __future__ import annotations
 
-from collections.abc import AsyncIterator
-
-import pytest
 from redis.asyncio import Redis
 
 from runwire.bus import keys, open_bus
@@ -27,14 +24,6 @@ ENTRIES = 4
 EVENTS = 64 * ENTRIES
 
 
-@pytest.fixture
-async def admin(own_redis: RedisServer) -> AsyncIterator[Redis]:
-    client = Redis.from_url(own_redis.url)
-    try:
-        yield client
-    finally:
-        await client.config_set("maxmemory", 0)
-        await client.aclose()
 
 
 def deltas(run_id: str) -> list[Event]:

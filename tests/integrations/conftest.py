@@ -5,6 +5,7 @@
 from __future__ import annotations
 
 import asyncio
+import time
 from collections.abc import AsyncIterator
 from pathlib import Path
 from typing import Any
@@ -55,13 +56,38 @@ def states(events: list[dict[str, Any]]) -> list[str]:
     return [e["payload"]["state"] for e in events if e["type"] == "run.lifecycle"]
 
 
-async def control(pipe: Pipeline, run_id: str, command: str, **args: Any) -> None:
+async def control(pipe: Pipeline, run_id: str, command: str, **args: Any) -> float:
     """A client's command, as any client sends it (``POST /v1/runs/{run}/control``), once the
-    run is known to the edge."""
+    run is known to the edge; returns the monotonic time the accepted request was sent at."""
     async with httpx.AsyncClient(base_url=pipe.edge.url, timeout=10) as http:
         for _ in range(200):
+            sent = time.monotonic()
             answer = await http.post(f"/v1/runs/{run_id}/control", json={"command": command, "args": args})
             if answer.status_code != 404:
                 break
             await asyncio.sleep(0.05)
         assert answer.status_code == 202, answer.text
+    return sent
+
+
+STOP = "user pressed stop"
+
+
+async def cancel_stops_it_within_a_second(
+    pipe: Pipeline, publisher: Publisher, task: asyncio.Task[Any], stopped_at: list[float],
+    run_id: str, *, target: str | None = None, reason: str = STOP,
+) -> list[dict[str, Any]]:
+    """A client cancels ``target`` (default: ``run_id``) while the agent's ``task`` runs: the
+    framework stops (``stopped_at`` gets the moment its code saw it) within 1 s of the request,
+    ``run()`` raises ``CancelledError``, and the run ends ``aborted`` with the client's reason
+    (``target``'s own end: with ``target`` a child run, its events among the root's). Returns
+    the run's events."""
+    await publisher.flush()
+    sent = await control(pipe, target or run_id, "cancel", reason=reason)
+    with pytest.raises(asyncio.CancelledError):
+        await asyncio.wait_for(task, 10)
+    assert stopped_at and stopped_at[0] - sent < 1.0, f"stopped {stopped_at[0] - sent:.2f}s after the cancel"
+    events = await read_run(pipe, run_id)
+    ended = [e for e in events if e["type"] == "run.lifecycle" and e.get("child_id") == target]
+    assert ended[-1]["payload"] == {"state": "aborted", "reason": reason}
+    return events

@@ -18,17 +18,18 @@ README = Path(__file__).resolve().parents[2] / "README.md"
 BUS_LINE = 'BUS = "http://127.0.0.1:8765"'
 
 
-def first_example() -> str:
-    section = README.read_text().split("## First steps", 1)[1]
+def example(heading: str) -> str:
+    """The first python example under ``heading`` in the README."""
+    section = README.read_text().split(heading, 1)[1]
     match = re.search(r"```python\n(.*?)```", section, re.S)
-    assert match, "the README's First steps has a python example"
+    assert match, f"the README's {heading} has a python example"
     return match[1]
 
 
 def test_the_readme_agent_reaches_a_running_up_and_its_child_fans_into_the_run(
     start_up: Any, tmp_path: Path
 ) -> None:
-    code = first_example()
+    code = example("## First steps")
     assert BUS_LINE in code and "from runwire import Publisher" in code
     up = start_up("--data-dir", str(tmp_path / "data"))
     agent = tmp_path / "agent.py"
@@ -45,19 +46,12 @@ def test_the_readme_agent_reaches_a_running_up_and_its_child_fans_into_the_run(
     assert events[-1]["payload"]["state"] == "done"
 
 
-def framework_example() -> str:
-    section = README.read_text().split("### From your agent framework", 1)[1]
-    match = re.search(r"```python\n(.*?)```", section, re.S)
-    assert match, "the README's From your agent framework has a python example"
-    return match[1]
-
-
 def test_the_readme_framework_agent_publishes_its_run_with_its_tool_call(
     start_up: Any, tmp_path: Path
 ) -> None:
     """The README's framework example as written (pydantic-ai and its offline test model):
     three lines publish the run — its text, its tool call paired with arguments and output."""
-    code = framework_example()
+    code = example("### From your agent framework")
     assert BUS_LINE in code and "from runwire.integrations import pydantic_ai" in code
     up = start_up("--data-dir", str(tmp_path / "data"))
     agent = tmp_path / "framework_agent.py"

@@ -31,14 +31,6 @@ FULL = 1
 """``maxmemory`` in bytes: any Redis is over it, so every write that may grow memory is refused."""
 
 
-@pytest.fixture
-async def admin(own_redis: RedisServer) -> AsyncIterator[Redis]:
-    client = Redis.from_url(own_redis.url)
-    try:
-        yield client
-    finally:
-        await client.config_set("maxmemory", 0)
-        await client.aclose()
 
 
 @pytest.fixture
