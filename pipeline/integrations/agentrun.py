@@ -153,13 +153,17 @@ class AgentRun:
         )
         self._task = asyncio.current_task()
         self._watcher = asyncio.create_task(self._watch(), name=f"runwire-controls-{self.run_id}")
-        await asyncio.sleep(0)  # the watcher opens the control channel before the run is seen
-        if parent is not None:
-            spawn: dict[str, Any] = {"child_id": self.run_id}
-            if self.prompt is not None:
-                spawn["prompt"] = self.prompt
-            await parent.emit("child.spawn", spawn)
-        await self.emit("run.lifecycle", {"state": "running"}, self._agent_ext())
+        try:
+            await asyncio.sleep(0)  # the watcher opens the control channel before the run is seen
+            if parent is not None:
+                spawn: dict[str, Any] = {"child_id": self.run_id}
+                if self.prompt is not None:
+                    spawn["prompt"] = self.prompt
+                await parent.emit("child.spawn", spawn)
+            await self.emit("run.lifecycle", {"state": "running"}, self._agent_ext())
+        except BaseException:  # no __aexit__ follows a failed __aenter__: stop listening here
+            await self._stop_watching()
+            raise
         if self.becomes_current:
             self._token = _CURRENT.set(self)
         return self

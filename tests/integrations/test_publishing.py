@@ -87,3 +87,28 @@ async def test_on_publish_error_raise_raises_within_the_timeout(own_redis: Redis
                         await run.text(f"{index} ")
         with contextlib.suppress(DeliveryTimeout):
             await pub.close()
+
+
+async def test_a_run_that_cannot_start_leaves_no_control_listener_behind(own_redis: RedisServer) -> None:
+    """``on_publish_error="raise"`` and a bus already down with the publisher's queue full:
+    opening the run raises, and the task that listens to its control channel is stopped with
+    it (no ``__aexit__`` follows a failed ``__aenter__``)."""
+    pub = small_publisher(own_redis.url, delivery_timeout=1.5)  # gives up after the check
+    await pub.start()
+    try:
+        own_redis.stop()
+        filler = pub.run("filler")
+        for _batch in range(2):  # a batch in flight, then a full queue: the bus takes neither
+            for index in range(50):
+                await filler.emit("text.delta", {"text": f"{index}"}, room_timeout=0)
+            await asyncio.sleep(0.05)
+        assert pub.pending == 100
+        with pytest.raises(PublishFailed):
+            async with AgentRun(pub, "never-1", framework="test", publish_timeout=0.2,
+                                on_publish_error="raise"):
+                pass
+        listeners = [t for t in asyncio.all_tasks() if t.get_name().startswith("runwire-controls-")]
+        assert listeners == []
+    finally:
+        with contextlib.suppress(DeliveryTimeout):
+            await pub.close()
