@@ -50,6 +50,9 @@ from .base import Bus, Consumer, ControlCommand, DeadLetter, StreamKey
 
 log = logging.getLogger(__name__)
 CONTROL_BACKOFF = FullJitterBackoff(cap=2.0, base=0.05)
+CONTROL_READ_TIMEOUT_S = 45.0
+"""A control stream silent this long is taken as lost and reopened (the edge writes an empty
+line every 15 s while quiet)."""
 _control_json = msgspec.json.Decoder(ControlCommand)
 
 
@@ -146,26 +149,29 @@ class HttpBus(Bus):
         if after != "$":
             raise ConfigError("an http:// bus reads a run's control channel live from now only")
         failures = 0
-        while True:
-            try:
-                async with self._http().stream(
-                    "GET", f"/v1/runs/{run_id}/control", timeout=httpx.Timeout(self._timeout_s, read=None),
-                ) as answer:
-                    if answer.status_code != 200:
-                        await answer.aread()
-                        if answer.status_code < 500 and answer.status_code != 429:
-                            raise _refusal(answer)
-                        raise httpx.HTTPStatusError("edge busy", request=answer.request, response=answer)
-                    failures = 0
-                    async for line in answer.aiter_lines():
-                        if line.strip():
-                            yield _control_json.decode(line)
-            except httpx.HTTPError as exc:
-                failures += 1
-                pause = CONTROL_BACKOFF.compute(failures)
-                log.warning("control channel of %s unavailable (%s); retrying in %.2fs", run_id,
-                            redact_text(str(exc)), pause)
-                await asyncio.sleep(pause)
+        async with httpx.AsyncClient(  # its own connections: a long read holds one per run
+            base_url=self.base, headers=self._headers, limits=httpx.Limits(max_connections=None),
+            timeout=httpx.Timeout(self._timeout_s, read=CONTROL_READ_TIMEOUT_S),
+        ) as client:
+            while True:
+                try:
+                    async with client.stream("GET", f"/v1/runs/{run_id}/control") as answer:
+                        if answer.status_code != 200:
+                            await answer.aread()
+                            if answer.status_code < 500 and answer.status_code != 429:
+                                raise _refusal(answer)
+                            raise httpx.HTTPStatusError("edge busy", request=answer.request,
+                                                        response=answer)
+                        failures = 0
+                        async for line in answer.aiter_lines():
+                            if line.strip():
+                                yield _control_json.decode(line)
+                    failures += 1  # the edge ended the stream (it stopped): reconnect, not at once
+                except httpx.HTTPError as exc:
+                    failures += 1
+                    log.warning("control channel of %s unavailable (%s); retrying", run_id,
+                                redact_text(str(exc)))
+                await asyncio.sleep(CONTROL_BACKOFF.compute(failures))
 
 
 def _publish_only(what: str) -> NoReturn:

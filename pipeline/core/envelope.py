@@ -91,10 +91,10 @@ __all__ = [
 ]
 
 _FREE_FORM: frozenset[type] = frozenset({ToolStart, ToolEnd, Extension})
-FREE_FORM = _FREE_FORM
-"""Event classes with free-form JSON that may nest (without ``ext``, no other event can be
-too deep: :func:`check_encoded` of any other is only its size check)."""
 """Event types with free-form JSON in their payload (besides ``ext``, which any event may have)."""
+FREE_FORM = _FREE_FORM
+"""The same, for the publisher: without ``ext``, no other event can be too deep, so
+:func:`check_encoded` of any other is only its size check."""
 _ext_of = attrgetter("ext")
 
 _decoder = msgspec.json.Decoder(_TypedEvent)

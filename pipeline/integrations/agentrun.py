@@ -52,23 +52,28 @@ from typing import Any, Literal
 import msgspec
 
 from ..bus.base import ControlCommand
-from ..core.errors import BusUnavailable, DeliveryTimeout, RunwireError
+from ..core import limits
+from ..core.envelope import TERMINAL_STATES
+from ..core.errors import BusUnavailable, DeliveryTimeout, ProtocolError, RunwireError
 from ..core.events import TextPayload
 from ..core.redaction import redact_text
-from ..core.ulid import MonotonicULID
+from ..core.ulid import new_random_ulid
 from ..sdk.publisher import Publisher, Run
 from .values import bounded
 
-__all__ = ["AgentRun", "Decision", "PublishFailed", "current"]
+__all__ = ["AgentRun", "Decision", "PublishFailed", "close_all", "current"]
 
 log = logging.getLogger("runwire.integrations")
 
 OnPublishError = Literal["continue", "raise"]
 REASON_CHARS = 1000
+DELTA_CHARS = 64 * 1024
+"""The longest text one ``text.delta``/``reasoning.delta`` carries; a longer text is several."""
+PROMPT_CHARS = 4096
+"""The longest prompt a ``child.spawn`` carries (it is for display)."""
 _DELTAS = frozenset({"text.delta", "reasoning.delta"})
 """Events that don't wait at all once publishing has failed (the others still wait up to
 ``publish_timeout``: a tool's end or the run's end is worth the wait)."""
-_ids = MonotonicULID("run_")
 _CURRENT: ContextVar[AgentRun | None] = ContextVar("runwire_agent_run", default=None)
 
 
@@ -116,7 +121,7 @@ class AgentRun:
         if on_publish_error not in ("continue", "raise"):
             raise ValueError('on_publish_error must be "continue" or "raise"')
         self.publisher = publisher
-        self.run_id = run_id or _ids.new()
+        self.run_id = run_id or new_random_ulid("run_")
         self.framework = framework
         self.name = name
         self.parent = _CURRENT.get() if parent == "current" else parent
@@ -134,6 +139,9 @@ class AgentRun:
         no room in time, and those the publisher gave up after its ``delivery_timeout`` when
         the report reached this run (it reaches the next emit of any run: the publisher's
         ``DeliveryTimeout`` names each one, and is logged)."""
+        self.refused = 0
+        """This run's events the publisher refused as they were (over a limit of the limits
+        table); each is logged."""
         self.run: Run | None = None
         self._degraded = False
         self._steps = 0
@@ -158,7 +166,7 @@ class AgentRun:
             if parent is not None:
                 spawn: dict[str, Any] = {"child_id": self.run_id}
                 if self.prompt is not None:
-                    spawn["prompt"] = self.prompt
+                    spawn["prompt"] = self.prompt[:PROMPT_CHARS]
                 await parent.emit("child.spawn", spawn)
             await self.emit("run.lifecycle", {"state": "running"}, self._agent_ext())
         except BaseException:  # no __aexit__ follows a failed __aenter__: stop listening here
@@ -223,16 +231,33 @@ class AgentRun:
             except (DeliveryTimeout, BusUnavailable) as exc:
                 self._failed(type, exc, self._lost(exc))
                 return
-        wait = 0.0 if self._degraded and type in _DELTAS else self.publish_timeout
+            except ProtocolError as exc:
+                self._refused(type, exc)
+                return
+        wait = (0.0 if self._degraded and type in _DELTAS
+                else None if type == "run.lifecycle" and payload_state(payload) in TERMINAL_STATES
+                else self.publish_timeout)
         try:
             await run.emit(type, payload, ext, room_timeout=wait)
         except (DeliveryTimeout, BusUnavailable) as exc:
             self._failed(type, exc, self._lost(exc))
             return
+        except ProtocolError as exc:  # an event no worker could carry: refused, the run goes on
+            self._refused(type, exc)
+            return
         if self._degraded:
             self._degraded = False
             log.warning("run %s: publishing resumed (%d event(s) were not published)",
                         self.run_id, self.unpublished)
+
+    def _refused(self, type: str, exc: ProtocolError) -> None:
+        """An event the publisher refused as it is (over a limit): counted and logged, or raised
+        with ``on_publish_error="raise"``; never the agent's end otherwise."""
+        if self.on_publish_error == "raise":
+            raise exc
+        self.refused += 1
+        log.warning("run %s: a %s event was refused and not published: %s", self.run_id, type,
+                    describe(exc))
 
     def _lost(self, exc: BaseException) -> int:
         """This run's events a failure names (given up by the publisher, or this one), at least 1."""
@@ -251,12 +276,13 @@ class AgentRun:
                         "not published", self.run_id, describe(exc) or "bus too slow")
 
     async def text(self, text: str) -> None:
-        if text:
-            await self.emit("text.delta", TextPayload(text=text))
+        """``text.delta`` (a text longer than :data:`DELTA_CHARS` as several, in order)."""
+        for start in range(0, len(text), DELTA_CHARS):
+            await self.emit("text.delta", TextPayload(text=text[start:start + DELTA_CHARS]))
 
     async def reasoning(self, text: str) -> None:
-        if text:
-            await self.emit("reasoning.delta", TextPayload(text=text))
+        for start in range(0, len(text), DELTA_CHARS):
+            await self.emit("reasoning.delta", TextPayload(text=text[start:start + DELTA_CHARS]))
 
     async def tool_start(self, call_id: str, tool: str, arguments: Any = None) -> None:
         """``tool.start``; its ``tool.end`` gets the duration from now."""
@@ -313,8 +339,9 @@ class AgentRun:
         ``args.call_id``; without it a command decides every call still pending."""
         loop = asyncio.get_running_loop()
         self._decisions = {str(call["call_id"]): loop.create_future() for call in calls}
-        listed = [{"call_id": str(c["call_id"]), "tool": c.get("tool"), "input": bounded(c.get("input"))}
-                  for c in calls]
+        share = limits.TOOL_VALUE_BYTES // max(1, len(calls))  # the event stays within a frame
+        listed = [{"call_id": str(c["call_id"]), "tool": c.get("tool"),
+                   "input": bounded(c.get("input"), share)} for c in calls]
         await self.emit("run.lifecycle", {"state": "awaiting_approval",
                                           "reason": f"{len(calls)} call(s) wait for a decision"},
                         {"approval": {"calls": listed}})
@@ -355,8 +382,25 @@ class AgentRun:
         watcher, self._watcher = self._watcher, None
         if watcher is not None:
             watcher.cancel()
-            with contextlib.suppress(asyncio.CancelledError):
-                await watcher
+            await asyncio.wait({watcher})  # a cancel of this task meanwhile still raises here
+
+
+def payload_state(payload: Any) -> str | None:
+    """A ``run.lifecycle`` payload's state (a dict or a Struct)."""
+    return payload.get("state") if isinstance(payload, dict) else getattr(payload, "state", None)
+
+
+async def close_all(runs: list[AgentRun], exc: BaseException | None) -> None:
+    """Close every run of ``runs`` in order (``exc``: how they ended); an error closing one does
+    not leave the others open (their control listeners running): the first is raised after."""
+    first: BaseException | None = None
+    for run in runs:
+        try:
+            await run.__aexit__(type(exc) if exc else None, exc, None)
+        except Exception as error:
+            first = first or error
+    if first is not None:
+        raise first
 
 
 def describe(exc: BaseException) -> str:

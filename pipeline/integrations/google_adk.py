@@ -30,7 +30,7 @@ from contextlib import aclosing
 from dataclasses import dataclass
 from typing import Any
 
-from .agentrun import AgentRun, OnPublishError, describe
+from .agentrun import AgentRun, OnPublishError, close_all, describe
 from .values import to_json
 
 try:
@@ -121,9 +121,8 @@ class _Mapper:
                 if owner.tool_open(call_id):
                     await owner.tool_end(call_id, ok=False, error=error)
         self._calls.clear()
-        while self._opened:
-            child = self._opened.pop()
-            await child.__aexit__(type(exc) if exc else None, exc, None)
+        opened, self._opened = self._opened[::-1], []
+        await close_all(opened, exc)
 
     # ---- events ------------------------------------------------------------
     async def event(self, event: Event) -> None:
@@ -386,8 +385,10 @@ async def run(agent: Runner, input: types.Content | str, *, publisher: Publisher
             _ACTIVE.reset(token)
             if watching:
                 runner.plugin_manager.plugins.remove(plugin)
-            await plugin.abandon(ended)
-            await mapper.close(ended)
+            try:
+                await plugin.abandon(ended)
+            finally:
+                await mapper.close(ended)
         return mapper.final
 
 

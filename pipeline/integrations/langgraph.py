@@ -46,7 +46,7 @@ from contextvars import ContextVar
 from typing import Any, Literal
 
 from runwire.integrations import require
-from runwire.integrations.agentrun import AgentRun, Decision, OnPublishError, describe
+from runwire.integrations.agentrun import AgentRun, Decision, OnPublishError, close_all, describe
 from runwire.sdk.publisher import Publisher
 
 require("langgraph")
@@ -265,11 +265,12 @@ class _Publishing:
                 if owner.tool_open(call_id):
                     await owner.tool_end(call_id, ok=False, error=describe(exc))
         closing = [ns for ns in self.children if under is None or ns[: len(under)] == under]
+        children = []
         for namespace in sorted(closing, key=len, reverse=True):
             await self.flush_usage(namespace)
             self._runs.pop(self.base + namespace, None)
-            child = self.children.pop(namespace)
-            await child.__aexit__(type(exc) if exc else None, exc, None)
+            children.append(self.children.pop(namespace))
+        await close_all(children, exc)
 
     # ---- messages ------------------------------------------------------------
     async def on_message(self, namespace: Namespace, chunk: tuple[BaseMessage, dict[str, Any]]) -> None:

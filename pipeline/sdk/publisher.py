@@ -252,6 +252,7 @@ class Publisher(AsyncResource):
         self.max_pending_bytes = max_pending_bytes
         self.delivery_timeout = delivery_timeout
         backoff = FullJitterBackoff(cap=backoff_cap, base=backoff_base)
+        self._backoff = backoff
         self._connect_retry = Retry(backoff, deadline_s=delivery_timeout)
         self._deliver_retry = Retry(
             backoff, deadline_s=delivery_timeout,
@@ -534,8 +535,8 @@ class Publisher(AsyncResource):
         if self.outage.state is None:  # a healthy bus: one attempt, none of the retries' steps
             try:
                 await attempt()
-            except (BusUnavailable, TimeoutError):
-                pass  # retried below, from the first retry on (which logs the pause)
+            except (BusUnavailable, TimeoutError):  # retried below (which logs the pause), after
+                await asyncio.sleep(self._backoff.compute(1))  # the backoff a first retry waits
             except Exception as exc:  # not retriable: report it rather than loop
                 self._give_up(f"the bus refused the batch ({exc!r})")
                 return

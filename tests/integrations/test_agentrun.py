@@ -121,3 +121,25 @@ async def test_tool_values_that_are_not_json_or_too_large_are_converted_and_cut(
     assert starts["c3"]["tool"] == "lookup" and ends["c3"]["ok"] is False
     assert all(isinstance(e["duration_ms"], int) for e in ends.values())
     assert states(events) == ["running", "done"]
+
+
+async def test_what_a_framework_hands_over_whole_never_stops_the_agent(
+    pipe: Pipeline, publisher: Publisher
+) -> None:
+    """A 2 MB text (one LangGraph message, an ADK final text) is published in order as several
+    deltas; a prompt of a sub-agent is cut for display; an event over the frame limit is refused,
+    counted and logged — and the run goes on to its end."""
+    run_id = unique("big")
+    text = "".join(f"{i:07d} " for i in range(250_000))  # 2 MB
+    async with AgentRun(publisher, run_id, framework="test") as run:
+        await run.text(text)
+        async with AgentRun(publisher, framework="test", prompt="p" * 100_000) as helper:
+            await helper.text("ok")
+        await run.emit("x.test.blob", {"data": "z" * (limits.FRAME_BYTES + 1)})
+        await run.text("after")
+    assert run.refused == 1
+    events = await read_run(pipe, run_id)
+    assert text_of(own(events)) == text + "after"
+    spawn = next(e["payload"] for e in own(events) if e["type"] == "child.spawn")
+    assert spawn["prompt"] == "p" * 4096
+    assert states(own(events)) == ["running", "done"]

@@ -63,8 +63,10 @@ async def test_a_stopped_redis_never_stops_the_agent(own_redis: RedisServer) -> 
             elapsed = time.monotonic() - started
         assert run.unpublished > 0
         assert elapsed < 10, f"the agent waited {elapsed:.1f}s for a stopped bus"
-        with pytest.raises(DeliveryTimeout):  # what was queued is given up after delivery_timeout
-            await pub.flush()
+        # the run's end waited for the publisher to give up what it held (delivery_timeout),
+        # which reported it to this run: nothing is left to report
+        await pub.flush()
+        assert run.unpublished > 100
         own_redis.start()
         async with AgentRun(pub, "down-2", framework="test") as after:
             await after.text("back")
