@@ -241,7 +241,8 @@ def control_endpoint(edge: Edge) -> Any:
         run_id = request.path_params["run_id"]
         if request.method == "GET":  # the run's agent reads its commands (NDJSON, live)
             principal = edge.gate.principal(request.headers, request.query_params)
-            lines = await agent_controls(edge.bus, edge.gate, principal, run_id)
+            hold = edge.quotas.stream(principal.token_id if principal else "")  # one of its streams
+            lines = await agent_controls(edge.bus, edge.gate, principal, run_id, hold)
             return StreamingResponse(lines, media_type=NDJSON_MEDIA_TYPE)
         try:
             principal = edge.gate.principal(request.headers, request.query_params)

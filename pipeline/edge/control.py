@@ -21,6 +21,7 @@ from ..core.ulid import new_event_id
 from .auth import Gate, Principal
 from .authz import authorize_control, authorize_write
 from .params import check_depth, choice
+from .quotas import Hold
 
 CONTROL_COMMANDS = frozenset({"cancel", "pause", "resume", "redirect", "approve", "deny", "answer"})
 
@@ -62,7 +63,7 @@ _command_json = msgspec.json.Encoder()
 
 
 async def agent_controls(
-    bus: Bus, gate: Gate, principal: Principal | None, run_id: str
+    bus: Bus, gate: Gate, principal: Principal | None, run_id: str, hold: Hold
 ) -> AsyncIterator[bytes]:
     """``GET /v1/runs/{run_id}/control``: the run's commands as NDJSON lines, live from now, for
     an agent that publishes through the edge (the publisher SDK's ``http://`` bus). The caller
@@ -80,11 +81,11 @@ async def agent_controls(
             return False
         return True
 
-    return _command_lines(bus.controls(run_id), None if principal is None else still_writable)
+    return _command_lines(bus.controls(run_id), None if principal is None else still_writable, hold)
 
 
 async def _command_lines(
-    commands: AsyncIterator[ControlCommand], check: Callable[[], Awaitable[bool]] | None
+    commands: AsyncIterator[ControlCommand], check: Callable[[], Awaitable[bool]] | None, hold: Hold
 ) -> AsyncIterator[bytes]:
     upcoming = asyncio.ensure_future(anext(commands))
     try:
@@ -104,3 +105,4 @@ async def _command_lines(
         with contextlib.suppress(BaseException):
             await upcoming
         await commands.aclose()  # type: ignore[attr-defined]
+        hold.release()

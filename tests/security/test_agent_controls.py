@@ -90,3 +90,26 @@ async def test_the_owner_reads_its_runs_commands_through_the_edge(guarded: Pipel
         await commands.aclose()  # type: ignore[attr-defined]
         await run.finish()
     assert (command.command, command.args, command.run_id) == ("approve", {"call_id": "c1"}, run_id)
+
+
+async def test_an_agents_control_streams_count_against_its_tokens_stream_quota(
+    redis_url: str, tmp_path: Path
+) -> None:
+    """Each open control read is one of the token's streams: a token can't hold the edge's
+    connections to the bus with control reads of made-up runs."""
+    settings = EdgeSettings(secret=SECRET, streams_per_token=2)
+    async with pipeline(redis_url, f"sqlite:///{tmp_path}/replay.db", settings) as guarded:
+        writer = bearer(token("A", "write"))
+        async with httpx.AsyncClient(base_url=guarded.edge.url, timeout=10) as http:
+            async with (http.stream("GET", f"/v1/runs/{unique('q')}/control", headers=writer) as one,
+                        http.stream("GET", f"/v1/runs/{unique('q')}/control", headers=writer) as two):
+                assert (one.status_code, two.status_code) == (200, 200)
+                third = await http.get(f"/v1/runs/{unique('q')}/control", headers=writer)
+                assert third.status_code == 429
+                assert third.headers["retry-after"]
+            for _ in range(100):  # both closed: the quota is free again
+                async with http.stream("GET", f"/v1/runs/{unique('q')}/control", headers=writer) as again:
+                    if again.status_code == 200:
+                        break
+                await asyncio.sleep(0.05)
+            assert again.status_code == 200
