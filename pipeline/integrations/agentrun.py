@@ -26,7 +26,10 @@ What it does for them:
   :class:`asyncio.CancelledError`, as the framework does when its task is
   cancelled. :meth:`awaiting` publishes ``awaiting_approval`` with the
   pending calls in ``ext.approval.calls`` and returns each one's
-  :class:`Decision` from ``approve`` / ``deny`` / ``answer`` commands.
+  :class:`Decision` from ``approve`` / ``deny`` / ``answer`` commands. The
+  run listens from the moment it opens, before its first event, and reads
+  live: a command sent while the listener reconnects (``http://``) is not
+  seen, so a client that got no effect sends it again.
 * **Publishing never kills the agent.** Each emit waits at most
   ``publish_timeout`` seconds for room in the publisher (a slow or down bus);
   ``on_publish_error="continue"`` (the default) then counts the event in
