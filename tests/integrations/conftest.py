@@ -91,3 +91,19 @@ async def cancel_stops_it_within_a_second(
     ended = [e for e in events if e["type"] == "run.lifecycle" and e.get("child_id") == target]
     assert ended[-1]["payload"] == {"state": "aborted", "reason": reason}
     return events
+
+
+async def wait_for_awaiting(pipe: Pipeline, run_id: str) -> dict[str, Any]:
+    """The run's ``awaiting_approval`` event, as a client of the raw view sees it live."""
+    async with httpx.AsyncClient(base_url=pipe.edge.url, timeout=10) as http:
+        for _ in range(200):
+            async with http.stream("GET", f"/v1/runs/{run_id}/stream?detail=full") as response:
+                if response.status_code == 404:
+                    await asyncio.sleep(0.05)
+                    continue
+                assert response.status_code == 200, response.status_code
+                async for line in response.aiter_lines():
+                    if line.startswith("data:") and "awaiting_approval" in line:
+                        event: dict[str, Any] = msgspec.json.decode(line[5:])
+                        return event
+        raise AssertionError("no awaiting_approval")

@@ -9,8 +9,6 @@ import time
 from collections.abc import AsyncIterator
 from typing import Any
 
-import httpx
-import msgspec
 import pytest
 from agents import Agent, ItemHelpers, Runner, function_tool, set_tracing_disabled
 from agents.items import ToolCallItem, ToolCallOutputItem
@@ -29,6 +27,7 @@ from tests.integrations.conftest import (
     read_run,
     states,
     text_of,
+    wait_for_awaiting,
 )
 
 set_tracing_disabled(True)  # no exporter, no network
@@ -296,21 +295,6 @@ async def test_an_approval_and_a_denial_from_clients_resume_the_sdk_run(
     assert ends["r1"]["ok"] is True and ends["r1"]["output"] == "removed /tmp/a"
     assert ends["r2"]["ok"] is False and ends["r2"]["error"] == "keep b"
 
-
-async def wait_for_awaiting(pipe: Pipeline, run_id: str) -> dict[str, Any]:
-    """The run's ``awaiting_approval`` event, as a client of the raw view sees it live."""
-    async with httpx.AsyncClient(base_url=pipe.edge.url, timeout=10) as http:
-        for _ in range(200):
-            async with http.stream("GET", f"/v1/runs/{run_id}/stream?detail=full") as response:
-                if response.status_code == 404:
-                    await asyncio.sleep(0.05)
-                    continue
-                assert response.status_code == 200, response.status_code
-                async for line in response.aiter_lines():
-                    if line.startswith("data:") and "awaiting_approval" in line:
-                        event: dict[str, Any] = msgspec.json.decode(line[5:])
-                        return event
-        raise AssertionError("no awaiting_approval")
 
 
 async def test_code_streaming_itself_publishes_through_events(pipe: Pipeline) -> None:

@@ -11,8 +11,6 @@ import time
 from collections.abc import AsyncIterable, AsyncIterator
 from typing import Any
 
-import httpx
-import msgspec
 import pytest
 from pydantic_ai import Agent, ModelRetry
 from pydantic_ai.exceptions import UnexpectedModelBehavior
@@ -49,6 +47,7 @@ from tests.integrations.conftest import (
     read_run,
     states,
     text_of,
+    wait_for_awaiting,
 )
 
 ANSWER = "It is sunny in Paris, and the city has about two million people."
@@ -294,21 +293,6 @@ async def test_approvals_from_a_client_resume_the_run(pipe: Pipeline, publisher:
     denied = ended[calls["send_mail"]["call_id"]]
     assert denied["ok"] is False and denied["error"] == "not today"
 
-
-async def wait_for_awaiting(pipe: Pipeline, run_id: str) -> dict[str, Any]:
-    """The run's ``awaiting_approval`` event, as a client of the raw view sees it live."""
-    async with httpx.AsyncClient(base_url=pipe.edge.url, timeout=10) as http:
-        for _ in range(200):
-            async with http.stream("GET", f"/v1/runs/{run_id}/stream?detail=full") as response:
-                if response.status_code == 404:
-                    await asyncio.sleep(0.05)
-                    continue
-                assert response.status_code == 200, response.status_code
-                async for line in response.aiter_lines():
-                    if line.startswith("data:") and "awaiting_approval" in line:
-                        event: dict[str, Any] = msgspec.json.decode(line[5:])
-                        return event
-        raise AssertionError("no awaiting_approval")
 
 
 async def test_an_exception_in_the_model_ends_the_run_error_and_is_raised(

@@ -26,18 +26,25 @@ def example(heading: str) -> str:
     return match[1]
 
 
-def test_the_readme_agent_reaches_a_running_up_and_its_child_fans_into_the_run(
-    start_up: Any, tmp_path: Path
-) -> None:
-    code = example("## First steps")
-    assert BUS_LINE in code and "from runwire import Publisher" in code
+def run_as_written(code: str, start_up: Any, tmp_path: Path) -> tuple[str, str]:
+    """Run a README example against a running ``runwire up`` (its ``BUS`` line pointed there);
+    returns the edge's base URL and what the example printed."""
     up = start_up("--data-dir", str(tmp_path / "data"))
     agent = tmp_path / "agent.py"
     agent.write_text(code.replace(BUS_LINE, f'BUS = "{up.base}"'))
     done = subprocess.run([sys.executable, str(agent)], cwd=tmp_path, env=runwire_env(), capture_output=True,
                           text=True, timeout=60, check=False)
     assert done.returncode == 0, done.stderr
-    events = stream_events(up.base, "hello-run")
+    return up.base, done.stdout
+
+
+def test_the_readme_agent_reaches_a_running_up_and_its_child_fans_into_the_run(
+    start_up: Any, tmp_path: Path
+) -> None:
+    code = example("## First steps")
+    assert BUS_LINE in code and "from runwire import Publisher" in code
+    base, _printed = run_as_written(code, start_up, tmp_path)
+    events = stream_events(base, "hello-run")
     assert [e["seq"] for e in events] == list(range(1, len(events) + 1))
     mine = "".join(e["payload"]["text"] for e in events if e["type"] == "text.delta")
     assert mine == "Let me look that up. Found three results."
@@ -53,14 +60,9 @@ def test_the_readme_framework_agent_publishes_its_run_with_its_tool_call(
     three lines publish the run — its text, its tool call paired with arguments and output."""
     code = example("### From your agent framework")
     assert BUS_LINE in code and "from runwire.integrations import pydantic_ai" in code
-    up = start_up("--data-dir", str(tmp_path / "data"))
-    agent = tmp_path / "framework_agent.py"
-    agent.write_text(code.replace(BUS_LINE, f'BUS = "{up.base}"'))
-    done = subprocess.run([sys.executable, str(agent)], cwd=tmp_path, env=runwire_env(), capture_output=True,
-                          text=True, timeout=60, check=False)
-    assert done.returncode == 0, done.stderr
-    assert done.stdout.strip() == "Sunny, 21 degrees."
-    events = stream_events(up.base, "weather-run")
+    base, printed = run_as_written(code, start_up, tmp_path)
+    assert printed.strip() == "Sunny, 21 degrees."
+    events = stream_events(base, "weather-run")
     text = "".join(e["payload"]["text"] for e in events if e["type"] == "text.delta")
     assert text == "Sunny, 21 degrees."
     start = next(e["payload"] for e in events if e["type"] == "tool.start")
