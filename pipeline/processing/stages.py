@@ -28,11 +28,11 @@ from ..core.envelope import Event
 from ..core.lines import encode_lines
 from ..core.retry import Outage, Retry
 from ..store import ReplayLog
-from .checkpoint import Checkpoint, encode_checkpoint, settle_windows, unsent_windows
+from .checkpoint import decode_checkpoint, settle_windows, unsent_windows
 from .fanin import Misrooted
 from .intake import decode_batch
+from .logged import continued_checkpoint, hot_length, rebuilt_views, retired_checkpoint
 from .processor import Processor, StreamOutput
-from .sequencing import SequencerState
 
 log = logging.getLogger("runwire.worker")
 
@@ -70,7 +70,7 @@ class EncodedWrite:
     __slots__ = ("log", "raw", "shaped")
 
     def __init__(self) -> None:
-        self.log: list[tuple[str, Sequence[Event], Sequence[bytes]]] = []
+        self.log: list[tuple[str, Sequence[Event], Sequence[bytes], bytes | None]] = []
         self.raw: list[EncodedAppend] = []
         self.shaped: list[EncodedAppend] = []
 
@@ -93,7 +93,7 @@ class WorkerStats(msgspec.Struct, kw_only=True):
     """Events refused, or kept out of an ancestor's stream, because that run is another tenant's."""
     retired: int = 0
     """Events (or fan-in copies) of runs that ended longer ago than the bus keeps checkpoints:
-    dropped (``Stages._retired``)."""
+    dropped (``Stages._from_log``)."""
     seconds: float = 0.0
     busy_seconds: float = 0.0
     """From the first fetched batch to the end of the last batch's writes."""
@@ -237,7 +237,7 @@ class Stages:
         write = EncodedWrite()
         for output in outputs.values():
             encoded = encode_lines(output.raw)
-            write.log.append((output.run_id, output.raw, encoded))
+            write.log.append((output.run_id, output.raw, encoded, output.state))
             write.raw.append(((output.run_id, "raw"), output.raw, encoded, output.state))
             if output.shaped:
                 write.shaped.append(((output.run_id, "shaped"), output.shaped,
@@ -252,11 +252,13 @@ class Stages:
         """The delivery-stream part of :meth:`write`: shaped views, then raw views with checkpoints."""
         await self._append_many(write.shaped)
         await self._append_many(write.raw)
-        self.stats.raw += sum(len(events) for _, events, _ in write.log)
+        self.stats.raw += sum(len(events) for _, events, _, _ in write.log)
         self.stats.shaped += sum(len(events) for _, events, _, _ in write.shaped)
 
-    async def _append_log(self, rows: list[tuple[str, Sequence[Event], Sequence[bytes]]]) -> None:
-        if any(events for _, events, _ in rows):
+    async def _append_log(self, rows: list[tuple[str, Sequence[Event], Sequence[bytes], bytes | None]]) -> None:
+        """Each run's part carries its raw stream's checkpoint: the log keeps it as the run's
+        checkpoint of record (see :meth:`_from_log`)."""
+        if any(events for _, events, _, _ in rows):
             started = time.monotonic()
             await self.retry(lambda: self.store.append_streams(rows))
             self.stats.log_seconds += time.monotonic() - started
@@ -309,7 +311,10 @@ class Stages:
         The bus's are asked for together (:meth:`Bus.load_states`, one round trip
         per :data:`LOAD_CHUNK` streams); a runtime's own lookup (the faust app's
         table), run by run, at most :data:`APPEND_CONCURRENCY` at once. Runs
-        without one are looked up in the replay log together (:meth:`_retired`).
+        without one are looked up in the replay log together (:meth:`_from_log`).
+        The bus's checkpoint wins when there is one: the log may run one write
+        ahead of the views, and that write, redone from the bus's checkpoint,
+        must reach the views.
         """
         states: list[bytes | None] = []
         if self._load is None:
@@ -319,10 +324,10 @@ class Stages:
         else:
             states = list(await asyncio.gather(*map(self._load_one, run_ids)))
         new = [run_id for run_id, state in zip(run_ids, states, strict=True) if state is None]
-        retired = await self._retired(new) if new else {}
+        logged = await self._from_log(new) if new else {}
         for index, (run_id, data) in enumerate(zip(run_ids, states, strict=True)):
             if data is None:
-                states[index] = retired.get(run_id)
+                states[index] = logged.get(run_id)
                 continue
             after = unsent_windows(data)
             if after is not None:
@@ -337,35 +342,68 @@ class Stages:
         async with self._appends:
             return await self.retry(functools.partial(self._load, run_id))
 
-    async def _retired(self, run_ids: Sequence[str]) -> dict[str, bytes]:
-        """The checkpoints of runs that ended longer ago than the bus keeps checkpoints.
+    async def _from_log(self, run_ids: Sequence[str]) -> dict[str, bytes]:
+        """The replay log's checkpoints of streams the bus has none for (the log is the
+        checkpoint of record; :mod:`.logged`).
 
-        A run's stored checkpoints expire ``checkpoint_grace_s`` after its end
-        (Redis: with its hot streams), so a missing one is a new run — or one
-        that ended before that, whose late events (an entry redelivered after a
-        long outage, a publisher's retry, an event sent after the end) must not
-        start it anew from seq 1. The replay log, written before every
-        checkpoint, tells them apart: a run it holds as ended since longer
-        than the grace is retired — what still comes for it is dropped and
-        counted (``retired``), and its streams stay closed (a resume reads the
-        log). A run that ended more recently lost its checkpoint some other
-        way (a writer that died between its log write and its views) and is
-        redone from the start, as after any crash.
+        A run's checkpoints on the bus expire ``checkpoint_grace_s`` after its
+        end (Redis: with its hot streams), and the bus may lose them all (Redis
+        restarted empty, flushed, failed over). The replay log, written before
+        every checkpoint, keeps each run's latest with its events and tells the
+        cases apart. A run it holds as ended since longer than the grace is
+        retired — what still comes for it is dropped and counted
+        (``retired``), and its streams stay closed (a resume reads the log).
+        Any other run it holds a checkpoint for continues from it — same next
+        seq, same dedupe, same open windows — and its hot streams are first
+        rebuilt from the log (:meth:`_rebuild_views`). A run without one there
+        is new (or was logged before the log kept checkpoints) and starts at
+        seq 1.
         """
+        infos = await self.retry(functools.partial(self.store.logged_runs, run_ids))
         grace = self.bus.checkpoint_grace_s
-        if grace is None:
-            return {}
-        infos = await self.retry(functools.partial(self.store.runs_by_id, run_ids))
-        ended_before = datetime.now(UTC) - timedelta(seconds=grace)
-        retired: dict[str, bytes] = {}
+        ended_before = None if grace is None else datetime.now(UTC) - timedelta(seconds=grace)
+        found: dict[str, bytes] = {}
+        continued: list[str] = []
         for run_id, info in infos.items():
-            if not info.terminal or info.updated_at is None or info.updated_at > ended_before:
+            if (ended_before is not None and info.terminal and info.updated_at is not None
+                    and info.updated_at <= ended_before):
+                log.info("run %s ended before %s; what still arrives for it is dropped", run_id,
+                         info.updated_at.isoformat(timespec="seconds"))
+                found[run_id] = retired_checkpoint(info)
                 continue
-            log.info("run %s ended before %s; what still arrives for it is dropped", run_id,
-                     info.updated_at.isoformat(timespec="seconds"))
-            retired[run_id] = encode_checkpoint(Checkpoint(sequencer=SequencerState(
-                last_seq=info.last_seq, terminal=True, retired=True, owned=True, tenant=info.tenant)))
-        return retired
+            data = continued_checkpoint(info)
+            if data is not None:
+                found[run_id] = data
+                continued.append(run_id)
+        if continued:
+            log.warning("%d stream(s) without a checkpoint on the bus continue from the replay log's"
+                        " (e.g. %s); their hot streams are rebuilt from the log", len(continued), continued[0])
+            rebuilt = {run_id: found[run_id] for run_id in continued}
+            await self._rebuild_views(rebuilt)
+            found.update(rebuilt)
+        return found
+
+    async def _rebuild_views(self, checkpoints: dict[str, bytes]) -> None:
+        """Give streams continued from the log's checkpoint their hot views back, before their new
+        events: the logged raw events up to each checkpoint's seq, at most what the hot tier keeps,
+        and their shaped view (:func:`.logged.rebuilt_views`, which may settle the checkpoint
+        against it: ``checkpoints`` is updated); appends are idempotent on seq."""
+        length = hot_length(self.bus)
+        appends: list[EncodedAppend] = []
+        for run_id, data in checkpoints.items():
+            last = decode_checkpoint(data).sequencer.last_seq
+            after = max(0, last - length)
+            raw = await self.retry(functools.partial(self.store.read, run_id, after, last - after))
+            checkpoints[run_id], views = rebuilt_views(run_id, data, raw)
+            appends += views
+            if len(appends) >= APPEND_CHUNK:
+                await self._append_views(appends)
+                appends = []
+        await self._append_views(appends)
+
+    async def _append_views(self, appends: list[EncodedAppend]) -> None:
+        await self._append_many([append for append in appends if append[0][1] == "shaped"])
+        await self._append_many([append for append in appends if append[0][1] == "raw"])
 
     async def retry(self, call: Callable[[], Awaitable[T]]) -> T:
         """``call()`` under :data:`RETRY`, until it succeeds or this worker stops."""

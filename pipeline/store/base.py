@@ -56,6 +56,26 @@ class RunInfo(RunFields, kw_only=True):
     expires_at: datetime | None = None
 
 
+class LoggedRun(RunInfo, kw_only=True):
+    """A run's metadata with the checkpoint of record (:meth:`ReplayLog.logged_runs`)."""
+
+    checkpoint: bytes | None = None
+    """The raw delivery stream's checkpoint (``processing.checkpoint.Checkpoint``, msgpack) that
+    the worker's write logging the run's newest events carried; None when no write carried one
+    (events appended by an import, or logged before the log kept checkpoints)."""
+
+
+LogStream = (tuple[str, Sequence[Event], Sequence[bytes]]
+             | tuple[str, Sequence[Event], Sequence[bytes], bytes | None])
+"""One run's part of a write to the log (:meth:`ReplayLog.append_streams`): ``(run_id, events,
+encoded)``, optionally with the checkpoint of the run's raw delivery stream after these events."""
+
+
+def stream_checkpoint(stream: LogStream) -> bytes | None:
+    """The checkpoint a :data:`LogStream` carries (None: it carries none)."""
+    return stream[3] if len(stream) > 3 else None
+
+
 class RunOwner(msgspec.Struct, kw_only=True, frozen=True):
     """Who owns a run id: recorded once, by the first entrance that saw it (:meth:`ReplayLog.claim_run`)."""
 
@@ -112,17 +132,20 @@ class ReplayLog(ConnectedResource):
         """
         return await self.append([event for event, _ in rows])
 
-    async def append_streams(
-        self, streams: Sequence[tuple[str, Sequence[Event], Sequence[bytes]]]
-    ) -> int:
-        """:meth:`append_encoded` for events grouped by run: ``(run_id, events, encoded)``.
+    async def append_streams(self, streams: Sequence[LogStream]) -> int:
+        """:meth:`append_encoded` for events grouped by run: ``(run_id, events, encoded[, checkpoint])``.
 
         A worker's write is grouped so already (one group per delivery
         stream); a backend can then summarize each run without regrouping.
-        Same semantics as :meth:`append_encoded` of all the rows.
+        Same semantics as :meth:`append_encoded` of all the rows, and a run's
+        checkpoint, when given, is kept as its checkpoint of record
+        (:meth:`logged_runs`) if this write stores new events of the run and its
+        last seq is at or past the run's last stored seq: it never moves
+        backward. This base implementation keeps none (a backend that keeps
+        them overrides this and :meth:`logged_runs`).
         """
         return await self.append_encoded(
-            [row for _, events, encoded in streams for row in zip(events, encoded, strict=True)]
+            [row for stream in streams for row in zip(stream[1], stream[2], strict=True)]
         )
 
     @abstractmethod
@@ -147,6 +170,18 @@ class ReplayLog(ConnectedResource):
         once: a backend that can looks them up in one query)."""
         infos = {run_id: await self.run(run_id) for run_id in dict.fromkeys(run_ids)}
         return {run_id: info for run_id, info in infos.items() if info is not None}
+
+    async def logged_runs(self, run_ids: Sequence[str]) -> dict[str, LoggedRun]:
+        """:meth:`runs_by_id` with each run's checkpoint of record (one query where the backend can).
+
+        The log is written before the bus's views and checkpoints, so when the
+        bus lost a stream's checkpoint (Redis flushed or failed over) a worker
+        continues the run from this one (``Stages._load_states``). Kept apart
+        from :meth:`run` and :meth:`runs`, which never read the blob. This base
+        implementation keeps no checkpoints (each is None).
+        """
+        infos = await self.runs_by_id(run_ids)
+        return {run_id: LoggedRun(**msgspec.structs.asdict(info)) for run_id, info in infos.items()}
 
     @abstractmethod
     async def claim_run(self, run_id: str, tenant: str, root_id: str) -> RunOwner:

@@ -12,14 +12,15 @@ Tables (Koder agent stream §6 plus what runwire needs):
   streams them without re-encoding); primary key ``(run_id, seq)`` (the
   idempotency key), index ``(tenant, ts)``.
 * ``runs`` — one row of metadata per run (``thread_id`` since schema 2),
-  maintained on append.
+  maintained on append, and the checkpoint of record of the run's raw
+  delivery stream (``checkpoint``, since schema 3: see ``ReplayLog.logged_runs``).
 * ``runwire_schema`` — the schema version.
 
 One connection writes (appends, sweeps) and one reads, each used by one
 coroutine at a time; appends of more than a few hundred events go through
 ``COPY`` into a temporary table and one ``INSERT … ON CONFLICT DO NOTHING``.
 
-Just over ~400 lines: one backend (schema, its two connections, bulk append,
+Longer than ~400 lines: one backend (schema, its two connections, bulk append,
 queries); what it shares with SQLite is in ``runmeta.py``.
 """
 
@@ -36,11 +37,19 @@ import psycopg
 from ..core import envelope
 from ..core.envelope import Event
 from ..core.errors import StoreError, StoreUnavailable
-from .base import ReplayLog, RunInfo, RunOwner, SweepResult
+from .base import LoggedRun, LogStream, ReplayLog, RunInfo, RunOwner, SweepResult, stream_checkpoint
 from .producers import ProducerState, Reservation, reserve
-from .runmeta import RUN_COLUMNS, RunDelta, run_info, summarize, upsert_run_sql
+from .runmeta import (
+    RUN_COLUMNS,
+    RunDelta,
+    logged_run,
+    run_info,
+    summarize,
+    upsert_run_sql,
+    with_checkpoint,
+)
 
-SCHEMA_VERSION = 2
+SCHEMA_VERSION = 3
 COPY_THRESHOLD = 256
 
 _SCHEMA = """
@@ -104,8 +113,10 @@ CREATE TABLE IF NOT EXISTS ds_producers (
 );
 ALTER TABLE ds_producers ADD COLUMN IF NOT EXISTS last_digest text NOT NULL DEFAULT '';
 CREATE INDEX IF NOT EXISTS runs_thread ON runs (thread_id, updated_at) WHERE thread_id IS NOT NULL;
+ALTER TABLE runs ADD COLUMN IF NOT EXISTS checkpoint bytea;
 """
-"""Schema 2 added ``runs.thread_id``: ``ADD COLUMN IF NOT EXISTS`` migrates a schema-1 database."""
+"""Schema 2 added ``runs.thread_id``, schema 3 ``runs.checkpoint`` (the raw stream's checkpoint of
+record): ``ADD COLUMN IF NOT EXISTS`` migrates an older database."""
 
 _CLAIM = """
 WITH logged AS (SELECT tenant, coalesce(root_id, run_id) AS root FROM runs WHERE run_id = %(run)s),
@@ -236,6 +247,24 @@ class PostgresLog(ReplayLog):
         return await self.append_encoded([(e, envelope.encode(e)) for e in events])
 
     async def append_encoded(self, rows: Sequence[tuple[Event, bytes]]) -> int:
+        return await self._append(rows, {})
+
+    async def append_streams(self, streams: Sequence[LogStream]) -> int:
+        rows = [row for stream in streams for row in zip(stream[1], stream[2], strict=True)]
+        checkpoints: dict[str, tuple[bytes, int]] = {}
+        for stream in streams:
+            checkpoint = stream_checkpoint(stream)
+            if checkpoint is not None and stream[1]:
+                last = max(event.seq for event in stream[1])
+                if checkpoints.get(stream[0], (b"", -1))[1] <= last:
+                    checkpoints[stream[0]] = (checkpoint, last)
+        return await self._append(rows, checkpoints)
+
+    async def _append(
+        self, rows: Sequence[tuple[Event, bytes]], checkpoints: dict[str, tuple[bytes, int]]
+    ) -> int:
+        """Store the new rows and merge their runs' metadata (with each run's checkpoint, if given,
+        and its part's last seq)."""
         if not rows:
             return 0
         async with self._writer.lock:
@@ -245,7 +274,9 @@ class PostgresLog(ReplayLog):
                     stored = await self._insert(conn, rows)
                     fresh = [row[0] for row in rows if (row[0].run_id, row[0].seq) in stored]
                     now = self.clock()
-                    for delta in summarize(fresh).values():
+                    for run_id, delta in summarize(fresh).items():
+                        if run_id in checkpoints:
+                            with_checkpoint(delta, *checkpoints[run_id])
                         await self._merge_run(conn, delta, now)
             except psycopg.OperationalError as exc:
                 raise StoreUnavailable(f"PostgreSQL: {exc}") from exc
@@ -280,7 +311,7 @@ class PostgresLog(ReplayLog):
             (delta.run_id, delta.tenant, delta.parent_id, delta.root_id, delta.thread_id, delta.state,
              delta.state_seq, delta.terminal, delta.events, delta.last_seq,
              delta.input_tokens, delta.output_tokens, delta.dropped, delta.first_ts,
-             delta.last_ts, now, now),
+             delta.last_ts, now, now, delta.checkpoint),
         )
         row = await cursor.fetchone()
         assert row is not None
@@ -338,6 +369,11 @@ class PostgresLog(ReplayLog):
         rows = await self._fetch(f"SELECT {RUN_COLUMNS} FROM runs WHERE run_id = ANY(%s)",
                                  (list(dict.fromkeys(run_ids)),))
         return {row[0]: self.with_expiry(run_info(row)) for row in rows}
+
+    async def logged_runs(self, run_ids: Sequence[str]) -> dict[str, LoggedRun]:
+        rows = await self._fetch(f"SELECT {RUN_COLUMNS}, checkpoint FROM runs WHERE run_id = ANY(%s)",
+                                 (list(dict.fromkeys(run_ids)),))
+        return {row[0]: logged_run(self.with_expiry(run_info(row)), row[-1]) for row in rows}
 
     async def claim_run(self, run_id: str, tenant: str, root_id: str) -> RunOwner:
         args = {"run": run_id, "tenant": tenant, "root": root_id}

@@ -15,8 +15,10 @@ from datetime import datetime
 from operator import attrgetter
 from typing import Any
 
+import msgspec
+
 from ..core.envelope import INT64_MAX, TERMINAL_STATES, Event, Gap, RunLifecycle, Usage
-from .base import RunFields, RunInfo
+from .base import LoggedRun, RunFields, RunInfo
 
 
 class RunDelta(RunFields, kw_only=True):
@@ -24,6 +26,9 @@ class RunDelta(RunFields, kw_only=True):
 
     state_seq: int = 0
     first_seq: int = 0
+    checkpoint: bytes | None = None
+    """The write's checkpoint of the run's raw stream (kept if ``last_seq`` is at or past the
+    stored one; ``last_seq`` is then the write's last seq, see :func:`with_checkpoint`)."""
 
     @property
     def terminal(self) -> bool:
@@ -95,6 +100,20 @@ def summarize_run(run_id: str, events: Sequence[Event], *, ascending: bool = Fal
 _ONLY_NONE = frozenset({None})
 
 
+def with_checkpoint(delta: RunDelta, checkpoint: bytes | None, last_seq: int) -> RunDelta:
+    """``delta`` carrying the checkpoint of the write it came from, whose last seq is ``last_seq``.
+
+    Every event of the write is stored once it commits (new or already
+    there), so its last seq is a true ``last_seq`` even when the newly stored
+    events end before it; the checkpoint is kept only where that is at or
+    past the run's stored ``last_seq`` (:func:`upsert_run_sql`).
+    """
+    if checkpoint is not None:
+        delta.checkpoint = checkpoint
+        delta.last_seq = max(delta.last_seq, last_seq)
+    return delta
+
+
 def summarize(events: Sequence[Event]) -> dict[str, RunDelta]:
     """Per-run metadata deltas of newly stored events."""
     if not events:
@@ -130,25 +149,32 @@ def run_info(row: Sequence[Any], moment: Callable[[Any], datetime | None] = _sam
     )
 
 
+def logged_run(info: RunInfo, checkpoint: bytes | None) -> LoggedRun:
+    """``info`` with its checkpoint of record (the ``checkpoint`` column, read after the others)."""
+    return LoggedRun(**msgspec.structs.asdict(info), checkpoint=None if checkpoint is None else bytes(checkpoint))
+
+
 STATE_AFTER_MERGE = ("CASE WHEN excluded.state IS NOT NULL AND excluded.state_seq >= runs.state_seq"
                      " THEN excluded.state ELSE runs.state END")
 """The ``state`` a run has once :func:`upsert_run_sql` merged a delta into it (an SQL expression)."""
 
 
 def upsert_run_sql(param: str, greatest: str, expires: str | None = None) -> str:
-    """The statement merging one :class:`RunDelta` into ``runs`` (17 values, see the
+    """The statement merging one :class:`RunDelta` into ``runs`` (18 values, see the
     backends), in a dialect: its placeholder and its two-argument maximum.
 
-    With ``expires`` (an SQL expression over ``runs`` and ``excluded``), an 18th
+    With ``expires`` (an SQL expression over ``runs`` and ``excluded``), a 19th
     value sets ``expires_at`` of a new run, and ``expires`` that of a merged one.
+    The checkpoint (the 18th value) replaces the stored one only when given and
+    when the delta's ``last_seq`` is at or past the run's: it never moves back.
     """
-    values = ", ".join([param] * (17 if expires is None else 18))
+    values = ", ".join([param] * (18 if expires is None else 19))
     expiry_column = "" if expires is None else ", expires_at"
     expiry_update = "" if expires is None else f"\n    expires_at = {expires},"
     return f"""
 INSERT INTO runs (run_id, tenant, parent_id, root_id, thread_id, state, state_seq, terminal,
                   events, last_seq, input_tokens, output_tokens, dropped, first_ts, last_ts,
-                  created_at, updated_at{expiry_column})
+                  created_at, updated_at, checkpoint{expiry_column})
 VALUES ({values})
 ON CONFLICT (run_id) DO UPDATE SET
     tenant = coalesce(runs.tenant, excluded.tenant),
@@ -171,6 +197,8 @@ ON CONFLICT (run_id) DO UPDATE SET
                     THEN excluded.first_ts ELSE runs.first_ts END,
     last_ts = CASE WHEN runs.last_ts IS NULL OR excluded.last_ts > runs.last_ts
                    THEN excluded.last_ts ELSE runs.last_ts END,
-    updated_at = {greatest}(runs.updated_at, excluded.updated_at)
+    updated_at = {greatest}(runs.updated_at, excluded.updated_at),
+    checkpoint = CASE WHEN excluded.checkpoint IS NOT NULL AND excluded.last_seq >= runs.last_seq
+                      THEN excluded.checkpoint ELSE runs.checkpoint END
 RETURNING tenant, state, updated_at
 """

@@ -39,19 +39,21 @@ from ..core import envelope
 from ..core.envelope import Event
 from ..core.errors import ConfigError, StoreError, StoreUnavailable
 from ..core.lines import join_lines
-from .base import ReplayLog, RunInfo, RunOwner, SweepResult
+from .base import LoggedRun, LogStream, ReplayLog, RunInfo, RunOwner, SweepResult, stream_checkpoint
 from .producers import ProducerState, Reservation, reserve
 from .retention import RetentionPolicy
 from .runmeta import (
     RUN_COLUMNS,
     STATE_AFTER_MERGE,
     RunDelta,
+    logged_run,
     run_info,
     summarize_run,
     upsert_run_sql,
+    with_checkpoint,
 )
 
-SCHEMA_VERSION = 5
+SCHEMA_VERSION = 6
 
 _SEGMENTS = """
 CREATE TABLE IF NOT EXISTS segments (
@@ -112,7 +114,8 @@ CREATE TABLE IF NOT EXISTS runs (
     last_ts       TEXT,
     created_at    REAL NOT NULL,
     updated_at    REAL NOT NULL,
-    expires_at    REAL
+    expires_at    REAL,
+    checkpoint    BLOB
 );
 CREATE INDEX IF NOT EXISTS runs_tenant_updated ON runs (tenant, updated_at);
 CREATE INDEX IF NOT EXISTS runs_updated ON runs (updated_at);
@@ -187,14 +190,14 @@ def _execute_rows(
 
 @functools.lru_cache(maxsize=16)
 def _upsert_runs(keep: tuple[float, float, float]) -> tuple[str, str]:
-    """The run upsert around its VALUES rows, for :func:`_execute_rows` (18 values a row),
+    """The run upsert around its VALUES rows, for :func:`_execute_rows` (19 values a row),
     setting ``expires_at`` as :meth:`ReplayLog.expiry` computes it with these keep times
     (seconds: done, aborted/error, unfinished) in the same statement."""
     done, failed, unfinished = (repr(float(seconds)) for seconds in keep)
     expires = (f"max(runs.updated_at, excluded.updated_at) + CASE {STATE_AFTER_MERGE} WHEN 'done' THEN {done}"
                f" WHEN 'aborted' THEN {failed} WHEN 'error' THEN {failed} ELSE {unfinished} END")
     statement = upsert_run_sql("?", "max", expires).rsplit("RETURNING", 1)[0]
-    head, tail = statement.replace("VALUES (" + ", ".join(["?"] * 18) + ")", "VALUES {rows}").split("{rows}")
+    head, tail = statement.replace("VALUES (" + ", ".join(["?"] * 19) + ")", "VALUES {rows}").split("{rows}")
     return head, tail
 
 
@@ -298,7 +301,7 @@ def _add_segments(
 
 
 def _ascending_segments(
-    streams: Sequence[tuple[str, Sequence[Event], Sequence[bytes]]],
+    streams: Sequence[LogStream],
 ) -> tuple[list[Any], list[tuple[str, int]]] | None:
     """The segment rows of a write whose runs each come once with ascending seqs, and each
     run's first seq; None for any other write.
@@ -308,7 +311,8 @@ def _ascending_segments(
     """
     params: list[Any] = []
     starts: list[tuple[str, int]] = []
-    for run_id, events, encoded in streams:
+    for stream in streams:
+        run_id, events, encoded = stream[0], stream[1], stream[2]
         count = len(events)
         if not count:
             continue
@@ -324,6 +328,22 @@ def _ascending_segments(
     if len(starts) != len({run_id for run_id, _ in starts}):
         return None
     return params, starts
+
+
+def _checkpoints(streams: Sequence[LogStream]) -> dict[str, tuple[bytes, int]]:
+    """The checkpoint each run's part of a write carries, with that part's last seq (a run
+    given twice: the part ending further)."""
+    found: dict[str, tuple[bytes, int]] = {}
+    for stream in streams:
+        checkpoint = stream_checkpoint(stream)
+        if checkpoint is not None and stream[1]:
+            last = max(map(_seq, stream[1]))
+            if stream[0] not in found or found[stream[0]][1] <= last:
+                found[stream[0]] = (checkpoint, last)
+    return found
+
+
+_NO_CHECKPOINT = (None, 0)
 
 
 def _path_of(url: str) -> str:
@@ -442,8 +462,15 @@ def _from_4(conn: sqlite3.Connection) -> None:
     conn.execute("DROP TABLE events")
 
 
+def _from_5(conn: sqlite3.Connection) -> None:
+    """Schema 5 → 6: runs keep their raw stream's checkpoint of record (NULL for the runs
+    stored before, which a worker that lost the bus's checkpoint then starts as before)."""
+    if "checkpoint" not in [row[1] for row in conn.execute("PRAGMA table_info(runs)")]:
+        conn.execute("ALTER TABLE runs ADD COLUMN checkpoint BLOB")
+
+
 MIGRATIONS: dict[int, Callable[[sqlite3.Connection], None]] = {
-    1: _from_1, 2: _from_2, 3: _from_3, 4: _from_4}
+    1: _from_1, 2: _from_2, 3: _from_3, 4: _from_4, 5: _from_5}
 """The step from each old schema version to the next."""
 
 
@@ -546,16 +573,12 @@ class SQLiteLog(ReplayLog):
             bodies.append(body)
         return self._append_streams([(run_id, *group) for run_id, group in groups.items()], now)
 
-    async def append_streams(
-        self, streams: Sequence[tuple[str, Sequence[Event], Sequence[bytes]]]
-    ) -> int:
-        if not any(events for _, events, _ in streams):
+    async def append_streams(self, streams: Sequence[LogStream]) -> int:
+        if not any(stream[1] for stream in streams):
             return 0
         return await self._call(self._append_streams, streams, _epoch(self.clock()))
 
-    def _append_streams(
-        self, streams: Sequence[tuple[str, Sequence[Event], Sequence[bytes]]], now: float
-    ) -> int:
+    def _append_streams(self, streams: Sequence[LogStream], now: float) -> int:
         """Store the events not stored yet (returns how many), one segment per run and write.
 
         Fast path: a worker's write holds each run once, its seqs ascending and
@@ -565,23 +588,25 @@ class SQLiteLog(ReplayLog):
         repeated or filling a gap) is stored per seq (:meth:`_insert_new`).
         The fast path's parameters come from C-level iterators and one join per
         stream, so this thread holds the GIL for little besides SQLite's own
-        binding.
+        binding. A run's checkpoint, when its part carries one, goes into the
+        same upsert of its metadata (:func:`~.runmeta.upsert_run_sql`).
         """
         db = self._db
+        checkpoints = _checkpoints(streams)
         with _transaction(db):
             plan = _ascending_segments(streams)
             fresh: Sequence[tuple[str, Sequence[Event]]]
             if plan is not None and db.execute(_STORED_PAST, (_ids_json.encode(plan[1]),)).fetchone() is None:
                 _execute_rows(db, _INSERT_SEGMENTS, 4, plan[0])
-                fresh = [(run_id, events) for run_id, events, _ in streams if events]
+                fresh = [(stream[0], stream[1]) for stream in streams if stream[1]]
             else:
                 fresh = self._insert_new(streams)
-            self._merge_runs([summarize_run(run_id, events, ascending=True) for run_id, events in fresh], now)
+            self._merge_runs([with_checkpoint(summarize_run(run_id, events, ascending=True),
+                                              *checkpoints.get(run_id, _NO_CHECKPOINT))
+                              for run_id, events in fresh], now)
         return sum(len(events) for _, events in fresh)
 
-    def _insert_new(
-        self, streams: Sequence[tuple[str, Sequence[Event], Sequence[bytes]]]
-    ) -> list[tuple[str, list[Event]]]:
+    def _insert_new(self, streams: Sequence[LogStream]) -> list[tuple[str, list[Event]]]:
         """Store the events whose ``(run_id, seq)`` is neither stored nor earlier in ``streams``.
 
         Returns them per run. Each run's stored segments within the span of its
@@ -589,7 +614,8 @@ class SQLiteLog(ReplayLog):
         """
         db = self._db
         groups: dict[str, dict[int, tuple[Event, bytes]]] = {}
-        for run_id, events, encoded in streams:
+        for stream in streams:
+            run_id, events, encoded = stream[0], stream[1], stream[2]
             group = groups.setdefault(run_id, {})
             for event, body in zip(events, encoded, strict=True):
                 group.setdefault(event.seq, (event, body))
@@ -619,11 +645,12 @@ class SQLiteLog(ReplayLog):
         keep = _keep_seconds(self.retention)
         head, tail = _upsert_runs(keep)
         expiry = {"done": keep[0], "aborted": keep[1], "error": keep[1]}
-        _execute_rows(db, head, 18, [
+        _execute_rows(db, head, 19, [
             value for d in deltas
             for value in (d.run_id, d.tenant, d.parent_id, d.root_id, d.thread_id, d.state,
                           d.state_seq, d.terminal, d.events, d.last_seq, d.input_tokens, d.output_tokens,
-                          d.dropped, d.first_ts, d.last_ts, now, now, now + expiry.get(d.state or "", keep[2]))
+                          d.dropped, d.first_ts, d.last_ts, now, now, d.checkpoint,
+                          now + expiry.get(d.state or "", keep[2]))
         ], tail)
         if self.tenant_retention:
             touched = _ids_json.encode([d.run_id for d in deltas])
@@ -714,6 +741,18 @@ class SQLiteLog(ReplayLog):
             for row in self._db.execute(f"SELECT {RUN_COLUMNS} FROM runs WHERE run_id IN"
                                         f" ({', '.join('?' * len(chunk))})", chunk):
                 found[row[0]] = self.with_expiry(run_info(row, _moment))
+        return found
+
+    async def logged_runs(self, run_ids: Sequence[str]) -> dict[str, LoggedRun]:
+        return await self._call(self._logged_runs, list(dict.fromkeys(run_ids)))
+
+    def _logged_runs(self, run_ids: list[str]) -> dict[str, LoggedRun]:
+        found: dict[str, LoggedRun] = {}
+        for start in range(0, len(run_ids), _IDS_PER_QUERY):
+            chunk = run_ids[start:start + _IDS_PER_QUERY]
+            for row in self._db.execute(f"SELECT {RUN_COLUMNS}, checkpoint FROM runs WHERE run_id IN"
+                                        f" ({', '.join('?' * len(chunk))})", chunk):
+                found[row[0]] = logged_run(self.with_expiry(run_info(row, _moment)), row[-1])
         return found
 
     async def claim_run(self, run_id: str, tenant: str, root_id: str) -> RunOwner:

@@ -11,6 +11,8 @@ import psycopg
 
 from runwire.core import envelope
 from runwire.store import RetentionPolicy, open_store
+from runwire.store.postgres import SCHEMA_VERSION as POSTGRES_SCHEMA_VERSION
+from runwire.store.sqlite import SCHEMA_VERSION
 from tests.events import T0, event
 from tests.store.conftest import Clock
 
@@ -56,7 +58,7 @@ async def test_a_schema_1_file_is_migrated_and_keeps_every_event(tmp_path: Path)
     assert info is not None and info.events == 4
     conn = sqlite3.connect(path)
     try:
-        assert conn.execute("SELECT max(version) FROM schema_version").fetchone() == (5,)
+        assert conn.execute("SELECT max(version) FROM schema_version").fetchone() == (SCHEMA_VERSION,)
         assert conn.execute("SELECT name FROM sqlite_master WHERE name = 'events'").fetchone() is None
         assert conn.execute("SELECT sum(last_seq - first_seq + 1) FROM segments").fetchone() == (5,)
     finally:
@@ -93,7 +95,7 @@ async def test_a_schema_2_file_gains_thread_ids_and_keeps_its_runs(tmp_path: Pat
     assert listed == {"r1", "r2"}
     conn = sqlite3.connect(path)
     try:
-        assert conn.execute("SELECT max(version) FROM schema_version").fetchone() == (5,)
+        assert conn.execute("SELECT max(version) FROM schema_version").fetchone() == (SCHEMA_VERSION,)
     finally:
         conn.close()
 
@@ -120,7 +122,7 @@ async def test_a_postgres_schema_1_database_gains_thread_ids(postgres_url: str) 
         with psycopg.connect(postgres_url, autocommit=True) as admin:
             admin.execute(f"DROP SCHEMA IF EXISTS {schema} CASCADE")
     assert info is not None and (info.events, info.thread_id) == (2, "chat-1")
-    assert listed == ["r1"] and version == (2,)
+    assert listed == ["r1"] and version == (POSTGRES_SCHEMA_VERSION,)
 
 
 async def test_a_schema_3_file_keeps_its_producers_and_fences_by_digest(tmp_path: Path) -> None:
@@ -187,7 +189,7 @@ async def test_a_schema_4_file_keeps_every_event_and_stays_idempotent(tmp_path: 
     assert first == 1 and swept.events == 9
     conn = sqlite3.connect(path)
     try:
-        assert conn.execute("SELECT max(version) FROM schema_version").fetchone() == (5,)
+        assert conn.execute("SELECT max(version) FROM schema_version").fetchone() == (SCHEMA_VERSION,)
         assert conn.execute("SELECT count(*) FROM segments").fetchone() == (0,)
     finally:
         conn.close()

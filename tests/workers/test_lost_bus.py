@@ -1,0 +1,94 @@
+"""The replay log is the checkpoint of record: a bus that lost its checkpoints (Redis restarted
+without persistence) or never got a run's first one (its writer died between the log and the
+views) loses no acknowledged event, doubles no re-sent one, and its hot streams hold the whole run
+again."""
+
+from __future__ import annotations
+
+import uuid
+from collections.abc import AsyncIterator
+
+import pytest
+
+from runwire.bus import open_bus
+from runwire.core.errors import BusError
+from runwire.processing.shaping import shape
+from runwire.store import ReplayLog, open_store
+from runwire.workers.runtime import run_worker
+from tests.services import RedisServer
+from tests.workers.checks import assert_delivered_exactly_once, expected_streams, read_all, run_tree
+from tests.workers.events import RunScript
+
+
+@pytest.fixture(params=["sqlite", "postgresql"])
+async def store(request: pytest.FixtureRequest, tmp_path) -> AsyncIterator[ReplayLog]:  # type: ignore[no-untyped-def]
+    if request.param == "sqlite":
+        url = f"sqlite:///{tmp_path}/replay.db"
+    else:
+        url = request.getfixturevalue("postgres_schema_url")
+    async with open_store(url) as log:
+        yield log
+
+
+async def test_a_fresh_worker_after_redis_restarted_empty_continues_each_run_from_the_log(
+    own_redis: RedisServer, store: ReplayLog
+) -> None:
+    """A worker writes the first half of a run tree; Redis restarts with nothing (checkpoints,
+    streams, group and leases gone); a fresh worker gets the second half and a publisher's
+    re-sent first-half events (same publisher seqs). Every stream continues where it stopped:
+    in the log and on the hot tier every event once, seqs contiguous, the re-sent ones dropped
+    as duplicates, and the shaped view is the raw view's."""
+    prefix = f"r{uuid.uuid4().hex[:8]}"
+    events, ancestry = run_tree(prefix)
+    half = len(events) // 2
+    url = f"{own_redis.url}?shards=2&prefix=lost"
+    async with open_bus(url) as bus:
+        await bus.publish(events[:half])
+        await run_worker(bus, store, group="g", name="w1", burst=True)
+        written = {run_id: len(await store.read(run_id)) for run_id in ancestry}
+    assert all(written.values())
+    own_redis.restart()
+    async with open_bus(url) as bus:
+        assert await bus.load_state((f"{prefix}_root", "raw")) is None  # all of it is gone
+        await bus.publish(events[half:])
+        await bus.publish(events[half - 20:half])  # the publisher re-sends what it had no ack for
+        stats = await run_worker(bus, store, group="g", name="w2", burst=True)
+        await assert_delivered_exactly_once(bus, store, events, ancestry)
+        root = await read_all(bus, f"{prefix}_root")
+    assert stats.duplicates >= 20 and stats.retired == 0
+    assert len(root) == len(expected_streams(events, ancestry)[f"{prefix}_root"])
+
+
+async def test_a_runs_first_write_lost_between_the_log_and_the_views_is_rebuilt_from_the_log(
+    tmp_path,  # type: ignore[no-untyped-def]
+) -> None:
+    """The log runs one write ahead of the views: a worker that dies after logging a run's first
+    write leaves no checkpoint on the bus. Its successor continues from the log's, gives the
+    views the logged events first and drops the redelivered entries as duplicates: every event
+    once in each view and in the log."""
+    async with open_bus("memory://?shards=1") as bus, open_store(f"sqlite:///{tmp_path}/log.db") as store:
+        run = RunScript("r-first")
+        events = [run.lifecycle("running")]
+        events += [run.text(f"w{index} ", ms=index * 7) for index in range(200)]
+        events += [run.tool_start("c1", ms=1500), run.lifecycle("done", ms=1501)]
+        await bus.publish(events)
+        real = bus.append_many_encoded
+
+        async def views_fail(appends):  # type: ignore[no-untyped-def]
+            raise BusError("connection reset")  # not retriable: the worker ends after its log part
+
+        bus.append_many_encoded = views_fail  # type: ignore[method-assign]
+        with pytest.raises(BusError):
+            await run_worker(bus, store, group="g", name="w1", burst=True)
+        bus.append_many_encoded = real  # type: ignore[method-assign]
+        assert await bus.load_state(("r-first", "raw")) is None
+        assert len(await store.read("r-first")) == len(events)
+        stats = await run_worker(bus, store, group="g", name="w2", burst=True, claim_idle_ms=1)
+        raw = await read_all(bus, "r-first")
+        shaped = await bus.read(("r-first", "shaped"), 0, limit=10_000)
+        logged = await store.read("r-first")
+    assert stats.duplicates == len(events)
+    assert [e.id for e in raw] == [e.id for e in events]
+    assert [e.seq for e in raw] == list(range(1, len(events) + 1))
+    assert [(e.seq, e.id) for e in logged] == [(e.seq, e.id) for e in raw]
+    assert shaped == shape(raw)
