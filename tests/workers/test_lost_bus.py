@@ -12,6 +12,9 @@ import pytest
 
 from runwire.bus import open_bus
 from runwire.core.errors import BusError
+from runwire.processing.checkpoint import decode_checkpoint
+from runwire.processing.logged import rebuilt_views
+from runwire.processing.processor import Processor
 from runwire.processing.shaping import shape
 from runwire.store import ReplayLog, open_store
 from runwire.workers.runtime import run_worker
@@ -92,3 +95,30 @@ async def test_a_runs_first_write_lost_between_the_log_and_the_views_is_rebuilt_
     assert [e.seq for e in raw] == list(range(1, len(events) + 1))
     assert [(e.seq, e.id) for e in logged] == [(e.seq, e.id) for e in raw]
     assert shaped == shape(raw)
+
+
+def test_a_rebuilt_shaped_view_leaves_open_windows_to_the_live_path_or_settles_them() -> None:
+    """From the run's start, the rebuilt shaped view is what the live path had sent and the
+    windows it held open stay open (the checkpoint as logged). Cut at the hot tier's length, the
+    shaped part starts at the first non-delta event, goes out whole, and the checkpoint is
+    settled against it: its open windows count as sent, so no text goes out twice."""
+    run = RunScript("r-views")
+    events = [run.lifecycle("running"), *[run.text(f"a{i} ", ms=i * 30) for i in range(10)],
+              run.tool_start("c1", ms=400), *[run.text(f"b{i} ", ms=400 + i * 30) for i in range(2)]]
+    processor = Processor()
+    processor.restore("r-views", None)
+    output = Processor.seal(processor.process(events))["r-views"]
+    assert decode_checkpoint(output.state).shaper.windows  # b0, b1 wait in a window
+
+    kept, appends = rebuilt_views("r-views", output.state, output.raw)
+    assert kept == output.state
+    assert [(key, len(raw)) for key, raw, _, _ in appends] == [
+        (("r-views", "shaped"), len(output.shaped)), (("r-views", "raw"), len(events))]
+    assert appends[0][1] == output.shaped
+
+    settled, appends = rebuilt_views("r-views", output.state, output.raw[5:])
+    shaped = appends[0][1]
+    assert shaped[0].type == "tool.start" and shaped[-1].payload_dict()["text"] == "b0 b1 "
+    checkpoint = decode_checkpoint(settled)
+    assert not checkpoint.shaper.windows and checkpoint.shaped_seq == len(events)
+    assert appends[1][3] == settled
