@@ -45,6 +45,13 @@ class BusOptions(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
     """memory://: ingest entries kept (unacked by some group) before publish waits."""
     ingest_maxlen: NonNegative = 1_000_000
     """Redis: approximate length bound of each ingest shard stream (0 = unbounded)."""
+    retain_bytes: NonNegative = 64 * 2**20
+    """Redis: bytes of published ingest entries a process keeps until every consumer group has
+    read them, to publish them again if Redis loses them (0 = keep none; see
+    :mod:`runwire.bus.redis_retain`)."""
+    close_wait_ms: NonNegative = 5_000
+    """Redis: how long closing a bus waits for the groups reading its shards to read what it
+    kept (shards no group reads are not waited for)."""
     dead_letter_maxlen: Positive = 10_000
     """Redis: approximate length bound of the dead-letter stream."""
     prefix: Annotated[str, msgspec.Meta(pattern=r"^[A-Za-z0-9_.-]{1,64}$")] = "rw"

@@ -50,7 +50,6 @@ from .redis_entries import (
     first_seq,
     frame_ints,
     ingest_entries,
-    ingest_xadd,
     lines_after,
     pack_append_many,
     seq_of,
@@ -58,20 +57,20 @@ from .redis_entries import (
 from .redis_link import (
     APPEND,
     APPEND_MANY,
-    INGEST_ADD,
     RedisLink,
     ScriptCall,
     at_maxmemory,
     retriable_bus_errors,
     text,
 )
+from .redis_retain import Kept
 from .redis_trim import lost_key
 
 log = logging.getLogger(__name__)
 
 ACCEPTED_OPTIONS = (
     "shards", "maxlen", "ttl", "grace", "claim_idle_ms", "lease_ms", "max_deliveries",
-    "ingest_maxlen", "dead_letter_maxlen", "prefix", "tail_poll_ms",
+    "ingest_maxlen", "dead_letter_maxlen", "prefix", "tail_poll_ms", "retain_bytes", "close_wait_ms",
 )
 PASSTHROUGH_OPTIONS = (
     "socket_timeout", "socket_connect_timeout", "socket_keepalive", "health_check_interval",
@@ -106,6 +105,7 @@ class RedisBus(Bus):
         self._framed_keys = FramedKeys(self._append_keys)
         self._append_many_head: bytes | None = None
         self._consumers: weakref.WeakSet[Consumer] = weakref.WeakSet()
+        self.kept = Kept(options.retain_bytes, self._ingest_scripts)
 
     # ---- connection ---------------------------------------------------
     @property
@@ -122,7 +122,11 @@ class RedisBus(Bus):
             await self.redis.ping()
 
     async def close(self) -> None:
-        """Close open consumers (releasing their leases), then the connections."""
+        """Wait (``close_wait_ms``) for the groups to read what this process published, close
+        open consumers (releasing their leases), then the connections."""
+        if self.link.connected:
+            await self.kept.drain(self.options.close_wait_ms / 1000)
+        await self.kept.close()
         for consumer in list(self._consumers):
             await consumer.close()
         await self.link.close()
@@ -146,16 +150,19 @@ class RedisBus(Bus):
 
     async def publish_encoded(self, events: Sequence[Event], data: Sequence[bytes]) -> None:
         """One round trip per batch: the entries of each shard (an entry holds up to
-        :data:`~runwire.bus.ingest_entries.INGEST_ENTRY_EVENTS` events), pipelined
-        (``data[i]`` is ``encode(events[i])``).
+        :data:`~runwire.bus.ingest_entries.INGEST_ENTRY_EVENTS` events), each shard's in one
+        ``INGEST_ADD`` script call, pipelined (``data[i]`` is ``encode(events[i])``).
 
         All-or-error: an error raises and the caller retries the whole batch
         (shards that made it get duplicates, which the workers drop on
-        ``(run_id, seq)``). Each shard's entries land all or none: one ``XADD``,
-        or the ``INGEST_ADD`` script when there are several. Separate ``XADD``s
-        at ``maxmemory`` could land a later entry after an earlier one was
-        refused; the retry would then bring a run's earlier events after its
-        later ones, and a worker would drop them as duplicates.
+        ``(run_id, seq)``). Each shard's entries land all or none: Redis
+        checks ``maxmemory`` before a script's first write only, whereas
+        separate ``XADD``s at ``maxmemory`` could land a later entry after an
+        earlier one was refused; the retry would then bring a run's earlier
+        events after its later ones, and a worker would drop them as
+        duplicates. The script also checks that Redis still has what this
+        process published before, and the entries are kept until every group
+        read them (:mod:`runwire.bus.redis_retain`).
         """
         if not events:
             return
@@ -165,15 +172,11 @@ class RedisBus(Bus):
         maxlen = self.options.ingest_maxlen
         shards = [(keys.ingest_key(self.prefix, shard), ingest_entries(batch, maxlen))
                   for shard, batch in by_shard.items()]
-        if all(len(entries) == 1 for _key, entries in shards):
-            with retriable_bus_errors(f"publish to {self.url}"):
-                await self.link.commands([ingest_xadd(key, entries[0]) for key, entries in shards])
-            return
-        calls: list[ScriptCall] = [
-            (INGEST_ADD, [key], [part for entry in entries for part in entry])
-            for key, entries in shards
-        ]
-        await (self.link.run_scripts(calls) if self.cluster else self.link.run_packed(calls))
+        replies = await self._ingest_scripts(self.kept.add_calls(shards))
+        await self.kept.published_all(shards, replies)
+
+    async def _ingest_scripts(self, calls: Sequence[ScriptCall]) -> list[Any]:
+        return await (self.link.run_scripts(calls) if self.cluster else self.link.run_packed(calls))
 
     async def ingest_lost(self) -> dict[str, int]:
         with retriable_bus_errors("ingest losses"):

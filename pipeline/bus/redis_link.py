@@ -74,6 +74,7 @@ APPEND = Script(redis_scripts.APPEND)
 APPEND_MANY = Script(redis_scripts.APPEND_MANY)
 MEMBERSHIP = Script(redis_scripts.MEMBERSHIP)
 INGEST_ADD = Script(redis_scripts.INGEST_ADD)
+INGEST_CONFIRM = Script(redis_scripts.INGEST_CONFIRM)
 ScriptCall = tuple[Script, Sequence[str], Sequence[Any]]
 
 
@@ -170,7 +171,7 @@ class RedisLink:
             raise ConfigError(f"bad Redis URL {self.url!r}: {exc}") from None
 
     async def _load_scripts(self) -> None:
-        for script in (APPEND, APPEND_MANY, MEMBERSHIP, INGEST_ADD):
+        for script in (APPEND, APPEND_MANY, MEMBERSHIP, INGEST_ADD, INGEST_CONFIRM):
             await self.redis.script_load(script.source)
 
     async def run_scripts(self, calls: Sequence[ScriptCall]) -> list[Any]:

@@ -166,19 +166,79 @@ end
 return owned
 """
 
-INGEST_ADD = """
+_INGEST_LIFE = """
+-- KEYS[1]: an ingest shard; KEYS[2]: its life marker. ARGV[1]: the life the caller knows
+-- ('' : none yet), ARGV[2]: the life to record if the marker is missing (Redis lost it).
+local life = redis.call('GET', KEYS[2])
+if not life then
+  life = ARGV[2]
+  redis.call('SET', KEYS[2], life)
+end
+local same_life = ARGV[1] == '' or ARGV[1] == life
+local function before(a, b)  -- stream id a < stream id b
+  local am, as = string.match(a, '^(%d+)-(%d+)$')
+  local bm, bs = string.match(b, '^(%d+)-(%d+)$')
+  am, bm = tonumber(am), tonumber(bm)
+  return am < bm or (am == bm and tonumber(as) < tonumber(bs))
+end
+-- Whether Redis lost entry ``id`` it once acknowledged: not in the stream, and not trimmed
+-- either. Trimming removes a prefix (what every group read, or the MAXLEN cap), so in the
+-- same life an absent id after the first entry (or, the stream empty, after its last id
+-- ever) was lost; in another life (the marker was lost: a restart without persistence, a
+-- flush) every absent id was.
+local function lost(id)
+  if #redis.call('XRANGE', KEYS[1], id, id) > 0 then return false end
+  if not same_life then return true end
+  local first = redis.call('XRANGE', KEYS[1], '-', '+', 'COUNT', 1)[1]
+  if first then return before(first[1], id) end
+  if redis.call('EXISTS', KEYS[1]) == 0 then return true end
+  local info = redis.call('XINFO', 'STREAM', KEYS[1])
+  for j = 1, #info, 2 do
+    if info[j] == 'last-generated-id' then return before(info[j + 1], id) end
+  end
+  return true
+end
+"""
+
+INGEST_ADD = _INGEST_LIFE + """
 -- Add one publish's entries to one ingest shard, all of them or none. Redis checks
 -- maxmemory before a script's first write only, so a publish refused at maxmemory leaves
 -- no entry behind; were the entries separate XADDs, a later one could be accepted after an
 -- earlier one was refused (memory freed in between), and the publisher's retry would then
 -- bring a run's earlier events after its later ones, which a worker drops as duplicates.
--- ARGV: triples, one per entry: MAXLEN ('0': none), field, value. Returns how many entries.
-for i = 1, #ARGV, 3 do
-  if ARGV[i] == '0' then
-    redis.call('XADD', KEYS[1], '*', ARGV[i + 1], ARGV[i + 2])
-  else
-    redis.call('XADD', KEYS[1], 'MAXLEN', '~', ARGV[i], '*', ARGV[i + 1], ARGV[i + 2])
+-- ARGV[3]: the newest entry the caller keeps unconfirmed on this shard ('' : none); if Redis
+-- lost it, nothing is written and the reply is {0, life}. Then quads, one per entry: the
+-- id it had when published before ('' : a new entry; else it is added again only if Redis
+-- lost it), MAXLEN ('0': none), field, value. Returns {1, life, id of each entry}.
+if ARGV[3] ~= '' and lost(ARGV[3]) then return {0, life} end
+local ids = {1, life}
+for i = 4, #ARGV, 4 do
+  local id = ARGV[i]
+  if id == '' or lost(id) then
+    if ARGV[i + 1] == '0' then
+      id = redis.call('XADD', KEYS[1], '*', ARGV[i + 2], ARGV[i + 3])
+    else
+      id = redis.call('XADD', KEYS[1], 'MAXLEN', '~', ARGV[i + 1], '*', ARGV[i + 2], ARGV[i + 3])
+    end
+  end
+  ids[#ids + 1] = id
+end
+return ids
+"""
+
+INGEST_CONFIRM = _INGEST_LIFE + """
+-- ARGV[3]: the newest entry the caller keeps unconfirmed on this shard. Returns {0, life}
+-- if Redis lost it, else {1, life, the oldest last-delivered-id of the shard's groups
+-- ('' : no group)}: what every group has read, a worker has (it logs it whatever Redis
+-- does next).
+if lost(ARGV[3]) then return {0, life} end
+local read = ''
+for _, group in ipairs(redis.call('XINFO', 'GROUPS', KEYS[1])) do
+  for j = 1, #group, 2 do
+    if group[j] == 'last-delivered-id' and (read == '' or before(group[j + 1], read)) then
+      read = group[j + 1]
+    end
   end
 end
-return #ARGV / 3
+return {1, life, read}
 """
