@@ -22,6 +22,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import contextlib
 import json
 import os
 import shutil
@@ -150,7 +151,158 @@ def redis_maxmemory(args: argparse.Namespace) -> dict[str, Any]:
         shutil.rmtree(work, ignore_errors=True)
 
 
+def _test_services() -> Any:
+    """``tests.services`` (the real brokers the tests start), importable from here."""
+    root = str(Path(__file__).resolve().parent.parent)
+    if root not in sys.path:
+        sys.path.insert(0, root)
+    import tests.services
+
+    return tests.services
+
+
+def count_deltas(runs_texts: list[list[str]], deltas: int) -> dict[str, int]:
+    """Deltas missing, doubled and out of order over runs' texts (as :func:`tally` counts)."""
+    expected = [f"d{k} " for k in range(deltas)]
+    missing = doubled = disordered = 0
+    for texts in runs_texts:
+        missing += len(set(expected) - set(texts))
+        doubled += len(texts) - len(set(texts))
+        disordered += int([t for t in expected if t in set(texts)] != list(dict.fromkeys(texts)))
+    return {"missing": missing, "doubled": doubled, "runs_out_of_order": disordered}
+
+
+def resumed_tally(url: str, runs: int, deltas: int) -> dict[str, int]:
+    """What a client resuming each run from its start reads now, through a new bus (a new edge
+    process: the Kafka hot tier rebuilt from the delivery topic): deltas missing, doubled, out of
+    order, and ``x.gap`` events (a seq hole a worker saw)."""
+    from runwire.bus import open_bus
+
+    async def read() -> tuple[list[list[str]], int]:
+        out: list[list[str]] = []
+        gaps = 0
+        deadline = time.monotonic() + 60  # the replay log is written before the delivery streams
+        async with open_bus(url) as bus:
+            for index in range(runs):
+                events: list[Any] = []
+                while not (events and events[-1].type == "run.lifecycle" and events[-1].payload.state == "done"):
+                    batch = await bus.read((f"fault-{index}", "raw"), events[-1].seq if events else 0)
+                    if not batch and time.monotonic() > deadline:
+                        break
+                    if not batch:
+                        await asyncio.sleep(0.1)
+                    events += batch
+                gaps += sum(e.type == "x.gap" for e in events)
+                out.append([e.payload.text for e in events if e.type == "text.delta" and not e.child_id])
+        return out, gaps
+
+    texts, gaps = asyncio.run(read())
+    return {f"resumed_{name}": value for name, value in count_deltas(texts, deltas).items()} | {
+        "resumed_gaps": gaps}
+
+
+class KafkaPipe:
+    """A Tansu broker on ``s3://`` storage (a moto server of its own, so its data outlives a
+    restart), ``--workers`` faust workers (``runwire worker`` on ``kafka://``) and
+    ``--publishers`` SDK publishers on a scratch directory."""
+
+    def __init__(self, args: argparse.Namespace) -> None:
+        self.args = args
+        self.work = Path(tempfile.mkdtemp(prefix="runwire-fault-"))
+        self.broker = _test_services().DurableTansu()
+        self.broker.start()
+        self.url = self.broker.url
+        self.db = self.work / "replay.db"
+        self.workers = [subprocess.Popen(
+            [*RUNWIRE, "worker", "--bus", self.url, "--store", f"sqlite:///{self.db}", "--name", f"w{n}",
+             "--data-dir", str(self.work)], cwd=self.work, stdout=subprocess.DEVNULL,
+            stderr=open(self.work / f"worker{n}.log", "w")) for n in range(args.workers)]
+        self.share = args.runs // args.publishers
+        self.total = self.share * args.publishers
+        self.publishers = [subprocess.Popen(
+            [sys.executable, "-c", PUBLISHER, self.url, str(p * self.share), str(self.share), str(args.deltas),
+             str(args.round_pause)], cwd=self.work, stderr=open(self.work / f"publisher{p}.log", "w"))
+            for p in range(args.publishers)]
+        self.publishing_at_restart = 0
+
+    def wait_writing(self, timeout: float = 120) -> None:
+        """Until the workers have written a run to the replay log (they joined their group)."""
+        async def written() -> bool:
+            async with open_store(f"sqlite:///{self.db}") as store:
+                return bool(await store.runs(limit=1))
+
+        deadline = time.monotonic() + timeout
+        while not (self.db.exists() and asyncio.run(written())):
+            if time.monotonic() > deadline:
+                raise RuntimeError(f"the workers wrote nothing in {timeout}s (see {self.work})")
+            time.sleep(0.2)
+
+    def restart_broker(self, down_s: float) -> None:
+        """SIGKILL the broker and start it again on the same port ``down_s`` later."""
+        self.publishing_at_restart = sum(p.poll() is None for p in self.publishers)
+        self.broker.kill()
+        time.sleep(down_s)
+        self.broker.start()
+
+    def finish(self, fault: str, since: float) -> dict[str, Any]:
+        """Wait for the publishers and every run's end; the row, with recovery counted from
+        ``since``, then what a resuming client reads."""
+        codes = [p.wait(timeout=900) for p in self.publishers]
+        deadline = time.monotonic() + 600
+        while ended_runs(self.db, self.total) < self.total and time.monotonic() < deadline:
+            time.sleep(0.5)
+        recovery = time.monotonic() - since
+        counts = tally(self.db, self.total, self.args.deltas)
+        logs = {kind: " ".join(path.read_text() for path in self.work.glob(f"{kind}*.log"))
+                for kind in ("publisher", "worker")}
+        alive = sum(p.poll() is None for p in self.workers)
+        return {"fault": fault, "publishers_exit": codes, "runs": self.total,
+                "ended": ended_runs(self.db, self.total), "events_published": self.total * (self.args.deltas + 2),
+                "recovery_s": round(recovery, 1), **counts,
+                **resumed_tally(self.url, self.total, self.args.deltas),
+                "publisher_pauses": logs["publisher"].count("paused:"),
+                "worker_pauses": logs["worker"].count("paused:"),
+                "hot_tier_lost_logged": logs["worker"].count("hot tier lost"),
+                "publishers_running_at_restart": self.publishing_at_restart, "workers_alive": alive}
+
+    def close(self) -> None:
+        for proc in self.workers + self.publishers:
+            if proc.poll() is None:
+                proc.send_signal(signal.SIGTERM)
+        for proc in self.workers + self.publishers:
+            try:
+                proc.wait(30)
+            except subprocess.TimeoutExpired:
+                proc.kill()
+        if self.args.keep:
+            for name in ("tansu.log", "moto.log"):
+                with contextlib.suppress(OSError):
+                    shutil.copy(self.broker.dir / name, self.work / name)
+        self.broker.close()
+        if self.args.keep:
+            print(f"kept {self.work}", file=sys.stderr)
+        else:
+            shutil.rmtree(self.work, ignore_errors=True)
+
+
+def kafka_restart(args: argparse.Namespace) -> dict[str, Any]:
+    """The Kafka-protocol broker (Tansu, data on s3) SIGKILLed ``--restart-after`` seconds after
+    the workers' first write to the replay log (their group joined) and started again on the same
+    port ``--down-s`` later, under faust workers and SDK publishers (``--round-pause`` spreads the
+    publishing so that it is still going on then). Recovery: from the broker's restart to the
+    last run ended in the replay log."""
+    pipe = KafkaPipe(args)
+    try:
+        pipe.wait_writing()
+        time.sleep(args.restart_after)
+        pipe.restart_broker(args.down_s)
+        return pipe.finish("kafka-restart", time.monotonic())
+    finally:
+        pipe.close()
+
+
 SCENARIOS = {"redis-maxmemory": redis_maxmemory}
+SCENARIOS["kafka-restart"] = kafka_restart
 
 
 def main() -> None:

@@ -20,6 +20,7 @@ import random
 import shutil
 import socket
 import subprocess
+import sys
 import tempfile
 import time
 from collections.abc import Iterator
@@ -186,6 +187,75 @@ class TansuBroker:
         if self.proc and self.proc.poll() is None:
             self.proc.kill()
             self.proc.wait(10)
+
+
+class DurableTansu:
+    """Tansu whose data outlives a restart: ``s3://`` storage on a moto S3 server of its own.
+
+    Both on free ports; :meth:`kill` (SIGKILL) and :meth:`start` bring the broker back on the
+    same port with its topics, records and committed offsets (moto keeps running). Memory
+    storage (:class:`TansuBroker`) loses everything on a restart: a different fault.
+    """
+
+    BUCKET = "tansu"
+
+    def __init__(self) -> None:
+        self.port = free_port()
+        self.s3_port = free_port()
+        self.dir = Path(tempfile.mkdtemp(prefix="runwire-tansu-"))
+        self.s3: subprocess.Popen[bytes] | None = None
+        self.proc: subprocess.Popen[bytes] | None = None
+
+    @property
+    def url(self) -> str:
+        return f"kafka://127.0.0.1:{self.port}"
+
+    def start(self) -> None:
+        """Start moto (once, with the bucket) and the broker on its port."""
+        binary = _tansu_binary()
+        assert binary, HINTS["kafka"]
+        if self.s3 is None:
+            self._start_s3()
+        addr = f"tcp://127.0.0.1:{self.port}"
+        env = {**os.environ, "AWS_ACCESS_KEY_ID": "runwire", "AWS_SECRET_ACCESS_KEY": "runwire",
+               "AWS_DEFAULT_REGION": "us-east-1", "AWS_ENDPOINT": f"http://127.0.0.1:{self.s3_port}",
+               "AWS_ALLOW_HTTP": "true"}
+        with open(self.dir / "tansu.log", "ab") as log:
+            self.proc = subprocess.Popen(
+                [binary, "broker", "--listener-url", addr, "--advertised-listener-url", addr,
+                 "--storage-engine", f"s3://{self.BUCKET}/"],
+                env=env, stdout=log, stderr=subprocess.STDOUT,
+            )
+        wait_port(self.port, proc=self.proc)
+
+    def _start_s3(self) -> None:
+        try:
+            import moto.server  # noqa: F401  (only to fail here, with the hint)
+        except ImportError:
+            raise AssertionError(
+                "pip install 'moto[server]' (a local S3 for Tansu's s3:// storage)") from None
+        import httpx
+
+        with open(self.dir / "moto.log", "ab") as log:
+            self.s3 = subprocess.Popen(
+                [sys.executable, "-m", "moto.server", "-H", "127.0.0.1", "-p", str(self.s3_port)],
+                stdout=log, stderr=subprocess.STDOUT,
+            )
+        wait_port(self.s3_port, proc=self.s3)
+        httpx.put(f"http://127.0.0.1:{self.s3_port}/{self.BUCKET}", timeout=10).raise_for_status()
+
+    def kill(self) -> None:
+        """SIGKILL the broker (moto, its storage, keeps running)."""
+        if self.proc and self.proc.poll() is None:
+            self.proc.kill()
+            self.proc.wait(10)
+
+    def close(self) -> None:
+        self.kill()
+        if self.s3 and self.s3.poll() is None:
+            self.s3.kill()
+            self.s3.wait(10)
+        shutil.rmtree(self.dir, ignore_errors=True)
 
 
 def _tansu_binary() -> str | None:

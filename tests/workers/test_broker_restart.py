@@ -1,0 +1,106 @@
+"""The Kafka-protocol broker restarted mid-run: the faust worker and the publisher SDK ride it out.
+
+The broker is Tansu on ``s3://`` storage (a moto S3 server of its own), so its topics, records
+and committed offsets outlive the restart; a broker restarted empty is another fault.
+"""
+
+from __future__ import annotations
+
+import subprocess
+import uuid
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from runwire import Publisher
+from runwire.bus import open_bus
+from runwire.store import open_store
+from tests.services import DurableTansu
+from tests.waiting import until
+from tests.workers.test_crash import kill_all, start_worker
+
+RUNS = 12
+DELTAS = 250
+
+
+@pytest.fixture
+def durable_kafka() -> Iterator[DurableTansu]:
+    broker = DurableTansu()
+    try:
+        broker.start()
+    except (AssertionError, OSError, RuntimeError) as exc:
+        broker.close()
+        pytest.fail(f"cannot start Tansu on s3 storage: {exc}", pytrace=False)
+    yield broker
+    broker.close()
+
+
+def _check(events: list[Any], run_id: str) -> None:
+    """One run's stream: every delta once, in emit order, seqs 1..n without a gap."""
+    texts = [e.payload.text for e in events if e.type == "text.delta"]
+    assert texts == [f"d{k} " for k in range(DELTAS)], (run_id, len(texts))
+    assert [e.seq for e in events] == list(range(1, DELTAS + 3)), run_id
+    assert events[-1].type == "run.lifecycle" and events[-1].payload.state == "done", run_id
+
+
+@pytest.mark.slow
+async def test_a_broker_restarted_mid_run_loses_doubles_and_reorders_nothing(
+    durable_kafka: DurableTansu, tmp_path: Path
+) -> None:
+    """SIGKILL the broker while a publisher emits and a `runwire worker` (faust) processes, start
+    it again on the same port: every delta the publisher's `emit` returned is in the replay log and
+    in what a resuming client reads, once and in order, and the worker process is still up."""
+    prefix = f"r{uuid.uuid4().hex[:8]}"
+    url = f"{durable_kafka.url}?prefix={prefix}&session_timeout_ms=2000"
+    store_url = f"sqlite:///{tmp_path}/replay.db"
+    log = tmp_path / "w0.log"
+    worker = start_worker(url, store_url, "w0", tmp_path, group=f"{prefix}-g")
+    try:
+        async with Publisher.connect(url, delivery_timeout=120) as pub, open_store(store_url) as store:
+            runs = [pub.run(f"{prefix}-{i}") for i in range(RUNS)]
+
+            async def emit(first: int, end: int) -> None:
+                for k in range(first, end):
+                    for run in runs:
+                        await run.emit("text.delta", {"text": f"d{k} "})
+
+            for run in runs:
+                await run.emit("run.lifecycle", {"state": "running"})
+            await emit(0, 100)
+            await until(lambda: _written(store, runs[0].run_id), within=60)  # the worker joined
+            durable_kafka.kill()
+            await emit(100, 175)  # while the broker is down: queued, retried
+            await until(lambda: "Connect call failed" in log.read_text(), within=30)
+            durable_kafka.start()
+            await emit(175, DELTAS)
+            for run in runs:
+                await run.finish()
+            await pub.flush()
+            for run in runs:
+                await until(lambda run=run: _ended(store, run.run_id), within=120)
+                _check(await store.read(run.run_id, 0, None), run.run_id)
+        assert worker.poll() is None, log.read_text()[-3000:]
+        async with open_bus(url) as bus:  # a client resuming each run from its start
+            for run in runs:
+                events: list[Any] = []
+                while batch := await bus.read((run.run_id, "raw"), events[-1].seq if events else 0):
+                    events += batch
+                _check(events, run.run_id)
+        assert worker.poll() is None, log.read_text()[-3000:]
+    finally:
+        kill_all([worker])
+        try:
+            worker.wait(5)
+        except subprocess.TimeoutExpired:
+            pass
+
+
+async def _written(store: Any, run_id: str) -> bool:
+    return bool(await store.read(run_id, 0, 5))
+
+
+async def _ended(store: Any, run_id: str) -> bool:
+    info = await store.run(run_id)
+    return info is not None and info.terminal
