@@ -32,6 +32,7 @@ import subprocess
 import sys
 import tempfile
 import time
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -48,7 +49,7 @@ PUBLISHER = r'''
 import asyncio, sys
 from runwire import Publisher
 
-async def main(url: str, first: int, count: int, deltas: int) -> None:
+async def main(url: str, first: int, count: int, deltas: int, pause: float) -> None:
     async with Publisher.connect(url, delivery_timeout=600) as pub:
         runs = [pub.run(f"fault-{i}") for i in range(first, first + count)]
         for run in runs:
@@ -56,10 +57,12 @@ async def main(url: str, first: int, count: int, deltas: int) -> None:
         for k in range(deltas):
             for run in runs:
                 await run.emit("text.delta", {"text": f"d{k} "})
+            if pause:
+                await asyncio.sleep(pause)
         for run in runs:
             await run.finish()
 
-asyncio.run(main(sys.argv[1], int(sys.argv[2]), int(sys.argv[3]), int(sys.argv[4])))
+asyncio.run(main(sys.argv[1], int(sys.argv[2]), int(sys.argv[3]), int(sys.argv[4]), float(sys.argv[5])))
 '''
 
 
@@ -100,55 +103,112 @@ def tally(db: Path, runs: int, deltas: int) -> dict[str, int]:
     return {"missing": missing, "doubled": doubled, "runs_out_of_order": disordered}
 
 
-def redis_maxmemory(args: argparse.Namespace) -> dict[str, Any]:
-    work = Path(tempfile.mkdtemp(prefix="runwire-fault-"))
-    port = free_port()
-    redis = subprocess.Popen(["redis-server", "--port", str(port), "--bind", "127.0.0.1", "--save", "",
-                              "--appendonly", "no", "--maxmemory", args.maxmemory, "--maxmemory-policy",
-                              "noeviction", "--dir", str(work)], stdout=subprocess.DEVNULL)
-    procs: list[subprocess.Popen[bytes]] = []
-    try:
-        time.sleep(0.5)
-        url = f"redis://127.0.0.1:{port}/0"
-        db = work / "replay.db"
-        for n in range(args.workers):
-            procs.append(subprocess.Popen(
-                [*RUNWIRE, "worker", "--bus", url, "--store", f"sqlite:///{db}", "--name", f"w{n}",
-                 "--data-dir", str(work)], cwd=work, stdout=subprocess.DEVNULL,
-                stderr=open(work / f"worker{n}.log", "w")))
-        share = args.runs // args.publishers
-        publishers = [subprocess.Popen([sys.executable, "-c", PUBLISHER, url, str(p * share), str(share),
-                                        str(args.deltas)], cwd=work,
-                                       stderr=open(work / f"publisher{p}.log", "w"))
-                      for p in range(args.publishers)]
-        time.sleep(args.full_s)
-        redis_cli(port, "config", "set", "maxmemory", "0")
-        raised = time.monotonic()
-        codes = [p.wait(timeout=900) for p in publishers]
-        total = share * args.publishers
+def start_redis(port: int, work: Path, *extra: str) -> subprocess.Popen[bytes]:
+    proc = subprocess.Popen(["redis-server", "--port", str(port), "--bind", "127.0.0.1", "--save", "",
+                             "--dir", str(work), *extra], stdout=subprocess.DEVNULL)
+    deadline = time.monotonic() + 10
+    while time.monotonic() < deadline:
+        with socket.socket() as sock:
+            if sock.connect_ex(("127.0.0.1", port)) == 0:
+                return proc
+        time.sleep(0.05)
+    raise RuntimeError(f"redis-server did not listen on {port}")
+
+
+class Pipe:
+    """One Redis, ``--workers`` workers and ``--publishers`` publishers on a scratch directory."""
+
+    def __init__(self, args: argparse.Namespace, *redis_args: str) -> None:
+        self.args = args
+        self.work = Path(tempfile.mkdtemp(prefix="runwire-fault-"))
+        self.port = free_port()
+        self.redis_args = redis_args
+        self.redis = start_redis(self.port, self.work, *redis_args)
+        self.url = f"redis://127.0.0.1:{self.port}/0"
+        self.db = self.work / "replay.db"
+        self.workers = [subprocess.Popen(
+            [*RUNWIRE, "worker", "--bus", self.url, "--store", f"sqlite:///{self.db}", "--name", f"w{n}",
+             "--data-dir", str(self.work)], cwd=self.work, stdout=subprocess.DEVNULL,
+            stderr=open(self.work / f"worker{n}.log", "w")) for n in range(args.workers)]
+        self.publishing_at_restart = 0
+        self.share = args.runs // args.publishers
+        self.total = self.share * args.publishers
+        self.publishers = [subprocess.Popen(
+            [sys.executable, "-c", PUBLISHER, self.url, str(p * self.share), str(self.share), str(args.deltas),
+             str(args.round_pause)],
+            cwd=self.work, stderr=open(self.work / f"publisher{p}.log", "w")) for p in range(args.publishers)]
+
+    def restart_redis(self, down_s: float) -> None:
+        """SIGKILL Redis (no shutdown save) and start it again on the same port after ``down_s``."""
+        self.publishing_at_restart = sum(p.poll() is None for p in self.publishers)
+        self.redis.kill()
+        self.redis.wait()
+        time.sleep(down_s)
+        self.redis = start_redis(self.port, self.work, *self.redis_args)
+
+    def finish(self, fault: str, since: float) -> dict[str, Any]:
+        """Wait for the publishers and every run's end; the row, with recovery counted from ``since``."""
+        codes = [p.wait(timeout=900) for p in self.publishers]
         deadline = time.monotonic() + 600
-        while ended_runs(db, total) < total and time.monotonic() < deadline:
+        while ended_runs(self.db, self.total) < self.total and time.monotonic() < deadline:
             time.sleep(0.5)
-        recovery = time.monotonic() - raised
-        counts = tally(db, total, args.deltas)
-        pauses = {kind: sum(path.read_text().count("paused:") for path in work.glob(f"{kind}*.log"))
-                  for kind in ("publisher", "worker")}
-        return {"fault": "redis-maxmemory", "publishers_exit": codes, "runs": total,
-                "ended": ended_runs(db, total), "events_published": total * (args.deltas + 2),
+        recovery = time.monotonic() - since
+        counts = tally(self.db, self.total, self.args.deltas)
+        logs = {kind: " ".join(path.read_text() for path in self.work.glob(f"{kind}*.log"))
+                for kind in ("publisher", "worker")}
+        return {"fault": fault, "publishers_exit": codes, "runs": self.total,
+                "ended": ended_runs(self.db, self.total), "events_published": self.total * (self.args.deltas + 2),
                 "recovery_s": round(recovery, 1), **counts,
-                "publisher_pauses": pauses["publisher"], "worker_pauses": pauses["worker"],
-                "workers_alive": sum(p.poll() is None for p in procs)}
-    finally:
-        for proc in procs:
-            proc.send_signal(signal.SIGTERM)
-        for proc in procs:
+                **resumed_tally(self.url, self.total, self.args.deltas),
+                "publisher_pauses": logs["publisher"].count("paused:"),
+                "worker_pauses": logs["worker"].count("paused:"),
+                "republished_logged": logs["publisher"].count("published them again"),
+                "checkpoints_from_log_logged": logs["worker"].count("without a checkpoint on the bus"),
+                "publishers_running_at_restart": self.publishing_at_restart,
+                "workers_alive": sum(p.poll() is None for p in self.workers)}
+
+    def close(self) -> None:
+        for proc in self.workers + self.publishers:
+            if proc.poll() is None:
+                proc.send_signal(signal.SIGTERM)
+        for proc in self.workers + self.publishers:
             try:
                 proc.wait(30)
             except subprocess.TimeoutExpired:
                 proc.kill()
-        redis.kill()
-        redis.wait()
-        shutil.rmtree(work, ignore_errors=True)
+        self.redis.kill()
+        self.redis.wait()
+        if self.args.keep:
+            print(f"kept {self.work}", file=sys.stderr)
+        else:
+            shutil.rmtree(self.work, ignore_errors=True)
+
+
+def redis_maxmemory(args: argparse.Namespace) -> dict[str, Any]:
+    pipe = Pipe(args, "--appendonly", "no", "--maxmemory", args.maxmemory, "--maxmemory-policy", "noeviction")
+    try:
+        time.sleep(args.full_s)
+        redis_cli(pipe.port, "config", "set", "maxmemory", "0")
+        return pipe.finish("redis-maxmemory", time.monotonic())
+    finally:
+        pipe.close()
+
+
+def redis_restart(persistence: str) -> Callable[[argparse.Namespace], dict[str, Any]]:
+    """Redis SIGKILLed ``--restart-after`` seconds in and started again ``--down-s`` later."""
+    redis_args = (("--appendonly", "yes", "--appendfsync", "everysec") if persistence == "aof"
+                  else ("--appendonly", "no"))
+
+    def scenario(args: argparse.Namespace) -> dict[str, Any]:
+        pipe = Pipe(args, *redis_args)
+        try:
+            time.sleep(args.restart_after)
+            pipe.restart_redis(args.down_s)
+            return pipe.finish(f"redis-restart-{persistence}", time.monotonic())
+        finally:
+            pipe.close()
+
+    return scenario
 
 
 def _test_services() -> Any:
@@ -301,7 +361,8 @@ def kafka_restart(args: argparse.Namespace) -> dict[str, Any]:
         pipe.close()
 
 
-SCENARIOS = {"redis-maxmemory": redis_maxmemory}
+SCENARIOS = {"redis-maxmemory": redis_maxmemory, "redis-restart-aof": redis_restart("aof"),
+             "redis-restart-none": redis_restart("none")}
 SCENARIOS["kafka-restart"] = kafka_restart
 
 
@@ -313,6 +374,11 @@ def main() -> None:
     parser.add_argument("--publishers", type=int, default=2)
     parser.add_argument("--full-s", type=float, default=25.0, help="seconds Redis stays full")
     parser.add_argument("--maxmemory", default="30mb")
+    parser.add_argument("--restart-after", type=float, default=8.0, help="seconds before Redis is killed")
+    parser.add_argument("--down-s", type=float, default=2.0, help="seconds Redis stays down")
+    parser.add_argument("--round-pause", type=float, default=0.0,
+                        help="seconds each publisher sleeps after a delta to each of its runs")
+    parser.add_argument("--keep", action="store_true", help="keep each scenario's directory and logs")
     parser.add_argument("--only", default=",".join(SCENARIOS))
     parser.add_argument("--json", action="store_true")
     args = parser.parse_args()
@@ -326,7 +392,14 @@ def main() -> None:
               f"{row['publishers_exit']}; {row['ended']} ended; recovery {row['recovery_s']} s; "
               f"missing {row['missing']}, doubled {row['doubled']}, runs out of order "
               f"{row['runs_out_of_order']}; workers alive {row['workers_alive']}; pauses logged: publishers "
-              f"{row['publisher_pauses']}, workers {row['worker_pauses']}")
+              f"{row['publisher_pauses']}, workers {row['worker_pauses']}; lost entries published again "
+              f"(warnings) {row.get('republished_logged', 0)}; streams continued from the log's checkpoint "
+              f"(warnings) {row.get('checkpoints_from_log_logged', 0)}")
+        if "resumed_missing" in row:
+            print(f"  a client resuming each run from seq 0: missing {row['resumed_missing']}, doubled "
+                  f"{row['resumed_doubled']}, runs out of order {row['resumed_runs_out_of_order']}, x.gap "
+                  f"{row['resumed_gaps']}; publishers running at the fault "
+                  f"{row.get('publishers_running_at_restart', '-')}")
 
 
 if __name__ == "__main__":

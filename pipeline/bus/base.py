@@ -187,6 +187,10 @@ class Consumer(AsyncResource):
     def owned_shards(self) -> frozenset[int]:
         """Shards this consumer currently owns (changes on rebalance)."""
 
+    state_losses: int = 0
+    """How often the consumer found the bus had lost its state (Redis restarted without
+    persistence or flushed: the group was gone) — its checkpoints and delivery streams too."""
+
     @abstractmethod
     async def close(self) -> None:
         """Leave the group; unacked entries stay pending for a successor."""
@@ -289,6 +293,11 @@ class Bus(AsyncResource):
         again. Backends that store bytes use them; others ignore them.
         """
         return await self.append_many([(key, events, state) for key, events, _, state in appends])
+
+    async def drop_views(self, run_id: str) -> None:
+        """Delete a run's delivery streams and checkpoints, for a worker to rebuild them whole
+        from the replay log after the bus lost them (Redis: restarted empty, with appends made
+        since). A backend that can't lose them keeps them."""
 
     @abstractmethod
     async def load_state(self, key: StreamKey) -> bytes | None:

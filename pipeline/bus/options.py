@@ -47,10 +47,10 @@ class BusOptions(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
     """Redis: approximate length bound of each ingest shard stream (0 = unbounded)."""
     retain_bytes: NonNegative = 64 * 2**20
     """Redis: bytes of published ingest entries a process keeps until every consumer group has
-    read them, to publish them again if Redis loses them (0 = keep none; see
+    read and acked them, to publish them again if Redis loses them (0 = keep none; see
     :mod:`runwire.bus.redis_retain`)."""
     close_wait_ms: NonNegative = 5_000
-    """Redis: how long closing a bus waits for the groups reading its shards to read what it
+    """Redis: how long closing a bus waits for the groups reading its shards to ack what it
     kept (shards no group reads are not waited for)."""
     dead_letter_maxlen: Positive = 10_000
     """Redis: approximate length bound of the dead-letter stream."""

@@ -315,6 +315,11 @@ class RedisBus(Bus):
                 count = max(8, min(limit, int((limit - len(lines)) / per_entry) + 1))
         return decode_stored(lines[:limit])
 
+    async def drop_views(self, run_id: str) -> None:
+        with retriable_bus_errors("drop delivery streams"):
+            await self.redis.delete(*(name for view in ("raw", "shaped")
+                                      for name in self._append_keys((run_id, view))[:2]))
+
     async def bounds(self, key: StreamKey) -> tuple[int, int] | None:
         name = self._stream_key(key)
         with retriable_bus_errors("delivery stream bounds"):

@@ -38,6 +38,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
+import os
 import time
 from collections.abc import Awaitable, Callable, Sequence
 from typing import Any, TypeVar
@@ -80,6 +81,7 @@ class RedisConsumer(Consumer):
         """Owned shards whose own pending entries have all been re-read."""
         self._renewer: asyncio.Task[None] | None = None
         self._next_rebalance = 0.0
+        self._life = ""
         self._next_sweep = 0.0
         self._closed = False
         self._open: OpenEntries[tuple[int, str]] = OpenEntries()
@@ -127,12 +129,29 @@ class RedisConsumer(Consumer):
             except (BusUnavailable, rexc.RedisError) as exc:
                 log.debug("lease renewal of %s/%s failed: %s", self.group, self.name, exc)
                 continue
+            await self._check_life()
             lost = before - held
             if lost:  # expired while this process stalled: stop reading them at once
                 log.warning("%s/%s lost the leases of shards %s", self.group, self.name,
                             sorted(lost))
                 self._owned -= lost
                 self._clear -= lost
+
+    async def _check_life(self) -> None:
+        """Count a loss of Redis's state (:attr:`state_losses`) the group's life marker shows:
+        a random token the first member sets; a Redis that lost its data lost it too. (A
+        group recreated after ``NOGROUP`` counts too, but only the member that recreates it
+        meets that.)"""
+        key = f"{keys.group_tag(self.options.prefix, self.group)}:life"
+        try:
+            await self.link.redis.set(key, os.urandom(8).hex(), nx=True)
+            life = text(await self.link.redis.get(key) or b"")
+        except (BusUnavailable, rexc.RedisError) as exc:
+            log.debug("life check of %s/%s failed: %s", self.group, self.name, exc)
+            return
+        if self._life and life != self._life:
+            self.state_losses += 1
+        self._life = life
 
     async def _rebalance(self) -> None:
         now = time.monotonic()
@@ -164,6 +183,7 @@ class RedisConsumer(Consumer):
         with retriable_bus_errors(f"fetch {self.group}/{self.name}"):
             if not self._started:
                 await self._create_groups()
+                await self._check_life()
                 self._renewer = asyncio.create_task(self._renew_forever())
                 self._started = True
             await self._rebalance()
@@ -191,6 +211,7 @@ class RedisConsumer(Consumer):
             "start of each stream — entries pending before the loss are not redelivered",
             self.group, self.link.url,
         )
+        self.state_losses += 1
         await self._create_groups()
         self._clear.clear()
         return await step()

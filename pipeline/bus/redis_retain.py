@@ -1,4 +1,4 @@
-"""What a publishing process keeps until a worker has read it: Redis losing it is not the end.
+"""What a publishing process keeps until a worker has acked it: Redis losing it is not the end.
 
 Redis acknowledges an ``XADD`` from memory. Restarted without persistence or
 flushed, restarted with AOF ``appendfsync everysec`` (up to a second of writes,
@@ -6,9 +6,8 @@ as its persistence docs say), or failed over to a replica that had not yet
 received them, it no longer has entries it acknowledged — and a worker that
 had not read them never will. So a process that publishes (the SDK, an edge,
 a worker re-routing an event) keeps each ingest entry it published, with the
-id Redis gave it, until every consumer group of the shard has read past it:
-from then on the worker that read it writes it to the replay log whatever
-Redis does.
+id Redis gave it, until every consumer group of the shard has read and acked
+it: a worker acks an entry once it is in the replay log.
 
 **Detection.** Each shard has a *life* marker (``{<prefix>:ingest:<n>}:life``,
 a random token the first writer sets); a Redis that lost its data lost the
@@ -20,15 +19,18 @@ lost it, the script writes nothing and says so, and the process publishes
 again, in one script call, the kept entries Redis no longer has followed by
 the new ones — a run's events stay in order. A task does the same check every
 :data:`CONFIRM_INTERVAL_S` while anything is kept (for a publisher whose run
-sent its last event) and releases what every group has read
-(``last-delivered-id``, asked in the same script, after the loss check, so an
-entry lost and then passed by other publishers' newer entries is never taken
-for read). Workers drop an event they already had by its publisher seq
+sent its last event) and releases what every group has read and acked (each
+group's oldest pending entry, or its ``last-delivered-id`` with none pending,
+asked in the same script after the loss check, so an entry lost and then
+passed by other publishers' newer entries is never taken for read). Read is
+not enough: a worker that loses a shard's lease drops what it fetched, for
+the next owner to claim from a pending list Redis may have lost too; a worker
+acks only after its replay-log write. Workers drop an event they already had by its publisher seq
 (``docs/workers.md`` § Stages).
 
 **Bounds.** At most ``retain_bytes`` of entries per process (bus URL option,
 default 64 MiB; 0 keeps nothing): past it the oldest are released unconfirmed,
-counted in :attr:`Kept.unprotected` with one warning. What a group has read is
+counted in :attr:`Kept.unprotected` with one warning. What the groups acked is
 released within :data:`CONFIRM_INTERVAL_S`, so with workers keeping up a
 process keeps about half a second of what it publishes.
 """
@@ -101,7 +103,7 @@ Scripts = Callable[[Sequence[ScriptCall]], Awaitable[list[Any]]]
 
 
 class Kept:
-    """The entries a process published and no group has read yet, per ingest shard."""
+    """The entries a process published that some group has not acked yet, per ingest shard."""
 
     def __init__(self, limit_bytes: int, scripts: Scripts) -> None:
         self.limit = limit_bytes
@@ -150,7 +152,7 @@ class Kept:
 
     async def confirm(self) -> None:
         """One round of checks over the shards with kept entries: publish again what Redis
-        lost, let go of what every group read."""
+        lost, let go of what every group read and acked."""
         shards = [(key, shard) for key, shard in self.shards.items() if shard.entries]
         if not shards:
             return
@@ -158,7 +160,7 @@ class Kept:
                                       for key, _ in shards])
         for (key, _shard), reply in zip(shards, replies, strict=True):
             if reply[0] == 1:
-                self.release(key, text(reply[1]), text(reply[2]))
+                self.release(key, text(reply[1]), text(reply[2]), inclusive=reply[3] == 1)
             else:
                 await self.republish(key, [])
 
@@ -213,15 +215,17 @@ class Kept:
         self._start()
         return again
 
-    def release(self, key: str, life: str, read: str) -> None:
-        """Let go of what every group of the shard has read (``read``: the oldest
-        ``last-delivered-id``), if the reply is of the life the entries were published in."""
+    def release(self, key: str, life: str, point: str, *, inclusive: bool) -> None:
+        """Let go of what every group of the shard has read and acked (the entries before
+        ``point``, the groups' oldest safe point; ``point`` itself too if ``inclusive``), if
+        the reply is of the life the entries were published in."""
         shard = self.shard(key)
-        shard.unread = not read
-        if not read or life != shard.life:
+        shard.unread = not point
+        if not point or life != shard.life:
             return
-        upto = stream_id(read)
-        keep = [e for e in shard.entries if stream_id(e.id) > upto]
+        upto = stream_id(point)
+        keep = [e for e in shard.entries
+                if stream_id(e.id) > upto or (not inclusive and stream_id(e.id) == upto)]
         self.bytes -= sum(e.size for e in shard.entries) - sum(e.size for e in keep)
         shard.entries = keep
 
@@ -253,7 +257,7 @@ class Kept:
             self.unprotected += 1
             if not self._warned:
                 self._warned = True
-                log.warning("more than %d bytes published that no worker has read yet: the oldest "
+                log.warning("more than %d bytes published that the workers have not acked yet: the oldest "
                             "are no longer kept, and only Redis's own persistence protects them "
                             "(retain_bytes in the bus URL)", self.limit)
 
@@ -272,7 +276,7 @@ class Kept:
                 log.debug("confirming kept ingest entries: %s", exc)
 
     async def drain(self, wait_s: float) -> None:
-        """Wait up to ``wait_s`` until every group has read what was kept (a closing process)."""
+        """Wait up to ``wait_s`` until every group has read and acked what was kept (a closing process)."""
         loop = asyncio.get_running_loop()
         deadline = loop.time() + wait_s
         while self._awaited() and loop.time() < deadline:

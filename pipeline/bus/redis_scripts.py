@@ -228,17 +228,26 @@ return ids
 
 INGEST_CONFIRM = _INGEST_LIFE + """
 -- ARGV[3]: the newest entry the caller keeps unconfirmed on this shard. Returns {0, life}
--- if Redis lost it, else {1, life, the oldest last-delivered-id of the shard's groups
--- ('' : no group)}: what every group has read, a worker has (it logs it whatever Redis
--- does next).
+-- if Redis lost it, else {1, life, point, inclusive}: the oldest safe point of the shard's
+-- groups ('' : no group). A group's safe point is its oldest pending entry (exclusive), or
+-- with nothing pending its last-delivered-id (inclusive): what precedes it was read and
+-- acked, and a worker acks only after its replay-log write. (Read is not enough: a worker
+-- that loses a shard's lease drops what it fetched, for the next owner to claim from the
+-- pending list, which Redis may have lost with the entries.)
 if lost(ARGV[3]) then return {0, life} end
-local read = ''
+local point, inclusive = '', 1
 for _, group in ipairs(redis.call('XINFO', 'GROUPS', KEYS[1])) do
+  local name, delivered
   for j = 1, #group, 2 do
-    if group[j] == 'last-delivered-id' and (read == '' or before(group[j + 1], read)) then
-      read = group[j + 1]
-    end
+    if group[j] == 'name' then name = group[j + 1] end
+    if group[j] == 'last-delivered-id' then delivered = group[j + 1] end
+  end
+  local pending = redis.call('XPENDING', KEYS[1], name)
+  local at, incl = delivered, 1
+  if pending[1] > 0 then at, incl = pending[2], 0 end
+  if point == '' or before(at, point) or (at == point and incl == 0) then
+    point, inclusive = at, incl
   end
 end
-return {1, life, read}
+return {1, life, point, inclusive}
 """

@@ -210,6 +210,10 @@ class Processor:
     def open_streams(self) -> int:
         return len(self._streams)
 
+    def stream_ids(self) -> list[str]:
+        """The streams held in memory."""
+        return list(self._streams)
+
     # ---- processing -----------------------------------------------------
     def process(self, events: Sequence[Event]) -> dict[str, StreamOutput]:
         """Fan in, sequence and shape a batch. Every destination must be restored first."""

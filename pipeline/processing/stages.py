@@ -6,6 +6,9 @@ on every bus. Writes go replay log first, then each stream's shaped events,
 then its raw events with its checkpoint; the caller acks only after all of
 them are durable, so a crash anywhere replays the batch to the same result
 and idempotent appends drop what was already written.
+
+Just over ~400 lines: restoring a stream (the bus's checkpoint, else the replay
+log's, with its views rebuilt) shares the batch's retry and write paths.
 """
 
 from __future__ import annotations
@@ -137,6 +140,9 @@ class Stages:
         self._first_batch_at: float | None = None
         self._appends = asyncio.Semaphore(APPEND_CONCURRENCY)
         self.outage = Outage(log)
+        self.rebuild: set[str] = set()
+        """Streams held when the bus lost its state: their views are dropped and rebuilt from
+        the replay log when next loaded (appends made since start past a hole)."""
 
     async def handle(
         self, deliveries: Sequence[Delivery]
@@ -317,6 +323,10 @@ class Stages:
         must reach the views.
         """
         states: list[bytes | None] = []
+        rebuild = self.rebuild.intersection(run_ids)
+        for run_id in rebuild:  # appended to since the bus lost them: rebuilt whole below
+            await self.retry(functools.partial(self.bus.drop_views, run_id))
+        self.rebuild -= rebuild
         if self._load is None:
             for start in range(0, len(run_ids), LOAD_CHUNK):
                 chunk: list[StreamKey] = [(run_id, "raw") for run_id in run_ids[start:start + LOAD_CHUNK]]

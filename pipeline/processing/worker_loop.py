@@ -50,6 +50,7 @@ class ConsumerLoop:
         self.consumer = consumer
         self.stages = stages
         self._owned: frozenset[int] = frozenset()
+        self._state_losses = 0
         self._writes: list[_Write] = []
         """Writes in flight, oldest first (at most two: one in its views, one in its log)."""
         self._pending: dict[str, StreamOutput] = {}
@@ -256,6 +257,15 @@ class ConsumerLoop:
             await self._flush()
             log.info("%s lost shards %s; dropping in-memory state", self.consumer.name, sorted(lost))
             self.stages.processor.forget_all()
+        elif self.consumer.state_losses != self._state_losses:
+            # the bus lost its delivery streams and checkpoints: every run is reloaded when next
+            # met, from the replay log's checkpoint, its hot streams rebuilt from the log
+            await self._flush()
+            log.warning("%s: the bus lost its state (delivery streams, checkpoints); each run "
+                        "continues from the replay log when next met", self.consumer.name)
+            self.stages.rebuild.update(self.stages.processor.stream_ids())
+            self.stages.processor.forget_all()
+        self._state_losses = self.consumer.state_losses
         if owned - self._owned:
             log.info("%s owns shards %s", self.consumer.name, sorted(owned))
         self._owned = owned
