@@ -253,18 +253,20 @@ class ConsumerLoop:
     async def _check_ownership(self) -> None:
         owned = self.consumer.owned_shards()
         lost = self._owned - owned
+        if self.consumer.state_losses != self._state_losses:
+            # the bus lost its delivery streams and checkpoints: each run held here is reloaded when
+            # next met, from the replay log's checkpoint, its views dropped and rebuilt from the log
+            log.warning("%s: the bus lost its state (delivery streams, checkpoints); each run "
+                        "continues from the replay log when next met", self.consumer.name)
+            self.stages.rebuild.update(self.stages.processor.stream_ids())
+            lost = lost or owned
         if lost:  # their streams may have a new writer: reload checkpoints when needed again
             await self._flush()
             log.info("%s lost shards %s; dropping in-memory state", self.consumer.name, sorted(lost))
             self.stages.processor.forget_all()
-        elif self.consumer.state_losses != self._state_losses:
-            # the bus lost its delivery streams and checkpoints: every run is reloaded when next
-            # met, from the replay log's checkpoint, its hot streams rebuilt from the log
-            await self._flush()
-            log.warning("%s: the bus lost its state (delivery streams, checkpoints); each run "
-                        "continues from the replay log when next met", self.consumer.name)
-            self.stages.rebuild.update(self.stages.processor.stream_ids())
-            self.stages.processor.forget_all()
+        if owned - self._owned:
+            log.info("%s owns shards %s", self.consumer.name, sorted(owned))
+        self._owned = owned
         self._state_losses = self.consumer.state_losses
         if owned - self._owned:
             log.info("%s owns shards %s", self.consumer.name, sorted(owned))
