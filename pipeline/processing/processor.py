@@ -301,7 +301,7 @@ class Processor:
                 and stream.last_activity <= quiet_since
                 and (caught_up is None or caught_up(run_id))
             ):
-                shaped = stream.coalescer.tick(now_ms, self.grace_ms)
+                shaped = stream.coalescer.tick(_event_now(stream, now, now_ms), self.grace_ms)
                 if shaped:
                     self._output(outputs, run_id, stream).shaped.extend(shaped)
         for run_id in self._silent(now):
@@ -508,3 +508,12 @@ class Processor:
                 reason=f"no events for {self.silence_s:g}s (agent presumed dead)",
             ),
         )
+
+
+def _event_now(stream: _Stream, now: float, now_ms: int) -> int:
+    """``now`` on the clock of the stream's events: its last delta's ``ts`` plus the time since
+    the worker saw it. Window ends are event time; a publisher whose clock is minutes ahead of
+    the worker's would otherwise keep a quiet stream's last window open that long, and one
+    behind would close windows as if they were late (``docs/workers.md`` § Clocks)."""
+    clock = stream.coalescer.state.clock
+    return clock + int((now - stream.last_activity) * 1000) if clock else now_ms
