@@ -42,6 +42,7 @@ import contextlib
 import logging
 import os
 import time
+from collections import deque
 from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
@@ -88,14 +89,29 @@ class Entry:
 class Shard:
     """One ingest shard's kept entries, in the order published, and its life as last seen."""
 
-    entries: list[Entry] = field(default_factory=list)
+    entries: deque[Entry] = field(default_factory=deque)
     life: str = ""
     unread: bool = False
     """No consumer group reads the shard (as last confirmed): closing does not wait for it."""
     lock: asyncio.Lock = field(default_factory=asyncio.Lock)
 
+    top: StreamId = (0, 0)
+    """The newest kept entry's id (kept up to date, not searched for at every publish)."""
+    top_id: str = ""
+
     def newest(self) -> str:
-        return max((e.id for e in self.entries), key=stream_id) if self.entries else ""
+        return self.top_id if self.entries else ""
+
+    def note(self, entry_id: str) -> None:
+        parsed = stream_id(entry_id)
+        if parsed > self.top or not self.top_id:
+            self.top, self.top_id = parsed, entry_id
+
+    def recount(self) -> None:
+        """Find the newest again (after ids changed or entries were let go)."""
+        self.top, self.top_id = (0, 0), ""
+        for entry in self.entries:
+            self.note(entry.id)
 
 
 Scripts = Callable[[Sequence[ScriptCall]], Awaitable[list[Any]]]
@@ -146,9 +162,10 @@ class Kept:
         """Redis lost entries this process published on ``key``: publish them again, then
         ``entries``, in one script call (so a run's events stay in order)."""
         async with self.shard(key).lock:
+            kept = list(self.shard(key).entries)  # as sent: others may add or let go meanwhile
             [reply] = await self.scripts(
-                [(INGEST_ADD, [key, life_key(key)], self.republish_args(key, entries))])
-            self.published(key, reply, entries, republished=True)
+                [(INGEST_ADD, [key, life_key(key)], self.republish_args(key, kept, entries))])
+            self.published(key, reply, entries, republished=kept)
 
     async def confirm(self) -> None:
         """One round of checks over the shards with kept entries: publish again what Redis
@@ -177,39 +194,40 @@ class Kept:
         shard = self.shard(key)
         return [shard.life, os.urandom(8).hex(), shard.newest()]
 
-    def republish_args(self, key: str, entries: Sequence[IngestEntry]) -> list[Any]:
-        """ARGV publishing the kept entries Redis lost, then ``entries``, without the check."""
-        shard = self.shard(key)
-        args: list[Any] = [shard.life, os.urandom(8).hex(), ""]
-        for kept in shard.entries:
-            args += (kept.id, *kept.entry)
+    def republish_args(self, key: str, kept: Sequence[Entry], entries: Sequence[IngestEntry]) -> list[Any]:
+        """ARGV publishing those of ``kept`` Redis lost, then ``entries``, without the check."""
+        args: list[Any] = [self.shard(key).life, os.urandom(8).hex(), ""]
+        for old in kept:
+            args += (old.id, *old.entry)
         for entry in entries:
             args += ("", *entry)
         return args
 
     def published(self, key: str, reply: list[Any], entries: Sequence[IngestEntry], *,
-                  republished: bool = False) -> int:
-        """Record a successful ``INGEST_ADD`` reply ``[1, life, ids…]`` for ``entries``;
-        returns how many kept entries were published again."""
+                  republished: Sequence[Entry] = ()) -> int:
+        """Record a successful ``INGEST_ADD`` reply ``[1, life, ids…]`` for ``republished``
+        (kept entries sent again) then ``entries``; returns how many were published again."""
         shard = self.shard(key)
         ids = [text(value) for value in reply[2:]]
         again = 0
         if republished:
-            for kept, new_id in zip(shard.entries, ids, strict=False):
+            for kept, new_id in zip(republished, ids, strict=False):
                 if kept.id != new_id:
                     kept.id = new_id
                     kept.republished += 1
                     again += 1
             self.republished += again
             self._say_republished(again)
-            ids = ids[len(shard.entries):]
+            ids = ids[len(republished):]
             self._let_go_lost_again(shard)
+            shard.recount()
         shard.life = text(reply[1])
         if not self.enabled:
             return again
         for entry_id, entry in zip(ids, entries, strict=True):
             kept = Entry(entry_id, entry)
             shard.entries.append(kept)
+            shard.note(entry_id)
             self.bytes += kept.size
         self._bound()
         self._start()
@@ -227,7 +245,9 @@ class Kept:
         keep = [e for e in shard.entries
                 if stream_id(e.id) > upto or (not inclusive and stream_id(e.id) == upto)]
         self.bytes -= sum(e.size for e in shard.entries) - sum(e.size for e in keep)
-        shard.entries = keep
+        shard.entries = deque(keep)
+        if not keep:
+            shard.recount()
 
     def _say_republished(self, count: int) -> None:
         """One warning per loss (at most one per :data:`WARN_EVERY_S`, with the count since)."""
@@ -246,13 +266,15 @@ class Kept:
                         MAX_REPUBLISH)
             self.unprotected += len(again)
             self.bytes -= sum(e.size for e in again)
-            shard.entries = [e for e in shard.entries if e.republished < MAX_REPUBLISH]
+            shard.entries = deque(e for e in shard.entries if e.republished < MAX_REPUBLISH)
 
     def _bound(self) -> None:
         while self.bytes > self.limit:
             oldest = min((s for s in self.shards.values() if s.entries),
                          key=lambda s: stream_id(s.entries[0].id))
-            dropped = oldest.entries.pop(0)
+            dropped = oldest.entries.popleft()
+            if not oldest.entries:
+                oldest.recount()
             self.bytes -= dropped.size
             self.unprotected += 1
             if not self._warned:
