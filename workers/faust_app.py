@@ -55,7 +55,7 @@ from runwire.processing.checkpoint import newest_checkpoint
 from runwire.processing.processor import DEFAULT_SILENCE_S, Processor, StreamOutput
 from runwire.processing.stages import BATCH, TICK_S, Stages, WorkerStats
 from runwire.store import ReplayLog, open_store
-from runwire.workers.faust_partitions import PartitionTracker
+from runwire.workers.faust_partitions import HOLE_IDLE_S, PartitionTracker
 from runwire.workers.faust_seam import Intake, check_faust_version
 from runwire.workers.faust_setup import build_app, build_table, subscribe
 from runwire.workers.runtime import stop_on_signals
@@ -111,6 +111,9 @@ class FaustWorker:
             name=name, topic=self.topic_name, consumer=lambda: self.app.consumer,
             start_offsets=lambda partitions: bus.start_offsets(group, partitions),
             busy=lambda: bool(self.intake.messages),
+            first_offset=lambda partition, offset: bus.link.first_offset(
+                self.topic_name, partition, offset),
+            confirm_s=max(2 * HOLE_IDLE_S, bus.kafka.request_timeout_ms / 1000),
         )
         self._forget = False
         self._assigned = False
@@ -368,6 +371,7 @@ class FaustWorker:
             self.intake.clear()  # not processed: not acked, read again by the next owner
             await self.app.stop()
             self.stages.stats.seconds = time.monotonic() - started
+            self.stages.stats.broker_holes = self.partitions.lost_by_broker
             if self._first_taken is not None and self._last_written is not None:
                 # from the first fetched entries the worker took to the end of the last writes
                 self.stages.stats.busy_seconds = self._last_written - self._first_taken

@@ -1,5 +1,6 @@
 """The Kafka worker's ingest partitions: which it owns, how far each was processed,
-and the holes faust can leave in what it hands over (see :meth:`PartitionTracker.rewind_over_hole`).
+the holes faust can leave in what it hands over (see :meth:`PartitionTracker.rewind_over_hole`)
+and those the broker has (see :meth:`PartitionTracker.pass_lost_offsets`).
 
 Kept apart from the worker loop (:mod:`runwire.workers.faust_app`): the loop asks
 :meth:`PartitionTracker.accept` for each entry and reports assignments; the
@@ -24,7 +25,19 @@ log = logging.getLogger("runwire.faust")
 HOLE_IDLE_S = 2.0
 """A partition with unprocessed entries below its high water but nothing processed for
 this long is sought back to its first unprocessed entry (see ``rewind_lost_tails``)."""
+CHECK_TIMEOUT_S = 30.0
+"""How long asking the broker for a partition's first record past a hole may take."""
 _LOOKUP_RETRY = Retry(ConstantBackoff(0.5), attempts=3)
+
+
+class _Hole:
+    """Where a partition was first sought back to (``offset``), since when, and the broker's answer."""
+
+    def __init__(self, offset: int, since: float) -> None:
+        self.offset = offset
+        self.since = since
+        self.check: asyncio.Task[int] | None = None
+        """Asking the broker for the first offset at or after ``offset`` that holds a record."""
 
 
 class PartitionTracker:
@@ -38,6 +51,8 @@ class PartitionTracker:
         consumer: Callable[[], ConsumerT],
         start_offsets: Callable[[list[int]], Awaitable[dict[int, int]]],
         busy: Callable[[], bool],
+        first_offset: Callable[[int, int], Awaitable[int]],
+        confirm_s: float,
     ) -> None:
         self.name = name
         self.topic = topic
@@ -59,6 +74,16 @@ class PartitionTracker:
         """Partitions sought back over a hole in their entries (when, monotonic)."""
         self.progress: dict[int, float] = {}
         """When each partition last had an entry processed (monotonic)."""
+        self.first_offset = first_offset
+        """``first_offset(partition, offset)``: the broker's first offset at or after ``offset``
+        holding a record (the partition's end offset when none does)."""
+        self.confirm_s = confirm_s
+        """How long a partition is sought back to the same offset before the broker is asked
+        whether it has a record there (longer than a produce request may take)."""
+        self.holes: dict[int, _Hole] = {}
+        """Partitions being sought back to their first unprocessed offset, and since when."""
+        self.lost_by_broker = 0
+        """Holes passed because the broker has no record there (:meth:`pass_lost_offsets`)."""
 
     async def accept(self, partition: int, offset: int) -> bool:
         """Whether to process an entry now; one that is not is left unacked (read again later)."""
@@ -67,8 +92,9 @@ class PartitionTracker:
                 and partition not in self.resync and partition not in self.rewound):
             pass  # the next entry of an owned partition, in order (the common case)
         elif self.is_stale(partition, offset):
-            await self.rewind_over_hole(partition)
-            return False
+            passed = await self.rewind_over_hole(partition)
+            if not passed or offset != self.offsets[partition] + 1:
+                return False
         if last is None or offset > last:
             self.offsets[partition] = offset
         return True
@@ -88,6 +114,8 @@ class PartitionTracker:
     def stop(self) -> None:
         for lookup in list(self.lookups):
             lookup.cancel()
+        for partition in list(self.holes):
+            self._forget_hole(partition)
 
     def assign(self, owned: list[int]) -> None:
         """Record a new assignment (the ingest partitions owned now); look up where each new partition starts.
@@ -102,6 +130,7 @@ class PartitionTracker:
         retained = self.owned & set(owned)
         for partition in set(self.offsets) - retained:  # another owner may have moved on
             del self.offsets[partition]
+            self._forget_hole(partition)
         self.resync = retained & set(self.offsets)
         self.owned = set(owned)
         fresh = [p for p in owned if p not in self.resync]
@@ -136,7 +165,8 @@ class PartitionTracker:
         last = self.offsets.get(partition)
         if last is None or offset <= last + 1:
             self.resync.discard(partition)
-            self.rewound.pop(partition, None)
+            if self.rewound.pop(partition, None) is not None:
+                self._forget_hole(partition)
             return False
         if partition in self.resync:
             log.info("%s: skipping stale entry %d:%d taken before the rebalance",
@@ -156,7 +186,8 @@ class PartitionTracker:
         causes a re-read, which the sequencer drops as duplicates). A new
         partition counts from its start offset (see :meth:`assign`),
         so one that lost every entry before the first was processed is
-        sought back too.
+        sought back too. A hole the broker has (:meth:`pass_lost_offsets`)
+        is passed here too, the partition then sought to the record after it.
         """
         for partition, start in list(self.starts.items()):
             if start.done():  # a new partition none of whose entries arrived yet
@@ -167,10 +198,13 @@ class PartitionTracker:
                 continue
             highwater = self.consumer().highwater(TP(self.topic, partition))
             if highwater is not None and highwater > last + 1:
-                await self.rewind_over_hole(partition)
+                passed = await self.rewind_over_hole(partition)
+                if passed and highwater > self.offsets[partition] + 1:
+                    await self._reread_past_hole(partition)
 
-    async def rewind_over_hole(self, partition: int) -> None:
-        """Seek a partition back to its first unprocessed entry when the fetcher skipped some.
+    async def rewind_over_hole(self, partition: int) -> bool:
+        """Seek a partition back to its first unprocessed entry when the fetcher skipped some;
+        whether it passed a hole the broker has instead (:meth:`pass_lost_offsets`).
 
         Faust (0.15) resumes the stream partitions of a new assignment and
         fetches from them while its own seek to the committed offsets is
@@ -185,15 +219,83 @@ class PartitionTracker:
         :data:`HOLE_IDLE_S` while waiting, in case a seek is itself overtaken).
         """
         if partition in self.resync or partition not in self.owned:
-            return  # faust's own seek after the rebalance re-reads them / not ours
-        now = time.monotonic()
-        if now - self.rewound.get(partition, -HOLE_IDLE_S) < HOLE_IDLE_S:
-            return
-        self.rewound[partition] = now
+            return False  # faust's own seek after the rebalance re-reads them / not ours
         offset = self.offsets[partition] + 1
+        now = time.monotonic()
+        hole = self.holes.get(partition)
+        if hole is None or hole.offset != offset:
+            self._forget_hole(partition)
+            hole = self.holes[partition] = _Hole(offset, now)
+        if hole.check is not None and hole.check.done() and self.pass_lost_offsets(partition):
+            return True
+        if now - self.rewound.get(partition, -HOLE_IDLE_S) < HOLE_IDLE_S:
+            return False
+        self.rewound[partition] = now
+        if hole.check is None and now - hole.since >= self.confirm_s:
+            hole.check = asyncio.create_task(
+                asyncio.wait_for(self.first_offset(partition, offset), CHECK_TIMEOUT_S))
         log.warning("%s: entries of ingest partition %d from offset %d were not delivered; "
                     "seeking back to re-read them", self.name, partition, offset)
         await self.consumer().seek(TP(self.topic, partition), offset)
+        return False
+
+    def pass_lost_offsets(self, partition: int) -> bool:
+        """Go on past a hole that is the broker's: it has no record at those offsets.
+
+        The offsets of a Kafka partition can have holes after all: a broker
+        that lost records (Tansu 0.6.0 on s3, restarted mid-run, stored two
+        producers' batches at one offset), records deleted or past retention
+        below a committed offset. Re-reading such a hole returns first an
+        entry past it for ever. So once a partition has been sought back to
+        the same offset for :attr:`confirm_s` (longer than a produce request
+        may take: a record still being stored is not a hole), the broker is
+        asked for its first record at or after that offset (a fetch of its
+        own, not faust's). One past the hole confirms it: an error is logged
+        naming the offsets, the hole is counted (:attr:`lost_by_broker`, the
+        worker's ``broker_holes``) and the partition goes on from that
+        record. The runs whose events were there see them as an ``x.gap``,
+        as any jump in a publisher's seq. An answer of the offset itself
+        means the record is there (faust's skip): the partition is sought
+        back again, and the broker asked again after another
+        :attr:`confirm_s`. Whether it passed the hole.
+        """
+        hole = self.holes[partition]
+        check, hole.check = hole.check, None
+        if check is None or not check.done() or check.cancelled():
+            return False
+        exc = check.exception()
+        if exc is not None:
+            log.warning("%s: cannot read ingest partition %d from offset %d to check for a hole "
+                        "(%s); seeking back again", self.name, partition, hole.offset, exc)
+            hole.since = time.monotonic()
+            return False
+        first = check.result()
+        if first <= hole.offset:  # the broker has the record: faust's skip, read it again
+            hole.since = time.monotonic()
+            return False
+        log.error("%s: the broker has no record at offsets %d..%d of ingest partition %d: "
+                  "lost by the broker; going on", self.name, hole.offset, first - 1, partition)
+        self.lost_by_broker += 1
+        self.offsets[partition] = first - 1
+        self._forget_hole(partition)
+        self.rewound.pop(partition, None)
+        self.progress[partition] = time.monotonic()
+        return True
+
+    async def _reread_past_hole(self, partition: int) -> None:
+        """After a hole passed here: its next entries were skipped while it was sought back."""
+        offset = self.offsets[partition] + 1
+        self.rewound[partition] = time.monotonic()
+        log.info("%s: re-reading ingest partition %d from offset %d, past the hole",
+                 self.name, partition, offset)
+        await self.consumer().seek(TP(self.topic, partition), offset)
+
+    def _forget_hole(self, partition: int) -> None:
+        hole = self.holes.pop(partition, None)
+        if hole is not None and hole.check is not None:
+            if hole.check.done() and not hole.check.cancelled():
+                hole.check.exception()  # retrieved: an error of a check no longer needed is moot
+            hole.check.cancel()
 
     async def learn_start(self, partition: int) -> None:
         """Wait for a newly assigned partition's start offset; it counts as ``last + 1``."""

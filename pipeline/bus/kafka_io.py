@@ -229,6 +229,37 @@ class KafkaLink:
         finally:
             await reader.stop()
 
+    async def first_offset(
+        self, topic: str, partition: int, offset: int, timeout_s: float = 10.0
+    ) -> int:
+        """The offset of the partition's first record at or after ``offset``, as the broker answers
+        a fetch from there; past its end offset when it holds none before its end, else ``offset``
+        (nothing after it yet).
+
+        Offsets below the partition's beginning (deleted, or past retention) hold no record.
+        Raises BusUnavailable when the partition cannot be read within ``timeout_s``.
+        """
+        tp = TopicPartition(topic, partition)
+        reader = self.reader()
+        await guard("read", reader.start())
+        try:
+            end = int((await guard("read", reader.end_offsets([tp])))[tp])
+            begin = int((await guard("read", reader.beginning_offsets([tp])))[tp])
+            start = max(offset, begin)
+            reader.assign([tp])
+            reader.seek(tp, start)
+            deadline = time.monotonic() + timeout_s
+            while time.monotonic() < deadline:
+                batch = await guard("read", reader.getmany(tp, timeout_ms=500, max_records=1))
+                if records := batch.get(tp):
+                    return int(records[0].offset)
+                position = int(await reader.position(tp))
+                if position >= end:  # nothing up to the end (an end behind ``start``: nothing yet)
+                    return max(position, start)
+            raise BusUnavailable(f"kafka: could not read {topic}[{partition}] from offset {start}")
+        finally:
+            await reader.stop()
+
     async def last_records(self, topic: str, partitions: Sequence[int]) -> dict[int, Any]:
         """The newest record of each partition (absent when a partition is empty).
 

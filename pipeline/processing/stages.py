@@ -106,6 +106,9 @@ class WorkerStats(msgspec.Struct, kw_only=True):
     """Errors retried by state (``{"bus full": 40}``: writes Redis refused at ``maxmemory``)."""
     paused_seconds: float = 0.0
     """Time spent paused on an unavailable or full bus or store."""
+    broker_holes: int = 0
+    """Holes in an ingest partition's offsets the broker has no record at, passed with an error
+    log (the Kafka worker: a broker that lost records)."""
 
 
 _FROM_PROCESSOR = ("duplicates", "gaps", "silenced", "foreign", "retired")
