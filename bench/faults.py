@@ -16,6 +16,13 @@ Scenarios so far:
   memory is raised after ``--full-s`` seconds. Recovery: from raising memory to the last run
   ended in the replay log. The row says how many pauses the processes logged (a row with none
   did not reach the limit: lower ``--maxmemory``).
+* ``postgres-restart``, ``postgres-down-30s`` — the replay log on a PostgreSQL of the scenario's
+  own (``synchronous_commit`` on), stopped with ``pg_ctl stop -m immediate`` ``--restart-after``
+  seconds after the workers' first write and started again 2 s (30 s) later, under two workers on
+  Redis, SDK publishers still publishing (``--round-pause``) and an edge asked while it is down
+  (``/readyz``; a resume the hot tier covers). Recovery: from PostgreSQL back to the workers'
+  ``resumed after`` lines and to every run ended; then the replay log and a resuming client are
+  tallied.
 """
 
 from __future__ import annotations
@@ -76,22 +83,23 @@ def redis_cli(port: int, *args: str) -> None:
     subprocess.run(["redis-cli", "-p", str(port), *args], check=True, stdout=subprocess.DEVNULL)
 
 
-def ended_runs(db: Path, runs: int) -> int:
-    """Runs whose terminal event is in the replay log."""
+def ended_runs(db: Path | str, runs: int) -> int:
+    """Runs whose terminal event is in the replay log (a SQLite file, or a store URL)."""
     async def count() -> int:
-        async with open_store(f"sqlite:///{db}") as store:
+        async with open_store(db if isinstance(db, str) else f"sqlite:///{db}") as store:
             infos = [await store.run(f"fault-{index}") for index in range(runs)]
         return sum(1 for info in infos if info is not None and info.terminal)
 
-    return asyncio.run(count()) if db.exists() else 0
+    return asyncio.run(count()) if isinstance(db, str) or db.exists() else 0
 
 
-def tally(db: Path, runs: int, deltas: int) -> dict[str, int]:
-    """Deltas missing, doubled and out of order, over every run, from the replay log."""
+def tally(db: Path | str, runs: int, deltas: int) -> dict[str, int]:
+    """Deltas missing, doubled and out of order, over every run, from the replay log (a SQLite
+    file, or a store URL)."""
     expected = [f"d{k} " for k in range(deltas)]
 
     async def read() -> list[list[str]]:
-        async with open_store(f"sqlite:///{db}") as store:
+        async with open_store(db if isinstance(db, str) else f"sqlite:///{db}") as store:
             return [[e.payload.text for e in await store.read(f"fault-{index}", 0, None)  # type: ignore[attr-defined]
                      if e.type == "text.delta" and not e.child_id] for index in range(runs)]
 
@@ -116,9 +124,10 @@ def start_redis(port: int, work: Path, *extra: str) -> subprocess.Popen[bytes]:
 
 
 class Pipe:
-    """One Redis, ``--workers`` workers and ``--publishers`` publishers on a scratch directory."""
+    """One Redis, ``--workers`` workers and ``--publishers`` publishers on a scratch directory; the
+    replay log a SQLite file there, or ``store_url``."""
 
-    def __init__(self, args: argparse.Namespace, *redis_args: str) -> None:
+    def __init__(self, args: argparse.Namespace, *redis_args: str, store_url: str | None = None) -> None:
         self.args = args
         self.work = Path(tempfile.mkdtemp(prefix="runwire-fault-"))
         self.port = free_port()
@@ -126,8 +135,11 @@ class Pipe:
         self.redis = start_redis(self.port, self.work, *redis_args)
         self.url = f"redis://127.0.0.1:{self.port}/0"
         self.db = self.work / "replay.db"
+        self.log: Path | str = store_url or self.db
+        """What :func:`tally` and :func:`ended_runs` read."""
+        self.store = store_url or f"sqlite:///{self.db}"
         self.workers = [subprocess.Popen(
-            [*RUNWIRE, "worker", "--bus", self.url, "--store", f"sqlite:///{self.db}", "--name", f"w{n}",
+            [*RUNWIRE, "worker", "--bus", self.url, "--store", self.store, "--name", f"w{n}",
              "--data-dir", str(self.work)], cwd=self.work, stdout=subprocess.DEVNULL,
             stderr=open(self.work / f"worker{n}.log", "w")) for n in range(args.workers)]
         self.publishing_at_restart = 0
@@ -150,14 +162,14 @@ class Pipe:
         """Wait for the publishers and every run's end; the row, with recovery counted from ``since``."""
         codes = [p.wait(timeout=900) for p in self.publishers]
         deadline = time.monotonic() + 600
-        while ended_runs(self.db, self.total) < self.total and time.monotonic() < deadline:
+        while ended_runs(self.log, self.total) < self.total and time.monotonic() < deadline:
             time.sleep(0.5)
         recovery = time.monotonic() - since
-        counts = tally(self.db, self.total, self.args.deltas)
+        counts = tally(self.log, self.total, self.args.deltas)
         logs = {kind: " ".join(path.read_text() for path in self.work.glob(f"{kind}*.log"))
                 for kind in ("publisher", "worker")}
         return {"fault": fault, "publishers_exit": codes, "runs": self.total,
-                "ended": ended_runs(self.db, self.total), "events_published": self.total * (self.args.deltas + 2),
+                "ended": ended_runs(self.log, self.total), "events_published": self.total * (self.args.deltas + 2),
                 "recovery_s": round(recovery, 1), **counts,
                 **resumed_tally(self.url, self.total, self.args.deltas),
                 "publisher_pauses": logs["publisher"].count("paused:"),
@@ -361,9 +373,152 @@ def kafka_restart(args: argparse.Namespace) -> dict[str, Any]:
         pipe.close()
 
 
+class PostgresPipe(Pipe):
+    """:class:`Pipe` with the replay log on a PostgreSQL of its own (``synchronous_commit`` on, as
+    deployed; stopped with ``pg_ctl stop -m immediate`` and started again on its port) and one
+    ``runwire edge`` on the same bus and log, asked during the outage."""
+
+    def __init__(self, args: argparse.Namespace) -> None:
+        services = _test_services()
+        self.pg = services.PostgresServer(durable=True)
+        self.pg.start()
+        try:
+            super().__init__(args, "--appendonly", "no", store_url=self.pg.url)
+        except BaseException:
+            self.pg.close()
+            raise
+        self.edge_port = services.free_port()
+        self.edge = subprocess.Popen(
+            [*RUNWIRE, "edge", "--bus", self.url, "--store", self.store, "--port", str(self.edge_port)],
+            cwd=self.work, stdout=subprocess.DEVNULL, stderr=open(self.work / "edge.log", "w"))
+        services.wait_port(self.edge_port, 30.0, self.edge)
+
+    def wait_writing(self, timeout: float = 120) -> None:
+        """Until the workers have written a run to the replay log."""
+        async def written() -> bool:
+            async with open_store(self.store) as store:
+                return bool(await store.runs(limit=1))
+
+        deadline = time.monotonic() + timeout
+        while not asyncio.run(written()):
+            if time.monotonic() > deadline:
+                raise RuntimeError(f"the workers wrote nothing in {timeout}s (see {self.work})")
+            time.sleep(0.2)
+
+    def ask_edge(self) -> dict[str, Any]:
+        """``/readyz``, and a client resuming ``fault-0`` (raw view, NDJSON) after seq 1: the status
+        and the first line it gets within 3 s."""
+        import httpx
+
+        base = f"http://127.0.0.1:{self.edge_port}"
+        out: dict[str, Any] = {}
+        with httpx.Client(timeout=5) as client:
+            ready = client.get(f"{base}/readyz")
+            out["readyz"] = f"{ready.status_code} {ready.text}"
+            started = time.monotonic()
+            try:
+                with client.stream("GET", f"{base}/v1/runs/fault-0/stream",
+                                   params={"detail": "full", "after": "1"},
+                                   headers={"accept": "application/x-ndjson"}, timeout=3) as resp:
+                    first = ""
+                    if resp.status_code == 200:
+                        first = next(resp.iter_lines(), "")
+                    else:
+                        first = resp.read().decode()
+                    out["resume"] = (f"{resp.status_code} retry-after={resp.headers.get('retry-after')} "
+                                     f"{first[:160]} ({time.monotonic() - started:.2f} s)")
+            except httpx.HTTPError as exc:
+                out["resume"] = f"{type(exc).__name__} after {time.monotonic() - started:.2f} s"
+        return out
+
+    def wait_ready(self, within: float = 60) -> float:
+        """Until the edge's ``/readyz`` is 200; the time it took."""
+        import httpx
+
+        started = time.monotonic()
+        while time.monotonic() - started < within:
+            with contextlib.suppress(httpx.HTTPError):
+                if httpx.get(f"http://127.0.0.1:{self.edge_port}/readyz", timeout=2).status_code == 200:
+                    break
+            time.sleep(0.1)
+        return time.monotonic() - started
+
+    def wait_resumed(self, within: float = 120) -> float:
+        """Until every worker that logged a pause logged its end (``resumed after``); the time it took."""
+        started = time.monotonic()
+        while time.monotonic() - started < within:
+            texts = [path.read_text() for path in self.work.glob("worker*.log")]
+            if all(text.count("resumed after") >= text.count("paused:") for text in texts):
+                break
+            time.sleep(0.1)
+        return time.monotonic() - started
+
+    def close(self) -> None:
+        if self.edge.poll() is None:
+            self.edge.send_signal(signal.SIGTERM)
+            try:
+                self.edge.wait(30)
+            except subprocess.TimeoutExpired:
+                self.edge.kill()
+                self.edge.wait()
+        if self.args.keep:
+            with contextlib.suppress(OSError):
+                shutil.copy(self.pg.root / "log", self.work / "postgres.log")
+        super().close()
+        self.pg.close()
+
+
+def postgres_outage(down_s: float) -> Callable[[argparse.Namespace], dict[str, Any]]:
+    """The PostgreSQL replay log stopped (``pg_ctl stop -m immediate``) ``--restart-after`` seconds
+    after the workers' first write and started again ``down_s`` later, under two workers on Redis
+    and SDK publishers still publishing (``--round-pause``). While it is down the edge is asked
+    (``/readyz``, a resume the hot tier covers). Recovery: from PostgreSQL back to every worker's
+    ``resumed after`` line, and to every run ended in the replay log."""
+    name = "postgres-restart" if down_s <= 2 else f"postgres-down-{down_s:g}s"
+
+    def scenario(args: argparse.Namespace) -> dict[str, Any]:
+        pipe = PostgresPipe(args)
+        try:
+            pipe.wait_writing()
+            time.sleep(args.restart_after)
+            pipe.publishing_at_restart = sum(p.poll() is None for p in pipe.publishers)
+            stopped = time.monotonic()
+            pipe.pg.stop()
+            time.sleep(min(1.0, down_s / 2))
+            during = pipe.ask_edge()
+            time.sleep(max(0.0, down_s - (time.monotonic() - stopped)))
+            pipe.pg.resume()
+            back = time.monotonic()
+            pipe.wait_ready()
+            ready_s = time.monotonic() - back
+            pipe.wait_resumed()
+            resumed_s = time.monotonic() - back
+            after = pipe.ask_edge()
+            row = pipe.finish(name, back)
+            worker_logs = " ".join(path.read_text() for path in pipe.work.glob("worker*.log"))
+            row |= {"down_s": round(back - stopped, 1), "writes_resumed_s": round(resumed_s, 1),
+                    "edge_ready_again_s": round(ready_s, 1),
+                    "worker_resumed_logged": worker_logs.count("resumed after"),
+                    "worker_tracebacks": worker_logs.count("Traceback"),
+                    "edge_alive": pipe.edge.poll() is None,
+                    "edge_during": during, "edge_after": after}
+            if not args.json:
+                print(f"{name}: PostgreSQL down {row['down_s']} s; edge while down: {during}; after: {after}; "
+                      f"workers logged {row['worker_pauses']} pauses, {row['worker_resumed_logged']} resumes, "
+                      f"writing again {row['writes_resumed_s']} s after PostgreSQL was back; edge ready "
+                      f"again {row['edge_ready_again_s']} s after; edge alive {row['edge_alive']}")
+            return row
+        finally:
+            pipe.close()
+
+    return scenario
+
+
 SCENARIOS = {"redis-maxmemory": redis_maxmemory, "redis-restart-aof": redis_restart("aof"),
              "redis-restart-none": redis_restart("none")}
 SCENARIOS["kafka-restart"] = kafka_restart
+SCENARIOS["postgres-restart"] = postgres_outage(2.0)
+SCENARIOS["postgres-down-30s"] = postgres_outage(30.0)
 
 
 def main() -> None:

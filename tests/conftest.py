@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import contextlib
+import subprocess
 import uuid
 from collections.abc import AsyncIterator, Iterator
 from pathlib import Path
@@ -16,6 +17,7 @@ from runwire.bus.base import Bus
 from runwire.store import open_store
 from runwire.store.base import ReplayLog
 from tests.services import (
+    HINTS,
     PostgresServer,
     RedisCluster,
     RedisServer,
@@ -64,6 +66,20 @@ def kafka_url() -> Iterator[str]:
 @pytest.fixture(scope="session")
 def postgres_url() -> Iterator[str]:
     yield from provide("postgres", "RUNWIRE_TEST_POSTGRES_URL", PostgresServer)
+
+
+@pytest.fixture
+def own_postgres() -> Iterator[PostgresServer]:
+    """A PostgreSQL of this test's own (``synchronous_commit`` on, as deployed), which the test may
+    stop (``pg_ctl stop -m immediate``) and start again (``resume``) with its data."""
+    server = PostgresServer(durable=True)
+    try:
+        server.start()
+    except (AssertionError, OSError, RuntimeError, subprocess.CalledProcessError) as exc:
+        server.close()
+        pytest.fail(f"cannot start PostgreSQL: {exc}; {HINTS['postgres']}", pytrace=False)
+    yield server
+    server.close()
 
 
 # ---- a bus, a replay log and a run id for a test (a directory's conftest may override) ----

@@ -279,13 +279,20 @@ def _pg_bin(name: str) -> str | None:
 
 
 class PostgresServer:
-    """A PostgreSQL cluster of our own (initdb + pg_ctl) on a free port, trust auth."""
+    """A PostgreSQL cluster of our own (initdb + pg_ctl) on a free port, trust auth.
 
-    def __init__(self) -> None:
+    ``durable=True`` keeps ``synchronous_commit`` on (the default of a real deployment): a commit
+    is acknowledged once its WAL is written, so a server stopped with ``-m immediate``
+    (:meth:`stop`) and started again (:meth:`resume`) still has every acknowledged commit. The
+    session's server turns it off for speed: an immediate stop may then lose the last commits.
+    """
+
+    def __init__(self, *, durable: bool = False) -> None:
         self.port = free_port()
         self.root = Path(tempfile.mkdtemp(prefix="runwire-pg-"))
         self.data = self.root / "data"
         self.user = "postgres" if os.geteuid() == 0 else os.environ.get("USER", "postgres")
+        self.durable = durable
 
     @property
     def url(self) -> str:
@@ -303,10 +310,24 @@ class PostgresServer:
         if os.geteuid() == 0:
             shutil.chown(self.root, "postgres", "postgres")
         self._run(initdb, "-D", str(self.data), "-A", "trust", "-U", self.user, "--no-sync", "-E", "UTF8")
+        self.resume()
+
+    def resume(self) -> None:
+        """Start the server on its data directory and port (after :meth:`stop`)."""
+        pg_ctl = _pg_bin("pg_ctl")
+        assert pg_ctl, HINTS["postgres"]
         opts = (f"-p {self.port} -k {self.root} -c listen_addresses=127.0.0.1 -c fsync=off "
-                "-c synchronous_commit=off -c full_page_writes=off -c max_connections=200")
+                f"-c synchronous_commit={'on' if self.durable else 'off'} -c full_page_writes=off "
+                "-c max_connections=200")
         self._run(pg_ctl, "-D", str(self.data), "-o", opts, "-w", "-t", "60", "-l",
                   str(self.root / "log"), "start")
+
+    def stop(self) -> None:
+        """``pg_ctl stop -m immediate``: every backend ends at once, no checkpoint (a crash, for
+        clients: their connections drop; the next start recovers from the WAL)."""
+        pg_ctl = _pg_bin("pg_ctl")
+        assert pg_ctl, HINTS["postgres"]
+        self._run(pg_ctl, "-D", str(self.data), "-m", "immediate", "-w", "stop")
 
     def close(self) -> None:
         pg_ctl = _pg_bin("pg_ctl")

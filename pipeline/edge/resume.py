@@ -40,7 +40,7 @@ import msgspec
 from ..bus.base import Bus, StreamKey
 from ..core import envelope
 from ..core.envelope import Event, RunLifecycle
-from ..core.errors import ReplayExpired
+from ..core.errors import ReplayExpired, StoreUnavailable
 from ..processing.shaping import DeltaCoalescer, is_delta
 from ..store.base import ReplayLog
 
@@ -71,9 +71,19 @@ class Probe(msgspec.Struct, kw_only=True):
 
 
 async def probe(bus: Bus, store: ReplayLog, key: StreamKey) -> Probe:
-    """The state of a delivery stream: its tail, whether and where the run ended, whether it exists."""
+    """The state of a delivery stream: its tail, whether and where the run ended, whether it exists.
+
+    A stream the hot tier holds is probed from the hot tier alone while the replay log is
+    unavailable (its tail, and its end from its last event): resumes it covers go on. Without
+    one, the log's :class:`~runwire.core.errors.StoreUnavailable` is raised (retriable: 503 with
+    ``Retry-After`` before a response starts)."""
     bounds = await bus.bounds(key)
-    info = await store.run(key[0])
+    try:
+        info = await store.run(key[0])
+    except StoreUnavailable:
+        if bounds is None:
+            raise
+        info = None
     # With no delivery stream yet, the replay log's last seq is where the stream starts. It is a raw
     # seq: for the shaped view it is a window boundary only once the run has ended (its terminal
     # event flushed every window, Koder agent stream §4 R3). A worker may log a write before it
@@ -94,6 +104,13 @@ async def probe(bus: Bus, store: ReplayLog, key: StreamKey) -> Probe:
     if not found.published and key[1] != "raw":
         found.published = await bus.bounds((key[0], "raw")) is not None
     return found
+
+
+async def needs_log(bus: Bus, key: StreamKey, after: int) -> bool:
+    """Whether :func:`history` after ``after`` starts in the replay log (the hot tier does not
+    cover ``after + 1``)."""
+    found = await bus.read(key, after, limit=1)
+    return not (found and first_covered(found[0]) <= after + 1)
 
 
 def first_covered(event: Event) -> int:

@@ -22,7 +22,7 @@ from .clients import ClientQueue
 from .feed import Feed, FeedKey, encode_preamble, ends_stream, frame_or_skip, is_stateless
 from .frames import Frame, error_frame
 from .hub import Hub, Stream
-from .resume import history
+from .resume import history, needs_log
 
 
 class StreamRequest(msgspec.Struct, kw_only=True, frozen=True):
@@ -106,6 +106,7 @@ class StreamSession:
             published = stream.published.is_set()
             if published:
                 after = await self._cursor(stream, feed)
+                await self._history_reachable(after, feed.position)
             # Headers go out before any wait: a client may open the stream, then start its agent.
             await self.sink.begin()
             if not published:
@@ -145,6 +146,16 @@ class StreamSession:
             bounds = await self.hub.bus.bounds(feed.key.stream)
             return min(after, max(feed.position, bounds[1] if bounds else 0))
         return after
+
+    async def _history_reachable(self, after: int, position: int) -> None:
+        """A resume whose history starts in the replay log asks the log first, so that one it
+        can't serve now is refused before the response starts: ``StoreUnavailable``, 503 with
+        ``Retry-After`` (a resume the hot tier covers goes on while the log is down)."""
+        if self.request.live or after >= position:
+            return
+        start = 0 if after > 0 and not is_stateless(self.request.format) else after
+        if await needs_log(self.hub.bus, self.request.feed_key.stream, start):
+            await self.hub.store.ping()
 
     @staticmethod
     def _preamble(feed: Feed) -> list[Frame]:

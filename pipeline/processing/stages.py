@@ -216,10 +216,11 @@ class Stages:
             self.stats.busy_seconds = time.monotonic() - self._first_batch_at
 
     async def tick(
-        self, caught_up: Callable[[str], bool] | None = None
+        self, caught_up: Callable[[str], bool] | None = None, *, now: float | None = None
     ) -> dict[str, StreamOutput]:
-        """Close due shaping windows and end silent runs; write what that produced."""
-        outputs = self.processor.tick(caught_up=caught_up)
+        """Close due shaping windows and end silent runs (as of ``now``, the processor's clock:
+        when what was read is known to be all there was); write what that produced."""
+        outputs = self.processor.tick(now, caught_up=caught_up)
         if outputs:
             await self.write(outputs)
         return outputs

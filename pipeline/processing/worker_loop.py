@@ -78,14 +78,14 @@ class ConsumerLoop:
         block_ms = max(1, int(tick_s * 1000))
         stop = self.stages.stop
         most = batch * PENDING_BATCHES
-        prefetch: asyncio.Task[list[Delivery]] | None = None
+        prefetch: asyncio.Task[tuple[list[Delivery], float]] | None = None
         finished = False
         try:
             while not stop.is_set() or prefetch is not None:
                 if prefetch is not None:
-                    deliveries, prefetch = await prefetch, None
+                    (deliveries, read_at), prefetch = await prefetch, None
                 else:
-                    deliveries = await self._fetch(batch, block_ms)
+                    deliveries, read_at = await self._fetch_stamped(batch, block_ms)
                 fetched = event_count(deliveries)
                 await self._check_ownership()
                 if not self._owned.issuperset(map(_SHARD, deliveries)):
@@ -94,7 +94,7 @@ class ConsumerLoop:
                 if fetched >= batch and not stop.is_set():
                     # a backlog: the next fetch's round trip (which may queue behind this
                     # worker's own appends on the server) overlaps processing this batch
-                    prefetch = asyncio.create_task(self._fetch(batch, block_ms))
+                    prefetch = asyncio.create_task(self._fetch_stamped(batch, block_ms))
                 if deliveries:
                     acked, _ = await self.stages.prepare(
                         deliveries, self._drain_for, into=self._pending_outputs)
@@ -105,7 +105,9 @@ class ConsumerLoop:
                 if fetched < batch:
                     await self._flush()
                     await self._adopt_silent()
-                    await self.stages.tick()
+                    # as of the fetch that found the shards read to their end: the flush may have
+                    # waited out an outage meanwhile, with new events for these streams unread
+                    await self.stages.tick(now=read_at)
                 if burst and not fetched:
                     break
             finished = True
@@ -124,6 +126,12 @@ class ConsumerLoop:
     async def _fetch(self, batch: int, block_ms: int) -> list[Delivery]:
         """One fetch, retried while the bus is unavailable (until a stop)."""
         return await self.stages.retry(lambda: self.consumer.fetch_entries(batch, block_ms=block_ms))
+
+    async def _fetch_stamped(self, batch: int, block_ms: int) -> tuple[list[Delivery], float]:
+        """One fetch and when it returned (the processor's clock): a fetch of fewer than ``batch``
+        entries says the shards were read to their end then, not later."""
+        deliveries = await self._fetch(batch, block_ms)
+        return deliveries, self.stages.processor.clock()
 
     async def _abandon(self) -> None:
         """The loop failed: write nothing more, so no checkpoint covers a write that failed.

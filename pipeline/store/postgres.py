@@ -232,10 +232,22 @@ class PostgresLog(ReplayLog):
     async def ping(self) -> None:
         await self._fetch("SELECT 1", ())
 
-    async def _fetch(self, sql: str, args: Sequence[Any] | dict[str, Any]) -> list[tuple[Any, ...]]:
+    async def _fetch(
+        self, sql: str, args: Sequence[Any] | dict[str, Any], *, again: bool = True
+    ) -> list[tuple[Any, ...]]:
+        """Run one statement on the reading connection. A connection that broke since its last
+        use (the server restarted) is opened again and the statement run once more on it when
+        ``again`` (statements whose repeat answers the same), so the first read after a restart
+        does not fail; a server still down is ``StoreUnavailable``."""
         async with self._reader.lock:
             try:
-                cursor = await (await self._reader.get()).execute(sql, args, binary=True)
+                conn = await self._reader.get()
+                try:
+                    cursor = await conn.execute(sql, args, binary=True)
+                except psycopg.OperationalError:
+                    if not (again and conn.broken):
+                        raise
+                    cursor = await (await self._reader.get()).execute(sql, args, binary=True)
                 return await cursor.fetchall()
             except psycopg.OperationalError as exc:
                 raise StoreUnavailable(f"PostgreSQL: {exc}") from exc
@@ -388,7 +400,7 @@ class PostgresLog(ReplayLog):
     async def stream_create(self, run_id: str) -> bool:
         rows = await self._fetch(
             "INSERT INTO ds_streams (run_id) VALUES (%s) ON CONFLICT (run_id) DO NOTHING RETURNING run_id",
-            (run_id,),
+            (run_id,), again=False,  # run again after a commit whose answer was lost, it would say "exists"
         )
         return bool(rows)
 
