@@ -56,7 +56,7 @@ from runwire.processing.processor import DEFAULT_SILENCE_S, Processor, StreamOut
 from runwire.processing.stages import BATCH, TICK_S, Stages, WorkerStats
 from runwire.store import ReplayLog, open_store
 from runwire.workers.faust_partitions import HOLE_IDLE_S, PartitionTracker
-from runwire.workers.faust_seam import Intake, check_faust_version
+from runwire.workers.faust_seam import Intake, check_faust_version, raise_if_crashed
 from runwire.workers.faust_setup import build_app, build_table, subscribe
 from runwire.workers.runtime import stop_on_signals
 
@@ -296,7 +296,13 @@ class FaustWorker:
             await self._drain()
 
     async def _tick(self) -> None:
-        """Seek back lost tails; close due windows and end silent runs (written in order)."""
+        """Seek back lost tails; close due windows and end silent runs (written in order).
+
+        Raises :class:`~runwire.workers.faust_seam.FaustCrashed` once faust's Fetcher (or the
+        app) crashed: the worker ends, writing what it processed, rather than live on fetching
+        nothing (docs/workers.md).
+        """
+        raise_if_crashed(self.app, self.name)
         self._maybe_forget()
         await self.partitions.rewind_lost_tails()
         highwaters: dict[int, int | None] = {}
@@ -364,6 +370,9 @@ class FaustWorker:
             await asyncio.wait({consuming, stopping}, return_when=asyncio.FIRST_COMPLETED)
             self.stop.set()
             await consuming  # writes what was processed; raises what stopped it early
+        except Exception:
+            raise_if_crashed(self.app, self.name)  # what failed next to a crashed consumer
+            raise
         finally:
             stopping.cancel()
             consuming.cancel()

@@ -14,6 +14,9 @@ faust-streaming's ``Consumer`` that are not a public API:
 ``_add_gap``                   records an offset gap (acks past it still commit)
 ``_n_acked``, ``_commit_every``  faust's commit-after-N-acks counter
 ``_to_message``, ``_buffered_partitions``, ``_stopped``  as faust's loop uses them
+``_seek``                      a seek, replaced: on the consumer thread (:meth:`IngestConsumer._seek`)
+``_thread.call_thread``        runs a call on the thread owning the aiokafka consumer
+``App._fetcher``               faust's Fetcher service, watched for a crash (:func:`faust_crash`)
 =============================  ===============================================
 
 They were written and tested against the versions in
@@ -26,22 +29,57 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import logging
 import os
 from typing import Any, cast
 
 import faust
+from aiokafka.errors import IllegalStateError
 from faust.transport.consumer import CONSUMER_FETCHING
 from faust.transport.drivers import aiokafka as faust_kafka
 from faust.types import TP
 
 from runwire.bus.kafka_io import ingest_event_count
-from runwire.core.errors import ConfigError
+from runwire.core.errors import ConfigError, RunwireError
+
+log = logging.getLogger("runwire.faust")
 
 TESTED_FAUST_VERSIONS = frozenset({"0.15.3"})
 """faust-streaming releases the seam was tested with."""
 UNTESTED_ENVVAR = "RUNWIRE_FAUST_UNTESTED"
 _PRIVATE = ("_drain_messages", "_wait_next_records", "_to_message", "_add_gap",
-            "track_message", "perform_seek")
+            "track_message", "perform_seek", "_seek")
+SEEK_TIMEOUT_S = 10.0
+"""How long a seek may wait for the consumer thread (busy with a fetch or a commit); past it the
+seek is dropped with a warning (the worker seeks again if it still has to)."""
+
+
+class FaustCrashed(RunwireError):
+    """A faust service of the Kafka worker's app crashed: the worker stops, exiting non-zero."""
+
+
+def faust_crash(app: faust.App) -> BaseException | None:
+    """Why faust's Fetcher or the app crashed; None while both run (or stop normally).
+
+    A crashed Fetcher fetches nothing ever again while the process, its group
+    membership and its heartbeats live on: the partitions it owns would stall
+    with no error a supervisor sees. A crash without a supervisor marks the
+    app crashed too (mode walks up to the root); faust's own cancelling of the
+    Fetcher around a rebalance (a ``CancelledError``) is not a crash here.
+    """
+    for service in (cast(Any, app)._fetcher, app):
+        reason = service.crash_reason if service.crashed else None
+        if reason is not None and not isinstance(reason, asyncio.CancelledError):
+            return cast(BaseException, reason)
+    return None
+
+
+def raise_if_crashed(app: faust.App, name: str) -> None:
+    """Raise :class:`FaustCrashed` (one line naming the crash) if :func:`faust_crash` finds one."""
+    crash = faust_crash(app)
+    if crash is not None:
+        raise FaustCrashed(f"{name}: faust's consumer crashed ({crash!r}); exiting so that the "
+                           "group moves its partitions to a live worker") from crash
 
 
 def check_faust_version(version: str | None = None) -> None:
@@ -225,6 +263,38 @@ class IngestConsumer(faust_kafka.Consumer):
                 await self.wait_first(callback(self._to_message(tp, record)),
                                       self.suspend_flow.wait())
                 self._read_offset[tp] = offset
+
+    async def _seek(self, partition: TP, offset: int) -> None:
+        """Seek on the thread that owns the aiokafka consumer, never from the event loop.
+
+        Faust's own ``_seek`` calls aiokafka's ``seek`` from the event loop
+        while the consumer thread may be inside a fetch: aiokafka's fetcher
+        then deletes the partition's fetched records (``Fetcher._records``)
+        under ``fetched_records``, which deletes them too and raises
+        ``KeyError``: faust's Fetcher crashed and the worker fetched nothing
+        more. Run through the thread's method queue (as faust's own
+        ``seek_wait``), a seek happens between two steps of a fetch there,
+        never inside one. A partition no longer assigned (revoked meanwhile)
+        has nothing to re-read here: its next owner reads it from the
+        committed offset.
+        """
+        thread = self._thread
+
+        async def seek() -> bool:  # on the thread's loop, between the awaits of a fetch
+            try:
+                thread.seek(partition, offset)
+            except IllegalStateError:
+                return False
+            return True
+
+        try:
+            sought = await asyncio.wait_for(thread.call_thread(seek), SEEK_TIMEOUT_S)
+        except TimeoutError:
+            log.warning("cannot seek %s to offset %d: the consumer thread is busy for %.0f s",
+                        partition, offset, SEEK_TIMEOUT_S)
+            return
+        if not sought:
+            log.info("not seeking %s to offset %d: no longer assigned", partition, offset)
 
     async def _maybe_commit(self) -> None:
         if self._commit_every is not None and self._n_acked >= self._commit_every:

@@ -72,11 +72,15 @@ def worker(
     tune_gc()
     if bus.startswith("kafka://"):
         from runwire.workers.faust_app import run_faust_worker
+        from runwire.workers.faust_seam import FaustCrashed
 
-        stats = run_faust_worker(
-            bus, store, group=group, name=name, burst=burst, silence_s=silence_s,
-            data_dir=data_dir,
-        )
+        try:
+            stats = run_faust_worker(
+                bus, store, group=group, name=name, burst=burst, silence_s=silence_s,
+                data_dir=data_dir,
+            )
+        except FaustCrashed as exc:  # one error line, exit status 1: a supervisor restarts it
+            raise click.ClickException(str(exc)) from exc
     else:
         stats = asyncio.run(_run(bus, store, group, name, burst, silence_s, claim_idle_ms))
     sys.stdout.write(msgspec.json.encode(stats).decode() + "\n")
