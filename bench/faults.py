@@ -16,6 +16,13 @@ Scenarios so far:
   memory is raised after ``--full-s`` seconds. Recovery: from raising memory to the last run
   ended in the replay log. The row says how many pauses the processes logged (a row with none
   did not reach the limit: lower ``--maxmemory``).
+* ``edge-kill`` — an edge SIGKILLed under ``--clients`` live streaming clients (2,000; EventSource
+  with ``Last-Event-ID``, Durable Streams ``live=sse`` with its offset, the AI SDK UI-message
+  stream, in turn, in two client processes: ``tests/edge/resuming_clients.py``) spread over the
+  runs on edge A, ``--kill-after`` seconds after each has an event; every client moves to edge B
+  and resumes with its cursor. Recovery: from the kill to each client's next event from B (p50,
+  p99, max); each client's seqs are checked against the replay log (missing, repeated, out of
+  order). Give ``--round-pause`` so the runs are still going at the kill.
 * ``postgres-restart``, ``postgres-down-30s`` — the replay log on a PostgreSQL of the scenario's
   own (``synchronous_commit`` on), stopped with ``pg_ctl stop -m immediate`` ``--restart-after``
   seconds after the workers' first write and started again 2 s (30 s) later, under two workers on
@@ -373,6 +380,198 @@ def kafka_restart(args: argparse.Namespace) -> dict[str, Any]:
         pipe.close()
 
 
+class EdgeKillPipe:
+    """Redis, ``--workers`` workers, two ``runwire edge`` processes (A and B, one SQLite replay log),
+    ``--publishers`` SDK publishers and ``--clients`` streaming clients in two processes
+    (``tests/edge/resuming_clients.py``: EventSource, Durable Streams and AI SDK stream readers in
+    turn) spread over the runs on edge A, each moving to edge B when A goes away."""
+
+    def __init__(self, args: argparse.Namespace) -> None:
+        services = _test_services()
+        self.args = args
+        self.work = Path(tempfile.mkdtemp(prefix="runwire-fault-"))
+        self.port = free_port()
+        self.redis = start_redis(self.port, self.work, "--appendonly", "no", "--maxclients", "20000")
+        self.url = f"redis://127.0.0.1:{self.port}/0"
+        self.db = self.work / "replay.db"
+        self.store = f"sqlite:///{self.db}"
+        self.workers = [subprocess.Popen(
+            [*RUNWIRE, "worker", "--bus", self.url, "--store", self.store, "--name", f"w{n}",
+             "--data-dir", str(self.work)], cwd=self.work, stdout=subprocess.DEVNULL,
+            stderr=open(self.work / f"worker{n}.log", "w")) for n in range(args.workers)]
+        self.edge_ports = [services.free_port(), services.free_port()]  # below the ephemeral range
+        self.edges = [subprocess.Popen(
+            [*RUNWIRE, "edge", "--bus", self.url, "--store", self.store, "--port", str(port)],
+            cwd=self.work, stdout=subprocess.DEVNULL, stderr=open(self.work / f"edge{n}.log", "w"))
+            for n, port in enumerate(self.edge_ports)]
+        for port, edge in zip(self.edge_ports, self.edges, strict=True):
+            services.wait_port(port, 30.0, edge)
+        self.share = args.runs // args.publishers
+        self.total = self.share * args.publishers
+        self.publishers: list[subprocess.Popen[bytes]] = []
+        root = Path(__file__).resolve().parent.parent
+        halves = [args.clients - args.clients // 2, args.clients // 2]
+        self.clients = [subprocess.Popen(
+            [sys.executable, "-m", "tests.edge.resuming_clients", "--ports", ",".join(map(str, self.edge_ports)),
+             "--runs", str(self.total), "--clients", str(count), "--first", str(sum(halves[:n]))],
+            cwd=root, stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True,
+            stderr=open(self.work / f"clients{n}.log", "w")) for n, count in enumerate(halves) if count]
+
+    def start_publishing(self) -> None:
+        self.publishers = [subprocess.Popen(
+            [sys.executable, "-c", PUBLISHER, self.url, str(p * self.share), str(self.share),
+             str(self.args.deltas), str(self.args.round_pause)],
+            cwd=self.work, stderr=open(self.work / f"publisher{p}.log", "w")) for p in range(self.args.publishers)]
+
+    def ask(self, line: str = "report") -> list[dict[str, Any]]:
+        answers = []
+        for proc in self.clients:
+            assert proc.stdin and proc.stdout
+            proc.stdin.write(line + "\n")
+            proc.stdin.flush()
+            answers.append(json.loads(proc.stdout.readline()))
+        return answers
+
+    def count(self, name: str) -> int:
+        return sum(answer[name] for answer in self.ask())
+
+    def wait(self, name: str, want: int, within: float) -> float:
+        """Until ``want`` clients are ``name`` (bounded); the time it took."""
+        started = time.monotonic()
+        while self.count(name) < want and time.monotonic() - started < within:
+            time.sleep(0.05)
+        return time.monotonic() - started
+
+    def records(self) -> list[dict[str, Any]]:
+        out: list[dict[str, Any]] = []
+        for n, _ in enumerate(self.clients):
+            path = self.work / f"clients{n}.json"
+            proc = self.clients[n]
+            assert proc.stdin and proc.stdout
+            proc.stdin.write(f"dump {path}\n")
+            proc.stdin.flush()
+            proc.stdout.readline()
+            out += json.loads(path.read_text())
+        return out
+
+    def logged_seqs(self) -> dict[str, list[int]]:
+        async def read() -> dict[str, list[int]]:
+            async with open_store(self.store) as store:
+                return {f"fault-{i}": [e.seq for e in await store.read(f"fault-{i}", 0, None)]
+                        for i in range(self.total)}
+
+        return asyncio.run(read())
+
+    def close(self) -> None:
+        for proc in self.clients:
+            with contextlib.suppress(OSError):
+                assert proc.stdin
+                proc.stdin.write("quit\n")
+                proc.stdin.close()
+        for proc in [*self.clients, *self.edges, *self.workers, *self.publishers]:
+            if proc.poll() is None:
+                proc.send_signal(signal.SIGTERM)
+        for proc in [*self.clients, *self.edges, *self.workers, *self.publishers]:
+            try:
+                proc.wait(30)
+            except subprocess.TimeoutExpired:
+                proc.kill()
+                proc.wait()
+        self.redis.kill()
+        self.redis.wait()
+        if self.args.keep:
+            print(f"kept {self.work}", file=sys.stderr)
+        else:
+            shutil.rmtree(self.work, ignore_errors=True)
+
+
+def _percentile(values: list[float], q: float) -> float:
+    ordered = sorted(values)
+    return ordered[min(len(ordered) - 1, int(q * len(ordered)))] if ordered else float("nan")
+
+
+def edge_kill(args: argparse.Namespace) -> dict[str, Any]:
+    """Edge A SIGKILLed under ``--clients`` live streaming clients, ``--kill-after`` seconds after
+    every client has received an event; every client resumes on edge B with its own cursor
+    (``Last-Event-ID``, a Durable Streams offset). Recovery, per client: from the kill to its first
+    event from edge B (p50, p99, max); each client's delivery seqs are checked against the run's in
+    the replay log (missing, repeated, out of order)."""
+    pipe = EdgeKillPipe(args)
+    try:
+        connect_s = pipe.wait("connected", args.clients, 300)  # (clients wait for their run's first event)
+        pipe.start_publishing()
+        connect_s += pipe.wait("receiving", args.clients, 300)
+        print(f"edge-kill: {pipe.count('receiving')} clients receiving after {connect_s:.1f} s", file=sys.stderr)
+        time.sleep(args.kill_after)
+        publishing = sum(p.poll() is None for p in pipe.publishers)
+        before = pipe.count("receiving")
+        killed_at = time.time()
+        pipe.edges[0].kill()
+        pipe.edges[0].wait()
+        pipe.wait("resumed", args.clients, 120)
+        codes = [p.wait(timeout=900) for p in pipe.publishers]
+        deadline = time.monotonic() + 600
+        while ended_runs(pipe.db, pipe.total) < pipe.total and time.monotonic() < deadline:
+            time.sleep(0.5)
+        pipe.wait("done", args.clients, 120)
+        records = pipe.records()
+        expected = pipe.logged_seqs()
+        per_client = [tests_check(record, expected[record["run_id"]]) for record in records]
+        waits = [record["resumed_ts"] - killed_at for record in records if record["resumed_ts"]]
+        logs = {kind: " ".join(path.read_text() for path in pipe.work.glob(f"{kind}*.log"))
+                for kind in ("publisher", "worker", "edge")}
+        kinds = sorted({record["kind"] for record in records})
+        row = {
+            "fault": "edge-kill", "publishers_exit": codes, "runs": pipe.total,
+            "ended": ended_runs(pipe.db, pipe.total), "events_published": pipe.total * (args.deltas + 2),
+            "recovery_s": round(max(waits, default=float("nan")), 2),
+            **tally(pipe.db, pipe.total, args.deltas),
+            "publisher_pauses": logs["publisher"].count("paused:"), "worker_pauses": logs["worker"].count("paused:"),
+            "publishers_running_at_kill": publishing,
+            "workers_alive": sum(p.poll() is None for p in pipe.workers),
+            "edge_b_alive": pipe.edges[1].poll() is None,
+            "edge_errors_logged": logs["edge"].count("Traceback") + logs["edge"].count(" ERROR "),
+            "clients": len(records), "clients_kinds": {k: sum(r["kind"] == k for r in records) for k in kinds},
+            "clients_connect_s": round(connect_s, 1), "clients_receiving_at_kill": before,
+            "clients_resumed_on_b": sum(bool(r["resumed_ts"]) and r["edge"] == 1 for r in records),
+            "clients_done": sum(r["done"] for r in records),
+            "resume_wait_p50_s": round(_percentile(waits, 0.5), 2),
+            "resume_wait_p99_s": round(_percentile(waits, 0.99), 2),
+            "resume_wait_max_s": round(max(waits, default=float("nan")), 2),
+            "resume_wait_by_kind_s": {kind: {"p50": round(_percentile(kind_waits, 0.5), 2),
+                                             "max": round(max(kind_waits, default=float("nan")), 2)}
+                                      for kind in kinds for kind_waits in [
+                                          [r["resumed_ts"] - killed_at for r in records
+                                           if r["kind"] == kind and r["resumed_ts"]]]},
+            "client_events": sum(len(r["seqs"]) for r in records),
+            **{f"client_{name}": sum(c[name] for c in per_client)
+               for name in ("missing", "repeated", "out_of_order", "unexpected")},
+            "clients_with_loss_or_repeat": sum(bool(c["missing"] or c["repeated"] or c["out_of_order"])
+                                               for c in per_client),
+            "client_errors": sum(len(r["errors"]) for r in records),
+        }
+        if not args.json:
+            print(f"edge-kill clients: {row['clients']} ({row['clients_kinds']}), {row['clients_resumed_on_b']} "
+                  f"resumed on edge B; from the kill to each client's next event p50 {row['resume_wait_p50_s']} s, "
+                  f"p99 {row['resume_wait_p99_s']} s, max {row['resume_wait_max_s']} s (by kind "
+                  f"{row['resume_wait_by_kind_s']}); {row['client_events']} "
+                  f"events received: missing {row['client_missing']}, repeated {row['client_repeated']}, out of "
+                  f"order {row['client_out_of_order']}; {row['clients_done']} saw their run end; publishers running "
+                  f"at the kill {row['publishers_running_at_kill']}; edge B alive "
+                  f"{row['edge_b_alive']}; client errors {row['client_errors']}")
+        return row
+    finally:
+        pipe.close()
+
+
+def tests_check(record: dict[str, Any], expected: list[int]) -> dict[str, int]:
+    """``tests.edge.resuming_clients.check`` (a client's seqs against the replay log's)."""
+    _test_services()  # (puts the repository root on sys.path)
+    from tests.edge.resuming_clients import check
+
+    return check(record, expected)
+
+
 class PostgresPipe(Pipe):
     """:class:`Pipe` with the replay log on a PostgreSQL of its own (``synchronous_commit`` on, as
     deployed; stopped with ``pg_ctl stop -m immediate`` and started again on its port) and one
@@ -517,6 +716,7 @@ def postgres_outage(down_s: float) -> Callable[[argparse.Namespace], dict[str, A
 SCENARIOS = {"redis-maxmemory": redis_maxmemory, "redis-restart-aof": redis_restart("aof"),
              "redis-restart-none": redis_restart("none")}
 SCENARIOS["kafka-restart"] = kafka_restart
+SCENARIOS["edge-kill"] = edge_kill
 SCENARIOS["postgres-restart"] = postgres_outage(2.0)
 SCENARIOS["postgres-down-30s"] = postgres_outage(30.0)
 
@@ -533,6 +733,9 @@ def main() -> None:
     parser.add_argument("--down-s", type=float, default=2.0, help="seconds Redis stays down")
     parser.add_argument("--round-pause", type=float, default=0.0,
                         help="seconds each publisher sleeps after a delta to each of its runs")
+    parser.add_argument("--clients", type=int, default=2000, help="edge-kill: streaming clients on edge A")
+    parser.add_argument("--kill-after", type=float, default=3.0,
+                        help="edge-kill: seconds after every client has an event before edge A is killed")
     parser.add_argument("--keep", action="store_true", help="keep each scenario's directory and logs")
     parser.add_argument("--only", default=",".join(SCENARIOS))
     parser.add_argument("--json", action="store_true")

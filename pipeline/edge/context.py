@@ -9,6 +9,7 @@ from __future__ import annotations
 from ..bus.base import Bus
 from ..store.base import ReplayLog
 from .auth import Gate
+from .busgate import GatedBus
 from .hub import Hub
 from .metrics import EdgeMetrics
 from .quotas import Quotas
@@ -19,6 +20,7 @@ class Edge:
     """What the endpoints share: the bus, the replay log, the hub, the gate, the quotas, the metrics."""
 
     def __init__(self, bus: Bus, store: ReplayLog, settings: EdgeSettings) -> None:
+        bus = GatedBus(bus)  # a reconnect storm queues for the bus instead of failing (busgate.py)
         self.bus = bus
         self.store = store
         self.settings = settings
