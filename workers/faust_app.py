@@ -52,7 +52,7 @@ from runwire.bus import keys as bus_keys
 from runwire.bus.kafka import KafkaBus
 from runwire.bus.kafka_io import ingest_events
 from runwire.processing.checkpoint import newest_checkpoint
-from runwire.processing.processor import DEFAULT_SILENCE_S, Processor, StreamOutput
+from runwire.processing.processor import DEFAULT_QUIET_S, DEFAULT_SILENCE_S, Processor, StreamOutput
 from runwire.processing.stages import BATCH, TICK_S, Stages, WorkerStats
 from runwire.store import ReplayLog, open_store
 from runwire.workers.faust_partitions import HOLE_IDLE_S, PartitionTracker
@@ -91,6 +91,7 @@ class FaustWorker:
         burst: bool = False,
         stop: asyncio.Event | None = None,
         data_dir: str | Path = DEFAULT_DATA_DIR,
+        quiet_s: float = DEFAULT_QUIET_S,
     ) -> None:
         self.bus = bus
         self.data_dir = Path(data_dir)
@@ -99,7 +100,7 @@ class FaustWorker:
         self.name = name
         self.group = group
         self.stages = Stages(
-            bus, store, Processor(silence_s=silence_s), self.stop,
+            bus, store, Processor(silence_s=silence_s, quiet_s=quiet_s), self.stop,
             dead_letter=self._dead_letter, load_state=self._load_state,
         )
         self.topic_name = bus.topics[bus_keys.KAFKA_INGEST]
@@ -396,14 +397,15 @@ def run_faust_worker(
     burst: bool = False,
     silence_s: float = DEFAULT_SILENCE_S,
     data_dir: str | Path = DEFAULT_DATA_DIR,
+    quiet_s: float = DEFAULT_QUIET_S,
 ) -> WorkerStats:
     """``runwire worker --bus kafka://…``: run the faust app until SIGTERM/SIGINT (or idle with burst)."""
-    return asyncio.run(_main(bus_url, store_url, group, name, burst, silence_s, Path(data_dir)))
+    return asyncio.run(_main(bus_url, store_url, group, name, burst, silence_s, Path(data_dir), quiet_s))
 
 
 async def _main(
     bus_url: str, store_url: str, group: str, name: str, burst: bool, silence_s: float,
-    data_dir: Path,
+    data_dir: Path, quiet_s: float,
 ) -> WorkerStats:
     stop = stop_on_signals()
     async with open_bus(bus_url) as bus, open_store(store_url) as store:
@@ -411,6 +413,6 @@ async def _main(
             raise TypeError(f"the faust worker needs a kafka:// bus, not {bus_url!r}")
         worker = FaustWorker(
             bus, store, group=group, name=name, silence_s=silence_s, burst=burst, stop=stop,
-            data_dir=data_dir,
+            data_dir=data_dir, quiet_s=quiet_s,
         )
         return await worker.run()

@@ -12,7 +12,7 @@ import signal
 import time
 
 from runwire.bus import Bus
-from runwire.processing.processor import DEFAULT_SILENCE_S, Processor
+from runwire.processing.processor import DEFAULT_QUIET_S, DEFAULT_SILENCE_S, Processor
 from runwire.processing.stages import BATCH, FETCH, TICK_S, Stages, WorkerStats
 from runwire.processing.worker_loop import ConsumerLoop
 from runwire.store import ReplayLog
@@ -38,6 +38,7 @@ async def run_worker(
     stop: asyncio.Event | None = None,
     burst: bool = False,
     silence_s: float = DEFAULT_SILENCE_S,
+    quiet_s: float = DEFAULT_QUIET_S,
     batch: int = FETCH,
     tick_s: float = TICK_S,
     claim_idle_ms: int | None = None,
@@ -50,7 +51,8 @@ async def run_worker(
         else bus.consumer(group, name, claim_idle_ms=claim_idle_ms)
     )
     stages = Stages(
-        bus, store, Processor(silence_s=silence_s), stop, dead_letter=consumer.dead_letter
+        bus, store, Processor(silence_s=silence_s, quiet_s=quiet_s), stop,
+        dead_letter=consumer.dead_letter
     )
     worker = ConsumerLoop(consumer, stages)
     started = time.monotonic()

@@ -27,13 +27,13 @@ RUNWIRE = str(Path(sys.executable).parent / "runwire")
 
 
 def start_worker(
-    bus_url: str, store_url: str, name: str, log_dir: Path, group: str = "crash"
+    bus_url: str, store_url: str, name: str, log_dir: Path, group: str = "crash", *extra: str
 ) -> subprocess.Popen[bytes]:
     """A real ``runwire worker`` process, its output in ``<log_dir>/<name>.log``."""
     with open(log_dir / f"{name}.log", "wb") as log:
         return subprocess.Popen(
             [RUNWIRE, "worker", "--bus", bus_url, "--store", store_url, "--group", group,
-             "--name", name, "--claim-idle-ms", "1500", "--silence", "600"],
+             "--name", name, "--claim-idle-ms", "1500", "--silence", "600", *extra],
             stdout=log, stderr=subprocess.STDOUT, env={**os.environ, "PYTHONUNBUFFERED": "1"},
         )
 

@@ -48,6 +48,10 @@ def default_name() -> str:
 @click.option("--silence", "silence_s", type=click.FloatRange(min=0.1), default=300.0,
               show_default=True, envvar="RUNWIRE_SILENCE",
               help="Seconds without events after which a run without a terminal event is ended as error.")
+@click.option("--quiet-ms", type=click.IntRange(min=1), default=250, show_default=True,
+              envvar="RUNWIRE_QUIET_MS",
+              help="How long a run's stream must be quiet before the tick closes its open shaping "
+                   "windows (a quiet agent's last words wait about this plus 100 ms).")
 @click.option("--claim-idle-ms", type=click.IntRange(min=1), default=None,
               envvar="RUNWIRE_CLAIM_IDLE_MS",
               help="Idle time before a dead worker's pending entries are claimed [default: bus's].")
@@ -61,6 +65,7 @@ def worker(
     name: str,
     burst: bool,
     silence_s: float,
+    quiet_ms: int,
     claim_idle_ms: int | None,
     data_dir: str,
 ) -> None:
@@ -77,12 +82,12 @@ def worker(
         try:
             stats = run_faust_worker(
                 bus, store, group=group, name=name, burst=burst, silence_s=silence_s,
-                data_dir=data_dir,
+                data_dir=data_dir, quiet_s=quiet_ms / 1000,
             )
         except FaustCrashed as exc:  # one error line, exit status 1: a supervisor restarts it
             raise click.ClickException(str(exc)) from exc
     else:
-        stats = asyncio.run(_run(bus, store, group, name, burst, silence_s, claim_idle_ms))
+        stats = asyncio.run(_run(bus, store, group, name, burst, silence_s, quiet_ms / 1000, claim_idle_ms))
     sys.stdout.write(msgspec.json.encode(stats).decode() + "\n")
 
 
@@ -93,6 +98,7 @@ async def _run(
     name: str,
     burst: bool,
     silence_s: float,
+    quiet_s: float,
     claim_idle_ms: int | None,
 ) -> WorkerStats:
     from runwire.bus import open_bus
@@ -103,5 +109,5 @@ async def _run(
     async with open_bus(bus_url) as bus, open_store(store_url) as store:
         return await run_worker(
             bus, store, group=group, name=name, stop=stop, burst=burst,
-            silence_s=silence_s, claim_idle_ms=claim_idle_ms,
+            silence_s=silence_s, quiet_s=quiet_s, claim_idle_ms=claim_idle_ms,
         )
