@@ -30,6 +30,15 @@ Scenarios so far:
   (``/readyz``; a resume the hot tier covers). Recovery: from PostgreSQL back to the workers'
   ``resumed after`` lines and to every run ended; then the replay log and a resuming client are
   tallied.
+* ``net-latency``, ``net-loss``, ``net-partition`` — the network between the workers and Redis
+  (``tests/workers/netns.py``): +200 ms each way for every worker (a TCP proxy), 5 % of the
+  proxy's chunks held a retransmission (200 ms) longer (this kernel has no ``sch_netem``: no
+  packet is really dropped), or worker 0 run in a network namespace whose veth is taken down
+  for 10 s ``--restart-after`` seconds after the first write while the other worker is fine
+  (bus ``lease_ms=3000&claim_idle_ms=6000``; needs root). Besides the tally: publish→log
+  latency of probe runs published every 0.25 s (p50, p99, max; during the cut), and the
+  takeovers the worker logs show (``lost the leases``, ``owns shards``, seconds after the cut
+  or the heal).
 """
 
 from __future__ import annotations
@@ -713,12 +722,221 @@ def postgres_outage(down_s: float) -> Callable[[argparse.Namespace], dict[str, A
     return scenario
 
 
+class LatencyProbe:
+    """Publish→replay-log latency, measured while a scenario runs: every ``every`` seconds a
+    run of its own (``probe-<k>``, one event) is published straight to Redis and the log is
+    polled until the run is in it."""
+
+    def __init__(self, url: str, db: Path, every: float = 0.25) -> None:
+        import threading
+
+        self.url, self.db, self.every = url, db, every
+        self.samples: list[tuple[float, float]] = []
+        """(wall time published, seconds until logged)."""
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=lambda: asyncio.run(self._run()), daemon=True)
+
+    def start(self) -> None:
+        self._thread.start()
+
+    def stop(self) -> list[tuple[float, float]]:
+        self._stop.set()
+        self._thread.join(180)
+        return self.samples
+
+    async def _run(self) -> None:
+        from runwire import Publisher
+
+        async with Publisher.connect(self.url, delivery_timeout=600) as pub, \
+                open_store(f"sqlite:///{self.db}") as store:
+            k = 0
+            while not self._stop.is_set():
+                run = pub.run(f"probe-{k}")
+                sent = time.time()
+                await run.emit("run.lifecycle", {"state": "running"})
+                await pub.flush()
+                for _ in range(24000):  # (at most 2 min)
+                    if await store.run(f"probe-{k}") is not None:
+                        break
+                    await asyncio.sleep(0.005)
+                self.samples.append((sent, time.time() - sent))
+                await run.finish()
+                k += 1
+                await asyncio.sleep(self.every)
+
+
+NET_PARTITION_S = 10.0
+NET_BUS_OPTIONS = "lease_ms=3000&claim_idle_ms=6000"
+"""net-partition's bus options: leases expire well inside the partition."""
+
+
+def _log_times(text: str, needle: str) -> list[float]:
+    """Wall times of the log lines (``%(asctime)s …``) that contain ``needle``."""
+    import datetime
+
+    out = []
+    for line in text.splitlines():
+        if needle in line:
+            with contextlib.suppress(ValueError):
+                stamp = datetime.datetime.strptime(line[:23], "%Y-%m-%d %H:%M:%S,%f")
+                out.append(stamp.timestamp())
+    return out
+
+
+class NetPipe(Pipe):
+    """:class:`Pipe` with the network between the workers and Redis in the way: ``latency``
+    and ``loss`` put every worker behind a :class:`DelayProxy` (``tests/workers/netns.py``:
+    +200 ms each way; 5 % of the chunks held a retransmission longer — this kernel has no
+    ``sch_netem``, so no packet is really dropped); ``partition`` runs worker 0 in a network
+    namespace of its own, joined to Redis by a veth pair that :meth:`cut` takes down, and the
+    other workers on the host. Publishers talk to Redis directly."""
+
+    def __init__(self, args: argparse.Namespace, mode: str) -> None:
+        _test_services()
+        from tests.workers.netns import DelayProxy, NetNs
+
+        self.args, self.mode = args, mode
+        self.work = Path(tempfile.mkdtemp(prefix="runwire-fault-"))
+        self.port = free_port()
+        self.ns: Any = None
+        self.proxy: Any = None
+        binds = ["127.0.0.1"]
+        if mode == "partition":
+            self.ns = NetNs().__enter__()
+            binds.append(self.ns.host_ip)
+        self.redis_args = ("--appendonly", "no", "--protected-mode", "no", "--bind", *binds)
+        self.redis = start_redis(self.port, self.work, *self.redis_args)
+        self.url = f"redis://127.0.0.1:{self.port}/0"
+        self.db = self.work / "replay.db"
+        self.log = self.db
+        self.store = f"sqlite:///{self.db}"
+        if mode != "partition":
+            self.proxy = DelayProxy(self.port, delay_s=0.2 if mode == "latency" else 0.0,
+                                    stall_p=0.05 if mode == "loss" else 0.0, stall_s=0.2).__enter__()
+        self.workers = []
+        for n in range(args.workers):
+            command = [*RUNWIRE, "worker", "--store", self.store, "--name", f"w{n}", "--data-dir",
+                       str(self.work), "--bus"]
+            if self.proxy is not None:
+                command.append(f"redis://127.0.0.1:{self.proxy.port}/0")
+            elif n == 0:
+                command = self.ns.command(*command, f"redis://{self.ns.host_ip}:{self.port}/0?{NET_BUS_OPTIONS}")
+            else:
+                command.append(f"{self.url}?{NET_BUS_OPTIONS}")
+            self.workers.append(subprocess.Popen(command, cwd=self.work, stdout=subprocess.DEVNULL,
+                                                 stderr=open(self.work / f"worker{n}.log", "w")))
+        self.publishing_at_restart = 0
+        self.share = args.runs // args.publishers
+        self.total = self.share * args.publishers
+        self.started = time.monotonic()
+        self.publishers = [subprocess.Popen(
+            [sys.executable, "-c", PUBLISHER, self.url, str(p * self.share), str(self.share), str(args.deltas),
+             str(args.round_pause)],
+            cwd=self.work, stderr=open(self.work / f"publisher{p}.log", "w")) for p in range(args.publishers)]
+        self.probe = LatencyProbe(self.url, self.db)
+
+    def wait_writing(self, timeout: float = 120) -> None:
+        async def written() -> bool:
+            async with open_store(self.store) as store:
+                return bool(await store.runs(limit=1))
+
+        deadline = time.monotonic() + timeout
+        while not (self.db.exists() and asyncio.run(written())):
+            if time.monotonic() > deadline:
+                raise RuntimeError(f"the workers wrote nothing in {timeout}s (see {self.work})")
+            time.sleep(0.2)
+
+    def close(self) -> None:
+        with contextlib.suppress(Exception):
+            self.probe.stop()
+        super().close()
+        if self.proxy is not None:
+            self.proxy.__exit__(None, None, None)
+        if self.ns is not None:
+            self.ns.close()
+
+
+def net_fault(mode: str) -> Callable[[argparse.Namespace], dict[str, Any]]:
+    """The network between the workers and Redis: ``latency`` (+200 ms each way for every
+    worker, the whole run), ``loss`` (5 % of the chunks held a retransmission, 200 ms, longer),
+    ``partition`` (worker 0 cut off from Redis for 10 s, ``--restart-after`` seconds after the
+    workers' first write, the other workers fine; bus ``lease_ms=3000&claim_idle_ms=6000``).
+    Besides the tally: publish→log latency of probe runs (p50/p99/max, and during the cut), the
+    time the publishers took and the takeovers the worker logs show."""
+
+    def scenario(args: argparse.Namespace) -> dict[str, Any]:
+        pipe = NetPipe(args, mode)
+        try:
+            pipe.wait_writing()
+            pipe.probe.start()
+            extra: dict[str, Any] = {}
+            since = time.monotonic()
+            if mode == "partition":
+                def logged(n: int, needle: str, after: float, within: float = 60) -> None:
+                    deadline = time.monotonic() + within
+                    while not [t for t in _log_times((pipe.work / f"worker{n}.log").read_text(), needle)
+                               if t > after] and time.monotonic() < deadline:
+                        time.sleep(0.1)
+
+                for n in range(args.workers):
+                    logged(n, "owns shards", 0.0)
+                time.sleep(args.restart_after)
+                pipe.publishing_at_restart = sum(p.poll() is None for p in pipe.publishers)
+                cut = time.time()
+                pipe.ns.cut()
+                time.sleep(NET_PARTITION_S)
+                pipe.ns.heal()
+                healed = time.time()
+                since = time.monotonic()
+                logged(0, "owns shards", healed)  # (the cut-off worker takes its share back)
+                extra = {"cut_s": round(healed - cut, 1), "cut_wall": cut, "healed_wall": healed,
+                         "publishers_running_at_heal": sum(p.poll() is None for p in pipe.publishers)}
+            codes_wait = [p.wait(timeout=900) for p in pipe.publishers]
+            publish_s = time.monotonic() - pipe.started
+            samples = pipe.probe.stop()
+            row = pipe.finish(f"net-{mode}", since)
+            row["publishers_exit"] = codes_wait
+            waits = [s for _, s in samples]
+            row |= {"publish_s": round(publish_s, 1), "probes": len(waits),
+                    "probe_p50_ms": round(_percentile(waits, 0.5) * 1000),
+                    "probe_p99_ms": round(_percentile(waits, 0.99) * 1000),
+                    "probe_max_ms": round(max(waits, default=float("nan")) * 1000)}
+            logs = {n: (pipe.work / f"worker{n}.log").read_text() for n in range(args.workers)}
+            row["worker_tracebacks"] = sum(text.count("Traceback") for text in logs.values())
+            if pipe.proxy is not None:
+                row |= {"proxy_chunks": pipe.proxy.chunks, "proxy_stalls": pipe.proxy.stalls}
+            if mode == "partition":
+                cut, healed = extra.pop("cut_wall"), extra.pop("healed_wall")
+                def after(n: int, needle: str, since: float) -> list[float]:
+                    return [round(t - since, 1) for t in _log_times(logs[n], needle) if t > since]
+
+                during = [s for sent, s in samples if cut <= sent <= healed]
+                row["probe_after_heal_max_ms"] = round(max((s for sent, s in samples if sent > healed),
+                                                           default=float("nan")) * 1000)
+                row |= {"w0_lost_shards_s_after_cut": after(0, "lost shards", cut),
+                        "w1_owns_shards_s_after_cut": after(1, "owns shards", cut),
+                        "w0_owns_shards_s_after_heal": after(0, "owns shards", healed),
+                        "w1_lost_shards_s_after_heal": after(1, "lost shards", healed),
+                        "w0_log_lines": [line[:200] for line in logs[0].splitlines()
+                                         if " WARNING " in line or " ERROR " in line or "owns" in line][:12],
+                        "probe_during_cut_max_ms": round(max(during, default=float("nan")) * 1000)}
+            row |= extra
+            return row
+        finally:
+            pipe.close()
+
+    return scenario
+
+
 SCENARIOS = {"redis-maxmemory": redis_maxmemory, "redis-restart-aof": redis_restart("aof"),
              "redis-restart-none": redis_restart("none")}
 SCENARIOS["kafka-restart"] = kafka_restart
 SCENARIOS["edge-kill"] = edge_kill
 SCENARIOS["postgres-restart"] = postgres_outage(2.0)
 SCENARIOS["postgres-down-30s"] = postgres_outage(30.0)
+SCENARIOS["net-latency"] = net_fault("latency")
+SCENARIOS["net-loss"] = net_fault("loss")
+SCENARIOS["net-partition"] = net_fault("partition")
 
 
 def main() -> None:

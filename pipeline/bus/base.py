@@ -191,6 +191,12 @@ class Consumer(AsyncResource):
     """How often the consumer found the bus had lost its state (Redis restarted without
     persistence or flushed: the group was gone) — its checkpoints and delivery streams too."""
 
+    shard_losses: int = 0
+    """How often shards left :meth:`owned_shards` (a lease expired, e.g. while the network to
+    the bus was cut, or a rebalance gave them away). A shard lost and taken back between two
+    looks at :meth:`owned_shards` was another member's meanwhile: what a worker holds in
+    memory for it may be behind what that member wrote."""
+
     @abstractmethod
     async def close(self) -> None:
         """Leave the group; unacked entries stay pending for a successor."""

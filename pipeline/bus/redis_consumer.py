@@ -136,6 +136,7 @@ class RedisConsumer(Consumer):
                             sorted(lost))
                 self._owned -= lost
                 self._clear -= lost
+                self.shard_losses += 1
 
     async def _check_life(self) -> None:
         """Count a loss of Redis's state (:attr:`state_losses`) the group's life marker shows:
@@ -159,6 +160,8 @@ class RedisConsumer(Consumer):
             return
         self._next_rebalance = now + self.lease_ms / 3000
         owned = await self._membership("rebalance")
+        if self._owned - owned:
+            self.shard_losses += 1
         self._clear &= owned
         self._own_pending_done &= owned
         self._own_pending_cursor = {s: c for s, c in self._own_pending_cursor.items() if s in owned}

@@ -9,7 +9,7 @@ from __future__ import annotations
 _APPEND_ONE = """
 -- Append one stream's entries. stream, meta, control: its keys; keep: seqs kept
 -- (MINID ~ <last seq - keep + 1>); ttl, grace: ms; state: the writer state to store, or
--- false; ends: these events hold the run's own terminal event: from then on the stream,
+-- false (not stored when every event given is older than the stream's last); ends: these events hold the run's own terminal event: from then on the stream,
 -- its meta hash and the control stream live only the grace after each append (a worker
 -- that later finds no writer state asks the replay log whether the run ended: see
 -- Stages._load_state); ARGV[from..to]: pairs,
@@ -57,10 +57,11 @@ local function append_one(stream, meta, control, keep, ttl, grace, state, ends, 
     local top = redis.call('XREVRANGE', stream, '+', '-', 'COUNT', 1)
     last = top[1] and tonumber(string.match(top[1][1], '^(%d+)')) or 0
   end
-  local n = 0
+  local n, top = 0, nil
   for i = from, to, 2 do
     local spec, blob = ARGV[i], ARGV[i + 1]
     local _, final = parse(spec)
+    if blob ~= '' then top = math.max(top or 0, final) end
     if blob ~= '' and final > last then
       local rest, part, count = above_seq(spec, blob, last)
       redis.call('XADD', stream, 'MINID', '~', math.max(0, final - keep + 1),
@@ -73,7 +74,9 @@ local function append_one(stream, meta, control, keep, ttl, grace, state, ends, 
     redis.call('HSET', meta, 'last', last, 'state', state)
   elseif n > 0 then
     redis.call('HSET', meta, 'last', last)
-  elseif state then
+  elseif state and (top == nil or top >= last) then
+    -- (events all older than the stream's last one: a late write of a writer that lost the
+    -- stream, its lease expired while the write was held up; its state is older too)
     redis.call('HSET', meta, 'state', state)
   end
   local ended = ends or got[2] ~= false

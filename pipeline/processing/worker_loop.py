@@ -51,6 +51,7 @@ class ConsumerLoop:
         self.stages = stages
         self._owned: frozenset[int] = frozenset()
         self._state_losses = 0
+        self._shard_losses = 0
         self._writes: list[_Write] = []
         """Writes in flight, oldest first (at most two: one in its views, one in its log)."""
         self._pending: dict[str, StreamOutput] = {}
@@ -261,6 +262,11 @@ class ConsumerLoop:
     async def _check_ownership(self) -> None:
         owned = self.consumer.owned_shards()
         lost = self._owned - owned
+        if self.consumer.shard_losses != self._shard_losses:
+            # shards left since the last look, maybe taken back already (a network cut longer than
+            # lease_ms): another member had them meanwhile and may have written past this memory
+            lost = self._owned
+            self._shard_losses = self.consumer.shard_losses
         if self.consumer.state_losses != self._state_losses:
             # the bus lost its delivery streams and checkpoints: each run held here is reloaded when
             # next met, from the replay log's checkpoint, its views dropped and rebuilt from the log
@@ -272,7 +278,7 @@ class ConsumerLoop:
             await self._flush()
             log.info("%s lost shards %s; dropping in-memory state", self.consumer.name, sorted(lost))
             self.stages.processor.forget_all()
-        if owned - self._owned:
+        if owned - (self._owned - lost):
             log.info("%s owns shards %s", self.consumer.name, sorted(owned))
         self._owned = owned
         self._state_losses = self.consumer.state_losses
