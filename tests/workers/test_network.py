@@ -32,8 +32,6 @@ from tests.waiting import until
 from tests.workers.checks import assert_delivered_exactly_once, run_tree
 from tests.workers.netns import HINT, NetNs
 
-pytestmark = pytest.mark.slow
-
 WORKER = [sys.executable, "-c", "from runwire.workers.cli import main; main()", "worker"]
 OPTIONS = "shards=4&lease_ms=1500&claim_idle_ms=3000&prefix=net"
 
@@ -97,6 +95,7 @@ def bus_url(netns: NetNs, redis: RedisServer, worker: int) -> str:
     return f"redis://{host}:{redis.port}/0?{OPTIONS}"
 
 
+@pytest.mark.slow
 async def test_a_worker_cut_off_from_redis_longer_than_its_lease_loses_nothing(
     netns: NetNs, redis_on_both: RedisServer, workers: list[subprocess.Popen[bytes]], tmp_path: Path
 ) -> None:
