@@ -30,6 +30,8 @@ Scenarios so far:
   (``/readyz``; a resume the hot tier covers). Recovery: from PostgreSQL back to the workers'
   ``resumed after`` lines and to every run ended; then the replay log and a resuming client are
   tallied.
+* ``sqlite-disk-full`` — the SQLite replay log's filesystem (a 2 MiB tmpfs; mounting needs root)
+  filled up ``--restart-after`` seconds in and given room ``--full-s`` seconds later.
 * ``net-latency``, ``net-loss``, ``net-partition`` — the network between the workers and Redis
   (``tests/workers/netns.py``): +200 ms each way for every worker (a TCP proxy), 5 % of the
   proxy's chunks held a retransmission (200 ms) longer (this kernel has no ``sch_netem``: no
@@ -51,6 +53,7 @@ import os
 import shutil
 import signal
 import socket
+import sqlite3
 import subprocess
 import sys
 import tempfile
@@ -237,6 +240,42 @@ def redis_restart(persistence: str) -> Callable[[argparse.Namespace], dict[str, 
             pipe.close()
 
     return scenario
+
+
+def sqlite_disk_full(args: argparse.Namespace) -> dict[str, Any]:
+    """The SQLite replay log on a tmpfs of 2 MiB (``mount``: root), filled up ``--restart-after``
+    seconds in (32 KiB left), remounted at 256 MiB ``--full-s`` seconds later."""
+    work = Path(tempfile.mkdtemp(prefix="runwire-tinyfs-"))
+    subprocess.run(["mount", "-t", "tmpfs", "-o", "size=2m", "tmpfs", str(work)], check=True)
+    try:
+        pipe = Pipe(args, "--appendonly", "no", store_url=f"sqlite:///{work}/replay.db")
+        try:
+            time.sleep(args.restart_after)
+            fill_up(work / "filler", leave=32 * 1024)
+            time.sleep(args.full_s)
+            subprocess.run(["mount", "-o", "remount,size=256m", "tmpfs", str(work)], check=True)
+            row = pipe.finish("sqlite-disk-full", time.monotonic())
+            with sqlite3.connect(work / "replay.db") as conn:
+                row["integrity_check"] = conn.execute("PRAGMA integrity_check").fetchone()[0]
+            return row
+        finally:
+            pipe.close()
+    finally:
+        subprocess.run(["umount", "-l", str(work)], check=False)
+        shutil.rmtree(work, ignore_errors=True)
+
+
+def fill_up(path: Path, *, leave: int) -> None:
+    """Fill the filesystem of ``path`` up, then give back ``leave`` bytes."""
+    with path.open("wb", buffering=0) as out:
+        try:
+            while True:
+                out.write(b"\0" * 4096)
+        except OSError:
+            pass
+    size = path.stat().st_size
+    with path.open("r+b") as out:
+        out.truncate(max(0, size - leave))
 
 
 def _test_services() -> Any:
@@ -937,6 +976,7 @@ SCENARIOS["postgres-down-30s"] = postgres_outage(30.0)
 SCENARIOS["net-latency"] = net_fault("latency")
 SCENARIOS["net-loss"] = net_fault("loss")
 SCENARIOS["net-partition"] = net_fault("partition")
+SCENARIOS["sqlite-disk-full"] = sqlite_disk_full
 
 
 def main() -> None:
