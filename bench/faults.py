@@ -30,6 +30,8 @@ Scenarios so far:
   (``/readyz``; a resume the hot tier covers). Recovery: from PostgreSQL back to the workers'
   ``resumed after`` lines and to every run ended; then the replay log and a resuming client are
   tallied.
+* ``clock-skew`` — publishers whose clocks are 5 minutes ahead and behind the workers'; adds the
+  shaped views' R1 and whether each shaped view's text is its raw text.
 * ``sqlite-disk-full`` — the SQLite replay log's filesystem (a 2 MiB tmpfs; mounting needs root)
   filled up ``--restart-after`` seconds in and given room ``--full-s`` seconds later.
 * ``net-latency``, ``net-loss``, ``net-partition`` — the network between the workers and Redis
@@ -58,7 +60,7 @@ import subprocess
 import sys
 import tempfile
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -72,7 +74,10 @@ from runwire.store import open_store  # noqa: E402 - the tree import_code() name
 RUNWIRE = [sys.executable, "-c", "from runwire.workers.cli import main; main()"]
 
 PUBLISHER = r'''
-import asyncio, sys
+import asyncio, sys, time
+if len(sys.argv) > 6:  # this publisher's clock is off by that many seconds
+    _real_time, _skew = time.time, float(sys.argv[6])
+    time.time = lambda: _real_time() + _skew
 from runwire import Publisher
 
 async def main(url: str, first: int, count: int, deltas: int, pause: float) -> None:
@@ -130,6 +135,16 @@ def tally(db: Path | str, runs: int, deltas: int) -> dict[str, int]:
     return {"missing": missing, "doubled": doubled, "runs_out_of_order": disordered}
 
 
+def start_publishers(url: str, work: Path, args: argparse.Namespace, share: int,
+                     skews: Sequence[float] = ()) -> list[subprocess.Popen[bytes]]:
+    """``--publishers`` SDK publisher processes, ``share`` runs each (``skews``: their clocks' offsets
+    in seconds, in turn), their stderr in ``work/publisher<n>.log``."""
+    return [subprocess.Popen(
+        [sys.executable, "-c", PUBLISHER, url, str(p * share), str(share), str(args.deltas), str(args.round_pause),
+         *([str(skews[p % len(skews)])] if skews else [])],
+        cwd=work, stderr=open(work / f"publisher{p}.log", "w")) for p in range(args.publishers)]
+
+
 def start_redis(port: int, work: Path, *extra: str) -> subprocess.Popen[bytes]:
     proc = subprocess.Popen(["redis-server", "--port", str(port), "--bind", "127.0.0.1", "--save", "",
                              "--dir", str(work), *extra], stdout=subprocess.DEVNULL)
@@ -146,7 +161,8 @@ class Pipe:
     """One Redis, ``--workers`` workers and ``--publishers`` publishers on a scratch directory; the
     replay log a SQLite file there, or ``store_url``."""
 
-    def __init__(self, args: argparse.Namespace, *redis_args: str, store_url: str | None = None) -> None:
+    def __init__(self, args: argparse.Namespace, *redis_args: str, store_url: str | None = None,
+                 skews: Sequence[float] = ()) -> None:
         self.args = args
         self.work = Path(tempfile.mkdtemp(prefix="runwire-fault-"))
         self.port = free_port()
@@ -164,10 +180,7 @@ class Pipe:
         self.publishing_at_restart = 0
         self.share = args.runs // args.publishers
         self.total = self.share * args.publishers
-        self.publishers = [subprocess.Popen(
-            [sys.executable, "-c", PUBLISHER, self.url, str(p * self.share), str(self.share), str(args.deltas),
-             str(args.round_pause)],
-            cwd=self.work, stderr=open(self.work / f"publisher{p}.log", "w")) for p in range(args.publishers)]
+        self.publishers = start_publishers(self.url, self.work, args, self.share, skews)
 
     def restart_redis(self, down_s: float) -> None:
         """SIGKILL Redis (no shutdown save) and start it again on the same port after ``down_s``."""
@@ -240,6 +253,42 @@ def redis_restart(persistence: str) -> Callable[[argparse.Namespace], dict[str, 
             pipe.close()
 
     return scenario
+
+
+def clock_skew(args: argparse.Namespace) -> dict[str, Any]:
+    """Publishers whose clocks are 5 minutes ahead and behind the workers' (every other one):
+    the row adds the shaped views' R1 (most shaped deltas of a run in one second of event time)
+    and how long a run's last words took to be shaped after its last delta was published."""
+    pipe = Pipe(args, "--appendonly", "no", skews=(300.0, -300.0))
+    try:
+        row = pipe.finish("clock-skew", time.monotonic())
+        row |= shaped_r1(pipe.url, pipe.total)
+        return row
+    finally:
+        pipe.close()
+
+
+def shaped_r1(url: str, runs: int) -> dict[str, Any]:
+    """The shaped views of the runs: the most shaped text deltas in one second of event time
+    (Koder agent stream §4 R1: at most 10), and whether every view's text is its raw text."""
+    from runwire.bus import open_bus
+
+    async def read() -> dict[str, Any]:
+        worst, whole = 0, 0
+        async with open_bus(url) as bus:
+            for index in range(runs):
+                raw = await bus.read((f"fault-{index}", "raw"), 0, limit=100_000)
+                shaped = await bus.read((f"fault-{index}", "shaped"), 0, limit=100_000)
+                per_second: dict[str, int] = {}
+                for event in shaped:
+                    if event.type == "text.delta":
+                        per_second[event.ts[:19]] = per_second.get(event.ts[:19], 0) + 1
+                worst = max([worst, *per_second.values()])
+                text = "".join(e.payload.text for e in raw if e.type == "text.delta")  # type: ignore[attr-defined]
+                whole += text == "".join(e.payload.text for e in shaped if e.type == "text.delta")  # type: ignore[attr-defined]
+        return {"shaped_deltas_per_second_max": worst, "shaped_views_whole": whole}
+
+    return asyncio.run(read())
 
 
 def sqlite_disk_full(args: argparse.Namespace) -> dict[str, Any]:
@@ -346,10 +395,7 @@ class KafkaPipe:
             stderr=open(self.work / f"worker{n}.log", "w")) for n in range(args.workers)]
         self.share = args.runs // args.publishers
         self.total = self.share * args.publishers
-        self.publishers = [subprocess.Popen(
-            [sys.executable, "-c", PUBLISHER, self.url, str(p * self.share), str(self.share), str(args.deltas),
-             str(args.round_pause)], cwd=self.work, stderr=open(self.work / f"publisher{p}.log", "w"))
-            for p in range(args.publishers)]
+        self.publishers = start_publishers(self.url, self.work, args, self.share)
         self.publishing_at_restart = 0
 
     def wait_writing(self, timeout: float = 120) -> None:
@@ -868,10 +914,7 @@ class NetPipe(Pipe):
         self.share = args.runs // args.publishers
         self.total = self.share * args.publishers
         self.started = time.monotonic()
-        self.publishers = [subprocess.Popen(
-            [sys.executable, "-c", PUBLISHER, self.url, str(p * self.share), str(self.share), str(args.deltas),
-             str(args.round_pause)],
-            cwd=self.work, stderr=open(self.work / f"publisher{p}.log", "w")) for p in range(args.publishers)]
+        self.publishers = start_publishers(self.url, self.work, args, self.share)
         self.probe = LatencyProbe(self.url, self.db)
 
     def wait_writing(self, timeout: float = 120) -> None:
@@ -977,6 +1020,7 @@ SCENARIOS["net-latency"] = net_fault("latency")
 SCENARIOS["net-loss"] = net_fault("loss")
 SCENARIOS["net-partition"] = net_fault("partition")
 SCENARIOS["sqlite-disk-full"] = sqlite_disk_full
+SCENARIOS["clock-skew"] = clock_skew
 
 
 def main() -> None:
