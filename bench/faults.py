@@ -145,6 +145,26 @@ def start_publishers(url: str, work: Path, args: argparse.Namespace, share: int,
         cwd=work, stderr=open(work / f"publisher{p}.log", "w")) for p in range(args.publishers)]
 
 
+def stop_processes(procs: Sequence[subprocess.Popen[bytes]]) -> None:
+    """SIGTERM every process still running, then wait for each (30 s, then SIGKILL)."""
+    for proc in procs:
+        if proc.poll() is None:
+            proc.send_signal(signal.SIGTERM)
+    for proc in procs:
+        try:
+            proc.wait(30)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+
+
+def leave(work: Path, *, keep: bool) -> None:
+    """Remove a scenario's directory, or say where it is kept (``--keep``)."""
+    if keep:
+        print(f"kept {work}", file=sys.stderr)
+    else:
+        shutil.rmtree(work, ignore_errors=True)
+
+
 def start_redis(port: int, work: Path, *extra: str) -> subprocess.Popen[bytes]:
     proc = subprocess.Popen(["redis-server", "--port", str(port), "--bind", "127.0.0.1", "--save", "",
                              "--dir", str(work), *extra], stdout=subprocess.DEVNULL)
@@ -212,20 +232,10 @@ class Pipe:
                 "workers_alive": sum(p.poll() is None for p in self.workers)}
 
     def close(self) -> None:
-        for proc in self.workers + self.publishers:
-            if proc.poll() is None:
-                proc.send_signal(signal.SIGTERM)
-        for proc in self.workers + self.publishers:
-            try:
-                proc.wait(30)
-            except subprocess.TimeoutExpired:
-                proc.kill()
+        stop_processes(self.workers + self.publishers)
         self.redis.kill()
         self.redis.wait()
-        if self.args.keep:
-            print(f"kept {self.work}", file=sys.stderr)
-        else:
-            shutil.rmtree(self.work, ignore_errors=True)
+        leave(self.work, keep=self.args.keep)
 
 
 def redis_maxmemory(args: argparse.Namespace) -> dict[str, Any]:
@@ -300,7 +310,7 @@ def sqlite_disk_full(args: argparse.Namespace) -> dict[str, Any]:
         pipe = Pipe(args, "--appendonly", "no", store_url=f"sqlite:///{work}/replay.db")
         try:
             time.sleep(args.restart_after)
-            fill_up(work / "filler", leave=32 * 1024)
+            _test_services().fill_filesystem(work / "filler", leave=32 * 1024)
             time.sleep(args.full_s)
             subprocess.run(["mount", "-o", "remount,size=256m", "tmpfs", str(work)], check=True)
             row = pipe.finish("sqlite-disk-full", time.monotonic())
@@ -312,19 +322,6 @@ def sqlite_disk_full(args: argparse.Namespace) -> dict[str, Any]:
     finally:
         subprocess.run(["umount", "-l", str(work)], check=False)
         shutil.rmtree(work, ignore_errors=True)
-
-
-def fill_up(path: Path, *, leave: int) -> None:
-    """Fill the filesystem of ``path`` up, then give back ``leave`` bytes."""
-    with path.open("wb", buffering=0) as out:
-        try:
-            while True:
-                out.write(b"\0" * 4096)
-        except OSError:
-            pass
-    size = path.stat().st_size
-    with path.open("r+b") as out:
-        out.truncate(max(0, size - leave))
 
 
 def _test_services() -> Any:
@@ -439,23 +436,13 @@ class KafkaPipe:
                 "publishers_running_at_restart": self.publishing_at_restart, "workers_alive": alive}
 
     def close(self) -> None:
-        for proc in self.workers + self.publishers:
-            if proc.poll() is None:
-                proc.send_signal(signal.SIGTERM)
-        for proc in self.workers + self.publishers:
-            try:
-                proc.wait(30)
-            except subprocess.TimeoutExpired:
-                proc.kill()
+        stop_processes(self.workers + self.publishers)
         if self.args.keep:
             for name in ("tansu.log", "moto.log"):
                 with contextlib.suppress(OSError):
                     shutil.copy(self.broker.dir / name, self.work / name)
         self.broker.close()
-        if self.args.keep:
-            print(f"kept {self.work}", file=sys.stderr)
-        else:
-            shutil.rmtree(self.work, ignore_errors=True)
+        leave(self.work, keep=self.args.keep)
 
 
 def kafka_restart(args: argparse.Namespace) -> dict[str, Any]:
@@ -573,10 +560,7 @@ class EdgeKillPipe:
                 proc.wait()
         self.redis.kill()
         self.redis.wait()
-        if self.args.keep:
-            print(f"kept {self.work}", file=sys.stderr)
-        else:
-            shutil.rmtree(self.work, ignore_errors=True)
+        leave(self.work, keep=self.args.keep)
 
 
 def _percentile(values: list[float], q: float) -> float:

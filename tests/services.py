@@ -384,3 +384,16 @@ def provide(kind: str, env: str, factory: type) -> Iterator[str]:
         yield server.url
     finally:
         server.close()
+
+
+def fill_filesystem(path: Path, *, leave: int) -> None:
+    """Fill the filesystem of ``path`` up with that file, then give back ``leave`` bytes."""
+    with path.open("wb", buffering=0) as out:
+        try:
+            while True:
+                out.write(b"\0" * 4096)
+        except OSError:
+            pass
+    size = path.stat().st_size
+    with path.open("r+b") as out:
+        out.truncate(max(0, size - leave))

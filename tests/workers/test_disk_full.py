@@ -21,7 +21,7 @@ import pytest
 from runwire.bus import open_bus
 from runwire.store import open_store
 from runwire.workers.runtime import run_worker
-from tests.services import RedisServer
+from tests.services import RedisServer, fill_filesystem
 from tests.waiting import until
 from tests.workers.checks import assert_delivered_exactly_once, run_tree
 
@@ -42,19 +42,6 @@ def tiny_fs(tmp_path: Path) -> Iterator[Path]:
         subprocess.run(["umount", "-l", str(where)], check=False)
 
 
-def fill(path: Path, *, leave: int) -> None:
-    """Fill the filesystem of ``path`` up, then give back ``leave`` bytes."""
-    with path.open("wb", buffering=0) as out:
-        try:
-            while True:
-                out.write(b"\0" * 4096)
-        except OSError:
-            pass
-    size = path.stat().st_size
-    with path.open("r+b") as out:
-        out.truncate(max(0, size - leave))
-
-
 async def test_a_full_disk_pauses_the_worker_and_everything_drains_once_after(
     own_redis: RedisServer, tiny_fs: Path, caplog: pytest.LogCaptureFixture
 ) -> None:
@@ -66,7 +53,7 @@ async def test_a_full_disk_pauses_the_worker_and_everything_drains_once_after(
     async with open_bus(url) as bus, open_store(f"sqlite:///{db}") as store:
         stop = asyncio.Event()
         worker = asyncio.create_task(run_worker(bus, store, group="g", name="w1", stop=stop))
-        fill(tiny_fs / "filler", leave=32 * 1024)
+        fill_filesystem(tiny_fs / "filler", leave=32 * 1024)
         await bus.publish(events)
         await until(lambda: any("paused: store unavailable" in r.getMessage() and "disk is full" in r.getMessage()
                                 for r in caplog.records), within=30, what="the worker pauses: disk full")
