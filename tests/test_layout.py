@@ -205,7 +205,7 @@ def test_the_cycle_check_finds_a_cycle_hidden_in_a_function() -> None:
 
 # ---- folders and layers ---------------------------------------------------------------------------
 
-LAYERS = {"core": 0, "protocols": 1, "bus": 1, "store": 1, "processing": 2, "sdk": 3, "jobs": 4,
+LAYERS = {"core": 0, "protocols": 1, "bus": 1, "store": 1, "processing": 2, "webhooks": 2, "sdk": 3, "jobs": 4,
           "integrations": 5, "edge": 5,
           "workers": 6}
 """The folders of ``runwire``, bottom to top: a module imports from its own folder and lower layers."""

@@ -29,6 +29,7 @@ COMMANDS: dict[str, str] = {
     "replay": "runwire.workers.commands.replay:replay",
     "up": "runwire.workers.commands.up:up",
     "config": "runwire.workers.commands.config:config",
+    "webhooks": "runwire.workers.commands.webhooks:webhooks",
 }
 
 CONFIG_PATH_KEY = "runwire.config_path"

@@ -34,6 +34,10 @@ CONTROL_BYTES: Final = 64 * 1024
 TOOL_VALUE_BYTES: Final = 256 * 1024
 """Largest tool input, output or error a framework integration publishes whole; a larger one
 is cut to this many bytes of its JSON and marked (``runwire.integrations.values``)."""
+WEBHOOKS_PER_TENANT: Final = 100
+"""Most webhooks one tenant (or, without auth, the whole edge) may have at once."""
+WEBHOOK_BODY_BYTES: Final = 16 * 1024
+"""Largest ``POST /v1/webhooks`` body."""
 HEADER_CHARS: Final = ID_CHARS
 """Longest value of a header that names something (``Thread-Id``, ``Producer-Id``)."""
 

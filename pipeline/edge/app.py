@@ -11,6 +11,7 @@ Endpoints (``docs/edge.md`` has the full table):
 ``GET  /v1/threads/{thread_id}/stream``         a thread's active run for AI SDK resume (or 204)
 ``WS   /v1/threads``                            AI SDK ``WebSocketChatTransport`` (send/resume/abort)
 ``GET  /v1/runs/{run_id}/events.jsonl``         export (``?format=``)
+``/v1/webhooks``                                a tenant's webhooks (``edge/webhooks.py``)
 ``GET  /healthz`` · ``/readyz`` · ``/metrics``  operations
 ``GET  /`` · ``/runs/{run_id}``                 the live page
 =============================================  ==========================================
@@ -70,6 +71,7 @@ from .transports import (
     serve_http_stream,
     serve_websocket,
 )
+from .webhooks import webhook_routes
 
 log = logging.getLogger(__name__)
 STATIC = Path(__file__).parent / "static"
@@ -406,6 +408,7 @@ def create_app(bus: Bus, store: ReplayLog, settings: EdgeSettings | None = None)
         Route("/v1/ds/runs/{run_id}", DurableRead(edge, authorize_stream), methods=["GET", "HEAD"]),
         Route("/v1/ds/runs/{run_id}", DurableWrite(edge).endpoint, methods=["PUT", "POST"]),
         WebSocketRoute("/v1/threads", chat_endpoint(edge)),
+        *webhook_routes(edge),
         *ops_routes(edge),
         *page_routes(edge),
     ]

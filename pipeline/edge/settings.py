@@ -57,5 +57,8 @@ class EdgeSettings(msgspec.Struct, kw_only=True, forbid_unknown_fields=True, fro
     after the lookup began, so the time it takes doesn't tell the two apart."""
     write_timeout_s: float = 2.0
     """How long a final error frame may take to reach a client before the connection is closed."""
+    webhooks_allow_private: bool = False
+    """Let webhooks point at loopback and private addresses (``--webhooks-allow-private``);
+    otherwise such a URL is refused when the webhook is added."""
     default_detail: str = "shaped"
     """``detail`` when the client does not ask (``shaped``: Koder agent stream §4 R1)."""

@@ -23,6 +23,7 @@ from ..core import envelope
 from ..core.envelope import Event
 from ..core.errors import UnknownRun
 from ..core.lifecycle import ConnectedResource
+from .outbox import Outbox
 from .producers import Reservation
 from .retention import RetentionPolicy, split_retention, utc_now
 
@@ -117,6 +118,11 @@ class ReplayLog(ConnectedResource):
     @abstractmethod
     def _locate(self, location: str) -> None:
         """Set up for ``location``: the URL without its retention parameters (nothing opens yet)."""
+
+    @abstractmethod
+    def outbox(self) -> Outbox:
+        """The deliveries kept in this log's store: webhooks, their run notices, signed HTTP
+        deliveries queued until a receiver took them (:mod:`.outbox`)."""
 
     @abstractmethod
     async def append(self, events: Sequence[Event]) -> int:

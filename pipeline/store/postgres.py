@@ -38,6 +38,8 @@ from ..core import envelope
 from ..core.envelope import Event
 from ..core.errors import StoreError, StoreUnavailable
 from .base import LoggedRun, LogStream, ReplayLog, RunInfo, RunOwner, SweepResult, stream_checkpoint
+from .outbox import INSERT_NOTICE, POSTGRES, Outbox, ddl, in_dialect, notice_rows
+from .outbox_postgres import ThreadConnection
 from .producers import ProducerState, Reservation, reserve
 from .runmeta import (
     RUN_COLUMNS,
@@ -49,7 +51,7 @@ from .runmeta import (
     with_checkpoint,
 )
 
-SCHEMA_VERSION = 3
+SCHEMA_VERSION = 4
 COPY_THRESHOLD = 256
 
 _SCHEMA = """
@@ -114,9 +116,11 @@ CREATE TABLE IF NOT EXISTS ds_producers (
 ALTER TABLE ds_producers ADD COLUMN IF NOT EXISTS last_digest text NOT NULL DEFAULT '';
 CREATE INDEX IF NOT EXISTS runs_thread ON runs (thread_id, updated_at) WHERE thread_id IS NOT NULL;
 ALTER TABLE runs ADD COLUMN IF NOT EXISTS checkpoint bytea;
-"""
+""" + ddl(POSTGRES)
 """Schema 2 added ``runs.thread_id``, schema 3 ``runs.checkpoint`` (the raw stream's checkpoint of
-record): ``ADD COLUMN IF NOT EXISTS`` migrates an older database."""
+record), schema 4 the outbox's tables (``outbox.py``): ``ADD COLUMN IF NOT EXISTS`` and ``CREATE …
+IF NOT EXISTS`` migrate an older database."""
+_INSERT_NOTICE = in_dialect(INSERT_NOTICE, "%s")
 
 _CLAIM = """
 WITH logged AS (SELECT tenant, coalesce(root_id, run_id) AS root FROM runs WHERE run_id = %(run)s),
@@ -182,6 +186,13 @@ class PostgresLog(ReplayLog):
         self.dsn = "postgresql://" + location.split("://", 1)[1]
         self._writer = _Conn(self._open_writer)
         self._reader = _Conn(self._open)
+        self._outbox: ThreadConnection | None = None
+
+    def outbox(self) -> Outbox:
+        """The outbox in this database, on a connection of its own (``outbox_postgres.py``)."""
+        if self._outbox is None:
+            self._outbox = ThreadConnection(self.dsn)
+        return Outbox(self._outbox, POSTGRES, lambda: self.clock().timestamp())
 
     # ---- plumbing ------------------------------------------------------
     async def _open(self) -> psycopg.AsyncConnection[Any]:
@@ -224,6 +235,9 @@ class PostgresLog(ReplayLog):
         await conn.execute(_STAGE)
 
     async def close(self) -> None:
+        if self._outbox is not None:
+            await self._outbox.close()
+            self._outbox = None
         for slot in (self._writer, self._reader):
             if slot.conn is not None:
                 await slot.conn.close()
@@ -290,6 +304,9 @@ class PostgresLog(ReplayLog):
                         if run_id in checkpoints:
                             with_checkpoint(delta, *checkpoints[run_id])
                         await self._merge_run(conn, delta, now)
+                        if delta.notices:
+                            async with conn.cursor() as cursor:
+                                await cursor.executemany(_INSERT_NOTICE, notice_rows(delta.notices, now.timestamp()))
             except psycopg.OperationalError as exc:
                 raise StoreUnavailable(f"PostgreSQL: {exc}") from exc
             except psycopg.Error as exc:

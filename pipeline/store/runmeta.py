@@ -19,6 +19,7 @@ import msgspec
 
 from ..core.envelope import INT64_MAX, TERMINAL_STATES, Event, Gap, RunLifecycle, Usage
 from .base import LoggedRun, RunFields, RunInfo
+from .outbox_schema import AWAITING_APPROVAL, FINISHED, Notice
 
 
 class RunDelta(RunFields, kw_only=True):
@@ -29,6 +30,9 @@ class RunDelta(RunFields, kw_only=True):
     checkpoint: bytes | None = None
     """The write's checkpoint of the run's raw stream (kept if ``last_seq`` is at or past the
     stored one; ``last_seq`` is then the write's last seq, see :func:`with_checkpoint`)."""
+    notices: tuple[Notice, ...] = ()
+    """What subscribers hear of these events: the run's end, its requests for approval
+    (stored with the events, in the same transaction: ``outbox.py``)."""
 
     @property
     def terminal(self) -> bool:
@@ -43,12 +47,29 @@ def _meter(delta: RunDelta, event: Event) -> None:
     if isinstance(event, RunLifecycle):
         if event.seq >= delta.state_seq:
             delta.state, delta.state_seq = event.payload.state, event.seq
+        if event.payload.state in _NOTIFIED:
+            delta.notices = (*delta.notices, _notice(event))
         delta.dropped = _add(delta.dropped, event.payload.dropped_count or 0)
     elif isinstance(event, Usage):
         delta.input_tokens = _add(delta.input_tokens, event.payload.input_tokens)
         delta.output_tokens = _add(delta.output_tokens, event.payload.output_tokens)
     elif isinstance(event, Gap):
         delta.dropped = _add(delta.dropped, event.payload.last - event.payload.first + 1)
+
+
+_NOTIFIED = TERMINAL_STATES | {"awaiting_approval"}
+
+
+def _notice(event: RunLifecycle) -> Notice:
+    """The notice of one of a run's own lifecycle events: its end (once per run), or a request
+    for approval (once per event)."""
+    state = event.payload.state
+    finished = state in TERMINAL_STATES
+    return Notice(
+        key=event.run_id if finished else f"{event.run_id} {event.seq}",
+        type=FINISHED if finished else AWAITING_APPROVAL, run_id=event.run_id,
+        root_id=event.root_id or event.run_id, tenant=event.tenant, state=state, seq=event.seq, ts=event.ts,
+    )
 
 
 def _add(total: int, more: int) -> int:

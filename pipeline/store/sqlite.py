@@ -40,6 +40,7 @@ from ..core.envelope import Event
 from ..core.errors import ConfigError, StoreError, StoreUnavailable
 from ..core.lines import join_lines
 from .base import LoggedRun, LogStream, ReplayLog, RunInfo, RunOwner, SweepResult, stream_checkpoint
+from .outbox import INSERT_NOTICE, SQLITE, Outbox, ddl, notice_rows
 from .producers import ProducerState, Reservation, reserve
 from .retention import RetentionPolicy
 from .runmeta import (
@@ -53,7 +54,7 @@ from .runmeta import (
     with_checkpoint,
 )
 
-SCHEMA_VERSION = 6
+SCHEMA_VERSION = 7
 
 _SEGMENTS = """
 CREATE TABLE IF NOT EXISTS segments (
@@ -142,7 +143,7 @@ CREATE TABLE IF NOT EXISTS ds_producers (
     last_digest TEXT NOT NULL DEFAULT '',
     PRIMARY KEY (run_id, producer_id)
 );
-"""
+""" + ddl(SQLITE)
 
 BUSY_TIMEOUT_S = 10.0
 """How long a statement waits for another connection's lock (opening included) before
@@ -469,8 +470,15 @@ def _from_5(conn: sqlite3.Connection) -> None:
         conn.execute("ALTER TABLE runs ADD COLUMN checkpoint BLOB")
 
 
+def _from_6(conn: sqlite3.Connection) -> None:
+    """Schema 6 → 7: the outbox's tables (run notices, webhooks, deliveries: ``outbox.py``)."""
+    for statement in ddl(SQLITE).split(";"):
+        if statement.strip():
+            conn.execute(statement)
+
+
 MIGRATIONS: dict[int, Callable[[sqlite3.Connection], None]] = {
-    1: _from_1, 2: _from_2, 3: _from_3, 4: _from_4, 5: _from_5}
+    1: _from_1, 2: _from_2, 3: _from_3, 4: _from_4, 5: _from_5, 6: _from_6}
 """The step from each old schema version to the next."""
 
 
@@ -554,6 +562,10 @@ class SQLiteLog(ReplayLog):
 
     async def ping(self) -> None:
         await self._call(lambda: self._db.execute("SELECT 1").fetchone())
+
+    def outbox(self) -> Outbox:
+        """The outbox in this file, worked on by the log's own thread and connection."""
+        return Outbox(lambda work: self._call(lambda: work(self._db)), SQLITE, lambda: _epoch(self.clock()))
 
     # ---- append --------------------------------------------------------
     async def append(self, events: Sequence[Event]) -> int:
@@ -652,6 +664,9 @@ class SQLiteLog(ReplayLog):
                           d.dropped, d.first_ts, d.last_ts, now, now, d.checkpoint,
                           now + expiry.get(d.state or "", keep[2]))
         ], tail)
+        notices = [notice for d in deltas for notice in d.notices]
+        if notices:
+            db.executemany(INSERT_NOTICE, notice_rows(notices, now))
         if self.tenant_retention:
             touched = _ids_json.encode([d.run_id for d in deltas])
             for tenant, policy in self.tenant_retention.items():

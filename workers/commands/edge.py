@@ -18,6 +18,7 @@ import click
 
 from runwire.core.redaction import redact_logs
 from runwire.workers.config import absolute_store
+from runwire.workers.deliveries import allow_private_option, deliveries
 from runwire.workers.process import tune_gc
 
 if TYPE_CHECKING:
@@ -72,6 +73,7 @@ def is_loopback(host: str) -> bool:
 @click.option("--requests-per-socket", default=8, show_default=True, type=click.IntRange(min=1),
               envvar="RUNWIRE_REQUESTS_PER_SOCKET",
               help="Chat responses one /v1/threads socket may stream at once (then close 1008).")
+@allow_private_option
 def edge(
     bus: str,
     store: str,
@@ -86,6 +88,7 @@ def edge(
     client_queue_events: int,
     streams_per_token: int,
     requests_per_socket: int,
+    webhooks_allow_private: bool,
 ) -> None:
     """Serve runs over SSE, WebSocket and NDJSON with exact resume, ingest, control and a live page."""
     from runwire.edge import EdgeSettings
@@ -107,6 +110,7 @@ def edge(
         client_queue_events=client_queue_events,
         streams_per_token=streams_per_token,
         requests_per_socket=requests_per_socket,
+        webhooks_allow_private=webhooks_allow_private,
     )
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s %(levelname)s %(message)s")
     redact_logs()
@@ -134,7 +138,8 @@ async def serve(
         if grpc_port is not None:
             server.grpc = await start_grpc_or_exit(app.state.edge, host, grpc_port)
             logging.getLogger("runwire.edge").info("gRPC on %s:%d", host, server.grpc.port)
-        await server.serve()
+        with deliveries(store, allow_private=settings.webhooks_allow_private):
+            await server.serve()
 
 
 async def start_grpc_or_exit(edge: Any, host: str, port: int) -> GrpcServer:

@@ -46,6 +46,7 @@ from runwire.sdk.publisher import Publisher
 from runwire.store import ReplayLog, RetentionPolicy, open_store
 from runwire.workers.commands.edge import check_grpc_available, start_grpc_or_exit
 from runwire.workers.config import absolute_dir, absolute_store
+from runwire.workers.deliveries import allow_private_option, deliveries
 from runwire.workers.runtime import run_worker
 
 log = logging.getLogger("runwire.up")
@@ -74,6 +75,7 @@ class UpSettings(msgspec.Struct, kw_only=True, frozen=True):
     demo_seed: int = 0
     demo_keep_s: float = DEMO_KEEP_S
     data_dir: str = str(DEFAULT_DATA_DIR)
+    webhooks_allow_private: bool = False
 
     def store_options(self) -> dict[str, Any]:
         """``open_store`` options: with the demo, its tenant's short retention."""
@@ -193,6 +195,7 @@ def is_loopback(host: str) -> bool:
     envvar="RUNWIRE_SECRET",
     help="HS256 key for bearer tokens (≥ 32 bytes).",
 )
+@allow_private_option
 def up(
     demo: bool,
     demo_rate: float,
@@ -207,6 +210,7 @@ def up(
     group: str,
     name: str,
     secret: str | None,
+    webhooks_allow_private: bool,
 ) -> None:
     """Run the workers and the edge in one process (embedded bus and replay log by default)."""
     if not secret and not is_loopback(host):
@@ -214,9 +218,7 @@ def up(
             f"refusing to serve {host} without RUNWIRE_SECRET (auth); bind 127.0.0.1 or set a secret"
         )
     if secret and len(secret.encode()) < MIN_SECRET_BYTES:
-        raise click.UsageError(
-            f"RUNWIRE_SECRET must be at least {MIN_SECRET_BYTES} bytes (HS256 key)"
-        )
+        raise click.UsageError(f"RUNWIRE_SECRET must be at least {MIN_SECRET_BYTES} bytes (HS256 key)")
     if grpc_port is not None:
         check_grpc_available()
     settings = UpSettings(
@@ -233,6 +235,7 @@ def up(
         demo_seed=demo_seed,
         demo_keep_s=demo_keep_minutes * 60,
         data_dir=str(data_dir),
+        webhooks_allow_private=webhooks_allow_private,
     )
     if store is None:
         data_dir.mkdir(parents=True, exist_ok=True)
@@ -253,9 +256,7 @@ def listen(host: str, port: int) -> socket.socket:
     try:
         return socket.create_server((host, port), family=family)
     except OSError as exc:
-        raise click.ClickException(
-            f"cannot listen on {host}:{port}: {exc.strerror or exc}"
-        ) from None
+        raise click.ClickException(f"cannot listen on {host}:{port}: {exc.strerror or exc}") from None
 
 
 async def serve(settings: UpSettings) -> None:
@@ -265,11 +266,12 @@ async def serve(settings: UpSettings) -> None:
     _install_signal_handlers(stop)
     async with open_bus(settings.bus) as bus, open_store(settings.store, **settings.store_options()) as store:
         parts = _Parts(bus, store, settings)
-        await parts.start(sock)
-        _announce(settings, sock.getsockname()[1], parts.grpc_port)
-        await parts.run_until(stop)
-        click.echo("runwire up: draining…", err=True)
-        failure = await parts.drain()
+        with deliveries(store, allow_private=settings.webhooks_allow_private):
+            await parts.start(sock)
+            _announce(settings, sock.getsockname()[1], parts.grpc_port)
+            await parts.run_until(stop)
+            click.echo("runwire up: draining…", err=True)
+            failure = await parts.drain()
     if failure is not None:
         raise failure
     click.echo("runwire up: stopped", err=True)
@@ -290,7 +292,8 @@ class _Parts:
 
     def __init__(self, bus: Bus, store: ReplayLog, settings: UpSettings) -> None:
         self.bus, self.store, self.settings = bus, store, settings
-        app = create_app(bus, store, EdgeSettings(secret=settings.secret))
+        edge = EdgeSettings(secret=settings.secret, webhooks_allow_private=settings.webhooks_allow_private)
+        app = create_app(bus, store, edge)
         self.app = app
         self.grpc: Any = None
         config = edge_config(app, log_level="warning", timeout_graceful_shutdown=2, lifespan="on")

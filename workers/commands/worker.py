@@ -10,6 +10,7 @@ rolling restart loses nothing.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
 import os
 import socket
@@ -21,6 +22,7 @@ import msgspec
 from runwire.core.redaction import redact_logs
 from runwire.processing.stages import WorkerStats
 from runwire.workers.config import absolute_store
+from runwire.workers.deliveries import allow_private_option, deliveries
 from runwire.workers.process import tune_gc
 
 
@@ -58,6 +60,7 @@ def default_name() -> str:
 @click.option("--data-dir", type=click.Path(file_okay=False), default=".runwire",
               show_default=True, envvar="RUNWIRE_DATA_DIR",
               help="runwire's data directory (the Kafka worker keeps faust's files under it).")
+@allow_private_option
 def worker(
     bus: str,
     store: str,
@@ -68,6 +71,7 @@ def worker(
     quiet_ms: int,
     claim_idle_ms: int | None,
     data_dir: str,
+    webhooks_allow_private: bool,
 ) -> None:
     """Run a worker until SIGTERM/SIGINT (or, with --burst, until the bus is drained)."""
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s %(levelname)s %(message)s")
@@ -80,14 +84,18 @@ def worker(
         from runwire.workers.faust_seam import FaustCrashed
 
         try:
-            stats = run_faust_worker(
-                bus, store, group=group, name=name, burst=burst, silence_s=silence_s,
-                data_dir=data_dir, quiet_s=quiet_ms / 1000,
-            )
+            with contextlib.ExitStack() as stack:
+                if not burst:
+                    stack.enter_context(deliveries(store, allow_private=webhooks_allow_private))
+                stats = run_faust_worker(
+                    bus, store, group=group, name=name, burst=burst, silence_s=silence_s,
+                    data_dir=data_dir, quiet_s=quiet_ms / 1000,
+                )
         except FaustCrashed as exc:  # one error line, exit status 1: a supervisor restarts it
             raise click.ClickException(str(exc)) from exc
     else:
-        stats = asyncio.run(_run(bus, store, group, name, burst, silence_s, quiet_ms / 1000, claim_idle_ms))
+        stats = asyncio.run(_run(bus, store, group, name, burst, silence_s, quiet_ms / 1000, claim_idle_ms,
+                                 webhooks_allow_private))
     sys.stdout.write(msgspec.json.encode(stats).decode() + "\n")
 
 
@@ -100,6 +108,7 @@ async def _run(
     silence_s: float,
     quiet_s: float,
     claim_idle_ms: int | None,
+    allow_private: bool = False,
 ) -> WorkerStats:
     from runwire.bus import open_bus
     from runwire.store import open_store
@@ -107,7 +116,10 @@ async def _run(
 
     stop = stop_on_signals()
     async with open_bus(bus_url) as bus, open_store(store_url) as store:
-        return await run_worker(
-            bus, store, group=group, name=name, stop=stop, burst=burst,
-            silence_s=silence_s, quiet_s=quiet_s, claim_idle_ms=claim_idle_ms,
-        )
+        with contextlib.ExitStack() as stack:
+            if not burst:  # a burst worker records what is queued and exits: nothing to wait for
+                stack.enter_context(deliveries(store, allow_private=allow_private))
+            return await run_worker(
+                bus, store, group=group, name=name, stop=stop, burst=burst,
+                silence_s=silence_s, quiet_s=quiet_s, claim_idle_ms=claim_idle_ms,
+            )

@@ -1,0 +1,168 @@
+"""The delivery loop: queued deliveries out of the outbox, to their URLs, at least once.
+
+``deliver this JSON body to this URL, signed with this secret, durably, at
+least once``: anything that queues a :class:`~runwire.store.outbox.Delivery`
+(:meth:`Outbox.enqueue`, or a notice's fan-out) gets that from any process
+running a :class:`Deliverer` on the same replay log — ``runwire up``,
+``runwire edge`` and ``runwire worker`` each run one, on a thread of its own
+(``runwire.workers.deliveries``), so a slow receiver never holds the
+worker's event loop.
+
+Each round settles the attempts that finished, turns new run notices into
+deliveries (:meth:`Outbox.fan_out`, when a ``build`` is given), claims due
+deliveries for its free slots (leased for :data:`LEASE_S`: a process that
+dies mid-send leaves them due again after it) and starts them. A failed
+attempt is due again after the next step of :data:`RETRY_SCHEDULE` (±10 %):
+three retries within the first minute, then further apart, for ~28 hours in
+all; a delivery whose schedule is spent (or whose target is refused) is
+marked failed and its channel disabled — a webhook that keeps failing shows
+as disabled, with the reason, and gets nothing more until it is added again.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import random
+import time
+from collections.abc import Callable
+
+import msgspec
+
+from ..core.errors import RunwireError
+from ..store.outbox import Build, Delivery, Outbox, Outcome
+from .sender import Sender
+
+log = logging.getLogger(__name__)
+
+RETRY_SCHEDULE: tuple[float, ...] = (5, 15, 30, 120, 600, 1800, 3600, 7200, 14400, 28800, 43200)
+"""Seconds from each failed attempt to the next: retries 1–3 within a minute of the first
+attempt (5 + 15 + 30 s, 55 s at most with jitter), then 2 min … 12 h; the 12th failure, ~27.7 h
+after the first, exhausts it."""
+LEASE_S = 60.0
+"""How long a claimed delivery is this process's (several attempts' worth of :data:`~.sender.ATTEMPT_S`)."""
+FAILED_KEPT_S = 7 * 86400.0
+"""How long a delivery that exhausted its schedule stays in the outbox (for ``failed`` counts)."""
+NOTICES_KEPT_S = 86400.0
+"""A run notice no process took for this long is dropped (nothing fans out from this log)."""
+PURGE_EVERY_S = 600.0
+
+
+class DeliveryStats(msgspec.Struct, kw_only=True):
+    delivered: int = 0
+    retried: int = 0
+    exhausted: int = 0
+    notices: int = 0
+
+
+class Deliverer:
+    """Delivers an outbox's due deliveries, ``concurrency`` at once."""
+
+    def __init__(self, outbox: Outbox, sender: Sender, *, build: Build | None = None,
+                 schedule: tuple[float, ...] = RETRY_SCHEDULE, concurrency: int = 64, poll_s: float = 0.5,
+                 lease_s: float = LEASE_S, clock: Callable[[], float] = time.time) -> None:
+        self.outbox = outbox
+        self.sender = sender
+        self.build = build
+        self.schedule = schedule
+        self.concurrency = concurrency
+        self.poll_s = poll_s
+        self.lease_s = lease_s
+        self.clock = clock
+        self.stats = DeliveryStats()
+        self._inflight: set[asyncio.Task[None]] = set()
+        self._finished: list[tuple[Delivery, str | None, bool, float]] = []
+        self._wake = asyncio.Event()
+        self._next_purge = 0.0
+
+    async def run(self, stop: asyncio.Event) -> None:
+        """Deliver until ``stop`` is set; then wait a little for the attempts under way and record
+        them (those still running are left to their lease)."""
+        outage = False
+        try:
+            while not stop.is_set():
+                try:
+                    busy = await self.step()
+                    if outage:
+                        log.info("webhook deliveries: the replay log is back")
+                    outage = False
+                except RunwireError as exc:
+                    if not exc.retriable:
+                        raise
+                    if not outage:
+                        log.warning("webhook deliveries paused: %s", exc)
+                    outage, busy = True, False
+                if not busy:
+                    await self._idle(stop, 1.0 if outage else self.poll_s)
+        finally:
+            if self._inflight:
+                await asyncio.wait(self._inflight, timeout=2.0)
+            for task in self._inflight:
+                task.cancel()
+            with contextlib.suppress(RunwireError):
+                await self._settle()
+
+    async def _idle(self, stop: asyncio.Event, wait_s: float) -> None:
+        stopping = asyncio.ensure_future(stop.wait())
+        woken = asyncio.ensure_future(self._wake.wait())
+        try:
+            await asyncio.wait({stopping, woken}, timeout=wait_s, return_when=asyncio.FIRST_COMPLETED)
+        finally:
+            stopping.cancel()
+            woken.cancel()
+        self._wake.clear()
+
+    async def step(self) -> bool:
+        """One round (see the module docstring); True when it found work, so the next can follow at once."""
+        settled = await self._settle()
+        notices = await self.outbox.fan_out(self.build) if self.build is not None else 0
+        self.stats.notices += notices
+        free = self.concurrency - len(self._inflight)
+        claimed = await self.outbox.claim(free, self.lease_s) if free > 0 else []
+        for delivery in claimed:
+            task = asyncio.create_task(self._attempt(delivery))
+            self._inflight.add(task)
+            task.add_done_callback(self._inflight.discard)
+        if self.clock() >= self._next_purge:
+            now = self.clock()
+            await self.outbox.purge(now - FAILED_KEPT_S, now - NOTICES_KEPT_S)
+            self._next_purge = now + PURGE_EVERY_S
+        return bool(settled or notices or len(claimed) == free > 0)
+
+    async def _attempt(self, delivery: Delivery) -> None:
+        try:
+            error, final = await self.sender.send(delivery)
+        except Exception as exc:  # a bug in one attempt must not end the loop: it is retried
+            log.exception("webhook delivery %s failed unexpectedly", delivery.id)
+            error, final = f"{type(exc).__name__}: {exc}", False
+        self._finished.append((delivery, error, final, self.clock()))
+        self._wake.set()
+
+    async def _settle(self) -> int:
+        """Record the attempts that finished; how many."""
+        finished, self._finished = self._finished, []
+        delivered: list[Outcome] = []
+        retries: list[tuple[Outcome, float]] = []
+        exhausted: list[Outcome] = []
+        for delivery, error, final, at in finished:
+            outcome = (delivery.id, delivery.channel, at, error)
+            if error is None:
+                delivered.append(outcome)
+            elif final or delivery.attempts >= len(self.schedule):
+                exhausted.append(outcome)
+            else:
+                pause = self.schedule[delivery.attempts] * random.uniform(0.9, 1.1)
+                retries.append((outcome, at + pause))
+        try:
+            await self.outbox.settle(delivered, retries, exhausted)
+        except BaseException:
+            self._finished[:0] = finished  # recorded on the next round (or left to the lease)
+            raise
+        for delivery_id, channel, _, error in exhausted:
+            log.warning("webhook delivery %s to %s failed for good (%s): the channel is disabled",
+                        delivery_id, channel, error)
+        self.stats.delivered += len(delivered)
+        self.stats.retried += len(retries)
+        self.stats.exhausted += len(exhausted)
+        return len(finished)

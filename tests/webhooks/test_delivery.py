@@ -1,0 +1,160 @@
+"""The delivery core on a real receiver: Standard Webhooks signatures the ``standardwebhooks``
+library accepts (and refuses when tampered with or stale), retries under one webhook-id, a
+channel that keeps failing disabled, no delivery to private addresses, no redirect followed,
+no response read past its bound."""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from collections.abc import AsyncIterator
+
+import pytest
+from standardwebhooks.webhooks import Webhook, WebhookVerificationError
+
+from runwire.store import open_store
+from runwire.store.base import ReplayLog
+from runwire.store.outbox import Delivery
+from runwire.webhooks.deliverer import Deliverer
+from runwire.webhooks.sender import RESPONSE_BYTES, Sender
+from runwire.webhooks.signing import new_secret, signed_headers
+from runwire.webhooks.subscriptions import NewWebhook, add_webhook, view
+from runwire.webhooks.targets import TargetRefused, check_url
+from tests.waiting import until
+
+from .receiver import Receiver, serve_receiver
+
+QUICK = (0.2, 0.2, 0.2, 0.2)
+"""A retry schedule for tests: four retries, 0.2 s apart."""
+
+
+@pytest.fixture
+async def log(tmp_path: object) -> AsyncIterator[ReplayLog]:
+    async with open_store(f"sqlite:///{tmp_path}/replay.db") as opened:
+        yield opened
+
+
+@pytest.fixture
+async def sender() -> AsyncIterator[Sender]:
+    sent = Sender(allow_private=True, attempt_s=5.0)
+    yield sent
+    await sent.aclose()
+
+
+async def deliver_until(deliverer: Deliverer, done: object, what: str) -> None:
+    stop = asyncio.Event()
+    task = asyncio.create_task(deliverer.run(stop))
+    try:
+        await until(done, within=30, what=what)  # type: ignore[arg-type]
+    finally:
+        stop.set()
+        await task
+
+
+def delivery(url: str, secret: str, msg_id: str = "msg_1", body: bytes = b'{"type":"t"}') -> Delivery:
+    return Delivery(id=msg_id, channel="wh_test", url=url, body=body, secrets=secret)
+
+
+async def test_each_attempt_is_signed_afresh_under_one_webhook_id(log: ReplayLog, sender: Sender) -> None:
+    async with serve_receiver(Receiver(fail_first=3)) as receiver:
+        receiver.secret = new_secret()
+        await log.outbox().enqueue([delivery(receiver.url + "/hook", receiver.secret)])
+        deliverer = Deliverer(log.outbox(), sender, schedule=QUICK, poll_s=0.05)
+        await deliver_until(deliverer, lambda: receiver.accepted, "the fourth attempt accepted")
+    assert receiver.attempts == {"msg_1": 4} and receiver.refused == []
+    assert [body for body in receiver.accepted["msg_1"]] == [{"type": "t"}]
+    assert {headers["webhook-id"] for _, headers, _ in receiver.requests} == {"msg_1"}
+    assert await log.outbox().counts("wh_test") == (0, 0)  # delivered: gone from the outbox
+
+
+async def test_a_tampered_or_stale_signature_is_refused_by_the_library() -> None:
+    secret, body = new_secret(), b'{"type":"run.finished","data":{"run_id":"r"}}'
+    headers = signed_headers(secret, "msg_1", int(time.time()), body)
+    assert Webhook(secret).verify(body, headers) == {"type": "run.finished", "data": {"run_id": "r"}}
+    with pytest.raises(WebhookVerificationError):
+        Webhook(secret).verify(body.replace(b'"r"', b'"x"'), headers)
+    with pytest.raises(WebhookVerificationError):
+        Webhook(new_secret()).verify(body, headers)
+    with pytest.raises(WebhookVerificationError):
+        Webhook(secret).verify(body, {**headers, "webhook-id": "msg_2"})
+    stale = signed_headers(secret, "msg_1", int(time.time()) - 600, body)
+    with pytest.raises(WebhookVerificationError):
+        Webhook(secret).verify(body, stale)
+    rotated = new_secret()  # after a rotation both secrets sign: either verifies
+    both = signed_headers(f"{rotated} {secret}", "msg_1", int(time.time()), body)
+    assert Webhook(secret).verify(body, both) and Webhook(rotated).verify(body, both)
+
+
+async def test_a_webhook_that_keeps_failing_is_disabled_and_shown_so(log: ReplayLog, sender: Sender) -> None:
+    async with serve_receiver(Receiver(status=503)) as receiver:
+        outbox = log.outbox()
+        sub = await add_webhook(outbox, "t", NewWebhook(url=receiver.url + "/hook"), allow_private=True)
+        receiver.secret = sub.secret
+        await outbox.enqueue([Delivery(id=f"msg_{n}", channel=sub.id, url=sub.url, body=b"{}",
+                                       secrets=sub.secret) for n in range(2)])
+        deliverer = Deliverer(outbox, sender, schedule=(0.1, 0.1), poll_s=0.05)
+
+        async def disabled() -> bool:
+            found = await outbox.webhook(sub.id)
+            return found is not None and found.disabled_at is not None
+
+        await deliver_until(deliverer, disabled, "the webhook disabled")
+    shown = view((await outbox.webhooks("t"))[0], counts=await outbox.counts(sub.id))
+    assert shown["status"] == "disabled" and "HTTP 503" in shown["disabled_reason"]
+    assert shown["last_error"] == "HTTP 503" and shown["last_success_at"] is None
+    assert shown["queued"] == 0 and shown["failed"] == 2
+    assert receiver.accepted == {} and max(receiver.attempts.values()) <= 3
+
+
+@pytest.mark.parametrize("url", [
+    "http://127.0.0.1:9/hook", "http://localhost/hook", "http://10.1.2.3/", "http://192.168.0.1/",
+    "http://172.16.0.1/", "http://169.254.169.254/latest/meta-data/", "http://[::1]/", "http://[fd00::1]/",
+    "http://[::ffff:127.0.0.1]/", "http://0.0.0.0/", "http://100.64.0.1/", "http://224.0.0.1/",
+    "ftp://example.com/", "http://user:pass@example.com/", "file:///etc/passwd",
+])
+async def test_private_and_odd_targets_are_refused_when_added(url: str) -> None:
+    with pytest.raises(TargetRefused):
+        await check_url(url, allow_private=False)
+
+
+async def test_private_targets_are_refused_at_delivery_too() -> None:
+    """A URL whose name resolves to a loopback address by the time of delivery (DNS rebinding)
+    gets no connection: the check is made on every connection."""
+    async with serve_receiver(Receiver()) as receiver:
+        guarded = Sender(allow_private=False)
+        try:
+            for url in (receiver.url + "/hook", f"http://localhost:{receiver.port}/hook"):
+                error, final = await guarded.send(delivery(url, new_secret()))
+                assert final and error is not None and "loopback" in error
+        finally:
+            await guarded.aclose()
+    assert receiver.requests == []
+    await check_url(receiver.url + "/hook", allow_private=True)
+
+
+async def test_redirects_are_not_followed(sender: Sender) -> None:
+    async with serve_receiver(Receiver(status=307)) as receiver:
+        receiver.secret = new_secret()
+        error, final = await sender.send(delivery(receiver.url + "/hook", receiver.secret))
+    assert error is not None and "307" in error and not final
+    assert [path for path, _, _ in receiver.requests] == ["/hook"]
+
+
+async def test_a_response_is_not_read_past_its_bound(sender: Sender) -> None:
+    answer = b"x" * (64 * RESPONSE_BYTES)
+    async with serve_receiver(Receiver(status=200, answer=answer)) as receiver:
+        receiver.secret = new_secret()
+        error, _ = await sender.send(delivery(receiver.url + "/hook", receiver.secret))
+    assert error is None
+
+
+async def test_a_slow_receiver_ends_its_attempt_at_the_bound() -> None:
+    async with serve_receiver(Receiver(delay_s=30)) as receiver:
+        receiver.secret = new_secret()
+        quick = Sender(allow_private=True, attempt_s=0.5)
+        try:
+            started = time.monotonic()
+            error, final = await quick.send(delivery(receiver.url + "/hook", receiver.secret))
+        finally:
+            await quick.aclose()
+    assert error is not None and not final and time.monotonic() - started < 10
