@@ -48,8 +48,10 @@ class DeliveryThread:
         self._ready.wait(10.0)
 
     def stop(self, timeout_s: float = 5.0) -> None:
-        if self._loop is not None and self._stop is not None:
-            self._loop.call_soon_threadsafe(self._stop.set)
+        """Stop delivering (attempts under way get ~2 s to finish and be recorded); again: nothing."""
+        if self._loop is not None and self._stop is not None and self._thread.is_alive():
+            with contextlib.suppress(RuntimeError):  # its loop closed meanwhile
+                self._loop.call_soon_threadsafe(self._stop.set)
         self._thread.join(timeout_s)
 
     def _main(self) -> None:

@@ -18,7 +18,7 @@ import click
 
 from runwire.core.redaction import redact_logs
 from runwire.workers.config import absolute_store
-from runwire.workers.deliveries import allow_private_option, deliveries
+from runwire.workers.deliveries import DeliveryThread, allow_private_option, deliveries
 from runwire.workers.process import tune_gc
 
 if TYPE_CHECKING:
@@ -138,7 +138,7 @@ async def serve(
         if grpc_port is not None:
             server.grpc = await start_grpc_or_exit(app.state.edge, host, grpc_port)
             logging.getLogger("runwire.edge").info("gRPC on %s:%d", host, server.grpc.port)
-        with deliveries(store, allow_private=settings.webhooks_allow_private):
+        with deliveries(store, allow_private=settings.webhooks_allow_private) as server.deliveries:
             await server.serve()
 
 
@@ -154,15 +154,19 @@ async def start_grpc_or_exit(edge: Any, host: str, port: int) -> GrpcServer:
 
 
 def _server_class() -> Any:
-    """uvicorn's Server, stopping the gRPC server first when it shuts down (the hub still runs)."""
+    """uvicorn's Server, stopping the gRPC server and the webhook deliveries first when it shuts
+    down (the hub still runs)."""
     import uvicorn
 
     class EdgeServer(uvicorn.Server):
         grpc: GrpcServer | None = None
+        deliveries: DeliveryThread | None = None
 
         async def shutdown(self, sockets: Any = None) -> None:
             if self.grpc is not None:
                 await self.grpc.stop(2.0)
+            if self.deliveries is not None:  # before uvicorn re-raises the signal that stopped it
+                await asyncio.to_thread(self.deliveries.stop)
             await super().shutdown(sockets)
 
     return EdgeServer

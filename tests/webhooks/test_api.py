@@ -1,0 +1,112 @@
+"""``/v1/webhooks`` on a real edge: scope-checked like control, a tenant's own webhooks only, a
+secret the ``standardwebhooks`` library takes as it is, private URLs refused, rotation, test."""
+
+from __future__ import annotations
+
+from collections.abc import AsyncIterator
+
+import httpx
+import pytest
+from standardwebhooks.webhooks import Webhook
+
+from runwire.bus.base import Bus
+from runwire.core import limits
+from runwire.edge import EdgeSettings
+from runwire.store.base import ReplayLog
+from tests.edge.harness import RUN_A, RUN_B, SECRET, EdgeServer, serve_edge, token, two_tenants_runs
+
+PUBLIC = "https://93.184.215.14/runwire"
+"""A public address (never fetched here: no deliverer runs in these tests)."""
+
+
+@pytest.fixture
+async def secured(memory_bus: Bus, store: ReplayLog) -> AsyncIterator[EdgeServer]:
+    await two_tenants_runs(memory_bus, store)
+    async with serve_edge(memory_bus, store, EdgeSettings(secret=SECRET)) as edge:
+        yield edge
+
+
+def as_(tenant: str, *scopes: str, runs: list[str] | None = None) -> dict[str, str]:
+    return {"authorization": f"Bearer {token(tenant, *scopes, runs=runs)}"}
+
+
+async def test_a_webhook_is_added_listed_rotated_and_removed_by_its_tenant(secured: EdgeServer) -> None:
+    async with httpx.AsyncClient(base_url=secured.url) as http:
+        made = await http.post("/v1/webhooks", json={"url": PUBLIC, "events": ["run.finished",
+                               "run.awaiting_approval"]}, headers=as_("A", "control"))
+        assert made.status_code == 201, made.text
+        hook = made.json()
+        assert hook["secret"].startswith("whsec_") and Webhook(hook["secret"])  # taken as it is
+        assert hook["events"] == ["run.awaiting_approval", "run.finished"] and hook["status"] == "active"
+        listed = (await http.get("/v1/webhooks", headers=as_("A", "control"))).json()["webhooks"]
+        assert [h["id"] for h in listed] == [hook["id"]] and "secret" not in listed[0]
+        one = (await http.get(f"/v1/webhooks/{hook['id']}", headers=as_("A", "control"))).json()
+        assert one["queued"] == 0 and one["failed"] == 0
+
+        rotated = await http.post(f"/v1/webhooks/{hook['id']}/rotate", headers=as_("A", "control"))
+        assert rotated.status_code == 200 and rotated.json()["secret"] not in ("", hook["secret"])
+        tested = await http.post(f"/v1/webhooks/{hook['id']}/test", headers=as_("A", "control"))
+        assert tested.status_code == 202 and tested.json()["delivery_id"].startswith("msg_")
+        one = (await http.get(f"/v1/webhooks/{hook['id']}", headers=as_("A", "control"))).json()
+        assert one["queued"] == 1  # no deliverer runs in this test: it waits in the outbox
+
+        assert (await http.delete(f"/v1/webhooks/{hook['id']}", headers=as_("A", "control"))).status_code == 204
+        assert (await http.get("/v1/webhooks", headers=as_("A", "control"))).json()["webhooks"] == []
+        assert (await http.delete(f"/v1/webhooks/{hook['id']}", headers=as_("A", "control"))).status_code == 404
+
+
+async def test_tenants_see_and_touch_only_their_own_webhooks(secured: EdgeServer) -> None:
+    """Invariant 6 (tenants are isolated), for webhooks."""
+    async with httpx.AsyncClient(base_url=secured.url) as http:
+        hook = (await http.post("/v1/webhooks", json={"url": PUBLIC}, headers=as_("A", "control"))).json()
+        assert (await http.get("/v1/webhooks", headers=as_("B", "control"))).json()["webhooks"] == []
+        for method, path in (("GET", ""), ("DELETE", ""), ("POST", "/rotate"), ("POST", "/test")):
+            answer = await http.request(method, f"/v1/webhooks/{hook['id']}{path}", headers=as_("B", "control"))
+            assert answer.status_code == 404, (method, path)
+        other = await http.post("/v1/webhooks", json={"url": PUBLIC, "run_id": RUN_B}, headers=as_("A", "control"))
+        assert other.status_code == 404  # another tenant's run, as for every run endpoint
+        own = await http.post("/v1/webhooks", json={"url": PUBLIC, "run_id": RUN_A}, headers=as_("A", "control"))
+        assert own.status_code == 201 and own.json()["run_id"] == RUN_A
+
+
+async def test_webhooks_need_the_control_scope(secured: EdgeServer) -> None:
+    async with httpx.AsyncClient(base_url=secured.url) as http:
+        assert (await http.get("/v1/webhooks")).status_code == 401
+        for scopes in (("read",), ("read", "write")):
+            assert (await http.get("/v1/webhooks", headers=as_("A", *scopes))).status_code == 403
+            made = await http.post("/v1/webhooks", json={"url": PUBLIC}, headers=as_("A", *scopes))
+            assert made.status_code == 403
+        limited = as_("A", "control", runs=[RUN_A])
+        assert (await http.post("/v1/webhooks", json={"url": PUBLIC}, headers=limited)).status_code == 403
+        mine = await http.post("/v1/webhooks", json={"url": PUBLIC, "run_id": RUN_A}, headers=limited)
+        assert mine.status_code == 201
+
+
+@pytest.mark.parametrize("body", [
+    {"url": "http://127.0.0.1:8080/hook"}, {"url": "http://169.254.169.254/latest"},
+    {"url": "http://localhost/x"}, {"url": "http://10.0.0.7/"}, {"url": "ftp://93.184.215.14/"},
+    {"url": PUBLIC, "events": ["run.started"]}, {"url": PUBLIC, "events": []}, {"url": PUBLIC, "extra": 1},
+    {"url": PUBLIC, "run_id": "x" * (limits.ID_CHARS + 1)}, {"events": ["run.finished"]},
+])
+async def test_a_bad_or_private_webhook_is_refused(secured: EdgeServer, body: dict[str, object]) -> None:
+    async with httpx.AsyncClient(base_url=secured.url) as http:
+        answer = await http.post("/v1/webhooks", json=body, headers=as_("A", "control"))
+    assert answer.status_code == 400 and answer.json()["code"].startswith("KAI-STREAM-REQ-"), answer.text
+
+
+async def test_private_targets_are_allowed_when_the_operator_says_so(memory_bus: Bus, store: ReplayLog) -> None:
+    async with serve_edge(memory_bus, store, EdgeSettings(webhooks_allow_private=True)) as edge:
+        async with httpx.AsyncClient(base_url=edge.url) as http:
+            made = await http.post("/v1/webhooks", json={"url": "http://127.0.0.1:9/hook"})
+            assert made.status_code == 201 and made.json()["tenant"] is None  # no auth: every tenant's runs
+            assert len((await http.get("/v1/webhooks")).json()["webhooks"]) == 1
+
+
+async def test_a_tenant_has_a_bounded_number_of_webhooks(secured: EdgeServer) -> None:
+    async with httpx.AsyncClient(base_url=secured.url) as http:
+        for _ in range(limits.WEBHOOKS_PER_TENANT):
+            made = await http.post("/v1/webhooks", json={"url": PUBLIC}, headers=as_("A", "control"))
+            assert made.status_code == 201
+        over = await http.post("/v1/webhooks", json={"url": PUBLIC}, headers=as_("A", "control"))
+        assert over.status_code == 429
+        assert (await http.post("/v1/webhooks", json={"url": PUBLIC}, headers=as_("B", "control"))).status_code == 201
