@@ -8,6 +8,8 @@ Endpoints (``docs/edge.md`` has the full table):
 ``POST /v1/runs/{run_id}/control``              cancel / pause / resume / redirect / …
 ``GET  /v1/runs/{run_id}/control``              the run's commands, for its agent (NDJSON)
 ``GET  /v1/runs``                               the tenant's runs (``state``, ``since``, ``thread_id`` …)
+``GET  /v1/runs/{run_id}``                      one run's metadata, with its forks
+``POST /v1/runs/{run_id}/fork``                 a new run: this one's events up to a seq, open to continue
 ``GET  /v1/threads/{thread_id}/stream``         a thread's active run for AI SDK resume (or 204)
 ``WS   /v1/threads``                            AI SDK ``WebSocketChatTransport`` (send/resume/abort)
 ``GET  /v1/runs/{run_id}/events.jsonl``         export (``?format=``)
@@ -59,6 +61,7 @@ from .control import agent_controls, send_control
 from .durable import DurableRead
 from .durable_write import DurableWrite
 from .filters import CHILDREN, PROFILE_NAMES
+from .fork import fork_endpoint, run_endpoint
 from .ingest import publish_body, resolve_format
 from .params import bounded_body, choice, cursor, list_limit, moment
 from .session import StreamRequest
@@ -284,7 +287,10 @@ async def list_runs(
         limit=limit,
         thread_id=thread_id,
     )
-    return [r for r in runs if principal is None or principal.covers(r.run_id)]
+    visible = await edge.store.with_forks([r for r in runs if principal is None or principal.covers(r.run_id)])
+    for info in visible:
+        info.forks = [fork for fork in info.forks if principal is None or principal.covers(fork.run_id)]
+    return visible
 
 
 def runs_endpoint(edge: Edge) -> Any:
@@ -399,6 +405,8 @@ def create_app(bus: Bus, store: ReplayLog, settings: EdgeSettings | None = None)
 
     routes: list[Any] = [
         Route("/v1/runs", runs_endpoint(edge)),
+        Route("/v1/runs/{run_id}", run_endpoint(edge)),
+        Route("/v1/runs/{run_id}/fork", fork_endpoint(edge), methods=["POST"]),
         Route("/v1/runs/{run_id}/stream", StreamEndpoint(edge)),
         WebSocketRoute("/v1/runs/{run_id}/stream", websocket_endpoint(edge)),
         Route("/v1/runs/{run_id}/events", ingest_endpoint(edge), methods=["POST"]),

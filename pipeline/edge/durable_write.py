@@ -21,6 +21,15 @@ batch) —, a stale epoch ``403`` with the current
 in the replay log, so it survives a restart and is shared by every edge.
 ``Stream-Closed: true`` ends the run: a ``run.lifecycle`` ``done`` follows the
 batch unless it ends the run itself.
+
+A ``PUT`` with ``Stream-Forked-From: /v1/ds/runs/{source}`` (and optionally
+``Stream-Fork-Offset``, the source's tail when absent) creates the run as a
+fork of the source (§4.2): its history is the source's messages before that
+offset — an offset is a delivery seq, so the fork's offsets are the source's up
+to there and its own after —, made by :func:`.fork.fork_for` (auth, ``404`` for
+a source the caller cannot read, ``400`` for an offset past the source's tail,
+``409`` for an id taken by another run or fork; the same fork again is ``200``).
+The fork is a stream of its own: no producer state is inherited.
 """
 
 from __future__ import annotations
@@ -28,6 +37,7 @@ from __future__ import annotations
 import asyncio
 import hashlib
 import time
+from urllib.parse import unquote
 
 import msgspec
 from starlette.requests import Request
@@ -35,14 +45,15 @@ from starlette.responses import Response
 
 from ..core import envelope, limits
 from ..core.envelope import Event
-from ..core.errors import REQ_BAD_BODY, REQ_QUOTA, RequestError, RunwireError
+from ..core.errors import REQ_BAD_BODY, REQ_QUOTA, RequestError, RunwireError, UnknownRun
 from ..core.retry import state_of
 from ..core.ulid import new_event_id
 from ..store.producers import MAX_PRODUCERS, Reservation
 from .auth import Principal
 from .authz import admit, authorize_write
 from .context import Edge
-from .durable import JSON, SAFETY, encode_offset
+from .durable import JSON, SAFETY, decode_offset, encode_offset
+from .fork import fork_for
 from .ingest import decode_body, resolve_format
 from .params import bounded_body, canonical_int
 from .resume import probe
@@ -74,7 +85,11 @@ class DurableWrite:
 
     async def create(self, request: Request, run_id: str, body: bytes, principal: Principal | None) -> Response:
         state = await self.edge.store.stream_state(run_id)
-        if state is None and (await probe(self.edge.bus, self.edge.store, (run_id, "raw"))).published:
+        forked = request.headers.get("stream-forked-from")
+        if forked is not None:
+            at = _fork_offset(request.headers.get("stream-fork-offset"))
+            await fork_for(self.edge, principal, _source_of(forked), at=at, run_id=run_id)
+        elif state is None and (await probe(self.edge.bus, self.edge.store, (run_id, "raw"))).published:
             return _plain(409, f"run {run_id!r} already has events from another entrance; "
                                "append to it with POST /v1/runs/{run_id}/events")
         if principal is not None:  # the stream is the caller's tenant's from its creation
@@ -85,7 +100,8 @@ class DurableWrite:
             if answer.status_code >= 300:
                 return answer
         state = await self.edge.store.stream_state(run_id)
-        headers = {"stream-next-offset": encode_offset(state[0] if state else 0), **SAFETY}
+        base = await _fork_base(self.edge, run_id)
+        headers = {"stream-next-offset": encode_offset(base + (state[0] if state else 0)), **SAFETY}
         if state and state[1]:
             headers["stream-closed"] = "true"
         if created:
@@ -116,7 +132,8 @@ class DurableWrite:
             finally:
                 if outcome == "append":
                     await self.edge.store.stream_release(run_id)
-        return _answer(decision, producer, decision.base + len(own), close)
+        base = await _fork_base(self.edge, run_id) if outcome in ("append", "duplicate") else 0
+        return _answer(decision, producer, base + decision.base + len(own), close)
 
     async def _decode(self, request: Request, run_id: str, body: bytes, close: bool) -> list[Event]:
         lines = _messages(body, allow_empty=close)
@@ -192,6 +209,30 @@ def _producer(request: Request) -> tuple[str, int, int] | None:
 
 def _closing(request: Request) -> bool:
     return request.headers.get("stream-closed", "").lower() == "true"
+
+
+async def _fork_base(edge: Edge, run_id: str) -> int:
+    """The seqs a fork's history holds before its own messages (0 for a stream that is no fork)."""
+    return next((f.at for f in await edge.store.fork_points([run_id]) if f.run_id == run_id), 0)
+
+
+def _source_of(forked_from: str) -> str:
+    """The run a ``Stream-Forked-From`` path names (``…/v1/ds/runs/{run_id}``; UnknownRun: none)."""
+    path = forked_from.split("?", 1)[0]
+    marker = "/v1/ds/runs/"
+    if marker not in path or not path.rsplit(marker, 1)[1]:
+        raise UnknownRun(f"no stream at {forked_from[:200]!r}: a fork's source is a /v1/ds/runs/{{run_id}} path")
+    return unquote(path.rsplit(marker, 1)[1])
+
+
+def _fork_offset(raw: str | None) -> int | None:
+    """The seq a ``Stream-Fork-Offset`` stands after (None: the source's tail)."""
+    if raw is None:
+        return None
+    at = decode_offset(raw)
+    if at is None:  # "now" is not an offset the server returned; it means the tail
+        return None
+    return at
 
 
 def _check_content_type(request: Request, body: bytes) -> None:

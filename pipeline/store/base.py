@@ -49,12 +49,24 @@ class RunFields(msgspec.Struct, kw_only=True):
     last_ts: str | None = None
 
 
+class ForkPoint(msgspec.Struct, kw_only=True, frozen=True):
+    """A fork: run ``run_id`` began as a copy of run ``source_id``'s events up to seq ``at``."""
+
+    run_id: str
+    source_id: str
+    at: int
+
+
 class RunInfo(RunFields, kw_only=True):
     terminal: bool = False
     created_at: datetime | None = None
     updated_at: datetime | None = None
     """Wall-clock time of the last append (retention of unfinished runs)."""
     expires_at: datetime | None = None
+    forked_from: ForkPoint | None = None
+    """The run is a fork of another (filled in by :meth:`ReplayLog.with_forks`)."""
+    forks: list[ForkPoint] = []
+    """The forks made of this run (filled in by :meth:`ReplayLog.with_forks`)."""
 
 
 class LoggedRun(RunInfo, kw_only=True):
@@ -203,6 +215,32 @@ class ReplayLog(ConnectedResource):
     @abstractmethod
     async def run_owner(self, run_id: str) -> RunOwner | None:
         """The recorded owner of a run id, or None when nobody claimed it."""
+
+    # ---- forks (runwire.jobs.fork) ------------------------------------------
+    @abstractmethod
+    async def record_fork(self, fork: ForkPoint) -> ForkPoint:
+        """Record ``fork`` unless a fork is recorded for ``fork.run_id``; return the recorded one
+        (``fork`` itself, or the earlier one: a different one means the id is taken).
+
+        A fork is recorded before its events are copied, so a retry of the same
+        fork finds its record and completes the copy (appends are idempotent).
+        The record goes with the fork's run when retention sweeps it (or after
+        the unfinished-run retention when no event of the fork reached the log);
+        a fork outlives its source.
+        """
+
+    @abstractmethod
+    async def fork_points(self, run_ids: Sequence[str]) -> list[ForkPoint]:
+        """Every recorded fork made of, or into, one of ``run_ids``."""
+
+    async def with_forks(self, infos: Sequence[RunInfo]) -> list[RunInfo]:
+        """``infos`` with ``forked_from`` and ``forks`` filled in (one query)."""
+        found = await self.fork_points([info.run_id for info in infos]) if infos else []
+        out = list(infos)
+        for info in out:
+            info.forked_from = next((f for f in found if f.run_id == info.run_id), None)
+            info.forks = sorted((f for f in found if f.source_id == info.run_id), key=lambda f: f.run_id)
+        return out
 
     # ---- Durable Streams write state (runwire.store.producers) ----------
     @abstractmethod

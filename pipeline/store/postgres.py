@@ -37,7 +37,16 @@ import psycopg
 from ..core import envelope
 from ..core.envelope import Event
 from ..core.errors import StoreError, StoreUnavailable
-from .base import LoggedRun, LogStream, ReplayLog, RunInfo, RunOwner, SweepResult, stream_checkpoint
+from .base import (
+    ForkPoint,
+    LoggedRun,
+    LogStream,
+    ReplayLog,
+    RunInfo,
+    RunOwner,
+    SweepResult,
+    stream_checkpoint,
+)
 from .outbox import INSERT_NOTICE, POSTGRES, Outbox, ddl, in_dialect, notice_rows
 from .outbox_postgres import ThreadConnection
 from .producers import ProducerState, Reservation, reserve
@@ -116,10 +125,19 @@ CREATE TABLE IF NOT EXISTS ds_producers (
 ALTER TABLE ds_producers ADD COLUMN IF NOT EXISTS last_digest text NOT NULL DEFAULT '';
 CREATE INDEX IF NOT EXISTS runs_thread ON runs (thread_id, updated_at) WHERE thread_id IS NOT NULL;
 ALTER TABLE runs ADD COLUMN IF NOT EXISTS checkpoint bytea;
+CREATE TABLE IF NOT EXISTS forks (
+    run_id     text PRIMARY KEY,
+    source_id  text NOT NULL,
+    at_seq     bigint NOT NULL,
+    created_at timestamptz NOT NULL DEFAULT now()
+);
+CREATE INDEX IF NOT EXISTS forks_source ON forks (source_id);
 """ + ddl(POSTGRES)
 """Schema 2 added ``runs.thread_id``, schema 3 ``runs.checkpoint`` (the raw stream's checkpoint of
 record), schema 4 the outbox's tables (``outbox.py``): ``ADD COLUMN IF NOT EXISTS`` and ``CREATE …
-IF NOT EXISTS`` migrate an older database."""
+IF NOT EXISTS`` migrate an older database. The ``forks`` table (a run's fork records,
+:meth:`ReplayLog.record_fork`) is created the same way on a database without one: older code
+ignores it."""
 _INSERT_NOTICE = in_dialect(INSERT_NOTICE, "%s")
 
 _CLAIM = """
@@ -413,6 +431,25 @@ class PostgresLog(ReplayLog):
                 return RunOwner(tenant=rows[0][0], root_id=rows[0][1])
         raise StoreError(f"could not claim run {run_id!r}")
 
+    # ---- forks -----------------------------------------------------------------
+    async def record_fork(self, fork: ForkPoint) -> ForkPoint:
+        rows = await self._fetch(
+            "WITH added AS (INSERT INTO forks (run_id, source_id, at_seq) VALUES (%(run)s, %(source)s, %(at)s)"
+            " ON CONFLICT (run_id) DO NOTHING RETURNING source_id, at_seq)"
+            " SELECT source_id, at_seq FROM added"
+            " UNION ALL SELECT source_id, at_seq FROM forks WHERE run_id = %(run)s",
+            {"run": fork.run_id, "source": fork.source_id, "at": fork.at},
+        )
+        return ForkPoint(run_id=fork.run_id, source_id=rows[0][0], at=int(rows[0][1]))
+
+    async def fork_points(self, run_ids: Sequence[str]) -> list[ForkPoint]:
+        ids = list(dict.fromkeys(run_ids))
+        rows = await self._fetch(
+            "SELECT run_id, source_id, at_seq FROM forks WHERE run_id = ANY(%(ids)s) OR source_id = ANY(%(ids)s)",
+            {"ids": ids},
+        )
+        return [ForkPoint(run_id=row[0], source_id=row[1], at=int(row[2])) for row in rows]
+
     # ---- Durable Streams write state ---------------------------------------
     async def stream_create(self, run_id: str) -> bool:
         rows = await self._fetch(
@@ -527,6 +564,7 @@ class PostgresLog(ReplayLog):
                 await conn.execute("DELETE FROM run_owners WHERE run_id = ANY(%s)", (chunk,))
                 await conn.execute("DELETE FROM ds_streams WHERE run_id = ANY(%s)", (chunk,))
                 await conn.execute("DELETE FROM ds_producers WHERE run_id = ANY(%s)", (chunk,))
+                await conn.execute("DELETE FROM forks WHERE run_id = ANY(%s)", (chunk,))
         await conn.execute(  # claims of runs that never reached the log
             "DELETE FROM run_owners o WHERE created_at <= %s"
             " AND NOT EXISTS (SELECT 1 FROM runs r WHERE r.run_id = o.run_id)",
@@ -539,5 +577,10 @@ class PostgresLog(ReplayLog):
         )
         await conn.execute(
             "DELETE FROM ds_producers p WHERE NOT EXISTS (SELECT 1 FROM ds_streams s WHERE s.run_id = p.run_id)"
+        )
+        await conn.execute(  # forks recorded and never copied (their copy failed and was not retried)
+            "DELETE FROM forks f WHERE created_at <= %s"
+            " AND NOT EXISTS (SELECT 1 FROM runs r WHERE r.run_id = f.run_id)",
+            (moment - self.retention.unfinished,),
         )
         return SweepResult(runs=run_ids, events=deleted)

@@ -39,7 +39,16 @@ from ..core import envelope
 from ..core.envelope import Event
 from ..core.errors import ConfigError, StoreError, StoreUnavailable
 from ..core.lines import join_lines
-from .base import LoggedRun, LogStream, ReplayLog, RunInfo, RunOwner, SweepResult, stream_checkpoint
+from .base import (
+    ForkPoint,
+    LoggedRun,
+    LogStream,
+    ReplayLog,
+    RunInfo,
+    RunOwner,
+    SweepResult,
+    stream_checkpoint,
+)
 from .outbox import INSERT_NOTICE, SQLITE, Outbox, ddl, notice_rows
 from .producers import ProducerState, Reservation, reserve
 from .retention import RetentionPolicy
@@ -143,6 +152,13 @@ CREATE TABLE IF NOT EXISTS ds_producers (
     last_digest TEXT NOT NULL DEFAULT '',
     PRIMARY KEY (run_id, producer_id)
 );
+CREATE TABLE IF NOT EXISTS forks (
+    run_id     TEXT PRIMARY KEY,
+    source_id  TEXT NOT NULL,
+    at_seq     INTEGER NOT NULL,
+    created_at REAL NOT NULL
+);
+CREATE INDEX IF NOT EXISTS forks_source ON forks (source_id);
 """ + ddl(SQLITE)
 
 BUSY_TIMEOUT_S = 10.0
@@ -786,6 +802,33 @@ class SQLiteLog(ReplayLog):
                            (run_id, row[0], row[1], _epoch(self.clock())))
         return RunOwner(tenant=row[0], root_id=row[1])
 
+    # ---- forks -----------------------------------------------------------------
+    async def record_fork(self, fork: ForkPoint) -> ForkPoint:
+        def record() -> ForkPoint:
+            db = self._db
+            db.execute("INSERT OR IGNORE INTO forks VALUES (?, ?, ?, ?)",
+                       (fork.run_id, fork.source_id, fork.at, _epoch(self.clock())))
+            row = db.execute("SELECT source_id, at_seq FROM forks WHERE run_id = ?", (fork.run_id,)).fetchone()
+            return ForkPoint(run_id=fork.run_id, source_id=row[0], at=row[1])
+
+        return await self._call(record)
+
+    async def fork_points(self, run_ids: Sequence[str]) -> list[ForkPoint]:
+        def find() -> list[ForkPoint]:
+            found: dict[str, ForkPoint] = {}
+            ids = list(dict.fromkeys(run_ids))
+            for start in range(0, len(ids), _IDS_PER_QUERY // 2):
+                chunk = ids[start:start + _IDS_PER_QUERY // 2]
+                marks = ", ".join("?" * len(chunk))
+                for row in self._db.execute(
+                        f"SELECT run_id, source_id, at_seq FROM forks WHERE run_id IN ({marks})"
+                        f" UNION SELECT run_id, source_id, at_seq FROM forks WHERE source_id IN ({marks})",
+                        [*chunk, *chunk]):
+                    found[row[0]] = ForkPoint(run_id=row[0], source_id=row[1], at=row[2])
+            return list(found.values())
+
+        return await self._call(find)
+
     # ---- Durable Streams write state ---------------------------------------
     async def stream_create(self, run_id: str) -> bool:
         def create() -> bool:
@@ -877,6 +920,7 @@ class SQLiteLog(ReplayLog):
                 db.executemany("DELETE FROM run_owners WHERE run_id = ?", chunk)
                 db.executemany("DELETE FROM ds_streams WHERE run_id = ?", chunk)
                 db.executemany("DELETE FROM ds_producers WHERE run_id = ?", chunk)
+                db.executemany("DELETE FROM forks WHERE run_id = ?", chunk)
         return deleted
 
     async def sweep(self, *, now: datetime | None = None, dry_run: bool = False) -> SweepResult:
@@ -897,4 +941,8 @@ class SQLiteLog(ReplayLog):
             (_epoch(now - self.retention.unfinished),),
         )
         self._db.execute("DELETE FROM ds_producers WHERE run_id NOT IN (SELECT run_id FROM ds_streams)")
+        self._db.execute(  # forks recorded and never copied (their copy failed and was not retried)
+            "DELETE FROM forks WHERE created_at <= ? AND run_id NOT IN (SELECT run_id FROM runs)",
+            (_epoch(now - self.retention.unfinished),),
+        )
         return SweepResult(runs=run_ids, events=deleted)

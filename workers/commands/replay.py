@@ -5,6 +5,7 @@
 ``export RUN… [--format F] [--detail D] [-o F]``   JSONL, one frame a line, runs streamed
 ``import FILE…``                                   JSONL in (``-`` = stdin); bad lines reported
 ``play RUN --bus URL [--speed N] [--as ID]``       re-publish with the original timing
+``fork RUN --at SEQ [--run-id ID] [--bus URL]``    a new run: RUN's events up to SEQ, open to continue
 ``messages RUN``                                   the run's chat messages (JSON array)
 ``stats RUN…``                                     events by type, duration, tools, tokens, drops
 ``sweep [--dry-run]``                              delete runs whose retention expired
@@ -253,6 +254,36 @@ async def play(store: str, run_id: str, bus: str, speed: float, as_run: str | No
                 sent = await play_run(log, target, run_id, as_run=as_run, speed=speed,
                                       progress=advance)
     click.echo(f"published {sent} events as run {as_run or run_id}", err=True)
+
+
+# ---- fork ----------------------------------------------------------------------
+@replay.command("fork")
+@store_option
+@click.argument("run_id", metavar="RUN")
+@click.option("--at", type=click.IntRange(min=0), help="The seq the fork's history ends at (default: the run's last).")
+@click.option("--run-id", "fork_id", help="The fork's run id (default: a new random one).")
+@click.option("--bus", envvar="RUNWIRE_BUS", help="Also give the fork its hot views on this bus (without it, the "
+              "first worker that continues the fork rebuilds them from the log).")
+@click.option("--json", "as_json", is_flag=True, help="Print the fork as JSON.")
+@run_async
+async def fork(store: str, run_id: str, at: int | None, fork_id: str | None, bus: str | None, as_json: bool) -> None:
+    """Fork a stored run: a new run whose history is RUN's events up to a seq, open for an agent to
+    continue (its own seqs follow the copied ones) or for clients to read."""
+    from runwire.bus import open_bus
+    from runwire.jobs.fork import fork_run
+
+    async with open_store(store) as log:
+        if bus is None:
+            result = await fork_run(log, run_id, at=at, run_id=fork_id)
+        else:
+            async with open_bus(bus) as target:
+                result = await fork_run(log, run_id, at=at, run_id=fork_id, bus=target)
+    made = result.fork
+    if as_json:
+        click.echo(json.dumps({**msgspec.to_builtins(made), "created": result.created}))
+    else:
+        click.echo(f"{made.run_id}: a fork of {made.source_id} at seq {made.at}"
+                   + ("" if result.created else " (made before)"))
 
 
 # ---- messages, stats --------------------------------------------------------------

@@ -1,0 +1,105 @@
+"""Forks at the edge: ``POST /v1/runs/{run_id}/fork`` and a run's metadata, ``GET /v1/runs/{run_id}``.
+
+``POST /v1/runs/{run_id}/fork`` with ``{"at": seq, "run_id": optional}`` makes a
+new run whose history is the run's events up to ``seq`` (:mod:`runwire.jobs.fork`)
+and answers ``201`` with the fork's id (``200`` when the same fork was made
+before). The Durable Streams fork (``PUT`` with ``Stream-Forked-From``,
+:mod:`.durable_write`) goes through :func:`fork_for` too.
+
+Auth as every entrance: the source is read (``read`` scope; another tenant's
+run, or one outside the token's ``runs``, is refused as a read is: ``404``),
+and the fork is written (``write`` scope, the write rule for its id, which is
+claimed for the caller's tenant). A seq outside the source's events is ``400``;
+an id that is another run's, or another fork's, ``409``. The body is bounded
+like a control body.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import msgspec
+from starlette.requests import Request
+from starlette.responses import Response
+
+from ..core.errors import REQ_BAD_BODY, RequestError, UnknownRun
+from ..core.events import RunId
+from ..core.ulid import new_random_ulid
+from ..jobs.fork import ForkResult, RunExists, fork_run
+from .auth import Principal
+from .authz import authorize_write
+from .context import Edge
+from .params import bounded_body
+
+_json = msgspec.json.Encoder()
+
+
+class ForkRequest(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
+    at: int = msgspec.field(default=-1)
+    """The seq the fork's history ends at (its source's events ``1 … at``)."""
+    run_id: RunId | None = None
+    """The fork's id (default: a new random one)."""
+
+
+def fork_request(body: bytes) -> ForkRequest:
+    try:
+        request = msgspec.json.decode(body or b"{}", type=ForkRequest)
+    except (msgspec.ValidationError, msgspec.DecodeError) as exc:
+        raise RequestError(f"bad fork body: {exc}", code=REQ_BAD_BODY) from None
+    except RecursionError:
+        raise RequestError("bad fork body: nested too deep", code=REQ_BAD_BODY) from None
+    if request.at < 0:
+        raise RequestError('a fork needs "at": the seq its history ends at', code=REQ_BAD_BODY)
+    return request
+
+
+async def fork_for(
+    edge: Edge, principal: Principal | None, source_id: str, *, at: int | None, run_id: str | None
+) -> ForkResult:
+    """Check the caller may read ``source_id`` and write the fork, then fork (see the module docstring)."""
+    await edge.gate.check_run(principal, source_id, "read")
+    source = await edge.store.run(source_id)
+    if source is None:
+        raise UnknownRun(f"no run {source_id!r} in the replay log")
+    run_id = run_id or new_random_ulid("run_")
+    if principal is not None:
+        await authorize_write(edge.gate, principal, run_id)
+        owner = await edge.gate.claim(run_id, principal.tenant, run_id)
+        if owner.tenant != principal.tenant:
+            raise RunExists(f"run id {run_id!r} is taken")
+    if await edge.store.run(run_id) is None and await edge.bus.bounds((run_id, "raw")) is not None:
+        raise RunExists(f"run id {run_id!r} is taken (its events are on their way to the replay log)")
+    return await fork_run(edge.store, source_id, at=at, run_id=run_id, bus=edge.bus, source=source)
+
+
+def answer(result: ForkResult) -> dict[str, Any]:
+    fork = result.fork
+    return {"run_id": fork.run_id, "forked_from": {"run_id": fork.source_id, "at": fork.at},
+            "created": result.created}
+
+
+def fork_endpoint(edge: Edge) -> Any:
+    async def endpoint(request: Request) -> Response:
+        principal = edge.gate.principal(request.headers, request.query_params)
+        body = fork_request(await bounded_body(
+            request, edge.settings.max_control_bytes, timeout_s=edge.settings.body_timeout_s, what="fork"))
+        result = await fork_for(edge, principal, request.path_params["run_id"], at=body.at, run_id=body.run_id)
+        return Response(_json.encode(answer(result)), status_code=201 if result.created else 200,
+                        media_type="application/json",
+                        headers={"location": f"/v1/runs/{result.fork.run_id}/stream"})
+
+    return endpoint
+
+
+def run_endpoint(edge: Edge) -> Any:
+    """``GET /v1/runs/{run_id}``: one run's metadata (what ``GET /v1/runs`` lists), with its forks."""
+    async def endpoint(request: Request) -> Response:
+        run_id = request.path_params["run_id"]
+        principal = edge.gate.principal(request.headers, request.query_params)
+        await edge.gate.check_run(principal, run_id, "read")
+        info = await edge.store.require_run(run_id)
+        [info] = await edge.store.with_forks([info])
+        info.forks = [fork for fork in info.forks if principal is None or principal.covers(fork.run_id)]
+        return Response(_json.encode(info), media_type="application/json")
+
+    return endpoint
