@@ -9,9 +9,9 @@ import uuid
 from typing import Any
 
 import httpx
-import pytest
 
 from runwire.bus.base import Bus
+from runwire.core import envelope
 from runwire.edge import EdgeSettings
 from runwire.processing.shaping import shape
 from runwire.sdk.publisher import Publisher
@@ -19,7 +19,18 @@ from runwire.store.base import ReplayLog
 from runwire.workers.runtime import run_worker
 from tests.workers.checks import run_tree
 
-from .harness import RUN_A, RUN_B, SECRET, decoded, publish, read_sse, run_events, serve_edge, token, two_tenants_runs
+from .harness import (
+    RUN_A,
+    RUN_B,
+    SECRET,
+    decoded,
+    publish,
+    read_sse,
+    run_events,
+    serve_edge,
+    token,
+    two_tenants_runs,
+)
 from .test_durable_clients import node
 from .test_durable_write import message
 
@@ -106,8 +117,7 @@ async def test_a_run_forked_mid_run_and_continued_reads_as_the_source_then_its_o
     raw_fork = await store.read(fork_id)
     assert [json.loads(line) for line in
             b"".join([c async for c, _ in store.iter_jsonl(fork_id)]).splitlines()] == fork
-    assert shaped_fork == [json.loads(line) for line in
-                           b"\n".join(e_json for e_json in map(_encode, shape(raw_fork))).splitlines()]
+    assert shaped_fork == [json.loads(envelope.encode(e)) for e in shape(raw_fork)]
     for run_id, read in ((source_id, source), (fork_id, fork)):
         assert ds[run_id] == read
         assert by_node[run_id]["items"] == read and by_node[run_id]["closed"] is True
@@ -116,12 +126,6 @@ async def test_a_run_forked_mid_run_and_continued_reads_as_the_source_then_its_o
     assert source_meta["forks"] == [{"run_id": fork_id, "source_id": source_id, "at": k}]
     assert listed[fork_id]["forked_from"]["source_id"] == source_id
     assert listed[source_id]["forks"][0]["run_id"] == fork_id
-
-
-def _encode(event: Any) -> bytes:
-    from runwire.core import envelope
-
-    return envelope.encode(event)
 
 
 async def test_a_durable_streams_fork_reads_through_the_official_clients_and_takes_appends(
