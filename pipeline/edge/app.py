@@ -61,7 +61,7 @@ from .control import agent_controls, send_control
 from .durable import DurableRead
 from .durable_write import DurableWrite
 from .filters import CHILDREN, PROFILE_NAMES
-from .fork import fork_endpoint, run_endpoint
+from .fork import fork_endpoint, run_endpoint, with_forks
 from .ingest import publish_body, resolve_format
 from .params import bounded_body, choice, cursor, list_limit, moment
 from .session import StreamRequest
@@ -287,10 +287,7 @@ async def list_runs(
         limit=limit,
         thread_id=thread_id,
     )
-    visible = await edge.store.with_forks([r for r in runs if principal is None or principal.covers(r.run_id)])
-    for info in visible:
-        info.forks = [fork for fork in info.forks if principal is None or principal.covers(fork.run_id)]
-    return visible
+    return await with_forks(edge, principal, [r for r in runs if principal is None or principal.covers(r.run_id)])
 
 
 def runs_endpoint(edge: Edge) -> Any:

@@ -87,6 +87,8 @@ class DurableWrite:
         state = await self.edge.store.stream_state(run_id)
         forked = request.headers.get("stream-forked-from")
         if forked is not None:
+            if "stream-fork-sub-offset" in request.headers:
+                raise RequestError("Stream-Fork-Sub-Offset is not served: an offset here is one whole event")
             at = _fork_offset(request.headers.get("stream-fork-offset"))
             await fork_for(self.edge, principal, _source_of(forked), at=at, run_id=run_id)
         elif state is None and (await probe(self.edge.bus, self.edge.store, (run_id, "raw"))).published:

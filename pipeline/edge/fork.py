@@ -16,6 +16,7 @@ like a control body.
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from typing import Any
 
 import msgspec
@@ -26,6 +27,7 @@ from ..core.errors import REQ_BAD_BODY, RequestError, UnknownRun
 from ..core.events import RunId
 from ..core.ulid import new_random_ulid
 from ..jobs.fork import ForkResult, RunExists, fork_run
+from ..store.base import RunInfo
 from .auth import Principal
 from .authz import authorize_write
 from .context import Edge
@@ -91,6 +93,14 @@ def fork_endpoint(edge: Edge) -> Any:
     return endpoint
 
 
+async def with_forks(edge: Edge, principal: Principal | None, infos: Sequence[RunInfo]) -> list[RunInfo]:
+    """``infos`` with ``forked_from`` and the forks the caller may see (a token's ``runs``) filled in."""
+    found = await edge.store.with_forks(infos)
+    for info in found:
+        info.forks = [fork for fork in info.forks if principal is None or principal.covers(fork.run_id)]
+    return found
+
+
 def run_endpoint(edge: Edge) -> Any:
     """``GET /v1/runs/{run_id}``: one run's metadata (what ``GET /v1/runs`` lists), with its forks."""
     async def endpoint(request: Request) -> Response:
@@ -98,8 +108,7 @@ def run_endpoint(edge: Edge) -> Any:
         principal = edge.gate.principal(request.headers, request.query_params)
         await edge.gate.check_run(principal, run_id, "read")
         info = await edge.store.require_run(run_id)
-        [info] = await edge.store.with_forks([info])
-        info.forks = [fork for fork in info.forks if principal is None or principal.covers(fork.run_id)]
+        [info] = await with_forks(edge, principal, [info])
         return Response(_json.encode(info), media_type="application/json")
 
     return endpoint

@@ -153,6 +153,8 @@ async def test_a_durable_streams_fork_reads_through_the_official_clients_and_tak
         assert (await http.put("/v1/ds/runs/ds-fork", headers=other)).status_code == 409
         past = await http.put("/v1/ds/runs/ds-past", headers={**fork_headers, "stream-fork-offset": "0" * 18 + "99"})
         assert past.status_code == 400 and "past its end" in past.text
+        sub = await http.put("/v1/ds/runs/ds-sub", headers={**fork_headers, "stream-fork-sub-offset": "1"})
+        assert sub.status_code == 400
         missing = await http.put("/v1/ds/runs/ds-none", headers={**fork_headers,
                                                                  "stream-forked-from": "/v1/ds/runs/nope"})
         assert missing.status_code == 404
