@@ -8,8 +8,7 @@ Endpoints (``docs/edge.md`` has the full table):
 ``POST /v1/runs/{run_id}/control``              cancel / pause / resume / redirect / …
 ``GET  /v1/runs/{run_id}/control``              the run's commands, for its agent (NDJSON)
 ``GET  /v1/runs``                               the tenant's runs (``state``, ``since``, ``thread_id`` …)
-``GET  /v1/runs/{run_id}``                      one run's metadata, with its forks
-``POST /v1/runs/{run_id}/fork``                 a new run: this one's events up to a seq, open to continue
+``GET /v1/runs/{run_id}`` · ``POST …/fork``     one run's metadata · fork it at a seq (``fork.py``)
 ``GET  /v1/threads/{thread_id}/stream``         a thread's active run for AI SDK resume (or 204)
 ``WS   /v1/threads``                            AI SDK ``WebSocketChatTransport`` (send/resume/abort)
 ``GET  /v1/runs/{run_id}/events.jsonl``         export (``?format=``)
@@ -61,7 +60,7 @@ from .control import agent_controls, send_control
 from .durable import DurableRead
 from .durable_write import DurableWrite
 from .filters import CHILDREN, PROFILE_NAMES
-from .fork import fork_endpoint, run_endpoint, with_forks
+from .fork import fork_routes, with_forks
 from .ingest import publish_body, resolve_format
 from .params import bounded_body, choice, cursor, list_limit, moment
 from .session import StreamRequest
@@ -402,8 +401,7 @@ def create_app(bus: Bus, store: ReplayLog, settings: EdgeSettings | None = None)
 
     routes: list[Any] = [
         Route("/v1/runs", runs_endpoint(edge)),
-        Route("/v1/runs/{run_id}", run_endpoint(edge)),
-        Route("/v1/runs/{run_id}/fork", fork_endpoint(edge), methods=["POST"]),
+        *fork_routes(edge),
         Route("/v1/runs/{run_id}/stream", StreamEndpoint(edge)),
         WebSocketRoute("/v1/runs/{run_id}/stream", websocket_endpoint(edge)),
         Route("/v1/runs/{run_id}/events", ingest_endpoint(edge), methods=["POST"]),

@@ -22,6 +22,7 @@ from typing import Any
 import msgspec
 from starlette.requests import Request
 from starlette.responses import Response
+from starlette.routing import Route
 
 from ..core.errors import REQ_BAD_BODY, RequestError, UnknownRun
 from ..core.events import RunId
@@ -112,3 +113,8 @@ def run_endpoint(edge: Edge) -> Any:
         return Response(_json.encode(info), media_type="application/json")
 
     return endpoint
+
+
+def fork_routes(edge: Edge) -> list[Route]:
+    return [Route("/v1/runs/{run_id}", run_endpoint(edge)),
+            Route("/v1/runs/{run_id}/fork", fork_endpoint(edge), methods=["POST"])]
