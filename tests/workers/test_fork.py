@@ -17,6 +17,7 @@ from runwire.processing.shaping import shape
 from runwire.sdk.publisher import Publisher
 from runwire.store import ReplayLog, open_store
 from runwire.workers.runtime import run_worker
+from tests.waiting import until
 from tests.workers.checks import assert_r1_r3, read_all, run_tree
 
 CASES = [(runtime, views) for runtime in ("memory", "redis", "kafka") for views in (True, False)]
@@ -39,15 +40,29 @@ def bus_url(runtime: str, request: pytest.FixtureRequest, prefix: str) -> str:
     return f"{request.getfixturevalue('kafka_url')}?prefix={prefix}&session_timeout_ms=2000&shards=2"
 
 
-async def drain(runtime: str, bus: Bus, store: ReplayLog, name: str, tmp_path: Path) -> None:
-    """Run the runtime's worker until it has nothing left to do."""
+async def drain(runtime: str, bus: Bus, store: ReplayLog, name: str, tmp_path: Path, run_id: str) -> None:
+    """Run the runtime's worker until ``run_id`` ended in the replay log and on the hot tier (a
+    burst worker on Kafka may stop before a new member's first fetch finds anything)."""
+    stop = asyncio.Event()
+    group = f"{tmp_path.name}-g"
     if runtime == "kafka-faust":
         from runwire.workers.faust_app import FaustWorker
 
-        worker = FaustWorker(bus, store, group="g", name=name, burst=True, data_dir=tmp_path / "faust")
-        await asyncio.wait_for(worker.run(), 90)
+        faust = FaustWorker(bus, store, group=group, name=name, stop=stop, data_dir=tmp_path / "faust")
+        worker: asyncio.Task[object] = asyncio.create_task(faust.run())
     else:
-        await asyncio.wait_for(run_worker(bus, store, group="g", name=name, burst=True), 90)
+        worker = asyncio.create_task(run_worker(bus, store, group=group, name=name, stop=stop))
+
+    async def ended() -> bool:
+        info = await store.run(run_id)
+        bounds = await bus.bounds((run_id, "raw"))
+        return bool(info and info.terminal and bounds and bounds[1] == info.last_seq) or worker.done()
+
+    try:
+        await until(ended, within=90, what=f"{run_id} ended")
+    finally:
+        stop.set()
+        await asyncio.wait_for(worker, 60)
 
 
 def strip(event: Event) -> tuple[object, ...]:
@@ -72,7 +87,7 @@ async def test_an_agent_continues_a_fork_after_the_copied_seqs(
     source_id, fork_id = f"{prefix}_root", f"{prefix}_fork"
     async with open_bus(bus_url(runtime, request, prefix)) as bus:
         await bus.publish(events)
-        await drain(runtime, bus, store, "w1", tmp_path)
+        await drain(runtime, bus, store, "w1", tmp_path, source_id)
         source = await store.read(source_id)
         source_hot = await read_all(bus, source_id)
         k = len(source) // 2
@@ -90,7 +105,7 @@ async def test_an_agent_continues_a_fork_after_the_copied_seqs(
         await run.finish("done")
         await publisher.flush()
         await publisher.close()
-        await drain(runtime, bus, store, "w2", tmp_path)
+        await drain(runtime, bus, store, "w2", tmp_path, fork_id)
 
         logged = await store.read(fork_id)
         hot = await read_all(bus, fork_id)
