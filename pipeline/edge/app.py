@@ -15,6 +15,7 @@ Endpoints (``docs/edge.md`` has the full table):
 ``/v1/webhooks``                                a tenant's webhooks (``edge/webhooks.py``)
 ``GET  /healthz`` · ``/readyz`` · ``/metrics``  operations
 ``GET  /`` · ``/runs/{run_id}``                 the live page
+``/.well-known/agent-card.json`` · ``/a2a/…``  A2A 1.0 (``docs/a2a.md``)
 =============================================  ==========================================
 """
 
@@ -51,7 +52,8 @@ from ..core.redaction import redact_logs, redact_text
 from ..core.retry import state_of
 from ..jobs.replay import export_chunks
 from ..sdk.runcontext import CONTEXT_HEADER, RunContext
-from ..store.base import ReplayLog, RunInfo
+from ..store.base import ReplayLog
+from .a2a import a2a_routes
 from .auth import Principal
 from .authz import authorize_write
 from .chat import serve_chat
@@ -60,9 +62,10 @@ from .control import agent_controls, send_control
 from .durable import DurableRead
 from .durable_write import DurableWrite
 from .filters import CHILDREN, PROFILE_NAMES
-from .fork import fork_routes, with_forks
+from .fork import fork_routes
 from .ingest import publish_body, resolve_format
 from .params import bounded_body, choice, cursor, list_limit, moment
+from .runs import list_runs
 from .session import StreamRequest
 from .settings import EdgeSettings
 from .threads import AI_SDK_HEADERS, thread_stream
@@ -263,32 +266,6 @@ def control_endpoint(edge: Edge) -> Any:
     return endpoint
 
 
-async def list_runs(
-    edge: Edge,
-    principal: Principal | None,
-    *,
-    tenant: str | None,
-    state: str | None,
-    since: datetime | None,
-    until: datetime | None,
-    limit: int,
-    thread_id: str | None = None,
-) -> list[RunInfo]:
-    """The runs a caller may see, newest first (``tenant`` applies only without auth; ``limit`` 1–1000)."""
-    edge.gate.require_scope(principal, "read")
-    if not 1 <= limit <= 1000:
-        raise RequestError(f"bad limit {limit}: must be between 1 and 1000")
-    runs = await edge.store.runs(
-        tenant=principal.tenant if principal else tenant,
-        state=state,
-        since=since,
-        until=until,
-        limit=limit,
-        thread_id=thread_id,
-    )
-    return await with_forks(edge, principal, [r for r in runs if principal is None or principal.covers(r.run_id)])
-
-
 def runs_endpoint(edge: Edge) -> Any:
     async def endpoint(request: Request) -> Response:
         query = request.query_params
@@ -412,6 +389,7 @@ def create_app(bus: Bus, store: ReplayLog, settings: EdgeSettings | None = None)
         Route("/v1/ds/runs/{run_id}", DurableWrite(edge).endpoint, methods=["PUT", "POST"]),
         WebSocketRoute("/v1/threads", chat_endpoint(edge)),
         *webhook_routes(edge),
+        *a2a_routes(edge),
         *ops_routes(edge),
         *page_routes(edge),
     ]

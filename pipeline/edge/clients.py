@@ -22,7 +22,7 @@ from .frames import DROP_REASONING, DROP_TEXT, NEVER_DROP, Frame
 class ClientQueue:
     """Frames waiting for one client, bounded by ``max_frames`` and ``max_bytes``."""
 
-    __slots__ = ("_droppable", "_frames", "_waiter", "bytes", "last_write", "on_overflow", "dropped", "dropped_by_type", "max_bytes", "max_frames", "overflowed")
+    __slots__ = ("_droppable", "_frames", "_waiter", "bytes", "keepalive_s", "last_write", "on_overflow", "dropped", "dropped_by_type", "max_bytes", "max_frames", "overflowed")
 
     def __init__(self, *, max_frames: int, max_bytes: int) -> None:
         self._frames: deque[Frame] = deque()
@@ -38,6 +38,9 @@ class ClientQueue:
         self.on_overflow: Callable[[], None] | None = None
         self.last_write = time.monotonic()
         """When the writer last wrote to the client (the keepalive sweep reads it)."""
+        self.keepalive_s: float | None = None
+        """This client's idle time before a keepalive, when its protocol needs one sooner than the
+        edge's ``keepalive_s`` (an A2A client times out a silent stream after 5 s)."""
         self.overflowed = False
         """True once a never-drop frame did not fit: the client is to be disconnected."""
 

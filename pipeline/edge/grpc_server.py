@@ -17,7 +17,7 @@ control path and ingest path:
 ``Control``                ``control.send_control`` (as ``POST …/control``)
 ``Ingest``                 ``authz.authorize_write`` per run, then
                            ``ingest.publish_body`` (as ``POST …/events``)
-``ListRuns``               ``app.list_runs`` (as ``GET /v1/runs``)
+``ListRuns``               ``runs.list_runs`` (as ``GET /v1/runs``)
 =========================  ====================================================
 
 Errors map to status codes in :func:`status_of`; a ``KAI-STREAM-*`` code
@@ -54,7 +54,7 @@ from ..core.errors import (
     RunwireError,
     UnknownRun,
 )
-from .app import list_runs, parse_time, stream_request
+from .app import parse_time, stream_request
 from .auth import Principal
 from .context import Edge
 from .control import send_control
@@ -70,6 +70,7 @@ from .grpc_messages import (
 )
 from .params import check_depth
 from .proto.runwire.v1 import runwire_pb2 as pb
+from .runs import list_runs
 from .session import Overflowed, Sink, StreamRequest, StreamSession
 
 log = logging.getLogger(__name__)

@@ -303,11 +303,11 @@ class Hub:
         every = self.settings.keepalive_s
         while True:
             await asyncio.sleep(min(1.0, every / 4))
-            idle_since = time.monotonic() - every
+            now = time.monotonic()
             for stream in list(self.streams.values()):
                 for feed in list(stream.feeds.values()):
                     for client in feed.clients:
-                        if client.last_write <= idle_since and not len(client):
+                        if client.last_write <= now - (client.keepalive_s or every) and not len(client):
                             client.last_write = time.monotonic()
                             client.poke()
 

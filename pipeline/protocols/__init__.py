@@ -1,7 +1,7 @@
 """Protocol codecs, selected by name; each loads only when used.
 
 Ingest formats: koder, loom, loom-export, cogency, cogency-wire, loom-mcp.
-Egress formats: koder, loom, loom-export, cogency, loom-mcp, streamweave, agui, ai-sdk.
+Egress formats: koder, loom, loom-export, cogency, loom-mcp, streamweave, agui, ai-sdk, a2a.
 See ``docs/protocols.md`` for the mapping table.
 """
 
@@ -29,6 +29,7 @@ EGRESS: dict[str, str] = {
     "streamweave": "runwire.protocols.streamweave:StreamWeaveEgress",
     "agui": "runwire.protocols.agui:AguiEgress",
     "ai-sdk": "runwire.protocols.ai_sdk:AiSdkEgress",
+    "a2a": "runwire.protocols.a2a:A2AEgress",
 }
 
 

@@ -33,7 +33,8 @@ What it guarantees:
 * **Graceful close.** Leaving the ``async with`` block flushes what is queued.
 * **Requests.** ``async for request in pub.requests(): run = pub.run_for(request)``
   answers the chat turns clients send through the edge (see
-  :mod:`runwire.bus.requests`).
+  :mod:`runwire.bus.requests`); ``async for task in pub.tasks("agent")`` the
+  A2A tasks (see :mod:`runwire.sdk.tasks`).
 * **Child runs.** ``pub.run(child_id, parent=run)`` puts ``parent_id`` and
   ``root_id`` on every event of the child, so workers fan it into its parent
   and one worker owns the whole tree (ingest is partitioned by root run id).
@@ -66,6 +67,7 @@ from ..core.lifecycle import AsyncResource
 from ..core.retry import Outage, Retry
 from ..core.ulid import MonotonicULID
 from .runcontext import RunContext
+from .tasks import A2ATask, consume_tasks
 
 __all__ = ["Publisher", "Run"]
 
@@ -394,6 +396,11 @@ class Publisher(AsyncResource):
         :mod:`runwire.bus.requests`.
         """
         return consume_requests(self.bus, channel, ttl_s=ttl_s)
+
+    def tasks(self, agent: str = DEFAULT_CHANNEL, *, ttl_s: float = DEFAULT_TTL_S) -> AsyncIterator[A2ATask]:
+        """Tasks A2A clients send ``agent`` through the edge, each with its run open:
+        ``async for task in pub.tasks("agent")`` (see :mod:`runwire.sdk.tasks`)."""
+        return consume_tasks(self, agent, ttl_s=ttl_s)
 
     def run_for(self, request: AgentRequest) -> Run:
         """The run answering ``request``: its run id, tenant and thread (the client is streaming it)."""
