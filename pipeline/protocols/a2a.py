@@ -127,8 +127,10 @@ class _Artifact:
                 self.parts.append(part)
 
     def snapshot(self) -> Obj:
-        return {"artifactId": self.artifact_id, "name": self.name, "parts": list(self.parts),
-                "metadata": self.metadata}
+        out: Obj = {"artifactId": self.artifact_id, "name": self.name, "parts": list(self.parts)}
+        if self.metadata:
+            out["metadata"] = self.metadata
+        return out
 
 
 class A2AEgress(Egress):

@@ -34,14 +34,16 @@ from a2a.types import (
 )
 from google.protobuf.json_format import MessageToDict
 
+from runwire.bus.base import Bus
 from runwire.bus.requests import consumer_alive
 from runwire.edge import EdgeSettings
 from runwire.protocols.a2a import RESUME_EXTENSION, A2AEgress
 from runwire.sdk.publisher import Publisher, Run
+from runwire.store.base import ReplayLog
 from tests.e2e_harness import Pipeline, pipeline, unique, wait_for_terminal
 from tests.waiting import until
 
-from .harness import SECRET, EdgeServer, token
+from .harness import SECRET, EdgeServer, event, publish, serve_edge, token
 
 CURSOR = "Runwire-A2A-Cursor"
 BINDINGS = ["JSONRPC", "HTTP+JSON"]
@@ -95,8 +97,8 @@ async def expected_updates(p: Pipeline, run_id: str) -> list[dict[str, Any]]:
     found = await p.bus.bounds((run_id, "shaped"))  # type: ignore[arg-type]
     assert found is not None
     async for _source, events in history(p.bus, p.store, (run_id, "shaped"), 0, found[1]):
-        for event in events:
-            for obj in encoder.convert(event):
+        for one in events:
+            for obj in encoder.convert(one):
                 out.append(next(iter(obj.values())))
     return out
 
@@ -378,3 +380,33 @@ async def test_another_tenants_task_is_refused_like_one_that_does_not_exist(redi
                 "jsonrpc": "2.0", "id": 1, "method": "GetTask", "params": {"id": run_id}})
         assert card["securitySchemes"]["bearer"]["httpAuthSecurityScheme"]["scheme"] == "Bearer"
         assert refused.status_code == 401
+
+
+# ---- every cursor ------------------------------------------------------------------------------
+async def test_every_cursor_of_a_finished_task_resumes_with_exactly_what_follows_it(
+    memory_bus: Bus, store: ReplayLog
+) -> None:
+    """Resuming at each cursor the stream gave — between two objects of one event included —
+    gives exactly the objects after it; at the last one, the finished task and the end."""
+    run_id = unique("a2a-cursors")
+    events = [
+        event(run_id, 1, "run.lifecycle", {"state": "running"}, thread_id="chat-9"),
+        event(run_id, 2, "text.delta", text="Let me "),
+        event(run_id, 3, "text.delta", text="look. "),
+        event(run_id, 4, "tool.start", {"call_id": "c1", "tool": "search", "input": {"q": "x"}}),
+        event(run_id, 5, "tool.end", {"call_id": "c1", "ok": False, "error": "timeout"}),
+        event(run_id, 6, "reasoning.delta", text="hmm"),
+        event(run_id, 7, "text.delta", text="Done."),
+        event(run_id, 8, "run.lifecycle", {"state": "done"}),
+    ]
+    await publish(memory_bus, store, events)
+    async with serve_edge(memory_bus, store) as edge, a2a_client(edge.url, "HTTP+JSON") as client:
+        whole = [r async for r in client.subscribe(SubscribeToTaskRequest(id=run_id), context=resume())]
+        cursors = [cursor_of(r) for r in whole[1:]]
+        assert "4.0" in cursors and "4" in cursors, "an event of two objects (text closed, tool opened)"
+        for index, cursor in enumerate(cursors):
+            rest = [r async for r in client.subscribe(SubscribeToTaskRequest(id=run_id), context=resume(cursor))]
+            assert kind(rest[0]) == "task"
+            assert updates(rest) == updates(whole[index + 2:]), cursor
+        assert body(rest[0])["status"]["state"] == "TASK_STATE_COMPLETED" and len(rest) == 1
+    assert body(whole[0])["status"]["state"] == "TASK_STATE_SUBMITTED"

@@ -15,7 +15,8 @@ A request body is at most :data:`runwire.core.limits.FRAME_BYTES` and nests at m
 from __future__ import annotations
 
 import asyncio
-from collections.abc import Mapping
+import functools
+from collections.abc import Awaitable, Callable, Mapping
 from typing import Any
 
 import msgspec
@@ -104,7 +105,8 @@ class A2ACall:
         hold = edge.quotas.stream(self.principal.token_id if self.principal else "")
         with hold:
             cursor = self.request.headers.get(methods.CURSOR_HEADER.lower())
-            after, skip, live, finished = 0, None, False, None
+            after, skip, live = 0, None, False
+            finished: Callable[[], Awaitable[dict[str, Any]]] | None = None
             if method == "SendStreamingMessage":
                 sent = await methods.send_message(edge, self.principal, self.agent, params)
                 run_id, context_id, live = sent.run_id, sent.context_id, not sent.new
@@ -114,13 +116,14 @@ class A2ACall:
                 context_id = await methods.context_of(edge, run_id)
                 if self.extension and cursor is not None:
                     after, skip = methods.parse_cursor(cursor)
-                    finished = (await methods.task_encoder(edge, run_id)).task()
+                    finished = functools.partial(methods.task_now, edge, run_id)
                 else:
                     live = not self.extension  # the specification's subscription: the task now, then live
             stream = StreamRequest(run_id=run_id, view=methods.view_of(edge), format="a2a", after=after,
                                    live=live, holder=self.principal.token_id if self.principal else "")
             await serve_task_stream(edge, stream, receive, send, framing=self.framing, context_id=context_id,
-                                    extension=self.extension, skip=skip, finished_task=finished)
+                                    extension=self.extension, skip=skip,
+                                    finished_task=finished)
 
 
 STREAMING = frozenset({"SendStreamingMessage", "SubscribeToTask"})

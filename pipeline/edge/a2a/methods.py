@@ -113,6 +113,11 @@ async def task_encoder(edge: Edge, run_id: str) -> A2AEgress:
     return encoder
 
 
+async def task_now(edge: Edge, run_id: str) -> dict[str, Any]:
+    """The run's task as it stands (the caller checked read access)."""
+    return (await task_encoder(edge, run_id)).task()
+
+
 async def get_task(edge: Edge, principal: Principal | None, params: Mapping[str, Any]) -> dict[str, Any]:
     run_id = task_id_of(params)
     await edge.gate.check_run(principal, run_id, "read")

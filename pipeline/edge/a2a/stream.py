@@ -24,6 +24,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+from collections.abc import Awaitable, Callable
 from typing import Any
 
 import msgspec
@@ -134,7 +135,7 @@ def empty_task(run_id: str, context_id: str | None) -> dict[str, Any]:
 async def serve_task_stream(
     edge: Edge, stream: StreamRequest, receive: Receive, send: Send, *, framing: Framing,
     context_id: str | None, extension: bool, skip: tuple[int, int] | None,
-    finished_task: dict[str, Any] | None = None,
+    finished_task: Callable[[], Awaitable[dict[str, Any]]] | None = None,
 ) -> None:
     """Stream the run to the client until its terminal status, it leaves, or it must be cut off.
 
@@ -164,7 +165,7 @@ async def serve_task_stream(
                     await _refuse(send, framing, fault)
                     return
             else:
-                await asyncio.wait_for(sink.task_only(finished_task), timeout)
+                await asyncio.wait_for(sink.task_only(await finished_task()), timeout)
                 fault = None
         elif isinstance(refused, RunNotPublished):
             fault = A2AFault("TASK_NOT_FOUND", str(refused))
