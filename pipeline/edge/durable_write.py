@@ -48,6 +48,7 @@ from ..core.envelope import Event
 from ..core.errors import REQ_BAD_BODY, REQ_QUOTA, RequestError, RunwireError, UnknownRun
 from ..core.retry import state_of
 from ..core.ulid import new_event_id
+from ..store.base import ForkPoint
 from ..store.producers import MAX_PRODUCERS, Reservation
 from .auth import Principal
 from .authz import admit, authorize_write
@@ -90,6 +91,8 @@ class DurableWrite:
             if "stream-fork-sub-offset" in request.headers:
                 raise RequestError("Stream-Fork-Sub-Offset is not served: an offset here is one whole event")
             at = _fork_offset(request.headers.get("stream-fork-offset"))
+            if state is not None and await _fork_of(self.edge, run_id) is None:
+                return _plain(409, f"stream {run_id!r} exists and is no fork")
             await fork_for(self.edge, principal, _source_of(forked), at=at, run_id=run_id)
         elif state is None and (await probe(self.edge.bus, self.edge.store, (run_id, "raw"))).published:
             return _plain(409, f"run {run_id!r} already has events from another entrance; "
@@ -213,9 +216,15 @@ def _closing(request: Request) -> bool:
     return request.headers.get("stream-closed", "").lower() == "true"
 
 
+async def _fork_of(edge: Edge, run_id: str) -> ForkPoint | None:
+    """The fork the run is (None: it is no fork)."""
+    return next((f for f in await edge.store.fork_points([run_id]) if f.run_id == run_id), None)
+
+
 async def _fork_base(edge: Edge, run_id: str) -> int:
     """The seqs a fork's history holds before its own messages (0 for a stream that is no fork)."""
-    return next((f.at for f in await edge.store.fork_points([run_id]) if f.run_id == run_id), 0)
+    fork = await _fork_of(edge, run_id)
+    return 0 if fork is None else fork.at
 
 
 def _source_of(forked_from: str) -> str:

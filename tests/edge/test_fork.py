@@ -153,6 +153,8 @@ async def test_a_durable_streams_fork_reads_through_the_official_clients_and_tak
         assert (await http.put("/v1/ds/runs/ds-fork", headers=other)).status_code == 409
         past = await http.put("/v1/ds/runs/ds-past", headers={**fork_headers, "stream-fork-offset": "0" * 18 + "99"})
         assert past.status_code == 400 and "past its end" in past.text
+        assert (await http.put("/v1/ds/runs/plain", headers={"content-type": "application/json"})).status_code == 201
+        assert (await http.put("/v1/ds/runs/plain", headers=fork_headers)).status_code == 409
         sub = await http.put("/v1/ds/runs/ds-sub", headers={**fork_headers, "stream-fork-sub-offset": "1"})
         assert sub.status_code == 400
         missing = await http.put("/v1/ds/runs/ds-none", headers={**fork_headers,
@@ -206,3 +208,16 @@ async def test_a_fork_is_refused_like_a_read_and_written_like_any_run(memory_bus
     assert b_reads.status_code == 404
     assert a_reads.json()["tenant"] == "A" and a_reads.json()["last_seq"] == 2
     assert a_reads.json()["forked_from"] == {"run_id": fork_id, "source_id": RUN_A, "at": 2}
+
+
+async def test_a_fork_of_a_chats_run_is_the_threads_newest_run(memory_bus: Bus, store: ReplayLog) -> None:
+    """The copied events keep their ``thread_id``: the fork is a run of the same thread, its newest,
+    so a chat goes on from it; the fork of a finished run at an earlier seq is open."""
+    await publish(memory_bus, store, run_events("chat-run", 5, thread_id="chat-1"))
+    async with serve_edge(memory_bus, store) as edge, httpx.AsyncClient(base_url=edge.url, timeout=10) as http:
+        made = await http.post("/v1/runs/chat-run/fork", json={"at": 3, "run_id": "chat-retry"})
+        listed = (await http.get("/v1/runs", params={"thread_id": "chat-1"})).json()["runs"]
+        unknown = await http.get("/v1/runs/nope")
+    assert made.status_code == 201
+    assert [(r["run_id"], r["state"]) for r in listed] == [("chat-retry", "running"), ("chat-run", "done")]
+    assert unknown.status_code == 404
