@@ -4,8 +4,9 @@ A webhook URL is chosen by a tenant and fetched by runwire's processes, from
 inside the operator's network: without a check it is a door to the metadata
 service, the database and every internal admin page (SSRF). So a URL is
 checked when a webhook is added (every address its host resolves to), and
-again at every connection: :class:`GuardedBackend` resolves the host itself
-and connects only to an address that passes, so a name that resolved to a
+again at every connection: :class:`GuardedResolver` resolves the host for the
+HTTP client, which connects only to an address that passes (an IP literal is
+checked by the sender before it sends), so a name that resolved to a
 public address at the check and to ``127.0.0.1`` a minute later (DNS
 rebinding) gets nowhere. Redirects are never followed (the sender answers a
 3xx as a failure), so a public URL can't forward a delivery inward either.
@@ -20,10 +21,9 @@ import asyncio
 import ipaddress
 import socket
 from collections.abc import Iterable
-from typing import Any
 from urllib.parse import urlsplit
 
-import httpcore
+from aiohttp.abc import AbstractResolver, ResolveResult
 
 from ..core.errors import REQ_BAD_PARAMETER, RequestError
 
@@ -69,17 +69,27 @@ def refusal(address: IPAddress) -> str | None:
     return None
 
 
+class Unresolvable(OSError):
+    """A host name with no address."""
+
+
 async def resolve(host: str, port: int) -> list[IPAddress]:
-    """Every address ``host`` resolves to (an IP literal is itself)."""
-    try:
-        return [ipaddress.ip_address(host.strip("[]"))]
-    except ValueError:
-        pass
+    """Every address ``host`` resolves to (an IP literal is itself); Unresolvable when none."""
+    literal = ip_literal(host)
+    if literal is not None:
+        return [literal]
     try:
         infos = await asyncio.get_running_loop().getaddrinfo(host, port, type=socket.SOCK_STREAM)
     except OSError as exc:
-        raise httpcore.ConnectError(f"cannot resolve {host}: {exc}") from None
+        raise Unresolvable(f"cannot resolve {host}: {exc}") from None
     return list(dict.fromkeys(ipaddress.ip_address(str(info[4][0]).split("%")[0]) for info in infos))
+
+
+def ip_literal(host: str) -> IPAddress | None:
+    try:
+        return ipaddress.ip_address(host.strip("[]"))
+    except ValueError:
+        return None
 
 
 def allowed(addresses: Iterable[IPAddress], host: str, allow_private: bool) -> list[IPAddress]:
@@ -100,7 +110,7 @@ async def check_url(url: str, *, allow_private: bool) -> None:
     host, port = split_url(url)
     try:
         addresses = await resolve(host, port)
-    except httpcore.ConnectError as exc:
+    except Unresolvable as exc:
         raise TargetRefused(str(exc)) from None
     if not allow_private:
         bad = [address for address in addresses if refusal(address) is not None]
@@ -109,29 +119,19 @@ async def check_url(url: str, *, allow_private: bool) -> None:
                                 " (allow with --webhooks-allow-private)")
 
 
-class GuardedBackend(httpcore.AsyncNetworkBackend):
-    """httpcore's network backend connecting only to addresses :func:`allowed` lets through."""
+class GuardedResolver(AbstractResolver):
+    """aiohttp's resolver, answering only addresses :func:`allowed` lets through: the connection
+    is made to one of them (aiohttp connects to what its resolver answers)."""
 
     def __init__(self, *, allow_private: bool) -> None:
         self.allow_private = allow_private
-        self._inner = httpcore.AnyIOBackend()
 
-    async def connect_tcp(self, host: str, port: int, timeout: float | None = None,  # noqa: ASYNC109 - httpcore's signature
-                          local_address: str | None = None, socket_options: Any = None) -> httpcore.AsyncNetworkStream:
+    async def resolve(self, host: str, port: int = 0,
+                      family: socket.AddressFamily = socket.AF_INET) -> list[ResolveResult]:
         addresses = allowed(await resolve(host, port), host, self.allow_private)
-        error: Exception | None = None
-        for address in addresses:
-            try:
-                return await self._inner.connect_tcp(str(address), port, timeout=timeout,
-                                                     local_address=local_address, socket_options=socket_options)
-            except (httpcore.ConnectError, httpcore.ConnectTimeout) as exc:
-                error = exc
-        assert error is not None
-        raise error
+        return [ResolveResult(hostname=host, host=str(address), port=port,
+                              family=socket.AF_INET6 if address.version == 6 else socket.AF_INET,
+                              proto=0, flags=socket.AI_NUMERICHOST) for address in addresses]
 
-    async def connect_unix_socket(self, path: str, timeout: float | None = None,  # noqa: ASYNC109 - httpcore's
-                                  socket_options: Any = None) -> httpcore.AsyncNetworkStream:
-        raise TargetRefused("webhooks are delivered over TCP only")
-
-    async def sleep(self, seconds: float) -> None:
-        await self._inner.sleep(seconds)
+    async def close(self) -> None:
+        return None
