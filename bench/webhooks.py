@@ -36,6 +36,7 @@ import subprocess
 import sys
 import tempfile
 import time
+import uuid
 from pathlib import Path
 from typing import Any
 
@@ -133,28 +134,29 @@ async def drain(log: ReplayLog, url: str, count: int, concurrency: int, receiver
     stop.set()
     await task
     await sender.aclose()
-    assert deliverer.stats.retried == 0 and await outbox.counts("bench") == (0, 0)
+    assert deliverer.stats.retried == 0 and deliverer.stats.exhausted == 0
     return figures(name, count, wall, cpu)
 
 
 async def one_round(store_url: str, url: str, count: int, concurrency: int, receiver_pid: int) -> dict[str, float]:
+    tag = uuid.uuid4().hex[:8]  # rounds may share one database
     out = await baseline(url, count, concurrency, receiver_pid)
     async with open_store(store_url) as log:
         outbox = log.outbox()
         secret = new_secret()
         started = time.monotonic()
         for first in range(0, count, 500):
-            await outbox.enqueue([Delivery(id=f"msg_o{n}", channel="bench", url=url, body=BODY, secrets=secret)
+            await outbox.enqueue([Delivery(id=f"msg_{tag}{n}", channel="bench", url=url, body=BODY, secrets=secret)
                                   for n in range(first, min(count, first + 500))])
         out["enqueue_us_per_delivery"] = round((time.monotonic() - started) * 1e6 / count, 1)
         out |= await drain(log, url, count, concurrency, receiver_pid, "outbox", fan_out=False)
 
-        await outbox.add_webhook(Subscription(id="bench", tenant="acme", url=url, events=["run.finished"],
+        await outbox.add_webhook(Subscription(id=f"bench-{tag}", tenant=tag, url=url, events=["run.finished"],
                                               secret=secret, created_at=time.time()))
         started = time.monotonic()
         for first in range(0, count, 500):
             await log.append([make("run.lifecycle", {"state": "done"}, id=f"evt_{n}", ts="2026-11-27T09:00:00Z",
-                                   run_id=f"run-{n}", seq=1, tenant="acme")
+                                   run_id=f"run-{tag}-{n}", seq=1, tenant=tag)
                               for n in range(first, min(count, first + 500))])
         out["append_us_per_run"] = round((time.monotonic() - started) * 1e6 / count, 1)
         out |= await drain(log, url, count, concurrency, receiver_pid, "runs", fan_out=True)

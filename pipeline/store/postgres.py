@@ -47,7 +47,7 @@ from .base import (
     SweepResult,
     stream_checkpoint,
 )
-from .outbox import INSERT_NOTICE, POSTGRES, Outbox, ddl, in_dialect, notice_rows
+from .outbox import INSERT_NOTICE, POSTGRES, Notice, Outbox, ddl, in_dialect, notice_rows
 from .outbox_postgres import ThreadConnection
 from .producers import ProducerState, Reservation, reserve
 from .runmeta import (
@@ -318,13 +318,15 @@ class PostgresLog(ReplayLog):
                     stored = await self._insert(conn, rows)
                     fresh = [row[0] for row in rows if (row[0].run_id, row[0].seq) in stored]
                     now = self.clock()
+                    notices: list[Notice] = []
                     for run_id, delta in summarize(fresh).items():
                         if run_id in checkpoints:
                             with_checkpoint(delta, *checkpoints[run_id])
                         await self._merge_run(conn, delta, now)
-                        if delta.notices:
-                            async with conn.cursor() as cursor:
-                                await cursor.executemany(_INSERT_NOTICE, notice_rows(delta.notices, now.timestamp()))
+                        notices += delta.notices
+                    if notices:
+                        async with conn.cursor() as cursor:
+                            await cursor.executemany(_INSERT_NOTICE, notice_rows(notices, now.timestamp()))
             except psycopg.OperationalError as exc:
                 raise StoreUnavailable(f"PostgreSQL: {exc}") from exc
             except psycopg.Error as exc:
