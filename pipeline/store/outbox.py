@@ -56,6 +56,7 @@ T = TypeVar("T")
 
 class Connection(Protocol):
     def execute(self, sql: Any, params: Sequence[Any] = ...) -> Any: ...
+    def cursor(self) -> Any: ...
 
 
 Runner = Callable[[Callable[[Any], T]], Awaitable[T]]
@@ -103,8 +104,13 @@ class Outbox:
     def _tx(self, conn: Connection, work: Callable[[Callable[..., Any]], T]) -> T:
         """``work(execute)`` in one transaction, rolled back on any error."""
 
-        def execute(statement: str, params: Sequence[Any] = ()) -> Any:
-            return conn.execute(in_dialect(statement, self.dialect.placeholder), params)
+        def execute(statement: str, params: Sequence[Any] = (), *, rows: Sequence[Sequence[Any]] = ()) -> Any:
+            """One statement, or with ``rows`` one statement per row in one call (``executemany``:
+            one round trip to PostgreSQL in pipeline mode)."""
+            sql = in_dialect(statement, self.dialect.placeholder)
+            if rows:
+                return conn.cursor().executemany(sql, rows)
+            return conn.execute(sql, params)
 
         conn.execute(self.dialect.begin)
         try:
@@ -205,11 +211,11 @@ class Outbox:
 
     # ---- deliveries --------------------------------------------------------------------
     def _insert(self, ex: Callable[..., Any], deliveries: Sequence[Delivery], now: float) -> None:
-        for d in deliveries:
+        if deliveries:
             ex(f"INSERT INTO deliveries ({_DELIVERY_COLUMNS}, next_at) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?)"
                " ON CONFLICT (id) DO NOTHING",
-               (d.id, d.channel, d.url, d.body, d.secrets, _json.encode(d.headers).decode(), d.attempts,
-                d.created_at or now, now))
+               rows=[(d.id, d.channel, d.url, d.body, d.secrets, _json.encode(d.headers).decode(), d.attempts,
+                      d.created_at or now, now) for d in deliveries])
 
     async def enqueue(self, deliveries: Sequence[Delivery]) -> None:
         """Queue deliveries, due now; one already queued under its id is left as it is."""
@@ -232,6 +238,16 @@ class Outbox:
 
         return await self._do(claim)
 
+    async def release(self, ids: Sequence[str], due: float) -> None:
+        """Claimed deliveries not attempted after all: due again at ``due``, no attempt counted."""
+        def release(ex: Callable[..., Any]) -> None:
+            for start in range(0, len(ids), 500):
+                chunk = list(ids[start:start + 500])
+                ex(f"UPDATE deliveries SET next_at = ? WHERE id IN ({', '.join(['?'] * len(chunk))})", (due, *chunk))
+
+        if ids:
+            await self._do(release)
+
     async def settle(self, delivered: Sequence[Outcome], retries: Sequence[tuple[Outcome, float]],
                      exhausted: Sequence[Outcome]) -> None:
         """Record attempts: delivered ones deleted, failed ones due again at their time, exhausted
@@ -242,9 +258,9 @@ class Outbox:
             for start in range(0, len(delivered), 500):
                 ids = [o[0] for o in delivered[start:start + 500]]
                 ex(f"DELETE FROM deliveries WHERE id IN ({', '.join(['?'] * len(ids))})", ids)
-            for (delivery_id, _, _, error), due in retries:
+            if retries:
                 ex("UPDATE deliveries SET attempts = attempts + 1, next_at = ?, last_error = ? WHERE id = ?",
-                   (due, error, delivery_id))
+                   rows=[(due, error, delivery_id) for (delivery_id, _, _, error), due in retries])
             for delivery_id, channel, at, error in exhausted:
                 ex("UPDATE deliveries SET attempts = attempts + 1, failed_at = ?, last_error = ? WHERE id = ?",
                    (at, error, delivery_id))

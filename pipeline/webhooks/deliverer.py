@@ -11,7 +11,9 @@ worker's event loop.
 Each round settles the attempts that finished, turns new run notices into
 deliveries (:meth:`Outbox.fan_out`, when a ``build`` is given), claims due
 deliveries for its free slots (leased for :data:`LEASE_S`: a process that
-dies mid-send leaves them due again after it) and starts them. A failed
+dies mid-send leaves them due again after it) and starts them — at most
+``per_channel`` of one channel at once, so a receiver that answers slowly
+delays its own deliveries, not everyone's. A failed
 attempt is due again after the next step of :data:`RETRY_SCHEDULE` (±10 %):
 three retries within the first minute, then further apart, for ~28 hours in
 all; a delivery whose schedule is spent (or whose target is refused) is
@@ -47,6 +49,8 @@ FAILED_KEPT_S = 7 * 86400.0
 NOTICES_KEPT_S = 86400.0
 """A run notice no process took for this long is dropped (nothing fans out from this log)."""
 PURGE_EVERY_S = 600.0
+RELEASE_S = 2.0
+"""A delivery claimed while its channel had its share of attempts under way is due again after this."""
 
 
 class DeliveryStats(msgspec.Struct, kw_only=True):
@@ -60,18 +64,22 @@ class Deliverer:
     """Delivers an outbox's due deliveries, ``concurrency`` at once."""
 
     def __init__(self, outbox: Outbox, sender: Sender, *, build: Build | None = None,
-                 schedule: tuple[float, ...] = RETRY_SCHEDULE, concurrency: int = 64, poll_s: float = 0.5,
-                 lease_s: float = LEASE_S, clock: Callable[[], float] = time.time) -> None:
+                 schedule: tuple[float, ...] = RETRY_SCHEDULE, concurrency: int = 64, per_channel: int = 8,
+                 poll_s: float = 0.5, lease_s: float = LEASE_S, clock: Callable[[], float] = time.time) -> None:
         self.outbox = outbox
         self.sender = sender
         self.build = build
         self.schedule = schedule
         self.concurrency = concurrency
+        self.per_channel = per_channel
+        """Attempts of one channel under way at once: a receiver that answers slowly holds at most
+        this many of the ``concurrency`` slots, and the others' deliveries go on."""
         self.poll_s = poll_s
         self.lease_s = lease_s
         self.clock = clock
         self.stats = DeliveryStats()
         self._inflight: set[asyncio.Task[None]] = set()
+        self._channels: dict[str, int] = {}
         self._finished: list[tuple[Delivery, str | None, bool, float]] = []
         self._wake = asyncio.Event()
         self._next_purge = 0.0
@@ -120,10 +128,17 @@ class Deliverer:
         self.stats.notices += notices
         free = self.concurrency - len(self._inflight)
         claimed = await self.outbox.claim(free, self.lease_s) if free > 0 else []
+        later: list[str] = []
         for delivery in claimed:
+            if self._channels.get(delivery.channel, 0) >= self.per_channel:
+                later.append(delivery.id)
+                continue
+            self._channels[delivery.channel] = self._channels.get(delivery.channel, 0) + 1
             task = asyncio.create_task(self._attempt(delivery))
             self._inflight.add(task)
             task.add_done_callback(self._inflight.discard)
+        if later:  # its channel has its share under way: due again shortly, no attempt counted
+            await self.outbox.release(later, self.clock() + RELEASE_S)
         if self.clock() >= self._next_purge:
             now = self.clock()
             await self.outbox.purge(now - FAILED_KEPT_S, now - NOTICES_KEPT_S)
@@ -137,6 +152,9 @@ class Deliverer:
             log.exception("webhook delivery %s failed unexpectedly", delivery.id)
             error, final = f"{type(exc).__name__}: {exc}", False
         self._finished.append((delivery, error, final, self.clock()))
+        left = self._channels.pop(delivery.channel, 1) - 1
+        if left:
+            self._channels[delivery.channel] = left
         self._wake.set()
 
     async def _settle(self) -> int:

@@ -158,3 +158,22 @@ async def test_a_slow_receiver_ends_its_attempt_at_the_bound() -> None:
         finally:
             await quick.aclose()
     assert error is not None and not final and time.monotonic() - started < 10
+
+
+async def test_a_slow_receiver_delays_only_its_own_deliveries(log: ReplayLog) -> None:
+    """A receiver that holds every request open gets at most ``per_channel`` of the deliverer's
+    slots; another channel's deliveries, queued after its, all go out meanwhile."""
+    patient = Sender(allow_private=True, attempt_s=60.0)
+    async with serve_receiver(Receiver(delay_s=60)) as slow, serve_receiver(Receiver()) as fast:
+        slow.secret = fast.secret = new_secret()
+        outbox = log.outbox()
+        await outbox.enqueue([Delivery(id=f"msg_slow{n}", channel="slow", url=slow.url + "/hook", body=b"{}",
+                                       secrets=slow.secret) for n in range(20)])
+        await outbox.enqueue([Delivery(id=f"msg_fast{n}", channel="fast", url=fast.url + "/hook", body=b"{}",
+                                       secrets=fast.secret) for n in range(10)])
+        deliverer = Deliverer(outbox, patient, concurrency=8, per_channel=3, poll_s=0.05)
+        try:
+            await deliver_until(deliverer, lambda: len(fast.accepted) == 10, "the fast receiver's deliveries")
+        finally:
+            await patient.aclose()
+        assert slow.accepted == {} and len(slow.attempts) <= 3
