@@ -8,10 +8,14 @@ until a stop (or, with ``burst``, until idle), then leaves the group.
 from __future__ import annotations
 
 import asyncio
+import os
 import signal
 import time
 
+from prometheus_client import CollectorRegistry
+
 from runwire.bus import Bus
+from runwire.jobs.export import exporter_from_env, exporting
 from runwire.processing.processor import DEFAULT_QUIET_S, DEFAULT_SILENCE_S, Processor
 from runwire.processing.stages import BATCH, FETCH, TICK_S, Stages, WorkerStats
 from runwire.processing.worker_loop import ConsumerLoop
@@ -42,22 +46,28 @@ async def run_worker(
     batch: int = FETCH,
     tick_s: float = TICK_S,
     claim_idle_ms: int | None = None,
+    metrics: CollectorRegistry | None = None,
 ) -> WorkerStats:
-    """Consume ``group`` as ``name`` until ``stop`` is set (or, with ``burst``, until idle)."""
+    """Consume ``group`` as ``name`` until ``stop`` is set (or, with ``burst``, until idle).
+
+    With the standard ``OTEL_EXPORTER_OTLP_*`` variables set, the runs it writes are exported as
+    spans beside it (:mod:`runwire.jobs.export`; its counters in ``metrics``)."""
     stop = stop if stop is not None else asyncio.Event()
     consumer = (
         bus.consumer(group, name)
         if claim_idle_ms is None
         else bus.consumer(group, name, claim_idle_ms=claim_idle_ms)
     )
+    exporter = exporter_from_env(os.environ, store, holder=name, registry=metrics)
     stages = Stages(
         bus, store, Processor(silence_s=silence_s, quiet_s=quiet_s), stop,
-        dead_letter=consumer.dead_letter
+        dead_letter=consumer.dead_letter, on_logged=exporter.offer if exporter else None,
     )
     worker = ConsumerLoop(consumer, stages)
     started = time.monotonic()
     try:
-        await worker.loop(batch=batch, tick_s=tick_s, burst=burst)
+        async with exporting(exporter):
+            await worker.loop(batch=batch, tick_s=tick_s, burst=burst)
     finally:
         await consumer.close()
         stages.stats.seconds = time.monotonic() - started

@@ -13,6 +13,7 @@ Endpoints (``docs/edge.md`` has the full table):
 ``WS   /v1/threads``                            AI SDK ``WebSocketChatTransport`` (send/resume/abort)
 ``GET  /v1/runs/{run_id}/events.jsonl``         export (``?format=``)
 ``/v1/webhooks``                                a tenant's webhooks (``edge/webhooks.py``)
+``GET  /v1/runs/{run_id}/spans``                the run's span tree (what the timeline draws)
 ``GET  /healthz`` · ``/readyz`` · ``/metrics``  operations
 ``GET  /`` · ``/runs/{run_id}``                 the live page
 ``/.well-known/agent-card.json`` · ``/a2a/…``  A2A 1.0 (``docs/a2a.md``)
@@ -68,6 +69,7 @@ from .params import bounded_body, choice, cursor, list_limit, moment
 from .runs import list_runs
 from .session import StreamRequest
 from .settings import EdgeSettings
+from .spans import spans_endpoint
 from .threads import AI_SDK_HEADERS, thread_stream
 from .transports import (
     NDJSON_MEDIA_TYPE,
@@ -383,6 +385,7 @@ def create_app(bus: Bus, store: ReplayLog, settings: EdgeSettings | None = None)
         WebSocketRoute("/v1/runs/{run_id}/stream", websocket_endpoint(edge)),
         Route("/v1/runs/{run_id}/events", ingest_endpoint(edge), methods=["POST"]),
         Route("/v1/runs/{run_id}/events.jsonl", export_endpoint(edge)),
+        Route("/v1/runs/{run_id}/spans", spans_endpoint(edge)),
         Route("/v1/runs/{run_id}/control", control_endpoint(edge), methods=["GET", "POST"]),
         Route("/v1/threads/{thread_id}/stream", ThreadStreamEndpoint(edge)),
         Route("/v1/ds/runs/{run_id}", DurableRead(edge, authorize_stream), methods=["GET", "HEAD"]),

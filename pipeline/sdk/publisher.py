@@ -130,6 +130,7 @@ class Run:
         parent_id: str | None = None,
         root_id: str | None = None,
         thread_id: str | None = None,
+        agent: str | None = None,
     ) -> None:
         self.publisher = publisher
         self.run_id = run_id
@@ -137,6 +138,8 @@ class Run:
         self.parent_id = parent_id
         self.root_id = root_id
         self.thread_id = thread_id
+        self.agent = agent
+        """The agent's name, said on the run's first event (``ext.agent.name``): spans name it."""
         self.seq = 0
         """The seq of the last event emitted (0 before the first)."""
         self._fields: dict[str, Any] = {
@@ -152,6 +155,8 @@ class Run:
         envelope's extension object)."""
         event_id, ts = self.publisher._clock.stamp()
         typed = _TYPED.get(type)
+        if self.seq == 0 and self.agent is not None:
+            ext = {**(ext or {}), "agent": {"name": self.agent}}
         fields = self._fields if ext is None else {**self._fields, "ext": ext}
         event: Event
         try:
@@ -343,6 +348,7 @@ class Publisher(AsyncResource):
         root: str | None = None,
         thread: str | None = None,
         context: str | RunContext | None = None,
+        agent: str | None = None,
     ) -> Run:
         """A handle for publishing run ``run_id`` (seq from 1).
 
@@ -356,7 +362,9 @@ class Publisher(AsyncResource):
         answers (the AI SDK's ``chatId``): every event of the run carries it
         as ``thread_id``, and the edge serves a thread's active run at
         ``/v1/threads/{thread}/stream``. A child run is not given its
-        parent's thread: a thread's runs are the turns a chat shows.
+        parent's thread: a thread's runs are the turns a chat shows. ``agent`` names the
+        agent that runs it (its first event says it as ``ext.agent.name``; exported spans
+        are then ``invoke_agent {agent}``, docs/observability.md).
         """
         parent_id: str | None = None
         root_id: str | None = None
@@ -376,7 +384,7 @@ class Publisher(AsyncResource):
                 tenant = seen[1]
         self._remember(run_id, root_id or run_id, tenant)
         return Run(self, run_id, tenant=tenant, parent_id=parent_id, root_id=root_id,
-                   thread_id=thread)
+                   thread_id=thread, agent=agent)
 
     def _remember(self, run_id: str, root_id: str, tenant: str | None) -> None:
         roots = self._roots

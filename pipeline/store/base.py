@@ -270,6 +270,26 @@ class ReplayLog(ConnectedResource):
     async def stream_release(self, run_id: str) -> None:
         """The batch reserved last has been published: the next may go."""
 
+    # ---- span export cursors (runwire.jobs.export) ---------------------
+    @abstractmethod
+    async def export_claim(self, roots: Sequence[str], holder: str, hold_s: float) -> dict[str, int]:
+        """Hold the span export of each root run for ``hold_s`` seconds, unless another holder's
+        hold is still live; returns, for each root now held by ``holder``, the seq its spans are
+        exported through (0 before any). Atomic across every process sharing the log."""
+
+    @abstractmethod
+    async def export_commit(
+        self, moves: Sequence[tuple[str, int, int]], holder: str, hold_s: float
+    ) -> list[str]:
+        """Move each ``(root, before, after)`` export cursor from ``before`` to ``after`` where
+        ``holder`` still holds it and it still stands at ``before`` (renewing the hold); returns
+        the roots moved."""
+
+    @abstractmethod
+    async def export_behind(self, since: datetime, until: datetime, limit: int) -> list[str]:
+        """Root runs last written between ``since`` and ``until`` whose last seq is past their
+        export cursor (or that have none): what a crashed exporter left unsent."""
+
     async def runs(
         self,
         *,

@@ -132,6 +132,12 @@ CREATE TABLE IF NOT EXISTS forks (
     created_at timestamptz NOT NULL DEFAULT now()
 );
 CREATE INDEX IF NOT EXISTS forks_source ON forks (source_id);
+CREATE TABLE IF NOT EXISTS span_exports (
+    root_id    text PRIMARY KEY,
+    seq        bigint NOT NULL DEFAULT 0,
+    holder     text NOT NULL,
+    held_until double precision NOT NULL
+);
 """ + ddl(POSTGRES)
 """Schema 2 added ``runs.thread_id``, schema 3 ``runs.checkpoint`` (the raw stream's checkpoint of
 record), schema 4 the outbox's tables (``outbox.py``): ``ADD COLUMN IF NOT EXISTS`` and ``CREATE …
@@ -567,6 +573,7 @@ class PostgresLog(ReplayLog):
                 await conn.execute("DELETE FROM ds_streams WHERE run_id = ANY(%s)", (chunk,))
                 await conn.execute("DELETE FROM ds_producers WHERE run_id = ANY(%s)", (chunk,))
                 await conn.execute("DELETE FROM forks WHERE run_id = ANY(%s)", (chunk,))
+                await conn.execute("DELETE FROM span_exports WHERE root_id = ANY(%s)", (chunk,))
         await conn.execute(  # claims of runs that never reached the log
             "DELETE FROM run_owners o WHERE created_at <= %s"
             " AND NOT EXISTS (SELECT 1 FROM runs r WHERE r.run_id = o.run_id)",
@@ -586,3 +593,48 @@ class PostgresLog(ReplayLog):
             (moment - self.retention.unfinished,),
         )
         return SweepResult(runs=run_ids, events=deleted)
+
+    # ---- span export cursors -------------------------------------------
+    async def export_claim(self, roots: Sequence[str], holder: str, hold_s: float) -> dict[str, int]:
+        if not roots:
+            return {}
+        now = self.clock().timestamp()
+        rows = await self._write(
+            "INSERT INTO span_exports AS x (root_id, seq, holder, held_until)"
+            " SELECT root, 0, %(holder)s, %(until)s FROM unnest(%(roots)s::text[]) AS root"
+            " ON CONFLICT (root_id) DO UPDATE SET holder = excluded.holder, held_until = excluded.held_until"
+            " WHERE x.holder = excluded.holder OR x.held_until < %(now)s RETURNING root_id, seq",
+            {"roots": list(roots), "holder": holder, "until": now + hold_s, "now": now})
+        return {str(root): int(seq) for root, seq in rows}
+
+    async def export_commit(
+        self, moves: Sequence[tuple[str, int, int]], holder: str, hold_s: float
+    ) -> list[str]:
+        if not moves:
+            return []
+        rows = await self._write(
+            "UPDATE span_exports AS x SET seq = m.after, held_until = %(until)s"
+            " FROM unnest(%(roots)s::text[], %(befores)s::bigint[], %(afters)s::bigint[]) AS m(root, before, after)"
+            " WHERE x.root_id = m.root AND x.holder = %(holder)s AND x.seq = m.before RETURNING x.root_id",
+            {"roots": [m[0] for m in moves], "befores": [m[1] for m in moves], "afters": [m[2] for m in moves],
+             "holder": holder, "until": self.clock().timestamp() + hold_s})
+        return [str(row[0]) for row in rows]
+
+    async def export_behind(self, since: datetime, until: datetime, limit: int) -> list[str]:
+        rows = await self._fetch(
+            "SELECT r.run_id FROM runs r LEFT JOIN span_exports x ON x.root_id = r.run_id"
+            " WHERE r.parent_id IS NULL AND r.updated_at >= %s AND r.updated_at <= %s"
+            " AND r.last_seq > coalesce(x.seq, 0) ORDER BY r.updated_at LIMIT %s", (since, until, limit))
+        return [str(row[0]) for row in rows]
+
+    async def _write(self, sql: str, args: dict[str, Any]) -> list[tuple[Any, ...]]:
+        """One statement on the writing connection, in its own transaction."""
+        async with self._writer.lock:
+            conn = await self._writer.get()
+            try:
+                async with conn.transaction():
+                    return await (await conn.execute(sql, args)).fetchall()
+            except psycopg.OperationalError as exc:
+                raise StoreUnavailable(f"PostgreSQL: {exc}") from exc
+            except psycopg.Error as exc:
+                raise StoreError(f"PostgreSQL: {exc}") from exc

@@ -159,7 +159,15 @@ CREATE TABLE IF NOT EXISTS forks (
     created_at REAL NOT NULL
 );
 CREATE INDEX IF NOT EXISTS forks_source ON forks (source_id);
+CREATE TABLE IF NOT EXISTS span_exports (
+    root_id    TEXT PRIMARY KEY,
+    seq        INTEGER NOT NULL DEFAULT 0,
+    holder     TEXT NOT NULL,
+    held_until REAL NOT NULL
+);
 """ + ddl(SQLITE)
+"""``span_exports`` (the span exporter's cursor and hold per root run) is a table of its own that
+no older code reads: made by every open (``IF NOT EXISTS``), it needs no schema version."""
 
 BUSY_TIMEOUT_S = 10.0
 """How long a statement waits for another connection's lock (opening included) before
@@ -921,6 +929,7 @@ class SQLiteLog(ReplayLog):
                 db.executemany("DELETE FROM ds_streams WHERE run_id = ?", chunk)
                 db.executemany("DELETE FROM ds_producers WHERE run_id = ?", chunk)
                 db.executemany("DELETE FROM forks WHERE run_id = ?", chunk)
+                db.executemany("DELETE FROM span_exports WHERE root_id = ?", chunk)
         return deleted
 
     async def sweep(self, *, now: datetime | None = None, dry_run: bool = False) -> SweepResult:
@@ -946,3 +955,49 @@ class SQLiteLog(ReplayLog):
             (_epoch(now - self.retention.unfinished),),
         )
         return SweepResult(runs=run_ids, events=deleted)
+
+    # ---- span export cursors -------------------------------------------
+    async def export_claim(self, roots: Sequence[str], holder: str, hold_s: float) -> dict[str, int]:
+        def claim() -> dict[str, int]:
+            now = _epoch(self.clock())
+            db, held = self._db, {}
+            with _transaction(db):
+                for root in roots:
+                    db.execute(_EXPORT_CLAIM, (root, holder, now + hold_s, now))
+                    row = db.execute("SELECT seq FROM span_exports WHERE root_id = ? AND holder = ?",
+                                     (root, holder)).fetchone()
+                    if row is not None:
+                        held[root] = int(row[0])
+            return held
+
+        return await self._call(claim) if roots else {}
+
+    async def export_commit(
+        self, moves: Sequence[tuple[str, int, int]], holder: str, hold_s: float
+    ) -> list[str]:
+        def commit() -> list[str]:
+            until, db, moved = _epoch(self.clock()) + hold_s, self._db, []
+            with _transaction(db):
+                for root, before, after in moves:
+                    if db.execute("UPDATE span_exports SET seq = ?, held_until = ? WHERE root_id = ?"
+                                  " AND holder = ? AND seq = ?", (after, until, root, holder, before)).rowcount:
+                        moved.append(root)
+            return moved
+
+        return await self._call(commit) if moves else []
+
+    async def export_behind(self, since: datetime, until: datetime, limit: int) -> list[str]:
+        rows = await self._call(lambda: self._db.execute(
+            "SELECT r.run_id FROM runs r LEFT JOIN span_exports x ON x.root_id = r.run_id"
+            " WHERE r.parent_id IS NULL AND r.updated_at >= ? AND r.updated_at <= ?"
+            " AND r.last_seq > coalesce(x.seq, 0) ORDER BY r.updated_at LIMIT ?",
+            (_epoch(since), _epoch(until), limit)).fetchall())
+        return [row[0] for row in rows]
+
+
+_EXPORT_CLAIM = (
+    "INSERT INTO span_exports (root_id, seq, holder, held_until) VALUES (?, 0, ?, ?)"
+    " ON CONFLICT (root_id) DO UPDATE SET holder = excluded.holder, held_until = excluded.held_until"
+    " WHERE span_exports.holder = excluded.holder OR span_exports.held_until < ?"
+)
+"""Hold a root's export: a new row, or ours again, or one whose holder's hold has lapsed."""

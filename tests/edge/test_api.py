@@ -65,6 +65,8 @@ async def test_auth_matrix_a_tenant_cannot_touch_another_tenants_run(secured: Ed
         assert await _stream_status(http, f"/v1/runs/{RUN_B}/stream", a) == 404
         assert (await http.get(f"/v1/runs/{RUN_A}/events.jsonl", headers=a)).status_code == 200
         assert (await http.get(f"/v1/runs/{RUN_B}/events.jsonl", headers=a)).status_code == 404
+        assert (await http.get(f"/v1/runs/{RUN_A}/spans", headers=a)).status_code == 200
+        assert (await http.get(f"/v1/runs/{RUN_B}/spans", headers=a)).status_code == 404
         ingest = await http.post(f"/v1/runs/{RUN_B}/events", content=line, headers=a)
         assert (ingest.status_code, ingest.json()["code"]) == (403, "KAI-STREAM-AUTH-0003")
         control = {"command": "cancel"}

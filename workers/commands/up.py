@@ -313,6 +313,7 @@ class _Parts:
                 group=settings.group,
                 name=settings.name,
                 stop=self.worker_stop,
+                metrics=self.app.state.edge.metrics.registry,
             ),
             name="runwire-worker",
         )

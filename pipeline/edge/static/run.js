@@ -8,7 +8,7 @@ import { count, el, stateBadge, withToken } from "./common.js";
 import { Controls } from "./controls.js";
 import { Detail } from "./detail.js";
 import { RunModel } from "./model.js";
-import { Timeline } from "./timeline.js";
+import { SpanFeed, Timeline } from "./timeline.js";
 import { RunTree } from "./tree.js";
 import { RunStream } from "./stream.js";
 
@@ -34,8 +34,13 @@ const tree = new RunTree(document.getElementById("tree"), model, (id) => {
   details.show(id);
   timeline.highlight(id);
 });
+const spans = new SpanFeed(runId, (tree) => {
+  timeline.update(tree);
+  stats.spansSeq = tree.last_seq;
+  schedule();
+});
 const connection = document.getElementById("connection");
-const stats = { events: 0, renders: 0, renderedSeq: 0, ended: false, firstEventAt: null, lastRenderAt: null, longestRenderMs: 0, handlingMs: 0 };
+const stats = { events: 0, renders: 0, renderedSeq: 0, spansSeq: 0, ended: false, firstEventAt: null, lastRenderAt: null, longestRenderMs: 0, handlingMs: 0 };
 window.runView = { model, stats };
 let ended = false;
 let frame = 0;
@@ -58,6 +63,7 @@ function render() {
   for (const node of model.nodes.values()) node.changed = false;
   stats.renders++;
   stats.renderedSeq = model.lastSeq;
+  stats.renderedSpansSeq = stats.spansSeq;
   stats.lastRenderAt = performance.now();
   stats.longestRenderMs = Math.max(stats.longestRenderMs, stats.lastRenderAt - began);
 }
@@ -96,6 +102,7 @@ function banner(text) {
 }
 
 function end(label) {
+  if (!ended) spans.want(true);
   ended = true;
   stats.ended = true;
   stream.stop();
@@ -114,6 +121,7 @@ function receive(events) {
     if (event.type === "error") banner(`${event.code}: ${event.message}`);
   }
   stats.handlingMs += performance.now() - began;
+  spans.want(model.root.terminal);
   if (model.root.terminal) end("ended");
   else schedule();
 }

@@ -1,8 +1,12 @@
-// The timeline: a row per run (its bar from first event to end, growing while it
-// runs), its steps as segments, and a row per tool call (start to end, marked
-// when it failed). Bars are placed by CSS variables relative to the run's first
-// event, so a longer axis is one style change on the container, not one per bar.
-import { duration, el } from "./common.js";
+// The timeline draws the run's span tree as the edge derives it (GET /v1/runs/{id}/spans, the
+// derivation the OTLP exporter sends too: docs/observability.md): a row per run (invoke_agent),
+// its model calls (chat) as segments of one row, and a row per tool call (execute_tool, marked
+// when it failed). Times are the events' own. Spans still open grow with the clock while the run
+// is live. Bars are placed by CSS variables relative to the root's start, so a longer axis is one
+// style change on the container, not one per bar.
+import { api, duration, el } from "./common.js";
+
+const NS_PER_MS = 1e6;
 
 function niceStep(span) {
   const raw = span / 6;
@@ -11,20 +15,65 @@ function niceStep(span) {
   return 10 * pow;
 }
 
+/** The run's spans from the edge, fetched again (at most once a second) when asked to. */
+export class SpanFeed {
+  constructor(runId, onSpans) {
+    this.path = `/v1/runs/${encodeURIComponent(runId)}/spans`;
+    this.onSpans = onSpans;
+    this.busy = false;
+    this.again = false;
+    this.last = 0;
+    this.timer = 0;
+  }
+
+  /** Fetch soon; ``now`` skips the wait (the run just ended). */
+  want(now = false) {
+    if (this.busy) { this.again = true; return; }
+    const wait = now ? 0 : Math.max(0, 1000 - (Date.now() - this.last));
+    if (this.timer && !now) return;
+    clearTimeout(this.timer);
+    this.timer = setTimeout(() => this.fetch(), wait);
+  }
+
+  async fetch() {
+    this.timer = 0;
+    this.busy = true;
+    this.last = Date.now();
+    try {
+      const response = await api(this.path);
+      if (response.ok) this.onSpans(await response.json());
+    } catch { /* the next event asks again */ }
+    this.busy = false;
+    if (this.again) { this.again = false; this.want(); }
+  }
+}
+
 export class Timeline {
   constructor(container, model, onSelect, onTool) {
     this.container = container;
     this.model = model;
     this.onSelect = onSelect;
     this.onTool = onTool;
-    this.rows = new Map(); // key → { row, bar, label, meta, ... }
-    this.structure = -1;
+    this.rows = new Map(); // key → lane
+    this.spans = []; // the latest span tree
+    this.byId = new Map();
+    this.shape = "";
+    this.t0 = null; // ms of the root span's start: the axis origin
     this.span = 0;
     this.axis = el("div", "axis");
     this.axis.setAttribute("aria-hidden", "true");
     this.body = el("div", "lanes");
     this.body.setAttribute("role", "list");
     container.append(this.axis, this.body);
+  }
+
+  /** A new span tree from the edge. */
+  update(tree) {
+    this.spans = tree.spans || [];
+    this.byId = new Map(this.spans.map((s) => [s.span_id, s]));
+    const root = this.spans.find((s) => !s.parent_span_id);
+    if (root && this.t0 == null) this.t0 = root.start_ns / NS_PER_MS;
+    for (const lane of this.rows.values()) lane.done = false;
   }
 
   row(key, build) {
@@ -56,123 +105,152 @@ export class Timeline {
     return bar;
   }
 
-  runLane(node) {
-    return this.row(`run ${node.id}`, () => {
-      const lane = this.lane("run", node.depth(), node === this.model.root ? "run" : node.id.split(".").pop(), node.id);
-      lane.row.dataset.run = node.id;
+  depth(span) {
+    let d = 0;
+    for (let p = this.byId.get(span.parent_span_id); p; p = this.byId.get(p.parent_span_id)) d++;
+    return d;
+  }
+
+  runLane(span) {
+    const id = span.run_id;
+    return this.row(`run ${id}`, () => {
+      const label = span.parent_span_id ? id.split(".").pop() : "run";
+      const lane = this.lane("run", this.depth(span), label, span.name === "invoke_agent" ? id : `${id} (${span.name})`);
+      lane.row.dataset.run = id;
       lane.bar = this.bar(lane.track, "bar-run");
-      lane.row.addEventListener("click", () => this.onSelect(node.id));
+      lane.row.addEventListener("click", () => this.onSelect(id));
       return lane;
     });
   }
 
-  stepLane(node) {
-    return this.row(`steps ${node.id}`, () => {
-      const lane = this.lane("steps", node.depth() + 1, "steps");
-      lane.row.dataset.run = node.id;
+  chatLane(span, chats) {
+    return this.row(`chat ${span.run_id}`, () => {
+      const lane = this.lane("steps", this.depth(span) + 1, "model");
+      lane.row.dataset.run = span.run_id;
       lane.segments = [];
       return lane;
     });
   }
 
-  toolLane(tool) {
-    return this.row(`tool ${tool.key}`, () => {
-      const lane = this.lane("tool", tool.run.depth() + 1, tool.name, `${tool.name} (${tool.callId})`);
-      lane.row.dataset.run = tool.run.id;
-      lane.row.dataset.call = tool.callId;
-      lane.row.dataset.tool = tool.name;
+  toolLane(span, depth) {
+    const run = span.run_id;
+    const call = span.attributes["gen_ai.tool.call.id"];
+    const name = span.attributes["gen_ai.tool.name"];
+    return this.row(`tool ${run} ${call}`, () => {
+      const lane = this.lane("tool", depth, name, `${name} (${call})`);
+      lane.row.dataset.run = run;
+      lane.row.dataset.call = call;
+      lane.row.dataset.tool = name;
       lane.bar = this.bar(lane.track, "bar-tool");
-      lane.tool = tool;
-      lane.row.addEventListener("click", () => this.onTool(tool));
+      lane.row.addEventListener("click", () => {
+        const tool = this.model.tools.get(`${run} ${call}`);
+        if (tool) this.onTool(tool); else this.onSelect(run);
+      });
       return lane;
     });
   }
 
-  /** Rows in order: each run, its steps, then its tools and sub-runs by start time. */
+  /** Rows in order: each run, its model calls, then its tools and sub-runs by start time. */
   layout() {
+    const children = new Map();
+    for (const s of this.spans) {
+      if (!children.has(s.parent_span_id)) children.set(s.parent_span_id, []);
+      children.get(s.parent_span_id).push(s);
+    }
     const order = [];
-    const walk = (node) => {
-      order.push(this.runLane(node));
-      if (node.steps.length) order.push(this.stepLane(node));
-      const entries = [
-        ...node.tools.map((t) => ({ at: t.start ?? Infinity, tool: t })),
-        ...node.children.map((c) => ({ at: c.start ?? Infinity, node: c })),
-      ].sort((a, b) => a.at - b.at);
-      for (const entry of entries) {
-        if (entry.tool) order.push(this.toolLane(entry.tool)); else walk(entry.node);
+    const walk = (agent) => {
+      order.push([this.runLane(agent), agent]);
+      const under = (children.get(agent.span_id) || []).slice().sort((a, b) => a.start_ns - b.start_ns);
+      const chats = under.filter((s) => s.operation === "chat");
+      if (chats.length) order.push([this.chatLane(agent), chats]);
+      for (const s of under) {
+        if (s.operation === "invoke_agent") walk(s);
+        else if (s.operation === "execute_tool") order.push([this.toolLane(s, this.depth(s)), s]);
       }
     };
-    walk(this.model.root);
-    order.forEach((lane, i) => {
+    for (const root of children.get(null) || children.get(undefined) || []) walk(root);
+    order.forEach(([lane, what], i) => {
+      lane.what = what;
       if (this.body.children[i] !== lane.row) this.body.insertBefore(lane.row, this.body.children[i] || null);
     });
+    for (const [key, lane] of this.rows) {
+      if (!order.some(([l]) => l === lane)) { lane.row.remove(); this.rows.delete(key); }
+    }
   }
 
   place(bar, start, length) {
-    bar.style.setProperty("--s", String(Math.max(0, start - this.model.t0)));
+    bar.style.setProperty("--s", String(Math.max(0, start - this.t0)));
     bar.style.setProperty("--d", String(Math.max(0, length)));
   }
 
+  /** Where an open span stops for now: the clock while live, else the latest thing known. */
+  stop(span, now, live, latest) {
+    if (span.end_ns != null) return span.end_ns / NS_PER_MS;
+    return live ? now : latest;
+  }
+
   render(now, live) {
-    const model = this.model;
-    if (model.t0 == null) return;
-    if (this.structure !== model.structure) {
-      this.structure = model.structure;
+    if (this.t0 == null || !this.spans.length) return;
+    const shape = this.spans.map((s) => s.span_id).join(" ");
+    if (shape !== this.shape) {
+      this.shape = shape;
       this.layout();
     }
-    const end = Math.max(model.tMax ?? model.t0, live ? now : 0);
-    const span = Math.max(end - model.t0, 1000);
+    const latest = Math.max(this.t0, ...this.spans.map((s) => (s.end_ns ?? s.start_ns) / NS_PER_MS));
+    const end = Math.max(latest, live ? now : 0);
+    const span = Math.max(end - this.t0, 1000);
     if (Math.abs(span - this.span) > this.span * 0.002) {
       this.span = span;
       this.container.style.setProperty("--span", String(span));
       this.ticks(span);
     }
-    for (const entry of this.rows.values()) {
-      if (entry.tool) this.renderTool(entry, now, live);
-      else if (entry.segments) this.renderSteps(entry, now, live);
-      else this.renderRun(entry, now, live);
+    for (const lane of this.rows.values()) {
+      if (Array.isArray(lane.what)) this.renderChats(lane, now, live, latest);
+      else if (lane.what.operation === "execute_tool") this.renderTool(lane, now, live, latest);
+      else this.renderRun(lane, now, live, latest);
     }
   }
 
-  renderRun(lane, now, live) {
-    const node = this.model.nodes.get(lane.row.dataset.run);
-    if (!node.changed && !lane.open && lane.done) return;
-    const stop = node.end ?? (live ? now : node.last);
-    lane.open = node.end == null && live;
-    lane.done = true;
-    this.place(lane.bar, node.start ?? this.model.t0, (stop ?? node.start) - (node.start ?? this.model.t0));
-    lane.bar.classList.toggle("open", lane.open);
-    lane.bar.dataset.state = node.state || "waiting";
-    lane.row.dataset.state = node.state || "waiting";
-    const took = node.start != null && stop != null ? duration(stop - node.start) : "";
-    lane.meta.textContent = lane.open ? `${took} · running` : `${took} · ${node.state || "…"}`;
-    lane.bar.title = `${node.id}: ${node.state || "waiting"}, ${took}`;
+  renderRun(lane, now, live, latest) {
+    const span = lane.what;
+    const open = span.end_ns == null && live;
+    if (lane.done && !open) return;
+    lane.done = span.end_ns != null;
+    const start = span.start_ns / NS_PER_MS;
+    const stop = this.stop(span, now, live, latest);
+    this.place(lane.bar, start, stop - start);
+    const node = this.model.nodes.get(span.run_id);
+    const state = span.attributes["runwire.run.state"] || node?.state || "waiting";
+    lane.bar.classList.toggle("open", open);
+    lane.bar.dataset.state = state;
+    lane.row.dataset.state = state;
+    const took = duration(stop - start);
+    lane.meta.textContent = open ? `${took} · running` : `${took} · ${state}`;
+    lane.bar.title = `${span.name} ${span.run_id}: ${state}, ${took}`;
   }
 
-  renderSteps(lane, now, live) {
-    const node = this.model.nodes.get(lane.row.dataset.run);
-    while (lane.segments.length < node.steps.length) {
-      const step = node.steps[lane.segments.length];
-      const bar = this.bar(lane.track, "bar-step");
-      bar.textContent = `${step.index} ${step.kind}`;
-      bar.title = `step ${step.index}: ${step.kind}`;
-      lane.segments.push(bar);
-    }
-    if (!node.changed && node.end != null && lane.done) return;
-    lane.done = true;
-    node.steps.forEach((step, i) => {
-      const next = node.steps[i + 1]?.at ?? node.end ?? (live ? now : node.last);
-      this.place(lane.segments[i], step.at, (next ?? step.at) - step.at);
+  renderChats(lane, now, live, latest) {
+    const chats = lane.what;
+    while (lane.segments.length < chats.length) lane.segments.push(this.bar(lane.track, "bar-step"));
+    chats.forEach((chat, i) => {
+      const bar = lane.segments[i];
+      const start = chat.start_ns / NS_PER_MS;
+      const length = this.stop(chat, now, live, latest) - start;
+      const tokens = chat.attributes["gen_ai.usage.output_tokens"];
+      bar.textContent = chat.name;
+      bar.title = `${chat.name}: ${duration(length)}${tokens != null ? `, ${tokens} tokens out` : ""}`;
+      this.place(bar, start, length);
     });
-    lane.meta.textContent = `${node.steps.length}`;
+    lane.meta.textContent = `${chats.length}`;
   }
 
-  renderTool(lane, now, live) {
-    const tool = lane.tool;
+  renderTool(lane, now, live, latest) {
+    const span = lane.what;
     if (lane.done) return;
-    const open = tool.end == null;
-    const length = open ? (live ? now - tool.start : 0) : tool.durationMs ?? tool.end - tool.start;
-    this.place(lane.bar, tool.start, length);
+    const open = span.end_ns == null;
+    const start = span.start_ns / NS_PER_MS;
+    const length = open ? (live ? now - start : 0) : (span.end_ns - span.start_ns) / NS_PER_MS;
+    this.place(lane.bar, start, length);
     lane.bar.classList.toggle("open", open);
     lane.bar.dataset.ms = open ? "" : String(length);
     if (open) {
@@ -180,11 +258,13 @@ export class Timeline {
       return;
     }
     lane.done = true;
-    lane.row.classList.toggle("failed", !tool.ok);
-    lane.bar.classList.toggle("failed", !tool.ok);
-    lane.row.dataset.ok = String(tool.ok);
-    lane.meta.textContent = tool.ok ? duration(length) : `✕ failed · ${duration(length)}`;
-    lane.bar.title = `${tool.name}: ${tool.ok ? "ok" : "failed"} in ${duration(length)}`;
+    const ok = span.status !== "error";
+    lane.row.classList.toggle("failed", !ok);
+    lane.bar.classList.toggle("failed", !ok);
+    lane.row.dataset.ok = String(ok);
+    const name = span.attributes["gen_ai.tool.name"];
+    lane.meta.textContent = ok ? duration(length) : `✕ failed · ${duration(length)}`;
+    lane.bar.title = `${name}: ${ok ? "ok" : `failed (${span.status_message || "error"})`} in ${duration(length)}`;
   }
 
   ticks(span) {

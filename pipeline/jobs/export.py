@@ -1,0 +1,302 @@
+"""The span exporter: a worker's runs, as OpenTelemetry GenAI spans, sent over OTLP/HTTP.
+
+It runs beside a worker's loop, off its delivery path: after each replay-log write the worker
+hands it what it wrote (:meth:`SpanExporter.offer`: a list append, no await, bounded), and a
+background pass folds each root run's new events into its span tree
+(:class:`~runwire.jobs.spans.SpanTree`) and posts the spans that ended. A post that fails is
+retried with backoff for at most ``give_up_s``; then its spans are dropped and counted
+(``runwire_otel_spans_dropped``). Nothing the worker awaits waits for the backend.
+
+**Each span once, across a crash.** The replay log keeps, per root run, how far its spans were
+exported (``export_commit``: the seq of the last event folded) and who holds the run's export
+(``export_claim``, a hold of ``hold_s`` renewed by every pass). A span is sent in the pass that
+folds the event ending it (its ``end_seq``) past the cursor, and the cursor moves only after the
+backend said yes. An exporter that starts without a run's tree, or finds the cursor moved by
+another, folds the run again from the log and sends only spans ending past the cursor: the same
+spans, with the same ids (they are derived from the run and what the span is). So a worker killed
+at any point neither loses a span (its events are in the log; whoever writes the run next, or
+the sweep of runs left behind, picks it up) nor sends one twice — except when it dies between
+the backend's yes and the cursor's move: those spans are sent again with the same trace and span
+ids, which a backend that keys spans by id (Phoenix, Tempo, Jaeger's storage) keeps once.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import gzip
+import logging
+import time
+from collections import OrderedDict
+from collections.abc import AsyncIterator, Mapping, Sequence
+from datetime import timedelta
+from typing import Any
+
+import httpx
+from prometheus_client import CollectorRegistry, Counter
+
+from ..core.envelope import Event
+from ..store import ReplayLog, open_store
+from .otlp import OtlpSettings, encode_request
+from .spans import Span, SpanTree
+
+__all__ = ["ExportMetrics", "SpanExporter", "exporter_from_env", "exporting"]
+
+log = logging.getLogger("runwire.jobs.export")
+
+HOLD_S = 15.0
+"""How long a run's export is held by the exporter that last claimed it: after a crash, another
+exporter takes it over this much later (the same ``--name`` at once)."""
+INTERVAL_S = 0.5
+"""Between passes: how long an ended span may wait before it is sent."""
+GIVE_UP_S = 30.0
+"""How long one pass retries the backend before it drops what it could not send."""
+SPANS_PER_REQUEST = 512
+MAX_BUFFERED = 200_000
+"""Events handed over and not folded yet; past it a run's events are read back from the log."""
+MAX_TREES = 10_000
+"""Runs whose open spans are kept in memory; one evicted is folded again from the log."""
+BEHIND_WINDOW = timedelta(minutes=10)
+"""How far back the sweep looks for runs a dead exporter left behind."""
+_RETRY_STATUS = frozenset({408, 429, 500, 502, 503, 504})
+
+
+class ExportMetrics:
+    """What the exporter sent, retried and dropped (its own registry; ``/metrics`` shows it)."""
+
+    def __init__(self, registry: CollectorRegistry | None = None) -> None:
+        self.registry = registry or CollectorRegistry()
+        r = self.registry
+        self.exported = Counter("runwire_otel_spans_exported", "Spans the OTLP backend accepted", registry=r)
+        self.dropped = Counter("runwire_otel_spans_dropped",
+                               "Spans given up (reason: unreachable after retries, refused by the backend)",
+                               ["reason"], registry=r)
+        self.requests = Counter("runwire_otel_requests", "OTLP export requests by outcome", ["outcome"],
+                                registry=r)
+
+
+def _is_root_stream(run_id: str, first: Event) -> bool:
+    """Whether a stream of the log is a root run's (sub-runs fanned in name it as their root)."""
+    return first.root_id == run_id if first.child_id is not None else first.parent_id is None
+
+
+class SpanExporter:
+    """Folds the runs a worker writes into spans and posts them (see the module docs)."""
+
+    def __init__(
+        self,
+        store: ReplayLog,
+        settings: OtlpSettings,
+        *,
+        holder: str,
+        metrics: ExportMetrics | None = None,
+        hold_s: float = HOLD_S,
+        interval_s: float = INTERVAL_S,
+        give_up_s: float = GIVE_UP_S,
+        version: str = "",
+    ) -> None:
+        self.store = store
+        self.settings = settings
+        self.holder = holder
+        self.metrics = metrics or ExportMetrics()
+        self.hold_s = hold_s
+        self.interval_s = interval_s
+        self.give_up_s = give_up_s
+        self.version = version
+        self._buffers: dict[str, list[Event]] = {}
+        self._buffered = 0
+        self._from_log: set[str] = set()
+        self._trees: OrderedDict[str, tuple[SpanTree, int]] = OrderedDict()
+        self._wake = asyncio.Event()
+        self._client: httpx.AsyncClient | None = None
+        self._swept_at = 0.0
+
+    # ---- the worker's side: no await, bounded ---------------------------------
+    def offer(self, streams: Sequence[tuple[Any, ...]]) -> None:
+        """The runs a worker just wrote to the log (``(run_id, events, …)`` per stream)."""
+        for stream in streams:
+            run_id, events = stream[0], stream[1]
+            if not events or not _is_root_stream(run_id, events[0]):
+                continue
+            if run_id in self._from_log or self._buffered + len(events) > MAX_BUFFERED:
+                self._from_log.add(run_id)
+                self._buffered -= len(self._buffers.pop(run_id, ()))
+                continue
+            self._buffers.setdefault(run_id, []).extend(events)
+            self._buffered += len(events)
+        if self._buffers or self._from_log:
+            self._wake.set()
+
+    # ---- the background side ---------------------------------------------------
+    async def run(self, stop: asyncio.Event) -> None:
+        """Pass after pass until ``stop``; then one last pass for what was handed over."""
+        async with contextlib.AsyncExitStack() as stack:
+            opened = self._own_store()
+            if opened is not None:
+                self.store = await stack.enter_async_context(opened)
+            self._client = await stack.enter_async_context(self._http())
+            while not stop.is_set():
+                with contextlib.suppress(TimeoutError):
+                    await asyncio.wait_for(self._wake.wait(), self.interval_s)
+                await self._guarded(self._sweep_if_due)
+                await self._guarded(self.pass_once)
+            await self._guarded(self.pass_once)
+
+    def _own_store(self) -> ReplayLog | None:
+        """A connection of its own to the log (a file's reads then never queue behind the worker's
+        writes), unless the log lives in this process's memory only."""
+        url = self.store.url
+        return None if ":memory:" in url else open_store(url)
+
+    def _http(self) -> httpx.AsyncClient:
+        verify: Any = self.settings.certificate or True
+        return httpx.AsyncClient(timeout=self.settings.timeout_s, verify=verify, follow_redirects=False)
+
+    async def _guarded(self, step: Any) -> None:
+        try:
+            await step()
+        except asyncio.CancelledError:
+            raise
+        except Exception as exc:  # the worker goes on whatever the exporter meets
+            log.warning("span export pass failed (tried again next pass): %s", exc)
+
+    async def _sweep_if_due(self) -> None:
+        now = time.monotonic()
+        if now - self._swept_at < self.hold_s:
+            return
+        self._swept_at = now
+        moment = self.store.clock()
+        behind = await self.store.export_behind(moment - BEHIND_WINDOW, moment - timedelta(seconds=self.hold_s),
+                                                1000)
+        for root in behind:
+            if root not in self._buffers:
+                self._from_log.add(root)
+
+    async def pass_once(self) -> int:
+        """Fold what was handed over (or is behind) and send the spans that ended; spans sent."""
+        self._wake.clear()
+        buffers, self._buffers, self._buffered = self._buffers, {}, 0
+        roots = list(dict.fromkeys([*buffers, *self._from_log]))
+        self._from_log = set()
+        if not roots:
+            return 0
+        held = await self.store.export_claim(roots, self.holder, self.hold_s)
+        spans: list[Span] = []
+        moves: list[tuple[str, int, int]] = []
+        for root in roots:
+            cursor = held.get(root)
+            if cursor is None:  # another exporter holds it: its spans are that one's to send
+                self._trees.pop(root, None)
+                continue
+            tree = await self._fold(root, cursor, buffers.get(root, []), spans)
+            if tree.last_seq > cursor:
+                moves.append((root, cursor, tree.last_seq))
+        sent = await self._send(spans) if spans else 0
+        moved = set(await self.store.export_commit(moves, self.holder, self.hold_s))
+        for root, _, after in moves:
+            entry = self._trees.get(root)
+            if root not in moved:
+                self._trees.pop(root, None)  # the cursor moved under us: fold again next time
+            elif entry is not None:
+                self._trees[root] = (entry[0], after)
+        return sent
+
+    async def _fold(self, root: str, cursor: int, buffered: list[Event], spans: list[Span]) -> SpanTree:
+        entry = self._trees.pop(root, None)
+        tree = entry[0] if entry is not None and entry[1] == cursor else None
+        if tree is None:
+            tree = SpanTree(root, content=self.settings.content, keep=False)
+        if not buffered or buffered[0].seq != tree.last_seq + 1:
+            buffered = []
+            async for event in self.store.iter_events(root, after=tree.last_seq):
+                buffered.append(event)
+        for event in buffered:
+            spans.extend(span for span in tree.apply(event) if span.end_seq is not None and span.end_seq > cursor)
+        if tree.open_spans():
+            self._trees[root] = (tree, cursor)
+            while len(self._trees) > MAX_TREES:
+                self._trees.popitem(last=False)
+        return tree
+
+    async def _send(self, spans: list[Span]) -> int:
+        deadline = time.monotonic() + self.give_up_s
+        sent = 0
+        for start in range(0, len(spans), SPANS_PER_REQUEST):
+            chunk = spans[start:start + SPANS_PER_REQUEST]
+            outcome = await self._post(encode_request(chunk, self.settings.resource, self.version), deadline)
+            if outcome == "sent":
+                sent += len(chunk)
+                self.metrics.exported.inc(len(chunk))
+            else:
+                self.metrics.dropped.labels(outcome).inc(len(chunk))
+                log.warning("dropped %d span(s): the OTLP backend %s", len(chunk), outcome)
+        return sent
+
+    async def _post(self, body: bytes, deadline: float) -> str:
+        """``sent``, ``refused`` (a final answer) or ``unreachable`` (retried until ``deadline``)."""
+        headers = {**self.settings.headers, "content-type": "application/x-protobuf"}
+        if self.settings.gzip:
+            body = gzip.compress(body, 5)
+            headers["content-encoding"] = "gzip"
+        pause = 0.25
+        assert self._client is not None
+        while True:
+            try:
+                response = await self._client.post(self.settings.endpoint, content=body, headers=headers)
+                if response.is_success:
+                    self.metrics.requests.labels("sent").inc()
+                    return "sent"
+                if response.status_code not in _RETRY_STATUS:
+                    self.metrics.requests.labels("refused").inc()
+                    log.warning("OTLP backend answered %d: %s", response.status_code, response.text[:200])
+                    return "refused"
+                wait = _retry_after(response.headers) or pause
+            except httpx.HTTPError:
+                wait = pause
+            self.metrics.requests.labels("retried").inc()
+            if time.monotonic() + wait > deadline:
+                return "unreachable"
+            await asyncio.sleep(wait)
+            pause = min(pause * 2, 5.0)
+
+
+def _retry_after(headers: Mapping[str, str]) -> float | None:
+    value = headers.get("retry-after", "")
+    return float(value) if value.strip().isdigit() else None
+
+
+def exporter_from_env(
+    env: Mapping[str, str], store: ReplayLog, *, holder: str, registry: CollectorRegistry | None = None,
+) -> SpanExporter | None:
+    """The exporter the standard ``OTEL_*`` variables ask for (docs/observability.md), else None;
+    its counters go in ``registry`` (a ``/metrics`` page's)."""
+    settings = OtlpSettings.from_env(env)
+    if settings is None:
+        return None
+    from importlib.metadata import PackageNotFoundError, version
+
+    try:
+        release = version("runwire")
+    except PackageNotFoundError:
+        release = ""
+    log.info("exporting spans to %s as %s", settings.endpoint, settings.resource.get("service.name"))
+    return SpanExporter(store, settings, holder=holder, metrics=ExportMetrics(registry), version=release)
+
+
+@contextlib.asynccontextmanager
+async def exporting(exporter: SpanExporter | None, *, drain_s: float = 5.0) -> AsyncIterator[None]:
+    """Run ``exporter`` (if any) in the background for the block; on leaving, give its last pass
+    up to ``drain_s`` seconds (what it cannot send then, the next exporter folds from the log)."""
+    if exporter is None:
+        yield
+        return
+    stop = asyncio.Event()
+    task = asyncio.create_task(exporter.run(stop), name="runwire-span-export")
+    try:
+        yield
+    finally:
+        stop.set()
+        done, _ = await asyncio.wait({task}, timeout=drain_s)
+        if not done:
+            task.cancel()
+            await asyncio.wait({task})

@@ -1,0 +1,399 @@
+"""A run's events as an OpenTelemetry GenAI span tree: the one derivation the page's timeline
+and the OTLP exporter both read (docs/observability.md has the mapping table).
+
+From a root run's stored stream (its sub-runs' events fanned in with ``child_id``):
+
+* ``invoke_agent [{name}]`` per run and sub-run, from its first event (or its ``child.spawn``,
+  if earlier) to its terminal ``run.lifecycle``; a sub-run's span is the child of its parent's.
+  Status error when the run ended in ``error``. Approvals are its span events
+  (``runwire.approval.requested`` at ``awaiting_approval``, ``runwire.approval.resolved`` at the
+  next state).
+* ``execute_tool {tool}`` per ``tool.start`` … ``tool.end`` (by ``call_id``), status error when
+  ``ok`` is false.
+* ``chat [{model}]`` per model step: a ``step.boundary`` of kind ``text-only`` or
+  ``tool-roundtrip``, or any step in which the run reported ``x.usage`` (both say a model
+  answered). It starts where the step's model call can have started — the run's previous
+  boundary, start, or the last tool call or sub-run that ended since — and ends at the boundary;
+  that step's usage is on it. Usage outside any model step is on the run's own span.
+
+Every time is an event's ``ts``, never when a process saw it, so the tree is the same whoever
+derives it and whenever. Ids are derived too: the trace id from the root run id, a span id from
+what the span is (run, call, step), so spans written by several workers, or derived again after a
+crash, are the same spans. Each span records the stream seq of the event that ended it
+(``end_seq``), which is how the exporter knows what it already sent.
+
+Message content (tool arguments and results, a model step's text) is kept only with
+``content=True`` (the exporter's documented opt-in).
+"""
+
+from __future__ import annotations
+
+import hashlib
+from typing import Any, Literal
+
+import msgspec
+
+from ..core.envelope import (
+    ChildSpawn,
+    Event,
+    RunLifecycle,
+    StepBoundary,
+    TextDelta,
+    ToolEnd,
+    ToolStart,
+    Usage,
+    known,
+    ts_ms,
+)
+from ..core.events import TERMINAL_STATES
+
+__all__ = ["MODEL_STEP_KINDS", "Span", "SpanEvent", "SpanTree", "derive_spans", "span_id", "trace_id"]
+
+Operation = Literal["invoke_agent", "execute_tool", "chat"]
+Status = Literal["unset", "ok", "error"]
+MODEL_STEP_KINDS = frozenset({"text-only", "tool-roundtrip"})
+"""Step kinds that say a model answered (the integrations publish one per model response)."""
+CONTENT_CHARS = 16_384
+"""The most characters of one content attribute (tool arguments, result, a step's text)."""
+MESSAGE_CHARS = 512
+"""The most characters of a status description (a tool's error, a run's reason)."""
+
+
+class SpanEvent(msgspec.Struct, kw_only=True, omit_defaults=True):
+    """A moment within a span (an approval asked for or given)."""
+
+    name: str
+    ts: str
+    time_ns: int
+    attributes: dict[str, Any] = {}
+
+
+class Span(msgspec.Struct, kw_only=True, omit_defaults=True):
+    """One span of a run's tree; ``end_ts`` is None while it is open."""
+
+    trace_id: str
+    """32 hex digits, from the root run id."""
+    span_id: str
+    """16 hex digits, from what the span is."""
+    parent_span_id: str | None
+    name: str
+    operation: Operation
+    run_id: str
+    """The run the span belongs to (the run itself for ``invoke_agent``)."""
+    start_ts: str
+    start_ns: int
+    end_ts: str | None = None
+    end_ns: int | None = None
+    end_seq: int | None = None
+    """The stream seq of the event that ended the span."""
+    status: Status = "unset"
+    status_message: str | None = None
+    attributes: dict[str, Any] = {}
+    events: list[SpanEvent] = []
+
+
+def trace_id(root_id: str) -> str:
+    """The trace id of a root run's tree."""
+    return hashlib.sha256(b"runwire trace\0" + root_id.encode()).hexdigest()[:32]
+
+
+def span_id(root_id: str, *what: str) -> str:
+    """The span id of ``what`` (``("agent", run)``, ``("tool", run, call)``, ``("chat", run, n)``)."""
+    return hashlib.sha256("\0".join(("runwire span", root_id, *what)).encode()).hexdigest()[:16]
+
+
+def _clip(text: str, limit: int) -> str:
+    return text if len(text) <= limit else text[: limit - 1] + "…"
+
+
+def _json(value: Any) -> str:
+    return _clip(msgspec.json.encode(value).decode(), CONTENT_CHARS)
+
+
+def _describe(value: Any) -> str | None:
+    if value is None:
+        return None
+    if isinstance(value, dict):
+        value = value.get("message") or value.get("error") or value
+    return _clip(value if isinstance(value, str) else msgspec.json.encode(value).decode(), MESSAGE_CHARS)
+
+
+def _error_type(value: Any) -> str:
+    if isinstance(value, dict) and isinstance(value.get("type"), str):
+        return _clip(value["type"], 128)
+    return "_OTHER"
+
+
+class _Run:
+    """What the derivation holds for one run while its span is open."""
+
+    __slots__ = ("awaiting", "chats", "children", "parent", "span", "step_start", "step_text",
+                 "step_usage", "tools", "usage")
+
+    def __init__(self, span: Span, parent: _Run | None) -> None:
+        self.span = span
+        self.parent = parent
+        self.children: list[_Run] = []
+        self.tools: dict[str, Span] = {}
+        self.step_start: tuple[str, int] = (span.start_ts, span.start_ns)
+        self.step_usage: list[Usage] = []
+        self.step_text: list[str] = []
+        self.usage = [0, 0]
+        self.chats = 0
+        self.awaiting: SpanEvent | None = None
+
+
+class SpanTree:
+    """Folds a root run's stream, one event at a time, into its spans.
+
+    :meth:`apply` returns the spans an event ended (children before their parents); with
+    ``keep`` the tree remembers every span for :meth:`spans` (the page), without it only the
+    open ones (the exporter: memory bounded by what is open).
+    """
+
+    def __init__(self, root_id: str, *, content: bool = False, keep: bool = True) -> None:
+        self.root_id = root_id
+        self.trace_id = trace_id(root_id)
+        self.content = content
+        self.keep = keep
+        self.last_seq = 0
+        """The seq of the last event applied."""
+        self._runs: dict[str, _Run] = {}
+        self._done: set[str] = set()
+        """Runs whose span ended (a later event of one is not a new run)."""
+        self._all: list[Span] = []
+        self._ended: list[Span] = []
+
+    # ---- reading ------------------------------------------------------------
+    def spans(self) -> list[Span]:
+        """Every span so far in the order they were opened (with ``keep``; else none)."""
+        return list(self._all)
+
+    def open_spans(self) -> list[Span]:
+        """The spans not ended yet."""
+        found: list[Span] = []
+        for run in self._runs.values():
+            found.append(run.span)
+            found.extend(run.tools.values())
+        return found
+
+    # ---- folding ------------------------------------------------------------
+    def apply(self, event: Event) -> list[Span]:
+        """Fold one event of the root's stream in; the spans it ended."""
+        self._ended = []
+        if event.seq <= self.last_seq:
+            return []
+        self.last_seq = event.seq
+        child = event.child_id
+        if child is None:
+            run_id, parent_id = self.root_id, None
+        else:
+            parent_id = event.parent_id if event.parent_id and event.parent_id != child else self.root_id
+            run_id = child
+        run = self._run(run_id, parent_id, event)
+        if run is None:
+            return []
+        self._name(run, event)
+        if isinstance(event, ToolStart):
+            self._tool_start(run, event)
+        elif isinstance(event, ToolEnd):
+            self._tool_end(run, event)
+        elif isinstance(event, Usage):
+            run.step_usage.append(event)
+        elif isinstance(event, StepBoundary):
+            self._step(run, event)
+        elif isinstance(event, TextDelta) and self.content:
+            run.step_text.append(event.payload.text)
+        elif isinstance(event, ChildSpawn):
+            self._run(event.payload.child_id, run_id, event)
+        elif isinstance(event, RunLifecycle):
+            self._lifecycle(run, event)
+        return self._ended
+
+    def _run(self, run_id: str, parent_id: str | None, event: Event) -> _Run | None:
+        run = self._runs.get(run_id)
+        at = ts_ms(event.ts) * 1_000_000
+        if run is not None:
+            if parent_id is not None and (run.parent is None or run.parent.span.run_id != parent_id) \
+                    and run_id != self.root_id:
+                self._adopt(run, parent_id, event)
+            if at < run.span.start_ns:  # a spawn stamped before the child's first event
+                run.span.start_ns, run.span.start_ts = at, event.ts
+            return run
+        if run_id in self._done:
+            return None  # an event after the run's end: its span is closed
+        parent = None
+        if run_id != self.root_id:
+            parent = self._runs.get(parent_id or self.root_id) or self._run(self.root_id, None, event)
+        attributes: dict[str, Any] = {"gen_ai.operation.name": "invoke_agent", "gen_ai.agent.id": run_id,
+                                      "runwire.run_id": run_id}
+        if event.tenant:
+            attributes["runwire.tenant"] = event.tenant
+        span = Span(trace_id=self.trace_id, span_id=span_id(self.root_id, "agent", run_id),
+                    parent_span_id=parent.span.span_id if parent else None, name="invoke_agent",
+                    operation="invoke_agent", run_id=run_id, start_ts=event.ts, start_ns=at,
+                    attributes=attributes)
+        run = _Run(span, parent)
+        if parent is not None:
+            parent.children.append(run)
+        self._runs[run_id] = run
+        self._keep(span)
+        return run
+
+    def _adopt(self, run: _Run, parent_id: str, event: Event) -> None:
+        """A deeper parent learned late (a sub-run's events before its parent's spawn)."""
+        parent = self._runs.get(parent_id)
+        if parent is None or parent is run:
+            return
+        if run.parent is not None and run in run.parent.children:
+            run.parent.children.remove(run)
+        run.parent = parent
+        parent.children.append(run)
+        run.span.parent_span_id = parent.span.span_id
+
+    def _name(self, run: _Run, event: Event) -> None:
+        ext = event.ext
+        if ext and isinstance(ext.get("agent"), dict) and isinstance(ext["agent"].get("name"), str):
+            name = _clip(ext["agent"]["name"], 256)
+            run.span.attributes["gen_ai.agent.name"] = name
+            run.span.name = f"invoke_agent {name}"
+        thread = event.thread_id
+        if thread and "gen_ai.conversation.id" not in run.span.attributes:
+            run.span.attributes["gen_ai.conversation.id"] = thread
+
+    def _tool_start(self, run: _Run, event: ToolStart) -> None:
+        p = event.payload
+        self._open_tool(run, p.call_id, p.tool, event.ts, known(p.input))
+
+    def _open_tool(self, run: _Run, call_id: str, tool: str, ts: str, arguments: Any) -> Span:
+        attributes: dict[str, Any] = {"gen_ai.operation.name": "execute_tool", "gen_ai.tool.name": tool,
+                                      "gen_ai.tool.call.id": call_id, "runwire.run_id": run.span.run_id}
+        if self.content and arguments is not None:
+            attributes["gen_ai.tool.call.arguments"] = _json(arguments)
+        span = Span(trace_id=self.trace_id, span_id=span_id(self.root_id, "tool", run.span.run_id, call_id),
+                    parent_span_id=run.span.span_id, name=f"execute_tool {tool}",
+                    operation="execute_tool", run_id=run.span.run_id, start_ts=ts,
+                    start_ns=ts_ms(ts) * 1_000_000, attributes=attributes)
+        run.tools[call_id] = span
+        self._keep(span)
+        return span
+
+    def _tool_end(self, run: _Run, event: ToolEnd) -> None:
+        p = event.payload
+        span = run.tools.pop(p.call_id, None)
+        if span is None:  # its start is not in the stream: an end alone says when, not how long
+            span = self._open_tool(run, p.call_id, "(unknown)", event.ts, None)
+            del run.tools[p.call_id]
+        error = known(p.error)
+        if not p.ok:
+            span.status = "error"
+            span.status_message = _describe(error) or "the tool call failed"
+            span.attributes["error.type"] = _error_type(error)
+        if self.content and known(p.output) is not None:
+            span.attributes["gen_ai.tool.call.result"] = _json(p.output)
+        self._end(span, event)
+        run.step_start = max(run.step_start, (event.ts, ts_ms(event.ts) * 1_000_000), key=lambda t: t[1])
+
+    def _step(self, run: _Run, event: StepBoundary) -> None:
+        p = event.payload
+        at = ts_ms(event.ts) * 1_000_000
+        if p.step_kind in MODEL_STEP_KINDS or run.step_usage:
+            self._chat(run, event, at)
+        run.step_start = (event.ts, at)
+        run.step_usage = []
+        run.step_text = []
+
+    def _chat(self, run: _Run, event: StepBoundary, at: int) -> None:
+        start_ts, start_ns = run.step_start
+        if start_ns > at:
+            start_ts, start_ns = event.ts, at
+        attributes: dict[str, Any] = {"gen_ai.operation.name": "chat", "runwire.run_id": run.span.run_id,
+                                      "runwire.step.index": event.payload.step_index,
+                                      "runwire.step.kind": event.payload.step_kind}
+        model = None
+        if run.step_usage:
+            attributes["gen_ai.usage.input_tokens"] = sum(u.payload.input_tokens for u in run.step_usage)
+            attributes["gen_ai.usage.output_tokens"] = sum(u.payload.output_tokens for u in run.step_usage)
+            model = next((known(u.payload.model) for u in reversed(run.step_usage) if known(u.payload.model)), None)
+        if model:
+            attributes["gen_ai.request.model"] = attributes["gen_ai.response.model"] = model
+        if self.content and run.step_text:
+            text = _clip("".join(run.step_text), CONTENT_CHARS)
+            attributes["gen_ai.output.messages"] = msgspec.json.encode(
+                [{"role": "assistant", "parts": [{"type": "text", "content": text}]}]).decode()
+        span = Span(trace_id=self.trace_id, span_id=span_id(self.root_id, "chat", run.span.run_id, str(run.chats)),
+                    parent_span_id=run.span.span_id, name=f"chat {model}" if model else "chat",
+                    operation="chat", run_id=run.span.run_id, start_ts=start_ts, start_ns=start_ns,
+                    attributes=attributes)
+        run.chats += 1
+        self._keep(span)
+        self._end(span, event)
+
+    def _lifecycle(self, run: _Run, event: RunLifecycle) -> None:
+        p = event.payload
+        at = ts_ms(event.ts) * 1_000_000
+        if run.awaiting is not None and p.state != "awaiting_approval":
+            run.span.events.append(SpanEvent(name="runwire.approval.resolved", ts=event.ts, time_ns=at, attributes={
+                "runwire.run.state": p.state, "runwire.approval.wait_ms": (at - run.awaiting.time_ns) // 1_000_000}))
+            run.awaiting = None
+        if p.state == "awaiting_approval" and run.awaiting is None:
+            calls = (event.ext or {}).get("approval", {}).get("calls") if isinstance(
+                (event.ext or {}).get("approval"), dict) else None
+            attributes: dict[str, Any] = {}
+            if isinstance(calls, list):
+                attributes["runwire.approval.calls"] = len(calls)
+                attributes["runwire.approval.tools"] = [str(c.get("tool")) for c in calls if isinstance(c, dict)]
+            if known(p.reason):
+                attributes["runwire.reason"] = _clip(str(p.reason), MESSAGE_CHARS)
+            run.awaiting = SpanEvent(name="runwire.approval.requested", ts=event.ts, time_ns=at, attributes=attributes)
+            run.span.events.append(run.awaiting)
+        if p.state in TERMINAL_STATES:
+            run.span.attributes["runwire.run.state"] = p.state
+            if p.state == "error":
+                run.span.status = "error"
+                run.span.status_message = _describe(known(p.reason)) or "the run ended in error"
+                run.span.attributes["error.type"] = "_OTHER"
+            self._close(run, event)
+
+    def _close(self, run: _Run, event: Event) -> None:
+        """End a run's span, and first whatever is still open under it (at the same moment)."""
+        for child in list(run.children):
+            self._close(child, event)
+        for span in run.tools.values():
+            span.status = "error"
+            span.status_message = "the run ended before the call did"
+            span.attributes["error.type"] = "_OTHER"
+            self._end(span, event)
+        run.tools.clear()
+        usage = run.step_usage
+        if usage:
+            run.usage[0] += sum(u.payload.input_tokens for u in usage)
+            run.usage[1] += sum(u.payload.output_tokens for u in usage)
+        if run.usage != [0, 0]:
+            run.span.attributes["gen_ai.usage.input_tokens"] = run.usage[0]
+            run.span.attributes["gen_ai.usage.output_tokens"] = run.usage[1]
+        if run.parent is not None:
+            run.parent.children.remove(run)
+            parent = run.parent
+            parent.step_start = max(parent.step_start, (event.ts, ts_ms(event.ts) * 1_000_000), key=lambda t: t[1])
+        del self._runs[run.span.run_id]
+        self._done.add(run.span.run_id)
+        self._end(run.span, event)
+
+    def _keep(self, span: Span) -> None:
+        if self.keep:
+            self._all.append(span)
+
+    def _end(self, span: Span, event: Event) -> None:
+        span.end_ts = event.ts
+        span.end_ns = max(ts_ms(event.ts) * 1_000_000, span.start_ns)
+        span.end_seq = event.seq
+        self._ended.append(span)
+
+
+def derive_spans(root_id: str, events: list[Event], *, content: bool = False) -> list[Span]:
+    """Every span of a root run's stream (open ones with ``end_ts`` None)."""
+    tree = SpanTree(root_id, content=content)
+    for event in events:
+        tree.apply(event)
+    return tree.spans()

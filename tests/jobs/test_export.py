@@ -1,0 +1,162 @@
+"""The span exporter (runwire.jobs.export) on a real SQLite replay log and a real OTLP/HTTP
+receiver that decodes each request with ``opentelemetry-proto``."""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from collections.abc import AsyncIterator
+from pathlib import Path
+
+import pytest
+from opentelemetry.proto.trace.v1.trace_pb2 import Span as ProtoSpan
+from opentelemetry.proto.trace.v1.trace_pb2 import Status
+
+from runwire.jobs.export import SpanExporter
+from runwire.jobs.otlp import SCHEMA_URL, OtlpSettings
+from runwire.jobs.spans import span_id, trace_id
+from runwire.store import ReplayLog, open_store
+from tests.jobs.otlp_receiver import OtlpReceiver, otlp_receiver
+from tests.jobs.traced import GRANDCHILD, ROOT, traced_run
+
+
+@pytest.fixture
+async def store(tmp_path: Path) -> AsyncIterator[ReplayLog]:
+    async with open_store(f"sqlite:///{tmp_path / 'replay.db'}") as log:
+        yield log
+
+
+def settings(receiver: OtlpReceiver, **env: str) -> OtlpSettings:
+    found = OtlpSettings.from_env({"OTEL_EXPORTER_OTLP_ENDPOINT": receiver.url, **env})
+    assert found is not None
+    return found
+
+
+def attributes(span: ProtoSpan) -> dict[str, object]:
+    out: dict[str, object] = {}
+    for kv in span.attributes:
+        kind = kv.value.WhichOneof("value")
+        value = getattr(kv.value, kind)
+        out[kv.key] = [getattr(v, v.WhichOneof("value")) for v in value.values] if kind == "array_value" else value
+    return out
+
+
+async def test_a_runs_spans_reach_an_otlp_receiver_as_protobuf_with_the_standard_headers_and_resource(
+    store: ReplayLog,
+) -> None:
+    events = traced_run()
+    await store.append(events)
+    async with otlp_receiver() as receiver:
+        found = settings(receiver, OTEL_EXPORTER_OTLP_HEADERS="x-api-key=s%20ecret,x-team=ops",
+                         OTEL_SERVICE_NAME="trips", OTEL_RESOURCE_ATTRIBUTES="deployment.environment=test")
+        exporter = SpanExporter(store, found, holder="w1")
+        exporter.offer([(ROOT, events, [], None)])
+        async with exporter._http() as exporter._client:
+            assert await exporter.pass_once() == 7
+    assert len(receiver.requests) == 1
+    headers, request = receiver.requests[0]
+    assert headers["x-api-key"] == "s ecret" and headers["x-team"] == "ops"
+    assert headers["content-type"] == "application/x-protobuf"
+    resource = {kv.key: kv.value.string_value for kv in request.resource_spans[0].resource.attributes}
+    assert resource["service.name"] == "trips" and resource["deployment.environment"] == "test"
+    assert request.resource_spans[0].scope_spans[0].schema_url == SCHEMA_URL
+    spans = {span.name: span for span in receiver.spans()}
+    assert len(spans) == 7
+    assert {span.trace_id.hex() for span in spans.values()} == {trace_id(ROOT)}
+    root, grand, grep = spans["invoke_agent planner"], spans["invoke_agent"], spans["execute_tool grep"]
+    assert root.parent_span_id == b"" and root.span_id.hex() == span_id(ROOT, "agent", ROOT)
+    assert grep.parent_span_id == grand.span_id
+    assert grep.status.code == Status.STATUS_CODE_ERROR and grep.status.message == "took too long"
+    assert grand.status.code == Status.STATUS_CODE_ERROR
+    assert root.status.code == Status.STATUS_CODE_UNSET
+    assert (grep.end_time_unix_nano - grep.start_time_unix_nano) == 2_000_000_000
+    assert attributes(grand)["runwire.run_id"] == GRANDCHILD
+    chat = attributes(spans["chat gpt-test"])
+    assert (chat["gen_ai.usage.input_tokens"], chat["gen_ai.usage.output_tokens"]) == (100, 20)
+    assert spans["chat gpt-test"].kind == ProtoSpan.SPAN_KIND_CLIENT
+    assert [e.name for e in root.events] == ["runwire.approval.requested", "runwire.approval.resolved"]
+    assert attributes(root)["gen_ai.conversation.id"] == "chat-1"
+    assert not any(k.startswith("gen_ai.tool.call.arguments") for s in spans.values() for k in attributes(s))
+
+
+async def test_a_successor_sends_only_what_was_not_sent_and_nothing_twice(store: ReplayLog) -> None:
+    """The first exporter sends what ended in the first half and stops (as if killed); the next,
+    another worker once the hold lapsed, folds the run from the log and sends the rest."""
+    events = traced_run()
+    await store.append(events)
+    async with otlp_receiver() as receiver:
+        first = SpanExporter(store, settings(receiver), holder="w1", hold_s=0.2)
+        first.offer([(ROOT, events[:10], [], None)])
+        async with first._http() as first._client:
+            assert await first.pass_once() == 3  # the first model step, the failed call, its run
+        successor = SpanExporter(store, settings(receiver), holder="w2", hold_s=0.2)
+        successor.offer([(ROOT, events[10:], [], None)])
+        async with successor._http() as successor._client:
+            assert await successor.pass_once() == 0  # w1's hold is live: w1's spans to send
+            await asyncio.sleep(0.3)
+            successor.offer([(ROOT, events[10:], [], None)])
+            assert await successor.pass_once() == 4
+            assert await successor.pass_once() == 0
+    names = [span.name for span in receiver.spans()]
+    assert sorted(names) == sorted(set(names)) and len(names) == 7
+
+
+async def test_runs_left_behind_are_found_by_the_sweep(store: ReplayLog) -> None:
+    events = traced_run()
+    await store.append(events)
+    async with otlp_receiver() as receiver:
+        exporter = SpanExporter(store, settings(receiver), holder="w3", hold_s=0.0)
+        async with exporter._http() as exporter._client:
+            await exporter._sweep_if_due()
+            assert await exporter.pass_once() == 7
+            exporter._swept_at = 0
+            await exporter._sweep_if_due()
+            assert await exporter.pass_once() == 0
+    assert len(receiver.spans()) == 7
+
+
+async def test_an_unreachable_backend_is_retried_within_a_bound_then_its_spans_are_dropped_and_counted(
+    store: ReplayLog,
+) -> None:
+    events = traced_run()
+    await store.append(events)
+    async with otlp_receiver(fail=2) as receiver:  # two 503s, then yes: retried, nothing lost
+        exporter = SpanExporter(store, settings(receiver), holder="w1")
+        exporter.offer([(ROOT, events, [], None)])
+        async with exporter._http() as exporter._client:
+            assert await exporter.pass_once() == 7
+        assert receiver.refused == 2 and len(receiver.spans()) == 7
+        assert exporter.metrics.requests.labels("retried")._value.get() == 2
+    gone = OtlpSettings.from_env({"OTEL_EXPORTER_OTLP_TRACES_ENDPOINT": receiver.url + "/v1/traces",
+                                  "OTEL_EXPORTER_OTLP_TIMEOUT": "500"})
+    assert gone is not None
+    other = traced_run("trip2", child="trip2.r", grandchild="trip2.r.s")
+    await store.append(other)
+    exporter = SpanExporter(store, gone, holder="w1", give_up_s=1.0)
+    exporter.offer([("trip2", other, [], None)])
+    began = time.monotonic()
+    async with exporter._http() as exporter._client:
+        assert await exporter.pass_once() == 0
+    assert time.monotonic() - began < 5
+    assert exporter.metrics.dropped.labels("unreachable")._value.get() == 7
+    assert await store.export_claim(["trip2"], "w1", 1) == {"trip2": len(other)}  # given up, not redone
+
+
+def test_the_standard_environment_decides_whether_and_where_spans_go() -> None:
+    assert OtlpSettings.from_env({}) is None
+    base = {"OTEL_EXPORTER_OTLP_ENDPOINT": "http://collector:4318/"}
+    assert OtlpSettings.from_env({**base, "OTEL_TRACES_EXPORTER": "none"}) is None
+    assert OtlpSettings.from_env({**base, "OTEL_SDK_DISABLED": "true"}) is None
+    assert OtlpSettings.from_env({**base, "OTEL_EXPORTER_OTLP_PROTOCOL": "grpc"}) is None
+    found = OtlpSettings.from_env(base)
+    assert found is not None and found.endpoint == "http://collector:4318/v1/traces"
+    assert found.resource["service.name"] == "runwire" and not found.content and not found.gzip
+    found = OtlpSettings.from_env({**base, "OTEL_EXPORTER_OTLP_TRACES_ENDPOINT": "https://x.example/otel",
+                                   "OTEL_EXPORTER_OTLP_TRACES_HEADERS": "a=1", "OTEL_EXPORTER_OTLP_HEADERS": "b=2",
+                                   "OTEL_EXPORTER_OTLP_COMPRESSION": "gzip", "OTEL_EXPORTER_OTLP_TIMEOUT": "2500",
+                                   "OTEL_RESOURCE_ATTRIBUTES": "service.name=fromattrs",
+                                   "OTEL_INSTRUMENTATION_GENAI_CAPTURE_MESSAGE_CONTENT": "true"})
+    assert found is not None
+    assert (found.endpoint, found.headers, found.gzip, found.timeout_s) == ("https://x.example/otel", {"a": "1"},
+                                                                             True, 2.5)
+    assert found.resource["service.name"] == "fromattrs" and found.content

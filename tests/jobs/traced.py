@@ -1,0 +1,44 @@
+"""One run as its root's stored stream: a sub-run with a sub-run of its own (two levels), a tool
+call that fails, usage in model steps and an approval — what the span tests derive and export."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from runwire.core.envelope import Event
+from tests.events import event
+
+ROOT = "trip"
+CHILD = "trip.research"
+GRANDCHILD = "trip.research.search"
+
+
+def traced_run(root: str = ROOT, *, child: str = CHILD, grandchild: str = GRANDCHILD) -> list[Event]:
+    """The root's stream (sub-runs fanned in with ``child_id``), one event a second from t=0."""
+    own: dict[str, Any] = {"tenant": "acme"}
+    in_child: dict[str, Any] = {"tenant": "acme", "child_id": child, "parent_id": root, "root_id": root}
+    in_grand: dict[str, Any] = {"tenant": "acme", "child_id": grandchild, "parent_id": child, "root_id": root}
+    rows: list[tuple[float, str, dict[str, Any], dict[str, Any]]] = [
+        (0, "run.lifecycle", {"state": "running"}, {**own, "thread_id": "chat-1", "ext": {"agent": {"name": "planner"}}}),
+        (1, "x.usage", {"input_tokens": 100, "output_tokens": 20, "model": "gpt-test"}, own),
+        (2, "step.boundary", {"step_index": 0, "step_kind": "tool-roundtrip"}, own),
+        (3, "child.spawn", {"child_id": child, "prompt": "find hotels"}, own),
+        (4, "run.lifecycle", {"state": "running"}, {**in_child, "ext": {"agent": {"name": "researcher"}}}),
+        (5, "child.spawn", {"child_id": grandchild}, in_child),
+        (6, "tool.start", {"call_id": "g1", "tool": "grep", "input": {"q": "hotels"}}, in_grand),
+        (8, "tool.end", {"call_id": "g1", "ok": False, "error": {"type": "Timeout", "message": "took too long"}},
+         in_grand),
+        (9, "run.lifecycle", {"state": "error", "reason": "grep failed"}, in_grand),
+        (9.5, "text.delta", {"text": "nothing found"}, in_child),
+        (10, "x.usage", {"input_tokens": 50, "output_tokens": 10}, in_child),
+        (11, "step.boundary", {"step_index": 0, "step_kind": "text-only"}, in_child),
+        (12, "run.lifecycle", {"state": "done"}, in_child),
+        (13, "run.lifecycle", {"state": "awaiting_approval", "reason": "1 call(s) wait for a decision"},
+         {**own, "ext": {"approval": {"calls": [{"call_id": "a1", "tool": "book", "input": {}}]}}}),
+        (15, "run.lifecycle", {"state": "running"}, own),
+        (15.5, "tool.start", {"call_id": "a1", "tool": "book", "input": {"hotel": 7}}, own),
+        (17, "tool.end", {"call_id": "a1", "ok": True, "output": "booked"}, own),
+        (18, "run.lifecycle", {"state": "done"}, own),
+    ]
+    return [event(root, seq, type, payload, second=at, **fields)
+            for seq, (at, type, payload, fields) in enumerate(rows, start=1)]
