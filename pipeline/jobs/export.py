@@ -75,9 +75,11 @@ class ExportMetrics:
                                 registry=r)
 
 
-def _is_root_stream(run_id: str, first: Event) -> bool:
-    """Whether a stream of the log is a root run's (sub-runs fanned in name it as their root)."""
-    return first.root_id == run_id if first.child_id is not None else first.parent_id is None
+def _root_or_not(events: Sequence[Event]) -> bool | None:
+    """Whether a stream of the log is a root run's, by its own events (a child's carry its
+    parent); None when it holds only fanned-in ones, which do not say."""
+    own = next((event for event in events if event.child_id is None), None)
+    return None if own is None else own.parent_id is None
 
 
 class SpanExporter:
@@ -107,6 +109,8 @@ class SpanExporter:
         self._buffered = 0
         self._from_log: set[str] = set()
         self._trees: OrderedDict[str, tuple[SpanTree, int]] = OrderedDict()
+        self._roots: OrderedDict[str, bool] = OrderedDict()
+        """Whether each run seen lately is a root (only a root's stream holds its whole tree)."""
         self._wake = asyncio.Event()
         self._client: httpx.AsyncClient | None = None
         self._swept_at = 0.0
@@ -116,7 +120,14 @@ class SpanExporter:
         """The runs a worker just wrote to the log (``(run_id, events, …)`` per stream)."""
         for stream in streams:
             run_id, events = stream[0], stream[1]
-            if not events or not _is_root_stream(run_id, events[0]):
+            if not events:
+                continue
+            root = self._roots.get(run_id)
+            if root is None:
+                root = _root_or_not(events)
+                if root is not None:
+                    self._remember(run_id, root)
+            if root is False:
                 continue
             if run_id in self._from_log or self._buffered + len(events) > MAX_BUFFERED:
                 self._from_log.add(run_id)
@@ -176,7 +187,7 @@ class SpanExporter:
         """Fold what was handed over (or is behind) and send the spans that ended; spans sent."""
         self._wake.clear()
         buffers, self._buffers, self._buffered = self._buffers, {}, 0
-        roots = list(dict.fromkeys([*buffers, *self._from_log]))
+        roots = await self._only_roots(list(dict.fromkeys([*buffers, *self._from_log])))
         self._from_log = set()
         if not roots:
             return 0
@@ -200,6 +211,22 @@ class SpanExporter:
             elif entry is not None:
                 self._trees[root] = (entry[0], after)
         return sent
+
+    def _remember(self, run_id: str, root: bool) -> None:
+        self._roots[run_id] = root
+        self._roots.move_to_end(run_id)
+        while len(self._roots) > MAX_TREES:
+            self._roots.popitem(last=False)
+
+    async def _only_roots(self, run_ids: list[str]) -> list[str]:
+        """``run_ids`` less the sub-runs (asking the log about runs whose events did not say)."""
+        unknown = [run_id for run_id in run_ids if run_id not in self._roots]
+        if unknown:
+            infos = await self.store.runs_by_id(unknown)
+            for run_id in unknown:
+                info = infos.get(run_id)
+                self._remember(run_id, info is None or info.parent_id is None)
+        return [run_id for run_id in run_ids if self._roots[run_id]]
 
     async def _fold(self, root: str, cursor: int, buffered: list[Event], spans: list[Span]) -> SpanTree:
         entry = self._trees.pop(root, None)

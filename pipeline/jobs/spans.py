@@ -187,8 +187,8 @@ class SpanTree:
         child = event.child_id
         if child is None:
             run_id, parent_id = self.root_id, None
-        else:
-            parent_id = event.parent_id if event.parent_id and event.parent_id != child else self.root_id
+        else:  # fanned in: the parent is known from its spawn (or the event names it)
+            parent_id = event.parent_id if event.parent_id and event.parent_id != child else None
             run_id = child
         run = self._run(run_id, parent_id, event)
         if run is None:

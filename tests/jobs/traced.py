@@ -16,8 +16,9 @@ GRANDCHILD = "trip.research.search"
 def traced_run(root: str = ROOT, *, child: str = CHILD, grandchild: str = GRANDCHILD) -> list[Event]:
     """The root's stream (sub-runs fanned in with ``child_id``), one event a second from t=0."""
     own: dict[str, Any] = {"tenant": "acme"}
-    in_child: dict[str, Any] = {"tenant": "acme", "child_id": child, "parent_id": root, "root_id": root}
-    in_grand: dict[str, Any] = {"tenant": "acme", "child_id": grandchild, "parent_id": child, "root_id": root}
+    # fanned in, as workers store them: the run they came from in child_id, no parent_id/root_id
+    in_child: dict[str, Any] = {"tenant": "acme", "child_id": child}
+    in_grand: dict[str, Any] = {"tenant": "acme", "child_id": grandchild}
     rows: list[tuple[float, str, dict[str, Any], dict[str, Any]]] = [
         (0, "run.lifecycle", {"state": "running"}, {**own, "thread_id": "chat-1", "ext": {"agent": {"name": "planner"}}}),
         (1, "x.usage", {"input_tokens": 100, "output_tokens": 20, "model": "gpt-test"}, own),
