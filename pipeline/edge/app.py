@@ -47,11 +47,9 @@ from ..core.errors import (
     QuotaExceeded,
     RequestError,
     RunwireError,
-    UnknownRun,
 )
 from ..core.redaction import redact_logs, redact_text
 from ..core.retry import state_of
-from ..jobs.replay import export_chunks
 from ..sdk.runcontext import CONTEXT_HEADER, RunContext
 from ..store.base import ReplayLog
 from .a2a import a2a_routes
@@ -66,10 +64,10 @@ from .filters import CHILDREN, PROFILE_NAMES
 from .fork import fork_routes
 from .ingest import publish_body, resolve_format
 from .params import bounded_body, choice, cursor, list_limit, moment
+from .runlog import export_endpoint, spans_endpoint
 from .runs import list_runs
 from .session import StreamRequest
 from .settings import EdgeSettings
-from .spans import spans_endpoint
 from .threads import AI_SDK_HEADERS, thread_stream
 from .transports import (
     NDJSON_MEDIA_TYPE,
@@ -290,20 +288,6 @@ def runs_endpoint(edge: Edge) -> Any:
 def parse_time(value: str | None, name: str = "time") -> datetime | None:
     """A time parameter (RFC 3339); RequestError ``KAI-STREAM-REQ-0001`` when it isn't one."""
     return moment(value, name)
-
-
-def export_endpoint(edge: Edge) -> Any:
-    async def endpoint(request: Request) -> Response:
-        run_id = request.path_params["run_id"]
-        principal = edge.gate.principal(request.headers, request.query_params)
-        await edge.gate.check_run(principal, run_id, "read")
-        format_name = _choice(request.query_params.get("format", "koder"), tuple(protocols.EGRESS), "format")
-        if await edge.store.run(run_id) is None:
-            raise UnknownRun(f"no run {run_id!r} in the replay log")
-        chunks = export_chunks(edge.store, run_id, format=format_name)
-        return StreamingResponse((chunk async for chunk, _ in chunks), media_type=NDJSON_MEDIA_TYPE)
-
-    return endpoint
 
 
 # ---- operations and the page ------------------------------------------------
