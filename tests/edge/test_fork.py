@@ -131,9 +131,10 @@ async def test_a_run_forked_mid_run_and_continued_reads_as_the_source_then_its_o
 async def test_a_durable_streams_fork_reads_through_the_official_clients_and_takes_appends(
     memory_bus: Bus, store: ReplayLog
 ) -> None:
-    """``PUT`` with ``Stream-Forked-From`` and a ``Stream-Fork-Offset`` a client was given: the fork's
-    offsets are the source's up to there (read with ``@durable-streams/client`` and PyPI
-    ``durable-streams``), a Durable Streams append continues after them; the same fork again is
+    """``PUT`` with ``Stream-Forked-From`` and a ``Stream-Fork-Offset`` a client was given (also as
+    ``@durable-streams/client``'s and PyPI ``durable-streams``' create sends it): the fork's
+    offsets are the source's up to there (read with both clients), a Durable Streams append
+    continues after them; the same fork again is
     ``200``, another at that id ``409``, an offset past the tail ``400``, no source ``404``."""
     from durable_streams import astream
 
@@ -161,6 +162,17 @@ async def test_a_durable_streams_fork_reads_through_the_official_clients_and_tak
                                                                  "stream-forked-from": "/v1/ds/runs/nope"})
         assert missing.status_code == 404
 
+        fork_of = {"Stream-Forked-From": "/v1/ds/runs/ds-src", "Stream-Fork-Offset": offset}
+        by_node = await node({"mode": "create", "url": f"{url}/ds-fork-node", "headers": fork_of})
+        assert by_node == {"created": True}
+        from durable_streams import AsyncDurableStream
+
+        handle = await AsyncDurableStream.create(f"{url}/ds-fork-py", content_type="application/json",
+                                                 headers=fork_of)
+        await handle.aclose()
+        for made in ("ds-fork-node", "ds-fork-py"):
+            async with astream(f"{url}/{made}", params={"detail": "full"}, live=False, timeout=10) as response:
+                assert [item["id"] async for item in response.iter_json()] == [i["id"] for i in head["items"]]
         copied = await node({"mode": "read", "url": f"{url}/ds-fork?detail=full", "live": False})
         async with astream(f"{url}/ds-fork", params={"detail": "full"}, live=False, timeout=10) as response:
             by_python = [item async for item in response.iter_json()]

@@ -13,6 +13,9 @@
 //     with "close": true the producer closes the stream at the end; with "pipelined": true and
 //     "in_flight": N, "batch_bytes": B, batches of at most B bytes go out N at a time:
 //     {"statuses": [every HTTP status the edge answered, in order]}
+//   {"mode": "create", "url": …, "headers": {…}}
+//     DurableStream.create (a JSON-mode stream; a fork with Stream-Forked-From / Stream-Fork-Offset
+//     among the headers): {"created": true} or {"error": "…"}
 import { DurableStream, IdempotentProducer, stream } from "@durable-streams/client";
 
 const args = JSON.parse(process.argv[2]);
@@ -66,6 +69,14 @@ if (args.mode === "read") {
   if (args.close) await producer.close();
   else await producer.detach();
   out({ statuses });
+} else if (args.mode === "create") {
+  try {
+    await DurableStream.create({ url: args.url, contentType: "application/json", headers: args.headers ?? {},
+                                 warnOnHttp: false });
+    out({ created: true });
+  } catch (error) {
+    out({ error: String(error) });
+  }
 } else {
   throw new Error(`unknown mode ${args.mode}`);
 }

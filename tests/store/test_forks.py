@@ -74,6 +74,10 @@ async def test_a_fork_copies_the_history_up_to_its_seq_and_is_marked_in_both_run
             await fork_run(log, "src", at=7)
         with pytest.raises(UnknownRun):
             await fork_run(log, "nope", at=1)
+        chained = await fork_run(log, "f1", at=3, run_id="f1-again")  # a fork of a fork: a copy of a copy
+        assert [e.id for e in await log.read("f1-again")] == [e.id for e in source[:3]]
+        [middle] = await log.with_forks([await log.require_run("f1")])
+        assert middle.forked_from == result.fork and middle.forks == [chained.fork]
         whole = await fork_run(log, "src")  # default: the whole run, ended as its source
         assert whole.fork.at == 6 and whole.fork.run_id.startswith("run_")
         assert (await log.require_run(whole.fork.run_id)).terminal

@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import asyncio
 import uuid
-from collections.abc import AsyncIterator
 from pathlib import Path
 
 import pytest
@@ -20,16 +19,11 @@ from runwire.workers.runtime import run_worker
 from tests.waiting import until
 from tests.workers.checks import assert_r1_r3, read_all, run_tree
 
-CASES = [(runtime, views) for runtime in ("memory", "redis", "kafka") for views in (True, False)]
-CASES.append(("kafka-faust", True))
-"""(runtime, whether the fork job wrote the hot views): the faust runtime's table never holds a
-fork's checkpoint, so it continues every fork from the replay log's, with or without views."""
-
-
-@pytest.fixture
-async def store(tmp_path: Path) -> AsyncIterator[ReplayLog]:
-    async with open_store(f"sqlite:///{tmp_path}/replay.db") as log:
-        yield log
+CASES = [(runtime, views, "sqlite") for runtime in ("memory", "redis", "kafka") for views in (True, False)]
+CASES += [("kafka-faust", True, "sqlite"), ("memory", True, "postgres"), ("memory", False, "postgres")]
+"""(runtime, whether the fork job wrote the hot views, replay log): the faust runtime's table never
+holds a fork's checkpoint, so it continues every fork from the replay log's, with or without views;
+the checkpoint of record is the log's, so PostgreSQL's once is enough."""
 
 
 def bus_url(runtime: str, request: pytest.FixtureRequest, prefix: str) -> str:
@@ -71,10 +65,10 @@ def strip(event: Event) -> tuple[object, ...]:
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize(("runtime", "views"), CASES,
-                         ids=[f"{runtime}-{'views' if views else 'log-only'}" for runtime, views in CASES])
+@pytest.mark.parametrize(("runtime", "views", "backend"), CASES,
+                         ids=[f"{runtime}-{'views' if views else 'log-only'}-{log}" for runtime, views, log in CASES])
 async def test_an_agent_continues_a_fork_after_the_copied_seqs(
-    runtime: str, views: bool, store: ReplayLog, request: pytest.FixtureRequest, tmp_path: Path
+    runtime: str, views: bool, backend: str, request: pytest.FixtureRequest, tmp_path: Path
 ) -> None:
     """A run tree (children fanned in) forked mid-run at seq k; an SDK agent publishes to the fork from
     its own seq 1: the fork's raw view — replay log and hot tier alike — is the source's first k
@@ -85,7 +79,9 @@ async def test_an_agent_continues_a_fork_after_the_copied_seqs(
     prefix = f"k{uuid.uuid4().hex[:8]}"
     events, _ = run_tree(prefix, deltas=12)
     source_id, fork_id = f"{prefix}_root", f"{prefix}_fork"
-    async with open_bus(bus_url(runtime, request, prefix)) as bus:
+    log_url = (request.getfixturevalue("postgres_schema_url") if backend == "postgres"
+               else f"sqlite:///{tmp_path}/replay.db")
+    async with open_bus(bus_url(runtime, request, prefix)) as bus, open_store(log_url) as store:
         await bus.publish(events)
         await drain(runtime, bus, store, "w1", tmp_path, source_id)
         source = await store.read(source_id)
@@ -110,6 +106,7 @@ async def test_an_agent_continues_a_fork_after_the_copied_seqs(
         logged = await store.read(fork_id)
         hot = await read_all(bus, fork_id)
         shaped = await bus.read((fork_id, "shaped"), 0, limit=10_000)
+        info = await store.run(fork_id)
         assert await store.read(source_id) == source
         assert await read_all(bus, source_id) == source_hot
     assert [strip(e) for e in logged[:k]] == [strip(e) for e in source[:k]]
@@ -122,5 +119,4 @@ async def test_an_agent_continues_a_fork_after_the_copied_seqs(
     assert hot == logged
     assert shaped == shape(hot)
     assert_r1_r3(hot, shaped)
-    info = await store.run(fork_id)
     assert info is not None and info.state == "done" and info.last_seq == k + 5
