@@ -4,6 +4,7 @@ Streams clients, continued by an SDK agent, with auth as every entrance."""
 
 from __future__ import annotations
 
+import io
 import json
 import uuid
 from typing import Any
@@ -13,6 +14,7 @@ import httpx
 from runwire.bus.base import Bus
 from runwire.core import envelope
 from runwire.edge import EdgeSettings
+from runwire.jobs.replay import export_run
 from runwire.processing.shaping import shape
 from runwire.sdk.publisher import Publisher
 from runwire.store.base import ReplayLog
@@ -100,6 +102,10 @@ async def test_a_run_forked_mid_run_and_continued_reads_as_the_source_then_its_o
         exported = {run_id: [json.loads(line) for line in
                              (await http.get(f"/v1/runs/{run_id}/events.jsonl")).text.splitlines()]
                     for run_id in (source_id, fork_id)}
+        for run_id in (source_id, fork_id):  # what `runwire replay export` writes, byte for byte
+            written = io.BytesIO()
+            await export_run(store, run_id, written.write)
+            assert (await http.get(f"/v1/runs/{run_id}/events.jsonl")).content == written.getvalue()
         fork_meta = (await http.get(f"/v1/runs/{fork_id}")).json()
         source_meta = (await http.get(f"/v1/runs/{source_id}")).json()
         listed = {r["run_id"]: r for r in (await http.get("/v1/runs")).json()["runs"]}
