@@ -87,6 +87,16 @@ RUN_STATES: dict[str, tuple[str, ...]] = {
 TERMINAL_TASK_STATES = frozenset({*TERMINAL.values(), "TASK_STATE_REJECTED"})
 
 
+PUSH_CONFIG_PREFIX = "a2a_"
+"""The id prefix of a webhook that is an A2A push-notification config (its bodies are A2A's)."""
+
+
+def push_body(task_id: str, run_state: str, ts: str, seq: int) -> Obj:
+    """What an A2A push notification carries: a ``StreamResponse`` with the task's new status."""
+    return {"statusUpdate": {"taskId": task_id, "status": {"state": task_state(run_state), "timestamp": ts},
+                             "metadata": {"runwire": {"seq": seq}, RESUME_EXTENSION: {"cursor": str(seq)}}}}
+
+
 def task_state(run_state: str | None) -> str:
     """The A2A state of a run whose last lifecycle state is ``run_state`` (None: submitted)."""
     return STATES.get(run_state or "", SUBMITTED if run_state is None else WORKING)

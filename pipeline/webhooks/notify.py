@@ -21,6 +21,7 @@ import time
 import msgspec
 
 from ..core.envelope import now_ts
+from ..protocols.a2a import PUSH_CONFIG_PREFIX, push_body
 from ..store.outbox import Delivery, Notice, Subscription
 
 TEST_TYPE = "webhook.test"
@@ -43,7 +44,10 @@ class Body(msgspec.Struct, kw_only=True):
 
 def wants(sub: Subscription, notice: Notice) -> bool:
     """Whether ``sub`` is to hear of ``notice``: its tenant's (or any, without auth), a type it
-    asked for, and its run — or a run under it — when it names one."""
+    asked for, and its run — or a run under it — when it names one (an A2A push config: its task's
+    own status only)."""
+    if sub.id.startswith(PUSH_CONFIG_PREFIX) and notice.run_id != sub.run_id:
+        return False
     return ((sub.tenant is None or sub.tenant == notice.tenant) and notice.type in sub.events
             and (sub.run_id is None or sub.run_id in (notice.run_id, notice.root_id)))
 
@@ -53,13 +57,19 @@ def delivery_id(sub_id: str, key: str) -> str:
 
 
 def build(notice: Notice, subs: list[Subscription]) -> list[Delivery]:
-    """The deliveries of one notice (``Outbox.fan_out``'s ``build``)."""
+    """The deliveries of one notice (``Outbox.fan_out``'s ``build``): a Standard Webhooks body, or
+    for an A2A push config (``runwire.protocols.a2a``) the ``StreamResponse`` A2A pushes."""
     body = _json.encode(Body(type=notice.type, timestamp=notice.ts, data=RunData(
         run_id=notice.run_id, root_id=notice.root_id, tenant=notice.tenant, state=notice.state,
         last_seq=notice.seq)))
     now = time.time()
-    return [Delivery(id=delivery_id(sub.id, notice.key), channel=sub.id, url=sub.url, body=body,
+    return [Delivery(id=delivery_id(sub.id, notice.key), channel=sub.id, url=sub.url,
+                     body=_a2a_body(notice) if sub.id.startswith(PUSH_CONFIG_PREFIX) else body,
                      secrets=sub.secrets(now)) for sub in subs if wants(sub, notice)]
+
+
+def _a2a_body(notice: Notice) -> bytes:
+    return _json.encode(push_body(notice.run_id, notice.state, notice.ts, notice.seq))
 
 
 def test_delivery(sub: Subscription) -> Delivery:

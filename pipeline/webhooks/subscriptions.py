@@ -53,12 +53,13 @@ def new_webhook(body: bytes) -> NewWebhook:
 
 
 async def add_webhook(outbox: Outbox, tenant: str | None, request: NewWebhook, *,
-                      allow_private: bool) -> Subscription:
-    """Make a webhook for ``tenant`` (its secret is in the result, and shown this once)."""
+                      allow_private: bool, prefix: str = "wh_") -> Subscription:
+    """Make a webhook for ``tenant`` (its secret is in the result, and shown this once); ``prefix``
+    of its id: ``wh_``, or an A2A push config's (``runwire.protocols.a2a.PUSH_CONFIG_PREFIX``)."""
     await check_url(request.url, allow_private=allow_private)
     if len(await outbox.webhooks(tenant)) >= limits.WEBHOOKS_PER_TENANT:
         raise QuotaExceeded(f"a tenant has at most {limits.WEBHOOKS_PER_TENANT} webhooks; remove one first")
-    sub = Subscription(id=new_random_ulid("wh_"), tenant=tenant, url=request.url, events=request.events,
+    sub = Subscription(id=new_random_ulid(prefix), tenant=tenant, url=request.url, events=request.events,
                        run_id=request.run_id, secret=new_secret(), created_at=time.time())
     await outbox.add_webhook(sub)
     return sub

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import json
 import subprocess
 import sys
 from collections.abc import AsyncIterator, Sequence
@@ -20,7 +21,9 @@ import pytest
 from a2a.client import A2ACardResolver, Client, ClientCallContext, ClientConfig, ClientFactory
 from a2a.types import (
     CancelTaskRequest,
+    DeleteTaskPushNotificationConfigRequest,
     GetTaskRequest,
+    ListTaskPushNotificationConfigsRequest,
     ListTasksRequest,
     Message,
     Part,
@@ -29,10 +32,11 @@ from a2a.types import (
     StreamResponse,
     SubscribeToTaskRequest,
     TaskNotFoundError,
+    TaskPushNotificationConfig,
     TaskState,
     UnsupportedOperationError,
 )
-from google.protobuf.json_format import MessageToDict
+from google.protobuf.json_format import MessageToDict, ParseDict
 
 from runwire.bus.base import Bus
 from runwire.bus.requests import consumer_alive
@@ -143,7 +147,7 @@ async def test_the_card_is_a_1_0_card_with_both_bindings_streaming_and_the_resum
     assert set(bindings) == {"JSONRPC", "HTTP+JSON"}
     assert all(i.protocol_version == "1.0" for i in card.supported_interfaces)
     assert bindings["JSONRPC"].url == f"{p.edge.url}/a2a/default"
-    assert card.capabilities.streaming and not card.capabilities.push_notifications
+    assert card.capabilities.streaming and card.capabilities.push_notifications
     assert [e.uri for e in card.capabilities.extensions] == [RESUME_EXTENSION]
     assert [s.id for s in card.skills] == ["default"]
     assert "url" not in raw and "protocolVersion" not in raw, "no 0.3 fields: a 1.x client would speak 0.3"
@@ -410,3 +414,69 @@ async def test_every_cursor_of_a_finished_task_resumes_with_exactly_what_follows
             assert updates(rest) == updates(whole[index + 2:]), cursor
         assert body(rest[0])["status"]["state"] == "TASK_STATE_COMPLETED" and len(rest) == 1
     assert body(whole[0])["status"]["state"] == "TASK_STATE_SUBMITTED"
+
+
+# ---- push notifications -------------------------------------------------------------------------
+async def test_a_push_notification_config_gets_the_tasks_status_from_the_webhook_delivery_core(
+    redis_url: str, tmp_path: Path
+) -> None:
+    """A config made with the SDK's client is a webhook of the one delivery core: the task's
+    input-required and completed statuses arrive at the receiver as A2A ``StreamResponse``s."""
+    from starlette.applications import Starlette
+    from starlette.requests import Request
+    from starlette.responses import Response
+    from starlette.routing import Route
+
+    from runwire.webhooks import notify
+    from runwire.webhooks.deliverer import Deliverer
+    from runwire.webhooks.sender import Sender
+
+    from .harness import free_port, loopback_config, start_uvicorn, stop_uvicorn
+
+    received: list[dict[str, Any]] = []
+
+    async def receive(request: Request) -> Response:
+        received.append(json.loads(await request.body()))
+        return Response(status_code=204)
+
+    port = free_port()
+    receiver, serving = await start_uvicorn(loopback_config(Starlette(routes=[
+        Route("/hook", receive, methods=["POST"])]), port))
+    settings = EdgeSettings(webhooks_allow_private=True)
+    stop = asyncio.Event()
+    try:
+        async with pipeline(redis_url, f"sqlite:///{tmp_path / 'replay.db'}", settings) as p:
+            sender = Sender(allow_private=True)
+            delivering = asyncio.create_task(
+                Deliverer(p.store.outbox(), sender, build=notify.build, poll_s=0.1).run(stop))
+            run_id = unique("a2a-push")
+            run = p.publisher.run(run_id)
+            await run.emit("run.lifecycle", {"state": "running"})
+            await wait_for_logged(p, run_id)
+            async with a2a_client(p.edge.url) as client:
+                config = await client.create_task_push_notification_config(TaskPushNotificationConfig(
+                    task_id=run_id, url=f"http://127.0.0.1:{port}/hook"))
+                assert config.id and config.task_id == run_id
+                listed = await client.list_task_push_notification_configs(
+                    ListTaskPushNotificationConfigsRequest(task_id=run_id))
+                assert [c.id for c in listed.configs] == [config.id]
+                await run.emit("run.lifecycle", {"state": "awaiting_approval", "reason": "ok?"})
+                await run.finish()
+                await until(lambda: len(received) >= 2, within=30, what="two push notifications")
+                await client.delete_task_push_notification_config(DeleteTaskPushNotificationConfigRequest(
+                    task_id=run_id, id=config.id))
+                assert not (await client.list_task_push_notification_configs(
+                    ListTaskPushNotificationConfigsRequest(task_id=run_id))).configs
+            stop.set()
+            await asyncio.wait_for(delivering, 10)
+            await sender.aclose()
+    finally:
+        stop.set()
+        await stop_uvicorn(receiver, serving)
+    states = [ParseDict(body, StreamResponse()).status_update for body in received]
+    assert [s.task_id for s in states] == [run_id, run_id]
+    assert [s.status.state for s in states] == [TaskState.TASK_STATE_INPUT_REQUIRED, TaskState.TASK_STATE_COMPLETED]
+
+
+async def wait_for_logged(p: Pipeline, run_id: str) -> None:
+    await until(lambda: _logged(p, run_id, 1), within=30, what="the run in the replay log")

@@ -6,7 +6,7 @@ HTTP+JSON routes (the specification's, under the interface's URL)::
 
     POST /message:send · /message:stream        GET /tasks · /tasks/{id}
     POST /tasks/{id}:cancel · /tasks/{id}:subscribe
-    …/pushNotificationConfigs                   PushNotificationNotSupportedError
+    POST · GET /tasks/{id}/pushNotificationConfigs   GET · DELETE …/pushNotificationConfigs/{config}
 
 A request body is at most :data:`runwire.core.limits.FRAME_BYTES` and nests at most
 :data:`runwire.core.limits.DEPTH` levels, as a chat message on the WebSocket chat.
@@ -32,7 +32,7 @@ from ..auth import Principal
 from ..context import Edge
 from ..params import bounded_body, check_depth
 from ..session import StreamRequest
-from . import methods
+from . import methods, push
 from .card import agent_card
 from .errors import A2AFault, as_fault
 from .stream import Framing, empty_task, serve_task_stream
@@ -77,8 +77,8 @@ class A2ACall:
             return await methods.cancel_task(edge, principal, params)
         if method == "SendMessage":
             return await self.send_blocking(params)
-        if "PushNotificationConfig" in method:
-            raise A2AFault("PUSH_NOTIFICATION_NOT_SUPPORTED", "push notifications are not supported here")
+        if method in push.METHODS:
+            return await push.METHODS[method](edge, principal, params)
         if method == "GetExtendedAgentCard":
             raise A2AFault("EXTENDED_AGENT_CARD_NOT_CONFIGURED", "this agent has no extended card")
         raise A2AFault("METHOD_NOT_FOUND", f"unknown method {method[:64]!r}")
@@ -86,7 +86,7 @@ class A2ACall:
     async def send_blocking(self, params: Mapping[str, Any]) -> dict[str, Any]:
         """``SendMessage``: the task once it ends or needs input (or at once with ``returnImmediately``;
         after ``long_poll_s`` as it then stands)."""
-        sent = await methods.send_message(self.edge, self.principal, self.agent, params)
+        sent = await self.send(params)
         configuration = params.get("configuration") or {}
         if configuration.get("returnImmediately"):
             return {"task": empty_task(sent.run_id, sent.context_id)}
@@ -100,6 +100,14 @@ class A2ACall:
                 return {"task": task}
             await asyncio.sleep(BLOCKING_POLL_S)
 
+    async def send(self, params: Mapping[str, Any]) -> methods.Sent:
+        """``SendMessage``'s common part; a push config in its ``configuration`` is made for the task."""
+        sent = await methods.send_message(self.edge, self.principal, self.agent, params)
+        config = (params.get("configuration") or {}).get("taskPushNotificationConfig")
+        if isinstance(config, dict) and config.get("url"):
+            await push.create(self.edge, self.principal, {**config, "taskId": sent.run_id})
+        return sent
+
     async def stream(self, method: str, params: Mapping[str, Any], receive: Receive, send: Send) -> None:
         edge = self.edge
         hold = edge.quotas.stream(self.principal.token_id if self.principal else "")
@@ -108,7 +116,7 @@ class A2ACall:
             after, skip, live = 0, None, False
             finished: Callable[[], Awaitable[dict[str, Any]]] | None = None
             if method == "SendStreamingMessage":
-                sent = await methods.send_message(edge, self.principal, self.agent, params)
+                sent = await self.send(params)
                 run_id, context_id, live = sent.run_id, sent.context_id, not sent.new
             else:
                 run_id = methods.task_id_of(params)
@@ -218,6 +226,10 @@ class RestEndpoint:
                     raise A2AFault("INVALID_REQUEST", "the body must be a JSON object")
                 check_depth(decoded, "A2A request")
                 params.update(decoded)
+        return self.route(request, params)
+
+    def route(self, request: Request, params: dict[str, Any]) -> tuple[str, dict[str, Any]]:
+        """The method a request names (by path and HTTP method), with its path's ids in ``params``."""
         task = request.path_params.get("task")
         if self.action == "task":
             if request.method == "GET":
@@ -228,7 +240,14 @@ class RestEndpoint:
                 raise A2AFault("METHOD_NOT_FOUND", f"unknown task method {verb[:32]!r}")
             return verbs[verb], {**params, "id": task_id}
         if self.action == "push":
-            return "PushNotificationConfig", params
+            params.update(taskId=task, id=request.path_params.get("config"))
+            if request.method == "POST":
+                return "CreateTaskPushNotificationConfig", params
+            if request.method == "DELETE":
+                return "DeleteTaskPushNotificationConfig", params
+            if params["id"] is None:
+                return "ListTaskPushNotificationConfigs", params
+            return "GetTaskPushNotificationConfig", params
         return self.action, params
 
 

@@ -32,7 +32,7 @@ def agent_card(base_url: str, agent: str = DEFAULT_CHANNEL, *, secured: bool) ->
         ],
         "capabilities": {
             "streaming": True,
-            "pushNotifications": False,
+            "pushNotifications": True,
             "extensions": [{
                 "uri": RESUME_EXTENSION,
                 "description": (f"Exact resume: send the cursor of the last response seen (its metadata "
