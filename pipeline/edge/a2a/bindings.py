@@ -93,10 +93,12 @@ class A2ACall:
         loop = asyncio.get_running_loop()
         deadline = loop.time() + self.edge.settings.long_poll_s
         while True:
-            task = (await methods.task_encoder(self.edge, sent.run_id)).task(methods.history_length(configuration))
+            encoder = await methods.task_encoder(self.edge, sent.run_id, sent=True)
+            task = encoder.task(methods.history_length(configuration))
             task.setdefault("contextId", sent.context_id)
             state = task["status"]["state"]
-            if state in TERMINAL_TASK_STATES or (state == INPUT_REQUIRED and sent.new) or loop.time() > deadline:
+            asks = state == INPUT_REQUIRED and encoder.position > sent.after  # (asked again after an answer)
+            if state in TERMINAL_TASK_STATES or asks or loop.time() > deadline:
                 return {"task": task}
             await asyncio.sleep(BLOCKING_POLL_S)
 
@@ -117,7 +119,7 @@ class A2ACall:
             finished: Callable[[], Awaitable[dict[str, Any]]] | None = None
             if method == "SendStreamingMessage":
                 sent = await self.send(params)
-                run_id, context_id, live = sent.run_id, sent.context_id, not sent.new
+                run_id, context_id, after = sent.run_id, sent.context_id, sent.after
             else:
                 run_id = methods.task_id_of(params)
                 await edge.gate.check_run(self.principal, run_id, "read")

@@ -94,14 +94,15 @@ def history_length(params: Mapping[str, Any]) -> int | None:
 
 
 # ---- reading a task -------------------------------------------------------------
-async def task_encoder(edge: Edge, run_id: str) -> A2AEgress:
-    """The run's events so far through the ``a2a`` mapping (UnknownRun when nobody wrote it)."""
+async def task_encoder(edge: Edge, run_id: str, *, sent: bool = False) -> A2AEgress:
+    """The run's events so far through the ``a2a`` mapping (UnknownRun when nobody wrote it,
+    unless this edge has just ``sent`` it to an agent)."""
     key = FeedKey(run_id, view_of(edge), "a2a", "default", "flatten")
     found = await probe(edge.bus, edge.store, key.stream)
     encoder = A2AEgress()
     encoder.task_id = run_id
     if not found.published:
-        if await edge.gate.owner(run_id) is None:
+        if not sent and await edge.gate.owner(run_id) is None:
             raise UnknownRun(f"no task {run_id!r}")
         return encoder  # asked of an agent that has not started it yet
     accepts = event_filter(key.profile, key.children)
@@ -204,12 +205,13 @@ async def cancel_task(edge: Edge, principal: Principal | None, params: Mapping[s
 
 
 class Sent:
-    """Where a sent message went: the run to stream, and from where."""
+    """Where a sent message went: the run to stream, and after which seq (0: its start)."""
 
-    def __init__(self, run_id: str, context_id: str | None, *, new: bool) -> None:
+    def __init__(self, run_id: str, context_id: str | None, *, new: bool, after: int = 0) -> None:
         self.run_id = run_id
         self.context_id = context_id
         self.new = new
+        self.after = after
 
 
 async def send_message(edge: Edge, principal: Principal | None, agent: str, params: Mapping[str, Any]) -> Sent:
@@ -220,12 +222,17 @@ async def send_message(edge: Edge, principal: Principal | None, agent: str, para
     task_id = message.get("taskId")
     if task_id:
         run_id = task_id_of(message, "taskId")
+        await edge.gate.check_run(principal, run_id, "control")
+        # Where the task is before the answer: its stream goes on from here (the agent may
+        # answer and finish before the stream begins).
+        before = await probe(edge.bus, edge.store, (run_id, "raw" if view_of(edge) == "raw" else "shaped"))
         try:
             await send_control(edge.bus, edge.gate, principal, run_id, "answer",
                                {"text": message_text(message), "message": message})
         except RunFinished as exc:
             raise A2AFault("UNSUPPORTED_OPERATION", f"task {run_id} is in a terminal state: {exc}") from None
-        return Sent(run_id, message.get("contextId") or await context_of(edge, run_id), new=False)
+        return Sent(run_id, message.get("contextId") or await context_of(edge, run_id), new=False,
+                    after=before.tail)
     run_id = new_random_ulid("run_")
     context_id = message.get("contextId") or new_random_ulid("ctx_")
     if len(context_id) > limits.ID_CHARS:
