@@ -119,25 +119,34 @@ def message_text(message: Any) -> str:
 
 
 class _Artifact:
+    """An artifact as the snapshot shows it. Text chunks are kept as a list and joined when a
+    snapshot is taken, so a delta costs the same however long the text already is."""
+
     __slots__ = ("artifact_id", "closed", "metadata", "name", "parts")
 
     def __init__(self, artifact_id: str, name: str, metadata: Obj) -> None:
         self.artifact_id = artifact_id
         self.name = name
-        self.parts: list[Obj] = []
+        self.parts: list[Obj | list[str]] = []
         self.metadata = metadata
         self.closed = False
 
     def add(self, parts: list[Obj]) -> None:
-        """Keep a chunk for the snapshot (text chunks merge into one part)."""
+        """Keep a chunk for the snapshot (consecutive text chunks make one part)."""
         for part in parts:
-            if "text" in part and self.parts and "text" in self.parts[-1]:
-                self.parts[-1] = {"text": self.parts[-1]["text"] + part["text"]}
+            text = part.get("text")
+            if isinstance(text, str):
+                last = self.parts[-1] if self.parts else None
+                if isinstance(last, list):
+                    last.append(text)
+                else:
+                    self.parts.append([text])
             else:
                 self.parts.append(part)
 
     def snapshot(self) -> Obj:
-        out: Obj = {"artifactId": self.artifact_id, "name": self.name, "parts": list(self.parts)}
+        parts = [{"text": "".join(p)} if isinstance(p, list) else p for p in self.parts]
+        out: Obj = {"artifactId": self.artifact_id, "name": self.name, "parts": parts}
         if self.metadata:
             out["metadata"] = self.metadata
         return out

@@ -491,3 +491,28 @@ async def test_a_blocking_message_returns_the_task_once_the_agent_finished_it(p:
     assert [kind(r) for r in got] == ["task"]
     task = body(got[0])
     assert task["status"]["state"] == "TASK_STATE_COMPLETED" and text_of(task) == "echo: hi "
+
+
+async def test_the_http_json_binding_answers_get_on_subscribe_and_a2a_errors_in_its_shape(
+    memory_bus: Bus, store: ReplayLog
+) -> None:
+    """What an independent client may do beside the SDK: ``GET …:subscribe``, and errors as
+    ``google.rpc.Status`` with the ``ErrorInfo`` reason (HTTP+JSON) or JSON-RPC ``error``."""
+    run_id = unique("a2a-raw")
+    await publish(memory_bus, store, [event(run_id, 1, "run.lifecycle", {"state": "running"}),
+                                      event(run_id, 2, "run.lifecycle", {"state": "done"})])
+    async with serve_edge(memory_bus, store) as edge, httpx.AsyncClient(headers={"A2A-Version": "1.0"}) as http:
+        rest = f"{edge.url}/a2a/default/rest"
+        async with http.stream("GET", f"{rest}/tasks/{run_id}:subscribe",
+                               headers={"A2A-Extensions": RESUME_EXTENSION}) as response:
+            lines = [line async for line in response.aiter_lines() if line.startswith("data: ")]
+        assert [next(iter(json.loads(line[6:]))) for line in lines] == ["task", "statusUpdate", "statusUpdate"]
+        missing = await http.get(f"{rest}/tasks/no-such-task")
+        assert missing.status_code == 404
+        assert missing.json()["error"]["details"][0]["reason"] == "TASK_NOT_FOUND"
+        rpc = await http.post(f"{edge.url}/a2a/default", json={
+            "jsonrpc": "2.0", "id": 7, "method": "CancelTask", "params": {"id": run_id}})
+        assert rpc.json()["id"] == 7 and rpc.json()["error"]["code"] == -32002
+        old = await http.post(f"{edge.url}/a2a/default", headers={"A2A-Version": "0.3"}, json={
+            "jsonrpc": "2.0", "id": 8, "method": "GetTask", "params": {"id": run_id}})
+        assert old.json()["error"]["code"] == -32009

@@ -5,7 +5,7 @@
 HTTP+JSON routes (the specification's, under the interface's URL)::
 
     POST /message:send · /message:stream        GET /tasks · /tasks/{id}
-    POST /tasks/{id}:cancel · /tasks/{id}:subscribe
+    POST /tasks/{id}:cancel · POST, GET /tasks/{id}:subscribe · GET /extendedAgentCard
     POST · GET /tasks/{id}/pushNotificationConfigs   GET · DELETE …/pushNotificationConfigs/{config}
 
 A request body is at most :data:`runwire.core.limits.FRAME_BYTES` and nests at most
@@ -234,7 +234,7 @@ class RestEndpoint:
         """The method a request names (by path and HTTP method), with its path's ids in ``params``."""
         task = request.path_params.get("task")
         if self.action == "task":
-            if request.method == "GET":
+            if request.method == "GET" and not (task or "").endswith(":subscribe"):
                 return "GetTask", {**params, "id": task}
             task_id, _, verb = (task or "").rpartition(":")
             verbs = {"cancel": "CancelTask", "subscribe": "SubscribeToTask"}
@@ -278,6 +278,7 @@ def a2a_routes(edge: Edge) -> list[BaseRoute]:
         Route(f"{rest}/message:send", RestEndpoint(edge, "SendMessage"), methods=["POST"]),
         Route(f"{rest}/message:stream", RestEndpoint(edge, "SendStreamingMessage"), methods=["POST"]),
         Route(f"{rest}/tasks", RestEndpoint(edge, "ListTasks"), methods=["GET"]),
+        Route(f"{rest}/extendedAgentCard", RestEndpoint(edge, "GetExtendedAgentCard"), methods=["GET"]),
         Route(f"{rest}/tasks/{{task}}/pushNotificationConfigs", RestEndpoint(edge, "push"),
               methods=["GET", "POST"]),
         Route(f"{rest}/tasks/{{task}}/pushNotificationConfigs/{{config}}", RestEndpoint(edge, "push"),
