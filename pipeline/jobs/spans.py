@@ -36,6 +36,8 @@ import msgspec
 from ..core.envelope import (
     ChildSpawn,
     Event,
+    Extension,
+    ReasoningDelta,
     RunLifecycle,
     StepBoundary,
     TextDelta,
@@ -124,6 +126,13 @@ def _error_type(value: Any) -> str:
     return "_OTHER"
 
 
+_NONE: list[Span] = []
+"""What most events end (never appended to)."""
+_QUIET = frozenset({TextDelta, ReasoningDelta, Extension})
+"""Event types that matter to a run's spans only when they open it (or carry ``ext``, or the
+text of a model step with content on)."""
+
+
 class _Run:
     """What the derivation holds for one run while its span is open."""
 
@@ -180,10 +189,14 @@ class SpanTree:
     # ---- folding ------------------------------------------------------------
     def apply(self, event: Event) -> list[Span]:
         """Fold one event of the root's stream in; the spans it ended."""
-        self._ended = []
         if event.seq <= self.last_seq:
-            return []
+            return _NONE
         self.last_seq = event.seq
+        if type(event) in _QUIET and event.ext is None and (event.child_id or self.root_id) in self._runs:
+            if self.content and type(event) is TextDelta:
+                self._runs[event.child_id or self.root_id].step_text.append(event.payload.text)
+            return _NONE  # the common case, a delta of a run already open: nothing to do
+        self._ended = []
         child = event.child_id
         if child is None:
             run_id, parent_id = self.root_id, None

@@ -3,9 +3,9 @@ receiver that decodes each request with ``opentelemetry-proto``."""
 
 from __future__ import annotations
 
-import asyncio
 import time
 from collections.abc import AsyncIterator
+from datetime import UTC, datetime
 from pathlib import Path
 
 import pytest
@@ -18,11 +18,18 @@ from runwire.jobs.spans import span_id, trace_id
 from runwire.store import ReplayLog, open_store
 from tests.jobs.otlp_receiver import OtlpReceiver, otlp_receiver
 from tests.jobs.traced import GRANDCHILD, ROOT, traced_run
+from tests.store.conftest import Clock
 
 
 @pytest.fixture
-async def store(tmp_path: Path) -> AsyncIterator[ReplayLog]:
-    async with open_store(f"sqlite:///{tmp_path / 'replay.db'}") as log:
+def clock() -> Clock:
+    return Clock(datetime.now(UTC))
+
+
+@pytest.fixture
+async def store(tmp_path: Path, clock: Clock) -> AsyncIterator[ReplayLog]:
+    """A replay log whose clock (the exporters' holds) the test moves."""
+    async with open_store(f"sqlite:///{tmp_path / 'replay.db'}", clock=clock) as log:
         yield log
 
 
@@ -79,21 +86,21 @@ async def test_a_runs_spans_reach_an_otlp_receiver_as_protobuf_with_the_standard
     assert not any(k.startswith("gen_ai.tool.call.arguments") for s in spans.values() for k in attributes(s))
 
 
-async def test_a_successor_sends_only_what_was_not_sent_and_nothing_twice(store: ReplayLog) -> None:
+async def test_a_successor_sends_only_what_was_not_sent_and_nothing_twice(store: ReplayLog, clock: Clock) -> None:
     """The first exporter sends what ended in the first half and stops (as if killed); the next,
     another worker once the hold lapsed, folds the run from the log and sends the rest."""
     events = traced_run()
     await store.append(events)
     async with otlp_receiver() as receiver:
-        first = SpanExporter(store, settings(receiver), holder="w1", hold_s=0.2)
+        first = SpanExporter(store, settings(receiver), holder="w1", hold_s=15)
         first.offer([(ROOT, events[:10], [], None)])
         async with first._http() as first._client:
             assert await first.pass_once() == 3  # the first model step, the failed call, its run
-        successor = SpanExporter(store, settings(receiver), holder="w2", hold_s=0.2)
+        successor = SpanExporter(store, settings(receiver), holder="w2", hold_s=15)
         successor.offer([(ROOT, events[10:], [], None)])
         async with successor._http() as successor._client:
             assert await successor.pass_once() == 0  # w1's hold is live: w1's spans to send
-            await asyncio.sleep(0.3)
+            clock.advance(seconds=16)
             successor.offer([(ROOT, events[10:], [], None)])
             assert await successor.pass_once() == 4
             assert await successor.pass_once() == 0

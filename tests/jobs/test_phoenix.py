@@ -27,7 +27,7 @@ from tests.jobs.otlp_receiver import OtlpReceiver, otlp_receiver
 from tests.phoenix import phoenix_spans, serve_phoenix
 from tests.waiting import until
 
-pytestmark = pytest.mark.slow
+pytestmark = [pytest.mark.slow, pytest.mark.timeout(600)]  # Phoenix's first start can take minutes
 RUNWIRE = str(Path(sys.executable).parent / "runwire")
 NAMES = {"invoke_agent planner", "chat gpt-test", "invoke_agent researcher", "invoke_agent",
          "execute_tool grep", "chat", "execute_tool book"}

@@ -1,0 +1,223 @@
+"""Span export's CPU per event beside the worker's: what exporting a run's spans costs the worker.
+
+In the same run, on the in-process bus (``memory://``, where a worker's own CPU per event is
+lowest, so the ratio is the strictest) and the embedded SQLite replay log, the same published
+workload goes through:
+
+* ``worker`` — ``run_worker`` with no ``OTEL_*`` variable: the worker alone;
+* ``worker_exporting`` — ``run_worker`` with ``OTEL_EXPORTER_OTLP_ENDPOINT`` set: the exporter
+  runs beside it (its passes, its own SQLite connection) and posts to an OTLP sink in another
+  process (whose CPU is not counted); its last pass is included;
+* ``export_alone`` — the exporter by itself fed exactly what the baseline worker wrote, one pass
+  per worker write (more passes than a live exporter makes: an upper bound of its work).
+
+Figures: ``*_cpu_us_per_event`` (this process's CPU, every thread, per published event) and
+``export_cpu_us_per_event`` = ``worker_exporting`` − ``worker``, then both export figures as a
+share of the worker's (``export_share``, ``export_alone_share``; the target is ≤ 0.05); spans
+sent per round. ``--deltas`` text deltas per model step (default 16, as dense in spans as
+``bench/workers.py``'s workload: a span per 10 events; a model streaming a 100-token answer
+a token at a time is ``--deltas 100``). A quarter-size round first warms up (imports, first connections: one-time
+costs, not per event). The workload: ``--runs`` root runs, each with two sub-runs; each cycle of a
+run are ``--deltas`` text deltas, a usage report, a model step, a tool call's start and end (a
+``chat`` and an ``execute_tool`` span each time), and every run ends.
+
+``python bench/spans.py [--events N] [--runs R] [--deltas D] [--repeat K] [--json]``
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import logging
+import os
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+import uuid
+from pathlib import Path
+from typing import Any
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from cputime import import_code
+
+import_code()
+
+from prometheus_client import CollectorRegistry  # noqa: E402
+
+from runwire.bus import Bus, open_bus  # noqa: E402 - the tree import_code() names
+from runwire.core.envelope import Event, format_ts, make  # noqa: E402
+from runwire.jobs.export import SpanExporter  # noqa: E402
+from runwire.jobs.otlp import OtlpSettings  # noqa: E402
+from runwire.store import open_store  # noqa: E402
+from runwire.workers.runtime import run_worker  # noqa: E402
+
+TEXT = "x" * 40
+STEP = ["x.usage", "step.boundary", "tool.start", "tool.end"]
+SINK = """
+import asyncio, sys
+async def serve(reader, writer):
+    try:
+        while True:
+            head = await reader.readuntil(b"\\r\\n\\r\\n")
+            length = next((int(l.split(b":")[1]) for l in head.split(b"\\r\\n") if l.lower().startswith(b"content-length")), 0)
+            await reader.readexactly(length)
+            writer.write(b"HTTP/1.1 200 OK\\r\\ncontent-type: application/x-protobuf\\r\\ncontent-length: 0\\r\\n\\r\\n")
+            await writer.drain()
+    except (asyncio.IncompleteReadError, ConnectionError):
+        writer.close()
+async def main():
+    server = await asyncio.start_server(serve, "127.0.0.1", 0)
+    print(server.sockets[0].getsockname()[1], flush=True)
+    await server.serve_forever()
+asyncio.run(main())
+"""
+
+
+def workload(count: int, runs: int, deltas: int = 16) -> list[Event]:
+    """``count`` events over ``runs`` root runs (two sub-runs each), interleaved, then every end."""
+    out: list[Event] = []
+    seqs: dict[str, int] = {}
+    started = time.time()
+    cycle = ["text.delta"] * deltas + STEP
+    members = [(f"s{r}", None) for r in range(runs)]
+    members += [(f"s{r}.c{c}", f"s{r}") for r in range(runs) for c in (1, 2)]
+
+    def emit(run_id: str, parent: str | None, kind: str, payload: dict[str, Any]) -> None:
+        seq = seqs[run_id] = seqs.get(run_id, 0) + 1
+        links = {} if parent is None else {"parent_id": parent, "root_id": parent}
+        ts = format_ts(_at(started + len(out) / 50_000))
+        out.append(make(kind, payload, id=f"evt_{len(out):020d}", ts=ts, run_id=run_id, seq=seq, **links))
+
+    for run_id, parent in members:
+        if parent is not None:
+            emit(parent, None, "child.spawn", {"child_id": run_id})
+    index = 0
+    while len(out) < count:
+        run_id, parent = members[index % len(members)]
+        n = seqs.get(run_id, 0)
+        emit(run_id, parent, cycle[n % len(cycle)], _payload(cycle[n % len(cycle)], run_id, n // len(cycle)))
+        index += 1
+    for run_id, parent in reversed(members):
+        emit(run_id, parent, "run.lifecycle", {"state": "done"})
+    return out
+
+
+def _at(seconds: float):  # type: ignore[no-untyped-def]
+    from datetime import UTC, datetime
+
+    return datetime.fromtimestamp(seconds, UTC)
+
+
+def _payload(kind: str, run_id: str, step: int) -> dict[str, Any]:
+    if kind == "text.delta":
+        return {"text": TEXT}
+    if kind == "x.usage":
+        return {"input_tokens": 120, "output_tokens": 40, "model": "bench-model"}
+    if kind == "step.boundary":
+        return {"step_index": step, "step_kind": "tool-roundtrip"}
+    if kind == "tool.start":
+        return {"call_id": f"{run_id}-{step}", "tool": "browser", "input": {"q": TEXT}}
+    return {"call_id": f"{run_id}-{step}", "ok": step % 7 != 0, "output": TEXT}
+
+
+async def publish(bus: Bus, events: list[Event]) -> None:
+    for start in range(0, len(events), 2000):
+        await bus.publish(events[start : start + 2000])
+
+
+async def worker_round(events: list[Event], store_url: str, endpoint: str | None,
+                       written: list[Any] | None = None) -> dict[str, float]:
+    """One worker over the workload; with ``endpoint``, exporting to it."""
+    if endpoint:
+        os.environ["OTEL_EXPORTER_OTLP_ENDPOINT"] = endpoint
+    else:
+        os.environ.pop("OTEL_EXPORTER_OTLP_ENDPOINT", None)
+    registry = CollectorRegistry()
+    async with open_bus("memory://?max_backlog=10000000") as bus, open_store(store_url) as store:
+        await publish(bus, events)
+        if written is not None:  # the baseline records what it wrote, for export_alone
+            original = store.append_streams
+
+            async def recording(streams: Any) -> int:
+                written.append(list(streams))
+                return await original(streams)
+
+            store.append_streams = recording  # type: ignore[method-assign]
+        began = time.process_time()
+        stats = await run_worker(bus, store, group=f"g{uuid.uuid4().hex[:6]}", name="w1", burst=True,
+                                 batch=2048, metrics=registry)
+        cpu = time.process_time() - began
+    assert stats.entries >= len(events), stats
+    sent = registry.get_sample_value("runwire_otel_spans_exported_total") or 0.0
+    return {"cpu_us_per_event": cpu / len(events) * 1e6, "spans": sent}
+
+
+async def export_alone(written: list[Any], store_url: str, endpoint: str) -> dict[str, float]:
+    """The exporter fed the baseline worker's writes, a pass after each (its log already holds them)."""
+    settings = OtlpSettings.from_env({"OTEL_EXPORTER_OTLP_ENDPOINT": endpoint})
+    assert settings is not None
+    async with open_store(store_url) as store:
+        exporter = SpanExporter(store, settings, holder=f"alone-{uuid.uuid4().hex[:6]}")
+        events = sum(len(stream[1]) for streams in written for stream in streams)
+        async with exporter._http() as exporter._client:
+            began = time.process_time()
+            sent = 0
+            for streams in written:
+                exporter.offer(streams)
+                sent += await exporter.pass_once()
+            cpu = time.process_time() - began
+    return {"cpu_us_per_event": cpu / events * 1e6, "spans": float(sent)}
+
+
+async def one_round(events: list[Event], tmp: Path, endpoint: str) -> dict[str, float]:
+    written: list[Any] = []
+    base_db = f"sqlite:///{tmp}/{uuid.uuid4().hex[:8]}.db"
+    base = await worker_round(events, base_db, None, written)
+    exporting = await worker_round(events, f"sqlite:///{tmp}/{uuid.uuid4().hex[:8]}.db", endpoint)
+    alone = await export_alone(written, base_db, endpoint)
+    export = exporting["cpu_us_per_event"] - base["cpu_us_per_event"]
+    return {
+        "worker_cpu_us_per_event": base["cpu_us_per_event"],
+        "worker_exporting_cpu_us_per_event": exporting["cpu_us_per_event"],
+        "export_cpu_us_per_event": export,
+        "export_share": export / base["cpu_us_per_event"],
+        "export_alone_cpu_us_per_event": alone["cpu_us_per_event"],
+        "export_alone_share": alone["cpu_us_per_event"] / base["cpu_us_per_event"],
+        "spans_sent_exporting": exporting["spans"],
+        "spans_sent_alone": alone["spans"],
+    }
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--events", type=int, default=60_000)
+    parser.add_argument("--runs", type=int, default=100)
+    parser.add_argument("--repeat", type=int, default=3)
+    parser.add_argument("--deltas", type=int, default=16, help="text deltas per model step")
+    parser.add_argument("--json", action="store_true")
+    args = parser.parse_args()
+    logging.basicConfig(level=logging.ERROR)
+    events = workload(args.events, args.runs, args.deltas)
+    sink = subprocess.Popen([sys.executable, "-c", SINK], stdout=subprocess.PIPE, text=True)
+    try:
+        assert sink.stdout is not None
+        endpoint = f"http://127.0.0.1:{sink.stdout.readline().strip()}"
+        tmp = Path(tempfile.mkdtemp(prefix="runwire-bench-spans-"))
+        asyncio.run(one_round(events[: len(events) // 4], tmp, endpoint))  # warm-up: imports, first connections
+        rounds = [asyncio.run(one_round(events, tmp, endpoint)) for _ in range(args.repeat)]
+    finally:
+        sink.terminate()
+    figures = {"events": float(len(events)),
+               **{key: statistics.median(r[key] for r in rounds) for key in rounds[0]}}
+    if args.json:
+        print(json.dumps(figures, indent=2))
+    else:
+        for key, value in figures.items():
+            print(f"{key:40s} {value:>14,.3f}")
+
+
+if __name__ == "__main__":
+    main()
