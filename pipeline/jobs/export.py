@@ -9,7 +9,7 @@ retried with backoff for at most ``give_up_s``; then its spans are dropped and c
 
 **Each span once, across a crash.** The replay log keeps, per root run, how far its spans were
 exported (``export_commit``: the seq of the last event folded) and who holds the run's export
-(``export_claim``, a hold of ``hold_s`` renewed by every pass). A span is sent in the pass that
+(``export_claim``, a hold of ``hold_s``, claimed again when half of it has passed). A span is sent in the pass that
 folds the event ending it (its ``end_seq``) past the cursor, and the cursor moves only after the
 backend said yes. An exporter that starts without a run's tree, or finds the cursor moved by
 another, folds the run again from the log and sends only spans ending past the cursor: the same
@@ -244,11 +244,7 @@ class SpanExporter:
             buffered = []
             async for event in self.store.iter_events(root, after=tree.last_seq):
                 buffered.append(event)
-        apply = tree.apply
-        for event in buffered:
-            ended = apply(event)
-            if ended:
-                spans.extend(span for span in ended if span.end_seq is not None and span.end_seq > cursor)
+        spans.extend(tree.apply_many(buffered, cursor))
         if tree.open_spans():
             self._trees[root] = (tree, cursor, until)
             while len(self._trees) > MAX_TREES:

@@ -29,9 +29,11 @@ Message content (tool arguments and results, a model step's text) is kept only w
 from __future__ import annotations
 
 import hashlib
+from collections.abc import Sequence
 from typing import Any, Literal
 
 import msgspec
+from msgspec import UNSET
 
 from ..core.envelope import (
     ChildSpawn,
@@ -187,6 +189,24 @@ class SpanTree:
         return found
 
     # ---- folding ------------------------------------------------------------
+    def apply_many(self, events: Sequence[Event], past: int = 0) -> list[Span]:
+        """:meth:`apply` each of ``events``; the spans they ended whose ``end_seq`` is past
+        ``past``. Deltas of runs already open — most of a stream — are passed over in this loop,
+        without a call each (a third of the exporter's CPU per event)."""
+        ended: list[Span] = []
+        runs, root, quiet, content = self._runs, self.root_id, _QUIET, self.content
+        for event in events:
+            seq = event.seq
+            if type(event) in quiet and event.ext is None and not content and seq > self.last_seq:
+                ref = event.child_ref
+                if (root if ref is UNSET or ref is None else ref) in runs:
+                    self.last_seq = seq
+                    continue
+            found = self.apply(event)
+            if found:
+                ended.extend(span for span in found if span.end_seq is not None and span.end_seq > past)
+        return ended
+
     def apply(self, event: Event) -> list[Span]:
         """Fold one event of the root's stream in; the spans it ended."""
         if event.seq <= self.last_seq:

@@ -104,3 +104,15 @@ def test_what_is_open_is_open_and_a_run_ending_closes_what_it_left_open() -> Non
     assert [s.name for s in ended] == ["invoke_agent", "execute_tool slow", "invoke_agent"]
     assert ended[1].status == "error" and ended[2].attributes["runwire.run.state"] == "aborted"
     assert ended[2].status == "unset"
+
+
+def test_folding_many_at_once_is_folding_one_by_one() -> None:
+    events = traced_run()
+    for content in (False, True):
+        one = SpanTree(ROOT, content=content)
+        for e in events:
+            one.apply(e)
+        many = SpanTree(ROOT, content=content)
+        assert [s.name for s in many.apply_many(events[:9])] == ["chat gpt-test", "execute_tool grep", "invoke_agent"]
+        assert [s.name for s in many.apply_many(events[9:], past=13)] == ["execute_tool book", "invoke_agent planner"]
+        assert many.spans() == one.spans() and many.last_seq == one.last_seq == len(events)
