@@ -248,9 +248,9 @@ class KafkaBus(Bus):
     async def start_offsets(self, group_id: str, partitions: Sequence[int]) -> dict[int, int]:
         """Where consumer group ``group_id`` resumes each ingest partition.
 
-        Its committed offset, or without one the partition's beginning (the
-        workers reset to the earliest offset): the next offset the group's
-        new owner of the partition is to read.
+        Its committed offset, or without one offset 0 (not the broker's answer for the
+        earliest offset, see :func:`~runwire.bus.kafka_consumer.start_at_commit_or_zero`): the
+        next offset the group's new owner of the partition is to read.
         """
         tps = [TopicPartition(self.topics[keys.KAFKA_INGEST], p) for p in partitions]
         if not tps:
@@ -267,16 +267,7 @@ class KafkaBus(Bus):
             tp.partition: meta.offset for tp, meta in committed.items()
             if meta is not None and meta.offset >= 0
         }
-        missing = [tp for tp in tps if tp.partition not in out]
-        if missing:
-            reader = self.link.reader()
-            await guard("read", reader.start())
-            try:
-                begins = await guard("read", reader.beginning_offsets(missing))
-            finally:
-                await reader.stop()
-            out.update({tp.partition: offset for tp, offset in begins.items()})
-        return out
+        return {tp.partition: out.get(tp.partition, 0) for tp in tps}
 
     # ---- delivery ----------------------------------------------------
     async def _delivery(self) -> DeliveryTail:

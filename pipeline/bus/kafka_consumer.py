@@ -67,6 +67,8 @@ class _PartitionState:
         self.prior_through = -1 if mark is None else mark.through
         self.prior_counts = {} if mark is None else dict(mark.counts)
         self.counts: dict[int, int] = {}
+        self.start_checked = False
+        """Whether the first records fetched were checked against the group's commit."""
 
     def first_count(self, offset: int) -> int:
         """Delivery count of an offset handed out now for the first time by this process."""
@@ -222,13 +224,46 @@ class KafkaConsumer(Consumer):
             batches = await guard("fetch", client.getmany(timeout_ms=int(wait), max_records=asked))
             # aiokafka may fetch before our assignment listener has read the marks
             await self._assigned([tp for tp in batches if tp.partition not in self._partitions])
-            out += self._take(batches)
+            out += self._take(await self._from_commit(client, batches))
             if sum(map(len, batches.values())) < asked:
                 break  # nothing more is ready
             wait = 0
         if out:
             await self._write_marks({d.shard for d in out})
         return out
+
+    async def _from_commit(
+        self, client: AIOKafkaConsumer, batches: Mapping[TopicPartition, Sequence[Any]]
+    ) -> Mapping[TopicPartition, Sequence[Any]]:
+        """The fetched records, less those of a partition whose first records fetched begin past
+        where the group is to begin it: its committed offset, or offset 0 without one. That
+        partition is sought back there, once (a broker that deleted records below its first
+        answers out of range, and the client moves to its earliest offset: taken as it is then).
+
+        The client begins a partition without a commit at the broker's answer for its
+        *earliest* offset, and Tansu (0.6.0) can answer one past the partition's first records
+        when its first writes race (producers writing to it at once): a group reset there
+        would never read them.
+        """
+        late: list[TopicPartition] = []
+        for tp, records in batches.items():
+            state = self._partitions[tp.partition]
+            if state.start_checked or state.next_offset is not None:
+                continue
+            state.start_checked = True
+            if records[0].offset == 0:
+                continue
+            committed = await guard("committed offsets", client.committed(tp))
+            begin = 0 if committed is None else committed
+            if records[0].offset > begin:
+                log.info("kafka group %s began %s at offset %d, past %s %d: sought back to it",
+                         self.group, tp, records[0].offset,
+                         "its commit" if committed is not None else "the partition's start", begin)
+                client.seek(tp, begin)
+                late.append(tp)
+        if not late:
+            return batches
+        return {tp: records for tp, records in batches.items() if tp not in late}
 
     def _take(self, batches: Mapping[TopicPartition, Sequence[Any]]) -> list[Delivery]:
         """One delivery per event of the records fetched (see :mod:`runwire.bus.ingest_entries`)."""

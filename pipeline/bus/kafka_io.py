@@ -162,9 +162,11 @@ class KafkaLink:
             bootstrap_servers=self.bootstrap, request_timeout_ms=self.options.request_timeout_ms
         )
 
-    def reader(self) -> AIOKafkaConsumer:
-        """A consumer outside any group, for reading partitions it is assigned."""
-        return AIOKafkaConsumer(bootstrap_servers=self.bootstrap, enable_auto_commit=False)
+    def reader(self, **options: Any) -> AIOKafkaConsumer:
+        """A consumer outside any group, for reading partitions it is assigned (a position
+        below a partition's first retained record moves to that record)."""
+        return AIOKafkaConsumer(bootstrap_servers=self.bootstrap, enable_auto_commit=False,
+                                auto_offset_reset="earliest", **options)
 
     async def ensure_topics(
         self,
@@ -236,7 +238,10 @@ class KafkaLink:
         a fetch from there; past its end offset when it holds none before its end, else ``offset``
         (nothing after it yet).
 
-        Offsets below the partition's beginning (deleted, or past retention) hold no record.
+        Offsets below the partition's beginning (deleted, or past retention) hold no record:
+        the broker answers a fetch there out of range, and the reader moves to the first it
+        holds. (Its answer for the partition's *earliest* offset is not asked: Tansu can name
+        one past the first records, see :func:`~runwire.bus.kafka_consumer.start_at_commit_or_zero`.)
         Raises BusUnavailable when the partition cannot be read within ``timeout_s``.
         """
         tp = TopicPartition(topic, partition)
@@ -244,8 +249,7 @@ class KafkaLink:
         await guard("read", reader.start())
         try:
             end = int((await guard("read", reader.end_offsets([tp])))[tp])
-            begin = int((await guard("read", reader.beginning_offsets([tp])))[tp])
-            start = max(offset, begin)
+            start = offset
             reader.assign([tp])
             reader.seek(tp, start)
             deadline = time.monotonic() + timeout_s
