@@ -58,7 +58,7 @@ from runwire.store import ReplayLog, open_store
 from runwire.workers.faust_partitions import HOLE_IDLE_S, PartitionTracker
 from runwire.workers.faust_seam import Intake, check_faust_version, raise_if_crashed
 from runwire.workers.faust_setup import build_app, build_table, subscribe
-from runwire.workers.runtime import stop_on_signals
+from runwire.workers.runtime import exporting, span_exporter, stop_on_signals
 
 log = logging.getLogger("runwire.faust")
 
@@ -415,4 +415,5 @@ async def _main(
             bus, store, group=group, name=name, silence_s=silence_s, burst=burst, stop=stop,
             data_dir=data_dir, quiet_s=quiet_s,
         )
-        return await worker.run()
+        async with exporting(span_exporter(worker.stages, store, name)):  # spans beside it (OTEL_*)
+            return await worker.run()

@@ -15,13 +15,14 @@ import time
 from prometheus_client import CollectorRegistry
 
 from runwire.bus import Bus
-from runwire.jobs.export import exporter_from_env, exporting
+from runwire.jobs.export import SpanExporter, exporter_from_env, exporting
 from runwire.processing.processor import DEFAULT_QUIET_S, DEFAULT_SILENCE_S, Processor
 from runwire.processing.stages import BATCH, FETCH, TICK_S, Stages, WorkerStats
 from runwire.processing.worker_loop import ConsumerLoop
 from runwire.store import ReplayLog
 
-__all__ = ["BATCH", "FETCH", "TICK_S", "Stages", "WorkerStats", "run_worker", "stop_on_signals"]
+__all__ = ["BATCH", "FETCH", "TICK_S", "Stages", "WorkerStats", "exporting", "run_worker", "span_exporter",
+           "stop_on_signals"]
 
 
 def stop_on_signals() -> asyncio.Event:
@@ -31,6 +32,16 @@ def stop_on_signals() -> asyncio.Event:
     for sig in (signal.SIGINT, signal.SIGTERM):
         loop.add_signal_handler(sig, stop.set)
     return stop
+
+
+def span_exporter(
+    stages: Stages, store: ReplayLog, name: str, metrics: CollectorRegistry | None = None
+) -> SpanExporter | None:
+    """The span exporter the ``OTEL_*`` variables ask for, told of each of ``stages``' log
+    writes (either runtime's worker); None when they ask for none."""
+    exporter = exporter_from_env(os.environ, store, holder=name, registry=metrics)
+    stages.on_logged = exporter.offer if exporter is not None else None
+    return exporter
 
 
 async def run_worker(
@@ -58,15 +69,14 @@ async def run_worker(
         if claim_idle_ms is None
         else bus.consumer(group, name, claim_idle_ms=claim_idle_ms)
     )
-    exporter = exporter_from_env(os.environ, store, holder=name, registry=metrics)
     stages = Stages(
         bus, store, Processor(silence_s=silence_s, quiet_s=quiet_s), stop,
-        dead_letter=consumer.dead_letter, on_logged=exporter.offer if exporter else None,
+        dead_letter=consumer.dead_letter,
     )
     worker = ConsumerLoop(consumer, stages)
     started = time.monotonic()
     try:
-        async with exporting(exporter):
+        async with exporting(span_exporter(stages, store, name, metrics)):
             await worker.loop(batch=batch, tick_s=tick_s, burst=burst)
     finally:
         await consumer.close()

@@ -141,7 +141,7 @@ class Stages:
         self.stats = WorkerStats()
         self._dead_letter_to = dead_letter
         self._load = load_state
-        self._on_logged = on_logged
+        self.on_logged = on_logged
         """Told of each write once it is in the replay log (the span exporter; must not block)."""
         self._first_batch_at: float | None = None
         self._appends = asyncio.Semaphore(APPEND_CONCURRENCY)
@@ -260,8 +260,8 @@ class Stages:
     async def write_log(self, write: EncodedWrite) -> None:
         """The replay-log part of :meth:`write` (first)."""
         await self._append_log(write.log)
-        if self._on_logged is not None:
-            self._on_logged(write.log)
+        if self.on_logged is not None:
+            self.on_logged(write.log)
 
     async def write_views(self, write: EncodedWrite) -> None:
         """The delivery-stream part of :meth:`write`: shaped views, then raw views with checkpoints."""

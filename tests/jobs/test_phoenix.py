@@ -19,18 +19,19 @@ from datetime import datetime
 from pathlib import Path
 from typing import Any
 
+import httpx
 import pytest
 
 from runwire.jobs.spans import trace_id
-from runwire.sdk.publisher import Publisher, Run
+from runwire.sdk.publisher import Publisher
 from tests.jobs.otlp_receiver import OtlpReceiver, otlp_receiver
+from tests.jobs.traced import NAMES, TracedAgent
 from tests.phoenix import phoenix_spans, serve_phoenix
+from tests.services import free_port
 from tests.waiting import until
 
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(600)]  # Phoenix's first start can take minutes
 RUNWIRE = str(Path(sys.executable).parent / "runwire")
-NAMES = {"invoke_agent planner", "chat gpt-test", "invoke_agent researcher", "invoke_agent",
-         "execute_tool grep", "chat", "execute_tool book"}
 
 
 @pytest.fixture(scope="module")
@@ -38,64 +39,13 @@ def phoenix(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
     yield from serve_phoenix(tmp_path_factory.mktemp("phoenix"))
 
 
-class TracedAgent:
-    """A run with a sub-run that has a sub-run (two levels), a failing tool call, usage in model
-    steps and an approval, published in three parts so a test can act between them."""
-
-    def __init__(self, publisher: Publisher, root: str) -> None:
-        self.pub, self.root = publisher, root
-        self.runs: dict[str, Run] = {}
-
-    async def first(self) -> None:
-        """Ends: the root's first model step, the failed call and the sub-sub-run."""
-        root = self.runs["root"] = self.pub.run(self.root, tenant="acme", thread="chat-1", agent="planner")
-        await root.emit("run.lifecycle", {"state": "running"})
-        await asyncio.sleep(0.05)
-        await root.emit("x.usage", {"input_tokens": 100, "output_tokens": 20, "model": "gpt-test"})
-        await root.emit("step.boundary", {"step_index": 0, "step_kind": "tool-roundtrip"})
-        child = self.runs["child"] = self.pub.run(f"{self.root}.research", parent=root, agent="researcher")
-        await root.emit("child.spawn", {"child_id": child.run_id})
-        await child.emit("run.lifecycle", {"state": "running"})
-        grand = self.pub.run(f"{self.root}.research.search", parent=child)
-        await child.emit("child.spawn", {"child_id": grand.run_id})
-        await grand.emit("tool.start", {"call_id": "g1", "tool": "grep", "input": {"q": "hotels"}})
-        await asyncio.sleep(0.2)
-        await grand.emit("tool.end", {"call_id": "g1", "ok": False,
-                                      "error": {"type": "Timeout", "message": "took too long"}})
-        await grand.finish("error", "grep failed")
-        await self.pub.flush()
-
-    async def second(self) -> None:
-        """Ends: the sub-run's model step and the sub-run; the root asks for an approval."""
-        child, root = self.runs["child"], self.runs["root"]
-        await child.emit("text.delta", {"text": "nothing found"})
-        await asyncio.sleep(0.05)
-        await child.emit("x.usage", {"input_tokens": 50, "output_tokens": 10})
-        await child.emit("step.boundary", {"step_index": 0, "step_kind": "text-only"})
-        await child.finish("done")
-        await root.emit("run.lifecycle", {"state": "awaiting_approval", "reason": "1 call(s) wait"},
-                        {"approval": {"calls": [{"call_id": "a1", "tool": "book", "input": {}}]}})
-        await self.pub.flush()
-
-    async def third(self) -> None:
-        """Approved: the call it waited for, and the end."""
-        root = self.runs["root"]
-        await asyncio.sleep(0.1)
-        await root.emit("run.lifecycle", {"state": "running"})
-        await root.emit("tool.start", {"call_id": "a1", "tool": "book", "input": {"hotel": 7}})
-        await asyncio.sleep(0.1)
-        await root.emit("tool.end", {"call_id": "a1", "ok": True, "output": "booked"})
-        await root.finish("done")
-        await self.pub.flush()
-
-
-def start_worker(bus_url: str, store_url: str, receiver: OtlpReceiver, project: str, log: Path) -> \
-        subprocess.Popen[bytes]:
+def start_worker(bus_url: str, store_url: str, receiver: OtlpReceiver, project: str, log: Path,
+                 *extra: str) -> subprocess.Popen[bytes]:
     env = {**os.environ, "PYTHONUNBUFFERED": "1", "OTEL_EXPORTER_OTLP_ENDPOINT": receiver.url,
            "OTEL_EXPORTER_OTLP_HEADERS": f"x-project-name={project}", "OTEL_SERVICE_NAME": "runwire-test"}
     with open(log, "ab") as out:
         return subprocess.Popen([RUNWIRE, "worker", "--bus", bus_url, "--store", store_url, "--name", "w1",
-                                 "--group", project, "--claim-idle-ms", "1500", "--silence", "600"],
+                                 "--group", project, "--claim-idle-ms", "1500", "--silence", "600", *extra],
                                 stdout=out, stderr=subprocess.STDOUT, env=env)
 
 
@@ -161,7 +111,9 @@ async def test_a_run_of_two_levels_reaches_phoenix_as_one_trace_of_genai_spans(
     project = f"p{uuid.uuid4().hex[:8]}"
     bus_url, store_url = bus_of(redis_url, project), f"sqlite:///{tmp_path / 'replay.db'}"
     async with otlp_receiver(forward=phoenix) as receiver:
-        worker = start_worker(bus_url, store_url, receiver, project, tmp_path / "w1.log")
+        metrics = free_port()
+        worker = start_worker(bus_url, store_url, receiver, project, tmp_path / "w1.log",
+                              "--metrics-addr", f"127.0.0.1:{metrics}")
         try:
             async with Publisher.connect(bus_url) as pub:
                 agent = TracedAgent(pub, f"{project}-trip")
@@ -169,6 +121,10 @@ async def test_a_run_of_two_levels_reaches_phoenix_as_one_trace_of_genai_spans(
                 await agent.second()
                 await agent.third()
             spans = await until_in_phoenix(phoenix, project, 7)
+            async with httpx.AsyncClient() as http:  # the worker's own /metrics counts what it sent
+                counted = (await http.get(f"http://127.0.0.1:{metrics}/metrics")).text
+            assert "runwire_otel_spans_exported_total 7.0" in counted
+            assert 'runwire_otel_spans_dropped_total{reason="unreachable"}' not in counted
         finally:
             worker.send_signal(signal.SIGTERM)
             worker.wait(20)

@@ -3,9 +3,11 @@ call that fails, usage in model steps and an approval — what the span tests de
 
 from __future__ import annotations
 
+import asyncio
 from typing import Any
 
 from runwire.core.envelope import Event
+from runwire.sdk.publisher import Publisher, Run
 from tests.events import event
 
 ROOT = "trip"
@@ -43,3 +45,59 @@ def traced_run(root: str = ROOT, *, child: str = CHILD, grandchild: str = GRANDC
     ]
     return [event(root, seq, type, payload, second=at, **fields)
             for seq, (at, type, payload, fields) in enumerate(rows, start=1)]
+
+
+NAMES = {"invoke_agent planner", "chat gpt-test", "invoke_agent researcher", "invoke_agent",
+         "execute_tool grep", "chat", "execute_tool book"}
+"""The spans of :class:`TracedAgent`'s run (and of :func:`traced_run`)."""
+
+
+class TracedAgent:
+    """A run with a sub-run that has a sub-run (two levels), a failing tool call, usage in model
+    steps and an approval, published in three parts so a test can act between them."""
+
+    def __init__(self, publisher: Publisher, root: str) -> None:
+        self.pub, self.root = publisher, root
+        self.runs: dict[str, Run] = {}
+
+    async def first(self) -> None:
+        """Ends: the root's first model step, the failed call and the sub-sub-run."""
+        root = self.runs["root"] = self.pub.run(self.root, tenant="acme", thread="chat-1", agent="planner")
+        await root.emit("run.lifecycle", {"state": "running"})
+        await asyncio.sleep(0.05)
+        await root.emit("x.usage", {"input_tokens": 100, "output_tokens": 20, "model": "gpt-test"})
+        await root.emit("step.boundary", {"step_index": 0, "step_kind": "tool-roundtrip"})
+        child = self.runs["child"] = self.pub.run(f"{self.root}.research", parent=root, agent="researcher")
+        await root.emit("child.spawn", {"child_id": child.run_id})
+        await child.emit("run.lifecycle", {"state": "running"})
+        grand = self.pub.run(f"{self.root}.research.search", parent=child)
+        await child.emit("child.spawn", {"child_id": grand.run_id})
+        await grand.emit("tool.start", {"call_id": "g1", "tool": "grep", "input": {"q": "hotels"}})
+        await asyncio.sleep(0.2)
+        await grand.emit("tool.end", {"call_id": "g1", "ok": False,
+                                      "error": {"type": "Timeout", "message": "took too long"}})
+        await grand.finish("error", "grep failed")
+        await self.pub.flush()
+
+    async def second(self) -> None:
+        """Ends: the sub-run's model step and the sub-run; the root asks for an approval."""
+        child, root = self.runs["child"], self.runs["root"]
+        await child.emit("text.delta", {"text": "nothing found"})
+        await asyncio.sleep(0.05)
+        await child.emit("x.usage", {"input_tokens": 50, "output_tokens": 10})
+        await child.emit("step.boundary", {"step_index": 0, "step_kind": "text-only"})
+        await child.finish("done")
+        await root.emit("run.lifecycle", {"state": "awaiting_approval", "reason": "1 call(s) wait"},
+                        {"approval": {"calls": [{"call_id": "a1", "tool": "book", "input": {}}]}})
+        await self.pub.flush()
+
+    async def third(self) -> None:
+        """Approved: the call it waited for, and the end."""
+        root = self.runs["root"]
+        await asyncio.sleep(0.1)
+        await root.emit("run.lifecycle", {"state": "running"})
+        await root.emit("tool.start", {"call_id": "a1", "tool": "book", "input": {"hotel": 7}})
+        await asyncio.sleep(0.1)
+        await root.emit("tool.end", {"call_id": "a1", "ok": True, "output": "booked"})
+        await root.finish("done")
+        await self.pub.flush()
