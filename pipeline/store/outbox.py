@@ -30,7 +30,7 @@ connection, or a PostgreSQL connection on a thread of its own
 
 from __future__ import annotations
 
-from collections.abc import Awaitable, Callable, Sequence
+from collections.abc import Awaitable, Callable, Mapping, Sequence
 from typing import Any, Protocol, TypeVar
 
 import msgspec
@@ -223,13 +223,33 @@ class Outbox:
             now = self.clock()
             await self._do(lambda ex: self._insert(ex, deliveries, now))
 
-    async def claim(self, limit: int, lease_s: float) -> list[Delivery]:
-        """Up to ``limit`` due deliveries, leased for ``lease_s`` (due again after it, unless settled)."""
+    async def claim(self, limit: int, lease_s: float, *, per_channel: int | None = None,
+                    rooms: Mapping[str, int] | None = None) -> list[Delivery]:
+        """Up to ``limit`` due deliveries, earliest first, leased for ``lease_s`` (due again after it,
+        unless settled); with ``per_channel``, at most that many of one channel, or its ``rooms``
+        entry (what is left of its share while some of its attempts are under way), taken from the
+        earliest ``2 * limit`` due deliveries of the channels with room, so a claim's work does not grow
+        with what waits behind them (a full channel's rows before them are stepped over)."""
         now = self.clock()
+        params: list[Any]
+        if per_channel is None:
+            where, params = "", [now, limit]
+        else:
+            full = [channel for channel, room in (rooms or {}).items() if room <= 0]
+            busy = [(channel, room) for channel, room in (rooms or {}).items() if room > 0]
+            skip = f" AND channel NOT IN ({', '.join(['?'] * len(full))})" if full else ""
+            cap = "coalesce((SELECT room FROM busy WHERE busy.channel = due.channel), ?)" if busy else "?"
+            with_busy = f"WITH busy (channel, room) AS (VALUES {', '.join(['(?, ?)'] * len(busy))}) " if busy else ""
+            where = (f"AND id IN ({with_busy}SELECT id FROM (SELECT id, next_at, row_number() OVER (PARTITION BY"
+                     " channel ORDER BY next_at, id) AS nth, channel FROM (SELECT id, channel, next_at FROM deliveries"
+                     f" WHERE failed_at IS NULL AND next_at <= ?{skip} ORDER BY next_at LIMIT ?) AS candidates) AS due"
+                     f" WHERE nth <= {cap} ORDER BY next_at LIMIT ?)")
+            params = [now, *(v for pair in busy for v in pair), now, *full, max(2 * limit, 32), per_channel,
+                      limit, limit]
 
         def claim(ex: Callable[..., Any]) -> list[Delivery]:
-            rows = ex(f"SELECT {_DELIVERY_COLUMNS} FROM deliveries WHERE failed_at IS NULL AND next_at <= ?"
-                      f" ORDER BY next_at LIMIT ?{self.dialect.lock}", (now, limit)).fetchall()
+            rows = ex(f"SELECT {_DELIVERY_COLUMNS} FROM deliveries WHERE failed_at IS NULL AND next_at <= ? {where}"
+                      f" ORDER BY next_at LIMIT ?{self.dialect.lock}", params).fetchall()
             for start in range(0, len(rows), 500):
                 ids = [row[0] for row in rows[start:start + 500]]
                 ex(f"UPDATE deliveries SET next_at = ? WHERE id IN ({', '.join(['?'] * len(ids))})",
@@ -237,16 +257,6 @@ class Outbox:
             return [_delivery(row) for row in rows]
 
         return await self._do(claim)
-
-    async def release(self, ids: Sequence[str], due: float) -> None:
-        """Claimed deliveries not attempted after all: due again at ``due``, no attempt counted."""
-        def release(ex: Callable[..., Any]) -> None:
-            for start in range(0, len(ids), 500):
-                chunk = list(ids[start:start + 500])
-                ex(f"UPDATE deliveries SET next_at = ? WHERE id IN ({', '.join(['?'] * len(chunk))})", (due, *chunk))
-
-        if ids:
-            await self._do(release)
 
     async def settle(self, delivered: Sequence[Outcome], retries: Sequence[tuple[Outcome, float]],
                      exhausted: Sequence[Outcome]) -> None:

@@ -49,8 +49,11 @@ FAILED_KEPT_S = 7 * 86400.0
 NOTICES_KEPT_S = 86400.0
 """A run notice no process took for this long is dropped (nothing fans out from this log)."""
 PURGE_EVERY_S = 600.0
-RELEASE_S = 2.0
-"""A delivery claimed while its channel had its share of attempts under way is due again after this."""
+FAN_OUT_BATCH = 500
+"""Notices one fan-out takes (the next follows at once when it took this many, else after a poll)."""
+GATHER_S = 0.02
+"""After an attempt finishes, how long a round waits for others to finish too: their outcomes are
+recorded in one transaction."""
 
 
 class DeliveryStats(msgspec.Struct, kw_only=True):
@@ -64,7 +67,7 @@ class Deliverer:
     """Delivers an outbox's due deliveries, ``concurrency`` at once."""
 
     def __init__(self, outbox: Outbox, sender: Sender, *, build: Build | None = None,
-                 schedule: tuple[float, ...] = RETRY_SCHEDULE, concurrency: int = 64, per_channel: int = 8,
+                 schedule: tuple[float, ...] = RETRY_SCHEDULE, concurrency: int = 64, per_channel: int = 16,
                  poll_s: float = 0.5, lease_s: float = LEASE_S, clock: Callable[[], float] = time.time) -> None:
         self.outbox = outbox
         self.sender = sender
@@ -83,6 +86,7 @@ class Deliverer:
         self._finished: list[tuple[Delivery, str | None, bool, float]] = []
         self._wake = asyncio.Event()
         self._next_purge = 0.0
+        self._next_fan_out = 0.0
 
     async def run(self, stop: asyncio.Event) -> None:
         """Deliver until ``stop`` is set; then wait a little for the attempts under way and record
@@ -112,6 +116,7 @@ class Deliverer:
                 await self._settle()
 
     async def _idle(self, stop: asyncio.Event, wait_s: float) -> None:
+        """Until ``stop``, an attempt finished (and :data:`GATHER_S` more), or ``wait_s`` passed."""
         stopping = asyncio.ensure_future(stop.wait())
         woken = asyncio.ensure_future(self._wake.wait())
         try:
@@ -119,26 +124,27 @@ class Deliverer:
         finally:
             stopping.cancel()
             woken.cancel()
+        if self._wake.is_set() and self._inflight and not stop.is_set():
+            await asyncio.sleep(GATHER_S)
         self._wake.clear()
 
     async def step(self) -> bool:
         """One round (see the module docstring); True when it found work, so the next can follow at once."""
         settled = await self._settle()
-        notices = await self.outbox.fan_out(self.build) if self.build is not None else 0
+        notices = 0
+        if self.build is not None and self.clock() >= self._next_fan_out:
+            notices = await self.outbox.fan_out(self.build, FAN_OUT_BATCH)
+            self._next_fan_out = 0.0 if notices == FAN_OUT_BATCH else self.clock() + self.poll_s
         self.stats.notices += notices
         free = self.concurrency - len(self._inflight)
-        claimed = await self.outbox.claim(free, self.lease_s) if free > 0 else []
-        later: list[str] = []
-        for delivery in claimed:
-            if self._channels.get(delivery.channel, 0) >= self.per_channel:
-                later.append(delivery.id)
-                continue
+        rooms = {channel: self.per_channel - count for channel, count in self._channels.items()}
+        claimed = (await self.outbox.claim(free, self.lease_s, per_channel=self.per_channel, rooms=rooms)
+                   if free > 0 else [])
+        for delivery in claimed:  # (the claim left out what is over a channel's share)
             self._channels[delivery.channel] = self._channels.get(delivery.channel, 0) + 1
             task = asyncio.create_task(self._attempt(delivery))
             self._inflight.add(task)
             task.add_done_callback(self._inflight.discard)
-        if later:  # its channel has its share under way: due again shortly, no attempt counted
-            await self.outbox.release(later, self.clock() + RELEASE_S)
         if self.clock() >= self._next_purge:
             now = self.clock()
             await self.outbox.purge(now - FAILED_KEPT_S, now - NOTICES_KEPT_S)

@@ -135,3 +135,23 @@ async def test_listing_is_per_tenant(store_url: str, every: bool) -> None:
             await outbox.add_webhook(webhook(sub_id, tenant))
         listed = [s.id for s in await outbox.webhooks("t", every=every)]
     assert listed == (["a", "b", "c"] if every else ["a"])
+
+
+async def test_a_claim_takes_at_most_a_channels_share(store_url: str) -> None:
+    """What keeps one slow receiver from taking every slot: a claim leaves out what is over each
+    channel's share, or over what is left of it while some of its attempts are under way."""
+    async with open_store(store_url) as log:
+        outbox = log.outbox()
+        await outbox.enqueue([Delivery(id=f"msg_{channel}{n}", channel=channel, url="https://example.com/",
+                                       body=b"{}") for channel, count in (("a", 5), ("b", 5), ("c", 1))
+                              for n in range(count)])
+
+        def channels(claimed: list[Delivery]) -> dict[str, int]:
+            found: dict[str, int] = {}
+            for d in claimed:
+                found[d.channel] = found.get(d.channel, 0) + 1
+            return found
+
+        assert channels(await outbox.claim(10, 60.0, per_channel=3, rooms={"a": 1, "b": 0})) == {"a": 1, "c": 1}
+        assert channels(await outbox.claim(10, 60.0, per_channel=3)) == {"a": 3, "b": 3}
+        assert channels(await outbox.claim(10, 60.0)) == {"a": 1, "b": 2}
