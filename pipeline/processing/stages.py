@@ -199,13 +199,17 @@ class Stages:
             return good, outputs
         return [d for i, d in enumerate(good) if i not in failed], outputs
 
-    async def adopt_silent(self, owned: frozenset[int], shards: int) -> None:
+    async def adopt_silent(self, owned: frozenset[int], shards: int, *, quiet_too: bool = False) -> None:
         """Load unfinished runs of owned shards that went silent, so the silence rule ends them.
 
         A worker only knows the runs whose events it has seen; a run that was
         already silent when its previous owner died is found in the replay log.
+        ``quiet_too`` (after this worker dropped what it held, or took shards
+        over): every unfinished run, silent or not — one that went quiet with
+        deltas in an open shaping window would otherwise keep them off its
+        shaped view until its next event, or its end by the silence rule.
         """
-        cutoff = datetime.now(UTC) - timedelta(seconds=self.processor.silence_s)
+        cutoff = None if quiet_too else datetime.now(UTC) - timedelta(seconds=self.processor.silence_s)
         silent = [info for info in await self.retry(lambda: self.store.runs(until=cutoff, limit=1000))
                   if not info.terminal and not self.processor.holds(info.run_id)
                   and shard_for(info.root_id or info.run_id, shards) in owned]

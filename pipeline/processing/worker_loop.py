@@ -59,6 +59,9 @@ class ConsumerLoop:
         self._pending_acks: list[Delivery] = []
         self._pending_entries = 0
         self._next_adopt = 0.0
+        self._adopt_quiet = False
+        """Whether the next adoption loads every unfinished run of the owned shards, not only
+        silent ones (set whenever this process dropped streams or gained shards)."""
 
     async def loop(self, *, batch: int, tick_s: float, burst: bool) -> None:
         """Batches are pipelined, and their writes grouped while the store is busy.
@@ -201,9 +204,10 @@ class ConsumerLoop:
         if now < self._next_adopt:
             return
         self._next_adopt = now + max(1.0, self.stages.processor.silence_s / 2)
+        quiet_too, self._adopt_quiet = self._adopt_quiet, False
         owned = self.consumer.owned_shards()
         if owned:
-            await self.stages.adopt_silent(owned, self.stages.bus.shards)
+            await self.stages.adopt_silent(owned, self.stages.bus.shards, quiet_too=quiet_too)
 
     async def _drain_for(self, run_ids: set[str]) -> None:
         """Before loading checkpoints: write what is pending or in flight for any of them first.
@@ -278,6 +282,10 @@ class ConsumerLoop:
             await self._flush()
             log.info("%s lost shards %s; dropping in-memory state", self.consumer.name, sorted(lost))
             self.stages.processor.forget_all()
+        if lost or owned - self._owned:
+            # a quiet run of these shards is met again only at its next event: load them all now,
+            # so the tick closes the shaping windows they had open (and the silence rule ends them)
+            self._adopt_quiet, self._next_adopt = True, 0.0
         if owned - (self._owned - lost):
             log.info("%s owns shards %s", self.consumer.name, sorted(owned))
         self._owned = owned
