@@ -37,7 +37,7 @@ from prometheus_client import CollectorRegistry, Counter
 
 from ..core.envelope import Event
 from ..store import ReplayLog, open_store
-from .otlp import OtlpSettings, encode_request
+from .otlp_env import OtlpSettings
 from .spans import Span, SpanTree
 
 __all__ = ["ExportMetrics", "SpanExporter", "exporter_from_env", "exporting"]
@@ -252,6 +252,8 @@ class SpanExporter:
         return tree
 
     async def _send(self, spans: list[Span]) -> int:
+        from .otlp import encode_request  # protobuf: loaded by a process that exports, only
+
         deadline = time.monotonic() + self.give_up_s
         sent = 0
         for start in range(0, len(spans), SPANS_PER_REQUEST):

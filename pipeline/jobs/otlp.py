@@ -1,13 +1,7 @@
-"""Spans on the OTLP/HTTP wire: the standard ``OTEL_*`` environment read once, and an
-``ExportTraceServiceRequest`` (protobuf, ``opentelemetry-proto``) built from derived spans.
-
-What is read (docs/observability.md § Environment): ``OTEL_EXPORTER_OTLP_TRACES_ENDPOINT`` (as
-it is) or ``OTEL_EXPORTER_OTLP_ENDPOINT`` (+ ``/v1/traces``); their ``_HEADERS``, ``_TIMEOUT``
-(ms), ``_COMPRESSION`` (``gzip``/``none``), ``_CERTIFICATE`` and ``_PROTOCOL`` (only
-``http/protobuf``); ``OTEL_TRACES_EXPORTER`` (``none`` turns export off; only ``otlp`` is
-spoken); ``OTEL_SDK_DISABLED``; ``OTEL_SERVICE_NAME`` and ``OTEL_RESOURCE_ATTRIBUTES``; and the
-content opt-in ``OTEL_INSTRUMENTATION_GENAI_CAPTURE_MESSAGE_CONTENT=true``. The trace-specific
-variable wins over the generic one, as the OTLP exporter specification says.
+"""Spans on the OTLP/HTTP wire: an ``ExportTraceServiceRequest`` (protobuf,
+``opentelemetry-proto``) built from derived spans. The environment that says where to send them
+is read by :mod:`runwire.jobs.otlp_env` (no protobuf there: a process that exports nothing never
+imports this module).
 """
 
 from __future__ import annotations
@@ -15,16 +9,15 @@ from __future__ import annotations
 import logging
 from collections.abc import Mapping, Sequence
 from typing import Any
-from urllib.parse import unquote
 
-import msgspec
 from opentelemetry.proto.common.v1.common_pb2 import AnyValue, InstrumentationScope
 from opentelemetry.proto.trace.v1.trace_pb2 import ResourceSpans, ScopeSpans, Status
 from opentelemetry.proto.trace.v1.trace_pb2 import Span as ProtoSpan
 
+from .otlp_env import OtlpSettings, parse_pairs, resource_of
 from .spans import Span
 
-__all__ = ["SCHEMA_URL", "OtlpSettings", "encode_request"]
+__all__ = ["SCHEMA_URL", "OtlpSettings", "encode_request", "parse_pairs", "resource_of"]
 
 log = logging.getLogger("runwire.jobs.otlp")
 
@@ -35,76 +28,6 @@ SCOPE = "runwire"
 _KINDS = {"invoke_agent": ProtoSpan.SPAN_KIND_INTERNAL, "execute_tool": ProtoSpan.SPAN_KIND_INTERNAL,
           "chat": ProtoSpan.SPAN_KIND_CLIENT}
 _STATUS = {"unset": Status.STATUS_CODE_UNSET, "ok": Status.STATUS_CODE_OK, "error": Status.STATUS_CODE_ERROR}
-
-
-class OtlpSettings(msgspec.Struct, kw_only=True, frozen=True):
-    """Where and how spans are sent; :meth:`from_env` reads the standard variables."""
-
-    endpoint: str
-    headers: dict[str, str] = {}
-    timeout_s: float = 10.0
-    gzip: bool = False
-    certificate: str | None = None
-    resource: dict[str, str] = {}
-    content: bool = False
-    """Message content on spans (the documented opt-in)."""
-
-    @classmethod
-    def from_env(cls, env: Mapping[str, str]) -> OtlpSettings | None:
-        """The settings the environment asks for; None when it asks for no trace export."""
-        def pick(name: str) -> str | None:
-            value = env.get(f"OTEL_EXPORTER_OTLP_TRACES_{name}") or env.get(f"OTEL_EXPORTER_OTLP_{name}")
-            return value.strip() if value and value.strip() else None
-
-        if env.get("OTEL_SDK_DISABLED", "").strip().lower() == "true":
-            return None
-        exporters = {part.strip().lower() for part in env.get("OTEL_TRACES_EXPORTER", "otlp").split(",")}
-        if "otlp" not in exporters:
-            if exporters - {"none", ""}:
-                log.warning("OTEL_TRACES_EXPORTER=%s: runwire exports spans over OTLP only; none sent",
-                            env["OTEL_TRACES_EXPORTER"])
-            return None
-        endpoint = env.get("OTEL_EXPORTER_OTLP_TRACES_ENDPOINT", "").strip()
-        if not endpoint:
-            base = env.get("OTEL_EXPORTER_OTLP_ENDPOINT", "").strip()
-            if not base:
-                return None
-            endpoint = base.rstrip("/") + "/v1/traces"
-        protocol = pick("PROTOCOL") or "http/protobuf"
-        if protocol != "http/protobuf":
-            log.warning("OTEL_EXPORTER_OTLP_PROTOCOL=%s: runwire speaks http/protobuf only; no spans sent", protocol)
-            return None
-        timeout = pick("TIMEOUT")
-        return cls(
-            endpoint=endpoint,
-            headers=parse_pairs(pick("HEADERS") or ""),
-            timeout_s=float(timeout) / 1000 if timeout else 10.0,
-            gzip=(pick("COMPRESSION") or "none").lower() == "gzip",
-            certificate=pick("CERTIFICATE"),
-            resource=resource_of(env),
-            content=env.get("OTEL_INSTRUMENTATION_GENAI_CAPTURE_MESSAGE_CONTENT", "").strip().lower() == "true",
-        )
-
-
-def parse_pairs(text: str) -> dict[str, str]:
-    """``k1=v1,k2=v2`` (W3C Baggage without properties, values percent-decoded), as the
-    ``*_HEADERS`` and ``OTEL_RESOURCE_ATTRIBUTES`` variables are written; malformed pairs skipped."""
-    pairs: dict[str, str] = {}
-    for part in text.split(","):
-        key, eq, value = part.partition("=")
-        if eq and key.strip():
-            pairs[unquote(key.strip())] = unquote(value.strip())
-    return pairs
-
-
-def resource_of(env: Mapping[str, str]) -> dict[str, str]:
-    """The resource's attributes: ``OTEL_RESOURCE_ATTRIBUTES``, ``OTEL_SERVICE_NAME`` over its
-    ``service.name``, else ``runwire``."""
-    resource = parse_pairs(env.get("OTEL_RESOURCE_ATTRIBUTES", ""))
-    service = env.get("OTEL_SERVICE_NAME", "").strip()
-    resource["service.name"] = service or resource.get("service.name") or "runwire"
-    resource.setdefault("telemetry.sdk.name", "runwire")
-    return resource
 
 
 def _set(target: AnyValue, value: Any) -> None:

@@ -52,6 +52,12 @@ NAMES = {"invoke_agent planner", "chat gpt-test", "invoke_agent researcher", "in
 """The spans of :class:`TracedAgent`'s run (and of :func:`traced_run`)."""
 
 
+
+async def working(seconds: float) -> None:
+    """The agent at work for ``seconds``: these pauses are the spans' durations the tests
+    read back (times come from the events' ``ts``), not a wait for anything to happen."""
+    await asyncio.sleep(seconds)
+
 class TracedAgent:
     """A run with a sub-run that has a sub-run (two levels), a failing tool call, usage in model
     steps and an approval, published in three parts so a test can act between them."""
@@ -64,7 +70,7 @@ class TracedAgent:
         """Ends: the root's first model step, the failed call and the sub-sub-run."""
         root = self.runs["root"] = self.pub.run(self.root, tenant="acme", thread="chat-1", agent="planner")
         await root.emit("run.lifecycle", {"state": "running"})
-        await asyncio.sleep(0.05)
+        await working(0.05)
         await root.emit("x.usage", {"input_tokens": 100, "output_tokens": 20, "model": "gpt-test"})
         await root.emit("step.boundary", {"step_index": 0, "step_kind": "tool-roundtrip"})
         child = self.runs["child"] = self.pub.run(f"{self.root}.research", parent=root, agent="researcher")
@@ -73,7 +79,7 @@ class TracedAgent:
         grand = self.pub.run(f"{self.root}.research.search", parent=child)
         await child.emit("child.spawn", {"child_id": grand.run_id})
         await grand.emit("tool.start", {"call_id": "g1", "tool": "grep", "input": {"q": "hotels"}})
-        await asyncio.sleep(0.2)
+        await working(0.2)
         await grand.emit("tool.end", {"call_id": "g1", "ok": False,
                                       "error": {"type": "Timeout", "message": "took too long"}})
         await grand.finish("error", "grep failed")
@@ -83,7 +89,7 @@ class TracedAgent:
         """Ends: the sub-run's model step and the sub-run; the root asks for an approval."""
         child, root = self.runs["child"], self.runs["root"]
         await child.emit("text.delta", {"text": "nothing found"})
-        await asyncio.sleep(0.05)
+        await working(0.05)
         await child.emit("x.usage", {"input_tokens": 50, "output_tokens": 10})
         await child.emit("step.boundary", {"step_index": 0, "step_kind": "text-only"})
         await child.finish("done")
@@ -94,10 +100,10 @@ class TracedAgent:
     async def third(self) -> None:
         """Approved: the call it waited for, and the end."""
         root = self.runs["root"]
-        await asyncio.sleep(0.1)
+        await working(0.1)
         await root.emit("run.lifecycle", {"state": "running"})
         await root.emit("tool.start", {"call_id": "a1", "tool": "book", "input": {"hotel": 7}})
-        await asyncio.sleep(0.1)
+        await working(0.1)
         await root.emit("tool.end", {"call_id": "a1", "ok": True, "output": "booked"})
         await root.finish("done")
         await self.pub.flush()

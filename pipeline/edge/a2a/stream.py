@@ -14,8 +14,8 @@ object in ``{"jsonrpc":"2.0","id":…,"result":…}``, HTTP+JSON sends it as it 
   A cursor inside one event's objects (``<seq>.<k>``) replays that event and
   skips the objects already seen.
 * **Ends** after the terminal status. A client that fell so far behind that
-  R4 dropped a delta for it would no longer be exact: its stream ends with an
-  error instead, and it resubscribes with its cursor.
+  Koder agent stream §4 R4 dropped a delta for it would no longer be exact: its
+  stream ends with an error instead, and it resubscribes with its cursor.
 * **Keepalive**: an SSE comment after :data:`KEEPALIVE_S` of silence (the
   SDK's client times out a read after 5 s).
 """
