@@ -15,6 +15,13 @@ Figures are CPU µs per framework event (``time.process_time``, every thread of 
 medians of the rounds: ``bare``, ``adapted``, ``added`` = adapted − bare (the target: ≤ 5 µs),
 and within it ``sdk`` (publishing) and ``mapping`` = added − sdk. Latest figures:
 ``docs/benchmarks.md`` § Integrations.
+
+``--instructions`` counts instructions instead (``bench/callgrind.py``: steady to ±0.3 % where
+CPU time moves ±30 %, to compare code), each part once in its own process under callgrind:
+the same parts per framework event, the publisher batching only at ``max_batch`` (its per-batch
+cost depends on time, which valgrind stretches), and that cost apart: ``batch`` — the
+instructions of one flusher cycle (an event flushed alone, less the event's own). With
+``RUNWIRE_CODE=<other checkout>`` (``bench/alternate.py``) the same for another tree.
 """
 
 from __future__ import annotations
@@ -96,13 +103,93 @@ async def measure(name: str, events: int, rounds: int) -> dict[str, float]:
     return figures
 
 
+PARTS = ("bare", "adapted", "sdk", "batch")
+
+
+async def counted_part(name: str, part: str, events: int) -> None:
+    """One part of one framework's round between callgrind's :func:`~callgrind.ready` and
+    :func:`~callgrind.done` (see ``--instructions``); the adapted part prints how many events it
+    published."""
+    import callgrind
+
+    case = load_case(name)
+    linger = 0.0 if part == "batch" else 600_000.0
+    async with Publisher.connect(f"memory://bench-{uuid.uuid4().hex[:8]}", linger_ms=linger) as pub:
+        await case.adapted(max(events // 10, 10), pub)  # warm-up: imports, caches
+        await case.bare(max(events // 10, 10))
+        await pub.flush()
+        if hasattr(case, "_COUNTS"):
+            case._COUNTS[events] = events  # the adapted part runs no bare round of its own
+        run = pub.run(f"counted-{uuid.uuid4().hex[:8]}")
+        before = pub.published
+        callgrind.ready()
+        if part == "bare":
+            await case.bare(events)
+        elif part == "adapted":
+            await case.adapted(events, pub)
+            await pub.flush()
+        else:
+            for index in range(events):
+                await run.emit("text.delta", {"text": f"token {index} "})
+                if part == "batch":
+                    await pub.flush()
+            await pub.flush()
+        if part == "adapted":
+            print(pub.published - before)
+        callgrind.done()
+
+
+def count_instructions(names: list[str], events: int) -> dict[str, float]:
+    """Instructions per framework event of each part (``--instructions``)."""
+    import callgrind
+
+    if not callgrind.available():
+        raise SystemExit("--instructions needs valgrind (Debian: apt install valgrind)")
+
+    def part(name: str, which: str) -> tuple[float, list[str]]:
+        total, said = callgrind.count([__file__, "--child", f"{name}:{which}", "--events", str(events)])
+        return total / events, said
+
+    sdk, _ = part(names[0], "sdk")
+    batch = part(names[0], "batch")[0] - sdk
+    out: dict[str, float] = {"sdk_per_event_ir": sdk, "batch_ir": batch}
+    for name in names:
+        bare, _ = part(name, "bare")
+        adapted, said = part(name, "adapted")
+        published = int(said[-1]) / events
+        out.update({f"{name}_bare_ir": bare, f"{name}_adapted_ir": adapted,
+                    f"{name}_added_ir": adapted - bare, f"{name}_sdk_ir": sdk * published,
+                    f"{name}_mapping_ir": adapted - bare - sdk * published,
+                    f"{name}_published_per_framework_event": published})
+    return out
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--events", type=int, default=4000, help="framework events per round")
     parser.add_argument("--rounds", type=int, default=7)
     parser.add_argument("--only", default=",".join(FRAMEWORKS))
     parser.add_argument("--json", action="store_true")
+    parser.add_argument("--instructions", action="store_true",
+                        help="count instructions under callgrind instead of CPU time")
+    parser.add_argument("--child", help=argparse.SUPPRESS)  # name:part, run under callgrind
     args = parser.parse_args()
+    if args.child:
+        name, part = args.child.split(":")
+        asyncio.run(counted_part(name, part, args.events))
+        return
+    if args.instructions:
+        counted = count_instructions(args.only.split(","), args.events)
+        if args.json:
+            print(json.dumps(counted))
+            return
+        print(f"sdk: {counted['sdk_per_event_ir'] / 1e3:.1f} k instructions per event emitted,"
+              f" {counted['batch_ir'] / 1e3:.1f} k per batch")
+        for name in args.only.split(","):
+            print(f"{name:14} bare {counted[f'{name}_bare_ir'] / 1e3:7.1f} k/event  adapted"
+                  f" {counted[f'{name}_adapted_ir'] / 1e3:7.1f}  added {counted[f'{name}_added_ir'] / 1e3:6.1f}"
+                  f" (sdk {counted[f'{name}_sdk_ir'] / 1e3:5.1f}, mapping {counted[f'{name}_mapping_ir'] / 1e3:5.1f})")
+        return
     out: dict[str, Any] = {}
     for name in args.only.split(","):
         figures = asyncio.run(measure(name, args.events, args.rounds))

@@ -278,6 +278,22 @@ class AgentRun:
             log.warning("run %s: publishing stopped (%s); the agent goes on and counts what is "
                         "not published", self.run_id, describe(exc) or "bus too slow")
 
+    def delta_now(self, type: str, text: str) -> bool:
+        """A ``text.delta`` or ``reasoning.delta`` of ``text`` (at most :data:`DELTA_CHARS`) queued
+        now, without a coroutine, when the publisher has room — the common case of every token;
+        False when it has none or publishing has failed (then await :meth:`text` or
+        :meth:`reasoning`, which wait within the publishing policy)."""
+        run = self.run
+        if self._degraded or run is None or len(text) > DELTA_CHARS:
+            return False
+        try:
+            return run.emit_nowait(type, TextPayload(text=text)) is not None
+        except (DeliveryTimeout, BusUnavailable) as exc:
+            self._failed(type, exc, self._lost(exc))
+        except ProtocolError as exc:
+            self._refused(type, exc)
+        return True
+
     async def text(self, text: str) -> None:
         """``text.delta`` (a text longer than :data:`DELTA_CHARS` as several, in order)."""
         for start in range(0, len(text), DELTA_CHARS):

@@ -150,7 +150,8 @@ class _Mapper:
         if part.text:
             key = (target.run_id, bool(part.thought))
             self._streamed.setdefault(key, []).append(part.text)
-            await (target.reasoning(part.text) if part.thought else target.text(part.text))
+            if not target.delta_now("reasoning.delta" if part.thought else "text.delta", part.text):
+                await (target.reasoning(part.text) if part.thought else target.text(part.text))
 
     async def _texts(self, target: AgentRun, parts: list[types.Part]) -> None:
         """The text of a final (non-partial) event: what its partial events did not publish

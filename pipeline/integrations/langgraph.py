@@ -187,8 +187,8 @@ class _Publishing:
                     if type(text) is str and not (message.usage_metadata or message.chunk_position
                                                   or message.response_metadata or message.additional_kwargs):
                         published.add(message.id)
-                        if text:
-                            await target.emit("text.delta", {"text": text})
+                        if text and not target.delta_now("text.delta", text):
+                            await target.text(text)
                         continue
             await handle(namespace, mode, chunk)
 

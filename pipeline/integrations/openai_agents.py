@@ -108,9 +108,11 @@ class _Published:
     async def _raw(self, data: Any) -> None:
         kind = str(getattr(data, "type", ""))
         if kind == "response.output_text.delta":
-            await self.active.text(data.delta)
+            if not self.active.delta_now("text.delta", data.delta):
+                await self.active.text(data.delta)
         elif kind in _REASONING:
-            await self.active.reasoning(data.delta)
+            if not self.active.delta_now("reasoning.delta", data.delta):
+                await self.active.reasoning(data.delta)
         elif kind == "response.completed":
             await self._completed(data.response)
         elif kind in _CARRIED_RAW:

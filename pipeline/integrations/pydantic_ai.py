@@ -46,6 +46,7 @@ from dataclasses import dataclass, field
 from types import FrameType
 from typing import Any, cast
 
+from ..core.events import TextPayload
 from ..sdk.publisher import Publisher
 from . import require
 from .agentrun import AgentRun, Decision, OnPublishError, describe
@@ -177,6 +178,12 @@ class Publishing(AbstractCapability[Any]):
         """The ``event_stream_handler`` publishing this run's events, passing them on to ``then``."""
         return self._mapper.handler(then)
 
+    def wrap_run_event_stream(self, ctx: RunContext[Any], *,
+                              stream: AsyncIterable[AgentStreamEvent]) -> AsyncIterable[AgentStreamEvent]:
+        """The stream as it is: the default wraps it in a generator passing each event on, a layer
+        more for every event of the run (the events are read by :meth:`handler`)."""
+        return stream
+
     def listens_to(self, event: AgentStreamEvent) -> bool:
         """No ``on_event`` here (events go through :meth:`handler`): say so without the default's
         per-event look-up of ``@on_event`` methods."""
@@ -264,18 +271,38 @@ class _EventMapper:
                     await then(ctx, forwarded)
                 finally:
                     await forwarded.aclose()
-            routes = self._routes
+            routes, delta_now = self._routes, self._delta_now
             async for event in source:
-                await (routes.get(type(event)) or self._route(event))(event)
+                if type(event) is not PartDeltaEvent or not delta_now(event):
+                    await (routes.get(type(event)) or self._route(event))(event)
 
         return publish_events
 
     async def _passed_on(self, source: AsyncIterator[AgentStreamEvent]) -> AsyncGenerator[AgentStreamEvent]:
         """``source``'s events, each published before the handler passed them sees it."""
-        routes = self._routes
+        routes, delta_now = self._routes, self._delta_now
         async for event in source:
-            await (routes.get(type(event)) or self._route(event))(event)
+            if type(event) is not PartDeltaEvent or not delta_now(event):
+                await (routes.get(type(event)) or self._route(event))(event)
             yield event
+
+    def _delta_now(self, event: PartDeltaEvent) -> bool:
+        """A text or thinking delta published without a coroutine (every token's path) when the
+        publisher has room; False for anything else (then :meth:`_delta` takes it)."""
+        delta = event.delta
+        published_as = _DELTA_EVENTS.get(type(delta))
+        if published_as is None:
+            return False
+        text = cast("TextPartDelta | ThinkingPartDelta", delta).content_delta
+        if not text:
+            return False
+        sent = self._sent.get(event.index)
+        if sent is not None and sent[0] == published_as:
+            if not self.published.delta_now(published_as, text):
+                return False
+            sent[1].append(text)
+            return True
+        return False
 
     def _route(self, event: AgentStreamEvent) -> _Route:
         """The route of an event type not seen yet: its nearest base's, else carried."""
@@ -301,7 +328,7 @@ class _EventMapper:
                 self._sent[event.index] = (published_as, [text])
             else:
                 sent[1].append(text)
-            await self.published.emit(published_as, {"text": text})
+            await self.published.emit(published_as, TextPayload(text=text))
 
     async def _part_start(self, event: PartStartEvent) -> None:
         part = event.part
@@ -331,7 +358,7 @@ class _EventMapper:
             new = text[len(sent_text):]
         self._sent[index] = (published_as, [text])
         if new:
-            await self.published.emit(published_as, {"text": new})
+            await self.published.emit(published_as, TextPayload(text=new))
 
     async def _part_end(self, event: PartEndEvent) -> None:
         if isinstance(event.part, NativeToolCallPart):  # text and calls: sent already, or at their call event

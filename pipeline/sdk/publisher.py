@@ -165,8 +165,9 @@ class Run:
             cls, payload_cls = typed
             if not isinstance(payload, payload_cls):
                 payload = msgspec.convert(payload, payload_cls)
-            event = cls(id=event_id, ts=ts, run_id=self.run_id, seq=self.seq + 1,
-                        payload=payload, **fields)
+            event = (cls(id=event_id, ts=ts, run_id=self.run_id, seq=self.seq + 1,
+                         payload=payload, **fields) if fields else
+                     cls(id=event_id, ts=ts, run_id=self.run_id, seq=self.seq + 1, payload=payload))
         except msgspec.ValidationError:
             event = envelope.make(type, payload, id=event_id, ts=ts, run_id=self.run_id,
                                   seq=self.seq + 1, **fields)

@@ -345,7 +345,9 @@ async def first_child_text(pipe: Pipeline, run_id: str) -> str:
 async def test_a_cancel_of_a_subgraphs_child_run_stops_the_graph_within_a_second(
     pipe: Pipeline, publisher: Publisher
 ) -> None:
-    words = " ".join(f"w{i}" for i in range(400))  # 800 chunks, 20 ms apart: 16 s of streaming
+    # 8,000 chunks, 20 ms apart: 160 s of streaming, so a pipeline slowed by a loaded machine
+    # still has the graph running when the cancel is sent (it stops within a second of it).
+    words = " ".join(f"w{i}" for i in range(4000))
     model = ScriptedModel(messages=iter([said(words, id="long")]), delay=0.02)
     stopped_at: list[float] = []
 
