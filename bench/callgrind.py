@@ -78,7 +78,10 @@ def ready() -> None:
     sys.stdin.readline()
 
 
-def done() -> None:
-    """In the counted script: the counted part is over (the script may exit after this)."""
+def done(*said: str) -> None:
+    """In the counted script: the counted part is over (``said``: lines for :func:`count` to
+    return); the script may exit after this."""
+    for line in said:
+        print(line, flush=True)
     print("done", flush=True)
     sys.stdin.read()

@@ -31,6 +31,7 @@ import asyncio
 import gc
 import importlib.util
 import json
+import os
 import statistics
 import sys
 import time
@@ -108,35 +109,32 @@ PARTS = ("bare", "adapted", "sdk", "batch")
 
 async def counted_part(name: str, part: str, events: int) -> None:
     """One part of one framework's round between callgrind's :func:`~callgrind.ready` and
-    :func:`~callgrind.done` (see ``--instructions``); the adapted part prints how many events it
-    published."""
+    :func:`~callgrind.done` (see ``--instructions``), then the process ends at once (what is
+    still queued is not the part's)."""
     import callgrind
 
     case = load_case(name)
-    linger = 0.0 if part == "batch" else 600_000.0
-    async with Publisher.connect(f"memory://bench-{uuid.uuid4().hex[:8]}", linger_ms=linger) as pub:
+    async with Publisher.connect(f"memory://bench-{uuid.uuid4().hex[:8]}") as pub:
         await case.adapted(max(events // 10, 10), pub)  # warm-up: imports, caches
         await case.bare(max(events // 10, 10))
-        await pub.flush()
-        if hasattr(case, "_COUNTS"):
-            case._COUNTS[events] = events  # the adapted part runs no bare round of its own
-        run = pub.run(f"counted-{uuid.uuid4().hex[:8]}")
-        before = pub.published
-        callgrind.ready()
-        if part == "bare":
-            await case.bare(events)
-        elif part == "adapted":
-            await case.adapted(events, pub)
-            await pub.flush()
-        else:
-            for index in range(events):
-                await run.emit("text.delta", {"text": f"token {index} "})
-                if part == "batch":
-                    await pub.flush()
-            await pub.flush()
-        if part == "adapted":
-            print(pub.published - before)
-        callgrind.done()
+    if hasattr(case, "_COUNTS"):
+        case._COUNTS[events] = events  # the adapted part runs no bare round of its own
+    linger = 0.0 if part == "batch" else 3_600_000.0  # no batch but at max_batch
+    pub = Publisher.connect(f"memory://bench-{uuid.uuid4().hex[:8]}", linger_ms=linger)
+    await pub.start()
+    run = pub.run(f"counted-{uuid.uuid4().hex[:8]}")
+    callgrind.ready()
+    if part == "bare":
+        await case.bare(events)
+    elif part == "adapted":
+        await case.adapted(events, pub)
+    else:
+        for index in range(events):
+            await run.emit("text.delta", {"text": f"token {index} "})
+            if part == "batch":
+                await pub.flush()
+    callgrind.done(str(pub.published + pub.pending))  # the events the part queued
+    os._exit(0)
 
 
 def count_instructions(names: list[str], events: int) -> dict[str, float]:

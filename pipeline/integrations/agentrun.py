@@ -10,35 +10,29 @@ call and maps each framework event onto it::
 
 What it does for them:
 
-* **Nesting.** An ``AgentRun`` opened while another is active in the same
-  task context (a sub-agent inside a tool, a delegation) is a child of it:
-  ``child.spawn`` in the parent, ``parent_id``/``root_id`` on every event,
-  fanned into the parent's stream by the workers. :meth:`child` opens one
-  explicitly for a framework's own sub-agents (a LangGraph subgraph task, an
-  OpenAI Agents handoff).
-* **Lifecycle.** ``running`` on entry; on exit ``done``, ``error`` (the
-  exception's type and message, secrets redacted, at most 1,000 characters)
-  or ``aborted`` (a cancel, with the client's reason). Tool calls still open
-  at the end are closed with ``ok: false``.
-* **Control.** A client's ``cancel`` (HTTP, WebSocket, gRPC, on any edge, on
-  any bus — ``http://`` included) cancels the task that opened the run: the
-  framework's run stops within the bus's delivery time and ``run()`` raises
-  :class:`asyncio.CancelledError`, as the framework does when its task is
-  cancelled. :meth:`awaiting` publishes ``awaiting_approval`` with the
-  pending calls in ``ext.approval.calls`` and returns each one's
-  :class:`Decision` from ``approve`` / ``deny`` / ``answer`` commands. The
-  run listens from the moment it opens, before its first event, and reads
-  live: a command sent while the listener reconnects (``http://``) is not
-  seen, so a client that got no effect sends it again.
-* **Publishing never kills the agent.** Each emit waits at most
-  ``publish_timeout`` seconds for room in the publisher (a slow or down bus);
-  ``on_publish_error="continue"`` (the default) then counts the event in
-  :attr:`unpublished` and goes on, logging once when publishing stops and once
-  when it resumes; ``"raise"`` raises :class:`PublishFailed`. Once an emit
-  failed, later text and reasoning deltas don't wait at all until an event
-  finds room again (other events still wait up to ``publish_timeout``). An event
-  not published uses up its seq, so the workers report the gap to clients
-  (``x.gap``, Koder agent stream §7 T2).
+* **Nesting.** An ``AgentRun`` opened while another is active in the same task context (a
+  sub-agent inside a tool, a delegation) is a child of it: ``child.spawn`` in the parent,
+  ``parent_id``/``root_id`` on every event, fanned into the parent's stream by the workers.
+  :meth:`child` opens one explicitly for a framework's own sub-agents (a LangGraph subgraph task,
+  an OpenAI Agents handoff).
+* **Lifecycle.** ``running`` on entry; on exit ``done``, ``error`` (the exception's type and
+  message, secrets redacted, at most 1,000 characters) or ``aborted`` (a cancel, with the client's
+  reason). Tool calls still open at the end are closed with ``ok: false``.
+* **Control.** A client's ``cancel`` (HTTP, WebSocket, gRPC, on any edge, on any bus — ``http://``
+  included) cancels the task that opened the run: the framework's run stops within the bus's
+  delivery time and ``run()`` raises :class:`asyncio.CancelledError`, as the framework does when
+  its task is cancelled. :meth:`awaiting` publishes ``awaiting_approval`` with the pending calls
+  in ``ext.approval.calls`` and returns each one's :class:`Decision` from ``approve`` / ``deny`` /
+  ``answer`` commands. The run listens from the moment it opens, before its first event, and reads
+  live: a command sent while the listener reconnects (``http://``) is not seen, so a client that
+  got no effect sends it again.
+* **Publishing never kills the agent.** Each emit waits at most ``publish_timeout`` seconds for
+  room in the publisher (a slow or down bus); ``on_publish_error="continue"`` (the default) then
+  counts the event in :attr:`unpublished` and goes on, logging once when publishing stops and once
+  when it resumes; ``"raise"`` raises :class:`PublishFailed`. Once an emit failed, later text and
+  reasoning deltas don't wait at all until an event finds room again (other events still wait up
+  to ``publish_timeout``). An event not published uses up its seq, so the workers report the gap
+  to clients (``x.gap``, Koder agent stream §7 T2).
 """
 
 from __future__ import annotations
@@ -279,15 +273,12 @@ class AgentRun:
                         "not published", self.run_id, describe(exc) or "bus too slow")
 
     def delta_now(self, type: str, text: str) -> bool:
-        """A ``text.delta`` or ``reasoning.delta`` of ``text`` (at most :data:`DELTA_CHARS`) queued
-        now, without a coroutine, when the publisher has room — the common case of every token;
-        False when it has none or publishing has failed (then await :meth:`text` or
-        :meth:`reasoning`, which wait within the publishing policy)."""
-        run = self.run
-        if self._degraded or run is None or len(text) > DELTA_CHARS:
+        """A ``text.delta``/``reasoning.delta`` queued without a coroutine (every token's path);
+        False when there is no room now (then await :meth:`text` or :meth:`reasoning`)."""
+        if self._degraded or self.run is None or len(text) > DELTA_CHARS:
             return False
         try:
-            return run.emit_nowait(type, TextPayload(text=text)) is not None
+            return self.run.emit_nowait(type, TextPayload(text=text)) is not None
         except (DeliveryTimeout, BusUnavailable) as exc:
             self._failed(type, exc, self._lost(exc))
         except ProtocolError as exc:

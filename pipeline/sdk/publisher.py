@@ -13,7 +13,7 @@ What it guarantees:
   are monotonic ULIDs (``evt_…``) from one generator per publisher, so they
   increase within every run; ``ts`` is the emit time (RFC 3339, ms).
 * **Batching.** Events wait at most ``linger_ms`` (or until ``max_batch``
-  are queued) and go out in one ``Bus.publish`` call. One batch is in flight
+  are queued, or a ``flush``) and go out in one ``Bus.publish`` call. One batch is in flight
   at a time, so per-run order is the emit order.
 * **Bounded memory.** At most ``max_pending`` events and ``max_pending_bytes``
   encoded bytes are queued, plus the one batch in flight (≤ ``max_batch``);
@@ -293,6 +293,10 @@ class Publisher(AsyncResource):
         self._last_failure: DeliveryTimeout | None = None
         self._failure_epoch = 0
         self._flusher: asyncio.Task[None] | None = None
+        self._lingering: asyncio.Future[None] | None = None
+        """The flusher's wait for more events to batch, while it waits (:meth:`_linger`)."""
+        self._hurried = 0
+        """Flushes waiting: while any does, the flusher sends without lingering."""
         self._closing = False
         self.published = 0
         """Events the bus has accepted so far."""
@@ -427,12 +431,18 @@ class Publisher(AsyncResource):
         """Wait until everything queued so far is on the bus (or raise DeliveryTimeout)."""
         self._raise_failure()
         self._wakeup.set()
-        while self._count:
-            self._idle.clear()
-            if self._flusher is None or self._flusher.done():
-                raise RuntimeError("publisher is not running (use `async with`)")
-            await self._idle.wait()
-            self._raise_failure()
+        self._hurried += 1  # what is queued goes now, not after the linger
+        if self._lingering is not None:
+            _wake(self._lingering)
+        try:
+            while self._count:
+                self._idle.clear()
+                if self._flusher is None or self._flusher.done():
+                    raise RuntimeError("publisher is not running (use `async with`)")
+                await self._idle.wait()
+                self._raise_failure()
+        finally:
+            self._hurried -= 1
         self._raise_failure()
 
     @property
@@ -531,8 +541,9 @@ class Publisher(AsyncResource):
                 self._wakeup.clear()
                 await self._wakeup.wait()
                 continue
-            if len(self._queue) < self.max_batch and self.linger > 0 and not self._closing:
-                await asyncio.sleep(self.linger)
+            if (len(self._queue) < self.max_batch and self.linger > 0 and not self._closing
+                    and not self._hurried):
+                await self._linger()
             take = min(len(self._queue), self.max_batch)
             queue, encoded = self._queue, self._encoded
             self._in_flight = [queue.popleft() for _ in range(take)]
@@ -542,6 +553,18 @@ class Publisher(AsyncResource):
             self._queued_bytes -= self._in_flight_bytes
             self._space.set()  # the queue has room again while this batch is on its way
             await self._deliver(self._in_flight, data)
+
+    async def _linger(self) -> None:
+        """Wait ``linger`` for more events to batch, or until :meth:`flush` asks for them now
+        (``asyncio.sleep``'s own two steps, with the future kept where flush finds it)."""
+        loop = asyncio.get_running_loop()
+        self._lingering = waiting = loop.create_future()
+        timer = loop.call_later(self.linger, _wake, waiting)
+        try:
+            await waiting
+        finally:
+            timer.cancel()
+            self._lingering = None
 
     async def _deliver(self, events: list[Event], data: list[bytes]) -> None:
         async def attempt() -> None:
@@ -593,6 +616,11 @@ class Publisher(AsyncResource):
         self._failure_epoch += 1
         self._space.set()
         self._idle.set()
+
+
+def _wake(waiting: asyncio.Future[None]) -> None:
+    if not waiting.done():
+        waiting.set_result(None)
 
 
 async def _within(waiting: Coroutine[Any, Any, Any], seconds: float) -> bool:

@@ -66,6 +66,20 @@ async def test_emits_are_batched(sdk_url: str) -> None:
     assert [e.seq for e in got] == list(range(1, 2001))
 
 
+async def test_flush_sends_what_is_queued_at_once_not_after_the_linger(sdk_url: str) -> None:
+    """``flush`` (and so ``close``) sends the queued batch now: a long ``linger_ms`` is how long
+    events may wait for company, not a delay every flush pays."""
+    async with Publisher.connect(sdk_url, linger_ms=600_000) as pub:
+        run = pub.run(_unique())
+        await run.emit("text.delta", {"text": "now"})
+        await asyncio.sleep(0.05)  # the flusher is lingering for more
+        async with asyncio.timeout(30):  # the linger is 10 minutes
+            await pub.flush()
+        assert pub.published == 1 and pub.pending == 0
+        await run.emit("text.delta", {"text": "and at close"})
+    assert [e.payload.text for e in await consume(sdk_url, 2)] == ["now", "and at close"]
+
+
 async def test_close_flushes_what_is_queued(sdk_url: str) -> None:
     """Graceful close: leaving the block delivers every queued event."""
     async with Publisher.connect(sdk_url, linger_ms=50) as pub:
