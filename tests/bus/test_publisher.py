@@ -72,7 +72,7 @@ async def test_flush_sends_what_is_queued_at_once_not_after_the_linger(sdk_url: 
     async with Publisher.connect(sdk_url, linger_ms=600_000) as pub:
         run = pub.run(_unique())
         await run.emit("text.delta", {"text": "now"})
-        await asyncio.sleep(0.05)  # the flusher is lingering for more
+        await until(lambda: pub._lingering is not None, what="the flusher lingering for more")
         async with asyncio.timeout(30):  # the linger is 10 minutes
             await pub.flush()
         assert pub.published == 1 and pub.pending == 0
