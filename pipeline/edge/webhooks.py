@@ -11,8 +11,11 @@
 
 A tenant sees only its own webhooks; another tenant's id answers 404 like
 one that does not exist. A token limited to some runs may only add a
-webhook for one of them (``run_id``), so it hears of no other run. Without
-auth (loopback only) webhooks have no tenant and hear of every run.
+webhook for one of them (``run_id``), so it hears of no other run — and it
+sees, rotates, tests or removes only webhooks of runs it covers (a
+tenant-wide one, or one of another run, answers 404 to it: their URLs and
+secrets are not its to read). Without auth (loopback only) webhooks have no
+tenant and hear of every run.
 What a webhook may be, and the deliveries, are ``runwire.webhooks``'.
 """
 
@@ -45,7 +48,7 @@ def webhook_routes(edge: Edge) -> list[Route]:
 
     async def owned(principal: Principal | None, webhook_id: str) -> Subscription:
         sub = await edge.store.outbox().webhook(webhook_id)
-        if sub is None or (principal is not None and sub.tenant != principal.tenant):
+        if sub is None or not _visible(principal, sub):
             raise UnknownRun(f"no webhook {webhook_id!r}")
         return sub
 
@@ -54,7 +57,7 @@ def webhook_routes(edge: Edge) -> list[Route]:
         outbox = edge.store.outbox()
         if request.method == "GET":
             subs = await outbox.webhooks(principal.tenant if principal else None, every=principal is None)
-            return json_response({"webhooks": [view(sub) for sub in subs]})
+            return json_response({"webhooks": [view(sub) for sub in subs if _visible(principal, sub)]})
         body = new_webhook(await bounded_body(request, limits.WEBHOOK_BODY_BYTES,
                                               timeout_s=edge.settings.body_timeout_s, what="webhook"))
         if principal is not None:
@@ -91,6 +94,16 @@ def webhook_routes(edge: Edge) -> list[Route]:
         Route("/v1/webhooks/{webhook_id}/rotate", rotate, methods=["POST"]),
         Route("/v1/webhooks/{webhook_id}/test", test, methods=["POST"]),
     ]
+
+
+def _visible(principal: Principal | None, sub: Subscription) -> bool:
+    """Whether the caller may see (and so manage) ``sub``: its tenant's, and for a token limited
+    to some runs, one of those runs' (not a tenant-wide webhook)."""
+    if principal is None:
+        return True
+    if sub.tenant != principal.tenant:
+        return False
+    return principal.runs is None or (sub.run_id is not None and principal.covers(sub.run_id))
 
 
 async def _check_run_filter(edge: Edge, principal: Principal, run_id: str | None) -> None:

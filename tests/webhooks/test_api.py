@@ -82,6 +82,23 @@ async def test_webhooks_need_the_control_scope(secured: EdgeServer) -> None:
         assert mine.status_code == 201
 
 
+async def test_a_token_limited_to_some_runs_sees_only_their_webhooks(secured: EdgeServer) -> None:
+    """A tenant-wide webhook's URL and secret are not for a token that may see one run: listing
+    leaves it out, and reading, rotating (a new secret), testing or removing it answers 404."""
+    async with httpx.AsyncClient(base_url=secured.url) as http:
+        wide = (await http.post("/v1/webhooks", json={"url": PUBLIC}, headers=as_("A", "control"))).json()
+        limited = as_("A", "control", runs=[RUN_A])
+        mine = (await http.post("/v1/webhooks", json={"url": PUBLIC, "run_id": RUN_A}, headers=limited)).json()
+        listed = (await http.get("/v1/webhooks", headers=limited)).json()["webhooks"]
+        assert [hook["id"] for hook in listed] == [mine["id"]]
+        for method, path in (("GET", ""), ("POST", "/rotate"), ("POST", "/test"), ("DELETE", "")):
+            answer = await http.request(method, f"/v1/webhooks/{wide['id']}{path}", headers=limited)
+            assert answer.status_code == 404 and "whsec_" not in answer.text, (method, path)
+        assert (await http.post(f"/v1/webhooks/{mine['id']}/rotate", headers=limited)).status_code == 200
+        everything = (await http.get("/v1/webhooks", headers=as_("A", "control"))).json()["webhooks"]
+        assert {hook["id"] for hook in everything} == {wide["id"], mine["id"]}
+
+
 @pytest.mark.parametrize("body", [
     {"url": "http://127.0.0.1:8080/hook"}, {"url": "http://169.254.169.254/latest"},
     {"url": "http://localhost/x"}, {"url": "http://10.0.0.7/"}, {"url": "ftp://93.184.215.14/"},
