@@ -129,6 +129,7 @@ async def _pull_attempt(bus: Bus) -> tuple[str, str, str, str]:
         a = pub_a.run(run_a, tenant="A")
         await b.emit("text.delta", {"text": "b-root-1"})
         await bc.emit("text.delta", {"text": "b-child-1"})
+        await pub_b.flush()  # B's tree is B's on the bus before A tries anything
         await a.emit("child.spawn", {"child_id": root_b})
         await a.emit("child.spawn", {"child_id": child_b})
         intruder = pub_a.run(intruder_id, tenant="A", parent=child_b, root=root_b)
@@ -197,6 +198,7 @@ async def test_an_event_of_another_tenant_on_a_run_is_dead_lettered_not_written(
     async with Publisher(redis_bus) as pub_b, Publisher(redis_bus) as pub_a:
         b = pub_b.run(run_b, tenant="B")
         await b.emit("text.delta", {"text": "one"})
+        await pub_b.flush()  # B writes the run first (two publishers' batches race otherwise)
         forged = pub_a.run(run_b, tenant="A")
         await forged.emit("text.delta", {"text": "forged"})
         await b.emit("text.delta", {"text": "two"})
