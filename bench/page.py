@@ -94,7 +94,8 @@ async def measure(page: Browser, url: str) -> dict[str, Any]:
         " long_tasks: window.__longTasks.length, renders: runView.stats.renders,"
         " longest_render_ms: Math.round(runView.stats.longestRenderMs),"
         " handling_ms: Math.round(runView.stats.handlingMs),"
-        " events: runView.stats.events}"
+        " events: runView.stats.events, batches: runView.stats.batches,"
+        " largest_batch: runView.stats.largestBatch}"
     )
     return figures
 

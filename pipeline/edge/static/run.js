@@ -40,7 +40,7 @@ const spans = new SpanFeed(runId, (tree) => {
   schedule();
 });
 const connection = document.getElementById("connection");
-const stats = { events: 0, renders: 0, renderedSeq: 0, spansSeq: 0, ended: false, firstEventAt: null, lastRenderAt: null, longestRenderMs: 0, handlingMs: 0 };
+const stats = { events: 0, renders: 0, renderedSeq: 0, spansSeq: 0, ended: false, firstEventAt: null, lastRenderAt: null, longestRenderMs: 0, handlingMs: 0, batches: 0, largestBatch: 0 };
 window.runView = { model, stats };
 let ended = false;
 let frame = 0;
@@ -116,6 +116,8 @@ function receive(events) {
   const began = performance.now();
   if (stats.firstEventAt == null) stats.firstEventAt = began;
   stats.events += events.length;
+  stats.batches++;
+  stats.largestBatch = Math.max(stats.largestBatch, events.length);
   for (const event of events) {
     model.apply(event);
     if (event.type === "error") banner(`${event.code}: ${event.message}`);

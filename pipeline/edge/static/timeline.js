@@ -73,6 +73,7 @@ export class Timeline {
     this.byId = new Map(this.spans.map((s) => [s.span_id, s]));
     const root = this.spans.find((s) => !s.parent_span_id);
     if (root && this.t0 == null) this.t0 = root.start_ns / NS_PER_MS;
+    this.shape = ""; // every lane takes its span from this tree (a closed span is a new object)
     for (const lane of this.rows.values()) lane.done = false;
   }
 
