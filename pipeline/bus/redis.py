@@ -189,9 +189,6 @@ class RedisBus(Bus):
                     totals[text(group)] = totals.get(text(group), 0) + int(lost)
         return totals
 
-    def ingest_keys(self) -> list[str]:
-        return [keys.ingest_key(self.prefix, shard) for shard in range(self.shards)]
-
     def consumer(
         self, group: str, name: str, *, claim_idle_ms: int | None = None
     ) -> Consumer:

@@ -114,25 +114,20 @@ def json_response(data: Any, status: int = 200) -> Response:
     return Response(_json.encode(data), status_code=status, media_type="application/json")
 
 
-# ---- parameters -----------------------------------------------------------
-_choice = choice
-_cursor = cursor
-
-
 def stream_request(
     run_id: str, query: dict[str, str], headers: dict[str, str], settings: EdgeSettings
 ) -> StreamRequest:
     """Validate a stream's parameters (query, ``Last-Event-ID``, ``Detail`` header)."""
     detail = query.get("detail") or headers.get("detail") or settings.default_detail
-    _choice(detail, ("full", "shaped"), "detail")
-    format_name = _choice(query.get("format", "koder"), tuple(protocols.EGRESS), "format")
-    after, live = _cursor(query, headers.get("last-event-id"))
+    choice(detail, ("full", "shaped"), "detail")
+    format_name = choice(query.get("format", "koder"), tuple(protocols.EGRESS), "format")
+    after, live = cursor(query, headers.get("last-event-id"))
     return StreamRequest(
         run_id=run_id,
         view="raw" if detail == "full" else "shaped",
         format=format_name,
-        profile=_choice(query.get("profile", "default"), PROFILE_NAMES, "profile"),
-        children=_choice(query.get("children", "flatten"), CHILDREN, "children"),
+        profile=choice(query.get("profile", "default"), PROFILE_NAMES, "profile"),
+        children=choice(query.get("children", "flatten"), CHILDREN, "children"),
         after=after,
         live=live,
     )

@@ -150,15 +150,6 @@ class Stages:
         """Streams held when the bus lost its state: their views are dropped and rebuilt from
         the replay log when next loaded (appends made since start past a hole)."""
 
-    async def handle(
-        self, deliveries: Sequence[Delivery]
-    ) -> tuple[list[Delivery], dict[str, StreamOutput]]:
-        """Decode, process and write one batch; returns the entries to ack and what was written."""
-        acked, outputs = await self.prepare(deliveries)
-        await self.write(outputs)
-        self.busy_until_now()
-        return acked, outputs
-
     async def prepare(
         self,
         deliveries: Sequence[Delivery],

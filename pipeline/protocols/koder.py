@@ -4,8 +4,6 @@ from __future__ import annotations
 
 from typing import Any
 
-import msgspec
-
 from ..core import envelope
 from ..core.envelope import Event
 from .base import Egress, Ingest
@@ -26,7 +24,3 @@ class KoderEgress(Egress):
 
     def encode(self, event: Event) -> list[bytes]:
         return [envelope.encode(event)]
-
-
-def to_json(event: Event) -> bytes:
-    return msgspec.json.encode(event)
