@@ -18,9 +18,10 @@ import threading
 from collections.abc import Iterator
 
 import click
+from prometheus_client import CollectorRegistry
 
 from runwire.store import ReplayLog, open_store
-from runwire.webhooks.deliverer import Deliverer
+from runwire.webhooks.deliverer import Deliverer, DeliveryMetrics
 from runwire.webhooks.notify import build
 from runwire.webhooks.sender import Sender
 
@@ -35,9 +36,12 @@ allow_private_option = click.option(
 class DeliveryThread:
     """A :class:`Deliverer` on its own thread and event loop, until :meth:`stop`."""
 
-    def __init__(self, store: ReplayLog | str, *, allow_private: bool) -> None:
+    def __init__(self, store: ReplayLog | str, *, allow_private: bool, registry: CollectorRegistry | None = None) -> None:
         self.store = store
         self.allow_private = allow_private
+        self.metrics = DeliveryMetrics(registry)
+        self._deliverer: Deliverer | None = None
+        self._sender: Sender
         self._loop: asyncio.AbstractEventLoop | None = None
         self._stop: asyncio.Event | None = None
         self._ready = threading.Event()
@@ -54,6 +58,12 @@ class DeliveryThread:
                 self._loop.call_soon_threadsafe(self._stop.set)
         self._thread.join(timeout_s)
 
+    def problem(self) -> str | None:
+        """Why deliveries are paused or stopped (for ``/readyz``), None while they go on."""
+        if self._thread.ident is not None and not self._thread.is_alive():
+            return "stopped"
+        return None if self._deliverer is None else self._deliverer.problem()
+
     def _main(self) -> None:
         try:
             asyncio.run(self._run())
@@ -63,21 +73,29 @@ class DeliveryThread:
     async def _run(self) -> None:
         self._loop, self._stop = asyncio.get_running_loop(), asyncio.Event()
         self._ready.set()
-        sender = Sender(allow_private=self.allow_private)
+        sender = self._sender = Sender(allow_private=self.allow_private)
         try:
             if isinstance(self.store, str):
                 async with open_store(self.store) as store:
-                    await Deliverer(store.outbox(), sender, build=build).run(self._stop)
+                    await self._deliver(store)
             else:
-                await Deliverer(self.store.outbox(), sender, build=build).run(self._stop)
+                await self._deliver(self.store)
         finally:
             await sender.aclose()
 
 
+    async def _deliver(self, store: ReplayLog) -> None:
+        assert self._stop is not None
+        self._deliverer = Deliverer(store.outbox(), self._sender, build=build, metrics=self.metrics)
+        await self._deliverer.run(self._stop)
+
+
 @contextlib.contextmanager
-def deliveries(store: ReplayLog | str, *, allow_private: bool) -> Iterator[DeliveryThread]:
-    """Deliver webhooks from ``store`` while the block runs."""
-    thread = DeliveryThread(store, allow_private=allow_private)
+def deliveries(store: ReplayLog | str, *, allow_private: bool,
+               registry: CollectorRegistry | None = None) -> Iterator[DeliveryThread]:
+    """Deliver webhooks from ``store`` while the block runs (counting in ``registry``, a
+    ``/metrics`` page's, when given)."""
+    thread = DeliveryThread(store, allow_private=allow_private, registry=registry)
     thread.start()
     try:
         yield thread

@@ -302,6 +302,11 @@ def ops_routes(edge: Edge) -> list[Route]:
                 edge.metrics.pause(f"{name} {reason}")
                 log.warning("readyz: the %s is %s: %s", name, reason,
                             redact_text(str(exc) or type(exc).__name__))
+        for name, part in edge.readiness.items():
+            why = part()
+            if why is not None:  # the part logged why itself, once
+                problems[name] = why
+                edge.metrics.pause(f"{name} {why}")
         status = 503 if problems else 200
         return JSONResponse({"ok": not problems, **problems}, status_code=status)
 

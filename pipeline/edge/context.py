@@ -6,13 +6,15 @@ the gRPC server) can all take an :class:`Edge` without importing each other.
 
 from __future__ import annotations
 
+from collections.abc import Callable
+
 from ..bus.base import Bus
 from ..store.base import ReplayLog
 from .auth import Gate
 from .busgate import GatedBus
 from .hub import Hub
 from .metrics import EdgeMetrics
-from .quotas import Quotas
+from .quotas import WEBHOOK_TESTS, Quotas, Throttle
 from .settings import EdgeSettings
 
 
@@ -28,3 +30,7 @@ class Edge:
         self.hub = Hub(bus, store, settings, self.metrics)
         self.gate = Gate(settings.secret, bus, store, refusal_floor_s=settings.refusal_floor_s)
         self.quotas = Quotas(settings.streams_per_token)
+        self.webhook_tests = Throttle(WEBHOOK_TESTS)
+        self.readiness: dict[str, Callable[[], str | None]] = {}
+        """More parts ``/readyz`` asks (name → why it is not ready, or None): the process's
+        webhook deliveries (``runwire.workers.deliveries``), where it runs them."""

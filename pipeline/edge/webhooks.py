@@ -9,6 +9,10 @@
 ``POST   /v1/webhooks/{id}/test``                queue a ``webhook.test`` delivery → 202
 =============================================  =========================================
 
+A test is refused with 409 on a disabled webhook (it would get nothing), and
+with 429 (``Retry-After``) past :data:`~.quotas.WEBHOOK_TESTS` — per webhook
+and per tenant, on each edge process.
+
 A tenant sees only its own webhooks; another tenant's id answers 404 like
 one that does not exist. A token limited to some runs may only add a
 webhook for one of them (``run_id``), so it hears of no other run — and it
@@ -32,7 +36,7 @@ from ..core import limits
 from ..core.errors import AuthError, UnknownRun
 from ..store.outbox import Subscription
 from ..webhooks.notify import test_delivery
-from ..webhooks.subscriptions import add_webhook, new_webhook, rotate_secret, view
+from ..webhooks.subscriptions import WebhookDisabled, add_webhook, new_webhook, rotate_secret, view
 from .auth import Principal
 from .context import Edge
 from .params import bounded_body
@@ -84,6 +88,10 @@ def webhook_routes(edge: Edge) -> list[Route]:
 
     async def test(request: Request) -> Response:
         sub = await owned(caller(request), request.path_params["webhook_id"])
+        if sub.disabled_at is not None:
+            raise WebhookDisabled(f"webhook {sub.id} is disabled ({sub.disabled_reason}): it gets no deliveries,"
+                                  " tests included; add it again once its receiver is fixed")
+        edge.webhook_tests.take("webhook tests", webhook=sub.id, tenant=sub.tenant or "")
         delivery = test_delivery(sub)
         await edge.store.outbox().enqueue([delivery])
         return json_response({"delivery_id": delivery.id}, status=202)

@@ -129,12 +129,25 @@ class Outbox:
         return result
 
     # ---- subscriptions ---------------------------------------------------------------
-    async def add_webhook(self, sub: Subscription) -> None:
-        await self._do(lambda ex: ex(
-            f"INSERT INTO webhooks ({_SUBSCRIPTION_COLUMNS}) VALUES ({', '.join('?' * 14)})",
-            (sub.id, sub.tenant, sub.url, _json.encode(sub.events).decode(), sub.run_id, sub.secret,
-             sub.previous_secret, sub.previous_until, sub.created_at, sub.disabled_at, sub.disabled_reason,
-             sub.last_success_at, sub.last_failure_at, sub.last_error)))
+    async def add_webhook(self, sub: Subscription, *, most: int | None = None) -> bool:
+        """Add a webhook; with ``most``, only while its tenant has fewer (False, and nothing added,
+        else) — counted and added in one transaction that no other adding one for the tenant
+        interleaves with, so concurrent adds, on one edge or several, never pass the bound."""
+
+        def add(ex: Callable[..., Any]) -> bool:
+            if most is not None:
+                if self.dialect.serialize:
+                    ex(self.dialect.serialize, (f"runwire.webhooks {sub.tenant or ''}",))
+                where, params = ("tenant IS NULL", ()) if sub.tenant is None else ("tenant = ?", (sub.tenant,))
+                if ex(f"SELECT count(*) FROM webhooks WHERE {where}", params).fetchone()[0] >= most:
+                    return False
+            ex(f"INSERT INTO webhooks ({_SUBSCRIPTION_COLUMNS}) VALUES ({', '.join('?' * 14)})",
+               (sub.id, sub.tenant, sub.url, _json.encode(sub.events).decode(), sub.run_id, sub.secret,
+                sub.previous_secret, sub.previous_until, sub.created_at, sub.disabled_at, sub.disabled_reason,
+                sub.last_success_at, sub.last_failure_at, sub.last_error))
+            return True
+
+        return await self._do(add)
 
     async def webhooks(self, tenant: str | None, *, every: bool = False) -> list[Subscription]:
         """A tenant's webhooks (``every``: all of them, whoever's), oldest first."""
@@ -259,10 +272,11 @@ class Outbox:
         return await self._do(claim)
 
     async def settle(self, delivered: Sequence[Outcome], retries: Sequence[tuple[Outcome, float]],
-                     exhausted: Sequence[Outcome]) -> None:
+                     exhausted: Sequence[Outcome], refused: Sequence[Outcome] = ()) -> None:
         """Record attempts: delivered ones deleted, failed ones due again at their time, exhausted
-        ones marked failed and their channel disabled (:meth:`disable_channel`); each channel's
-        webhook (if it is one) keeps its last success and failure."""
+        ones marked failed and their channel disabled (:meth:`disable_channel`), refused ones (no
+        attempt can succeed: the target is refused) too, with the refusal as the reason; each
+        channel's webhook (if it is one) keeps its last success and failure."""
 
         def settle(ex: Callable[..., Any]) -> None:
             for start in range(0, len(delivered), 500):
@@ -275,14 +289,18 @@ class Outbox:
                 ex("UPDATE deliveries SET attempts = attempts + 1, failed_at = ?, last_error = ? WHERE id = ?",
                    (at, error, delivery_id))
                 _disable(ex, channel, f"delivery {delivery_id} failed for good: {error}", at)
+            for delivery_id, channel, at, error in refused:
+                ex("UPDATE deliveries SET attempts = attempts + 1, failed_at = ?, last_error = ? WHERE id = ?",
+                   (at, error, delivery_id))
+                _disable(ex, channel, error or "refused", at)
             for channel, at in _latest(delivered).items():
                 ex("UPDATE webhooks SET last_success_at = ? WHERE id = ?", (at, channel))
-            failures = [*(o for o, _ in retries), *exhausted]
+            failures = [*(o for o, _ in retries), *exhausted, *refused]
             for channel, at in _latest(failures).items():
                 error = next(o[3] for o in reversed(failures) if o[1] == channel)
                 ex("UPDATE webhooks SET last_failure_at = ?, last_error = ? WHERE id = ?", (at, error, channel))
 
-        if delivered or retries or exhausted:
+        if delivered or retries or exhausted or refused:
             await self._do(settle)
 
     async def counts(self, channel: str) -> tuple[int, int]:

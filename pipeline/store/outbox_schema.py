@@ -89,11 +89,15 @@ class Dialect(msgspec.Struct, frozen=True):
     real: str
     blob: str
     integer: str
+    serialize: str
+    """A statement that makes the transaction the only one at work on a key (``?``) until it ends, or
+    "" where every writing transaction already is (SQLite's ``BEGIN IMMEDIATE``)."""
 
 
-SQLITE = Dialect(placeholder="?", begin="BEGIN IMMEDIATE", lock="", real="REAL", blob="BLOB", integer="INTEGER")
+SQLITE = Dialect(placeholder="?", begin="BEGIN IMMEDIATE", lock="", real="REAL", blob="BLOB", integer="INTEGER",
+                 serialize="")
 POSTGRES = Dialect(placeholder="%s", begin="BEGIN", lock=" FOR UPDATE SKIP LOCKED", real="double precision",
-                   blob="bytea", integer="bigint")
+                   blob="bytea", integer="bigint", serialize="SELECT pg_advisory_xact_lock(hashtext(?))")
 
 _DDL = """
 CREATE TABLE IF NOT EXISTS run_notices (

@@ -16,24 +16,37 @@ dies mid-send leaves them due again after it) and starts them — at most
 delays its own deliveries, not everyone's. A failed
 attempt is due again after the next step of :data:`RETRY_SCHEDULE` (±10 %):
 three retries within the first minute, then further apart, for ~28 hours in
-all; a delivery whose schedule is spent (or whose target is refused) is
-marked failed and its channel disabled — a webhook that keeps failing shows
-as disabled, with the reason, and gets nothing more until it is added again.
+all; a delivery whose schedule is spent is marked failed and its channel
+disabled — a webhook that keeps failing shows as disabled, with the reason,
+and gets nothing more until it is added again. A delivery whose target this
+process refuses (``runwire.webhooks.targets``: an address that is not
+public, and private targets not allowed here) is not retried: it fails at
+once and disables its channel with the refusal (``refused: …``) as the
+reason, whichever attempt it was.
+
+Nothing one round meets ends the loop: an attempt that raises is a failed
+attempt (retried on the schedule); a notice that can't be built into
+deliveries is dropped, logged; a replay log that fails (unreachable, or an
+error of any other kind) pauses the loop, with a backoff from 1 s to
+:data:`PAUSE_MAX_S`, logged once per outage, counted in
+``runwire_webhook_errors_total`` and shown in the edge's ``/readyz``
+(:meth:`Deliverer.problem`) until a round succeeds again.
 """
 
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import logging
 import random
 import time
 from collections.abc import Callable
 
 import msgspec
+from prometheus_client import CollectorRegistry, Counter, Gauge
 
 from ..core.errors import RunwireError
-from ..store.outbox import Build, Delivery, Outbox, Outcome
+from ..core.redaction import redact_text
+from ..store.outbox import Build, Delivery, Notice, Outbox, Outcome, Subscription
 from .sender import Sender
 
 log = logging.getLogger(__name__)
@@ -56,6 +69,12 @@ GATHER_S = 0.02
 recorded in one transaction."""
 
 
+PAUSE_MAX_S = 30.0
+"""The longest pause between rounds while the replay log keeps failing (1 s, doubling up to it)."""
+ERROR_CHARS = 500
+"""Longest error kept with a delivery (what a receiver or a connection said, cut)."""
+
+
 class DeliveryStats(msgspec.Struct, kw_only=True):
     delivered: int = 0
     retried: int = 0
@@ -63,12 +82,26 @@ class DeliveryStats(msgspec.Struct, kw_only=True):
     notices: int = 0
 
 
+class DeliveryMetrics:
+    """What the deliverer did and met, in ``registry`` (a ``/metrics`` page's) or one of its own."""
+
+    def __init__(self, registry: CollectorRegistry | None = None) -> None:
+        r = self.registry = registry or CollectorRegistry()
+        self.outcomes = Counter("runwire_webhook_deliveries", "Webhook delivery attempts by outcome",
+                                ["outcome"], registry=r)
+        self.errors = Counter("runwire_webhook_errors", "Errors the webhook delivery loop met and went on"
+                              " after: store (the replay log), attempt, notice", ["part"], registry=r)
+        self.paused = Gauge("runwire_webhook_deliveries_paused",
+                            "1 while webhook deliveries wait for the replay log", registry=r)
+
+
 class Deliverer:
     """Delivers an outbox's due deliveries, ``concurrency`` at once."""
 
     def __init__(self, outbox: Outbox, sender: Sender, *, build: Build | None = None,
                  schedule: tuple[float, ...] = RETRY_SCHEDULE, concurrency: int = 64, per_channel: int = 16,
-                 poll_s: float = 0.5, lease_s: float = LEASE_S, clock: Callable[[], float] = time.time) -> None:
+                 poll_s: float = 0.5, lease_s: float = LEASE_S, clock: Callable[[], float] = time.time,
+                 metrics: DeliveryMetrics | None = None) -> None:
         self.outbox = outbox
         self.sender = sender
         self.build = build
@@ -81,6 +114,8 @@ class Deliverer:
         self.lease_s = lease_s
         self.clock = clock
         self.stats = DeliveryStats()
+        self.metrics = metrics or DeliveryMetrics()
+        self._problem: str | None = None
         self._inflight: set[asyncio.Task[None]] = set()
         self._channels: dict[str, int] = {}
         self._finished: list[tuple[Delivery, str | None, bool, float]] = []
@@ -91,29 +126,47 @@ class Deliverer:
     async def run(self, stop: asyncio.Event) -> None:
         """Deliver until ``stop`` is set; then wait a little for the attempts under way and record
         them (those still running are left to their lease)."""
-        outage = False
+        pause = 0.0
         try:
             while not stop.is_set():
                 try:
                     busy = await self.step()
-                    if outage:
+                except Exception as exc:  # whatever the replay log raised: paused, never ended
+                    pause, busy = min(2 * pause or 1.0, PAUSE_MAX_S), False
+                    self._paused(exc)
+                else:
+                    if self._problem is not None:
                         log.info("webhook deliveries: the replay log is back")
-                    outage = False
-                except RunwireError as exc:
-                    if not exc.retriable:
-                        raise
-                    if not outage:
-                        log.warning("webhook deliveries paused: %s", exc)
-                    outage, busy = True, False
+                        self._problem = None
+                        self.metrics.paused.set(0)
+                    pause = 0.0
                 if not busy:
-                    await self._idle(stop, 1.0 if outage else self.poll_s)
+                    await self._idle(stop, pause or self.poll_s)
         finally:
             if self._inflight:
                 await asyncio.wait(self._inflight, timeout=2.0)
             for task in self._inflight:
                 task.cancel()
-            with contextlib.suppress(RunwireError):
+            try:
                 await self._settle()
+            except Exception as exc:  # left to the lease: the deliveries are attempted again
+                log.warning("webhook deliveries: the last attempts' outcomes are not recorded: %s",
+                            _redacted(exc))
+
+    def problem(self) -> str | None:
+        """Why deliveries are paused (``unavailable``, ``error``), or None while they go on."""
+        return self._problem
+
+    def _paused(self, exc: Exception) -> None:
+        """A round failed: counted each time, logged once per outage (with the traceback when it
+        is no outage the replay log reports as passing)."""
+        self.metrics.errors.labels("store").inc()
+        retriable = isinstance(exc, RunwireError) and exc.retriable
+        if self._problem is None:
+            self._problem = (exc.reason if isinstance(exc, RunwireError) and exc.reason else None) or (
+                "unavailable" if retriable else "error")
+            self.metrics.paused.set(1)
+            log.warning("webhook deliveries paused: %s", _redacted(exc), exc_info=not retriable)
 
     async def _idle(self, stop: asyncio.Event, wait_s: float) -> None:
         """Until ``stop``, an attempt finished (and :data:`GATHER_S` more), or ``wait_s`` passed."""
@@ -133,7 +186,7 @@ class Deliverer:
         settled = await self._settle()
         notices = 0
         if self.build is not None and self.clock() >= self._next_fan_out:
-            notices = await self.outbox.fan_out(self.build, FAN_OUT_BATCH)
+            notices = await self.outbox.fan_out(self._build, FAN_OUT_BATCH)
             self._next_fan_out = 0.0 if notices == FAN_OUT_BATCH else self.clock() + self.poll_s
         self.stats.notices += notices
         free = self.concurrency - len(self._inflight)
@@ -151,12 +204,26 @@ class Deliverer:
             self._next_purge = now + PURGE_EVERY_S
         return bool(settled or notices or len(claimed) == free > 0)
 
+    def _build(self, notice: Notice, subs: list[Subscription]) -> list[Delivery]:
+        """``build``, for one notice: one that can't be built is dropped (logged, counted), and the
+        other notices of its round are fanned out."""
+        assert self.build is not None
+        try:
+            return self.build(notice, subs)
+        except Exception:
+            self.metrics.errors.labels("notice").inc()
+            log.exception("webhook deliveries: run notice %s of run %s dropped", notice.type, notice.run_id)
+            return []
+
     async def _attempt(self, delivery: Delivery) -> None:
         try:
             error, final = await self.sender.send(delivery)
         except Exception as exc:  # a bug in one attempt must not end the loop: it is retried
+            self.metrics.errors.labels("attempt").inc()
             log.exception("webhook delivery %s failed unexpectedly", delivery.id)
             error, final = f"{type(exc).__name__}: {exc}", False
+        if error is not None:  # kept as text by the replay log: no NUL (PostgreSQL refuses it), bounded
+            error = error.replace("\x00", "")[:ERROR_CHARS]
         self._finished.append((delivery, error, final, self.clock()))
         left = self._channels.pop(delivery.channel, 1) - 1
         if left:
@@ -169,24 +236,37 @@ class Deliverer:
         delivered: list[Outcome] = []
         retries: list[tuple[Outcome, float]] = []
         exhausted: list[Outcome] = []
+        refused: list[Outcome] = []
         for delivery, error, final, at in finished:
             outcome = (delivery.id, delivery.channel, at, error)
             if error is None:
                 delivered.append(outcome)
-            elif final or delivery.attempts >= len(self.schedule):
+            elif final:
+                refused.append(outcome)
+            elif delivery.attempts >= len(self.schedule):
                 exhausted.append(outcome)
             else:
                 pause = self.schedule[delivery.attempts] * random.uniform(0.9, 1.1)
                 retries.append((outcome, at + pause))
         try:
-            await self.outbox.settle(delivered, retries, exhausted)
+            await self.outbox.settle(delivered, retries, exhausted, refused)
         except BaseException:
             self._finished[:0] = finished  # recorded on the next round (or left to the lease)
             raise
         for delivery_id, channel, _, error in exhausted:
             log.warning("webhook delivery %s to %s failed for good (%s): the channel is disabled",
                         delivery_id, channel, error)
+        for delivery_id, channel, _, error in refused:
+            log.warning("webhook delivery %s to %s: %s; the channel is disabled", delivery_id, channel, error)
         self.stats.delivered += len(delivered)
         self.stats.retried += len(retries)
-        self.stats.exhausted += len(exhausted)
+        self.stats.exhausted += len(exhausted) + len(refused)
+        for name, count in (("delivered", len(delivered)), ("retried", len(retries)),
+                            ("failed", len(exhausted)), ("refused", len(refused))):
+            if count:
+                self.metrics.outcomes.labels(name).inc(count)
         return len(finished)
+
+
+def _redacted(exc: BaseException) -> str:
+    return redact_text(str(exc) or type(exc).__name__)

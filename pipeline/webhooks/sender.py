@@ -21,7 +21,7 @@ import aiohttp
 
 from ..store.outbox import Delivery
 from .signing import signed_headers
-from .targets import GuardedResolver, TargetRefused, ip_literal, refusal, split_url
+from .targets import GuardedResolver, TargetRefused, ip_literal, refusal, refused, split_url
 
 ATTEMPT_S = 15.0
 """The most one attempt may take, from connecting to the last byte read."""
@@ -59,14 +59,14 @@ class Sender:
             return str(exc)
         literal = ip_literal(host)
         reason = None if literal is None or self.allow_private else refusal(literal)
-        return None if reason is None else f"refusing to deliver to {host}: {reason}"
+        return None if reason is None else str(refused(host, reason))
 
     async def send(self, delivery: Delivery) -> tuple[str | None, bool]:
         """Attempt ``delivery`` once, signed now: ``(error, final)`` — ``(None, False)`` when the
         receiver answered 2xx; ``final`` when no retry can succeed (a refused target)."""
-        refused = self._refused(delivery.url)
-        if refused is not None:
-            return refused, True
+        refusing = self._refused(delivery.url)
+        if refusing is not None:
+            return refusing, True
         body = delivery.body
         headers = {"content-type": "application/json", "user-agent": USER_AGENT, **delivery.headers,
                    **signed_headers(delivery.secrets, delivery.id, int(time.time()), body)}

@@ -28,6 +28,12 @@ ROTATION_OVERLAP_S = 86400.0
 receiver that still verifies with the old one keeps accepting them)."""
 
 
+class WebhookDisabled(RequestError):
+    """An action on a disabled webhook that would need it enabled (a test delivery): 409."""
+
+    status = 409
+
+
 class NewWebhook(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
     """A ``POST /v1/webhooks`` body."""
 
@@ -57,11 +63,10 @@ async def add_webhook(outbox: Outbox, tenant: str | None, request: NewWebhook, *
     """Make a webhook for ``tenant`` (its secret is in the result, and shown this once); ``prefix``
     of its id: ``wh_``, or an A2A push config's (``runwire.protocols.a2a.PUSH_CONFIG_PREFIX``)."""
     await check_url(request.url, allow_private=allow_private)
-    if len(await outbox.webhooks(tenant)) >= limits.WEBHOOKS_PER_TENANT:
-        raise QuotaExceeded(f"a tenant has at most {limits.WEBHOOKS_PER_TENANT} webhooks; remove one first")
     sub = Subscription(id=new_random_ulid(prefix), tenant=tenant, url=request.url, events=request.events,
                        run_id=request.run_id, secret=new_secret(), created_at=time.time())
-    await outbox.add_webhook(sub)
+    if not await outbox.add_webhook(sub, most=limits.WEBHOOKS_PER_TENANT):
+        raise QuotaExceeded(f"a tenant has at most {limits.WEBHOOKS_PER_TENANT} webhooks; remove one first")
     return sub
 
 

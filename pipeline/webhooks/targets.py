@@ -54,10 +54,43 @@ def split_url(url: str) -> tuple[str, int]:
     return parts.hostname, port or (443 if parts.scheme == "https" else 80)
 
 
+NAT64 = ipaddress.IPv6Network("64:ff9b::/96")
+"""The well-known NAT64 prefix (RFC 6052): its last 32 bits are the IPv4 address reached."""
+LOCAL_NAT64 = ipaddress.IPv6Network("64:ff9b:1::/48")
+"""Local-use NAT64 prefixes (RFC 8215): a network's own translator, never a public target."""
+
+
+def embedded_ipv4(address: IPAddress) -> ipaddress.IPv4Address | None:
+    """The IPv4 address an IPv6 one leads to: IPv4-mapped (``::ffff:0:0/96``), 6to4
+    (``2002::/16``), NAT64 (``64:ff9b::/96``) or Teredo's client (``2001::/32``); None else."""
+    if not isinstance(address, ipaddress.IPv6Address):
+        return None
+    if address.ipv4_mapped is not None:
+        return address.ipv4_mapped
+    if address.sixtofour is not None:
+        return address.sixtofour
+    if address in NAT64:
+        return ipaddress.IPv4Address(int(address) & 0xFFFFFFFF)
+    if address.teredo is not None:
+        return address.teredo[1]
+    return None
+
+
 def refusal(address: IPAddress) -> str | None:
-    """Why a delivery may not go to ``address`` unless private targets are allowed (None: it may)."""
-    if isinstance(address, ipaddress.IPv6Address) and address.ipv4_mapped is not None:
-        address = address.ipv4_mapped
+    """Why a delivery may not go to ``address`` unless private targets are allowed (None: it may).
+
+    An IPv6 address that carries an IPv4 one (:func:`embedded_ipv4`) is judged by that IPv4
+    address too: ``[2002:7f00:1::]`` or ``[64:ff9b::a00:1]`` reach ``127.0.0.1`` or
+    ``10.0.0.1`` through a translator or relay as surely as the IPv4 address itself."""
+    embedded = embedded_ipv4(address)
+    if embedded is not None:
+        inner = refusal(embedded)
+        if inner is not None:
+            return f"{inner} ({embedded}) inside an IPv6 address"
+        if isinstance(address, ipaddress.IPv6Address) and (address.ipv4_mapped is not None or address in NAT64):
+            return None  # an IPv4 address written as IPv6, or reached through DNS64/NAT64: judged as itself
+    if isinstance(address, ipaddress.IPv6Address) and address in LOCAL_NAT64:
+        return "a private address"
     if address.is_loopback:
         return "a loopback address"
     if address.is_multicast or address.is_unspecified or address.is_reserved:
@@ -67,6 +100,14 @@ def refusal(address: IPAddress) -> str | None:
     if not address.is_global:
         return "a private address"
     return None
+
+
+def refused(host: str, reason: str, address: IPAddress | None = None) -> TargetRefused:
+    """The refusal of a target by the address rule: the same words where a webhook is added and
+    where a deliverer refuses it (``refused: …``, as its webhook's disabled reason shows)."""
+    shown = f" ({address})" if address is not None and str(address) != host.strip("[]") else ""
+    return TargetRefused(f"refused: {host}{shown} is {reason}, and private targets are not allowed here"
+                         " (--webhooks-allow-private or RUNWIRE_WEBHOOKS_ALLOW_PRIVATE=1)")
 
 
 class Unresolvable(OSError):
@@ -99,8 +140,9 @@ def allowed(addresses: Iterable[IPAddress], host: str, allow_private: bool) -> l
         return addresses
     passing = [address for address in addresses if refusal(address) is None]
     if not passing:
-        reason = refusal(addresses[0]) if addresses else "no address"
-        raise TargetRefused(f"refusing to deliver to {host}: {reason} (allow with --webhooks-allow-private)")
+        if not addresses:
+            raise TargetRefused(f"refused: {host} has no address")
+        raise refused(host, refusal(addresses[0]) or "", addresses[0])
     return passing
 
 
@@ -115,8 +157,7 @@ async def check_url(url: str, *, allow_private: bool) -> None:
     if not allow_private:
         bad = [address for address in addresses if refusal(address) is not None]
         if bad:
-            raise TargetRefused(f"refusing to deliver to {host}: {refusal(bad[0])} ({bad[0]})"
-                                " (allow with --webhooks-allow-private)")
+            raise refused(host, refusal(bad[0]) or "", bad[0])
 
 
 class GuardedResolver(AbstractResolver):

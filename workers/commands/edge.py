@@ -138,7 +138,9 @@ async def serve(
         if grpc_port is not None:
             server.grpc = await start_grpc_or_exit(app.state.edge, host, grpc_port)
             logging.getLogger("runwire.edge").info("gRPC on %s:%d", host, server.grpc.port)
-        with deliveries(store, allow_private=settings.webhooks_allow_private) as server.deliveries:
+        with deliveries(store, allow_private=settings.webhooks_allow_private,
+                        registry=app.state.edge.metrics.registry) as server.deliveries:
+            app.state.edge.readiness["webhooks"] = server.deliveries.problem
             await server.serve()
 
 

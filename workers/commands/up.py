@@ -266,7 +266,10 @@ async def serve(settings: UpSettings) -> None:
     _install_signal_handlers(stop)
     async with open_bus(settings.bus) as bus, open_store(settings.store, **settings.store_options()) as store:
         parts = _Parts(bus, store, settings)
-        with deliveries(store, allow_private=settings.webhooks_allow_private):
+        edge = parts.app.state.edge
+        with deliveries(store, allow_private=settings.webhooks_allow_private,
+                        registry=edge.metrics.registry) as delivering:
+            edge.readiness["webhooks"] = delivering.problem
             await parts.start(sock)
             _announce(settings, sock.getsockname()[1], parts.grpc_port)
             await parts.run_until(stop)

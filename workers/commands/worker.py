@@ -124,7 +124,7 @@ async def _run(
     async with open_bus(bus_url) as bus, open_store(store_url) as store:
         with contextlib.ExitStack() as stack:
             if not burst:  # a burst worker records what is queued and exits: nothing to wait for
-                stack.enter_context(deliveries(store, allow_private=allow_private))
+                stack.enter_context(deliveries(store, allow_private=allow_private, registry=metrics))
             return await run_worker(
                 bus, store, group=group, name=name, stop=stop, burst=burst,
                 silence_s=silence_s, quiet_s=quiet_s, claim_idle_ms=claim_idle_ms, metrics=metrics,
