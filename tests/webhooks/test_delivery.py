@@ -6,6 +6,9 @@ no response read past its bound."""
 from __future__ import annotations
 
 import asyncio
+import contextlib
+import ipaddress
+import sqlite3
 import time
 from collections.abc import AsyncIterator
 
@@ -14,12 +17,14 @@ from standardwebhooks.webhooks import Webhook, WebhookVerificationError
 
 from runwire.store import open_store
 from runwire.store.base import ReplayLog
-from runwire.store.outbox import Delivery
-from runwire.webhooks.deliverer import Deliverer
+from runwire.store.outbox import Delivery, Notice, Subscription
+from runwire.webhooks.deliverer import Deliverer, DeliveryMetrics
+from runwire.webhooks.notify import build
 from runwire.webhooks.sender import RESPONSE_BYTES, Sender
 from runwire.webhooks.signing import new_secret, signed_headers
 from runwire.webhooks.subscriptions import NewWebhook, add_webhook, view
-from runwire.webhooks.targets import TargetRefused, check_url
+from runwire.webhooks.targets import TargetRefused, allowed, check_url
+from tests.events import event
 from tests.waiting import until
 
 from .receiver import Receiver, serve_receiver
@@ -177,3 +182,101 @@ async def test_a_slow_receiver_delays_only_its_own_deliveries(log: ReplayLog) ->
         finally:
             await patient.aclose()
         assert slow.accepted == {} and len(slow.attempts) <= 3
+
+
+EMBEDDING = ["http://[2002:7f00:1::]/", "http://[2002:a00:1::]/hook", "http://[2002:a9fe:a9fe::]/",
+             "http://[64:ff9b::7f00:1]/", "http://[64:ff9b::a00:7]/", "http://[64:ff9b:1::a00:1]/",
+             "http://[::ffff:a00:1]/", "http://[::ffff:7f00:1]:8080/",
+             "http://[2001:0:4136:e378:8000:63bf:80ff:fffe]/"]
+"""6to4, NAT64, IPv4-mapped and Teredo addresses whose IPv4 address is loopback, private or
+link-local (Teredo's client ``80ff:fffe`` is ``127.0.0.1`` obfuscated)."""
+
+
+@pytest.mark.parametrize("url", EMBEDDING)
+async def test_ipv6_addresses_that_carry_a_private_ipv4_one_are_refused(url: str) -> None:
+    with pytest.raises(TargetRefused, match="inside an IPv6 address|a private address"):
+        await check_url(url, allow_private=False)
+    await check_url(url, allow_private=True)
+    guarded = Sender(allow_private=False)
+    try:
+        error, final = await guarded.send(delivery(url, new_secret()))
+    finally:
+        await guarded.aclose()
+    assert final and error is not None and error.startswith("refused:")
+
+
+async def test_a_resolver_answer_carrying_a_private_ipv4_address_is_refused() -> None:
+    """What the resolver answers for a name is judged like a literal (the guard every connection
+    goes through): a name resolving to ``2002:7f00:1::`` reaches no one, one with a public
+    address among such answers reaches only that one."""
+    carried = [ipaddress.ip_address(url.split("[")[1].split("]")[0]) for url in EMBEDDING]
+    with pytest.raises(TargetRefused, match=r"^refused: hooks\.example\.com \(2002:7f00:1::\) is a loopback"):
+        allowed(carried, "hooks.example.com", allow_private=False)
+    public = [ipaddress.ip_address("2606:4700::1111"), ipaddress.ip_address("64:ff9b::5db8:d70e")]
+    assert allowed([*carried, *public], "hooks.example.com", allow_private=False) == public
+    assert allowed(carried, "hooks.example.com", allow_private=True) == carried
+    await check_url("http://[64:ff9b::5db8:d70e]/", allow_private=False)  # NAT64 to a public address
+
+
+async def test_the_loop_goes_on_after_the_replay_log_fails(store_url: str) -> None:
+    """Issue 34, review: an error of the replay log that is not an outage (PostgreSQL: the table
+    is not there) ended the loop for good. It pauses it now — counted, shown by ``problem()``
+    (``/readyz``) — and deliveries go on once the log answers again."""
+    async with open_store(store_url) as log, serve_receiver(Receiver()) as receiver:
+        receiver.secret = new_secret()
+        outbox = log.outbox()
+        sender = Sender(allow_private=True, attempt_s=5.0)
+        metrics = DeliveryMetrics()
+        deliverer = Deliverer(outbox, sender, schedule=QUICK, poll_s=0.05, metrics=metrics)
+        stop = asyncio.Event()
+        task = asyncio.create_task(deliverer.run(stop))
+        try:
+            await outbox.enqueue([delivery(receiver.url + "/hook", receiver.secret, "msg_before")])
+            await until(lambda: "msg_before" in receiver.accepted, what="the first delivery")
+            await asyncio.to_thread(rename_table, store_url, "deliveries", "deliveries_away")
+            await until(deliverer.problem, what="the loop paused")
+            assert metrics.errors.labels("store")._value.get() >= 1 and metrics.paused._value.get() == 1
+            await asyncio.to_thread(rename_table, store_url, "deliveries_away", "deliveries")
+            await outbox.enqueue([delivery(receiver.url + "/hook", receiver.secret, "msg_after")])
+            await until(lambda: "msg_after" in receiver.accepted, what="a delivery after the failure")
+            await until(lambda: deliverer.problem() is None, what="the loop going on")
+            assert not task.done() and metrics.paused._value.get() == 0
+        finally:
+            stop.set()
+            await task
+            await sender.aclose()
+    assert receiver.refused == [] and set(receiver.accepted) == {"msg_before", "msg_after"}
+
+
+def rename_table(store_url: str, old: str, new: str) -> None:
+    """``ALTER TABLE old RENAME TO new`` in the replay log at ``store_url``, from a connection of
+    its own (as an operator's migration would)."""
+    if store_url.startswith("sqlite:///"):
+        with contextlib.closing(sqlite3.connect(store_url.removeprefix("sqlite:///"), timeout=30)) as conn:
+            conn.execute(f"ALTER TABLE {old} RENAME TO {new}")
+            conn.commit()
+        return
+    import psycopg
+
+    with psycopg.connect(store_url, autocommit=True) as conn:
+        conn.execute(f"ALTER TABLE {old} RENAME TO {new}")
+
+
+async def test_a_notice_that_cannot_be_built_is_dropped_and_the_others_go_out(log: ReplayLog, sender: Sender) -> None:
+    """A fault building one notice's deliveries (here: a build that refuses run ``R1``) drops that
+    notice, logged and counted; the other notices of its round are delivered."""
+    async with serve_receiver(Receiver()) as receiver:
+        outbox = log.outbox()
+        sub = await add_webhook(outbox, None, NewWebhook(url=receiver.url + "/hook"), allow_private=True)
+        receiver.secret = sub.secret
+
+        def picky(notice: Notice, subs: list[Subscription]) -> list[Delivery]:
+            if notice.run_id == "R1":
+                raise ValueError("cannot build this one")
+            return build(notice, subs)
+
+        await log.append([event(run, 1, "run.lifecycle", {"state": "done"}) for run in ("R0", "R1", "R2")])
+        metrics = DeliveryMetrics()
+        deliverer = Deliverer(outbox, sender, build=picky, poll_s=0.05, metrics=metrics)
+        await deliver_until(deliverer, lambda: len(receiver.accepted) == 2, "the other runs' deliveries")
+    assert receiver.run_ids() == ["R0", "R2"] and metrics.errors.labels("notice")._value.get() == 1
