@@ -111,10 +111,15 @@ class EdgeServer:
         app = create_app(self.bus, self.store, self.settings)
         self.server, self.task = await start_uvicorn(loopback_config(app, self.port))
 
+    @property
+    def edge(self) -> Any:
+        """The running app's :class:`~runwire.edge.context.Edge` (its hub, quotas, throttles)."""
+        assert self.server is not None
+        return self.server.config.app.state.edge
+
     def live_clients(self, run_id: str) -> int:
         """Clients attached to the run's streams in this edge's hub (live, in every view and format)."""
-        assert self.server is not None
-        return live_clients(self.server.config.app.state.edge.hub, run_id)
+        return live_clients(self.edge.hub, run_id)
 
     async def stop(self) -> None:
         if self.server is None or self.task is None:

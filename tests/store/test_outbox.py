@@ -3,13 +3,18 @@ events, fanned out to the webhooks that want them, deliveries claimed, leased an
 
 from __future__ import annotations
 
+import asyncio
+
 import msgspec
 import pytest
 
+from runwire.core import limits
+from runwire.core.errors import QuotaExceeded
 from runwire.store import open_store
 from runwire.store.base import ReplayLog
 from runwire.store.outbox import AWAITING_APPROVAL, FINISHED, Delivery, Outbox, Subscription
 from runwire.webhooks.notify import build
+from runwire.webhooks.subscriptions import NewWebhook, add_webhook
 from tests.events import event
 from tests.store.conftest import Clock
 
@@ -155,3 +160,28 @@ async def test_a_claim_takes_at_most_a_channels_share(store_url: str) -> None:
         assert channels(await outbox.claim(10, 60.0, per_channel=3, rooms={"a": 1, "b": 0})) == {"a": 1, "c": 1}
         assert channels(await outbox.claim(10, 60.0, per_channel=3)) == {"a": 3, "b": 3}
         assert channels(await outbox.claim(10, 60.0)) == {"a": 1, "b": 2}
+
+
+async def test_concurrent_adds_never_pass_the_bound_of_webhooks_per_tenant(store_url: str) -> None:
+    """Issue 34, review: the bound was counted, then the webhook added, in two transactions — adds
+    racing on two edges (two connections to one log) all saw room for one. Counted and added in one
+    transaction now: of 12 racing adds at one below the bound, exactly one is made."""
+    async with open_store(store_url) as one, open_store(store_url) as two:
+        for n in range(limits.WEBHOOKS_PER_TENANT - 1):
+            assert await one.outbox().add_webhook(webhook(f"wh_{n:03}", "t"), most=limits.WEBHOOKS_PER_TENANT)
+        request = NewWebhook(url="https://93.184.215.14/hook")
+
+        async def add(log: ReplayLog) -> bool:
+            try:
+                await add_webhook(log.outbox(), "t", request, allow_private=False)
+            except QuotaExceeded:
+                return False
+            return True
+
+        made = await asyncio.gather(*(add(log) for _ in range(6) for log in (one, two)))
+        assert sum(made) == 1
+        assert len(await one.outbox().webhooks("t")) == limits.WEBHOOKS_PER_TENANT
+        assert await add(two) is False
+        assert await one.outbox().remove_webhook("wh_000") and await add(two) is True
+        other = NewWebhook(url="https://93.184.215.14/other")
+        assert (await add_webhook(one.outbox(), "u", other, allow_private=False)).tenant == "u"

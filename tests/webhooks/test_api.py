@@ -3,7 +3,9 @@ secret the ``standardwebhooks`` library takes as it is, private URLs refused, ro
 
 from __future__ import annotations
 
+import asyncio
 from collections.abc import AsyncIterator
+from typing import Any
 
 import httpx
 import pytest
@@ -13,7 +15,12 @@ from runwire.bus.base import Bus
 from runwire.core import limits
 from runwire.edge import EdgeSettings
 from runwire.store.base import ReplayLog
+from runwire.webhooks.deliverer import Deliverer
+from runwire.webhooks.sender import Sender
 from tests.edge.harness import RUN_A, RUN_B, SECRET, EdgeServer, serve_edge, token, two_tenants_runs
+from tests.waiting import until
+
+from .receiver import Receiver, serve_receiver
 
 PUBLIC = "https://93.184.215.14/runwire"
 """A public address (never fetched here: no deliverer runs in these tests)."""
@@ -127,3 +134,79 @@ async def test_a_tenant_has_a_bounded_number_of_webhooks(secured: EdgeServer) ->
         over = await http.post("/v1/webhooks", json={"url": PUBLIC}, headers=as_("A", "control"))
         assert over.status_code == 429
         assert (await http.post("/v1/webhooks", json={"url": PUBLIC}, headers=as_("B", "control"))).status_code == 201
+
+
+class FrozenClock:
+    def __init__(self) -> None:
+        self.now = 1000.0
+
+    def __call__(self) -> float:
+        return self.now
+
+
+async def test_test_deliveries_are_bounded_per_webhook_and_per_tenant(secured: EdgeServer) -> None:
+    """``POST /v1/webhooks/{id}/test`` queues a delivery to a URL the tenant chose: 3 at once per
+    webhook then one per 20 s, 10 at once per tenant then one per 6 s; past that 429 with
+    ``Retry-After``, and nothing queued (the edge's clock held still, then moved by hand)."""
+    clock = FrozenClock()
+    secured.edge.webhook_tests.clock = clock
+    async with httpx.AsyncClient(base_url=secured.url) as http:
+        hooks = [(await http.post("/v1/webhooks", json={"url": PUBLIC}, headers=as_("A", "control"))).json()["id"]
+                 for _ in range(4)]
+        answers = [(await http.post(f"/v1/webhooks/{hooks[0]}/test", headers=as_("A", "control")))
+                   for _ in range(4)]
+        assert [a.status_code for a in answers] == [202, 202, 202, 429]
+        assert answers[3].headers["retry-after"] == "20" and answers[3].json()["code"] == "KAI-STREAM-REQ-0005"
+        queued = (await http.get(f"/v1/webhooks/{hooks[0]}", headers=as_("A", "control"))).json()["queued"]
+        assert queued == 3
+        statuses = [(await http.post(f"/v1/webhooks/{hook}/test", headers=as_("A", "control"))).status_code
+                    for hook in hooks[1:] for _ in range(3)]
+        assert statuses == [202] * 7 + [429, 429]  # the tenant's 10 taken
+        other = (await http.post("/v1/webhooks", json={"url": PUBLIC}, headers=as_("B", "control"))).json()
+        assert (await http.post(f"/v1/webhooks/{other['id']}/test", headers=as_("B", "control"))).status_code == 202
+        clock.now += 20
+        again = await http.post(f"/v1/webhooks/{hooks[0]}/test", headers=as_("A", "control"))
+        assert again.status_code == 202
+
+
+async def test_a_test_of_a_disabled_webhook_is_refused(secured: EdgeServer) -> None:
+    async with httpx.AsyncClient(base_url=secured.url) as http:
+        hook = (await http.post("/v1/webhooks", json={"url": PUBLIC}, headers=as_("A", "control"))).json()
+        await secured.store.outbox().disable_channel(hook["id"], "delivery msg_x failed for good: HTTP 503")
+        answer = await http.post(f"/v1/webhooks/{hook['id']}/test", headers=as_("A", "control"))
+        assert answer.status_code == 409 and "disabled" in answer.json()["error"]
+        assert "HTTP 503" in answer.json()["error"]
+        one = (await http.get(f"/v1/webhooks/{hook['id']}", headers=as_("A", "control"))).json()
+        assert one["queued"] == 0 and one["status"] == "disabled"
+
+
+async def test_a_target_the_deliverer_refuses_disables_its_webhook_at_once(memory_bus: Bus, store: ReplayLog) -> None:
+    """An edge that allows private targets accepts a loopback webhook; a deliverer that does not
+    (another process, started without ``--webhooks-allow-private``) refuses it at its first
+    attempt: no retry, no connection, the webhook disabled with the refusal as its reason."""
+    async with serve_receiver(Receiver()) as receiver, \
+            serve_edge(memory_bus, store, EdgeSettings(webhooks_allow_private=True)) as edge, \
+            httpx.AsyncClient(base_url=edge.url) as http:
+        made = await http.post("/v1/webhooks", json={"url": receiver.url + "/hook"})
+        assert made.status_code == 201
+        hook = made.json()
+        assert (await http.post(f"/v1/webhooks/{hook['id']}/test")).status_code == 202
+        strict = Sender(allow_private=False)
+        stop = asyncio.Event()
+        task = asyncio.create_task(Deliverer(store.outbox(), strict, poll_s=0.05).run(stop))
+
+        async def shown() -> dict[str, Any] | None:
+            one: dict[str, Any] = (await http.get(f"/v1/webhooks/{hook['id']}")).json()
+            return one if one["status"] == "disabled" else None
+
+        try:
+            one = await until(shown, what="the webhook disabled")
+        finally:
+            stop.set()
+            await task
+            await strict.aclose()
+        assert one["disabled_reason"].startswith("refused: 127.0.0.1 is a loopback address")
+        assert "--webhooks-allow-private" in one["disabled_reason"] and one["last_error"] == one["disabled_reason"]
+        assert one["failed"] == 1 and one["queued"] == 0
+        assert (await http.post(f"/v1/webhooks/{hook['id']}/test")).status_code == 409
+    assert receiver.requests == []
