@@ -16,6 +16,7 @@ import contextlib
 import logging
 import threading
 from collections.abc import Iterator
+from typing import TYPE_CHECKING
 
 import click
 from prometheus_client import CollectorRegistry
@@ -24,6 +25,9 @@ from runwire.store import ReplayLog, open_store
 from runwire.webhooks.deliverer import Deliverer, DeliveryMetrics
 from runwire.webhooks.notify import build
 from runwire.webhooks.sender import Sender
+
+if TYPE_CHECKING:
+    from runwire.edge.context import Edge
 
 log = logging.getLogger("runwire.webhooks")
 
@@ -101,3 +105,15 @@ def deliveries(store: ReplayLog | str, *, allow_private: bool,
         yield thread
     finally:
         thread.stop()
+
+
+@contextlib.contextmanager
+def edge_deliveries(edge: Edge, store: ReplayLog, *, allow_private: bool) -> Iterator[DeliveryThread]:
+    """:func:`deliveries` beside an edge (``runwire edge``, ``runwire up``): counted in its
+    ``/metrics``, and a pause shown in its ``/readyz`` (``"webhooks": "unavailable"``)."""
+    with deliveries(store, allow_private=allow_private, registry=edge.metrics.registry) as thread:
+        edge.readiness["webhooks"] = thread.problem
+        try:
+            yield thread
+        finally:
+            edge.readiness.pop("webhooks", None)

@@ -12,9 +12,11 @@ import sqlite3
 import time
 from collections.abc import AsyncIterator
 
+import httpx
 import pytest
 from standardwebhooks.webhooks import Webhook, WebhookVerificationError
 
+from runwire.bus.base import Bus
 from runwire.store import open_store
 from runwire.store.base import ReplayLog
 from runwire.store.outbox import Delivery, Notice, Subscription
@@ -24,6 +26,8 @@ from runwire.webhooks.sender import RESPONSE_BYTES, Sender
 from runwire.webhooks.signing import new_secret, signed_headers
 from runwire.webhooks.subscriptions import NewWebhook, add_webhook, view
 from runwire.webhooks.targets import TargetRefused, allowed, check_url
+from runwire.workers.deliveries import edge_deliveries
+from tests.edge.harness import serve_edge
 from tests.events import event
 from tests.waiting import until
 
@@ -280,3 +284,28 @@ async def test_a_notice_that_cannot_be_built_is_dropped_and_the_others_go_out(lo
         deliverer = Deliverer(outbox, sender, build=picky, poll_s=0.05, metrics=metrics)
         await deliver_until(deliverer, lambda: len(receiver.accepted) == 2, "the other runs' deliveries")
     assert receiver.run_ids() == ["R0", "R2"] and metrics.errors.labels("notice")._value.get() == 1
+
+
+async def test_readyz_and_metrics_show_deliveries_paused(memory_bus: Bus, store_url: str) -> None:
+    """An edge's webhook deliveries (``runwire edge``, ``runwire up``), paused by a failing replay
+    log: ``/readyz`` answers 503 naming them, ``/metrics`` counts the errors; ready again after."""
+    async with open_store(store_url) as log, serve_edge(memory_bus, log) as edge, \
+            httpx.AsyncClient(base_url=edge.url) as http:
+        with edge_deliveries(edge.edge, log, allow_private=True):
+            assert (await http.get("/readyz")).status_code == 200
+            await asyncio.to_thread(rename_table, store_url, "deliveries", "deliveries_away")
+
+            async def not_ready() -> dict[str, object] | None:
+                answer = await http.get("/readyz")
+                return answer.json() if answer.status_code == 503 else None  # type: ignore[no-any-return]
+
+            assert (await until(not_ready, what="/readyz 503"))["webhooks"] in ("unavailable", "error")
+            metrics = (await http.get("/metrics")).text
+            assert "runwire_webhook_deliveries_paused 1.0" in metrics
+            assert 'runwire_webhook_errors_total{part="store"}' in metrics
+            await asyncio.to_thread(rename_table, store_url, "deliveries_away", "deliveries")
+            await until(lambda: ready(http), what="/readyz 200 again")
+
+
+async def ready(http: httpx.AsyncClient) -> bool:
+    return (await http.get("/readyz")).status_code == 200

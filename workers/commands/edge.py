@@ -18,7 +18,7 @@ import click
 
 from runwire.core.redaction import redact_logs
 from runwire.workers.config import absolute_store
-from runwire.workers.deliveries import DeliveryThread, allow_private_option, deliveries
+from runwire.workers.deliveries import DeliveryThread, allow_private_option, edge_deliveries
 from runwire.workers.process import tune_gc
 
 if TYPE_CHECKING:
@@ -138,9 +138,7 @@ async def serve(
         if grpc_port is not None:
             server.grpc = await start_grpc_or_exit(app.state.edge, host, grpc_port)
             logging.getLogger("runwire.edge").info("gRPC on %s:%d", host, server.grpc.port)
-        with deliveries(store, allow_private=settings.webhooks_allow_private,
-                        registry=app.state.edge.metrics.registry) as server.deliveries:
-            app.state.edge.readiness["webhooks"] = server.deliveries.problem
+        with edge_deliveries(app.state.edge, store, allow_private=settings.webhooks_allow_private) as server.deliveries:
             await server.serve()
 
 

@@ -46,7 +46,7 @@ from runwire.sdk.publisher import Publisher
 from runwire.store import ReplayLog, RetentionPolicy, open_store
 from runwire.workers.commands.edge import check_grpc_available, start_grpc_or_exit
 from runwire.workers.config import absolute_dir, absolute_store
-from runwire.workers.deliveries import allow_private_option, deliveries
+from runwire.workers.deliveries import allow_private_option, edge_deliveries
 from runwire.workers.runtime import run_worker
 
 log = logging.getLogger("runwire.up")
@@ -266,10 +266,7 @@ async def serve(settings: UpSettings) -> None:
     _install_signal_handlers(stop)
     async with open_bus(settings.bus) as bus, open_store(settings.store, **settings.store_options()) as store:
         parts = _Parts(bus, store, settings)
-        edge = parts.app.state.edge
-        with deliveries(store, allow_private=settings.webhooks_allow_private,
-                        registry=edge.metrics.registry) as delivering:
-            edge.readiness["webhooks"] = delivering.problem
+        with edge_deliveries(parts.app.state.edge, store, allow_private=settings.webhooks_allow_private):
             await parts.start(sock)
             _announce(settings, sock.getsockname()[1], parts.grpc_port)
             await parts.run_until(stop)
