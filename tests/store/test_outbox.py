@@ -163,9 +163,9 @@ async def test_a_claim_takes_at_most_a_channels_share(store_url: str) -> None:
 
 
 async def test_concurrent_adds_never_pass_the_bound_of_webhooks_per_tenant(store_url: str) -> None:
-    """Issue 34, review: the bound was counted, then the webhook added, in two transactions — adds
-    racing on two edges (two connections to one log) all saw room for one. Counted and added in one
-    transaction now: of 12 racing adds at one below the bound, exactly one is made."""
+    """The bound is counted and the webhook added in one transaction: of 12 adds racing on two edges
+    (two connections to one log) at one below the bound, exactly one is made (counted in one
+    transaction and added in another, each saw room for one)."""
     async with open_store(store_url) as one, open_store(store_url) as two:
         for n in range(limits.WEBHOOKS_PER_TENANT - 1):
             assert await one.outbox().add_webhook(webhook(f"wh_{n:03}", "t"), most=limits.WEBHOOKS_PER_TENANT)

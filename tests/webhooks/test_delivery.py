@@ -223,9 +223,9 @@ async def test_a_resolver_answer_carrying_a_private_ipv4_address_is_refused() ->
 
 
 async def test_the_loop_goes_on_after_the_replay_log_fails(store_url: str) -> None:
-    """Issue 34, review: an error of the replay log that is not an outage (PostgreSQL: the table
-    is not there) ended the loop for good. It pauses it now — counted, shown by ``problem()``
-    (``/readyz``) — and deliveries go on once the log answers again."""
+    """An error of the replay log, outage or not (PostgreSQL: the table is not there), pauses the
+    loop — counted, shown by ``problem()`` (``/readyz``) — and deliveries go on once the log
+    answers again; it never ends the loop."""
     async with open_store(store_url) as log, serve_receiver(Receiver()) as receiver:
         receiver.secret = new_secret()
         outbox = log.outbox()
@@ -267,7 +267,7 @@ def rename_table(store_url: str, old: str, new: str) -> None:
 
 
 async def test_a_notice_that_cannot_be_built_is_dropped_and_the_others_go_out(log: ReplayLog, sender: Sender) -> None:
-    """A fault building one notice's deliveries (here: a build that refuses run ``R1``) drops that
+    """A fault building one notice's deliveries (here: a build that refuses run ``run-b``) drops that
     notice, logged and counted; the other notices of its round are delivered."""
     async with serve_receiver(Receiver()) as receiver:
         outbox = log.outbox()
@@ -275,15 +275,15 @@ async def test_a_notice_that_cannot_be_built_is_dropped_and_the_others_go_out(lo
         receiver.secret = sub.secret
 
         def picky(notice: Notice, subs: list[Subscription]) -> list[Delivery]:
-            if notice.run_id == "R1":
+            if notice.run_id == "run-b":
                 raise ValueError("cannot build this one")
             return build(notice, subs)
 
-        await log.append([event(run, 1, "run.lifecycle", {"state": "done"}) for run in ("R0", "R1", "R2")])
+        await log.append([event(run, 1, "run.lifecycle", {"state": "done"}) for run in ("run-a", "run-b", "run-c")])
         metrics = DeliveryMetrics()
         deliverer = Deliverer(outbox, sender, build=picky, poll_s=0.05, metrics=metrics)
         await deliver_until(deliverer, lambda: len(receiver.accepted) == 2, "the other runs' deliveries")
-    assert receiver.run_ids() == ["R0", "R2"] and metrics.errors.labels("notice")._value.get() == 1
+    assert receiver.run_ids() == ["run-a", "run-c"] and metrics.errors.labels("notice")._value.get() == 1
 
 
 async def test_readyz_and_metrics_show_deliveries_paused(memory_bus: Bus, store_url: str) -> None:
