@@ -6,7 +6,9 @@ receiver that answers slowly, or a burst of deliveries, never holds a
 worker's writes or an edge's streams; its database work goes through the
 replay log it is given (SQLite: the log's thread; PostgreSQL: a connection
 of the outbox's own), or one it opens from a URL (the Kafka worker, whose
-replay log lives inside faust's loop).
+replay log lives inside faust's loop) — and opens again until it can, when
+it is down as the process starts. Nothing the replay log does ends the
+thread: deliveries pause (``problem()``, the edge's ``/readyz``) and go on.
 """
 
 from __future__ import annotations
@@ -22,7 +24,7 @@ import click
 from prometheus_client import CollectorRegistry
 
 from runwire.store import ReplayLog, open_store
-from runwire.webhooks.deliverer import Deliverer, DeliveryMetrics
+from runwire.webhooks.deliverer import Deliverer, DeliveryMetrics, Outage
 from runwire.webhooks.notify import build
 from runwire.webhooks.sender import Sender
 
@@ -44,6 +46,7 @@ class DeliveryThread:
         self.store = store
         self.allow_private = allow_private
         self.metrics = DeliveryMetrics(registry)
+        self._opening = Outage(self.metrics)
         self._deliverer: Deliverer | None = None
         self._sender: Sender
         self._loop: asyncio.AbstractEventLoop | None = None
@@ -66,7 +69,7 @@ class DeliveryThread:
         """Why deliveries are paused or stopped (for ``/readyz``), None while they go on."""
         if self._thread.ident is not None and not self._thread.is_alive():
             return "stopped"
-        return None if self._deliverer is None else self._deliverer.problem()
+        return self._opening.problem or (None if self._deliverer is None else self._deliverer.problem())
 
     def _main(self) -> None:
         try:
@@ -80,13 +83,24 @@ class DeliveryThread:
         sender = self._sender = Sender(allow_private=self.allow_private)
         try:
             if isinstance(self.store, str):
-                async with open_store(self.store) as store:
-                    await self._deliver(store)
+                await self._open_and_deliver(self.store)
             else:
                 await self._deliver(self.store)
         finally:
             await sender.aclose()
 
+    async def _open_and_deliver(self, url: str) -> None:
+        """Deliver from the replay log at ``url``, opened here: one that can't be opened (down as
+        the process starts) pauses deliveries like a failed round, and is tried again."""
+        assert self._stop is not None
+        while not self._stop.is_set():
+            try:
+                async with open_store(url) as store:
+                    self._opening.over()
+                    await self._deliver(store)
+            except Exception as exc:  # whatever opening or closing it raised: tried again
+                with contextlib.suppress(TimeoutError):
+                    await asyncio.wait_for(self._stop.wait(), self._opening.failed(exc, " (opening the replay log)"))
 
     async def _deliver(self, store: ReplayLog) -> None:
         assert self._stop is not None

@@ -95,6 +95,38 @@ class DeliveryMetrics:
                             "1 while webhook deliveries wait for the replay log", registry=r)
 
 
+class Outage:
+    """The replay log failing under deliveries: each failure counted, the first of an outage
+    logged (with its traceback when it is no outage the log reports as passing), the pause
+    before the next try doubled from 1 s up to :data:`PAUSE_MAX_S`; :attr:`problem` says why
+    until :meth:`over`."""
+
+    def __init__(self, metrics: DeliveryMetrics) -> None:
+        self.metrics = metrics
+        self.problem: str | None = None
+        """``unavailable`` (or the log's own reason) or ``error`` during an outage, else None."""
+        self.pause_s = 0.0
+
+    def failed(self, exc: Exception, what: str = "") -> float:
+        """Count ``exc``; the seconds to wait before the next try."""
+        self.metrics.errors.labels("store").inc()
+        self.pause_s = min(2 * self.pause_s or 1.0, PAUSE_MAX_S)
+        if self.problem is None:
+            retriable = isinstance(exc, RunwireError) and exc.retriable
+            self.problem = (exc.reason if isinstance(exc, RunwireError) and exc.reason else None) or (
+                "unavailable" if retriable else "error")
+            self.metrics.paused.set(1)
+            log.warning("webhook deliveries paused%s: %s", what, _redacted(exc), exc_info=not retriable)
+        return self.pause_s
+
+    def over(self) -> None:
+        if self.problem is not None:
+            log.info("webhook deliveries: the replay log is back")
+            self.problem = None
+            self.metrics.paused.set(0)
+        self.pause_s = 0.0
+
+
 class Deliverer:
     """Delivers an outbox's due deliveries, ``concurrency`` at once."""
 
@@ -115,7 +147,7 @@ class Deliverer:
         self.clock = clock
         self.stats = DeliveryStats()
         self.metrics = metrics or DeliveryMetrics()
-        self._problem: str | None = None
+        self.outage = Outage(self.metrics)
         self._inflight: set[asyncio.Task[None]] = set()
         self._channels: dict[str, int] = {}
         self._finished: list[tuple[Delivery, str | None, bool, float]] = []
@@ -126,20 +158,15 @@ class Deliverer:
     async def run(self, stop: asyncio.Event) -> None:
         """Deliver until ``stop`` is set; then wait a little for the attempts under way and record
         them (those still running are left to their lease)."""
-        pause = 0.0
         try:
             while not stop.is_set():
+                pause = 0.0
                 try:
                     busy = await self.step()
                 except Exception as exc:  # whatever the replay log raised: paused, never ended
-                    pause, busy = min(2 * pause or 1.0, PAUSE_MAX_S), False
-                    self._paused(exc)
+                    pause, busy = self.outage.failed(exc), False
                 else:
-                    if self._problem is not None:
-                        log.info("webhook deliveries: the replay log is back")
-                        self._problem = None
-                        self.metrics.paused.set(0)
-                    pause = 0.0
+                    self.outage.over()
                 if not busy:
                     await self._idle(stop, pause or self.poll_s)
         finally:
@@ -155,18 +182,7 @@ class Deliverer:
 
     def problem(self) -> str | None:
         """Why deliveries are paused (``unavailable``, ``error``), or None while they go on."""
-        return self._problem
-
-    def _paused(self, exc: Exception) -> None:
-        """A round failed: counted each time, logged once per outage (with the traceback when it
-        is no outage the replay log reports as passing)."""
-        self.metrics.errors.labels("store").inc()
-        retriable = isinstance(exc, RunwireError) and exc.retriable
-        if self._problem is None:
-            self._problem = (exc.reason if isinstance(exc, RunwireError) and exc.reason else None) or (
-                "unavailable" if retriable else "error")
-            self.metrics.paused.set(1)
-            log.warning("webhook deliveries paused: %s", _redacted(exc), exc_info=not retriable)
+        return self.outage.problem
 
     async def _idle(self, stop: asyncio.Event, wait_s: float) -> None:
         """Until ``stop``, an attempt finished (and :data:`GATHER_S` more), or ``wait_s`` passed."""

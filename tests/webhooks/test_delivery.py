@@ -26,9 +26,10 @@ from runwire.webhooks.sender import RESPONSE_BYTES, Sender
 from runwire.webhooks.signing import new_secret, signed_headers
 from runwire.webhooks.subscriptions import NewWebhook, add_webhook, view
 from runwire.webhooks.targets import TargetRefused, allowed, check_url
-from runwire.workers.deliveries import edge_deliveries
+from runwire.workers.deliveries import DeliveryThread, edge_deliveries
 from tests.edge.harness import serve_edge
 from tests.events import event
+from tests.services import PostgresServer
 from tests.waiting import until
 
 from .receiver import Receiver, serve_receiver
@@ -309,3 +310,26 @@ async def test_readyz_and_metrics_show_deliveries_paused(memory_bus: Bus, store_
 
 async def ready(http: httpx.AsyncClient) -> bool:
     return (await http.get("/readyz")).status_code == 200
+
+
+async def test_deliveries_wait_for_a_replay_log_that_is_down_at_start(own_postgres: PostgresServer) -> None:
+    """A process that opens its own replay log for deliveries (the Kafka worker) and finds it
+    down: deliveries pause (``problem()``), the log is tried again, and once it is up what was
+    queued goes out."""
+    async with open_store(own_postgres.url):
+        pass  # the outbox's tables made
+    await asyncio.to_thread(own_postgres.stop)
+    async with serve_receiver(Receiver()) as receiver:
+        receiver.secret = new_secret()
+        thread = DeliveryThread(own_postgres.url, allow_private=True)
+        thread.start()
+        try:
+            assert await until(thread.problem, what="deliveries paused") == "unavailable"
+            await asyncio.to_thread(own_postgres.resume)
+            async with open_store(own_postgres.url) as log:
+                await log.outbox().enqueue([delivery(receiver.url + "/hook", receiver.secret, "msg_late")])
+                await until(lambda: "msg_late" in receiver.accepted, what="the delivery once the log is up")
+            assert thread.problem() is None
+            assert thread.metrics.errors.labels("store")._value.get() >= 1
+        finally:
+            await asyncio.to_thread(thread.stop)
