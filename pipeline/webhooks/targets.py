@@ -10,6 +10,8 @@ checked by the sender before it sends), so a name that resolved to a
 public address at the check and to ``127.0.0.1`` a minute later (DNS
 rebinding) gets nowhere. Redirects are never followed (the sender answers a
 3xx as a failure), so a public URL can't forward a delivery inward either.
+An IPv6 address that carries an IPv4 one (mapped, 6to4, NAT64, Teredo) is
+judged by that one too: it leads there through a translator or a relay.
 
 The operator allows private targets with ``--webhooks-allow-private``
 (``RUNWIRE_WEBHOOKS_ALLOW_PRIVATE=1``): receivers on the same host or network.
