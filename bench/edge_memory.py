@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import gc
 import json
 import os
 import signal
@@ -48,6 +49,7 @@ def traced_server(impl: str, bus_url: str, port: int, prefix: str) -> None:
 
     def dump(*_: object) -> None:
         path = f"{prefix}.{next(taken)}"
+        gc.collect()  # live objects only: the edge's GC thresholds let cyclic garbage wait (workers/process.py)
         tracemalloc.take_snapshot().dump(path + ".tmp")
         os.replace(path + ".tmp", path)
 
@@ -80,9 +82,12 @@ def total(before: tracemalloc.Snapshot, after: tracemalloc.Snapshot) -> int:
     return sum(s.size_diff for s in after.compare_to(before, "filename"))
 
 
+_seqs = edge_bench.Seqs()
+
+
 async def deliver(bus_url: str, run_id: str, events: int) -> None:
     async with open_bus(bus_url) as bus:
-        seqs = edge_bench.Seqs()
+        seqs = _seqs
         for first in range(0, events, 100):
             count = min(100, events - first)
             await bus.append((run_id, "raw"), [edge_bench.make_event(run_id, s) for s in seqs.take(run_id, count)])
@@ -114,6 +119,7 @@ def main() -> None:
                                    "--port", str(port), "--prefix", prefix])
         edge_bench.wait_listening(port, 60.0)
         time.sleep(1.0)  # the edge's own start-up allocations settle before the first snapshot
+        asyncio.run(deliver(bus_url, edge_bench.MAIN_RUN, 1))  # a live run: clients join it, not wait for it
         empty = snapshot(server, prefix, 0)
         rss0 = edge_bench.rss_kib(server.pid)
         clients = edge_bench.Proc(["--role", "clients", "--port", str(port),
@@ -123,15 +129,16 @@ def main() -> None:
         connected = snapshot(server, prefix, 1)
         rss1 = edge_bench.rss_kib(server.pid)
         asyncio.run(deliver(bus_url, edge_bench.MAIN_RUN, args.events))
-        want = args.events * args.clients
+        want = (1 + args.events) * args.clients
         deadline = time.monotonic() + 120
         while clients.ask()["frames"] < want and time.monotonic() < deadline:
             time.sleep(0.2)
+        alive = clients.ask()["alive"]
         delivered = snapshot(server, prefix, 2)
         rss2 = edge_bench.rss_kib(server.pid)
         n = args.clients
         out = {
-            "clients": n, "events": args.events,
+            "clients": n, "events": args.events, "alive_at_the_end": alive,
             "rss_kib_per_client_connected": round((rss1 - rss0) / n, 2),
             "rss_kib_per_client_after_events": round((rss2 - rss0) / n, 2),
             "traced_bytes_per_client_connected": round(total(empty, connected) / n),
