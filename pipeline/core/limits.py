@@ -38,6 +38,17 @@ WEBHOOKS_PER_TENANT: Final = 100
 """Most webhooks one tenant (or, without auth, the whole edge) may have at once."""
 WEBHOOK_BODY_BYTES: Final = 16 * 1024
 """Largest ``POST /v1/webhooks`` body."""
+TASK_HISTORY: Final = 100
+"""Most messages of an A2A task's history kept and answered (the latest ones)."""
+TASK_BYTES: Final = FRAME_BYTES
+"""Most bytes of one A2A task's artifacts and history in an answer (``GetTask``, ``ListTasks``, a
+blocking ``SendMessage``): past it the rest is cut and the task's metadata says so."""
+TASK_PAGE_BYTES: Final = 8 * FRAME_BYTES
+"""Most bytes of one ``ListTasks`` page: it ends early, with a ``nextPageToken``, before passing it."""
+PUSH_SECRET_CHARS: Final = 4096
+"""Longest token, or authentication scheme and credentials, of an A2A push-notification config."""
+FORKS_PER_RUN: Final = 100
+"""Most forks made of one run (``POST /v1/runs/{id}/fork``, a Durable Streams fork, ``replay fork``)."""
 HEADER_CHARS: Final = ID_CHARS
 """Longest value of a header that names something (``Thread-Id``, ``Producer-Id``)."""
 

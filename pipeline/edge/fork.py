@@ -9,9 +9,11 @@ before). The Durable Streams fork (``PUT`` with ``Stream-Forked-From``,
 Auth as every entrance: the source is read (``read`` scope; another tenant's
 run, or one outside the token's ``runs``, is refused as a read is: ``404``),
 and the fork is written (``write`` scope, the write rule for its id, which is
-claimed for the caller's tenant). A seq outside the source's events is ``400``;
-an id that is another run's, or another fork's, ``409``. The body is bounded
-like a control body.
+claimed for the caller's tenant once every check passed: a refused fork claims
+nothing). A seq outside the source's events is ``400``; an id that is another
+run's, or another fork's, ``409``; a source with ``limits.FORKS_PER_RUN`` forks,
+or a token holding all its streams (a copy holds one while it runs), ``429``.
+The body is bounded like a control body.
 """
 
 from __future__ import annotations
@@ -27,7 +29,7 @@ from starlette.routing import Route
 from ..core.errors import REQ_BAD_BODY, RequestError, UnknownRun
 from ..core.events import RunId
 from ..core.ulid import new_random_ulid
-from ..jobs.fork import ForkResult, RunExists, fork_run
+from ..jobs.fork import ForkResult, RunExists, check_fork, fork_run
 from ..store.base import RunInfo
 from .auth import Principal
 from .authz import authorize_write
@@ -67,12 +69,16 @@ async def fork_for(
     run_id = run_id or new_random_ulid("run_")
     if principal is not None:
         await authorize_write(edge.gate, principal, run_id)
-        owner = await edge.gate.claim(run_id, principal.tenant, run_id)
-        if owner.tenant != principal.tenant:
-            raise RunExists(f"run id {run_id!r} is taken")
-    if await edge.store.run(run_id) is None and await edge.bus.bounds((run_id, "raw")) is not None:
+    # Every check before the fork's id is claimed: a refused fork claims nothing.
+    _fork, existing = await check_fork(edge.store, source, at=at, run_id=run_id)
+    if existing is None and await edge.bus.bounds((run_id, "raw")) is not None:
         raise RunExists(f"run id {run_id!r} is taken (its events are on their way to the replay log)")
-    return await fork_run(edge.store, source_id, at=at, run_id=run_id, bus=edge.bus, source=source)
+    with edge.quotas.stream(principal.token_id if principal else ""):  # a copy holds one of the token's streams
+        if principal is not None:
+            owner = await edge.gate.claim(run_id, principal.tenant, run_id)
+            if owner.tenant != principal.tenant:
+                raise RunExists(f"run id {run_id!r} is taken")
+        return await fork_run(edge.store, source_id, at=at, run_id=run_id, bus=edge.bus, source=source)
 
 
 def answer(result: ForkResult) -> dict[str, Any]:

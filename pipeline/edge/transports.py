@@ -21,12 +21,14 @@ from ..core.errors import (
     CONN_DISCONNECTED,
     REQ_BAD_PARAMETER,
     AuthError,
+    BusError,
     QuotaExceeded,
     ReplayExpired,
     RequestError,
     RunFinished,
     RunNotPublished,
     RunwireError,
+    StoreError,
     UnknownRun,
 )
 from .frames import Frame, error_frame
@@ -260,7 +262,7 @@ def http_status(exc: RunwireError) -> int:
         return 404
     if isinstance(exc, RunFinished):
         return 409
-    if exc.retriable:  # the bus or the replay log unreachable or full: retry later
+    if exc.retriable or isinstance(exc, BusError | StoreError):  # the bus or the replay log failed: retry later
         return 503
     return 400
 

@@ -34,9 +34,9 @@ from collections.abc import Sequence
 import msgspec
 
 from ..bus.base import Bus
-from ..core import envelope
+from ..core import envelope, limits
 from ..core.envelope import Event
-from ..core.errors import RequestError, StoreError, UnknownRun
+from ..core.errors import QuotaExceeded, RequestError, StoreError, UnknownRun
 from ..core.lines import encode_lines
 from ..core.ulid import new_random_ulid
 from ..processing.checkpoint import Checkpoint, encode_checkpoint
@@ -74,33 +74,50 @@ async def fork_run(
 
     Raises :class:`~runwire.core.errors.UnknownRun` for a source the log does
     not hold, :class:`~runwire.core.errors.RequestError` (400) for a seq
-    outside ``0 … last seq``, :class:`RunExists` (409) for an id that is taken.
+    outside ``0 … last seq``, :class:`RunExists` (409) for an id that is taken,
+    :class:`~runwire.core.errors.QuotaExceeded` (429) for a source with
+    :data:`~runwire.core.limits.FORKS_PER_RUN` forks (:func:`check_fork`).
     ``source`` is the source's metadata when the caller has read it already.
     """
     info = source or await store.require_run(source_id)
-    if at is None:
-        at = info.last_seq
-    if not 0 <= at <= info.last_seq:
-        raise RequestError(f"cannot fork run {source_id!r} at seq {at}: "
-                           + (f"past its end (its last seq is {info.last_seq})" if at > 0 else "no such seq"))
-    fork = ForkPoint(run_id=run_id or new_random_ulid("run_"), source_id=source_id, at=at)
-    if fork.run_id == source_id:
-        raise RunExists(f"a fork needs an id of its own, not its source's ({source_id!r})")
-    existing = await store.run(fork.run_id)
-    if existing is None:
-        recorded: ForkPoint | None = await store.record_fork(fork)
-    else:
-        recorded = next((f for f in await store.fork_points([fork.run_id]) if f.run_id == fork.run_id), None)
-    if recorded != fork:
-        raise RunExists(f"run id {fork.run_id!r} is taken" + (
-            f" (a fork of {recorded.source_id!r} at seq {recorded.at})" if recorded is not None else ""))
-    if existing is None or existing.last_seq < at:  # new, or a copy cut short: (the rest of) the copy
+    fork, existing = await check_fork(store, info, at=at, run_id=run_id)
+    if existing is None and (recorded := await store.record_fork(fork)) != fork:  # (made meanwhile)
+        raise RunExists(f"run id {fork.run_id!r} is taken (a fork of {recorded.source_id!r} at seq {recorded.at})")
+    if existing is None or existing.last_seq < fork.at:  # new, or a copy cut short: (the rest of) the copy
         tail, state = await _copy(store, fork, info.tenant, bus)
         if bus is not None:
             _, appends = rebuilt_views(fork.run_id, state, tail)
             await bus.append_many_encoded([append for append in appends if append[0][1] == "shaped"])
             await bus.append_many_encoded([append for append in appends if append[0][1] == "raw"])
     return ForkResult(fork=fork, created=existing is None)
+
+
+async def check_fork(
+    store: ReplayLog, source: RunInfo, *, at: int | None, run_id: str | None
+) -> tuple[ForkPoint, RunInfo | None]:
+    """What :func:`fork_run` checks before it writes anything: the fork (its seq, its id) and the run
+    its id already names (the same fork asked again), or the error it would raise — a seq outside
+    the source (400), a taken id (409), a source forked :data:`~runwire.core.limits.FORKS_PER_RUN`
+    times already (QuotaExceeded, 429). An entrance calls it before it claims the fork's id."""
+    source_id = source.run_id
+    at = source.last_seq if at is None else at
+    if not 0 <= at <= source.last_seq:
+        raise RequestError(f"cannot fork run {source_id!r} at seq {at}: "
+                           + (f"past its end (its last seq is {source.last_seq})" if at > 0 else "no such seq"))
+    fork = ForkPoint(run_id=run_id or new_random_ulid("run_"), source_id=source_id, at=at)
+    if fork.run_id == source_id:
+        raise RunExists(f"a fork needs an id of its own, not its source's ({source_id!r})")
+    existing = await store.run(fork.run_id)
+    points = await store.fork_points([source_id, fork.run_id])
+    recorded = next((f for f in points if f.run_id == fork.run_id), None)
+    if recorded is not None or existing is not None:
+        if recorded != fork:
+            raise RunExists(f"run id {fork.run_id!r} is taken" + (
+                f" (a fork of {recorded.source_id!r} at seq {recorded.at})" if recorded is not None else ""))
+    elif sum(1 for f in points if f.source_id == source_id) >= limits.FORKS_PER_RUN:
+        raise QuotaExceeded(f"run {source_id!r} has {limits.FORKS_PER_RUN} forks, the most one run may have; "
+                            "fork one of its forks, or remove some")
+    return fork, existing
 
 
 async def _copy(

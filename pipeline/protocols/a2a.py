@@ -45,11 +45,13 @@ what ``SubscribeToTask`` sends first.
 
 from __future__ import annotations
 
+from collections import deque
 from typing import Any
 
+import msgspec
 from msgspec import UNSET
 
-from ..core import envelope
+from ..core import envelope, limits
 from ..core.envelope import (
     ChildSpawn,
     Event,
@@ -65,6 +67,10 @@ Obj = dict[str, Any]
 
 RESUME_EXTENSION = "urn:runwire:a2a:exact-resume:v1"
 """The exact-resume extension's URI (card ``capabilities.extensions``, ``A2A-Extensions``)."""
+
+USER_MESSAGE_TYPE = "x.a2a.message"
+"""The event an agent's inbox (``pub.tasks``) writes with a client's message (``{"message": …}``): the
+task's first message, and each answer. It is the task's history (role user), no stream object."""
 
 NEW_TASK_TRIGGER = "a2a-message"
 """The ``trigger`` of a request ``SendMessage`` puts on a requests channel (the SDK's inbox reads these)."""
@@ -87,6 +93,9 @@ RUN_STATES: dict[str, tuple[str, ...]] = {
 TERMINAL_TASK_STATES = frozenset({*TERMINAL.values(), "TASK_STATE_REJECTED"})
 
 
+A2A_MEDIA_TYPE = "application/a2a+json"
+PUSH_TOKEN_HEADER = "X-A2A-Notification-Token"
+"""The header a push notification carries its config's ``token`` in (as the ``a2a-sdk`` server sends it)."""
 PUSH_CONFIG_PREFIX = "a2a_"
 """The id prefix of a webhook that is an A2A push-notification config (its bodies are A2A's)."""
 
@@ -108,6 +117,20 @@ def agent_message(text: str, *, task_id: str, context_id: str | None, message_id
     if context_id:
         message["contextId"] = context_id
     return message
+
+
+def history_message(message: Any) -> Obj:
+    """A client's message as the task's history keeps it: as sent when its JSON is within
+    :data:`~runwire.core.limits.CONTROL_BYTES`, else its text cut to that and marked
+    (``metadata.runwire.truncated``)."""
+    if not isinstance(message, dict):
+        return {"role": "ROLE_USER", "parts": []}
+    if len(_json.encode(message)) <= limits.CONTROL_BYTES:
+        return message
+    text = message_text(message).encode()[:limits.CONTROL_BYTES // 2].decode(errors="ignore")
+    kept = {k: v for k, v in message.items() if k in ("messageId", "taskId", "contextId", "role")
+            and isinstance(v, str) and len(v) <= limits.ID_CHARS}
+    return {**kept, "parts": [{"text": text}], "metadata": {"runwire": {"truncated": True}}}
 
 
 def message_text(message: Any) -> str:
@@ -166,7 +189,7 @@ class A2AEgress(Egress):
         self.position = 0
         """The last seq folded into the task (the snapshot's cursor)."""
         self.artifacts: dict[str, _Artifact] = {}
-        self.history: list[Obj] = []
+        self.history: deque[Obj] = deque(maxlen=limits.TASK_HISTORY)
         self._open: dict[tuple[str | None, str], str] = {}
         """(child, text|reasoning) → the id of its open artifact."""
         self.ended = False
@@ -197,17 +220,27 @@ class A2AEgress(Egress):
         return [{"task": self.task()}]
 
     # ---- the task as it stands ------------------------------------------
-    def task(self, history_length: int | None = None) -> Obj:
-        """The task snapshot: status, artifacts so far, the last ``history_length`` messages."""
+    def task(self, history_length: int | None = None, *, max_bytes: int | None = None) -> Obj:
+        """The task snapshot: status, artifacts so far, the last ``history_length`` messages (at most
+        :data:`~runwire.core.limits.TASK_HISTORY`); with ``max_bytes``, its history and artifacts cut
+        to about that many bytes of JSON (the latest messages kept, then the artifacts in order) and
+        ``metadata.runwire.truncated`` counting what was cut."""
         task: Obj = {"id": self.task_id, "status": self._status()}
         if self.context_id:
             task["contextId"] = self.context_id
-        if self.artifacts:
-            task["artifacts"] = [a.snapshot() for a in self.artifacts.values()]
-        history = self.history if history_length is None else self.history[-history_length:] if history_length else []
+        artifacts = [a.snapshot() for a in self.artifacts.values()]
+        length = min(limits.TASK_HISTORY, limits.TASK_HISTORY if history_length is None else history_length)
+        history = list(self.history)[-length:] if length else []
+        runwire: Obj = {"seq": self.position}
+        if max_bytes is not None:
+            history, artifacts, cut = _bounded(history, artifacts, max_bytes)
+            if cut:
+                runwire["truncated"] = cut
+        if artifacts:
+            task["artifacts"] = artifacts
         if history:
-            task["history"] = list(history)
-        task["metadata"] = {"runwire": {"seq": self.position}, RESUME_EXTENSION: {"cursor": str(self.position)}}
+            task["history"] = history
+        task["metadata"] = {"runwire": runwire, RESUME_EXTENSION: {"cursor": str(self.position)}}
         return task
 
     def _status(self) -> Obj:
@@ -223,6 +256,8 @@ class A2AEgress(Egress):
         child = event.child_id
         if isinstance(event, TextDelta | ReasoningDelta):
             return self._delta(event, child)
+        if event.type == USER_MESSAGE_TYPE and child is None:
+            return self._user_message(event)
         out = self._close(child)
         if isinstance(event, RunLifecycle):
             out.extend(self._lifecycle(event, child))
@@ -242,6 +277,15 @@ class A2AEgress(Egress):
             out.append(self._update(child, _lane(child, f"event-{event.seq}"), event.type,
                                     [{"data": event.payload_dict()}], last=True))
         return out
+
+    def _user_message(self, event: Event) -> list[Obj]:
+        """A client's message (the inbox wrote it): the task's history, no stream object."""
+        message = history_message(event.payload_dict().get("message"))
+        message = {**message, "role": "ROLE_USER", "taskId": self.task_id}
+        if self.context_id:
+            message["contextId"] = self.context_id
+        self.history.append(message)
+        return []
 
     def _delta(self, event: TextDelta | ReasoningDelta, child: str | None) -> list[Obj]:
         kind = "text" if isinstance(event, TextDelta) else "reasoning"
@@ -307,6 +351,48 @@ class A2AEgress(Egress):
         if self.context_id:
             update["contextId"] = self.context_id
         return {"artifactUpdate": update}
+
+
+_json = msgspec.json.Encoder()
+
+
+def _bounded(history: list[Obj], artifacts: list[Obj], max_bytes: int) -> tuple[list[Obj], list[Obj], Obj]:
+    """History (the latest first) and artifacts (in order) within ``max_bytes`` of JSON; what was cut."""
+    left = max_bytes
+    kept_history: list[Obj] = []
+    for message in reversed(history):
+        size = len(_json.encode(message))
+        if size > left:
+            break
+        left -= size
+        kept_history.insert(0, message)
+    kept: list[Obj] = []
+    cut = 0
+    for artifact in artifacts:
+        size = len(_json.encode(artifact))
+        if size <= left:
+            kept.append(artifact)
+            left -= size
+            continue
+        cut += 1
+        parts: list[Obj] = []
+        left -= 256  # the artifact's id, name and metadata, about
+        for part in artifact.get("parts", []):
+            text = part.get("text")
+            if isinstance(text, str) and left > 0:
+                parts.append({"text": text.encode()[:left].decode(errors="ignore")})
+                left -= len(text.encode())
+            elif not isinstance(text, str) and (size := len(_json.encode(part))) <= left:
+                parts.append(part)
+                left -= size
+        if parts:
+            kept.append({**artifact, "parts": parts})
+    out: Obj = {}
+    if len(kept_history) < len(history):
+        out["history"] = len(history) - len(kept_history)
+    if cut:
+        out["artifacts"] = cut
+    return kept_history, kept, out
 
 
 def _lane(child: str | None, artifact_id: str) -> str:

@@ -13,7 +13,11 @@ run id the task id, the thread the A2A context id) and a reader of the run's
 control channel: ``task.cancelled`` is set when a client cancels the task
 (``CancelTask``), and :meth:`A2ATask.ask` puts the task in
 ``TASK_STATE_INPUT_REQUIRED`` (``run.lifecycle`` awaiting_approval, the question as
-its reason) until a client's message on the task arrives as ``answer``.
+its reason) until a client's message on the task arrives as ``answer`` — or the
+task is cancelled meanwhile (:class:`TaskCancelled`). Answers nobody asked for
+wait, at most :data:`PENDING_ANSWERS` of them (the oldest are dropped). The
+client's messages — the first, and each answer taken — are written to the run
+(:data:`~runwire.protocols.a2a.USER_MESSAGE_TYPE`): the task's history.
 
 The inbox is the requests channel of :mod:`runwire.bus.requests` (the agent
 announces itself there; with none alive the edge refuses a new task at once):
@@ -30,7 +34,14 @@ from typing import Any, Protocol
 from ..bus.base import Bus, ControlCommand
 from ..bus.requests import AgentRequest, consume_requests
 from ..core.envelope import Event
-from ..protocols.a2a import NEW_TASK_TRIGGER, message_text
+from ..protocols.a2a import NEW_TASK_TRIGGER, USER_MESSAGE_TYPE, history_message, message_text
+
+PENDING_ANSWERS = 16
+"""Most answers kept for a later :meth:`A2ATask.ask` (a client that sends more: the oldest go)."""
+
+
+class TaskCancelled(Exception):
+    """A client cancelled the task while :meth:`A2ATask.ask` waited for its answer."""
 
 
 class Run(Protocol):
@@ -61,7 +72,7 @@ class A2ATask:
         self.message: dict[str, Any] = request.messages[0] if request.messages else {}
         self.cancelled = asyncio.Event()
         """Set when a client cancelled the task (the run's ``cancel`` command)."""
-        self._answers: asyncio.Queue[ControlCommand] = asyncio.Queue()
+        self._answers: asyncio.Queue[ControlCommand] = asyncio.Queue(maxsize=PENDING_ANSWERS)
         self._reader: asyncio.Task[None] | None = None
 
     @property
@@ -85,18 +96,36 @@ class A2ATask:
             if command.command == "cancel":
                 self.cancelled.set()
             elif command.command == "answer":
+                if self._answers.full():
+                    self._answers.get_nowait()
                 self._answers.put_nowait(command)
 
     async def ask(self, question: str) -> str:
         """Ask the client (``TASK_STATE_INPUT_REQUIRED`` with ``question``); the text of its answer.
 
-        The task is working again once the answer is here.
+        The task is working again once the answer is here. Raises :class:`TaskCancelled` when the
+        client cancels the task instead (before or while it waits).
         """
+        if self.cancelled.is_set():
+            raise TaskCancelled(f"task {self.task_id} was cancelled")
         await self.run.emit("run.lifecycle", {"state": "awaiting_approval", "reason": question})
-        answer = await self._answers.get()
-        await self.run.emit("run.lifecycle", {"state": "running"})
+        answered = asyncio.ensure_future(self._answers.get())
+        cancelled = asyncio.ensure_future(self.cancelled.wait())
+        try:
+            await asyncio.wait((answered, cancelled), return_when=asyncio.FIRST_COMPLETED)
+        finally:
+            cancelled.cancel()
+            if not answered.done():
+                answered.cancel()
+        if not answered.done() or answered.cancelled():
+            raise TaskCancelled(f"task {self.task_id} was cancelled while it asked {question[:64]!r}")
+        answer = answered.result()
         text = answer.args.get("text")
-        return text if isinstance(text, str) else message_text(answer.args.get("message"))
+        text = text if isinstance(text, str) else message_text(answer.args.get("message"))
+        message = answer.args.get("message") or {"role": "ROLE_USER", "parts": [{"text": text}]}
+        await self.run.emit(USER_MESSAGE_TYPE, {"message": history_message(message)})
+        await self.run.emit("run.lifecycle", {"state": "running"})
+        return text
 
     async def finish(self, state: str = "done", reason: str | None = None) -> Event:
         """End the run (done, aborted or error) and stop reading its control channel."""
@@ -123,4 +152,5 @@ async def consume_tasks(publisher: Publisher, agent: str, *, ttl_s: float) -> As
         task._listen()
         await asyncio.sleep(0)  # the reader takes its position on the control channel first
         await task.run.emit("run.lifecycle", {"state": "running"})
+        await task.run.emit(USER_MESSAGE_TYPE, {"message": history_message(task.message)})
         yield task

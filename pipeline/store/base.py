@@ -299,10 +299,12 @@ class ReplayLog(ConnectedResource):
         until: datetime | None = None,
         limit: int = 100,
         thread_id: str | None = None,
+        updated_until: datetime | None = None,
     ) -> list[RunInfo]:
-        """Runs newest first, filtered by tenant, last state, activity time and thread."""
+        """Runs newest first (by ``updated_at``, then ``run_id``), filtered by tenant, last state,
+        activity time (``since`` ≤ ``updated_at`` ≤ ``updated_until``), creation (``until``) and thread."""
         filters = {"tenant = {}": tenant, "thread_id = {}": thread_id, "state = {}": state,
-                   "updated_at >= {}": since, "created_at <= {}": until}
+                   "updated_at >= {}": since, "created_at <= {}": until, "updated_at <= {}": updated_until}
         return await self._runs({sql: v for sql, v in filters.items() if v is not None}, limit)
 
     @abstractmethod

@@ -8,7 +8,8 @@ write that caused it:
   ``run.lifecycle`` event whose state ends the run (``run.finished``, one per
   run: the key is the run id) or asks for approval (``run.awaiting_approval``,
   one per such event). Each is turned into deliveries by :meth:`Outbox.fan_out`
-  and deleted in that same transaction.
+  and deleted in that same transaction — but for a fork's events copied from
+  its source (at or before its ``forks.at_seq``), which notify nobody.
 * ``webhooks`` — subscriptions: a tenant's URL, the event types it wants, an
   optional run filter, its signing secret (and the previous one for a while
   after a rotation), whether it is disabled and why, its last success and failure.
@@ -65,7 +66,7 @@ driver's errors to ``StoreUnavailable`` / ``StoreError``."""
 
 
 _SUBSCRIPTION_COLUMNS = ("id, tenant, url, events, run_id, secret, previous_secret, previous_until, created_at,"
-                         " disabled_at, disabled_reason, last_success_at, last_failure_at, last_error")
+                         " disabled_at, disabled_reason, last_success_at, last_failure_at, last_error, headers")
 _DELIVERY_COLUMNS = "id, channel, url, body, secrets, headers, attempts, created_at"
 _json = msgspec.json.Encoder()
 _list = msgspec.json.Decoder(list[str])
@@ -76,7 +77,8 @@ def _subscription(row: Sequence[Any]) -> Subscription:
     return Subscription(
         id=row[0], tenant=row[1], url=row[2], events=_list.decode(row[3]), run_id=row[4], secret=row[5],
         previous_secret=row[6], previous_until=row[7], created_at=row[8], disabled_at=row[9],
-        disabled_reason=row[10], last_success_at=row[11], last_failure_at=row[12], last_error=row[13])
+        disabled_reason=row[10], last_success_at=row[11], last_failure_at=row[12], last_error=row[13],
+        headers=_headers.decode(row[14]))
 
 
 def _delivery(row: Sequence[Any]) -> Delivery:
@@ -141,10 +143,10 @@ class Outbox:
                 where, params = ("tenant IS NULL", ()) if sub.tenant is None else ("tenant = ?", (sub.tenant,))
                 if ex(f"SELECT count(*) FROM webhooks WHERE {where}", params).fetchone()[0] >= most:
                     return False
-            ex(f"INSERT INTO webhooks ({_SUBSCRIPTION_COLUMNS}) VALUES ({', '.join('?' * 14)})",
+            ex(f"INSERT INTO webhooks ({_SUBSCRIPTION_COLUMNS}) VALUES ({', '.join('?' * 15)})",
                (sub.id, sub.tenant, sub.url, _json.encode(sub.events).decode(), sub.run_id, sub.secret,
                 sub.previous_secret, sub.previous_until, sub.created_at, sub.disabled_at, sub.disabled_reason,
-                sub.last_success_at, sub.last_failure_at, sub.last_error))
+                sub.last_success_at, sub.last_failure_at, sub.last_error, _json.encode(sub.headers).decode()))
             return True
 
         return await self._do(add)
@@ -206,8 +208,10 @@ class Outbox:
                       f" ORDER BY created_at LIMIT ?{self.dialect.lock}", (limit,)).fetchall()
             if not rows:
                 return 0
-            notices = [Notice(key=r[0], type=r[1], run_id=r[2], root_id=r[3], tenant=r[4], state=r[5],
-                              seq=r[6], ts=r[7]) for r in rows]
+            taken = [Notice(key=r[0], type=r[1], run_id=r[2], root_id=r[3], tenant=r[4], state=r[5],
+                            seq=r[6], ts=r[7]) for r in rows]
+            copied = _fork_points(ex, sorted({n.run_id for n in taken}))
+            notices = [n for n in taken if n.seq > copied.get(n.run_id, 0)]  # a fork's copied history is history
             tenants = sorted({n.tenant for n in notices if n.tenant is not None})
             subs = [_subscription(row) for row in ex(
                 f"SELECT {_SUBSCRIPTION_COLUMNS} FROM webhooks WHERE disabled_at IS NULL AND"
@@ -215,10 +219,10 @@ class Outbox:
                 tenants).fetchall()]
             deliveries = [d for notice in notices for d in build(notice, subs)] if subs else []
             self._insert(ex, deliveries, now)
-            for start in range(0, len(notices), 500):
-                keys = [n.key for n in notices[start:start + 500]]
+            for start in range(0, len(taken), 500):
+                keys = [n.key for n in taken[start:start + 500]]
                 ex(f"DELETE FROM run_notices WHERE key IN ({', '.join(['?'] * len(keys))})", keys)
-            return len(notices)
+            return len(taken)
 
         return await self._do(take)
 
@@ -319,6 +323,17 @@ class Outbox:
             ex("DELETE FROM run_notices WHERE created_at < ?", (notices_before,))
 
         await self._do(purge)
+
+
+def _fork_points(ex: Callable[..., Any], run_ids: Sequence[str]) -> dict[str, int]:
+    """The seq each of ``run_ids`` that is a fork was copied up to (``forks``, the replay log's table):
+    its notices up to there are of events copied from its source, not its own."""
+    found: dict[str, int] = {}
+    for start in range(0, len(run_ids), 500):
+        chunk = run_ids[start:start + 500]
+        found.update((row[0], int(row[1])) for row in ex(
+            f"SELECT run_id, at_seq FROM forks WHERE run_id IN ({', '.join(['?'] * len(chunk))})", chunk).fetchall())
+    return found
 
 
 def _disable(ex: Callable[..., Any], channel: str, reason: str, now: float) -> None:

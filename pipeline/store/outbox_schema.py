@@ -50,6 +50,9 @@ class Subscription(msgspec.Struct, kw_only=True):
     last_success_at: float | None = None
     last_failure_at: float | None = None
     last_error: str | None = None
+    headers: dict[str, str] = {}
+    """Request headers every delivery carries (an A2A push config's token and ``Authorization``):
+    secrets, never shown by ``/v1/webhooks``."""
 
     def secrets(self, now: float) -> str:
         """The secrets to sign with now, space-separated: the current one, and the previous one
@@ -126,7 +129,8 @@ CREATE TABLE IF NOT EXISTS webhooks (
     disabled_reason TEXT,
     last_success_at {real},
     last_failure_at {real},
-    last_error      TEXT
+    last_error      TEXT,
+    headers         TEXT NOT NULL DEFAULT '{{}}'
 );
 CREATE INDEX IF NOT EXISTS webhooks_tenant ON webhooks (tenant);
 CREATE TABLE IF NOT EXISTS deliveries (

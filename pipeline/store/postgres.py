@@ -60,7 +60,7 @@ from .runmeta import (
     with_checkpoint,
 )
 
-SCHEMA_VERSION = 4
+SCHEMA_VERSION = 5
 COPY_THRESHOLD = 256
 
 _SCHEMA = """
@@ -138,9 +138,11 @@ CREATE TABLE IF NOT EXISTS span_exports (
     holder     text NOT NULL,
     held_until double precision NOT NULL
 );
-""" + ddl(POSTGRES)
+""" + ddl(POSTGRES) + """
+ALTER TABLE webhooks ADD COLUMN IF NOT EXISTS headers text NOT NULL DEFAULT '{}';
+"""
 """Schema 2 added ``runs.thread_id``, schema 3 ``runs.checkpoint`` (the raw stream's checkpoint of
-record), schema 4 the outbox's tables (``outbox.py``): ``ADD COLUMN IF NOT EXISTS`` and ``CREATE …
+record), schema 4 the outbox's tables (``outbox.py``), schema 5 ``webhooks.headers``: ``ADD COLUMN IF NOT EXISTS`` and ``CREATE …
 IF NOT EXISTS`` migrate an older database. The ``forks`` table (a run's fork records,
 :meth:`ReplayLog.record_fork`) is created the same way on a database without one: older code
 ignores it."""

@@ -63,7 +63,7 @@ from .runmeta import (
     with_checkpoint,
 )
 
-SCHEMA_VERSION = 7
+SCHEMA_VERSION = 8
 
 _SEGMENTS = """
 CREATE TABLE IF NOT EXISTS segments (
@@ -501,8 +501,15 @@ def _from_6(conn: sqlite3.Connection) -> None:
             conn.execute(statement)
 
 
+def _from_7(conn: sqlite3.Connection) -> None:
+    """Schema 7 → 8: webhooks keep the headers their deliveries carry (an A2A push config's token
+    and authentication)."""
+    if "headers" not in [row[1] for row in conn.execute("PRAGMA table_info(webhooks)")]:
+        conn.execute("ALTER TABLE webhooks ADD COLUMN headers TEXT NOT NULL DEFAULT '{}'")
+
+
 MIGRATIONS: dict[int, Callable[[sqlite3.Connection], None]] = {
-    1: _from_1, 2: _from_2, 3: _from_3, 4: _from_4, 5: _from_5, 6: _from_6}
+    1: _from_1, 2: _from_2, 3: _from_3, 4: _from_4, 5: _from_5, 6: _from_6, 7: _from_7}
 """The step from each old schema version to the next."""
 
 

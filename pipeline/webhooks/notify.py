@@ -21,7 +21,7 @@ import time
 import msgspec
 
 from ..core.envelope import now_ts
-from ..protocols.a2a import PUSH_CONFIG_PREFIX, push_body
+from ..protocols.a2a import A2A_MEDIA_TYPE, PUSH_CONFIG_PREFIX, push_body
 from ..store.outbox import Delivery, Notice, Subscription
 
 TEST_TYPE = "webhook.test"
@@ -65,7 +65,14 @@ def build(notice: Notice, subs: list[Subscription]) -> list[Delivery]:
     now = time.time()
     return [Delivery(id=delivery_id(sub.id, notice.key), channel=sub.id, url=sub.url,
                      body=_a2a_body(notice) if sub.id.startswith(PUSH_CONFIG_PREFIX) else body,
-                     secrets=sub.secrets(now)) for sub in subs if wants(sub, notice)]
+                     secrets=sub.secrets(now), headers=_headers(sub)) for sub in subs if wants(sub, notice)]
+
+
+def _headers(sub: Subscription) -> dict[str, str]:
+    """The subscription's own headers; an A2A push body is ``application/a2a+json`` (A2A §4.3.3)."""
+    if sub.id.startswith(PUSH_CONFIG_PREFIX):
+        return {"content-type": A2A_MEDIA_TYPE, **sub.headers}
+    return sub.headers
 
 
 def _a2a_body(notice: Notice) -> bytes:
@@ -78,4 +85,4 @@ def test_delivery(sub: Subscription) -> Delivery:
     moment = now_ts()
     body = _json.encode(Body(type=TEST_TYPE, timestamp=moment, data={"webhook_id": sub.id}))
     return Delivery(id=delivery_id(sub.id, f"test {moment} {time.time_ns()}"), channel=sub.id, url=sub.url,
-                    body=body, secrets=sub.secrets(time.time()))
+                    body=body, secrets=sub.secrets(time.time()), headers=sub.headers)

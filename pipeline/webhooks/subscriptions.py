@@ -59,12 +59,13 @@ def new_webhook(body: bytes) -> NewWebhook:
 
 
 async def add_webhook(outbox: Outbox, tenant: str | None, request: NewWebhook, *,
-                      allow_private: bool, prefix: str = "wh_") -> Subscription:
+                      allow_private: bool, prefix: str = "wh_", headers: dict[str, str] | None = None) -> Subscription:
     """Make a webhook for ``tenant`` (its secret is in the result, and shown this once); ``prefix``
-    of its id: ``wh_``, or an A2A push config's (``runwire.protocols.a2a.PUSH_CONFIG_PREFIX``)."""
+    of its id: ``wh_``, or an A2A push config's (``runwire.protocols.a2a.PUSH_CONFIG_PREFIX``);
+    ``headers``: what its deliveries carry besides the signature (an A2A config's credentials)."""
     await check_url(request.url, allow_private=allow_private)
     sub = Subscription(id=new_random_ulid(prefix), tenant=tenant, url=request.url, events=request.events,
-                       run_id=request.run_id, secret=new_secret(), created_at=time.time())
+                       run_id=request.run_id, secret=new_secret(), created_at=time.time(), headers=headers or {})
     if not await outbox.add_webhook(sub, most=limits.WEBHOOKS_PER_TENANT):
         raise QuotaExceeded(f"a tenant has at most {limits.WEBHOOKS_PER_TENANT} webhooks; remove one first")
     return sub

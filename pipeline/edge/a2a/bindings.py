@@ -32,6 +32,7 @@ from ..auth import Principal
 from ..context import Edge
 from ..params import bounded_body, check_depth
 from ..session import StreamRequest
+from ..transports import http_status
 from . import methods, push
 from .card import agent_card
 from .errors import A2AFault, as_fault
@@ -47,10 +48,30 @@ def _answer(data: Any, status: int = 200) -> Response:
     return Response(_json.encode(data), status_code=status, media_type=JSON)
 
 
-def _check_version(headers: Mapping[str, str]) -> None:
-    version = headers.get(VERSION_HEADER)
-    if version and version.split(".")[0].strip() != "1":
-        raise A2AFault("VERSION_NOT_SUPPORTED", f"A2A-Version {version[:16]!r}: this agent speaks 1.0")
+def _check_version(request: Request) -> None:
+    """The request's ``A2A-Version`` (header, or the query parameter the specification allows) is 1.x.
+
+    A request without one is a 0.3 request, as the specification has it (§3.6.2); 0.3 names its
+    methods and shapes its objects otherwise, so it gets ``VersionNotSupportedError`` like any
+    version this edge does not speak.
+    """
+    version = request.headers.get(VERSION_HEADER) or request.query_params.get("A2A-Version") or ""
+    if version.split(".")[0].strip() != "1":
+        shown = repr(version[:16]) if version else "none (a 0.3 request)"
+        raise A2AFault("VERSION_NOT_SUPPORTED", f"A2A-Version {shown}: this agent speaks 1.0; "
+                                                "send the header A2A-Version: 1.0")
+
+
+async def _json_body(edge: Edge, request: Request) -> Any:
+    """The request's JSON body (bounded in bytes; None when empty), or ``PARSE_ERROR``."""
+    body = await bounded_body(request, limits.FRAME_BYTES, timeout_s=edge.settings.body_timeout_s,
+                              what="A2A request")
+    if not body:
+        return None
+    try:
+        return msgspec.json.decode(body)
+    except msgspec.DecodeError:
+        raise A2AFault("PARSE_ERROR", "the body is not JSON") from None
 
 
 class A2ACall:
@@ -85,30 +106,36 @@ class A2ACall:
 
     async def send_blocking(self, params: Mapping[str, Any]) -> dict[str, Any]:
         """``SendMessage``: the task once it ends or needs input (or at once with ``returnImmediately``;
-        after ``long_poll_s`` as it then stands)."""
-        sent = await self.send(params)
-        configuration = params.get("configuration") or {}
-        if configuration.get("returnImmediately"):
-            return {"task": empty_task(sent.run_id, sent.context_id)}
-        loop = asyncio.get_running_loop()
-        deadline = loop.time() + self.edge.settings.long_poll_s
-        while True:
-            encoder = await methods.task_encoder(self.edge, sent.run_id, sent=True)
-            task = encoder.task(methods.history_length(configuration))
-            task.setdefault("contextId", sent.context_id)
-            state = task["status"]["state"]
-            asks = state == INPUT_REQUIRED and encoder.position > sent.after  # (asked again after an answer)
-            if state in TERMINAL_TASK_STATES or asks or loop.time() > deadline:
-                return {"task": task}
-            await asyncio.sleep(BLOCKING_POLL_S)
+        after ``long_poll_s`` as it then stands). Waiting holds one of the token's streams, as a
+        stream of the task would."""
+        configuration = methods.object_of(params, "configuration")
+        length = methods.history_length(configuration)
+        with self.edge.quotas.stream(self.principal.token_id if self.principal else ""):
+            sent = await self.send(params)
+            if methods.flag_of(configuration, "returnImmediately"):
+                return {"task": empty_task(sent.run_id, sent.context_id)}
+            loop = asyncio.get_running_loop()
+            deadline = loop.time() + self.edge.settings.long_poll_s
+            while True:
+                encoder = await methods.task_encoder(self.edge, sent.run_id, sent=True)
+                task = encoder.task(length, max_bytes=limits.TASK_BYTES)
+                task.setdefault("contextId", sent.context_id)
+                state = task["status"]["state"]
+                asks = state == INPUT_REQUIRED and encoder.position > sent.after  # (asked again after an answer)
+                if state in TERMINAL_TASK_STATES or asks or loop.time() > deadline:
+                    return {"task": task}
+                await asyncio.sleep(BLOCKING_POLL_S)
 
     async def send(self, params: Mapping[str, Any]) -> methods.Sent:
-        """``SendMessage``'s common part; a push config in its ``configuration`` is made for the task."""
-        sent = await methods.send_message(self.edge, self.principal, self.agent, params)
-        config = (params.get("configuration") or {}).get("taskPushNotificationConfig")
-        if isinstance(config, dict) and config.get("url"):
-            await push.create(self.edge, self.principal, {**config, "taskId": sent.run_id})
-        return sent
+        """``SendMessage``'s common part; a push config in its ``configuration`` is made for the task
+        before the message goes out (its first notice cannot come before it)."""
+        configuration = methods.object_of(params, "configuration")
+        config = methods.object_of(configuration, "taskPushNotificationConfig")
+        prepare: methods.Prepare | None = None
+        if config:
+            async def prepare(task_id: str) -> None:
+                await push.create(self.edge, self.principal, {**config, "taskId": task_id})
+        return await methods.send_message(self.edge, self.principal, self.agent, params, prepare)
 
     async def stream(self, method: str, params: Mapping[str, Any], receive: Receive, send: Send) -> None:
         edge = self.edge
@@ -149,13 +176,8 @@ class JsonRpcEndpoint:
         request = Request(scope, receive)
         request_id: Any = None
         try:
-            _check_version(request.headers)
-            body = await bounded_body(request, limits.FRAME_BYTES, timeout_s=self.edge.settings.body_timeout_s,
-                                      what="A2A request")
-            try:
-                rpc = msgspec.json.decode(body)
-            except msgspec.DecodeError:
-                raise A2AFault("PARSE_ERROR", "the body is not JSON") from None
+            _check_version(request)
+            rpc = await _json_body(self.edge, request)
             if not isinstance(rpc, dict):
                 raise A2AFault("INVALID_REQUEST", "a JSON-RPC request is an object")
             request_id = rpc.get("id")
@@ -175,12 +197,14 @@ class JsonRpcEndpoint:
 
 
 async def _guarded(call: Any, method: str) -> Any:
-    """Run a method; a runwire error A2A names becomes its :class:`A2AFault`, any other goes to the app's
-    one handler (401, 403, 429, 503)."""
+    """Run a method; a runwire error A2A names becomes its :class:`A2AFault` (the bus or the replay log
+    failing: the internal error, with the app's status), any other goes to the app's one handler (401,
+    403, 413, 429)."""
     try:
         return await call
     except RunwireError as exc:
-        fault = as_fault(exc, finished="TASK_NOT_CANCELABLE" if method == "CancelTask" else "UNSUPPORTED_OPERATION")
+        fault = as_fault(exc, http_status(exc),
+                         finished="TASK_NOT_CANCELABLE" if method == "CancelTask" else "UNSUPPORTED_OPERATION")
         if fault is None:
             raise
         raise fault from None
@@ -196,7 +220,7 @@ class RestEndpoint:
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         request = Request(scope, receive)
         try:
-            _check_version(request.headers)
+            _check_version(request)
             method, params = await self.parse(request)
             call = A2ACall(self.edge, request, Framing())
             if method in STREAMING:
@@ -216,14 +240,10 @@ class RestEndpoint:
         if "includeArtifacts" in params:
             params["includeArtifacts"] = params["includeArtifacts"].lower() == "true"
         params.pop("access_token", None)
+        params.pop("A2A-Version", None)
         if request.method == "POST":
-            body = await bounded_body(request, limits.FRAME_BYTES, timeout_s=self.edge.settings.body_timeout_s,
-                                      what="A2A request")
-            if body:
-                try:
-                    decoded = msgspec.json.decode(body)
-                except msgspec.DecodeError:
-                    raise A2AFault("PARSE_ERROR", "the body is not JSON") from None
+            decoded = await _json_body(self.edge, request)
+            if decoded is not None:
                 if not isinstance(decoded, dict):
                     raise A2AFault("INVALID_REQUEST", "the body must be a JSON object")
                 check_depth(decoded, "A2A request")

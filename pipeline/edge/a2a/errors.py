@@ -45,15 +45,17 @@ FAULTS: dict[str, tuple[int, int, str]] = {
 class A2AFault(Exception):
     """An error A2A names (``reason`` is a key of :data:`FAULTS`)."""
 
-    def __init__(self, reason: str, message: str) -> None:
+    def __init__(self, reason: str, message: str, *, status: int | None = None) -> None:
         assert reason in FAULTS
         self.reason = reason
         self.message = message
+        self.status = status
+        """An HTTP status other than the reason's (the app's own for the bus or log failing: 503)."""
         super().__init__(message)
 
     @property
     def http_status(self) -> int:
-        return FAULTS[self.reason][1]
+        return self.status or FAULTS[self.reason][1]
 
     def jsonrpc(self, request_id: Any) -> dict[str, Any]:
         """The JSON-RPC error response."""
@@ -64,18 +66,25 @@ class A2AFault(Exception):
     def rest(self) -> dict[str, Any]:
         """The HTTP+JSON error body (``google.rpc.Status``)."""
         _code, status, name = FAULTS[self.reason]
+        status = self.http_status
+        name = "UNAVAILABLE" if status == 503 else name
         return {"error": {"code": status, "status": name, "message": self.message, "details": [self._info()]}}
 
     def _info(self) -> dict[str, Any]:
         return {"@type": ERROR_INFO, "reason": self.reason, "domain": DOMAIN, "metadata": {}}
 
 
-def as_fault(exc: RunwireError, *, finished: str = "UNSUPPORTED_OPERATION") -> A2AFault | None:
+def as_fault(exc: RunwireError, status: int, *, finished: str = "UNSUPPORTED_OPERATION") -> A2AFault | None:
     """The A2A error a runwire error is, or None when it stays the app's HTTP refusal.
 
-    ``finished`` is the reason a run that has ended gets (``TASK_NOT_CANCELABLE`` for a cancel).
+    ``status`` is the app's one mapping's HTTP status for ``exc`` (``transports.http_status``): a
+    server-side failure (5xx: the bus or the replay log) is A2A's internal error with that status
+    (JSON-RPC −32603; HTTP+JSON that status, ``UNAVAILABLE`` for 503). ``finished`` is the reason a
+    run that has ended gets (``TASK_NOT_CANCELABLE`` for a cancel).
     """
-    if isinstance(exc, AuthError | QuotaExceeded) or exc.retriable:
+    if status >= 500:
+        return A2AFault("INTERNAL_ERROR", str(exc), status=status)
+    if isinstance(exc, AuthError | QuotaExceeded):
         return None
     if isinstance(exc, UnknownRun):
         return A2AFault("TASK_NOT_FOUND", str(exc))

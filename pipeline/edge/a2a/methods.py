@@ -21,9 +21,11 @@ task the write rule of :mod:`..authz` — as every other entrance.
 from __future__ import annotations
 
 import base64
-from collections.abc import Mapping
-from datetime import datetime
+from collections.abc import Awaitable, Callable, Mapping
+from datetime import UTC, datetime, timedelta
 from typing import Any
+
+import msgspec
 
 from ...bus.requests import AgentRequest, consumer_alive, send_request
 from ...core import limits
@@ -33,20 +35,18 @@ from ...core.ulid import new_event_id, new_random_ulid
 from ...protocols.a2a import (
     NEW_TASK_TRIGGER,
     RUN_STATES,
-    SUBMITTED,
     A2AEgress,
     message_text,
     task_state,
 )
 from ...store.base import RunInfo
 from ..auth import Principal
-from ..authz import authorize_write
+from ..authz import authorize_control, authorize_write
 from ..context import Edge
 from ..control import send_control
 from ..feed import FeedKey
 from ..filters import event_filter
 from ..resume import history, probe
-from ..runs import list_runs
 from .errors import A2AFault
 
 CURSOR_HEADER = "Runwire-A2A-Cursor"
@@ -84,11 +84,38 @@ def task_id_of(params: Mapping[str, Any], field: str = "id") -> str:
     return value
 
 
+def text_of(params: Mapping[str, Any], field: str, *, chars: int = limits.ID_CHARS) -> str | None:
+    """An optional string parameter (None when absent or empty), else ``INVALID_PARAMS``."""
+    value = params.get(field)
+    if value is None or value == "":
+        return None
+    if not isinstance(value, str) or len(value) > chars:
+        raise A2AFault("INVALID_PARAMS", f"{field} must be a string of at most {chars} characters")
+    return value
+
+
+def object_of(params: Mapping[str, Any], field: str) -> dict[str, Any]:
+    """An optional object parameter (``{}`` when absent), else ``INVALID_PARAMS``."""
+    value = params.get(field)
+    if value is None:
+        return {}
+    if not isinstance(value, dict):
+        raise A2AFault("INVALID_PARAMS", f"{field} must be an object")
+    return value
+
+
+def flag_of(params: Mapping[str, Any], field: str) -> bool:
+    value = params.get(field, False)
+    if not isinstance(value, bool):
+        raise A2AFault("INVALID_PARAMS", f"{field} must be true or false")
+    return value
+
+
 def history_length(params: Mapping[str, Any]) -> int | None:
     value = params.get("historyLength")
     if value is None:
         return None
-    if not isinstance(value, int) or value < 0:
+    if not isinstance(value, int) or isinstance(value, bool) or value < 0:
         raise A2AFault("INVALID_PARAMS", "historyLength must be a non-negative integer")
     return value
 
@@ -122,7 +149,7 @@ async def task_now(edge: Edge, run_id: str) -> dict[str, Any]:
 async def get_task(edge: Edge, principal: Principal | None, params: Mapping[str, Any]) -> dict[str, Any]:
     run_id = task_id_of(params)
     await edge.gate.check_run(principal, run_id, "read")
-    return (await task_encoder(edge, run_id)).task(history_length(params))
+    return (await task_encoder(edge, run_id)).task(history_length(params), max_bytes=limits.TASK_BYTES)
 
 
 async def context_of(edge: Edge, run_id: str) -> str | None:
@@ -135,31 +162,82 @@ async def context_of(edge: Edge, run_id: str) -> str | None:
 
 
 async def list_tasks(edge: Edge, principal: Principal | None, params: Mapping[str, Any]) -> dict[str, Any]:
+    """A page of the caller's tenant's tasks, newest first (by their last update, then id).
+
+    The page token is the (update time, id) of the last task given: the next page starts after it
+    whatever the filters. A status the log cannot select alone (working: four run states; submitted:
+    none yet) is filtered here over at most :data:`SCAN_BATCHES` batches of runs; a page may then hold
+    fewer tasks than ``pageSize`` and still have a ``nextPageToken``. A page also ends early (with a
+    token) before its tasks pass :data:`~runwire.core.limits.TASK_PAGE_BYTES`.
+    """
+    edge.gate.require_scope(principal, "read")
     size = params.get("pageSize") or DEFAULT_PAGE
-    if not isinstance(size, int) or not 1 <= size <= MAX_PAGE:
+    if not isinstance(size, int) or isinstance(size, bool) or not 1 <= size <= MAX_PAGE:
         raise A2AFault("INVALID_PARAMS", f"pageSize must be between 1 and {MAX_PAGE}")
-    status = params.get("status") or None
+    status = text_of(params, "status")
     if status is not None and status not in RUN_STATES:
         raise A2AFault("INVALID_PARAMS", f"unknown status {status!r}")
-    states = RUN_STATES.get(status, ()) if status else ()
-    runs = await list_runs(
-        edge, principal, tenant=None, state=states[0] if len(states) == 1 else None,
-        since=_time(params.get("statusTimestampAfter"), "statusTimestampAfter"),
-        until=_page_token(params.get("pageToken")), limit=min(1000, size + 1 if not status else 1000),
-        thread_id=params.get("contextId") or None,
-    )
-    if status is not None:
-        runs = [r for r in runs if task_state(r.state) == status or (status == SUBMITTED and r.state is None)]
-    page, rest = runs[:size], runs[size:]
-    length = history_length(params)
-    tasks = [await _listed(edge, info, bool(params.get("includeArtifacts")), length) for info in page]
-    token = _encode_token(rest[0]) if rest else ""
+    states = RUN_STATES[status] if status else ()
+    since = _time(text_of(params, "statusTimestampAfter"), "statusTimestampAfter")
+    thread = text_of(params, "contextId")
+    artifacts, length = flag_of(params, "includeArtifacts"), history_length(params)
+    position = _page_token(text_of(params, "pageToken", chars=1024))
+    matched: list[RunInfo] = []
+    more = False
+    for _ in range(SCAN_BATCHES):
+        batch = await edge.store.runs(
+            tenant=principal.tenant if principal else None, state=states[0] if len(states) == 1 else None,
+            since=since, updated_until=position[0] + _SLACK if position else None, limit=SCAN_BATCH,
+            thread_id=thread)
+        for info in batch:
+            if position is not None and _seen(info, position):
+                continue
+            if principal is not None and not principal.covers(info.run_id):
+                continue
+            if status is not None and task_state(info.state) != status:
+                continue
+            if len(matched) == size:
+                more = True
+                break
+            matched.append(info)
+        if more or len(batch) < SCAN_BATCH:
+            break
+        last = batch[-1]
+        position = (last.updated_at or _EPOCH, last.run_id)
+    else:
+        more = True  # scanned as far as one page may: the next page goes on from here
+    tasks: list[dict[str, Any]] = []
+    room = limits.TASK_PAGE_BYTES
+    for info in matched:
+        task = await _listed(edge, info, artifacts, length)
+        room -= len(_json.encode(task))
+        if room < 0 and tasks:
+            more = True
+            break
+        tasks.append(task)
+        position = (info.updated_at or _EPOCH, info.run_id)
+    token = _encode_token(position) if more and position is not None else ""
     return {"tasks": tasks, "nextPageToken": token, "pageSize": size, "totalSize": len(tasks)}
+
+
+SCAN_BATCH = 1000
+SCAN_BATCHES = 5
+_SLACK = timedelta(milliseconds=1)
+"""The page token's time is read back through a float: the next page asks a little past it and
+skips what it gave already."""
+_EPOCH = datetime(1970, 1, 1, tzinfo=UTC)
+_json = msgspec.json.Encoder()
+
+
+def _seen(info: RunInfo, position: tuple[datetime, str]) -> bool:
+    """Whether ``info`` comes before ``position`` in the list's order (given on an earlier page)."""
+    updated = info.updated_at or _EPOCH
+    return updated > position[0] or (updated == position[0] and info.run_id <= position[1])
 
 
 async def _listed(edge: Edge, info: RunInfo, artifacts: bool, length: int | None) -> dict[str, Any]:
     if artifacts or length:
-        full = (await task_encoder(edge, info.run_id)).task(length)
+        full = (await task_encoder(edge, info.run_id)).task(length, max_bytes=limits.TASK_BYTES)
         if not artifacts:
             full.pop("artifacts", None)
         return full
@@ -171,25 +249,26 @@ async def _listed(edge: Edge, info: RunInfo, artifacts: bool, length: int | None
     return task
 
 
-def _encode_token(info: RunInfo) -> str:
-    moment = info.created_at.isoformat() if info.created_at else ""
-    return base64.urlsafe_b64encode(moment.encode()).decode()
+def _encode_token(position: tuple[datetime, str]) -> str:
+    return base64.urlsafe_b64encode(_json.encode([position[0].isoformat(), position[1]])).decode()
 
 
-def _page_token(raw: Any) -> datetime | None:
+def _page_token(raw: str | None) -> tuple[datetime, str] | None:
     if not raw:
         return None
     try:
-        return datetime.fromisoformat(base64.urlsafe_b64decode(str(raw).encode()).decode())
-    except ValueError:
+        moment, run_id = msgspec.json.decode(base64.urlsafe_b64decode(raw.encode()), type=tuple[str, str])
+        return datetime.fromisoformat(moment), run_id
+    except (ValueError, msgspec.DecodeError):
         raise A2AFault("INVALID_PARAMS", "bad pageToken: use a nextPageToken this edge returned") from None
 
 
-def _time(raw: Any, name: str) -> datetime | None:
+def _time(raw: str | None, name: str) -> datetime | None:
     if not raw:
         return None
     try:
-        return datetime.fromisoformat(str(raw).replace("Z", "+00:00"))
+        moment = datetime.fromisoformat(raw.replace("Z", "+00:00"))
+        return moment if moment.tzinfo is not None else moment.replace(tzinfo=UTC)
     except ValueError:
         raise A2AFault("INVALID_PARAMS", f"{name} must be an RFC 3339 timestamp") from None
 
@@ -214,29 +293,36 @@ class Sent:
         self.after = after
 
 
-async def send_message(edge: Edge, principal: Principal | None, agent: str, params: Mapping[str, Any]) -> Sent:
+Prepare = Callable[[str], Awaitable[None]]
+"""What must be in place for a task before its message goes out (its push config): called with the
+task id after every check, before the agent can see the message."""
+
+
+async def send_message(edge: Edge, principal: Principal | None, agent: str, params: Mapping[str, Any],
+                       prepare: Prepare | None = None) -> Sent:
     """A new task for ``agent``, or an answer on the message's task."""
     message = params.get("message")
-    if not isinstance(message, dict) or not message.get("parts"):
+    if not isinstance(message, dict) or not isinstance(message.get("parts"), list) or not message["parts"]:
         raise A2AFault("INVALID_PARAMS", "message must be a Message with at least one part")
-    task_id = message.get("taskId")
+    task_id, context_id = text_of(message, "taskId"), text_of(message, "contextId")
+    metadata = object_of(params, "metadata") or None
     if task_id:
-        run_id = task_id_of(message, "taskId")
-        await edge.gate.check_run(principal, run_id, "control")
-        # Where the task is before the answer: its stream goes on from here (the agent may
-        # answer and finish before the stream begins).
-        before = await probe(edge.bus, edge.store, (run_id, "raw" if view_of(edge) == "raw" else "shaped"))
+        # An answer is a control command: the control bound (limits.CONTROL_BYTES), as every entrance's.
+        limits.check_size(len(_json.encode(message)), edge.settings.max_control_bytes, "an answer's message")
         try:
-            await send_control(edge.bus, edge.gate, principal, run_id, "answer",
+            await authorize_control(edge.gate, principal, task_id)
+            # Where the task is before the answer: its stream goes on from here (the agent may
+            # answer and finish before the stream begins).
+            before = await probe(edge.bus, edge.store, (task_id, "raw" if view_of(edge) == "raw" else "shaped"))
+            if prepare is not None:
+                await prepare(task_id)
+            await send_control(edge.bus, edge.gate, principal, task_id, "answer",
                                {"text": message_text(message), "message": message})
         except RunFinished as exc:
-            raise A2AFault("UNSUPPORTED_OPERATION", f"task {run_id} is in a terminal state: {exc}") from None
-        return Sent(run_id, message.get("contextId") or await context_of(edge, run_id), new=False,
-                    after=before.tail)
+            raise A2AFault("UNSUPPORTED_OPERATION", f"task {task_id} is in a terminal state: {exc}") from None
+        return Sent(task_id, context_id or await context_of(edge, task_id), new=False, after=before.tail)
     run_id = new_random_ulid("run_")
-    context_id = message.get("contextId") or new_random_ulid("ctx_")
-    if len(context_id) > limits.ID_CHARS:
-        raise A2AFault("INVALID_PARAMS", f"contextId over {limits.ID_CHARS} characters")
+    context_id = context_id or new_random_ulid("ctx_")
     await authorize_write(edge.gate, principal, run_id)
     if not await consumer_alive(edge.bus, agent):
         raise A2AFault("UNSUPPORTED_OPERATION", (
@@ -244,8 +330,10 @@ async def send_message(edge: Edge, principal: Principal | None, agent: str, para
     tenant = principal.tenant if principal else None
     if tenant is not None:
         await edge.gate.claim(run_id, tenant, run_id)
+    if prepare is not None:
+        await prepare(run_id)
     await send_request(edge.bus, AgentRequest(
         id=new_event_id(), channel=agent, run_id=run_id, thread_id=context_id, tenant=tenant, ts=now_ts(),
-        trigger=NEW_TASK_TRIGGER, messages=[message], metadata=params.get("metadata"),
+        trigger=NEW_TASK_TRIGGER, messages=[message], metadata=metadata,
     ))
     return Sent(run_id, context_id, new=True)

@@ -6,27 +6,61 @@ A config is a webhook (``/v1/webhooks``' table in the replay log's outbox) whose
 ``StreamResponse`` A2A pushes (a ``statusUpdate``: ``TASK_STATE_COMPLETED`` … or
 ``TASK_STATE_INPUT_REQUIRED``), signed, retried on the webhooks' schedule, to a URL the
 webhooks' target rules allow. Who may: ``control`` (as for ``/v1/webhooks``) and ``read`` on
-the task; a tenant's configs count toward its webhooks bound.
+the task; a tenant's configs count toward its webhooks bound. A config's ``token`` and
+``authentication`` are kept with it (the webhook's ``headers``) and sent with every delivery
+(``X-A2A-Notification-Token``, ``Authorization``); a config is shown with its token and its
+authentication's scheme, never the credentials.
 """
 
 from __future__ import annotations
 
+import re
 from collections.abc import Mapping
 from typing import Any
 
 from ...core import limits
-from ...protocols.a2a import PUSH_CONFIG_PREFIX
+from ...protocols.a2a import PUSH_CONFIG_PREFIX, PUSH_TOKEN_HEADER
 from ...store.outbox import AWAITING_APPROVAL, FINISHED, Subscription
 from ...webhooks.subscriptions import NewWebhook, add_webhook
 from ..auth import Principal
 from ..context import Edge
 from .errors import A2AFault
-from .methods import task_id_of
+from .methods import object_of, task_id_of, text_of
 
 
 def view(sub: Subscription) -> dict[str, Any]:
-    """A config as A2A shows it (``TaskPushNotificationConfig``)."""
-    return {"id": sub.id, "taskId": sub.run_id or "", "url": sub.url}
+    """A config as A2A shows it (``TaskPushNotificationConfig``): its ``token`` and its authentication's
+    ``scheme``, never the credentials (write-only: the receiver has them)."""
+    shown: dict[str, Any] = {"id": sub.id, "taskId": sub.run_id or "", "url": sub.url}
+    if PUSH_TOKEN_HEADER in sub.headers:
+        shown["token"] = sub.headers[PUSH_TOKEN_HEADER]
+    if "Authorization" in sub.headers:
+        shown["authentication"] = {"scheme": sub.headers["Authorization"].partition(" ")[0]}
+    return shown
+
+
+_SCHEME = re.compile(r"[!#$%&'*+.^_`|~0-9A-Za-z-]+")
+_VALUE = re.compile(r"[\x21-\x7e]([\x20-\x7e]*[\x21-\x7e])?")
+
+
+def headers_of(params: Mapping[str, Any]) -> dict[str, str]:
+    """The headers a config's deliveries carry: ``token`` as :data:`PUSH_TOKEN_HEADER`,
+    ``authentication`` as ``Authorization: <scheme> <credentials>`` (A2A §4.3.3)."""
+    headers: dict[str, str] = {}
+    token = text_of(params, "token", chars=limits.PUSH_SECRET_CHARS)
+    if token is not None:
+        if not _VALUE.fullmatch(token):
+            raise A2AFault("INVALID_PARAMS", "token must be printable ASCII (it is sent as a header)")
+        headers[PUSH_TOKEN_HEADER] = token
+    authentication = object_of(params, "authentication")
+    if authentication:
+        scheme = text_of(authentication, "scheme", chars=64)
+        credentials = text_of(authentication, "credentials", chars=limits.PUSH_SECRET_CHARS)
+        if scheme is None or not _SCHEME.fullmatch(scheme) or credentials is None or not _VALUE.fullmatch(credentials):
+            raise A2AFault("INVALID_PARAMS", "authentication needs a scheme (an HTTP authentication scheme) and "
+                                             "credentials (printable ASCII): they are sent as Authorization")
+        headers["Authorization"] = f"{scheme} {credentials}"
+    return headers
 
 
 async def _task(edge: Edge, principal: Principal | None, params: Mapping[str, Any]) -> str:
@@ -43,7 +77,8 @@ async def create(edge: Edge, principal: Principal | None, params: Mapping[str, A
         raise A2AFault("INVALID_PARAMS", "url must be the receiver's http(s) URL")
     request = NewWebhook(url=url, events=[FINISHED, AWAITING_APPROVAL], run_id=run_id)
     sub = await add_webhook(edge.store.outbox(), principal.tenant if principal else None, request,
-                            allow_private=edge.settings.webhooks_allow_private, prefix=PUSH_CONFIG_PREFIX)
+                            allow_private=edge.settings.webhooks_allow_private, prefix=PUSH_CONFIG_PREFIX,
+                            headers=headers_of(params))
     return view(sub)
 
 
