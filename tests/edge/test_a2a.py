@@ -381,7 +381,7 @@ async def test_another_tenants_task_is_refused_like_one_that_does_not_exist(redi
                 assert run_id not in [t.id for t in (await theirs.list_tasks(ListTasksRequest())).tasks]
         async with httpx.AsyncClient() as http:
             card = (await http.get(f"{p.edge.url}/.well-known/agent-card.json")).json()
-            refused = await http.post(f"{p.edge.url}/a2a/default", json={
+            refused = await http.post(f"{p.edge.url}/a2a/default", headers={"A2A-Version": "1.0"}, json={
                 "jsonrpc": "2.0", "id": 1, "method": "GetTask", "params": {"id": run_id}})
         assert card["securitySchemes"]["bearer"]["httpAuthSecurityScheme"]["scheme"] == "Bearer"
         assert refused.status_code == 401

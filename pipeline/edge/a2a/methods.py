@@ -147,9 +147,9 @@ async def task_now(edge: Edge, run_id: str) -> dict[str, Any]:
 
 
 async def get_task(edge: Edge, principal: Principal | None, params: Mapping[str, Any]) -> dict[str, Any]:
-    run_id = task_id_of(params)
+    run_id, length = task_id_of(params), history_length(params)
     await edge.gate.check_run(principal, run_id, "read")
-    return (await task_encoder(edge, run_id)).task(history_length(params), max_bytes=limits.TASK_BYTES)
+    return (await task_encoder(edge, run_id)).task(length, max_bytes=limits.TASK_BYTES)
 
 
 async def context_of(edge: Edge, run_id: str) -> str | None:
