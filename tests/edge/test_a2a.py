@@ -20,8 +20,10 @@ import httpx
 import pytest
 from a2a.client import A2ACardResolver, Client, ClientCallContext, ClientConfig, ClientFactory
 from a2a.types import (
+    AuthenticationInfo,
     CancelTaskRequest,
     DeleteTaskPushNotificationConfigRequest,
+    GetTaskPushNotificationConfigRequest,
     GetTaskRequest,
     ListTaskPushNotificationConfigsRequest,
     ListTasksRequest,
@@ -341,8 +343,11 @@ async def test_an_input_required_task_is_answered_by_a_second_message(p: Pipelin
         task = body(first[0])
         second = [r async for r in client.send_message(user("Lisbon", task_id=task["id"],
                                                              context_id=task["contextId"]))]
+        history = MessageToDict(await client.get_task(GetTaskRequest(id=task["id"])))["history"]
     assert streamed_text(second) == "echo: booked Lisbon "
     assert state_of(updates(second)[-1]) == "TASK_STATE_COMPLETED"
+    assert [(m["role"], m["parts"][0]["text"]) for m in history] == [
+        ("ROLE_USER", "ask me"), ("ROLE_AGENT", "Which city?"), ("ROLE_USER", "Lisbon")], "the client's turns too"
 
 
 async def test_cancel_task_stops_an_sdk_agent_that_sees_cancel(p: Pipeline, tmp_path: Path) -> None:
@@ -435,9 +440,11 @@ async def test_a_push_notification_config_gets_the_tasks_status_from_the_webhook
     from .harness import free_port, loopback_config, start_uvicorn, stop_uvicorn
 
     received: list[dict[str, Any]] = []
+    headers: list[dict[str, str]] = []
 
     async def receive(request: Request) -> Response:
         received.append(json.loads(await request.body()))
+        headers.append(dict(request.headers))
         return Response(status_code=204)
 
     port = free_port()
@@ -456,11 +463,17 @@ async def test_a_push_notification_config_gets_the_tasks_status_from_the_webhook
             await wait_for_logged(p, run_id)
             async with a2a_client(p.edge.url) as client:
                 config = await client.create_task_push_notification_config(TaskPushNotificationConfig(
-                    task_id=run_id, url=f"http://127.0.0.1:{port}/hook"))
+                    task_id=run_id, url=f"http://127.0.0.1:{port}/hook", token="task-token-1",
+                    authentication=AuthenticationInfo(scheme="Bearer", credentials="receiver-secret")))
                 assert config.id and config.task_id == run_id
                 listed = await client.list_task_push_notification_configs(
                     ListTaskPushNotificationConfigsRequest(task_id=run_id))
                 assert [c.id for c in listed.configs] == [config.id]
+                shown = await client.get_task_push_notification_config(GetTaskPushNotificationConfigRequest(
+                    task_id=run_id, id=config.id))
+                for one in (config, listed.configs[0], shown):  # the token and the scheme, never the credentials
+                    assert one.token == "task-token-1" and one.authentication.scheme == "Bearer"
+                    assert one.authentication.credentials == ""
                 await run.emit("run.lifecycle", {"state": "awaiting_approval", "reason": "ok?"})
                 await run.finish()
                 await until(lambda: len(received) >= 2, within=30, what="two push notifications")
@@ -476,6 +489,10 @@ async def test_a_push_notification_config_gets_the_tasks_status_from_the_webhook
         await stop_uvicorn(receiver, serving)
     states = [ParseDict(body, StreamResponse()).status_update for body in received]
     assert [s.task_id for s in states] == [run_id, run_id]
+    for sent in headers:  # the config's token and authentication, as A2A has them sent (§4.3.3)
+        assert sent["x-a2a-notification-token"] == "task-token-1"
+        assert sent["authorization"] == "Bearer receiver-secret"
+        assert sent["content-type"] == "application/a2a+json"
     # deliveries are not ordered (sent at once, each retried on its own): a receiver orders by the status
     assert sorted(s.status.state for s in states) == sorted([TaskState.TASK_STATE_INPUT_REQUIRED,
                                                              TaskState.TASK_STATE_COMPLETED])

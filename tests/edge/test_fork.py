@@ -10,14 +10,17 @@ import uuid
 from typing import Any
 
 import httpx
+import pytest
 
 from runwire.bus.base import Bus
-from runwire.core import envelope
+from runwire.core import envelope, limits
 from runwire.edge import EdgeSettings
 from runwire.jobs.replay import export_run
 from runwire.processing.shaping import shape
 from runwire.sdk.publisher import Publisher
 from runwire.store.base import ReplayLog
+from runwire.store.outbox import NOTICE_TYPES, Subscription
+from runwire.webhooks import notify
 from runwire.workers.runtime import run_worker
 from tests.workers.checks import run_tree
 
@@ -26,6 +29,7 @@ from .harness import (
     RUN_B,
     SECRET,
     decoded,
+    event,
     publish,
     read_sse,
     run_events,
@@ -239,3 +243,45 @@ async def test_a_fork_of_a_chats_run_is_the_threads_newest_run(memory_bus: Bus, 
     assert made.status_code == 201
     assert [(r["run_id"], r["state"]) for r in listed] == [("chat-retry", "running"), ("chat-run", "done")]
     assert unknown.status_code == 404
+
+
+async def test_a_forks_copied_history_notifies_nobody_and_its_own_events_do(memory_bus: Bus, store: ReplayLog) -> None:
+    """The source's approval request and end, copied into a fork, are history: no webhook or A2A
+    push hears of them as the fork's; the fork's own end is heard as any run's."""
+    outbox = store.outbox()
+    await outbox.add_webhook(Subscription(id="wh_all", tenant=None, url="https://example.com/hook",
+                                          events=list(NOTICE_TYPES), secret="whsec_x", created_at=0.0))
+    source = [event("notified", 1, "run.lifecycle", {"state": "running"}),
+              event("notified", 2, "run.lifecycle", {"state": "awaiting_approval", "reason": "ok?"}),
+              event("notified", 3, "text.delta", text="yes"),
+              event("notified", 4, "run.lifecycle", {"state": "done"})]
+    await publish(memory_bus, store, source)
+    async with serve_edge(memory_bus, store) as edge, httpx.AsyncClient(base_url=edge.url, timeout=10) as http:
+        whole = await http.post("/v1/runs/notified/fork", json={"at": 4, "run_id": "fork-whole"})
+        mid = await http.post("/v1/runs/notified/fork", json={"at": 3, "run_id": "fork-mid"})
+    assert whole.status_code == mid.status_code == 201
+    await store.append([event("fork-mid", 4, "run.lifecycle", {"state": "error", "reason": "retried"})])
+    while await outbox.fan_out(notify.build):
+        pass
+    heard = [json.loads(d.body)["data"] for d in await outbox.claim(100, 60.0)]
+    assert sorted((h["run_id"], h["state"]) for h in heard) == [
+        ("fork-mid", "error"), ("notified", "awaiting_approval"), ("notified", "done")]
+
+
+async def test_forks_are_bounded_per_run_and_a_refused_fork_claims_nothing(
+    memory_bus: Bus, store: ReplayLog, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setattr(limits, "FORKS_PER_RUN", 2)
+    await two_tenants_runs(memory_bus, store)
+    a_rw = {"Authorization": f"Bearer {token('A', 'read', 'write')}"}
+    async with serve_edge(memory_bus, store, EdgeSettings(secret=SECRET)) as edge, \
+            httpx.AsyncClient(base_url=edge.url, timeout=10, headers=a_rw) as http:
+        past = await http.post(f"/v1/runs/{RUN_A}/fork", json={"at": 9, "run_id": "fork-past"})
+        made = [await http.post(f"/v1/runs/{RUN_A}/fork", json={"at": 2, "run_id": f"fork-{n}"}) for n in range(2)]
+        again = await http.post(f"/v1/runs/{RUN_A}/fork", json={"at": 2, "run_id": "fork-0"})
+        over = await http.post(f"/v1/runs/{RUN_A}/fork", json={"at": 2, "run_id": "fork-over"})
+    assert past.status_code == 400
+    assert [m.status_code for m in made] == [201, 201] and again.status_code == 200, "the same fork again is no new one"
+    assert over.status_code == 429 and "2 forks" in over.json()["error"] and over.headers["retry-after"]
+    assert await store.run_owner("fork-past") is None and await store.run_owner("fork-over") is None
+    assert (await store.run_owner("fork-0")) is not None
