@@ -11,6 +11,7 @@ import psycopg
 
 from runwire.core import envelope
 from runwire.store import RetentionPolicy, open_store
+from runwire.store.outbox import Subscription
 from runwire.store.postgres import SCHEMA_VERSION as POSTGRES_SCHEMA_VERSION
 from runwire.store.sqlite import SCHEMA_VERSION
 from tests.events import T0, event
@@ -217,3 +218,42 @@ async def test_the_runs_table_keeps_each_runs_expiry(tmp_path: Path) -> None:
     hour = timedelta(hours=1)
     assert stored == reported == {"a": T0 + hour + timedelta(days=90), "b": T0 + timedelta(days=7),
                                   "c": T0 + hour + timedelta(days=30)}
+
+
+def _webhook(webhook_id: str, headers: dict[str, str] | None = None) -> Subscription:
+    return Subscription(id=webhook_id, tenant="A", url="https://example.com/hook", events=["run.finished"],
+                        secret="whsec_x", created_at=1.0, headers=headers or {})
+
+
+async def test_a_schema_7_file_keeps_its_webhooks_and_gains_their_headers(tmp_path: Path) -> None:
+    """Schema 7 → 8: webhooks gain ``headers`` (none for the ones stored before); new ones keep theirs."""
+    path = tmp_path / "v7.db"
+    async with open_store(f"sqlite:///{path}") as log:  # today's schema, then made a schema-7 file
+        await log.outbox().add_webhook(_webhook("wh_old"))
+    conn = sqlite3.connect(path)
+    conn.executescript("ALTER TABLE webhooks DROP COLUMN headers; UPDATE schema_version SET version = 7;")
+    conn.close()
+    async with open_store(f"sqlite:///{path}") as log:
+        await log.outbox().add_webhook(_webhook("a2a_new", {"Authorization": "Bearer s"}))
+        found = {sub.id: sub.headers for sub in await log.outbox().webhooks("A")}
+    assert found == {"wh_old": {}, "a2a_new": {"Authorization": "Bearer s"}}
+
+
+async def test_a_postgres_schema_4_database_gains_webhook_headers(postgres_url: str) -> None:
+    schema = f"t_{uuid.uuid4().hex[:12]}"
+    url = f"{postgres_url}?options=-csearch_path%3D{schema}"
+    with psycopg.connect(postgres_url, autocommit=True) as admin:
+        admin.execute(f"CREATE SCHEMA {schema}")
+    try:
+        async with open_store(url) as log:  # today's schema, then made a schema-4 database
+            await log.outbox().add_webhook(_webhook("wh_old"))
+        with psycopg.connect(postgres_url, autocommit=True) as conn:
+            conn.execute(f"ALTER TABLE {schema}.webhooks DROP COLUMN headers")
+            conn.execute(f"UPDATE {schema}.runwire_schema SET version = 4")
+        async with open_store(url) as log:
+            await log.outbox().add_webhook(_webhook("a2a_new", {"Authorization": "Bearer s"}))
+            found = {sub.id: sub.headers for sub in await log.outbox().webhooks("A")}
+    finally:
+        with psycopg.connect(postgres_url, autocommit=True) as admin:
+            admin.execute(f"DROP SCHEMA IF EXISTS {schema} CASCADE")
+    assert found == {"wh_old": {}, "a2a_new": {"Authorization": "Bearer s"}}
