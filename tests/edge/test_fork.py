@@ -285,3 +285,20 @@ async def test_forks_are_bounded_per_run_and_a_refused_fork_claims_nothing(
     assert over.status_code == 429 and "2 forks" in over.json()["error"] and over.headers["retry-after"]
     assert await store.run_owner("fork-past") is None and await store.run_owner("fork-over") is None
     assert (await store.run_owner("fork-0")) is not None
+
+
+async def test_a_forks_copy_holds_one_of_the_tokens_streams(memory_bus: Bus, store: ReplayLog) -> None:
+    """A token holding all its streams cannot start a copy (429) until it lets one go."""
+    await two_tenants_runs(memory_bus, store)
+    await publish(memory_bus, store, run_events("live-a", 2, end=None, tenant="A"))
+    a_rw = {"Authorization": f"Bearer {token('A', 'read', 'write')}"}
+    settings = EdgeSettings(secret=SECRET, streams_per_token=1)
+    async with serve_edge(memory_bus, store, settings) as edge, \
+            httpx.AsyncClient(base_url=edge.url, timeout=10, headers=a_rw) as http:
+        async with http.stream("GET", "/v1/runs/live-a/stream") as held:
+            assert held.status_code == 200
+            refused = await http.post(f"/v1/runs/{RUN_A}/fork", json={"at": 2, "run_id": "fork-held"})
+        claimed = await store.run_owner("fork-held")
+        made = await http.post(f"/v1/runs/{RUN_A}/fork", json={"at": 2, "run_id": "fork-held"})
+    assert refused.status_code == 429 and claimed is None, "a refused fork claims nothing"
+    assert made.status_code == 201
