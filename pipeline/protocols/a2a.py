@@ -28,6 +28,8 @@ a child's events            the same objects, artifact ids prefixed with
                             ``<child_id>/`` and ``childId`` in the metadata; a
                             child's ``run.lifecycle`` is a data part on its
                             ``child-<child_id>`` artifact (``lastChunk`` when it ends)
+``x.a2a.message``           a client's message (the inbox writes it): the task's
+                            history, role user; no object
 anything else               ``artifactUpdate`` ``event-<seq>`` named after the
                             type: a data part with the payload, ``lastChunk``
 ==========================  ====================================================
@@ -40,7 +42,12 @@ client cut off between two objects of one event resumes exactly.
 
 :meth:`A2AEgress.preamble` is the task **snapshot**: a ``task`` object with
 the status and the artifacts so far (a text artifact's chunks as one part),
-what ``SubscribeToTask`` sends first.
+what ``SubscribeToTask`` sends first; :meth:`A2AEgress.task` the same, bounded
+for an answer (``GetTask``, ``ListTasks``).
+
+Longer than ~400 lines: the one mapping between runwire's events and A2A's
+objects, its task snapshot and that snapshot's bounds stay in one module, so
+that the stream, the answers and the push bodies cannot drift apart.
 """
 
 from __future__ import annotations
