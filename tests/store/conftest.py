@@ -59,6 +59,15 @@ def new_store_url(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[Ca
 
 
 @pytest.fixture
+def postgres_schema(postgres_url: str) -> Iterator[tuple[str, str]]:
+    """A PostgreSQL schema of the test's own, ``(schema, url of a log in it)``; dropped afterwards."""
+    schemas = _postgres_schemas(postgres_url)
+    url = next(schemas)()
+    yield url.rpartition("%3D")[2], url
+    next(schemas, None)
+
+
+@pytest.fixture
 def store_url(new_store_url: Callable[[], str]) -> str:
     return new_store_url()
 

@@ -5,7 +5,6 @@ for (``logged_runs``); a database from before the column gains it when opened.""
 from __future__ import annotations
 
 import sqlite3
-import uuid
 from pathlib import Path
 
 import psycopg
@@ -91,27 +90,20 @@ async def test_a_schema_5_file_gains_the_checkpoint_column(tmp_path: Path) -> No
     assert [e.seq for e in stored] == [1, 2, 3, 4, 5]
 
 
-async def test_a_postgres_schema_2_database_gains_the_checkpoint_column(postgres_url: str) -> None:
+async def test_a_postgres_schema_2_database_gains_the_checkpoint_column(postgres_schema: tuple[str, str]) -> None:
     """PostgreSQL schema 2 (no ``runs.checkpoint``) is migrated when opened, keeping its runs."""
-    schema = f"t_{uuid.uuid4().hex[:12]}"
-    url = f"{postgres_url}?options=-csearch_path%3D{schema}"
-    with psycopg.connect(postgres_url, autocommit=True) as admin:
-        admin.execute(f"CREATE SCHEMA {schema}")
-    try:
-        async with open_store(url) as log:  # today's schema, then made a schema-2 database
-            await log.append_streams([_part("old", deltas("old", 1, 3))])
-        with psycopg.connect(postgres_url, autocommit=True) as conn:
-            conn.execute(f"ALTER TABLE {schema}.runs DROP COLUMN checkpoint")
-            conn.execute(f"UPDATE {schema}.runwire_schema SET version = 2")
-        async with open_store(url) as log:
-            before = await log.logged_runs(["old"])
-            await log.append_streams([_part("old", deltas("old", 4, 5), b"old5")])
-            after = await log.logged_runs(["old"])
-        with psycopg.connect(postgres_url, autocommit=True) as conn:
-            version = conn.execute(f"SELECT max(version) FROM {schema}.runwire_schema").fetchone()
-    finally:
-        with psycopg.connect(postgres_url, autocommit=True) as admin:
-            admin.execute(f"DROP SCHEMA IF EXISTS {schema} CASCADE")
+    schema, url = postgres_schema
+    async with open_store(url) as log:  # today's schema, then made a schema-2 database
+        await log.append_streams([_part("old", deltas("old", 1, 3))])
+    with psycopg.connect(url.partition("?")[0], autocommit=True) as conn:
+        conn.execute(f"ALTER TABLE {schema}.runs DROP COLUMN checkpoint")
+        conn.execute(f"UPDATE {schema}.runwire_schema SET version = 2")
+    async with open_store(url) as log:
+        before = await log.logged_runs(["old"])
+        await log.append_streams([_part("old", deltas("old", 4, 5), b"old5")])
+        after = await log.logged_runs(["old"])
+    with psycopg.connect(url.partition("?")[0], autocommit=True) as conn:
+        version = conn.execute(f"SELECT max(version) FROM {schema}.runwire_schema").fetchone()
     assert before["old"].checkpoint is None
     assert (after["old"].checkpoint, after["old"].last_seq, after["old"].events) == (b"old5", 5, 5)
     assert version == (POSTGRES_SCHEMA_VERSION,)

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import sqlite3
-import uuid
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
 
@@ -101,27 +100,20 @@ async def test_a_schema_2_file_gains_thread_ids_and_keeps_its_runs(tmp_path: Pat
         conn.close()
 
 
-async def test_a_postgres_schema_1_database_gains_thread_ids(postgres_url: str) -> None:
+async def test_a_postgres_schema_1_database_gains_thread_ids(postgres_schema: tuple[str, str]) -> None:
     """PostgreSQL schema 1 (no ``runs.thread_id``) is migrated when opened, keeping its runs."""
-    schema = f"t_{uuid.uuid4().hex[:12]}"
-    url = f"{postgres_url}?options=-csearch_path%3D{schema}"
-    with psycopg.connect(postgres_url, autocommit=True) as admin:
-        admin.execute(f"CREATE SCHEMA {schema}")
-    try:
-        async with open_store(url) as log:  # today's schema, then made a schema-1 database
-            await log.append([event("r1", 1)])
-        with psycopg.connect(postgres_url, autocommit=True) as conn:
-            conn.execute(f"ALTER TABLE {schema}.runs DROP COLUMN thread_id")
-            conn.execute(f"UPDATE {schema}.runwire_schema SET version = 1")
-        async with open_store(url) as log:
-            await log.append([event("r1", 2, thread_id="chat-1")])
-            info = await log.run("r1")
-            listed = [r.run_id for r in await log.runs(thread_id="chat-1")]
-        with psycopg.connect(postgres_url, autocommit=True) as conn:
-            version = conn.execute(f"SELECT max(version) FROM {schema}.runwire_schema").fetchone()
-    finally:
-        with psycopg.connect(postgres_url, autocommit=True) as admin:
-            admin.execute(f"DROP SCHEMA IF EXISTS {schema} CASCADE")
+    schema, url = postgres_schema
+    async with open_store(url) as log:  # today's schema, then made a schema-1 database
+        await log.append([event("r1", 1)])
+    with psycopg.connect(url.partition("?")[0], autocommit=True) as conn:
+        conn.execute(f"ALTER TABLE {schema}.runs DROP COLUMN thread_id")
+        conn.execute(f"UPDATE {schema}.runwire_schema SET version = 1")
+    async with open_store(url) as log:
+        await log.append([event("r1", 2, thread_id="chat-1")])
+        info = await log.run("r1")
+        listed = [r.run_id for r in await log.runs(thread_id="chat-1")]
+    with psycopg.connect(url.partition("?")[0], autocommit=True) as conn:
+        version = conn.execute(f"SELECT max(version) FROM {schema}.runwire_schema").fetchone()
     assert info is not None and (info.events, info.thread_id) == (2, "chat-1")
     assert listed == ["r1"] and version == (POSTGRES_SCHEMA_VERSION,)
 
@@ -239,21 +231,13 @@ async def test_a_schema_7_file_keeps_its_webhooks_and_gains_their_headers(tmp_pa
     assert found == {"wh_old": {}, "a2a_new": {"Authorization": "Bearer s"}}
 
 
-async def test_a_postgres_schema_4_database_gains_webhook_headers(postgres_url: str) -> None:
-    schema = f"t_{uuid.uuid4().hex[:12]}"
-    url = f"{postgres_url}?options=-csearch_path%3D{schema}"
-    with psycopg.connect(postgres_url, autocommit=True) as admin:
-        admin.execute(f"CREATE SCHEMA {schema}")
-    try:
-        async with open_store(url) as log:  # today's schema, then made a schema-4 database
-            await log.outbox().add_webhook(_webhook("wh_old"))
-        with psycopg.connect(postgres_url, autocommit=True) as conn:
-            conn.execute(f"ALTER TABLE {schema}.webhooks DROP COLUMN headers")
-            conn.execute(f"UPDATE {schema}.runwire_schema SET version = 4")
-        async with open_store(url) as log:
-            await log.outbox().add_webhook(_webhook("a2a_new", {"Authorization": "Bearer s"}))
-            found = {sub.id: sub.headers for sub in await log.outbox().webhooks("A")}
-    finally:
-        with psycopg.connect(postgres_url, autocommit=True) as admin:
-            admin.execute(f"DROP SCHEMA IF EXISTS {schema} CASCADE")
+async def test_a_postgres_schema_4_database_gains_webhook_headers(postgres_schema: tuple[str, str]) -> None:
+    schema, url = postgres_schema
+    async with open_store(url) as log:  # today's schema, then made a schema-4 database
+        await log.outbox().add_webhook(_webhook("wh_old"))
+    with psycopg.connect(url.partition("?")[0], autocommit=True) as conn:
+        conn.execute(f"ALTER TABLE {schema}.webhooks DROP COLUMN headers; UPDATE {schema}.runwire_schema SET version = 4")
+    async with open_store(url) as log:
+        await log.outbox().add_webhook(_webhook("a2a_new", {"Authorization": "Bearer s"}))
+        found = {sub.id: sub.headers for sub in await log.outbox().webhooks("A")}
     assert found == {"wh_old": {}, "a2a_new": {"Authorization": "Bearer s"}}
