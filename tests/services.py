@@ -287,9 +287,11 @@ class PostgresServer:
     session's server turns it off for speed: an immediate stop may then lose the last commits.
     """
 
-    def __init__(self, *, durable: bool = False) -> None:
+    def __init__(self, *, durable: bool = False, root: Path | None = None) -> None:
         self.port = free_port()
-        self.root = Path(tempfile.mkdtemp(prefix="runwire-pg-"))
+        self.root = Path(tempfile.mkdtemp(prefix="runwire-pg-", dir=root))
+        """Where the cluster lives (data, socket, log): under ``root`` if given (a small
+        filesystem of a test's own, to fill up)."""
         self.data = self.root / "data"
         self.user = "postgres" if os.geteuid() == 0 else os.environ.get("USER", "postgres")
         self.durable = durable
@@ -321,6 +323,15 @@ class PostgresServer:
                 "-c max_connections=200")
         self._run(pg_ctl, "-D", str(self.data), "-o", opts, "-w", "-t", "60", "-l",
                   str(self.root / "log"), "start")
+
+    def running(self) -> bool:
+        """Whether the server is up (``pg_ctl status``): it shuts itself down when it can't
+        recover from a crash, e.g. with no room left for its WAL."""
+        pg_ctl = _pg_bin("pg_ctl")
+        assert pg_ctl, HINTS["postgres"]
+        prefix = ["runuser", "-u", "postgres", "--"] if os.geteuid() == 0 else []
+        status = subprocess.run([*prefix, pg_ctl, "-D", str(self.data), "status"], capture_output=True, timeout=60)
+        return status.returncode == 0
 
     def stop(self) -> None:
         """``pg_ctl stop -m immediate``: every backend ends at once, no checkpoint (a crash, for

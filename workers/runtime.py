@@ -11,10 +11,14 @@ import asyncio
 import os
 import signal
 import time
+from collections.abc import Iterator
 
 from prometheus_client import CollectorRegistry
+from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
+from prometheus_client.registry import Collector
 
 from runwire.bus import Bus
+from runwire.core.retry import Outage
 from runwire.jobs.export import SpanExporter, exporter_from_env, exporting
 from runwire.processing.processor import DEFAULT_QUIET_S, DEFAULT_SILENCE_S, Processor
 from runwire.processing.stages import BATCH, FETCH, TICK_S, Stages, WorkerStats
@@ -32,6 +36,28 @@ def stop_on_signals() -> asyncio.Event:
     for sig in (signal.SIGINT, signal.SIGTERM):
         loop.add_signal_handler(sig, stop.set)
     return stop
+
+
+class PauseMetrics(Collector):
+    """A worker's pauses as Prometheus metrics (``--metrics-addr``): ``runwire_worker_paused``
+    {part, reason} is 1 while the worker waits out a dependency at its limit (``store full``: the
+    replay log's disk; ``bus unavailable``, …), and ``runwire_worker_retried_total`` {part,
+    reason} counts the calls retried for it."""
+
+    def __init__(self, outage: Outage) -> None:
+        self.outage = outage
+
+    def collect(self) -> Iterator[GaugeMetricFamily | CounterMetricFamily]:
+        paused = GaugeMetricFamily("runwire_worker_paused", "1 while the worker is paused on a "
+                                   "dependency at its limit", labels=["part", "reason"])
+        if self.outage.state is not None:
+            paused.add_metric(self.outage.state.split(" ", 1), 1)
+        yield paused
+        retried = CounterMetricFamily("runwire_worker_retried", "calls retried while paused",
+                                      labels=["part", "reason"])
+        for state, count in sorted(self.outage.retried.items()):
+            retried.add_metric(state.split(" ", 1), count)
+        yield retried
 
 
 def span_exporter(
@@ -75,10 +101,15 @@ async def run_worker(
     )
     worker = ConsumerLoop(consumer, stages)
     started = time.monotonic()
+    pauses = PauseMetrics(stages.outage)
+    if metrics is not None:
+        metrics.register(pauses)
     try:
         async with exporting(span_exporter(stages, store, name, metrics)):
             await worker.loop(batch=batch, tick_s=tick_s, burst=burst)
     finally:
+        if metrics is not None:
+            metrics.unregister(pauses)
         await consumer.close()
         stages.stats.seconds = time.monotonic() - started
     return stages.finish_stats()

@@ -22,6 +22,7 @@
     │   └── DeliveryTimeout      publisher gave up after its deadline (final; names what was not delivered)
     └── StoreError               the replay log failed
         └── StoreUnavailable     connection lost/refused               (retriable)
+            └── StoreFull        a write refused: the log's disk is full (retriable)
 
 ``retriable`` is part of the type: a caller may retry a retriable error with
 backoff; a final one is reported. Wire-facing errors carry the spec's
@@ -220,6 +221,16 @@ class StoreUnavailable(StoreError):
 
     retriable = True
     reason = "unavailable"
+
+
+class StoreFull(StoreUnavailable):
+    """The replay log refused a write because its disk is full (PostgreSQL's SQLSTATE 53100
+    ``disk_full``: "could not extend file", a full ``pg_wal``; SQLite's "database or disk is full").
+
+    A pause, like :class:`BusFull`: the refused transaction wrote nothing, and the write is
+    retried with backoff until there is room again."""
+
+    reason = "full"
 
 
 class LineError(msgspec.Struct, kw_only=True, omit_defaults=True):

@@ -16,10 +16,21 @@ from typing import Any, TypeVar
 
 import psycopg
 
-from ..core.errors import StoreError, StoreUnavailable
+from ..core.errors import StoreError, StoreFull, StoreUnavailable
 
 T = TypeVar("T")
 
+DISK_FULL = "53100"
+"""PostgreSQL's SQLSTATE ``disk_full`` ("could not extend file …", "could not write to file
+\"pg_wal/…\"": No space left on device)."""
+
+
+def unavailable(exc: psycopg.OperationalError, what: str = "PostgreSQL") -> StoreUnavailable:
+    """The retriable error of a failed statement or connection: :class:`StoreFull` when the
+    server refused it for want of disk (a pause until there is room), else
+    :class:`StoreUnavailable`."""
+    kind = StoreFull if exc.sqlstate == DISK_FULL else StoreUnavailable
+    return kind(f"{what}: {exc}")
 
 class ThreadConnection:
     """Runs functions of one psycopg connection (autocommit: the outbox begins its own
@@ -39,7 +50,7 @@ class ThreadConnection:
         try:
             return fn(self._connection())
         except psycopg.OperationalError as exc:
-            raise StoreUnavailable(f"PostgreSQL: {exc}") from exc
+            raise unavailable(exc) from exc
         except psycopg.Error as exc:
             raise StoreError(f"PostgreSQL: {exc}") from exc
 

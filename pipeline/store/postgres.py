@@ -36,7 +36,7 @@ import psycopg
 
 from ..core import envelope
 from ..core.envelope import Event
-from ..core.errors import StoreError, StoreUnavailable
+from ..core.errors import StoreError
 from .base import (
     ForkPoint,
     LoggedRun,
@@ -48,7 +48,7 @@ from .base import (
     stream_checkpoint,
 )
 from .outbox import INSERT_NOTICE, POSTGRES, Notice, Outbox, ddl, in_dialect, notice_rows
-from .outbox_postgres import ThreadConnection
+from .outbox_postgres import ThreadConnection, unavailable
 from .producers import ProducerState, Reservation, reserve
 from .runmeta import (
     RUN_COLUMNS,
@@ -225,7 +225,7 @@ class PostgresLog(ReplayLog):
         try:
             return await psycopg.AsyncConnection.connect(self.dsn, autocommit=True)
         except psycopg.OperationalError as exc:
-            raise StoreUnavailable(f"PostgreSQL unreachable: {exc}") from exc
+            raise unavailable(exc, "PostgreSQL unreachable") from exc
 
     async def _open_writer(self) -> psycopg.AsyncConnection[Any]:
         conn = await self._open()
@@ -290,7 +290,7 @@ class PostgresLog(ReplayLog):
                     cursor = await (await self._reader.get()).execute(sql, args, binary=True)
                 return await cursor.fetchall()
             except psycopg.OperationalError as exc:
-                raise StoreUnavailable(f"PostgreSQL: {exc}") from exc
+                raise unavailable(exc) from exc
             except psycopg.Error as exc:
                 raise StoreError(f"PostgreSQL: {exc}") from exc
 
@@ -336,7 +336,7 @@ class PostgresLog(ReplayLog):
                         async with conn.cursor() as cursor:
                             await cursor.executemany(_INSERT_NOTICE, notice_rows(notices, now.timestamp()))
             except psycopg.OperationalError as exc:
-                raise StoreUnavailable(f"PostgreSQL: {exc}") from exc
+                raise unavailable(exc) from exc
             except psycopg.Error as exc:
                 raise StoreError(f"PostgreSQL: {exc}") from exc
         return len(stored)
@@ -482,7 +482,7 @@ class PostgresLog(ReplayLog):
                 async with conn.transaction():
                     return await self._reserve(conn, run_id, producer, count, close, hold_s, digest)
             except psycopg.OperationalError as exc:
-                raise StoreUnavailable(f"PostgreSQL: {exc}") from exc
+                raise unavailable(exc) from exc
             except psycopg.Error as exc:
                 raise StoreError(f"PostgreSQL: {exc}") from exc
 
@@ -554,7 +554,7 @@ class PostgresLog(ReplayLog):
             try:
                 return await self._sweep(now or self.clock(), dry_run)
             except psycopg.OperationalError as exc:
-                raise StoreUnavailable(f"PostgreSQL: {exc}") from exc
+                raise unavailable(exc) from exc
             except psycopg.Error as exc:
                 raise StoreError(f"PostgreSQL: {exc}") from exc
 
@@ -637,6 +637,6 @@ class PostgresLog(ReplayLog):
                 async with conn.transaction():
                     return await (await conn.execute(sql, args)).fetchall()
             except psycopg.OperationalError as exc:
-                raise StoreUnavailable(f"PostgreSQL: {exc}") from exc
+                raise unavailable(exc) from exc
             except psycopg.Error as exc:
                 raise StoreError(f"PostgreSQL: {exc}") from exc

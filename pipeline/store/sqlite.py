@@ -37,7 +37,7 @@ import msgspec
 
 from ..core import envelope
 from ..core.envelope import Event
-from ..core.errors import ConfigError, StoreError, StoreUnavailable
+from ..core.errors import ConfigError, StoreError, StoreFull, StoreUnavailable
 from ..core.lines import join_lines
 from .base import (
     ForkPoint,
@@ -540,7 +540,8 @@ class SQLiteLog(ReplayLog):
         try:
             return await loop.run_in_executor(self._executor, fn, *args)
         except sqlite3.OperationalError as exc:
-            raise StoreUnavailable(f"SQLite {self.path}: {exc}") from exc
+            kind = StoreFull if exc.sqlite_errorcode == sqlite3.SQLITE_FULL else StoreUnavailable
+            raise kind(f"SQLite {self.path}: {exc}") from exc
         except sqlite3.DatabaseError as exc:
             raise StoreError(f"SQLite {self.path}: {exc}") from exc
 

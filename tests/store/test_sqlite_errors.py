@@ -19,7 +19,7 @@ from pathlib import Path
 import pytest
 
 from runwire.core import envelope
-from runwire.core.errors import StoreError
+from runwire.core.errors import StoreError, StoreFull
 from runwire.store import open_store
 from runwire.store.base import ReplayLog
 from runwire.store.sqlite import SQLiteLog
@@ -59,7 +59,7 @@ async def test_a_full_disk_is_the_error_a_write_reports(tmp_path: Path, write: s
         assert isinstance(log, SQLiteLog)
         await log.append([event("r-full", 1, "run.lifecycle", {"state": "running"})])
         await _full(log, True)
-        with pytest.raises(StoreError) as failed:
+        with pytest.raises(StoreFull) as failed:  # a pause (retriable, reason "full"), not a failure
             await WRITES[write](log, 2)
         assert "database or disk is full" in str(failed.value)
         assert "no transaction is active" not in str(failed.value)

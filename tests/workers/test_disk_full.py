@@ -55,7 +55,7 @@ async def test_a_full_disk_pauses_the_worker_and_everything_drains_once_after(
         worker = asyncio.create_task(run_worker(bus, store, group="g", name="w1", stop=stop))
         fill_filesystem(tiny_fs / "filler", leave=32 * 1024)
         await bus.publish(events)
-        await until(lambda: any("paused: store unavailable" in r.getMessage() and "disk is full" in r.getMessage()
+        await until(lambda: any("paused: store full" in r.getMessage() and "disk is full" in r.getMessage()
                                 for r in caplog.records), within=30, what="the worker pauses: disk full")
         pauses = [r for r in caplog.records if "paused:" in r.getMessage()]
         assert not worker.done()
@@ -73,6 +73,7 @@ async def test_a_full_disk_pauses_the_worker_and_everything_drains_once_after(
         stats = await worker
         await assert_delivered_exactly_once(bus, store, events, ancestry)
     assert stats.paused_seconds > 0
+    assert stats.retried.get("store full", 0) >= 1
     assert len(pauses) == 1  # one line for the outage, however many retries
     with sqlite3.connect(db) as conn:
         assert conn.execute("PRAGMA integrity_check").fetchone() == ("ok",)

@@ -62,7 +62,7 @@ def default_name() -> str:
               show_default=True, envvar="RUNWIRE_DATA_DIR",
               help="runwire's data directory (the Kafka worker keeps faust's files under it).")
 @click.option("--metrics-addr", default=None, envvar="RUNWIRE_METRICS_ADDR", metavar="[HOST:]PORT",
-              help="Serve the worker's Prometheus metrics (span export: sent, retried, dropped) at "
+              help="Serve the worker's Prometheus metrics (pauses at a limit; span export: sent, retried, dropped) at "
                    "/metrics here (HOST defaults to 127.0.0.1) [default: none].")
 @allow_private_option
 def worker(
