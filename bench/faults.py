@@ -30,6 +30,10 @@ Scenarios so far:
   (``/readyz``; a resume the hot tier covers). Recovery: from PostgreSQL back to the workers'
   ``resumed after`` lines and to every run ended; then the replay log and a resuming client are
   tallied.
+* ``postgres-disk-full`` — the PostgreSQL replay log's filesystem (its whole cluster on a 96 MiB
+  tmpfs; root) filled up ``--restart-after`` seconds after the workers' first write and given
+  room ``--full-s`` seconds later, two workers on Redis, SDK publishers still publishing, an edge
+  and the workers' ``runwire_worker_paused`` asked while it is full.
 * ``clock-skew`` — publishers whose clocks are 5 minutes ahead and behind the workers'; adds the
   shaped views' R1 and whether each shaped view's text is its raw text.
 * ``sqlite-disk-full`` — the SQLite replay log's filesystem (a 2 MiB tmpfs; mounting needs root)
@@ -182,7 +186,7 @@ class Pipe:
     replay log a SQLite file there, or ``store_url``."""
 
     def __init__(self, args: argparse.Namespace, *redis_args: str, store_url: str | None = None,
-                 skews: Sequence[float] = ()) -> None:
+                 skews: Sequence[float] = (), worker_args: Callable[[int], list[str]] = lambda n: []) -> None:
         self.args = args
         self.work = Path(tempfile.mkdtemp(prefix="runwire-fault-"))
         self.port = free_port()
@@ -195,7 +199,7 @@ class Pipe:
         self.store = store_url or f"sqlite:///{self.db}"
         self.workers = [subprocess.Popen(
             [*RUNWIRE, "worker", "--bus", self.url, "--store", self.store, "--name", f"w{n}",
-             "--data-dir", str(self.work)], cwd=self.work, stdout=subprocess.DEVNULL,
+             "--data-dir", str(self.work), *worker_args(n)], cwd=self.work, stdout=subprocess.DEVNULL,
             stderr=open(self.work / f"worker{n}.log", "w")) for n in range(args.workers)]
         self.publishing_at_restart = 0
         self.share = args.runs // args.publishers
@@ -655,12 +659,15 @@ class PostgresPipe(Pipe):
     deployed; stopped with ``pg_ctl stop -m immediate`` and started again on its port) and one
     ``runwire edge`` on the same bus and log, asked during the outage."""
 
-    def __init__(self, args: argparse.Namespace) -> None:
+    def __init__(self, args: argparse.Namespace, root: Path | None = None, wal_root: Path | None = None) -> None:
         services = _test_services()
-        self.pg = services.PostgresServer(durable=True)
+        self.pg = services.PostgresServer(durable=True, root=root, wal_root=wal_root)
         self.pg.start()
+        self.metrics_ports = [services.free_port() for _ in range(args.workers)]
+        """Each worker's ``--metrics-addr`` (its pauses: ``runwire_worker_paused``)."""
         try:
-            super().__init__(args, "--appendonly", "no", store_url=self.pg.url)
+            super().__init__(args, "--appendonly", "no", store_url=self.pg.url,
+                             worker_args=lambda n: ["--metrics-addr", str(self.metrics_ports[n])])
         except BaseException:
             self.pg.close()
             raise
@@ -708,6 +715,21 @@ class PostgresPipe(Pipe):
                 out["resume"] = f"{type(exc).__name__} after {time.monotonic() - started:.2f} s"
         return out
 
+    def worker_paused(self) -> list[str]:
+        """Each worker's ``runwire_worker_paused`` samples now (``part/reason``, or ``-``)."""
+        import httpx
+
+        out = []
+        for port in self.metrics_ports:
+            try:
+                text = httpx.get(f"http://127.0.0.1:{port}/metrics", timeout=5).text
+            except httpx.HTTPError as exc:
+                out.append(type(exc).__name__)
+                continue
+            lines = [line for line in text.splitlines() if line.startswith("runwire_worker_paused{")]
+            out.append(",".join(line.split("{", 1)[1].split("}")[0] for line in lines) or "-")
+        return out
+
     def wait_ready(self, within: float = 60) -> float:
         """Until the edge's ``/readyz`` is 200; the time it took."""
         import httpx
@@ -721,11 +743,12 @@ class PostgresPipe(Pipe):
         return time.monotonic() - started
 
     def wait_resumed(self, within: float = 120) -> float:
-        """Until every worker that logged a pause logged its end (``resumed after``); the time it took."""
+        """Until every worker that logged a pause logged its end (``resumed after``, after its last
+        ``paused:`` line: a pause whose cause changed has two); the time it took."""
         started = time.monotonic()
         while time.monotonic() - started < within:
             texts = [path.read_text() for path in self.work.glob("worker*.log")]
-            if all(text.count("resumed after") >= text.count("paused:") for text in texts):
+            if all(text.rfind("resumed after") >= text.rfind("runwire.worker WARNING paused:") for text in texts):
                 break
             time.sleep(0.1)
         return time.monotonic() - started
@@ -743,6 +766,78 @@ class PostgresPipe(Pipe):
                 shutil.copy(self.pg.root / "log", self.work / "postgres.log")
         super().close()
         self.pg.close()
+
+
+def postgres_disk_full(wal_only: bool) -> Callable[[argparse.Namespace], dict[str, Any]]:
+    """The PostgreSQL replay log's disk full: the cluster (data directory and ``pg_wal``; with
+    ``wal_only`` ``pg_wal`` alone, ``initdb -X``) on a tmpfs of 96 MiB (``mount``: root), filled up
+    ``--restart-after`` seconds after the workers' first write (32 KiB left) and remounted at 2 GiB
+    ``--full-s`` seconds later; a PostgreSQL that shut itself down meanwhile (a full ``pg_wal``:
+    PANIC, then no room to recover) is started again then, as its supervisor would. Recovery: from
+    the remount to the workers' ``resumed after`` lines and to every run ended; the edge and the
+    workers' ``runwire_worker_paused`` are asked while it is full."""
+    name = "postgres-wal-full" if wal_only else "postgres-disk-full"
+
+    def scenario(args: argparse.Namespace) -> dict[str, Any]:
+        fs = Path(tempfile.mkdtemp(prefix="runwire-pgfs-"))
+        subprocess.run(["mount", "-t", "tmpfs", "-o", "size=96m,mode=0755", "tmpfs", str(fs)], check=True)
+        try:
+            return _disk_full(args, name, fs, PostgresPipe(args, wal_root=fs) if wal_only else PostgresPipe(args, root=fs))
+        finally:
+            subprocess.run(["umount", "-l", str(fs)], check=False)
+            shutil.rmtree(fs, ignore_errors=True)
+
+    return scenario
+
+
+def _disk_full(args: argparse.Namespace, name: str, fs: Path, pipe: PostgresPipe) -> dict[str, Any]:
+    """One disk-full scenario on ``pipe`` (its PostgreSQL, or its ``pg_wal``, on the tmpfs ``fs``)."""
+    try:
+        pipe.wait_writing()
+        time.sleep(args.restart_after)
+        pipe.publishing_at_restart = sum(p.poll() is None for p in pipe.publishers)
+        filled = time.monotonic()
+        _test_services().fill_filesystem(fs / "filler", leave=32 * 1024)
+        deadline = filled + args.full_s
+        while time.monotonic() < deadline and not all(
+                "paused:" in (pipe.work / f"worker{n}.log").read_text() for n in range(args.workers)):
+            time.sleep(0.1)
+        paused_s = time.monotonic() - filled
+        during = pipe.ask_edge() | {"worker_paused": pipe.worker_paused()}
+        time.sleep(max(0.0, deadline - time.monotonic()))
+        during["postgres_up"] = pipe.pg.running()
+        subprocess.run(["mount", "-o", "remount,size=2g", "tmpfs", str(fs)], check=True)
+        back = time.monotonic()
+        restarted = not pipe.pg.running()
+        if restarted:
+            pipe.pg.resume()
+        pg_up_s = time.monotonic() - back
+        pipe.wait_resumed()
+        resumed_s = time.monotonic() - back
+        after = pipe.ask_edge() | {"worker_paused": pipe.worker_paused()}
+        row = pipe.finish(name, back)
+        worker_logs = " ".join(path.read_text() for path in pipe.work.glob("worker*.log"))
+        pg_log = (pipe.pg.root / "log").read_text(errors="replace")
+        row |= {"full_s": round(back - filled, 1), "all_paused_s_after_fill": round(paused_s, 1),
+                "writes_resumed_s": round(resumed_s, 1), "postgres_restarted": restarted,
+                "postgres_up_s_after_remount": round(pg_up_s, 1),
+                "postgres_disk_full_errors": pg_log.count("No space left on device"),
+                "postgres_panics": pg_log.count("PANIC:"),
+                "worker_pause_lines": [line.split(" - ")[-1][:160] for line in worker_logs.splitlines()
+                                       if "paused:" in line or "resumed after" in line],
+                "worker_resumed_logged": worker_logs.count("resumed after"),
+                "worker_dead_letters_logged": worker_logs.lower().count("dead-letter"),
+                "worker_tracebacks": worker_logs.count("Traceback"),
+                "edge_alive": pipe.edge.poll() is None, "edge_during": during, "edge_after": after}
+        if not args.json:
+            print(f"{name}: full {row['full_s']} s (every worker paused "
+                  f"{row['all_paused_s_after_fill']} s after the fill); PostgreSQL: "
+                  f"{row['postgres_disk_full_errors']} 'No space left' lines, {row['postgres_panics']} PANIC, "
+                  f"restarted {restarted} (up {row['postgres_up_s_after_remount']} s after the remount); while full: {during}; after: {after}; workers' pause lines "
+                  f"{row['worker_pause_lines']}; writing again {row['writes_resumed_s']} s after the remount")
+        return row
+    finally:
+        pipe.close()
 
 
 def postgres_outage(down_s: float) -> Callable[[argparse.Namespace], dict[str, Any]]:
@@ -1004,6 +1099,8 @@ SCENARIOS["net-latency"] = net_fault("latency")
 SCENARIOS["net-loss"] = net_fault("loss")
 SCENARIOS["net-partition"] = net_fault("partition")
 SCENARIOS["sqlite-disk-full"] = sqlite_disk_full
+SCENARIOS["postgres-disk-full"] = postgres_disk_full(wal_only=False)
+SCENARIOS["postgres-wal-full"] = postgres_disk_full(wal_only=True)
 SCENARIOS["clock-skew"] = clock_skew
 
 

@@ -287,8 +287,10 @@ class PostgresServer:
     session's server turns it off for speed: an immediate stop may then lose the last commits.
     """
 
-    def __init__(self, *, durable: bool = False, root: Path | None = None) -> None:
+    def __init__(self, *, durable: bool = False, root: Path | None = None, wal_root: Path | None = None) -> None:
         self.port = free_port()
+        self.wal_root = wal_root
+        """Where ``pg_wal`` goes instead (``initdb -X``): a filesystem of its own, if given."""
         self.root = Path(tempfile.mkdtemp(prefix="runwire-pg-", dir=root))
         """Where the cluster lives (data, socket, log): under ``root`` if given (a small
         filesystem of a test's own, to fill up)."""
@@ -309,9 +311,14 @@ class PostgresServer:
     def start(self) -> None:
         initdb, pg_ctl = _pg_bin("initdb"), _pg_bin("pg_ctl")
         assert initdb and pg_ctl, HINTS["postgres"]
+        wal: list[str] = []
+        if self.wal_root is not None:
+            wal = ["-X", str(Path(tempfile.mkdtemp(prefix="runwire-pg-wal-", dir=self.wal_root)) / "pg_wal")]
         if os.geteuid() == 0:
             shutil.chown(self.root, "postgres", "postgres")
-        self._run(initdb, "-D", str(self.data), "-A", "trust", "-U", self.user, "--no-sync", "-E", "UTF8")
+            if wal:
+                shutil.chown(Path(wal[1]).parent, "postgres", "postgres")
+        self._run(initdb, "-D", str(self.data), "-A", "trust", "-U", self.user, "--no-sync", "-E", "UTF8", *wal)
         self.resume()
 
     def resume(self) -> None:
