@@ -828,13 +828,16 @@ def _disk_full(args: argparse.Namespace, name: str, fs: Path, pipe: PostgresPipe
                 "worker_resumed_logged": worker_logs.count("resumed after"),
                 "worker_dead_letters_logged": worker_logs.lower().count("dead-letter"),
                 "worker_tracebacks": worker_logs.count("Traceback"),
-                "edge_alive": pipe.edge.poll() is None, "edge_during": during, "edge_after": after}
+                "edge_alive": pipe.edge.poll() is None, "edge_during": during, "edge_after": after,
+                "workers_dead": {n: (proc.returncode, (pipe.work / f"worker{n}.log").read_text()[-600:])
+                                 for n, proc in enumerate(pipe.workers) if proc.poll() is not None}}
         if not args.json:
             print(f"{name}: full {row['full_s']} s (every worker paused "
                   f"{row['all_paused_s_after_fill']} s after the fill); PostgreSQL: "
                   f"{row['postgres_disk_full_errors']} 'No space left' lines, {row['postgres_panics']} PANIC, "
                   f"restarted {restarted} (up {row['postgres_up_s_after_remount']} s after the remount); while full: {during}; after: {after}; workers' pause lines "
-                  f"{row['worker_pause_lines']}; writing again {row['writes_resumed_s']} s after the remount")
+                  f"{row['worker_pause_lines']}; writing again {row['writes_resumed_s']} s after the remount; "
+              f"dead workers (exit status, log's end) {row['workers_dead']}")
         return row
     finally:
         pipe.close()
