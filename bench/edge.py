@@ -60,6 +60,10 @@ from typing import Any
 
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
+sys.path.insert(0, str(ROOT / "bench"))
+from cputime import import_code  # noqa: E402
+
+import_code()  # the tree $RUNWIRE_CODE names (bench/alternate.py), else this checkout
 
 from runwire.bus import open_bus  # noqa: E402
 from runwire.core import envelope  # noqa: E402

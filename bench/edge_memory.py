@@ -44,7 +44,7 @@ SNAPSHOT_ENV = "RUNWIRE_BENCH_TRACEMALLOC"
 
 def traced_server(impl: str, bus_url: str, port: int, prefix: str) -> None:
     """``bench/edge.py``'s server role, with a tracemalloc snapshot written on each SIGUSR1."""
-    tracemalloc.start(1)
+    tracemalloc.start(int(os.environ.get("RUNWIRE_BENCH_FRAMES", "1")))
     taken = iter(range(1 << 30))
 
     def dump(*_: object) -> None:
