@@ -24,6 +24,14 @@
         └── StoreUnavailable     connection lost/refused               (retriable)
             └── StoreFull        a write refused: the log's disk is full (retriable)
 
+Every entrance answers an error from the same table, the class's ``status``
+(HTTP; a refused WebSocket closes with 4000 + it) and ``grpc`` (the gRPC
+status code's name): 400/INVALID_ARGUMENT for a bad frame, setting or
+parameter, 401/UNAUTHENTICATED and 403/PERMISSION_DENIED, 404/NOT_FOUND,
+409/FAILED_PRECONDITION for a finished run, 413 and 429/RESOURCE_EXHAUSTED,
+400/OUT_OF_RANGE for an expired cursor, 503/UNAVAILABLE when the bus or the
+replay log failed, 500/INTERNAL for anything else.
+
 ``retriable`` is part of the type: a caller may retry a retriable error with
 backoff; a final one is reported. Wire-facing errors carry the spec's
 ``KAI-STREAM-*`` code in ``code``. The messages of ConfigError, BusError and
@@ -62,6 +70,10 @@ class RunwireError(Exception):
 
     retriable: bool = False
     code: str | None = None
+    status: int = 500
+    """The HTTP status of this error (see the module's table)."""
+    grpc: str = "INTERNAL"
+    """The name of its gRPC status code (a ``grpc.StatusCode`` member)."""
     reason: str | None = None
     """A retriable error's state in a word (``unavailable``, ``full``): what ``/readyz`` and
     the pause log lines say."""
@@ -71,6 +83,8 @@ class ProtocolError(RunwireError):
     """A frame that is not a valid event of the format it was read as."""
 
     code: str = PROTO_MALFORMED
+    status = 400
+    grpc = "INVALID_ARGUMENT"
 
     def __init__(self, message: str, *, field: str | None = None, line: int | None = None) -> None:
         self.message = message
@@ -106,6 +120,9 @@ class _Redacted(RunwireError):
 class ConfigError(_Redacted):
     """A bad URL, flag or setting; the message says which and why."""
 
+    status = 400
+    grpc = "INVALID_ARGUMENT"
+
 
 class AuthError(RunwireError):
     """A missing or invalid bearer token (401), or one without the needed scope (403)."""
@@ -113,6 +130,7 @@ class AuthError(RunwireError):
     def __init__(self, message: str, *, status: int = 401) -> None:
         self.status = status
         self.code = AUTH_UNAUTHENTICATED if status == 401 else AUTH_SCOPE
+        self.grpc = "UNAUTHENTICATED" if status == 401 else "PERMISSION_DENIED"
         super().__init__(message)
 
 
@@ -130,6 +148,7 @@ class RequestError(RunwireError):
 
     code = REQ_BAD_PARAMETER
     status = 400
+    grpc = "INVALID_ARGUMENT"
 
     def __init__(self, message: str, *, code: str | None = None) -> None:
         if code is not None:
@@ -142,6 +161,7 @@ class BodyTooLarge(RequestError):
 
     code = REQ_TOO_LARGE
     status = 413
+    grpc = "RESOURCE_EXHAUSTED"
 
 
 class QuotaExceeded(RequestError):
@@ -153,6 +173,7 @@ class QuotaExceeded(RequestError):
 
     code = REQ_QUOTA
     status = 429
+    grpc = "RESOURCE_EXHAUSTED"
 
     def __init__(self, message: str, *, retry_after_s: int = 1) -> None:
         super().__init__(message)
@@ -163,18 +184,24 @@ class ReplayExpired(RunwireError):
     """The requested cursor is older than what the hot tier and the replay log keep."""
 
     code = CONN_REPLAY_EXPIRED
+    status = 400
+    grpc = "OUT_OF_RANGE"
 
 
 class UnknownRun(RunwireError):
     """No run with that id (or it expired, or belongs to another tenant)."""
 
     code = RUN_UNKNOWN
+    status = 404
+    grpc = "NOT_FOUND"
 
 
 class RunFinished(RunwireError):
     """The run has ended (``done``, ``aborted``, ``error``): nothing can control it any more."""
 
     code = RUN_FINISHED
+    status = 409
+    grpc = "FAILED_PRECONDITION"
 
 
 class RunNotPublished(UnknownRun):
@@ -185,6 +212,9 @@ class RunNotPublished(UnknownRun):
 
 class BusError(_Redacted):
     """The bus failed."""
+
+    status = 503
+    grpc = "UNAVAILABLE"
 
 
 class BusUnavailable(BusError):
@@ -214,6 +244,9 @@ class DeliveryTimeout(BusError):
 
 class StoreError(_Redacted):
     """The replay log failed."""
+
+    status = 503
+    grpc = "UNAVAILABLE"
 
 
 class StoreUnavailable(StoreError):

@@ -43,16 +43,8 @@ from ..core import limits
 from ..core.errors import (
     BUF_DROP,
     CONN_DISCONNECTED,
-    AuthError,
-    BodyTooLarge,
     ConfigError,
-    ProtocolError,
-    QuotaExceeded,
-    ReplayExpired,
-    RequestError,
-    RunFinished,
     RunwireError,
-    UnknownRun,
 )
 from .app import parse_time, stream_request
 from .auth import Principal
@@ -86,20 +78,8 @@ _R = TypeVar("_R")
 
 
 def status_of(exc: RunwireError) -> grpc.StatusCode:
-    """The gRPC status for an error (the HTTP edge's 401/403/404/400/503 in gRPC terms)."""
-    if isinstance(exc, AuthError):
-        return grpc.StatusCode.UNAUTHENTICATED if exc.status == 401 else grpc.StatusCode.PERMISSION_DENIED
-    if isinstance(exc, UnknownRun):
-        return grpc.StatusCode.NOT_FOUND
-    if isinstance(exc, ReplayExpired):
-        return grpc.StatusCode.OUT_OF_RANGE
-    if isinstance(exc, QuotaExceeded | BodyTooLarge):
-        return grpc.StatusCode.RESOURCE_EXHAUSTED
-    if isinstance(exc, ConfigError | ProtocolError | RequestError):
-        return grpc.StatusCode.INVALID_ARGUMENT
-    if isinstance(exc, RunFinished):
-        return grpc.StatusCode.FAILED_PRECONDITION
-    return grpc.StatusCode.UNAVAILABLE if exc.retriable else grpc.StatusCode.INTERNAL
+    """The gRPC status for an error: the error's own (:mod:`runwire.core.errors` has the table)."""
+    return grpc.StatusCode[exc.grpc]
 
 
 async def abort(context: Context, code: grpc.StatusCode, message: str, error_code: str | None = None) -> NoReturn:

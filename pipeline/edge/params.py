@@ -96,6 +96,7 @@ class SlowBody(RequestError):
 
     code = REQ_SLOW_BODY
     status = 408
+    grpc = "DEADLINE_EXCEEDED"
 
 
 def check_depth(value: Any, what: str, limit: int = MAX_DEPTH) -> None:

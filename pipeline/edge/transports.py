@@ -20,16 +20,10 @@ from starlette.websockets import WebSocket, WebSocketDisconnect
 from ..core.errors import (
     CONN_DISCONNECTED,
     REQ_BAD_PARAMETER,
-    AuthError,
-    BusError,
     QuotaExceeded,
     ReplayExpired,
-    RequestError,
-    RunFinished,
     RunNotPublished,
     RunwireError,
-    StoreError,
-    UnknownRun,
 )
 from .frames import Frame, error_frame
 from .hub import Hub
@@ -255,16 +249,9 @@ async def serve_websocket(hub: Hub, websocket: WebSocket, request: StreamRequest
 
 
 def http_status(exc: RunwireError) -> int:
-    """The HTTP status of a refusal (a refused WebSocket closes with 4000 + it)."""
-    if isinstance(exc, AuthError | RequestError):
-        return exc.status
-    if isinstance(exc, UnknownRun):
-        return 404
-    if isinstance(exc, RunFinished):
-        return 409
-    if exc.retriable or isinstance(exc, BusError | StoreError):  # the bus or the replay log failed: retry later
-        return 503
-    return 400
+    """The HTTP status of a refusal (a refused WebSocket closes with 4000 + it): the error's own
+    (:mod:`runwire.core.errors` has the table)."""
+    return exc.status
 
 
 async def refuse_websocket(websocket: WebSocket, exc: RunwireError) -> None:

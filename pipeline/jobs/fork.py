@@ -52,6 +52,7 @@ class RunExists(RequestError):
     """The id asked for a fork is another run's, or another fork's (409)."""
 
     status = 409
+    grpc = "ALREADY_EXISTS"
 
 
 class ForkResult(msgspec.Struct, kw_only=True):

@@ -32,6 +32,7 @@ class WebhookDisabled(RequestError):
     """An action on a disabled webhook that would need it enabled (a test delivery): 409."""
 
     status = 409
+    grpc = "FAILED_PRECONDITION"
 
 
 class NewWebhook(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
