@@ -41,6 +41,7 @@ from pathlib import Path
 from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
+import callgrind
 from cputime import import_code
 
 import_code()
@@ -129,8 +130,9 @@ async def publish(bus: Bus, events: list[Event]) -> None:
 
 
 async def worker_round(events: list[Event], store_url: str, endpoint: str | None,
-                       written: list[Any] | None = None) -> dict[str, float]:
-    """One worker over the workload; with ``endpoint``, exporting to it."""
+                       written: list[Any] | None = None, counted: bool = False) -> dict[str, float]:
+    """One worker over the workload; with ``endpoint``, exporting to it; ``counted``: between
+    callgrind's ready and done (``--instructions``)."""
     if endpoint:
         os.environ["OTEL_EXPORTER_OTLP_ENDPOINT"] = endpoint
     else:
@@ -146,30 +148,40 @@ async def worker_round(events: list[Event], store_url: str, endpoint: str | None
                 return await original(streams)
 
             store.append_streams = recording  # type: ignore[method-assign]
+        if counted:
+            callgrind.ready()
         began = time.process_time()
         stats = await run_worker(bus, store, group=f"g{uuid.uuid4().hex[:6]}", name="w1", burst=True,
                                  batch=2048, metrics=registry)
         cpu = time.process_time() - began
+        if counted:
+            callgrind.done(str(len(events)))
     assert stats.entries >= len(events), stats
     sent = registry.get_sample_value("runwire_otel_spans_exported_total") or 0.0
     return {"cpu_us_per_event": cpu / len(events) * 1e6, "spans": sent}
 
 
-async def export_alone(written: list[Any], store_url: str, endpoint: str) -> dict[str, float]:
-    """The exporter fed the baseline worker's writes, a pass after each (its log already holds them)."""
+async def export_alone(written: list[Any], store_url: str, endpoint: str, published: int,
+                       counted: bool = False) -> dict[str, float]:
+    """The exporter fed the baseline worker's writes, a pass after each (its log already holds
+    them); per ``published`` event, as the worker's figures (the writes hold more: a sub-run's
+    events are in its own stream and, fanned in, in its root's)."""
     settings = OtlpSettings.from_env({"OTEL_EXPORTER_OTLP_ENDPOINT": endpoint})
     assert settings is not None
     async with open_store(store_url) as store:
         exporter = SpanExporter(store, settings, holder=f"alone-{uuid.uuid4().hex[:6]}")
-        events = sum(len(stream[1]) for streams in written for stream in streams)
         async with exporter._http() as exporter._client:
+            if counted:
+                callgrind.ready()
             began = time.process_time()
             sent = 0
             for streams in written:
                 exporter.offer(streams)
                 sent += await exporter.pass_once()
             cpu = time.process_time() - began
-    return {"cpu_us_per_event": cpu / events * 1e6, "spans": float(sent)}
+            if counted:
+                callgrind.done(str(published))
+    return {"cpu_us_per_event": cpu / published * 1e6, "spans": float(sent)}
 
 
 async def one_round(events: list[Event], tmp: Path, endpoint: str) -> dict[str, float]:
@@ -177,7 +189,7 @@ async def one_round(events: list[Event], tmp: Path, endpoint: str) -> dict[str, 
     base_db = f"sqlite:///{tmp}/{uuid.uuid4().hex[:8]}.db"
     base = await worker_round(events, base_db, None, written)
     exporting = await worker_round(events, f"sqlite:///{tmp}/{uuid.uuid4().hex[:8]}.db", endpoint)
-    alone = await export_alone(written, base_db, endpoint)
+    alone = await export_alone(written, base_db, endpoint, len(events))
     export = exporting["cpu_us_per_event"] - base["cpu_us_per_event"]
     return {
         "worker_cpu_us_per_event": base["cpu_us_per_event"],
@@ -191,6 +203,33 @@ async def one_round(events: list[Event], tmp: Path, endpoint: str) -> dict[str, 
     }
 
 
+async def counted_part(part: str, events: list[Event], endpoint: str) -> None:
+    """``--instructions``' child: one part counted under callgrind (a warm-up round first)."""
+    tmp = Path(tempfile.mkdtemp(prefix="runwire-bench-spans-"))
+    warm: list[Any] = []
+    warm_db = f"sqlite:///{tmp}/warm.db"
+    await worker_round(events[: len(events) // 4], warm_db, None, warm)
+    await export_alone(warm, warm_db, endpoint, len(events) // 4)
+    written: list[Any] = []
+    db = f"sqlite:///{tmp}/counted.db"
+    await worker_round(events, db, None, written, counted=part == "worker")
+    if part == "export":
+        await export_alone(written, db, endpoint, len(events), counted=True)
+
+
+def count_instructions(args: argparse.Namespace) -> dict[str, float]:
+    """Instructions per published event of the worker alone and of the exporter alone."""
+    if not callgrind.available():
+        raise SystemExit("--instructions needs valgrind (Debian: apt install valgrind)")
+    out: dict[str, float] = {}
+    for part in ("worker", "export"):
+        total, said = callgrind.count([__file__, "--child", part, "--events", str(args.events),
+                                       "--runs", str(args.runs), "--deltas", str(args.deltas)])
+        out[f"{part}_ir_per_event"] = total / int(said[-1])
+    out["export_ir_share"] = out["export_ir_per_event"] / out["worker_ir_per_event"]
+    return out
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--events", type=int, default=60_000)
@@ -198,13 +237,24 @@ def main() -> None:
     parser.add_argument("--repeat", type=int, default=3)
     parser.add_argument("--deltas", type=int, default=16, help="text deltas per model step")
     parser.add_argument("--json", action="store_true")
+    parser.add_argument("--instructions", action="store_true",
+                        help="count instructions under callgrind (bench/callgrind.py) instead of CPU time")
+    parser.add_argument("--child", help=argparse.SUPPRESS)  # a part run under callgrind
     args = parser.parse_args()
     logging.basicConfig(level=logging.ERROR)
+    if args.instructions:
+        counted = count_instructions(args)
+        print(json.dumps(counted, indent=2) if args.json else
+              "\n".join(f"{key:40s} {value:>14,.3f}" for key, value in counted.items()))
+        return
     events = workload(args.events, args.runs, args.deltas)
     sink = subprocess.Popen([sys.executable, "-c", SINK], stdout=subprocess.PIPE, text=True)
     try:
         assert sink.stdout is not None
         endpoint = f"http://127.0.0.1:{sink.stdout.readline().strip()}"
+        if args.child:
+            asyncio.run(counted_part(args.child, events, endpoint))
+            return
         tmp = Path(tempfile.mkdtemp(prefix="runwire-bench-spans-"))
         asyncio.run(one_round(events[: len(events) // 4], tmp, endpoint))  # warm-up: imports, first connections
         rounds = [asyncio.run(one_round(events, tmp, endpoint)) for _ in range(args.repeat)]

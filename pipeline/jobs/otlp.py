@@ -1,128 +1,180 @@
-"""Spans on the OTLP/HTTP wire: an ``ExportTraceServiceRequest`` (protobuf,
-``opentelemetry-proto``) built from derived spans. The environment that says where to send them
-is read by :mod:`runwire.jobs.otlp_env` (no protobuf there: a process that exports nothing never
-imports this module).
+"""Spans on the OTLP/HTTP wire: an ``ExportTraceServiceRequest`` (protobuf) built from derived
+spans. The environment that says where to send them is read by :mod:`runwire.jobs.otlp_env`.
+
+The bytes are written here directly, field by field (the message shapes of
+``opentelemetry/proto/trace/v1/trace.proto`` and ``common/v1/common.proto``, 1.x; field numbers
+in the names below), not by filling ``opentelemetry-proto`` message objects and serializing them:
+measured on the same spans, filling messages (upb) costs ~2.6 µs a span where this writer costs
+~1 µs, and the exporter's budget is a few µs a span (docs/benchmarks.md § Span export). The
+wire is checked by the tests, which decode each request with ``opentelemetry-proto``
+(``tests/jobs/test_export.py``) and read the spans back from a real Phoenix. No protobuf import
+here: a process that exports loads none.
+
+What is written: one ``ResourceSpans`` (the resource's attributes, the schema URL) holding one
+``ScopeSpans`` (scope ``runwire`` with its version) holding the spans. Per span: trace, span and
+parent ids, name, kind (``CLIENT`` for ``chat``, else ``INTERNAL``), start and end, attributes,
+events, status. An attribute's value is a string, bool, int (int64), float (double) or a list
+of those (an ``ArrayValue``); anything else is written as its ``str``.
 """
 
 from __future__ import annotations
 
-import logging
+import struct
 from collections.abc import Mapping, Sequence
 from typing import Any
 
-from opentelemetry.proto.common.v1.common_pb2 import AnyValue, InstrumentationScope
-from opentelemetry.proto.trace.v1.trace_pb2 import ResourceSpans, ScopeSpans, Status
-from opentelemetry.proto.trace.v1.trace_pb2 import Span as ProtoSpan
-
 from .otlp_env import OtlpSettings, parse_pairs, resource_of
-from .spans import Span
+from .spans import Span, SpanEvent
 
 __all__ = ["SCHEMA_URL", "OtlpSettings", "encode_request", "parse_pairs", "resource_of"]
-
-log = logging.getLogger("runwire.jobs.otlp")
 
 SCHEMA_URL = "https://opentelemetry.io/schemas/1.37.0"
 """The semantic conventions version the spans follow (GenAI attributes of 1.37: still
 "Development", so pinned here and in the docs)."""
 SCOPE = "runwire"
-_KINDS = {"invoke_agent": ProtoSpan.SPAN_KIND_INTERNAL, "execute_tool": ProtoSpan.SPAN_KIND_INTERNAL,
-          "chat": ProtoSpan.SPAN_KIND_CLIENT}
-_STATUS = {"unset": Status.STATUS_CODE_UNSET, "ok": Status.STATUS_CODE_OK, "error": Status.STATUS_CODE_ERROR}
+
+# tags: field number << 3 | wire type (0 varint, 1 fixed64, 2 length-delimited)
+_SPAN_TRACE_ID, _SPAN_SPAN_ID, _SPAN_PARENT = b"\x0a\x10", b"\x12\x08", b"\x22\x08"  # 1, 2, 4 (bytes)
+_SPAN_NAME, _SPAN_KIND, _SPAN_TIMES = 0x2A, 0x30, struct.Struct("<BQBQ")  # 5; 6; 7 and 8 (fixed64)
+_SPAN_ATTRIBUTE, _SPAN_EVENT, _SPAN_STATUS = 0x4A, 0x5A, 0x7A  # 9, 11, 15
+_EVENT_TIME, _EVENT_NAME, _EVENT_ATTRIBUTE = struct.Struct("<BQ"), 0x12, 0x1A  # Span.Event 1, 2, 3
+_STATUS_MESSAGE, _STATUS_CODE = 0x12, 0x18  # Status 2, 3
+_KV_KEY, _KV_VALUE = 0x0A, 0x12  # KeyValue 1, 2
+_ANY_STRING, _ANY_BOOL, _ANY_INT, _ANY_DOUBLE, _ANY_ARRAY = 0x0A, 0x10, 0x18, 0x21, 0x2A  # AnyValue 1–5
+_ARRAY_VALUE = 0x0A  # ArrayValue 1
+_REQUEST_RESOURCE_SPANS = 0x0A  # ExportTraceServiceRequest 1
+_RESOURCE_SPANS_RESOURCE, _RESOURCE_SPANS_SCOPE_SPANS, _RESOURCE_SPANS_SCHEMA = 0x0A, 0x12, 0x1A  # 1, 2, 3
+_RESOURCE_ATTRIBUTE = 0x0A  # Resource 1
+_SCOPE_SPANS_SCOPE, _SCOPE_SPANS_SPAN, _SCOPE_SPANS_SCHEMA = 0x0A, 0x12, 0x1A  # 1, 2, 3
+_SCOPE_NAME, _SCOPE_VERSION = 0x0A, 0x12  # InstrumentationScope 1, 2
+
+_KINDS = {"invoke_agent": b"\x30\x01", "execute_tool": b"\x30\x01", "chat": b"\x30\x03"}  # INTERNAL, CLIENT
+_STATUS_CODES = {"ok": 1, "error": 2}
+_DOUBLE = struct.Struct("<Bd")
+_SMALL = [bytes((n,)) for n in range(0x80)]
 
 
-def _set(target: AnyValue, value: Any) -> None:
-    if isinstance(value, str):
-        target.string_value = value
-    elif isinstance(value, bool):
-        target.bool_value = value
-    elif isinstance(value, int):
-        target.int_value = value
-    elif isinstance(value, float):
-        target.double_value = value
-    elif isinstance(value, list | tuple):
-        values = target.array_value.values
-        for item in value:
-            _set(values.add(), item)
-    else:
-        target.string_value = str(value)
-
-
-def _attributes(into: Any, attributes: Mapping[str, Any]) -> None:
-    for key, value in attributes.items():
-        pair = into.add()
-        pair.key = key
-        _set(pair.value, value)
-
-
-_ATTRIBUTE_CACHE = 8192
-"""Distinct attributes whose encoding is remembered (a run's id, a tool's name, an operation …)."""
-_encoded_attributes: dict[tuple[str, Any], bytes] = {}
-
-
-def _attribute(key: str, value: Any) -> bytes:
-    """One attribute as a ``Span`` holding only it, serialized: serialized messages of one type
-    concatenate into their merge, so a span's bytes are its other fields' plus these."""
-    cache_key = (key, tuple(value) if isinstance(value, list) else value)
-    found = _encoded_attributes.get(cache_key)
-    if found is None:
-        holder = ProtoSpan()
-        pair = holder.attributes.add()
-        pair.key = key
-        _set(pair.value, value)
-        found = holder.SerializeToString()
-        if len(_encoded_attributes) >= _ATTRIBUTE_CACHE:
-            _encoded_attributes.clear()
-        _encoded_attributes[cache_key] = found
-    return found
-
-
-def _span(span: Span) -> bytes:
-    """``span`` (ended), serialized: its fields set on a message, its attributes from the cache
-    (~4 times cheaper in CPU than filling every attribute in, measured with upb)."""
-    assert span.end_ns is not None, "only ended spans are exported"
-    into = ProtoSpan()
-    into.trace_id = bytes.fromhex(span.trace_id)
-    into.span_id = bytes.fromhex(span.span_id)
-    if span.parent_span_id:
-        into.parent_span_id = bytes.fromhex(span.parent_span_id)
-    into.name = span.name
-    into.kind = _KINDS[span.operation]
-    into.start_time_unix_nano = span.start_ns
-    into.end_time_unix_nano = span.end_ns
-    for event in span.events:
-        added = into.events.add()
-        added.time_unix_nano = event.time_ns
-        added.name = event.name
-        _attributes(added.attributes, event.attributes)
-    if span.status != "unset":
-        into.status.code = _STATUS[span.status]
-        if span.status_message:
-            into.status.message = span.status_message
-    head: bytes = into.SerializeToString()
-    return head + b"".join([_attribute(key, value) for key, value in span.attributes.items()])
+def _varint(n: int) -> bytes:
+    """A non-negative int as a protobuf varint (a negative one: its 64-bit two's complement)."""
+    if 0 <= n < 0x80:
+        return _SMALL[n]
+    n &= (1 << 64) - 1
+    out = bytearray()
+    while n > 0x7F:
+        out.append((n & 0x7F) | 0x80)
+        n >>= 7
+    out.append(n)
+    return bytes(out)
 
 
 def _field(tag: int, data: bytes) -> bytes:
     """A length-delimited field (``tag``: its field number and wire type 2, one byte)."""
     size = len(data)
-    length = bytearray()
-    while size > 0x7F:
-        length.append((size & 0x7F) | 0x80)
-        size >>= 7
-    length.append(size)
-    return bytes((tag,)) + bytes(length) + data
+    return bytes((tag, size)) + data if size < 0x80 else bytes((tag,)) + _varint(size) + data
 
 
-_SPANS = 0x12  # ScopeSpans.spans = 2
-_SCOPE_SPANS = 0x12  # ResourceSpans.scope_spans = 2
-_RESOURCE_SPANS = 0x0A  # ExportTraceServiceRequest.resource_spans = 1
+def _string(tag: int, text: str) -> bytes:
+    return _field(tag, text.encode())
+
+
+def _value(value: Any) -> bytes:
+    """An ``AnyValue``'s bytes."""
+    if isinstance(value, str):
+        return _field(_ANY_STRING, value.encode())
+    if isinstance(value, bool):
+        return b"\x10\x01" if value else b"\x10\x00"
+    if isinstance(value, int):
+        return bytes((_ANY_INT,)) + _varint(value)
+    if isinstance(value, float):
+        return _DOUBLE.pack(_ANY_DOUBLE, value)
+    if isinstance(value, list | tuple):
+        return _field(_ANY_ARRAY, b"".join([_field(_ARRAY_VALUE, _value(item)) for item in value]))
+    return _field(_ANY_STRING, str(value).encode())
+
+
+_KEYS: dict[str, bytes] = {}
+"""Each attribute key's field, written once (keys are the code's names: a few dozen)."""
+_MAX_KEYS = 1024
+_SPAN_ATTRIBUTES: dict[tuple[str, Any], bytes] = {}
+"""A span attribute's field by its key and value, for values written often (a run's id, a tool's
+name, an operation: most of a span's attributes): a few thousand short ones (≤ ~2.5 MB), the
+whole table cleared when full. Content (long strings) and lists are never kept."""
+_MAX_SPAN_ATTRIBUTES = 4096
+_KEPT_CHARS = 256
+
+
+def _attribute(tag: int, key: str, value: Any) -> bytes:
+    """One attribute: a ``KeyValue`` in field ``tag`` of the message holding it."""
+    head = _KEYS.get(key)
+    if head is None:
+        head = _string(_KV_KEY, key)
+        if len(_KEYS) < _MAX_KEYS:
+            _KEYS[key] = head
+    return _field(tag, head + _field(_KV_VALUE, _value(value)))
+
+
+def _span_attributes(attributes: dict[str, Any]) -> list[bytes]:
+    """A span's attributes' fields, the short ones from :data:`_SPAN_ATTRIBUTES`."""
+    kept, out = _SPAN_ATTRIBUTES, []
+    for item in attributes.items():
+        value = item[1]
+        if type(value) is str and len(value) <= _KEPT_CHARS or type(value) is int:
+            found = kept.get(item)
+            if found is None:
+                found = _attribute(_SPAN_ATTRIBUTE, *item)
+                if len(kept) >= _MAX_SPAN_ATTRIBUTES:
+                    kept.clear()
+                kept[item] = found
+            out.append(found)
+        else:
+            out.append(_attribute(_SPAN_ATTRIBUTE, *item))
+    return out
+
+
+def _event(event: SpanEvent) -> bytes:
+    return _field(_SPAN_EVENT, _EVENT_TIME.pack(0x09, event.time_ns) + _string(_EVENT_NAME, event.name)
+                  + b"".join([_attribute(_EVENT_ATTRIBUTE, k, v) for k, v in event.attributes.items()]))
+
+
+_NAMES: dict[str, bytes] = {}
+"""A span name's field by the name (``execute_tool {tool}``, ``chat {model}``: a bounded few)."""
+
+
+def _span(span: Span, trace: bytes) -> bytes:
+    """``span`` (ended) as a ``Span`` message's bytes in its ``ScopeSpans`` field; ``trace`` its
+    trace id's field."""
+    assert span.end_ns is not None, "only ended spans are exported"
+    name = _NAMES.get(span.name)
+    if name is None:
+        name = _string(_SPAN_NAME, span.name)
+        if len(_NAMES) < _MAX_KEYS:
+            _NAMES[span.name] = name
+    parent = span.parent_span_id
+    parts = [trace, _SPAN_SPAN_ID + bytes.fromhex(span.span_id)
+             + (_SPAN_PARENT + bytes.fromhex(parent) if parent else b"") + name + _KINDS[span.operation]
+             + _SPAN_TIMES.pack(0x39, span.start_ns, 0x41, span.end_ns), *_span_attributes(span.attributes)]
+    if span.events:
+        parts += [_event(event) for event in span.events]
+    if span.status != "unset":
+        status = _string(_STATUS_MESSAGE, span.status_message) if span.status_message else b""
+        parts.append(_field(_SPAN_STATUS, status + bytes((_STATUS_CODE, _STATUS_CODES[span.status]))))
+    data = b"".join(parts)
+    size = len(data)
+    return (bytes((_SCOPE_SPANS_SPAN, size)) if size < 0x80 else bytes((_SCOPE_SPANS_SPAN,)) + _varint(size)) + data
 
 
 def encode_request(spans: Sequence[Span], resource: Mapping[str, str], version: str = "") -> bytes:
-    """One ``ExportTraceServiceRequest`` carrying ``spans`` (all ended), serialized: the messages
-    around the spans from ``opentelemetry-proto``, each span's bytes placed in its field."""
-    scope = ScopeSpans(scope=InstrumentationScope(name=SCOPE, version=version), schema_url=SCHEMA_URL)
-    scope_bytes = scope.SerializeToString() + b"".join([_field(_SPANS, _span(span)) for span in spans])
-    outer = ResourceSpans(schema_url=SCHEMA_URL)
-    _attributes(outer.resource.attributes, resource)
-    return _field(_RESOURCE_SPANS, outer.SerializeToString() + _field(_SCOPE_SPANS, scope_bytes))
+    """One ``ExportTraceServiceRequest`` carrying ``spans`` (all ended), serialized."""
+    traces: dict[str, bytes] = {}
+    body = []
+    for span in spans:
+        trace = traces.get(span.trace_id)
+        if trace is None:
+            trace = traces[span.trace_id] = _SPAN_TRACE_ID + bytes.fromhex(span.trace_id)
+        body.append(_span(span, trace))
+    scope = _string(_SCOPE_NAME, SCOPE) + (_string(_SCOPE_VERSION, version) if version else b"")
+    scope_spans = _field(_SCOPE_SPANS_SCOPE, scope) + b"".join(body) + _string(_SCOPE_SPANS_SCHEMA, SCHEMA_URL)
+    attributes = b"".join([_attribute(_RESOURCE_ATTRIBUTE, key, value) for key, value in resource.items()])
+    resource_spans = (_field(_RESOURCE_SPANS_RESOURCE, attributes) + _field(_RESOURCE_SPANS_SCOPE_SPANS, scope_spans)
+                      + _string(_RESOURCE_SPANS_SCHEMA, SCHEMA_URL))
+    return _field(_REQUEST_RESOURCE_SPANS, resource_spans)

@@ -139,6 +139,7 @@ _QUIET = frozenset({TextDelta, ReasoningDelta, Extension})
 text of a model step with content on)."""
 
 
+
 class _Run:
     """What the derivation holds for one run while its span is open."""
 
@@ -194,62 +195,67 @@ class SpanTree:
 
     # ---- folding ------------------------------------------------------------
     def apply_many(self, events: Sequence[Event], past: int = 0) -> list[Span]:
-        """:meth:`apply` each of ``events``; the spans they ended whose ``end_seq`` is past
-        ``past``. Deltas of runs already open — most of a stream — are passed over in this loop,
-        without a call each (a third of the exporter's CPU per event)."""
+        """:meth:`apply` each of ``events`` (a stretch of the stream, seqs ascending); the spans
+        they ended whose ``end_seq`` is past ``past``.
+
+        Most of a stream are deltas of open runs, which change no span unless content is
+        captured: those without ``ext`` are passed over here, a few bytecodes each and no call
+        (the exporter's CPU per event is mostly this loop); the rest are folded one by one."""
+        if not events:
+            return []
         ended: list[Span] = []
-        runs, root, quiet, content = self._runs, self.root_id, _QUIET, self.content
+        runs, quiet = self._runs, (frozenset() if self.content else _QUIET)
+        refs, count = self._refs(), len(runs)
         for event in events:
-            seq = event.seq
-            if type(event) in quiet and event.ext is None and not content and seq > self.last_seq:
-                ref = event.child_ref
-                if (root if ref is UNSET or ref is None else ref) in runs:
-                    self.last_seq = seq
-                    continue
+            if type(event) in quiet and event.ext is None and event.child_ref in refs:
+                continue
             found = self.apply(event)
+            if len(runs) != count:
+                refs, count = self._refs(), len(runs)
             if found:
                 ended.extend(span for span in found if span.end_seq is not None and span.end_seq > past)
+        if events[-1].seq > self.last_seq:
+            self.last_seq = events[-1].seq
         return ended
+
+    def _refs(self) -> set[Any]:
+        """The ``child_id`` values of open runs' events (the root's own: absent or null)."""
+        refs: set[Any] = set(self._runs)
+        if self.root_id in refs:
+            refs.update((UNSET, None))
+        return refs
 
     def apply(self, event: Event) -> list[Span]:
         """Fold one event of the root's stream in; the spans it ended."""
-        if event.seq <= self.last_seq:
+        seq = event.seq
+        if seq <= self.last_seq:
             return _NONE
-        self.last_seq = event.seq
-        if type(event) in _QUIET and event.ext is None and (event.child_id or self.root_id) in self._runs:
-            if self.content and type(event) is TextDelta:
-                self._runs[event.child_id or self.root_id].step_text.append(event.payload.text)
-            return _NONE  # the common case, a delta of a run already open: nothing to do
-        self._ended = []
-        child = event.child_id
-        if child is None:
-            run_id, parent_id = self.root_id, None
-        else:  # fanned in: the parent is known from its spawn (or the event names it)
-            parent_id = event.parent_id if event.parent_id and event.parent_id != child else None
-            run_id = child
-        run = self._run(run_id, parent_id, event)
-        if run is None:
-            return []
-        self._name(run, event)
-        if isinstance(event, ToolStart):
-            self._tool_start(run, event)
-        elif isinstance(event, ToolEnd):
-            self._tool_end(run, event)
-        elif isinstance(event, Usage):
-            run.step_usage.append(event)
-        elif isinstance(event, StepBoundary):
-            self._step(run, event)
-        elif isinstance(event, TextDelta) and self.content:
-            run.step_text.append(event.payload.text)
-        elif isinstance(event, ChildSpawn):
-            self._run(event.payload.child_id, run_id, event)
-        elif isinstance(event, RunLifecycle):
-            self._lifecycle(run, event)
-        return self._ended
-
-    def _run(self, run_id: str, parent_id: str | None, event: Event) -> _Run | None:
+        self.last_seq = seq
+        kind, ref = type(event), event.child_ref
+        run_id = self.root_id if ref is UNSET or ref is None else ref
         run = self._runs.get(run_id)
+        if run is not None and kind in _QUIET and event.ext is None:
+            if self.content and kind is TextDelta:
+                run.step_text.append(event.payload.text)  # type: ignore[union-attr]
+            return _NONE  # the common case, a delta of a run already open: nothing to do
+        self._ended = ended = []
         at = ts_ms(event.ts) * 1_000_000
+        # fanned in: the parent is known from its spawn (or the event names it)
+        parent_id = event.parent_id if run_id is ref and event.parent_id != ref else None
+        if run is None or at < run.span.start_ns or parent_id is not None and (
+                run.parent is None or run.parent.span.run_id != parent_id):
+            run = self._run(run_id, parent_id, event, at)
+            if run is None:
+                return ended
+        if event.ext is not None or event.thread_id:
+            self._name(run, event)
+        handle = _HANDLERS.get(kind)
+        if handle is not None:
+            handle(self, run, event, at)
+        return ended
+
+    def _run(self, run_id: str, parent_id: str | None, event: Event, at: int) -> _Run | None:
+        run = self._runs.get(run_id)
         if run is not None:
             if parent_id is not None and (run.parent is None or run.parent.span.run_id != parent_id) \
                     and run_id != self.root_id:
@@ -261,7 +267,7 @@ class SpanTree:
             return None  # an event after the run's end: its span is closed
         parent = None
         if run_id != self.root_id:
-            parent = self._runs.get(parent_id or self.root_id) or self._run(self.root_id, None, event)
+            parent = self._runs.get(parent_id or self.root_id) or self._run(self.root_id, None, event, at)
         attributes: dict[str, Any] = {"gen_ai.operation.name": "invoke_agent", "gen_ai.agent.id": run_id,
                                       "runwire.run_id": run_id}
         if event.tenant:
@@ -298,42 +304,52 @@ class SpanTree:
         if thread and "gen_ai.conversation.id" not in run.span.attributes:
             run.span.attributes["gen_ai.conversation.id"] = thread
 
-    def _tool_start(self, run: _Run, event: ToolStart) -> None:
+    def _tool_start(self, run: _Run, event: ToolStart, at: int) -> None:
         p = event.payload
-        self._open_tool(run, p.call_id, p.tool, event.ts, known(p.input))
+        self._open_tool(run, p.call_id, p.tool, event.ts, at, p.input)
 
-    def _open_tool(self, run: _Run, call_id: str, tool: str, ts: str, arguments: Any) -> Span:
+    def _open_tool(self, run: _Run, call_id: str, tool: str, ts: str, at: int, arguments: Any) -> Span:
         attributes: dict[str, Any] = {"gen_ai.operation.name": "execute_tool", "gen_ai.tool.name": tool,
                                       "gen_ai.tool.call.id": call_id, "runwire.run_id": run.span.run_id}
-        if self.content and arguments is not None:
+        if self.content and known(arguments) is not None:
             attributes["gen_ai.tool.call.arguments"] = _json(arguments)
         span = Span(trace_id=self.trace_id, span_id=span_id(self.root_id, "tool", run.span.run_id, call_id),
                     parent_span_id=run.span.span_id, name=f"execute_tool {tool}",
                     operation="execute_tool", run_id=run.span.run_id, start_ts=ts,
-                    start_ns=ts_ms(ts) * 1_000_000, attributes=attributes)
+                    start_ns=at, attributes=attributes)
         run.tools[call_id] = span
         self._keep(span)
         return span
 
-    def _tool_end(self, run: _Run, event: ToolEnd) -> None:
+    def _tool_end(self, run: _Run, event: ToolEnd, at: int) -> None:
         p = event.payload
         span = run.tools.pop(p.call_id, None)
         if span is None:  # its start is not in the stream: an end alone says when, not how long
-            span = self._open_tool(run, p.call_id, "(unknown)", event.ts, None)
+            span = self._open_tool(run, p.call_id, "(unknown)", event.ts, at, None)
             del run.tools[p.call_id]
-        error = known(p.error)
         if not p.ok:
+            error = known(p.error)
             span.status = "error"
             span.status_message = _describe(error) or "the tool call failed"
             span.attributes["error.type"] = _error_type(error)
         if self.content and known(p.output) is not None:
             span.attributes["gen_ai.tool.call.result"] = _json(p.output)
-        self._end(span, event)
-        run.step_start = max(run.step_start, (event.ts, ts_ms(event.ts) * 1_000_000), key=lambda t: t[1])
+        self._end(span, event, at)
+        if at > run.step_start[1]:
+            run.step_start = (event.ts, at)
 
-    def _step(self, run: _Run, event: StepBoundary) -> None:
+    def _usage(self, run: _Run, event: Usage, at: int) -> None:
+        run.step_usage.append(event)
+
+    def _text(self, run: _Run, event: TextDelta, at: int) -> None:
+        if self.content:
+            run.step_text.append(event.payload.text)
+
+    def _spawn(self, run: _Run, event: ChildSpawn, at: int) -> None:
+        self._run(event.payload.child_id, run.span.run_id, event, at)
+
+    def _step(self, run: _Run, event: StepBoundary, at: int) -> None:
         p = event.payload
-        at = ts_ms(event.ts) * 1_000_000
         if p.step_kind in MODEL_STEP_KINDS or run.step_usage:
             self._chat(run, event, at)
         run.step_start = (event.ts, at)
@@ -348,10 +364,16 @@ class SpanTree:
                                       "runwire.step.index": event.payload.step_index,
                                       "runwire.step.kind": event.payload.step_kind}
         model = None
-        if run.step_usage:
-            attributes["gen_ai.usage.input_tokens"] = sum(u.payload.input_tokens for u in run.step_usage)
-            attributes["gen_ai.usage.output_tokens"] = sum(u.payload.output_tokens for u in run.step_usage)
-            model = next((known(u.payload.model) for u in reversed(run.step_usage) if known(u.payload.model)), None)
+        usage = run.step_usage
+        if len(usage) == 1:
+            only = usage[0].payload
+            attributes["gen_ai.usage.input_tokens"] = only.input_tokens
+            attributes["gen_ai.usage.output_tokens"] = only.output_tokens
+            model = known(only.model)
+        elif usage:
+            attributes["gen_ai.usage.input_tokens"] = sum(u.payload.input_tokens for u in usage)
+            attributes["gen_ai.usage.output_tokens"] = sum(u.payload.output_tokens for u in usage)
+            model = next((known(u.payload.model) for u in reversed(usage) if known(u.payload.model)), None)
         if model:
             attributes["gen_ai.request.model"] = attributes["gen_ai.response.model"] = model
         if self.content and run.step_text:
@@ -364,11 +386,10 @@ class SpanTree:
                     attributes=attributes)
         run.chats += 1
         self._keep(span)
-        self._end(span, event)
+        self._end(span, event, at)
 
-    def _lifecycle(self, run: _Run, event: RunLifecycle) -> None:
+    def _lifecycle(self, run: _Run, event: RunLifecycle, at: int) -> None:
         p = event.payload
-        at = ts_ms(event.ts) * 1_000_000
         if run.awaiting is not None and p.state != "awaiting_approval":
             run.span.events.append(SpanEvent(name="runwire.approval.resolved", ts=event.ts, time_ns=at, attributes={
                 "runwire.run.state": p.state, "runwire.approval.wait_ms": (at - run.awaiting.time_ns) // 1_000_000}))
@@ -390,17 +411,17 @@ class SpanTree:
                 run.span.status = "error"
                 run.span.status_message = _describe(known(p.reason)) or "the run ended in error"
                 run.span.attributes["error.type"] = "_OTHER"
-            self._close(run, event)
+            self._close(run, event, at)
 
-    def _close(self, run: _Run, event: Event) -> None:
+    def _close(self, run: _Run, event: Event, at: int) -> None:
         """End a run's span, and first whatever is still open under it (at the same moment)."""
         for child in list(run.children):
-            self._close(child, event)
+            self._close(child, event, at)
         for span in run.tools.values():
             span.status = "error"
             span.status_message = "the run ended before the call did"
             span.attributes["error.type"] = "_OTHER"
-            self._end(span, event)
+            self._end(span, event, at)
         run.tools.clear()
         usage = run.step_usage
         if usage:
@@ -412,20 +433,29 @@ class SpanTree:
         if run.parent is not None:
             run.parent.children.remove(run)
             parent = run.parent
-            parent.step_start = max(parent.step_start, (event.ts, ts_ms(event.ts) * 1_000_000), key=lambda t: t[1])
+            if at > parent.step_start[1]:
+                parent.step_start = (event.ts, at)
         del self._runs[run.span.run_id]
         self._done.add(run.span.run_id)
-        self._end(run.span, event)
+        self._end(run.span, event, at)
 
     def _keep(self, span: Span) -> None:
         if self.keep:
             self._all.append(span)
 
-    def _end(self, span: Span, event: Event) -> None:
+    def _end(self, span: Span, event: Event, at: int) -> None:
         span.end_ts = event.ts
-        span.end_ns = max(ts_ms(event.ts) * 1_000_000, span.start_ns)
+        span.end_ns = at if at > span.start_ns else span.start_ns
         span.end_seq = event.seq
         self._ended.append(span)
+
+
+_HANDLERS: dict[type[Any], Any] = {
+    ToolStart: SpanTree._tool_start, ToolEnd: SpanTree._tool_end, Usage: SpanTree._usage,
+    StepBoundary: SpanTree._step, TextDelta: SpanTree._text, ChildSpawn: SpanTree._spawn,
+    RunLifecycle: SpanTree._lifecycle,
+}
+"""What each event type does to its run's spans (the others only open or name the run)."""
 
 
 def derive_spans(root_id: str, events: list[Event], *, content: bool = False) -> list[Span]:

@@ -23,6 +23,7 @@ from __future__ import annotations
 
 import asyncio
 import functools
+import json
 import sqlite3
 import time
 from collections.abc import AsyncIterator, Callable, Iterable, Iterator, Sequence
@@ -966,31 +967,22 @@ class SQLiteLog(ReplayLog):
 
     # ---- span export cursors -------------------------------------------
     async def export_claim(self, roots: Sequence[str], holder: str, hold_s: float) -> dict[str, int]:
-        def claim() -> dict[str, int]:
+        def claim() -> dict[str, int]:  # one statement for the whole batch of roots
             now = _epoch(self.clock())
-            db, held = self._db, {}
-            with _transaction(db):
-                for root in roots:
-                    db.execute(_EXPORT_CLAIM, (root, holder, now + hold_s, now))
-                    row = db.execute("SELECT seq FROM span_exports WHERE root_id = ? AND holder = ?",
-                                     (root, holder)).fetchone()
-                    if row is not None:
-                        held[root] = int(row[0])
-            return held
+            with _transaction(self._db):
+                rows = self._db.execute(_EXPORT_CLAIM, (json.dumps(list(roots)), holder, now + hold_s, now)).fetchall()
+            return {str(root): int(seq) for root, seq in rows}
 
         return await self._call(claim) if roots else {}
 
     async def export_commit(
         self, moves: Sequence[tuple[str, int, int]], holder: str, hold_s: float
     ) -> list[str]:
-        def commit() -> list[str]:
-            until, db, moved = _epoch(self.clock()) + hold_s, self._db, []
-            with _transaction(db):
-                for root, before, after in moves:
-                    if db.execute("UPDATE span_exports SET seq = ?, held_until = ? WHERE root_id = ?"
-                                  " AND holder = ? AND seq = ?", (after, until, root, holder, before)).rowcount:
-                        moved.append(root)
-            return moved
+        def commit() -> list[str]:  # one statement for the whole batch of moves
+            until = _epoch(self.clock()) + hold_s
+            with _transaction(self._db):
+                rows = self._db.execute(_EXPORT_COMMIT, (until, json.dumps(list(moves)), holder)).fetchall()
+            return [str(row[0]) for row in rows]
 
         return await self._call(commit) if moves else []
 
@@ -1004,8 +996,16 @@ class SQLiteLog(ReplayLog):
 
 
 _EXPORT_CLAIM = (
-    "INSERT INTO span_exports (root_id, seq, holder, held_until) VALUES (?, 0, ?, ?)"
+    "INSERT INTO span_exports (root_id, seq, holder, held_until) SELECT value, 0, ?2, ?3 FROM json_each(?1) WHERE true"
     " ON CONFLICT (root_id) DO UPDATE SET holder = excluded.holder, held_until = excluded.held_until"
-    " WHERE span_exports.holder = excluded.holder OR span_exports.held_until < ?"
+    " WHERE span_exports.holder = excluded.holder OR span_exports.held_until < ?4 RETURNING root_id, seq"
 )
-"""Hold a root's export: a new row, or ours again, or one whose holder's hold has lapsed."""
+"""Hold each root's export: a new row, or ours again, or one whose holder's hold has lapsed (the
+rows returned: those now held)."""
+_EXPORT_COMMIT = (
+    "UPDATE span_exports SET seq = m.after, held_until = ?1 FROM (SELECT json_extract(value, '$[0]') AS root,"
+    " json_extract(value, '$[1]') AS before, json_extract(value, '$[2]') AS after FROM json_each(?2)) AS m"
+    " WHERE span_exports.root_id = m.root AND span_exports.holder = ?3 AND span_exports.seq = m.before"
+    " RETURNING root_id"
+)
+"""Move each ``[root, before, after]`` cursor still at ``before`` and held by the holder."""
