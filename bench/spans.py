@@ -53,6 +53,7 @@ from runwire.core.envelope import Event, format_ts, make  # noqa: E402
 from runwire.jobs.export import SpanExporter  # noqa: E402
 from runwire.jobs.otlp import OtlpSettings  # noqa: E402
 from runwire.store import open_store  # noqa: E402
+from runwire.workers.process import tune_gc  # noqa: E402
 from runwire.workers.runtime import run_worker  # noqa: E402
 
 TEXT = "x" * 40
@@ -242,6 +243,7 @@ def main() -> None:
     parser.add_argument("--child", help=argparse.SUPPRESS)  # a part run under callgrind
     args = parser.parse_args()
     logging.basicConfig(level=logging.ERROR)
+    tune_gc()  # as `runwire worker` runs (workers/process.py)
     if args.instructions:
         counted = count_instructions(args)
         print(json.dumps(counted, indent=2) if args.json else

@@ -55,6 +55,9 @@ GIVE_UP_S = 30.0
 SPANS_PER_REQUEST = 1000
 MAX_BUFFERED = 200_000
 """Events handed over and not folded yet; past it a run's events are read back from the log."""
+FOLD_PAGE = 2000
+"""Events of a run read from the log and folded at a time (an exporter that starts, or took a
+run over, folds a long run page by page)."""
 MAX_TREES = 10_000
 """Runs whose open spans are kept in memory; one evicted is folded again from the log."""
 BEHIND_WINDOW = timedelta(minutes=10)
@@ -240,11 +243,16 @@ class SpanExporter:
         tree = entry[0] if entry is not None and entry[1] == cursor else None
         if tree is None:
             tree = SpanTree(root, content=self.settings.content, keep=False)
-        if not buffered or buffered[0].seq != tree.last_seq + 1:
-            buffered = []
-            async for event in self.store.iter_events(root, after=tree.last_seq):
-                buffered.append(event)
-        spans.extend(tree.apply_many(buffered, cursor))
+        if buffered and buffered[0].seq == tree.last_seq + 1:
+            spans.extend(tree.apply_many(buffered, cursor))
+        else:  # from the log, a page at a time (a long run is never held whole)
+            page: list[Event] = []
+            async for event in self.store.iter_events(root, after=tree.last_seq, batch=FOLD_PAGE):
+                page.append(event)
+                if len(page) >= FOLD_PAGE:
+                    spans.extend(tree.apply_many(page, cursor))
+                    page = []
+            spans.extend(tree.apply_many(page, cursor))
         if tree.open_spans():
             self._trees[root] = (tree, cursor, until)
             while len(self._trees) > MAX_TREES:

@@ -108,7 +108,7 @@ def _attribute(tag: int, key: str, value: Any) -> bytes:
     head = _KEYS.get(key)
     if head is None:
         head = _string(_KV_KEY, key)
-        if len(_KEYS) < _MAX_KEYS:
+        if len(_KEYS) < _MAX_KEYS and len(key) <= _KEPT_CHARS:
             _KEYS[key] = head
     return _field(tag, head + _field(_KV_VALUE, _value(value)))
 
@@ -147,7 +147,7 @@ def _span(span: Span, trace: bytes) -> bytes:
     name = _NAMES.get(span.name)
     if name is None:
         name = _string(_SPAN_NAME, span.name)
-        if len(_NAMES) < _MAX_KEYS:
+        if len(_NAMES) < _MAX_KEYS and len(span.name) <= _KEPT_CHARS:
             _NAMES[span.name] = name
     parent = span.parent_span_id
     parts = [trace, _SPAN_SPAN_ID + bytes.fromhex(span.span_id)

@@ -4,6 +4,7 @@ receiver that decodes each request with ``opentelemetry-proto``."""
 from __future__ import annotations
 
 import time
+import tracemalloc
 from collections.abc import AsyncIterator
 from datetime import UTC, datetime
 from pathlib import Path
@@ -12,10 +13,12 @@ import pytest
 from opentelemetry.proto.trace.v1.trace_pb2 import Span as ProtoSpan
 from opentelemetry.proto.trace.v1.trace_pb2 import Status
 
+from runwire.jobs import export
 from runwire.jobs.export import SpanExporter
-from runwire.jobs.otlp import SCHEMA_URL, OtlpSettings
-from runwire.jobs.spans import span_id, trace_id
+from runwire.jobs.otlp import SCHEMA_URL, OtlpSettings, encode_request
+from runwire.jobs.spans import Span, span_id, trace_id
 from runwire.store import ReplayLog, open_store
+from tests.events import event
 from tests.jobs.otlp_receiver import OtlpReceiver, otlp_receiver
 from tests.jobs.traced import GRANDCHILD, ROOT, traced_run
 from tests.store.conftest import Clock
@@ -167,3 +170,50 @@ def test_the_standard_environment_decides_whether_and_where_spans_go() -> None:
     assert (found.endpoint, found.headers, found.gzip, found.timeout_s) == ("https://x.example/otel", {"a": "1"},
                                                                              True, 2.5)
     assert found.resource["service.name"] == "fromattrs" and found.content
+
+
+async def test_a_long_run_is_folded_from_the_log_a_page_at_a_time(
+    store: ReplayLog, monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """An exporter folding runs from the log (after a restart, or taking them over) holds a page
+    of each at a time: what it holds meanwhile does not grow with the run's length."""
+    monkeypatch.setattr(export, "FOLD_PAGE", 500)
+
+    async def peak(root: str, deltas: int) -> int:
+        events = [event(root, 1, "run.lifecycle", {"state": "running"}, second=0)]
+        events += [event(root, seq, text="a token ", second=seq / 1000) for seq in range(2, deltas + 2)]
+        events.append(event(root, deltas + 2, "run.lifecycle", {"state": "done"}, second=deltas / 1000 + 1))
+        await store.append(events)
+        async with otlp_receiver() as receiver:
+            exporter = SpanExporter(store, settings(receiver), holder="w1", hold_s=0.0)
+            async with exporter._http() as exporter._client:
+                await exporter._sweep_if_due()  # finds the run left unexported: folded from the log
+                tracemalloc.start()
+                try:
+                    assert await exporter.pass_once() == 1
+                    return tracemalloc.get_traced_memory()[1]
+                finally:
+                    tracemalloc.stop()
+
+    short, long = await peak("short", 4_000), await peak("long", 32_000)
+    assert long < 2 * short, (short, long)
+
+
+def test_encoding_keeps_no_copy_of_long_attribute_values() -> None:
+    """With content on, tool results and model text are long and nearly all distinct: encoding
+    them keeps nothing of them once the request is written (its memory does not grow with them)."""
+    def spans(first: int) -> list[Span]:
+        return [Span(trace_id="ab" * 16, span_id=f"{n:016x}", parent_span_id=None, name="execute_tool t",
+                     operation="execute_tool", run_id="r", start_ts="", start_ns=n, end_ns=n + 1, end_seq=n,
+                     attributes={"gen_ai.tool.call.result": f"{n:08d}" + "x" * 16_000})
+                for n in range(first, first + 100)]
+
+    encode_request(spans(0), {"service.name": "t"})
+    tracemalloc.start()
+    try:
+        for first in range(100, 1100, 100):
+            encode_request(spans(first), {"service.name": "t"})
+        kept = tracemalloc.get_traced_memory()[0]
+    finally:
+        tracemalloc.stop()
+    assert kept < 1_000_000, kept  # the values encoded come to 16 MB
