@@ -204,26 +204,22 @@ class SpanTree:
         if not events:
             return []
         ended: list[Span] = []
-        runs, quiet = self._runs, (frozenset() if self.content else _QUIET)
-        refs, count = self._refs(), len(runs)
+        runs, root, content = self._runs, self.root_id, self.content
+        refs, count, own = set(runs), len(runs), root in runs
         for event in events:
-            if type(event) in quiet and event.ext is None and event.child_ref in refs:
-                continue
+            kind = type(event)
+            if (kind is TextDelta or kind is ReasoningDelta) and event.ext is None and not content:
+                ref = event.child_ref  # absent (or null) on the root's own events
+                if ref is UNSET and own or ref in refs or ref is None and own:
+                    continue
             found = self.apply(event)
             if len(runs) != count:
-                refs, count = self._refs(), len(runs)
+                refs, count, own = set(runs), len(runs), root in runs
             if found:
                 ended.extend(span for span in found if span.end_seq is not None and span.end_seq > past)
         if events[-1].seq > self.last_seq:
             self.last_seq = events[-1].seq
         return ended
-
-    def _refs(self) -> set[Any]:
-        """The ``child_id`` values of open runs' events (the root's own: absent or null)."""
-        refs: set[Any] = set(self._runs)
-        if self.root_id in refs:
-            refs.update((UNSET, None))
-        return refs
 
     def apply(self, event: Event) -> list[Span]:
         """Fold one event of the root's stream in; the spans it ended."""
