@@ -185,6 +185,11 @@ class SpanTree:
         """Every span so far in the order they were opened (with ``keep``; else none)."""
         return list(self._all)
 
+    @property
+    def span_count(self) -> int:
+        """How many spans :meth:`spans` holds."""
+        return len(self._all)
+
     def open_spans(self) -> list[Span]:
         """The spans not ended yet."""
         found: list[Span] = []
@@ -234,7 +239,8 @@ class SpanTree:
             if self.content and kind is TextDelta:
                 run.step_text.append(event.payload.text)  # type: ignore[union-attr]
             return _NONE  # the common case, a delta of a run already open: nothing to do
-        self._ended = ended = []
+        ended: list[Span] = []
+        self._ended = ended
         at = ts_ms(event.ts) * 1_000_000
         # fanned in: the parent is known from its spawn (or the event names it)
         parent_id = event.parent_id if run_id is ref and event.parent_id != ref else None

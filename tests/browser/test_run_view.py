@@ -11,7 +11,7 @@ from pathlib import Path
 
 import pytest
 
-from runwire.edge import EdgeSettings
+from runwire.edge import EdgeSettings, runlog
 from runwire.edge.auth import issue_token
 from tests.browser.agents import Agent, big_run, expected, publish_big
 from tests.browser.browser import Browser, BrowserMissing, browser
@@ -324,3 +324,20 @@ async def test_a_10000_event_run_renders_without_freezing_the_tab(redis_url: str
         assert figures["batches"] > 1 and figures["largest"] < 10_000, figures
         assert await chromium.eval("document.querySelectorAll('#tree [role=treeitem]').length") == 9
 
+
+
+async def test_a_timeline_the_edge_cut_short_says_so(
+    redis_url: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """The edge bounds its work on a long run's spans (docs/edge.md): the page draws what came and
+    says it is the run's first spans, not the whole run."""
+    monkeypatch.setattr(runlog, "MAX_SPANS", 3)
+    async with pipeline(redis_url, f"sqlite:///{tmp_path / 'r.db'}") as pipe, page() as chromium:
+        root = unique("cut")
+        await publish_big(pipe.publisher, big_run(root, 300))
+        await wait_for_terminal(pipe.store, root, within=60)
+        await chromium.goto(f"{pipe.edge.url}/runs/{root}")
+        shown = "document.querySelector('.timeline-note') && !document.querySelector('.timeline-note').hidden"
+        await chromium.wait(shown)
+        assert "first 3 spans" in await chromium.eval("document.querySelector('.timeline-note').textContent")
+        assert await chromium.eval("document.querySelectorAll('#timeline .lane-run').length") >= 1

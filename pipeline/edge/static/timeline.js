@@ -2,8 +2,9 @@
 // derivation the OTLP exporter sends too: docs/observability.md): a row per run (invoke_agent),
 // its model calls (chat) as segments of one row, and a row per tool call (execute_tool, marked
 // when it failed). Times are the events' own. Spans still open grow with the clock while the run
-// is live. Bars are placed by CSS variables relative to the root's start, so a longer axis is one
-// style change on the container, not one per bar.
+// is live. A long run's tree comes cut short ("truncated": the edge bounds its work), which a note
+// above the lanes says. Bars are placed by CSS variables relative to the root's start, so a longer
+// axis is one style change on the container, not one per bar.
 import { api, duration, el } from "./common.js";
 
 const NS_PER_MS = 1e6;
@@ -60,16 +61,24 @@ export class Timeline {
     this.shape = "";
     this.t0 = null; // ms of the root span's start: the axis origin
     this.span = 0;
+    this.note = el("p", "timeline-note");
+    this.note.setAttribute("role", "note");
+    this.note.hidden = true;
     this.axis = el("div", "axis");
     this.axis.setAttribute("aria-hidden", "true");
     this.body = el("div", "lanes");
     this.body.setAttribute("role", "list");
-    container.append(this.axis, this.body);
+    container.append(this.note, this.axis, this.body);
   }
 
   /** A new span tree from the edge. */
   update(tree) {
     this.spans = tree.spans || [];
+    // the edge derives a long run's first spans only (a bound on its work): say so
+    this.note.hidden = !tree.truncated;
+    this.note.textContent = tree.truncated
+      ? `The timeline shows this run's first ${this.spans.length} spans (up to event ${tree.last_seq}): the run is longer than it draws.`
+      : "";
     this.byId = new Map(this.spans.map((s) => [s.span_id, s]));
     const root = this.spans.find((s) => !s.parent_span_id);
     if (root && this.t0 == null) this.t0 = root.start_ns / NS_PER_MS;
