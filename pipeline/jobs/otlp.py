@@ -103,32 +103,58 @@ _MAX_SPAN_ATTRIBUTES = 4096
 _KEPT_CHARS = 256
 
 
-def _attribute(tag: int, key: str, value: Any) -> bytes:
-    """One attribute: a ``KeyValue`` in field ``tag`` of the message holding it."""
+def _key(key: str) -> bytes:
     head = _KEYS.get(key)
     if head is None:
         head = _string(_KV_KEY, key)
         if len(_KEYS) < _MAX_KEYS and len(key) <= _KEPT_CHARS:
             _KEYS[key] = head
-    return _field(tag, head + _field(_KV_VALUE, _value(value)))
+    return head
 
 
-def _span_attributes(attributes: dict[str, Any]) -> list[bytes]:
-    """A span's attributes' fields, the short ones from :data:`_SPAN_ATTRIBUTES`."""
-    kept, out = _SPAN_ATTRIBUTES, []
+_SHORT_STRING = [bytes((_KV_VALUE, n + 2, _ANY_STRING, n)) for n in range(0x7E)]
+"""The value's head of a string attribute of ``n`` < 126 bytes (``AnyValue`` in ``KeyValue.value``)."""
+_SMALL_INT = [bytes((_KV_VALUE, 2, _ANY_INT, n)) for n in range(0x80)]
+"""A whole ``KeyValue.value`` holding an int below 128."""
+
+
+def _pair(key: str, value: Any) -> bytes:
+    """A ``KeyValue`` message's bytes (short strings and small ints without a call more)."""
+    kind = type(value)
+    if kind is str:
+        data = value.encode()
+        if len(data) < 0x7E:
+            return _key(key) + _SHORT_STRING[len(data)] + data
+        return _key(key) + _field(_KV_VALUE, _field(_ANY_STRING, data))
+    if kind is int and 0 <= value < 0x80:
+        return _key(key) + _SMALL_INT[value]
+    return _key(key) + _field(_KV_VALUE, _value(value))
+
+
+def _attribute(tag: int, key: str, value: Any) -> bytes:
+    """One attribute: a ``KeyValue`` in field ``tag`` of the message holding it."""
+    pair = _pair(key, value)
+    size = len(pair)
+    return bytes((tag, size)) + pair if size < 0x80 else bytes((tag,)) + _varint(size) + pair
+
+
+def _span_attributes(attributes: dict[str, Any], parts: list[bytes]) -> None:
+    """A span's attributes' fields onto ``parts``; short strings and ints (not bools: ``True ==
+    1``) through :data:`_SPAN_ATTRIBUTES`."""
+    kept = _SPAN_ATTRIBUTES
     for item in attributes.items():
         value = item[1]
-        if type(value) is str and len(value) <= _KEPT_CHARS or type(value) is int:
+        kind = type(value)
+        if kind is str and len(value) <= _KEPT_CHARS or kind is int:
             found = kept.get(item)
             if found is None:
                 found = _attribute(_SPAN_ATTRIBUTE, *item)
                 if len(kept) >= _MAX_SPAN_ATTRIBUTES:
                     kept.clear()
                 kept[item] = found
-            out.append(found)
+            parts.append(found)
         else:
-            out.append(_attribute(_SPAN_ATTRIBUTE, *item))
-    return out
+            parts.append(_attribute(_SPAN_ATTRIBUTE, *item))
 
 
 def _event(event: SpanEvent) -> bytes:
@@ -150,9 +176,10 @@ def _span(span: Span, trace: bytes) -> bytes:
         if len(_NAMES) < _MAX_KEYS and len(span.name) <= _KEPT_CHARS:
             _NAMES[span.name] = name
     parent = span.parent_span_id
-    parts = [trace, _SPAN_SPAN_ID + bytes.fromhex(span.span_id)
-             + (_SPAN_PARENT + bytes.fromhex(parent) if parent else b"") + name + _KINDS[span.operation]
-             + _SPAN_TIMES.pack(0x39, span.start_ns, 0x41, span.end_ns), *_span_attributes(span.attributes)]
+    parts = [trace, _SPAN_SPAN_ID, bytes.fromhex(span.span_id), _SPAN_PARENT if parent else b"",
+             bytes.fromhex(parent) if parent else b"", name, _KINDS[span.operation],
+             _SPAN_TIMES.pack(0x39, span.start_ns, 0x41, span.end_ns)]
+    _span_attributes(span.attributes, parts)
     if span.events:
         parts += [_event(event) for event in span.events]
     if span.status != "unset":
