@@ -14,14 +14,22 @@ workload goes through:
 Figures: ``*_cpu_us_per_event`` (this process's CPU, every thread, per published event) and
 ``export_cpu_us_per_event`` = ``worker_exporting`` − ``worker``, then both export figures as a
 share of the worker's (``export_share``, ``export_alone_share``; the target is ≤ 0.05); spans
-sent per round. ``--deltas`` text deltas per model step (default 16, as dense in spans as
-``bench/workers.py``'s workload: a span per 10 events; a model streaming a 100-token answer
-a token at a time is ``--deltas 100``). A quarter-size round first warms up (imports, first connections: one-time
-costs, not per event). The workload: ``--runs`` root runs, each with two sub-runs; each cycle of a
-run are ``--deltas`` text deltas, a usage report, a model step, a tool call's start and end (a
-``chat`` and an ``execute_tool`` span each time), and every run ends.
+sent per round. Every figure is per *published* event (the log holds more: a sub-run's events
+are in its own stream and, fanned in, in its root's), and the process runs with ``runwire
+worker``'s GC settings (``workers/process.py``). ``--deltas`` text deltas per model step: the
+default 16 is a dense tool-calling agent (a model step and a tool call every 20 events, a span per
+10 events, as dense in spans as ``bench/workers.py``'s workload); a model streaming a 100-token
+answer a token at a time is ``--deltas 100``. A quarter-size round first warms up (imports,
+first connections: one-time costs, not per event). The workload: ``--runs`` root runs, each with
+two sub-runs; each cycle of a run are ``--deltas`` text deltas, a usage report, a model step, a
+tool call's start and end (a ``chat`` and an ``execute_tool`` span each time), and every run ends.
 
-``python bench/spans.py [--events N] [--runs R] [--deltas D] [--repeat K] [--json]``
+``--instructions`` counts instructions instead, under callgrind (``bench/callgrind.py``: steady
+to ±0.3 % where CPU time moves ±30 % on a shared machine): the worker alone and the exporter
+alone, each in its own process, per published event, and their ratio (use ``--events 20000``:
+a part under callgrind runs ~50 times slower).
+
+``python bench/spans.py [--events N] [--runs R] [--deltas D] [--repeat K] [--json] [--instructions]``
 """
 
 from __future__ import annotations

@@ -253,7 +253,7 @@ class SpanExporter:
                     spans.extend(tree.apply_many(page, cursor))
                     page = []
             spans.extend(tree.apply_many(page, cursor))
-        if tree.open_spans():
+        if tree.is_open:
             self._trees[root] = (tree, cursor, until)
             while len(self._trees) > MAX_TREES:
                 self._trees.popitem(last=False)

@@ -186,6 +186,11 @@ class SpanTree:
         return list(self._all)
 
     @property
+    def is_open(self) -> bool:
+        """Whether a span is still open (a run's is, while anything under it is)."""
+        return bool(self._runs)
+
+    @property
     def span_count(self) -> int:
         """How many spans :meth:`spans` holds."""
         return len(self._all)

@@ -217,3 +217,29 @@ def test_encoding_keeps_no_copy_of_long_attribute_values() -> None:
     finally:
         tracemalloc.stop()
     assert kept < 1_000_000, kept  # the values encoded come to 16 MB
+
+
+def test_attribute_values_keep_their_types_on_the_wire() -> None:
+    """Decoded with opentelemetry-proto, each value is what the span holds: strings short, long and
+    not ASCII, ints small, large and negative, bools (never an int written before for ``1``),
+    floats and lists."""
+    from opentelemetry.proto.collector.trace.v1.trace_service_pb2 import ExportTraceServiceRequest
+
+    values: dict[str, object] = {"s": "tool", "long": "é" * 300, "n": 1, "big": 1 << 40, "neg": -3,
+                                 "f": 1.5, "list": ["a", "b"]}
+    first = Span(trace_id="ab" * 16, span_id="01" * 8, parent_span_id="02" * 8, name="chat m", operation="chat",
+                 run_id="r", start_ts="", start_ns=5, end_ns=9, end_seq=3, status="error", status_message="no",
+                 attributes=values)
+    second = Span(trace_id="ab" * 16, span_id="03" * 8, parent_span_id=None, name="invoke_agent",
+                  operation="invoke_agent", run_id="r", start_ts="", start_ns=1, end_ns=10, end_seq=4,
+                  attributes={"n": True})
+    request = ExportTraceServiceRequest()
+    request.ParseFromString(encode_request([first, second], {"service.name": "t"}, "1.2.3"))
+    scope = request.resource_spans[0].scope_spans[0]
+    assert (scope.scope.name, scope.scope.version) == ("runwire", "1.2.3")
+    one, two = scope.spans
+    assert attributes(one) == values and attributes(two) == {"n": True}
+    assert two.attributes[0].value.WhichOneof("value") == "bool_value"
+    assert (one.kind, two.kind) == (ProtoSpan.SPAN_KIND_CLIENT, ProtoSpan.SPAN_KIND_INTERNAL)
+    assert (one.start_time_unix_nano, one.end_time_unix_nano, one.parent_span_id) == (5, 9, bytes.fromhex("02" * 8))
+    assert (one.status.code, one.status.message) == (Status.STATUS_CODE_ERROR, "no") and two.parent_span_id == b""
