@@ -139,7 +139,6 @@ _QUIET = frozenset({TextDelta, ReasoningDelta, Extension})
 text of a model step with content on)."""
 
 
-
 class _Run:
     """What the derivation holds for one run while its span is open."""
 
@@ -210,7 +209,7 @@ class SpanTree:
 
         Most of a stream are deltas of open runs, which change no span unless content is
         captured: those without ``ext`` are passed over here, a few bytecodes each and no call
-        (the exporter's CPU per event is mostly this loop); the rest are folded one by one."""
+        (for a run streaming many deltas, most of the exporter's CPU per event); the rest are folded one by one."""
         if not events:
             return []
         ended: list[Span] = []
@@ -248,7 +247,7 @@ class SpanTree:
         self._ended = ended
         at = ts_ms(event.ts) * 1_000_000
         # fanned in: the parent is known from its spawn (or the event names it)
-        parent_id = event.parent_id if run_id is ref and event.parent_id != ref else None
+        parent_id = event.parent_id if run_id is ref and event.parent_id and event.parent_id != ref else None
         if run is None or at < run.span.start_ns or parent_id is not None and (
                 run.parent is None or run.parent.span.run_id != parent_id):
             run = self._run(run_id, parent_id, event, at)
