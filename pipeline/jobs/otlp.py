@@ -122,12 +122,13 @@ def _pair(key: str, value: Any) -> bytes:
     """A ``KeyValue`` message's bytes (short strings and small ints without a call more)."""
     kind = type(value)
     if kind is str:
-        data = value.encode()
+        data: bytes = value.encode()
         if len(data) < 0x7E:
             return _key(key) + _SHORT_STRING[len(data)] + data
         return _key(key) + _field(_KV_VALUE, _field(_ANY_STRING, data))
     if kind is int and 0 <= value < 0x80:
-        return _key(key) + _SMALL_INT[value]
+        small: bytes = _SMALL_INT[value]
+        return _key(key) + small
     return _key(key) + _field(_KV_VALUE, _value(value))
 
 
