@@ -84,6 +84,7 @@ export class Timeline {
     if (root && this.t0 == null) this.t0 = root.start_ns / NS_PER_MS;
     this.shape = ""; // every lane takes its span from this tree (a closed span is a new object)
     for (const lane of this.rows.values()) lane.done = false;
+    this.shape = ""; // lay out again: the lanes must draw this tree's spans, not the last one's
   }
 
   row(key, build) {
@@ -183,8 +184,9 @@ export class Timeline {
       lane.what = what;
       if (this.body.children[i] !== lane.row) this.body.insertBefore(lane.row, this.body.children[i] || null);
     });
+    const used = new Set(order.map(([lane]) => lane));
     for (const [key, lane] of this.rows) {
-      if (!order.some(([l]) => l === lane)) { lane.row.remove(); this.rows.delete(key); }
+      if (!used.has(lane)) { lane.row.remove(); this.rows.delete(key); }
     }
   }
 
