@@ -106,6 +106,7 @@ class Outage:
         self.problem: str | None = None
         """``unavailable`` (or the log's own reason) or ``error`` during an outage, else None."""
         self.pause_s = 0.0
+        self.since = 0.0
 
     def failed(self, exc: Exception, what: str = "") -> float:
         """Count ``exc``; the seconds to wait before the next try."""
@@ -116,12 +117,13 @@ class Outage:
             self.problem = (exc.reason if isinstance(exc, RunwireError) and exc.reason else None) or (
                 "unavailable" if retriable else "error")
             self.metrics.paused.set(1)
+            self.since = time.monotonic()
             log.warning("webhook deliveries paused%s: %s", what, _redacted(exc), exc_info=not retriable)
         return self.pause_s
 
     def over(self) -> None:
         if self.problem is not None:
-            log.info("webhook deliveries: the replay log is back")
+            log.warning("webhook deliveries resumed after %.1fs of %s", time.monotonic() - self.since, self.problem)
             self.problem = None
             self.metrics.paused.set(0)
         self.pause_s = 0.0

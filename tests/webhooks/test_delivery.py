@@ -8,6 +8,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import ipaddress
+import logging
 import sqlite3
 import time
 from collections.abc import AsyncIterator
@@ -223,10 +224,11 @@ async def test_a_resolver_answer_carrying_a_private_ipv4_address_is_refused() ->
     await check_url("http://[64:ff9b::5db8:d70e]/", allow_private=False)  # NAT64 to a public address
 
 
-async def test_the_loop_goes_on_after_the_replay_log_fails(store_url: str) -> None:
+async def test_the_loop_goes_on_after_the_replay_log_fails(store_url: str, caplog: pytest.LogCaptureFixture) -> None:
     """An error of the replay log, outage or not (PostgreSQL: the table is not there), pauses the
-    loop — counted, shown by ``problem()`` (``/readyz``) — and deliveries go on once the log
-    answers again; it never ends the loop."""
+    loop — counted, shown by ``problem()`` (``/readyz``), one log line — and deliveries go on once
+    the log answers again, with one line saying so; it never ends the loop."""
+    caplog.set_level(logging.WARNING, logger="runwire")
     async with open_store(store_url) as log, serve_receiver(Receiver()) as receiver:
         receiver.secret = new_secret()
         outbox = log.outbox()
@@ -251,6 +253,9 @@ async def test_the_loop_goes_on_after_the_replay_log_fails(store_url: str) -> No
             await task
             await sender.aclose()
     assert receiver.refused == [] and set(receiver.accepted) == {"msg_before", "msg_after"}
+    lines = [r.getMessage() for r in caplog.records if r.getMessage().startswith("webhook deliveries ")]
+    assert [line.split(":")[0].split(" after")[0] for line in lines] == \
+        ["webhook deliveries paused", "webhook deliveries resumed"], lines
 
 
 def rename_table(store_url: str, old: str, new: str) -> None:
