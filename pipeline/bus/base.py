@@ -22,11 +22,11 @@ from abc import abstractmethod
 from collections.abc import AsyncIterator, Mapping, Sequence
 from itertools import repeat
 from operator import attrgetter, lt
-from typing import Any, Literal
+from typing import Any, Literal, Protocol, cast
 
 import msgspec
 
-from ..core.envelope import Event, RunLifecycle, is_terminal
+from ..core.envelope import Envelope, Event, Extension, RunLifecycle, decode, is_terminal
 from ..core.lifecycle import AsyncResource
 from .ingest_entries import split
 from .keys import shard_for
@@ -36,6 +36,22 @@ StreamKey = tuple[str, View]
 """A delivery stream: ``(run_id, view)``."""
 EncodedAppend = tuple[StreamKey, Sequence[Event], Sequence[bytes], bytes | None]
 """``(key, events, encoded, state)``: an append whose events' canonical JSON is given."""
+
+
+
+class Routed(Protocol):
+    """What routes a published event to its ingest shard (and names it): an :data:`Event`, or
+    the publisher's record of one it queued as bytes only (its text deltas)."""
+
+    @property
+    def run_id(self) -> str: ...
+
+    @property
+    def root_id(self) -> str | None: ...
+
+    @property
+    def seq(self) -> int: ...
+
 
 DEFAULT_SHARDS = 16
 
@@ -236,7 +252,7 @@ class Bus(AsyncResource):
         group (Redis: see :mod:`runwire.bus.redis_trim`; other buses lose none)."""
         return {}
 
-    def shard_of(self, event: Event) -> int:
+    def shard_of(self, event: Routed) -> int:
         """The ingest shard of an event: by its root run id."""
         return shard_for(event.root_id or event.run_id, self.shards)
 
@@ -249,11 +265,14 @@ class Bus(AsyncResource):
         whole batch (workers dedupe on ``(run_id, seq)``).
         """
 
-    async def publish_encoded(self, events: Sequence[Event], data: Sequence[bytes]) -> None:
+    async def publish_encoded(self, events: Sequence[Routed], data: Sequence[bytes]) -> None:
         """:meth:`publish` with each event's canonical JSON given (``data[i]`` is
-        ``envelope.encode(events[i])``, e.g. the publisher's). Backends that send
-        bytes use them; the default publishes the events."""
-        await self.publish(events)
+        ``envelope.encode(events[i])``, e.g. the publisher's). ``events[i]`` is the event or
+        only what routes it (:class:`Routed`: the publisher queues its text deltas as bytes).
+        Backends that send bytes use them; the default publishes the events (decoding those
+        given as bytes only)."""
+        await self.publish([cast(Event, event) if isinstance(event, Envelope | Extension)
+                            else decode(encoded) for event, encoded in zip(events, data, strict=True)])
 
     @abstractmethod
     def consumer(

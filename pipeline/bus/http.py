@@ -46,7 +46,7 @@ from ..core.errors import (
     WriteRefused,
 )
 from ..core.redaction import redact_text
-from .base import Bus, Consumer, ControlCommand, DeadLetter, StreamKey
+from .base import Bus, Consumer, ControlCommand, DeadLetter, Routed, StreamKey
 
 log = logging.getLogger(__name__)
 CONTROL_BACKOFF = FullJitterBackoff(cap=2.0, base=0.05)
@@ -98,7 +98,7 @@ class HttpBus(Bus):
     async def publish(self, events: Sequence[Event]) -> None:
         await self.publish_encoded(events, [envelope.encode(event) for event in events])
 
-    async def publish_encoded(self, events: Sequence[Event], data: Sequence[bytes]) -> None:
+    async def publish_encoded(self, events: Sequence[Routed], data: Sequence[bytes]) -> None:
         trees: dict[str, list[bytes]] = {}
         for event, line in zip(events, data, strict=True):
             trees.setdefault(event.root_id or event.run_id, []).append(line)

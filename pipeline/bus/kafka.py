@@ -78,6 +78,7 @@ from .base import (
     ControlCommand,
     DeadLetter,
     EncodedAppend,
+    Routed,
     StreamKey,
     ascending_past,
 )
@@ -203,7 +204,7 @@ class KafkaBus(Bus):
     async def publish(self, events: Sequence[Event]) -> None:
         await self.publish_encoded(events, [encode(event) for event in events])
 
-    async def publish_encoded(self, events: Sequence[Event], data: Sequence[bytes]) -> None:
+    async def publish_encoded(self, events: Sequence[Routed], data: Sequence[bytes]) -> None:
         """:meth:`publish` with each event's canonical JSON already encoded (the publisher's).
 
         Each root run's events go as few records (:func:`~runwire.bus.kafka_io.ingest_records`),

@@ -27,7 +27,7 @@ from collections.abc import AsyncIterator, Mapping, Sequence
 from typing import Any
 
 from ..core.envelope import Event, encode
-from .base import Bus, Consumer, ControlCommand, DeadLetter, StreamKey
+from .base import Bus, Consumer, ControlCommand, DeadLetter, Routed, StreamKey
 from .keys import shard_for
 from .memory_consumer import MemoryConsumer
 from .memory_state import ControlChannel, DeliveryStream, MemoryState, now_ms
@@ -87,7 +87,7 @@ class MemoryBus(Bus):
         """Append to the shard logs; waits while more than ``max_backlog`` entries are kept."""
         await self.publish_encoded(events, [encode(event) for event in events])
 
-    async def publish_encoded(self, events: Sequence[Event], data: Sequence[bytes]) -> None:
+    async def publish_encoded(self, events: Sequence[Routed], data: Sequence[bytes]) -> None:
         """:meth:`publish` of events already encoded (the publisher's bytes, kept as they are)."""
         if not events:
             return

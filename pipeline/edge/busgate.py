@@ -20,7 +20,7 @@ from __future__ import annotations
 import asyncio
 from collections.abc import AsyncIterator, Mapping, Sequence
 
-from ..bus.base import Bus, Consumer, ControlCommand, DeadLetter, StreamKey
+from ..bus.base import Bus, Consumer, ControlCommand, DeadLetter, Routed, StreamKey
 from ..core.envelope import Event
 
 SHORT_CALLS = 64
@@ -54,14 +54,14 @@ class GatedBus(Bus):
         async with self._calls:
             return await self.inner.ingest_lost()
 
-    def shard_of(self, event: Event) -> int:
+    def shard_of(self, event: Routed) -> int:
         return self.inner.shard_of(event)
 
     async def publish(self, events: Sequence[Event]) -> None:
         async with self._calls:
             await self.inner.publish(events)
 
-    async def publish_encoded(self, events: Sequence[Event], data: Sequence[bytes]) -> None:
+    async def publish_encoded(self, events: Sequence[Routed], data: Sequence[bytes]) -> None:
         async with self._calls:
             await self.inner.publish_encoded(events, data)
 

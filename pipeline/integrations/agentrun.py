@@ -278,7 +278,7 @@ class AgentRun:
         if self._degraded or self.run is None or len(text) > DELTA_CHARS:
             return False
         try:
-            return self.run.emit_nowait(type, TextPayload(text=text)) is not None
+            return self.run.delta_nowait(type, text)
         except (DeliveryTimeout, BusUnavailable) as exc:
             self._failed(type, exc, self._lost(exc))
         except ProtocolError as exc:

@@ -61,11 +61,11 @@ from redis.backoff import FullJitterBackoff
 from ..bus import Bus, ControlCommand, open_bus
 from ..bus.requests import DEFAULT_CHANNEL, DEFAULT_TTL_S, AgentRequest, consume_requests
 from ..core import envelope
-from ..core.envelope import Event
+from ..core.envelope import Event, TextPayload
 from ..core.errors import BusUnavailable, DeliveryTimeout, MalformedFrame
 from ..core.lifecycle import AsyncResource
 from ..core.retry import Outage, Retry
-from ..core.ulid import MonotonicULID
+from ..core.ulid import PAIRS, MonotonicULID
 from .runcontext import RunContext
 from .tasks import A2ATask, consume_tasks
 
@@ -78,30 +78,35 @@ MAX_KNOWN_RUNS = 100_000
 """Runs a publisher remembers the root of (for ``parent=`` given as an id); the oldest go first."""
 
 
-class _Clock:
+class _Clock(MonotonicULID):
     """Monotonic ULID (``evt_…``) and RFC 3339 timestamp from one reading of the clock.
 
     The timestamp's date and time are formatted once per second, its milliseconds taken from a
-    table; ids come from :class:`runwire.core.ulid.MonotonicULID`, cheap in every millisecond.
+    table; ids are :class:`runwire.core.ulid.MonotonicULID`'s, the common one (the same
+    millisecond, no carry past the random part's last two characters) made here, inline.
     """
 
-    __slots__ = ("_ids", "_last_ms", "_second", "_second_of", "_ts")
+    __slots__ = ("_second", "_second_of", "_ts")
 
     def __init__(self) -> None:
-        self._ids = MonotonicULID("evt_")
-        self._last_ms = self._second_of = -1
+        super().__init__("evt_")
+        self._second_of = -1
         self._ts = self._second = ""
 
     def stamp(self) -> tuple[str, str]:
-        ms = int(time.time() * 1000)
-        if ms > self._last_ms:
-            self._last_ms = ms
+        ms = time.time_ns() // 1_000_000
+        if ms == self._last_ms:
+            self._rand = rand = self._rand + 1
+            if rand & 1023:
+                return self._stem + PAIRS[rand & 1023], self._ts
+            self._rand = rand - 1  # a carry: MonotonicULID.new counts it
+        elif ms > self._last_ms:
             second = ms // 1000
             if second != self._second_of:
                 self._second_of = second
                 self._second = time.strftime("%Y-%m-%dT%H:%M:%S", time.gmtime(second))
             self._ts = self._second + _MILLIS[ms % 1000]
-        return self._ids.new(ms), self._ts
+        return self.new(ms), self._ts  # the ts of the last millisecond if the clock went back
 
 
 _MILLIS = [f".{ms:03d}Z" for ms in range(1000)]
@@ -116,6 +121,21 @@ _TYPED: dict[str, tuple[Any, Any]] = {
     name: (cls, _payload_type(cls)) for name, cls in envelope.EVENT_CLASSES.items()
 }
 """type name → (event class, payload class), for building events without ``make``'s checks."""
+
+
+class _Seq(msgspec.Struct):
+    seq: int
+
+
+_seq_of = msgspec.json.Decoder(_Seq).decode
+"""The seq of an event queued as its bytes only (for a give-up report)."""
+
+_MARK_TEXT, _MARK_ID, _MARK_TS, _MARK_SEQ = "\x01text", "\x01id", "\x01ts", 7_036_874_417_766_401
+"""Values a sample event carries where a delta's own go: cut out of its encoding, the rest is
+the run's canonical bytes around them (:meth:`Run._template`)."""
+
+_Template = tuple[bytes, str, str, str, str]
+"""A run's text delta as the parts around its text, id, ts and seq."""
 
 
 class Run:
@@ -148,6 +168,7 @@ class Run:
                          ("thread_id", thread_id))
             if v is not None
         }
+        self._templates: dict[str, _Template | None] = {}
 
     def event(self, type: str, payload: Mapping[str, Any] | msgspec.Struct,
               ext: dict[str, Any] | None = None) -> Event:
@@ -213,6 +234,66 @@ class Run:
         self.seq -= 1
         return None
 
+    def delta_nowait(self, type: str, text: str) -> bool:
+        """A ``text.delta`` or ``reasoning.delta`` queued as :meth:`emit_nowait` would (the same
+        bytes), without an event object: its text, id, ts and seq are spliced into the run's
+        canonical bytes around them. False when the publisher has no room now (nothing is
+        published, no seq is used up). Raises what :meth:`emit_nowait` raises."""
+        try:
+            template = self._templates[type]
+        except KeyError:
+            template = self._templates[type] = self._template(type)
+        if template is None or not isinstance(text, str) or (self.seq == 0 and self.agent is not None):
+            return self.emit_nowait(type, TextPayload(text=text)) is not None
+        publisher = self.publisher
+        if publisher._failure is not None:
+            publisher._raise_failure()
+        head, after_text, after_id, after_ts, tail = template
+        event_id, ts = publisher._clock.stamp()
+        seq = self.seq + 1
+        data = b"".join((head, _encoder.encode(text),
+                         f"{after_text}{event_id}{after_id}{ts}{after_ts}{seq}{tail}".encode()))
+        size = len(data)
+        if size > envelope.MAX_FRAME_BYTES:
+            raise MalformedFrame(f"event is {size} bytes encoded, over the "
+                                 f"{envelope.MAX_FRAME_BYTES}-byte limit")
+        queued = publisher._queued
+        if queued and (queued >= publisher.max_pending
+                       or publisher._queued_bytes + size > publisher.max_pending_bytes):
+            return False
+        publisher._queue.append(self)  # what routes the bytes (the run, bus.base.Routed)
+        publisher._encoded.append(data)
+        publisher._count += 1
+        publisher._queued = queued = queued + 1
+        publisher._queued_bytes += size
+        if queued == 1 or queued >= publisher.max_batch:
+            publisher._wakeup.set()
+        self.seq = seq
+        return True
+
+    def _template(self, type: str) -> _Template | None:
+        """The run's ``type`` delta (text.delta, reasoning.delta) as the parts around its text,
+        id, ts and seq, cut from the encoding of a sample event; None for another type, or
+        when the run's own fields would make the cut ambiguous (then events take the slow path)."""
+        if type not in ("text.delta", "reasoning.delta"):
+            return None
+        cls, payload_cls = _TYPED[type]
+        sample = _encoder.encode(cls(id=_MARK_ID, ts=_MARK_TS, run_id=self.run_id, seq=_MARK_SEQ,
+                                     payload=payload_cls(text=_MARK_TEXT), **self._fields)).decode()
+        marks = [_encoder.encode(_MARK_TEXT).decode(), _encoder.encode(_MARK_ID).decode()[1:-1],
+                 _encoder.encode(_MARK_TS).decode()[1:-1], str(_MARK_SEQ)]
+        if any(sample.count(mark) != 1 for mark in marks):
+            return None
+        at = [sample.index(mark) for mark in marks]
+        if at != sorted(at):
+            return None
+        parts, start = [], 0
+        for mark, index in zip(marks, at, strict=True):
+            parts.append(sample[start:index])
+            start = index + len(mark)
+        parts.append(sample[start:])
+        return parts[0].encode(), parts[1], parts[2], parts[3], parts[4]
+
     async def finish(self, state: str = "done", reason: str | None = None) -> Event:
         """Publish the terminal ``run.lifecycle`` event (done, aborted or error)."""
         if state not in envelope.TERMINAL_STATES:
@@ -272,7 +353,7 @@ class Publisher(AsyncResource):
         self._clock = _Clock()
         self._roots: OrderedDict[str, tuple[str, str | None]] = OrderedDict()
         """Runs this publisher started: run id → (its root, its tenant), newest last (bounded)."""
-        self._queue: deque[Event] = deque()
+        self._queue: deque[Event | Run] = deque()
         self._encoded: deque[bytes] = deque()
         """Each queued event's canonical JSON: its size is what the byte bound counts, and a
         bus whose ``publish_encoded`` uses them (Kafka) sends these bytes instead of encoding again."""
@@ -281,7 +362,9 @@ class Publisher(AsyncResource):
         self._queued = 0
         """Events queued (not yet in flight): what ``max_pending`` bounds."""
         self._queued_bytes = 0
-        self._in_flight: list[Event] = []
+        self._in_flight: list[Event | Run] = []
+        """The batch on its way: each event, or the run of one queued as bytes only."""
+        self._in_flight_data: list[bytes] = []
         self._in_flight_bytes = 0
         self._wakeup = asyncio.Event()
         self._space = asyncio.Event()
@@ -547,7 +630,7 @@ class Publisher(AsyncResource):
             take = min(len(self._queue), self.max_batch)
             queue, encoded = self._queue, self._encoded
             self._in_flight = [queue.popleft() for _ in range(take)]
-            data = [encoded.popleft() for _ in range(take)]
+            self._in_flight_data = data = [encoded.popleft() for _ in range(take)]
             self._in_flight_bytes = sum(map(len, data))
             self._queued -= take
             self._queued_bytes -= self._in_flight_bytes
@@ -566,7 +649,7 @@ class Publisher(AsyncResource):
             timer.cancel()
             self._lingering = None
 
-    async def _deliver(self, events: list[Event], data: list[bytes]) -> None:
+    async def _deliver(self, events: list[Event | Run], data: list[bytes]) -> None:
         async def attempt() -> None:
             async with asyncio.timeout(self.delivery_timeout):
                 await self.bus.publish_encoded(events, data)
@@ -592,23 +675,25 @@ class Publisher(AsyncResource):
             return
         self._done(events)
 
-    def _done(self, events: list[Event]) -> None:
+    def _done(self, events: list[Event | Run]) -> None:
         self.published += len(events)
         self.batches += 1
         self._count -= len(events)
-        self._in_flight = []
+        self._in_flight, self._in_flight_data = [], []
         self._in_flight_bytes = 0
         self._space.set()
         if not self._queue:
             self._idle.set()
 
     def _give_up(self, why: str) -> None:
-        lost = [*self._in_flight, *self._queue]
+        lost = [(item.run_id, _seq_of(data).seq if isinstance(item, Run) else item.seq)
+                for item, data in zip([*self._in_flight, *self._queue],
+                                      [*self._in_flight_data, *self._encoded], strict=True)]
         self._queue.clear()
         self._encoded.clear()
-        self._in_flight = []
+        self._in_flight, self._in_flight_data = [], []
         self._count = self._queued = self._queued_bytes = self._in_flight_bytes = 0
-        undelivered = [(event.run_id, event.seq) for event in lost]
+        undelivered = lost
         self._failure = self._last_failure = DeliveryTimeout(
             f"{why}; {len(undelivered)} event(s) not delivered: {_describe(undelivered)}",
             undelivered,

@@ -274,11 +274,9 @@ def test_ids_stay_monotonic_across_carries_and_clock_steps() -> None:
 
     clock = _Clock()
     first, _ = clock.stamp()
-    ids_gen = clock._ids
-    ids_gen._rand |= 0b11111  # the next id carries out of the last digit
-    ids_gen._tail = ids_gen._tail[:-1] + "Z"
+    clock._rand |= 0b11111_11111  # the next id carries out of the last two digits
     ids = [first] + [clock.stamp()[0] for _ in range(5000)]
-    ids_gen._last_ms += 60_000  # the wall clock is now a minute behind the last id
+    clock._last_ms += 60_000  # the wall clock is now a minute behind the last id
     ids += [clock.stamp()[0] for _ in range(10)]
     assert ids == sorted(ids) and len(set(ids)) == len(ids)
     assert all(len(i) == 30 and i.startswith("evt_") for i in ids)
