@@ -39,17 +39,8 @@ from redis.crc import key_slot
 from ..core.envelope import Event, encode
 from ..core.errors import BusFull
 from ..core.retry import Retry
-from . import keys
-from .base import (
-    Bus,
-    Consumer,
-    ControlCommand,
-    DeadLetter,
-    EncodedAppend,
-    Routed,
-    StreamKey,
-    ends_run,
-)
+from . import base, keys
+from .base import Bus, Consumer, ControlCommand, DeadLetter, EncodedAppend, StreamKey, ends_run
 from .options import split_url
 from .redis_consumer import RedisConsumer
 from .redis_entries import (
@@ -157,7 +148,7 @@ class RedisBus(Bus):
         """See :meth:`publish_encoded`."""
         await self.publish_encoded(events, [encode(event) for event in events])
 
-    async def publish_encoded(self, events: Sequence[Routed], data: Sequence[bytes]) -> None:
+    async def publish_encoded(self, events: Sequence[base.Routed], data: Sequence[bytes]) -> None:
         """One round trip per batch: the entries of each shard (an entry holds up to
         :data:`~runwire.bus.ingest_entries.INGEST_ENTRY_EVENTS` events), each shard's in one
         ``INGEST_ADD`` script call, pipelined (``data[i]`` is ``encode(events[i])``).
