@@ -8,8 +8,9 @@ driven by the framework's own offline test model), rounds alternate, in one proc
 * **bare** — the framework's streaming call, its events consumed and dropped;
 * **adapted** — the same through ``runwire.integrations.<name>.run`` onto a publisher of an
   in-process ``memory://`` bus (the events built, validated, encoded and published);
-* **sdk** — the publisher alone emitting as many events as the adapted round published
-  (text deltas), to split what the adapter adds into its own mapping and the SDK's publish.
+* **sdk** — the publisher alone queuing as many text deltas as the adapted round published,
+  the way the adapters queue them (:func:`delta_path`), to split what the adapter adds into
+  its own mapping and the SDK's publish.
 
 Figures are CPU µs per framework event (``time.process_time``, every thread of the process),
 medians of the rounds: ``bare``, ``adapted``, ``added`` = adapted − bare (the target: ≤ 5 µs),
@@ -28,6 +29,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import functools
 import gc
 import importlib.util
 import json
@@ -43,7 +45,11 @@ from typing import Any
 
 HERE = Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE))
+import callgrind  # noqa: E402
 from cputime import import_code  # noqa: E402
+
+# bench/ is no folder of modules for a framework: ADK's A2A client imports grpc, not bench/grpc.py
+sys.path[:] = [path for path in sys.path if Path(path or ".").resolve() != HERE]
 
 import_code()
 
@@ -84,14 +90,31 @@ async def one_round(case: ModuleType, events: int) -> dict[str, float]:
         run = pub.run("sdk-only")
 
         async def sdk() -> int:
+            queue = delta_path(run)
             for index in range(emitted):
-                await run.emit("text.delta", {"text": f"token {index} "})
+                text = f"token {index} "
+                if not queue(text):
+                    await run.emit("text.delta", {"text": text})
+                if index % 500 == 0:
+                    await asyncio.sleep(0)  # as emit yields every max_batch / 4 events
             await pub.flush()
             return adapted_count
 
         sdk_us, _ = await cpu_per_event(sdk)
     return {"bare_us": bare, "adapted_us": adapted_us, "sdk_us": sdk_us,
             "framework_events": float(count), "published_per_framework_event": emitted / max(adapted_count, 1)}
+
+
+def delta_path(run: Any) -> Callable[[str], bool]:
+    """How the tree's adapters queue a text delta (``AgentRun.delta_now``'s way): as bytes
+    (``Run.delta_nowait``), else an event without a coroutine (``emit_nowait``); False when
+    the tree has neither (then ``emit``)."""
+    if hasattr(run, "delta_nowait"):
+        return functools.partial(run.delta_nowait, "text.delta")  # type: ignore[no-any-return]
+    if hasattr(run, "emit_nowait"):
+        from runwire.core.events import TextPayload
+        return lambda text: run.emit_nowait("text.delta", TextPayload(text=text)) is not None
+    return lambda text: False
 
 
 async def measure(name: str, events: int, rounds: int) -> dict[str, float]:
@@ -111,8 +134,6 @@ async def counted_part(name: str, part: str, events: int) -> None:
     """One part of one framework's round between callgrind's :func:`~callgrind.ready` and
     :func:`~callgrind.done` (see ``--instructions``), then the process ends at once (what is
     still queued is not the part's)."""
-    import callgrind
-
     case = load_case(name)
     async with Publisher.connect(f"memory://bench-{uuid.uuid4().hex[:8]}") as pub:
         await case.adapted(max(events // 10, 10), pub)  # warm-up: imports, caches
@@ -129,8 +150,11 @@ async def counted_part(name: str, part: str, events: int) -> None:
     elif part == "adapted":
         await case.adapted(events, pub)
     else:
+        queue = delta_path(run)
         for index in range(events):
-            await run.emit("text.delta", {"text": f"token {index} "})
+            text = f"token {index} "
+            if not queue(text):
+                await run.emit("text.delta", {"text": text})
             if part == "batch":
                 await pub.flush()
     callgrind.done(str(pub.published + pub.pending))  # the events the part queued
@@ -139,8 +163,6 @@ async def counted_part(name: str, part: str, events: int) -> None:
 
 def count_instructions(names: list[str], events: int) -> dict[str, float]:
     """Instructions per framework event of each part (``--instructions``)."""
-    import callgrind
-
     if not callgrind.available():
         raise SystemExit("--instructions needs valgrind (Debian: apt install valgrind)")
 

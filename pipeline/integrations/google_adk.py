@@ -128,12 +128,17 @@ class _Mapper:
     async def event(self, event: Event) -> None:
         if event.author == "user":
             return
-        target = await self.run_of(self.agent_path(event))
-        parts = list(event.content.parts or []) if event.content else []
-        if event.partial:
-            for part in parts:
-                await self._delta(target, part)
+        path = self.agent_path(event)
+        target = self.children.get(path) if path else self.root
+        if target is None:
+            target = await self.run_of(path)
+        content = event.content
+        if event.partial:  # every token's path: no coroutine of its own when the publisher has room
+            for part in content.parts or () if content else ():
+                if part.text and not self._delta_now(target, part):
+                    await (target.reasoning(part.text) if part.thought else target.text(part.text))
             return
+        parts = list(content.parts or []) if content else []
         await self._texts(target, parts)
         for part in parts:
             await self._part(target, event, part)
@@ -146,12 +151,13 @@ class _Mapper:
                 or event.author == self.root_agent):
             self.final = event  # the root agent's last final response, else the last one
 
-    async def _delta(self, target: AgentRun, part: types.Part) -> None:
-        if part.text:
-            key = (target.run_id, bool(part.thought))
-            self._streamed.setdefault(key, []).append(part.text)
-            if not target.delta_now("reasoning.delta" if part.thought else "text.delta", part.text):
-                await (target.reasoning(part.text) if part.thought else target.text(part.text))
+    def _delta_now(self, target: AgentRun, part: types.Part) -> bool:
+        """A partial event's text noted as streamed and published now; False when the publisher
+        has no room now (then the caller awaits it)."""
+        text, thought = part.text, bool(part.thought)
+        assert text is not None
+        self._streamed.setdefault((target.run_id, thought), []).append(text)
+        return target.delta_now("reasoning.delta" if thought else "text.delta", text)
 
     async def _texts(self, target: AgentRun, parts: list[types.Part]) -> None:
         """The text of a final (non-partial) event: what its partial events did not publish

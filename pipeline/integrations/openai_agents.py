@@ -66,6 +66,9 @@ FRAMEWORK = "openai_agents"
 Approvals = Literal["clients", "return"]
 _REASONING = frozenset({"response.reasoning_text.delta", "response.reasoning_summary_text.delta"})
 _CARRIED_RAW = frozenset({"response.refusal.delta", "response.failed", "response.incomplete"})
+_RAW_DELTAS = {"response.output_text.delta": "text.delta", **dict.fromkeys(_REASONING, "reasoning.delta")}
+_RAW_PUBLISHED = _CARRIED_RAW | {"response.completed", *_RAW_DELTAS}
+"""Raw events :meth:`_Published.publish` publishes something of (the others pass over)."""
 _HOSTED = frozenset({"web_search_call", "file_search_call", "code_interpreter_call",
                      "image_generation_call", "mcp_call"})
 """Tool calls the provider runs itself: their item holds the outcome, no ``tool_output`` follows."""
@@ -90,6 +93,19 @@ class _Published:
     def active(self) -> AgentRun:
         """The run of the agent running now (the last handoff's)."""
         return self.runs[-1]
+
+    def publish_now(self, event: StreamEvent) -> bool:
+        """A raw text or reasoning delta published without a coroutine (every token's path), or
+        a raw event published as nothing passed over; False for anything else, or a delta the
+        publisher has no room for now (then await :meth:`publish`)."""
+        if type(event) is not RawResponsesStreamEvent:
+            return False
+        data: Any = event.data
+        kind = getattr(data, "type", "")
+        published_as = _RAW_DELTAS.get(kind) if type(kind) is str else None
+        if published_as is None:
+            return type(kind) is str and kind not in _RAW_PUBLISHED
+        return self.runs[-1].delta_now(published_as, data.delta)
 
     async def publish(self, event: StreamEvent) -> None:
         """Publish one event of ``result.stream_events()``."""
@@ -206,8 +222,10 @@ async def _consume(published: _Published, result: RunResultStreaming) -> None:
     """Publish every event of one streamed segment; stop the framework if publishing stops."""
     stream = cast(AsyncGenerator[StreamEvent, None], result.stream_events())
     try:
+        publish_now = published.publish_now
         async for event in stream:
-            await published.publish(event)
+            if not publish_now(event):
+                await published.publish(event)
     except BaseException:
         result.cancel()  # a cancel (or a failure) met while publishing: the run loop stops too
         raise
@@ -296,8 +314,10 @@ async def events(run: AgentRun, result: RunResultStreaming) -> AsyncIterator[Str
     published = _Published(run, result.current_agent)
     stream = cast(AsyncGenerator[StreamEvent, None], result.stream_events())
     try:
+        publish_now = published.publish_now
         async for event in stream:
-            await published.publish(event)
+            if not publish_now(event):
+                await published.publish(event)
             yield event
     except BaseException as exc:
         result.cancel()

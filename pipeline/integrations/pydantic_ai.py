@@ -293,7 +293,7 @@ class _EventMapper:
         published_as = _DELTA_EVENTS.get(type(delta))
         if published_as is None:
             return False
-        text = cast("TextPartDelta | ThinkingPartDelta", delta).content_delta
+        text = delta.content_delta  # type: ignore[union-attr]  # a text or thinking delta's
         if not text:
             return False
         sent = self._sent.get(event.index)
