@@ -82,8 +82,8 @@ class _Clock(MonotonicULID):
     """Monotonic ULID (``evt_…``) and RFC 3339 timestamp from one reading of the clock.
 
     The timestamp's date and time are formatted once per second, its milliseconds taken from a
-    table; ids are :class:`runwire.core.ulid.MonotonicULID`'s, the common one (the same
-    millisecond, no carry past the random part's last two characters) made here, inline.
+    table; ids are :class:`runwire.core.ulid.MonotonicULID`'s, the common ones (no reseed, no
+    carry past the random part's last two characters) made here, inline, as ``new`` makes them.
     """
 
     __slots__ = ("_second", "_second_of", "_ts")
@@ -105,7 +105,13 @@ class _Clock(MonotonicULID):
             if second != self._second_of:
                 self._second_of = second
                 self._second = time.strftime("%Y-%m-%dT%H:%M:%S", time.gmtime(second))
-            self._ts = self._second + _MILLIS[ms % 1000]
+            self._ts = ts = self._second + _MILLIS[ms % 1000]
+            rand = self._rand + 1
+            if ms >> 10 == self._high_of and rand & 1023:  # a new millisecond, the same second
+                self._last_ms, self._rand = ms, rand
+                self._time = self._high + PAIRS[ms & 1023]
+                self._stem = stem = self._time + self._stem[-14:]
+                return stem + PAIRS[rand & 1023], ts
         return self.new(ms), self._ts  # the ts of the last millisecond if the clock went back
 
 
