@@ -13,7 +13,6 @@ from __future__ import annotations
 
 import asyncio
 import time
-from collections import deque
 from collections.abc import Callable
 
 from .frames import DROP_REASONING, DROP_TEXT, NEVER_DROP, Frame
@@ -25,7 +24,8 @@ class ClientQueue:
     __slots__ = ("_droppable", "_frames", "_waiter", "bytes", "keepalive_s", "last_write", "on_overflow", "dropped", "dropped_by_type", "max_bytes", "max_frames", "overflowed")
 
     def __init__(self, *, max_frames: int, max_bytes: int) -> None:
-        self._frames: deque[Frame] = deque()
+        self._frames: list[Frame] = []
+        """Oldest first; taken whole by :meth:`take` (a list: ~0.6 KB less per client than a deque)."""
         self._droppable = [0, 0]
         """Queued frames per drop rank (reasoning, text): no scan when there is none to drop."""
         self._waiter: asyncio.Future[None] | None = None
@@ -103,7 +103,7 @@ class ClientQueue:
         """Drop queued frames of ``rank``, oldest first, until ``incoming`` fits with an eighth
         of the bounds to spare: one scan then serves many puts (no O(queue) scan per drop)."""
         slack_frames, slack_bytes = self.max_frames // 8, self.max_bytes // 8
-        kept: deque[Frame] = deque()
+        kept: list[Frame] = []
         count = len(self._frames)
         for queued in self._frames:
             tight = count + slack_frames >= self.max_frames or (
@@ -129,8 +129,8 @@ class ClientQueue:
 
     def take(self) -> list[Frame]:
         """Every queued frame, oldest first (empties the queue)."""
-        frames = list(self._frames)
-        self._frames.clear()
+        frames = self._frames
+        self._frames = []
         self.bytes = 0
         self._droppable = [0, 0]
         return frames
