@@ -174,12 +174,26 @@ class _Artifact:
             else:
                 self.parts.append(part)
 
-    def snapshot(self) -> Obj:
-        parts = [{"text": "".join(p)} if isinstance(p, list) else p for p in self.parts]
+    def snapshot(self, max_chars: int | None = None) -> Obj:
+        """The artifact with its text chunks joined; with ``max_chars``, a text part joins only
+        the chunks that reach past that many characters (the caller cuts it)."""
+        parts = [{"text": _joined(p, max_chars)} if isinstance(p, list) else p for p in self.parts]
         out: Obj = {"artifactId": self.artifact_id, "name": self.name, "parts": parts}
         if self.metadata:
             out["metadata"] = self.metadata
         return out
+
+
+def _joined(chunks: list[str], max_chars: int | None) -> str:
+    if max_chars is None:
+        return "".join(chunks)
+    taken: list[str] = []
+    for chunk in chunks:
+        taken.append(chunk)
+        max_chars -= len(chunk)
+        if max_chars < 0:
+            break
+    return "".join(taken)
 
 
 class A2AEgress(Egress):
@@ -200,6 +214,17 @@ class A2AEgress(Egress):
         self._open: dict[tuple[str | None, str], str] = {}
         """(child, text|reasoning) → the id of its open artifact."""
         self.ended = False
+        self.budget: int | None = None
+        """When set, :attr:`kept` counts the bytes of the artifacts and messages kept so far
+        (:attr:`full` once past this): what a bounded read stops at."""
+        self.kept = 0
+        self.unread = 0
+        """Events after :attr:`position` a bounded read left unread (the task's ``truncated.events``)."""
+
+    @property
+    def full(self) -> bool:
+        """Whether the task kept more than :attr:`budget` bytes: nothing further read can be answered."""
+        return self.budget is not None and self.kept > self.budget
 
     # ---- the Egress interface -------------------------------------------
     def convert(self, event: Event) -> list[Any]:
@@ -224,7 +249,8 @@ class A2AEgress(Egress):
         return []
 
     def preamble(self) -> list[Any]:
-        return [{"task": self.task()}]
+        """The task so far, bounded as an answer (``SubscribeToTask``'s first object)."""
+        return [{"task": self.task(max_bytes=limits.TASK_BYTES)}]
 
     # ---- the task as it stands ------------------------------------------
     def task(self, history_length: int | None = None, *, max_bytes: int | None = None) -> Obj:
@@ -235,20 +261,32 @@ class A2AEgress(Egress):
         task: Obj = {"id": self.task_id, "status": self._status()}
         if self.context_id:
             task["contextId"] = self.context_id
-        artifacts = [a.snapshot() for a in self.artifacts.values()]
         length = min(limits.TASK_HISTORY, limits.TASK_HISTORY if history_length is None else history_length)
         history = list(self.history)[-length:] if length else []
         runwire: Obj = {"seq": self.position}
         if max_bytes is not None:
-            history, artifacts, cut = _bounded(history, artifacts, max_bytes)
+            history, artifacts, cut = _bounded(history, list(self.artifacts.values()), max_bytes)
+            if self.unread:
+                cut["events"] = self.unread
             if cut:
                 runwire["truncated"] = cut
+        else:
+            artifacts = [a.snapshot() for a in self.artifacts.values()]
         if artifacts:
             task["artifacts"] = artifacts
         if history:
             task["history"] = history
         task["metadata"] = {"runwire": runwire, RESUME_EXTENSION: {"cursor": str(self.position)}}
         return task
+
+    def stopped(self, run_state: str | None, ts: str | None, unread: int) -> None:
+        """A bounded read stopped here with ``unread`` events left: the status becomes the run's
+        latest (``run_state``, as of ``ts``), without a message unless it is the one read."""
+        state = task_state(run_state)
+        if state != self.state:
+            self.state, self.status_message = state, None
+        self.timestamp = ts or self.timestamp
+        self.unread = unread
 
     def _status(self) -> Obj:
         status: Obj = {"state": self.state}
@@ -292,6 +330,7 @@ class A2AEgress(Egress):
         if self.context_id:
             message["contextId"] = self.context_id
         self.history.append(message)
+        self._count(message)
         return []
 
     def _delta(self, event: TextDelta | ReasoningDelta, child: str | None) -> list[Obj]:
@@ -334,12 +373,17 @@ class A2AEgress(Egress):
             self.status_message = agent_message(reason, task_id=self.task_id, context_id=self.context_id,
                                                 message_id=f"{self.task_id}-status-{event.seq}")
             self.history.append(self.status_message)
+            self._count(self.status_message)
         self.ended = state in envelope.TERMINAL_STATES
         self.timestamp = event.ts
         update: Obj = {"taskId": self.task_id, "status": self._status()}
         if self.context_id:
             update["contextId"] = self.context_id
         return [*out, {"statusUpdate": update}]
+
+    def _count(self, message: Obj) -> None:
+        if self.budget is not None:
+            self.kept += len(_json.encode(message))
 
     def _update(self, child: str | None, artifact_id: str, name: str, parts: list[Obj], *,
                 last: bool = False) -> Obj:
@@ -350,6 +394,8 @@ class A2AEgress(Egress):
             metadata: Obj = {"runwire": {"childId": child}} if child is not None else {}
             artifact = self.artifacts[artifact_id] = _Artifact(artifact_id, name, metadata)
         artifact.add(parts)
+        if self.budget is not None:
+            self.kept += sum(len(p["text"]) if isinstance(p.get("text"), str) else len(_json.encode(p)) for p in parts)
         artifact.closed = artifact.closed or last
         body: Obj = {"artifactId": artifact_id, "name": artifact.name, "parts": parts}
         if artifact.metadata:
@@ -363,8 +409,10 @@ class A2AEgress(Egress):
 _json = msgspec.json.Encoder()
 
 
-def _bounded(history: list[Obj], artifacts: list[Obj], max_bytes: int) -> tuple[list[Obj], list[Obj], Obj]:
-    """History (the latest first) and artifacts (in order) within ``max_bytes`` of JSON; what was cut."""
+def _bounded(history: list[Obj], artifacts: list[_Artifact], max_bytes: int) -> tuple[list[Obj], list[Obj], Obj]:
+    """History (the latest first) and artifacts (in order) within ``max_bytes`` of JSON; what was cut.
+    The work is bounded by the answer: an artifact's text is joined only as far as the room left,
+    and the artifacts past the bound are counted, not looked at."""
     left = max_bytes
     kept_history: list[Obj] = []
     for message in reversed(history):
@@ -375,7 +423,11 @@ def _bounded(history: list[Obj], artifacts: list[Obj], max_bytes: int) -> tuple[
         kept_history.insert(0, message)
     kept: list[Obj] = []
     cut = 0
-    for artifact in artifacts:
+    for whole in artifacts:
+        if left <= 0:
+            cut += 1
+            continue
+        artifact = whole.snapshot(left)
         size = len(_json.encode(artifact))
         if size <= left:
             kept.append(artifact)

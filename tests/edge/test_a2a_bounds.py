@@ -92,7 +92,7 @@ async def test_get_task_cuts_a_task_past_the_task_bound_and_says_so(memory_bus: 
         client = ClientFactory(ClientConfig(httpx_client=http)).create(card)
         task = MessageToDict(await client.get_task(GetTaskRequest(id=run_id)))
     assert len(json.dumps(task)) <= limits.TASK_BYTES + 4096
-    assert task["metadata"]["runwire"]["truncated"] == {"artifacts": 1}
+    assert task["metadata"]["runwire"]["truncated"]["artifacts"] == 1
     assert task["artifacts"][0]["parts"][0]["text"].startswith("x" * 1000)
 
 

@@ -14,7 +14,6 @@ A request body is at most :data:`runwire.core.limits.FRAME_BYTES` and nests at m
 
 from __future__ import annotations
 
-import asyncio
 import functools
 from collections.abc import Awaitable, Callable, Mapping
 from typing import Any
@@ -27,7 +26,7 @@ from starlette.types import Receive, Scope, Send
 
 from ...core import limits
 from ...core.errors import RunwireError
-from ...protocols.a2a import INPUT_REQUIRED, RESUME_EXTENSION, TERMINAL_TASK_STATES
+from ...protocols.a2a import RESUME_EXTENSION
 from ..auth import Principal
 from ..context import Edge
 from ..params import bounded_body, check_depth
@@ -36,11 +35,10 @@ from ..transports import http_status
 from . import methods, push
 from .card import agent_card
 from .errors import A2AFault, as_fault
-from .stream import Framing, empty_task, serve_task_stream
+from .stream import Framing, empty_task, serve_task_stream, settled_task
 
 JSON = "application/json"
 VERSION_HEADER = "a2a-version"
-BLOCKING_POLL_S = 0.2
 _json = msgspec.json.Encoder()
 
 
@@ -114,17 +112,9 @@ class A2ACall:
             sent = await self.send(params)
             if methods.flag_of(configuration, "returnImmediately"):
                 return {"task": empty_task(sent.run_id, sent.context_id)}
-            loop = asyncio.get_running_loop()
-            deadline = loop.time() + self.edge.settings.long_poll_s
-            while True:
-                encoder = await methods.task_encoder(self.edge, sent.run_id, sent=True)
-                task = encoder.task(length, max_bytes=limits.TASK_BYTES)
-                task.setdefault("contextId", sent.context_id)
-                state = task["status"]["state"]
-                asks = state == INPUT_REQUIRED and encoder.position > sent.after  # (asked again after an answer)
-                if state in TERMINAL_TASK_STATES or asks or loop.time() > deadline:
-                    return {"task": task}
-                await asyncio.sleep(BLOCKING_POLL_S)
+            task = await settled_task(self.edge, sent.run_id, sent.context_id, sent.after, length,
+                                      self.edge.settings.long_poll_s)
+            return {"task": task}
 
     async def send(self, params: Mapping[str, Any]) -> methods.Sent:
         """``SendMessage``'s common part; a push config in its ``configuration`` is made for the task

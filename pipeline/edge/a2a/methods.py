@@ -46,7 +46,7 @@ from ..context import Edge
 from ..control import send_control
 from ..feed import FeedKey
 from ..filters import event_filter
-from ..resume import history, probe
+from ..resume import Probe, history, probe
 from .errors import A2AFault
 
 CURSOR_HEADER = "Runwire-A2A-Cursor"
@@ -121,13 +121,17 @@ def history_length(params: Mapping[str, Any]) -> int | None:
 
 
 # ---- reading a task -------------------------------------------------------------
-async def task_encoder(edge: Edge, run_id: str, *, sent: bool = False) -> A2AEgress:
-    """The run's events so far through the ``a2a`` mapping (UnknownRun when nobody wrote it,
-    unless this edge has just ``sent`` it to an agent)."""
+async def task_encoder(edge: Edge, run_id: str, *, sent: bool = False, room: int | None = None) -> A2AEgress:
+    """The run's events so far through the ``a2a`` mapping, read until the task holds
+    :data:`~runwire.core.limits.TASK_BYTES` (or ``room``) bytes of artifacts and messages: what
+    an answer can carry. A read stopped there leaves the rest unread (``truncated.events``) and
+    takes the task's status from where the run stands (its end, else the run catalogue).
+    UnknownRun when nobody wrote the run, unless this edge has just ``sent`` it to an agent."""
     key = FeedKey(run_id, view_of(edge), "a2a", "default", "flatten")
     found = await probe(edge.bus, edge.store, key.stream)
     encoder = A2AEgress()
     encoder.task_id = run_id
+    encoder.budget = limits.TASK_BYTES if room is None else min(room, limits.TASK_BYTES)
     if not found.published:
         if not sent and await edge.gate.owner(run_id) is None:
             raise UnknownRun(f"no task {run_id!r}")
@@ -138,12 +142,24 @@ async def task_encoder(edge: Edge, run_id: str, *, sent: bool = False) -> A2AEgr
         for event in events:
             if accepts(event):
                 encoder.convert(event)
+                if encoder.full:  # (the reading stops here: the batch's events after it are not read on)
+                    await _stopped(edge, encoder, found, upto)
+                    return encoder
     return encoder
 
 
+async def _stopped(edge: Edge, encoder: A2AEgress, found: Probe, upto: int) -> None:
+    """A read stopped at the bound: the status is the run's as it stands now."""
+    if found.end_state is not None:
+        encoder.stopped(found.end_state, None, upto - encoder.position)
+        return
+    info = await edge.store.run(encoder.task_id)
+    encoder.stopped(info.state if info else None, info.last_ts if info else None, upto - encoder.position)
+
+
 async def task_now(edge: Edge, run_id: str) -> dict[str, Any]:
-    """The run's task as it stands (the caller checked read access)."""
-    return (await task_encoder(edge, run_id)).task()
+    """The run's task as it stands, bounded (the caller checked read access)."""
+    return (await task_encoder(edge, run_id)).task(max_bytes=limits.TASK_BYTES)
 
 
 async def get_task(edge: Edge, principal: Principal | None, params: Mapping[str, Any]) -> dict[str, Any]:
@@ -209,11 +225,18 @@ async def list_tasks(edge: Edge, principal: Principal | None, params: Mapping[st
     tasks: list[dict[str, Any]] = []
     room = limits.TASK_PAGE_BYTES
     for info in matched:
-        task = await _listed(edge, info, artifacts, length)
-        room -= len(_json.encode(task))
-        if room < 0 and tasks:
+        # A page's first task gets a task's whole bound; the others what is left of the page's,
+        # and one that does not fit whole ends the page (it comes first on the next).
+        bound = min(room, limits.TASK_BYTES) if tasks else limits.TASK_BYTES
+        if bound <= 0:
             more = True
             break
+        task = await _listed(edge, info, artifacts, length, bound)
+        used = len(_json.encode(task))
+        if tasks and (used > room or (bound < limits.TASK_BYTES and _cut(task))):
+            more = True
+            break
+        room -= used
         tasks.append(task)
         position = (info.updated_at or _EPOCH, info.run_id)
     token = _encode_token(position) if more and position is not None else ""
@@ -235,9 +258,15 @@ def _seen(info: RunInfo, position: tuple[datetime, str]) -> bool:
     return updated > position[0] or (updated == position[0] and info.run_id <= position[1])
 
 
-async def _listed(edge: Edge, info: RunInfo, artifacts: bool, length: int | None) -> dict[str, Any]:
+def _cut(task: dict[str, Any]) -> bool:
+    return "truncated" in task.get("metadata", {}).get("runwire", {})
+
+
+async def _listed(edge: Edge, info: RunInfo, artifacts: bool, length: int | None, room: int) -> dict[str, Any]:
+    """A task of a page: with artifacts or history read as ``GetTask`` reads it, at most the
+    ``room`` left on the page (a task cut by it ends the page and comes whole on the next)."""
     if artifacts or length:
-        full = (await task_encoder(edge, info.run_id)).task(length, max_bytes=limits.TASK_BYTES)
+        full = (await task_encoder(edge, info.run_id, room=room)).task(length, max_bytes=room)
         if not artifacts:
             full.pop("artifacts", None)
         return full
@@ -280,7 +309,7 @@ async def cancel_task(edge: Edge, principal: Principal | None, params: Mapping[s
         await send_control(edge.bus, edge.gate, principal, run_id, "cancel", {"reason": "A2A CancelTask"})
     except RunFinished as exc:
         raise A2AFault("TASK_NOT_CANCELABLE", str(exc)) from None
-    return (await task_encoder(edge, run_id)).task(0)
+    return (await task_encoder(edge, run_id)).task(0, max_bytes=limits.TASK_BYTES)
 
 
 class Sent:

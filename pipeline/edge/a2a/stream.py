@@ -30,13 +30,17 @@ from typing import Any
 import msgspec
 from starlette.types import Receive, Send
 
+from ...core import limits
 from ...core.errors import RunNotPublished
-from ...protocols.a2a import RESUME_EXTENSION, A2AEgress
+from ...protocols.a2a import INPUT_REQUIRED, RESUME_EXTENSION, TERMINAL_TASK_STATES, A2AEgress
+from ..clients import ClientQueue
 from ..context import Edge
+from ..feed import FeedKey
 from ..frames import Frame
 from ..session import RunEnded, Sink, StreamRequest, StreamSession
 from ..transports import run_session, watch_http
 from .errors import A2AFault
+from .methods import view_of
 
 KEEPALIVE_S = 2.0
 _json = msgspec.json.Encoder()
@@ -185,3 +189,38 @@ async def _refuse(send: Send, framing: Framing, fault: A2AFault) -> None:
     await send({"type": "http.response.start", "status": status,
                 "headers": [(b"content-type", b"application/json"), (b"content-length", str(len(body)).encode())]})
     await send({"type": "http.response.body", "body": body, "more_body": False})
+
+
+async def settled_task(edge: Edge, run_id: str, context_id: str | None, after: int, history_length: int | None,
+                       wait_s: float) -> dict[str, Any]:
+    """A blocking ``SendMessage``'s answer: the task once it ends, or asks for input after seq
+    ``after``, or after ``wait_s`` as it then stands (bounded as ``GetTask``'s).
+
+    It watches the run's feed in the hub, as a subscriber does: the edge reads each event once for
+    every client of the run, and this wait only looks at the feed's task when a frame comes — the
+    run is not read again while it waits.
+    """
+    feed = await edge.hub.feed(FeedKey(run_id, view_of(edge), "a2a", "default", "flatten"))
+    client = ClientQueue(max_frames=edge.settings.client_queue_events, max_bytes=edge.settings.client_queue_bytes)
+    edge.hub.attach(feed, client)
+    try:
+        encoder = feed.encoder
+        assert isinstance(encoder, A2AEgress)
+        loop = asyncio.get_running_loop()
+        deadline = loop.time() + wait_s
+        while not _settled(encoder, after) and (left := deadline - loop.time()) > 0:
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(client.wait(), left)
+            client.take()  # the frames themselves are not needed: the feed's task is
+        task = encoder.task(history_length, max_bytes=limits.TASK_BYTES)
+    finally:
+        edge.hub.detach(feed, client)
+    task["id"] = run_id  # (a task its agent has not started yet)
+    if context_id:
+        task.setdefault("contextId", context_id)
+    return task
+
+
+def _settled(encoder: A2AEgress, after: int) -> bool:
+    """Ended, or asking for input since ``after`` (asked again after an answer)."""
+    return encoder.state in TERMINAL_TASK_STATES or (encoder.state == INPUT_REQUIRED and encoder.position > after)
