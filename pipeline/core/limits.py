@@ -45,10 +45,16 @@ TASK_BYTES: Final = FRAME_BYTES
 blocking ``SendMessage``): past it the rest is cut and the task's metadata says so."""
 TASK_PAGE_BYTES: Final = 8 * FRAME_BYTES
 """Most bytes of one ``ListTasks`` page: it ends early, with a ``nextPageToken``, before passing it."""
+TASK_COUNT: Final = 10_000
+"""Most tasks ``ListTasks`` counts for its ``totalSize`` (one query that stops there): past it, this."""
 PUSH_SECRET_CHARS: Final = 4096
 """Longest token, or authentication scheme and credentials, of an A2A push-notification config."""
 FORKS_PER_RUN: Final = 100
 """Most forks made of one run (``POST /v1/runs/{id}/fork``, a Durable Streams fork, ``replay fork``)."""
+FORK_DEPTH: Final = 8
+"""Longest chain of forks of forks: a run that is the 8th fork down from a run that is no fork is
+not forked again (each run's forks are bounded by :data:`FORKS_PER_RUN`, so a tenant's forks from one
+run are too)."""
 HEADER_CHARS: Final = ID_CHARS
 """Longest value of a header that names something (``Thread-Id``, ``Producer-Id``)."""
 

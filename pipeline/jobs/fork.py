@@ -118,7 +118,24 @@ async def check_fork(
     elif sum(1 for f in points if f.source_id == source_id) >= limits.FORKS_PER_RUN:
         raise QuotaExceeded(f"run {source_id!r} has {limits.FORKS_PER_RUN} forks, the most one run may have; "
                             "fork one of its forks, or remove some")
+    else:
+        await _check_depth(store, source_id, points)
     return fork, existing
+
+
+async def _check_depth(store: ReplayLog, source_id: str, points: list[ForkPoint]) -> None:
+    """QuotaExceeded when ``source_id`` is :data:`~runwire.core.limits.FORK_DEPTH` forks down from
+    the run its chain began with (at most that many lookups)."""
+    chain = [source_id]
+    parent = next((f for f in points if f.run_id == source_id), None)
+    while parent is not None:
+        chain.append(parent.source_id)
+        if len(chain) > limits.FORK_DEPTH:
+            raise QuotaExceeded(
+                f"run {source_id!r} is a fork of a fork {limits.FORK_DEPTH} deep (its chain: "
+                f"{' <- '.join(chain[:3])} <- …), the deepest forks go; fork a run higher up its chain")
+        found = await store.fork_points([parent.source_id])
+        parent = next((f for f in found if f.run_id == parent.source_id), None)
 
 
 async def _copy(

@@ -307,6 +307,38 @@ class ReplayLog(ConnectedResource):
                    "updated_at >= {}": since, "created_at <= {}": until, "updated_at <= {}": updated_until}
         return await self._runs({sql: v for sql, v in filters.items() if v is not None}, limit)
 
+    async def count_runs(
+        self,
+        *,
+        cap: int,
+        tenant: str | None = None,
+        states: Sequence[str | None] | None = None,
+        since: datetime | None = None,
+        thread_id: str | None = None,
+        run_ids: Sequence[str] | None = None,
+    ) -> int:
+        """How many runs :meth:`runs` would give with these filters and no limit, counted up to
+        ``cap`` (one query, which stops there). ``states``: the last state is one of them (None for
+        a run with none yet); ``run_ids``: the run is one of these."""
+        conditions: list[tuple[str, Sequence[str | datetime]]] = [
+            (sql, [value]) for sql, value in (("tenant = {}", tenant), ("thread_id = {}", thread_id),
+                                              ("updated_at >= {}", since)) if value is not None]
+        if states is not None:
+            named = [state for state in states if state is not None]
+            alternatives = [f"state IN ({', '.join(['{}'] * len(named))})"] if named else []
+            if None in states:
+                alternatives.append("state IS NULL")
+            conditions.append(("(" + " OR ".join(alternatives or ["1 = 0"]) + ")", named))
+        if run_ids is not None:
+            conditions.append((f"run_id IN ({', '.join(['{}'] * len(run_ids))})" if run_ids else "1 = 0",
+                               list(run_ids)))
+        return await self._count_runs(conditions, cap)
+
+    @abstractmethod
+    async def _count_runs(self, conditions: list[tuple[str, Sequence[str | datetime]]], cap: int) -> int:
+        """:meth:`count_runs`: the ``runs`` rows meeting every SQL condition (``{}`` stands for each
+        of its values' placeholders, in order), counted up to ``cap``."""
+
     @abstractmethod
     async def _runs(self, filters: dict[str, str | datetime], limit: int) -> list[RunInfo]:
         """:meth:`runs`: the ``runs`` table's rows meeting every SQL condition of ``filters``

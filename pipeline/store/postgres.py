@@ -530,6 +530,13 @@ class PostgresLog(ReplayLog):
         rows = await self._fetch("SELECT tenant, root_id FROM run_owners WHERE run_id = %s", (run_id,))
         return RunOwner(tenant=rows[0][0], root_id=rows[0][1]) if rows else None
 
+    async def _count_runs(self, conditions: list[tuple[str, Sequence[str | datetime]]], cap: int) -> int:
+        where = " AND ".join(["true", *(sql.replace("{}", "%s") for sql, _ in conditions)])
+        args = [v for _, values in conditions for v in values]
+        rows = await self._fetch(f"SELECT count(*) FROM (SELECT 1 FROM runs WHERE {where} LIMIT %s) AS matched",
+                                 (*args, cap))
+        return int(rows[0][0])
+
     async def _runs(self, filters: dict[str, str | datetime], limit: int) -> list[RunInfo]:
         where = " AND ".join(["true", *(sql.format("%s") for sql in filters)])
         sql = f"SELECT {RUN_COLUMNS} FROM runs WHERE {where} ORDER BY updated_at DESC, run_id LIMIT %s"

@@ -906,6 +906,13 @@ class SQLiteLog(ReplayLog):
         )
         return None if row is None else RunOwner(tenant=row[0], root_id=row[1])
 
+    async def _count_runs(self, conditions: list[tuple[str, Sequence[str | datetime]]], cap: int) -> int:
+        where = " AND ".join(["1 = 1", *(sql.replace("{}", "?") for sql, _ in conditions)])
+        args = [_epoch(v) if isinstance(v, datetime) else v for _, values in conditions for v in values]
+        sql = f"SELECT count(*) FROM (SELECT 1 FROM runs WHERE {where} LIMIT ?)"
+        row = await self._call(lambda: self._db.execute(sql, (*args, cap)).fetchone())
+        return int(row[0])
+
     async def _runs(self, filters: dict[str, str | datetime], limit: int) -> list[RunInfo]:
         where = " AND ".join(["1 = 1", *(sql.format("?") for sql in filters)])
         sql = f"SELECT {RUN_COLUMNS} FROM runs WHERE {where} ORDER BY updated_at DESC, run_id LIMIT ?"

@@ -12,13 +12,23 @@ from typing import Any
 import httpx
 import pytest
 from a2a.client import A2ACardResolver, ClientConfig, ClientFactory
-from a2a.types import CancelTaskRequest, GetTaskRequest, Message, Part, Role, SendMessageRequest
+from a2a.types import (
+    CancelTaskRequest,
+    GetTaskRequest,
+    ListTasksRequest,
+    Message,
+    Part,
+    Role,
+    SendMessageRequest,
+    SubscribeToTaskRequest,
+)
 from google.protobuf.json_format import MessageToDict
 
 from runwire.bus.base import Bus, ControlCommand
 from runwire.bus.requests import AgentRequest, consumer_alive
 from runwire.core import limits
 from runwire.core.envelope import now_ts
+from runwire.protocols.a2a import RESUME_EXTENSION
 from runwire.core.ulid import new_event_id
 from runwire.edge import EdgeSettings
 from runwire.sdk.tasks import PENDING_ANSWERS, A2ATask, TaskCancelled
@@ -94,6 +104,125 @@ async def test_get_task_cuts_a_task_past_the_task_bound_and_says_so(memory_bus: 
     assert len(json.dumps(task)) <= limits.TASK_BYTES + 4096
     assert task["metadata"]["runwire"]["truncated"]["artifacts"] == 1
     assert task["artifacts"][0]["parts"][0]["text"].startswith("x" * 1000)
+
+
+async def test_the_first_task_of_a_subscription_is_bounded_as_get_tasks(memory_bus: Bus, store: ReplayLog) -> None:
+    """``SubscribeToTask`` without the extension starts with the task so far: within the task
+    bound, what was cut counted in its metadata, and its cursor where the updates go on."""
+    run_id = unique("a2a-bigsub")
+    chunk = "s" * (limits.TASK_BYTES // 2)
+    await running(memory_bus, store, run_id, *(event(run_id, seq, text=chunk) for seq in range(2, 6)))
+    async with serve_edge(memory_bus, store) as edge, httpx.AsyncClient(timeout=60) as http:
+        card = await A2ACardResolver(http, edge.url).get_agent_card()
+        client = ClientFactory(ClientConfig(httpx_client=http)).create(card)
+        stream = client.subscribe(SubscribeToTaskRequest(id=run_id))
+        first = MessageToDict(await anext(stream))
+        await stream.aclose()
+    task = first["task"]
+    assert len(json.dumps(task)) <= limits.TASK_BYTES + 4096
+    assert task["metadata"]["runwire"]["truncated"]["artifacts"] == 1
+    assert task["artifacts"][0]["parts"][0]["text"].startswith("s" * 1000)
+    assert task["metadata"][RESUME_EXTENSION]["cursor"] == "5"
+
+
+class CountedReads:
+    """The events the edge reads of one run from the hot tier (``bus.read``), and from which seq."""
+
+    def __init__(self, bus: Bus, run_id: str, monkeypatch: pytest.MonkeyPatch) -> None:
+        self.events = 0
+        self.starts: list[int] = []
+        read = bus.read
+
+        async def counted(key: Any, after: int, limit: int = 1000) -> list[Any]:
+            found = await read(key, after, limit)
+            if key[0] == run_id:
+                self.events += len(found)
+                self.starts.append(after)
+            return found
+
+        monkeypatch.setattr(bus, "read", counted)
+
+
+async def test_get_task_and_list_tasks_stop_reading_a_run_at_the_task_bound(
+    memory_bus: Bus, store: ReplayLog, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A run far past the task bound is read only until the answer is full: the task says how many
+    events it left unread after its cursor, and its status is where the run stands (its end)."""
+    monkeypatch.setattr(limits, "TASK_BYTES", 20_000)
+    run_id = unique("a2a-long")
+    last = 400
+    await running(memory_bus, store, run_id, *(event(run_id, seq, text="r" * 1000) for seq in range(2, last)),
+                  event(run_id, last, "run.lifecycle", {"state": "done"}))
+    async with serve_edge(memory_bus, store) as edge, httpx.AsyncClient(timeout=60) as http:
+        card = await A2ACardResolver(http, edge.url).get_agent_card()
+        client = ClientFactory(ClientConfig(httpx_client=http)).create(card)
+        reads = CountedReads(memory_bus, run_id, monkeypatch)
+        task = MessageToDict(await client.get_task(GetTaskRequest(id=run_id)))
+        read_for_get, reads.events = reads.events, 0
+        listed = MessageToDict(await client.list_tasks(ListTasksRequest(include_artifacts=True)))
+    runwire = task["metadata"]["runwire"]
+    assert task["status"]["state"] == "TASK_STATE_COMPLETED"
+    assert runwire["seq"] + runwire["truncated"]["events"] == last
+    assert len(json.dumps(task)) <= 20_000 + 4096
+    assert read_for_get < last // 2 and reads.events < last // 2, (read_for_get, reads.events)
+    [mine] = [t for t in listed["tasks"] if t["id"] == run_id]
+    assert mine["status"]["state"] == "TASK_STATE_COMPLETED" and mine["metadata"]["runwire"]["truncated"]["events"]
+
+
+async def test_a_blocking_message_waits_on_the_runs_feed_without_reading_the_run_again(
+    memory_bus: Bus, store: ReplayLog, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A blocking ``SendMessage`` (an answer on a task that asked) is a client of the run's feed in
+    the hub while it waits: it returns when the task asks again, and reads nothing of the run
+    from its start meanwhile."""
+    run_id = unique("a2a-wait")
+    await running(memory_bus, store, run_id, event(run_id, 2, text="thinking"),
+                  event(run_id, 3, "run.lifecycle", {"state": "awaiting_approval", "reason": "which city?"}))
+    async with serve_edge(memory_bus, store) as edge, httpx.AsyncClient(headers=V1, timeout=60) as http:
+        answer = asyncio.create_task(http.post(f"{edge.url}/a2a/default", json=rpc("SendMessage", {
+            "message": {"messageId": "m1", "role": "ROLE_USER", "taskId": run_id, "parts": [{"text": "Oslo"}]}})))
+        await until(lambda: edge.live_clients(run_id) > 0, within=30, what="the blocking call on the run's feed")
+        reads = CountedReads(memory_bus, run_id, monkeypatch)
+        await publish(memory_bus, store, [event(run_id, 4, "run.lifecycle", {"state": "running"}),
+                                          event(run_id, 5, text="booked "),
+                                          event(run_id, 6, "run.lifecycle", {"state": "awaiting_approval",
+                                                                             "reason": "which hotel?"})])
+        task = (await answer).json()["result"]["task"]
+        await until(lambda: edge.live_clients(run_id) == 0, within=30, what="the call off the feed")
+    assert task["status"]["state"] == "TASK_STATE_INPUT_REQUIRED"
+    assert task["status"]["message"]["parts"][0]["text"] == "which hotel?"
+    assert 0 not in reads.starts, "the run was read again from its start while the call waited"
+
+
+async def test_list_tasks_total_size_counts_every_task_the_filters_match(memory_bus: Bus, store: ReplayLog) -> None:
+    """``totalSize`` is how many tasks match the request's filters (every page alike), not the page's."""
+    thread = unique("ctx")
+    done = [unique(f"a2a-tdone{n}") for n in range(5)]
+    for run_id in done:
+        await publish(memory_bus, store, [event(run_id, 1, "run.lifecycle", {"state": "running"}, thread_id=thread),
+                                          event(run_id, 2, "run.lifecycle", {"state": "done"}, thread_id=thread)])
+    for n in range(2):
+        await publish(memory_bus, store, [event(unique(f"a2a-twork{n}"), 1, "run.lifecycle", {"state": "running"},
+                                                thread_id=thread)])
+    async with serve_edge(memory_bus, store) as edge, httpx.AsyncClient(headers=V1) as http:
+
+        async def pages(params: dict[str, Any]) -> list[dict[str, Any]]:
+            found, token_ = [], ""
+            while True:
+                page = (await http.post(f"{edge.url}/a2a/default", json=rpc("ListTasks", {
+                    **params, "contextId": thread, "pageSize": 2, "pageToken": token_}))).json()["result"]
+                found.append(page)
+                token_ = page["nextPageToken"]
+                if not token_:
+                    return found
+
+        every = await pages({})
+        completed = await pages({"status": "TASK_STATE_COMPLETED"})
+        working = await pages({"status": "TASK_STATE_WORKING"})
+    assert [page["totalSize"] for page in every] == [7] * 4
+    assert [page["totalSize"] for page in completed] == [5] * 3
+    assert {page["totalSize"] for page in working} == {2}
+    assert sum(len(page["tasks"]) for page in every) == 7
 
 
 async def test_list_tasks_pages_end_before_the_page_bound_and_go_on_with_their_token(

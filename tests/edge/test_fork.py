@@ -287,6 +287,26 @@ async def test_forks_are_bounded_per_run_and_a_refused_fork_claims_nothing(
     assert (await store.run_owner("fork-0")) is not None
 
 
+async def test_forks_of_forks_are_bounded_in_depth(
+    memory_bus: Bus, store: ReplayLog, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A chain of forks of forks stops at ``limits.FORK_DEPTH``: the run at its end is refused a
+    fork (429, saying why), one higher up its chain is not, and a refused fork claims nothing."""
+    monkeypatch.setattr(limits, "FORK_DEPTH", 2)
+    await two_tenants_runs(memory_bus, store)
+    a_rw = {"Authorization": f"Bearer {token('A', 'read', 'write')}"}
+    async with serve_edge(memory_bus, store, EdgeSettings(secret=SECRET)) as edge, \
+            httpx.AsyncClient(base_url=edge.url, timeout=10, headers=a_rw) as http:
+        first = await http.post(f"/v1/runs/{RUN_A}/fork", json={"at": 2, "run_id": "depth-1"})
+        second = await http.post("/v1/runs/depth-1/fork", json={"at": 2, "run_id": "depth-2"})
+        third = await http.post("/v1/runs/depth-2/fork", json={"at": 1, "run_id": "depth-3"})
+        beside = await http.post("/v1/runs/depth-1/fork", json={"at": 1, "run_id": "depth-2b"})
+    assert [first.status_code, second.status_code, beside.status_code] == [201, 201, 201]
+    assert third.status_code == 429 and third.headers["retry-after"]
+    assert "2 deep" in third.json()["error"] and "depth-2" in third.json()["error"]
+    assert await store.run_owner("depth-3") is None and await store.run("depth-3") is None
+
+
 async def test_a_forks_copy_holds_one_of_the_tokens_streams(memory_bus: Bus, store: ReplayLog) -> None:
     """A token holding all its streams cannot start a copy (429) until it lets one go."""
     await two_tenants_runs(memory_bus, store)

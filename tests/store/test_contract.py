@@ -165,6 +165,35 @@ async def test_runs_are_listed_by_tenant_state_and_time(store_url: str, clock: C
     assert one == ["c"]
 
 
+async def test_runs_are_counted_with_the_listings_filters_up_to_a_cap(store_url: str, clock: Clock) -> None:
+    """``count_runs`` counts what ``runs`` lists with the same filters and no limit, in one query
+    that stops at ``cap``; states may be several, None standing for a run with no state yet."""
+    async with open_store(store_url, clock=clock) as log:
+        for n in range(5):
+            await log.append([event(f"d{n}", 1, "run.lifecycle", {"state": "done"}, tenant="acme",
+                                    thread_id="chat-1" if n < 2 else None)])
+            clock.advance(minutes=1)
+        await log.append([event("r", 1, "run.lifecycle", {"state": "running"}, tenant="acme")])
+        await log.append([event("p", 1, "run.lifecycle", {"state": "paused"}, tenant="acme")])
+        await log.append([event("n", 1, tenant="acme")])
+        await log.append([event("x", 1, "run.lifecycle", {"state": "done"}, tenant="other")])
+        every = await log.count_runs(cap=100)
+        acme = await log.count_runs(cap=100, tenant="acme")
+        capped = await log.count_runs(cap=3, tenant="acme")
+        done = await log.count_runs(cap=100, tenant="acme", states=["done"])
+        working = await log.count_runs(cap=100, tenant="acme", states=["running", "paused", "planning"])
+        unset = await log.count_runs(cap=100, tenant="acme", states=[None])
+        thread = await log.count_runs(cap=100, thread_id="chat-1")
+        recent = await log.count_runs(cap=100, tenant="acme", since=T0 + timedelta(minutes=3, seconds=30))
+        among = await log.count_runs(cap=100, tenant="acme", run_ids=["d0", "r", "x"])
+        none = await log.count_runs(cap=100, run_ids=[])
+        listed = len(await log.runs(tenant="acme", since=T0 + timedelta(minutes=3, seconds=30), limit=100))
+    assert (every, acme, capped) == (9, 8, 3)
+    assert (done, working, unset, thread) == (5, 2, 1, 2)
+    assert recent == listed == 4
+    assert (among, none) == (2, 0)
+
+
 async def test_a_runs_thread_comes_from_its_own_events_and_filters_the_listing(
     store_url: str, clock: Clock
 ) -> None:

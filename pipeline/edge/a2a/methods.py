@@ -184,7 +184,9 @@ async def list_tasks(edge: Edge, principal: Principal | None, params: Mapping[st
     whatever the filters. A status the log cannot select alone (working: four run states; submitted:
     none yet) is filtered here over at most :data:`SCAN_BATCHES` batches of runs; a page may then hold
     fewer tasks than ``pageSize`` and still have a ``nextPageToken``. A page also ends early (with a
-    token) before its tasks pass :data:`~runwire.core.limits.TASK_PAGE_BYTES`.
+    token) before its tasks pass :data:`~runwire.core.limits.TASK_PAGE_BYTES`. ``totalSize`` is how
+    many tasks match the filters (whatever the page token), counted in the run catalogue up to
+    :data:`~runwire.core.limits.TASK_COUNT`.
     """
     edge.gate.require_scope(principal, "read")
     size = params.get("pageSize") or DEFAULT_PAGE
@@ -240,7 +242,11 @@ async def list_tasks(edge: Edge, principal: Principal | None, params: Mapping[st
         tasks.append(task)
         position = (info.updated_at or _EPOCH, info.run_id)
     token = _encode_token(position) if more and position is not None else ""
-    return {"tasks": tasks, "nextPageToken": token, "pageSize": size, "totalSize": len(tasks)}
+    total = await edge.store.count_runs(
+        cap=limits.TASK_COUNT, tenant=principal.tenant if principal else None, since=since, thread_id=thread,
+        states=None if status is None else (states or (None,)),
+        run_ids=principal.runs if principal is not None and principal.runs is not None else None)
+    return {"tasks": tasks, "nextPageToken": token, "pageSize": size, "totalSize": total}
 
 
 SCAN_BATCH = 1000
