@@ -72,6 +72,9 @@ class A2ATask:
         self.message: dict[str, Any] = request.messages[0] if request.messages else {}
         self.cancelled = asyncio.Event()
         """Set when a client cancelled the task (the run's ``cancel`` command)."""
+        self.answers_received = 0
+        """Answers that came on the task so far: taken by :meth:`ask`, waiting for one, or dropped
+        past :data:`PENDING_ANSWERS`."""
         self._answers: asyncio.Queue[ControlCommand] = asyncio.Queue(maxsize=PENDING_ANSWERS)
         self._reader: asyncio.Task[None] | None = None
 
@@ -99,6 +102,7 @@ class A2ATask:
                 if self._answers.full():
                     self._answers.get_nowait()
                 self._answers.put_nowait(command)
+                self.answers_received += 1
 
     async def ask(self, question: str) -> str:
         """Ask the client (``TASK_STATE_INPUT_REQUIRED`` with ``question``); the text of its answer.

@@ -24,13 +24,11 @@ from a2a.types import (
 )
 from google.protobuf.json_format import MessageToDict
 
-from runwire.bus.base import Bus, ControlCommand
-from runwire.bus.requests import AgentRequest, consumer_alive
+from runwire.bus.base import Bus
+from runwire.bus.requests import consumer_alive
 from runwire.core import limits
-from runwire.core.envelope import now_ts
-from runwire.protocols.a2a import RESUME_EXTENSION
-from runwire.core.ulid import new_event_id
 from runwire.edge import EdgeSettings
+from runwire.protocols.a2a import RESUME_EXTENSION
 from runwire.sdk.tasks import PENDING_ANSWERS, A2ATask, TaskCancelled
 from runwire.store.base import ReplayLog
 from tests.e2e_harness import Pipeline, pipeline, unique
@@ -398,38 +396,49 @@ async def test_a_push_config_that_is_refused_sends_no_task(secured: Pipeline) ->
         agent.cancel()
 
 
-class QuietRun:
-    """A run whose control channel carries ``commands`` and then nothing (what a task uses of one)."""
+async def test_answers_nobody_asked_for_are_kept_up_to_a_bound(secured: Pipeline) -> None:
+    """A task that does not ask keeps the latest ``PENDING_ANSWERS`` answers a client sends (the
+    oldest go); its next ``ask`` gets the oldest kept, and that answer is the task's history."""
+    p = secured
+    tasks: list[A2ATask] = []
+    asked = asyncio.Event()
+    outcomes: list[str] = []
 
-    def __init__(self, commands: list[ControlCommand]) -> None:
-        self.run_id = "run-quiet"
-        self.thread_id: str | None = None
-        self.commands = commands
-        self.read = asyncio.Event()
-        self.emitted: list[tuple[str, Any]] = []
+    async def agent() -> None:
+        async for task in p.publisher.tasks("patient", ttl_s=3.0):
+            tasks.append(task)
+            await asked.wait()
+            outcomes.append(await task.ask("which?"))
+            await task.finish()
 
-    async def emit(self, type: str, payload: Any) -> Any:
-        self.emitted.append((type, payload))
+    running_agent = asyncio.create_task(agent())
+    bearer = token("A", "read", "write", "control")
+    try:
+        await until(lambda: consumer_alive(p.bus, "patient"), within=30, what="the agent announced")
+        async with httpx.AsyncClient(headers={"authorization": f"Bearer {bearer}", **V1}, timeout=60) as http:
 
-    async def finish(self, state: str = "done", reason: str | None = None) -> Any:
-        self.emitted.append(("run.lifecycle", {"state": state}))
+            async def send(text: str, task_id: str | None = None) -> dict[str, Any]:
+                message = {"messageId": unique("m"), "role": "ROLE_USER", "parts": [{"text": text}]}
+                if task_id:
+                    message["taskId"] = task_id
+                answer = await http.post(f"{p.edge.url}/a2a/patient", json=rpc(
+                    "SendMessage", {"message": message, "configuration": {"returnImmediately": True}}))
+                return dict(answer.json()["result"]["task"])
 
-    async def controls(self, *, after: str = "$") -> AsyncIterator[ControlCommand]:
-        for command in self.commands:
-            yield command
-        self.read.set()
-        await asyncio.Event().wait()
-
-
-async def test_answers_nobody_asked_for_are_kept_up_to_a_bound() -> None:
-    """A task that does not ask keeps the latest ``PENDING_ANSWERS`` answers (the oldest go); the
-    next ``ask`` gets the oldest kept, and the answer is the task's history."""
-    answers = [ControlCommand(command="answer", run_id="run-quiet", id=new_event_id(), ts=now_ts(),
-                              args={"text": f"a{n}"}) for n in range(PENDING_ANSWERS + 4)]
-    run = QuietRun(answers)
-    task = A2ATask(run, AgentRequest(id="r1", channel="idle", run_id=run.run_id, ts=now_ts(), messages=[]))
-    task._listen()
-    await asyncio.wait_for(run.read.wait(), 10)
-    assert await task.ask("which?") == "a4"
-    assert ("x.a2a.message", {"message": {"role": "ROLE_USER", "parts": [{"text": "a4"}]}}) in run.emitted
-    await task.finish()
+            task_id = (await send("book it"))["id"]
+            await until(lambda: bool(tasks), within=30, what="the task at the agent")
+            sent = PENDING_ANSWERS + 4
+            for n in range(sent):
+                await send(f"a{n}", task_id)
+            await until(lambda: tasks[0].answers_received == sent, within=30, what="every answer at the task")
+            asked.set()
+            await until(lambda: bool(outcomes), within=30, what="the ask answered")
+            card = await A2ACardResolver(http, f"{p.edge.url}/a2a/patient").get_agent_card()
+            client = ClientFactory(ClientConfig(httpx_client=http, streaming=False)).create(card)
+            await until(lambda: _state(client, task_id, "TASK_STATE_COMPLETED"), within=30, what="the task ended")
+            done = MessageToDict(await client.get_task(GetTaskRequest(id=task_id)))
+        assert outcomes == ["a4"], "the oldest four went; the oldest kept is the first taken"
+        users = [m["parts"][0]["text"] for m in done["history"] if m["role"] == "ROLE_USER"]
+        assert users == ["book it", "a4"]
+    finally:
+        running_agent.cancel()
