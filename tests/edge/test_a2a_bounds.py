@@ -311,11 +311,14 @@ async def secured(redis_url: str, tmp_path: Path) -> AsyncIterator[Pipeline]:
         yield running_
 
 
-async def inbox(p: Pipeline, agent: str, tasks: list[A2ATask], outcomes: list[str]) -> None:
-    """An agent: each task asks once; a cancel while it asks ends the task ``aborted``."""
+async def inbox(p: Pipeline, agent: str, tasks: list[A2ATask], outcomes: list[str],
+                ready: asyncio.Event | None = None) -> None:
+    """An agent: each task asks once (once ``ready`` is set); a cancel while it asks ends the task ``aborted``."""
 
     async def handle(task: A2ATask) -> None:
         try:
+            if ready is not None:
+                await ready.wait()
             outcomes.append(await task.ask("Which city?"))
             await task.finish()
         except TaskCancelled:
@@ -341,7 +344,8 @@ async def test_a_blocking_message_holds_a_stream_and_an_ask_is_woken_by_a_cancel
     p = secured
     tasks: list[A2ATask] = []
     outcomes: list[str] = []
-    agent = asyncio.create_task(inbox(p, "asker", tasks, outcomes))
+    checked = asyncio.Event()
+    agent = asyncio.create_task(inbox(p, "asker", tasks, outcomes, checked))
     bearer = token("A", "read", "write", "control")
     try:
         await until(lambda: consumer_alive(p.bus, "asker"), within=30, what="the agent announced")
@@ -353,6 +357,7 @@ async def test_a_blocking_message_holds_a_stream_and_an_ask_is_woken_by_a_cancel
             task_id = tasks[0].task_id
             async with http.stream("GET", f"{p.edge.url}/v1/runs/{task_id}/stream") as other:
                 assert other.status_code == 429, "the blocking call holds the token's one stream"
+            checked.set()
             answered = MessageToDict((await blocking).task)  # it returns once the task asks
             assert answered["status"]["state"] == "TASK_STATE_INPUT_REQUIRED"
             assert answered["history"][0]["role"] == "ROLE_USER"
