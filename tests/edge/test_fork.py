@@ -268,10 +268,14 @@ async def test_a_forks_copied_history_notifies_nobody_and_its_own_events_do(memo
         ("fork-mid", "error"), ("notified", "awaiting_approval"), ("notified", "done")]
 
 
-async def test_forks_are_bounded_per_run_and_a_refused_fork_claims_nothing(
+async def test_forks_are_bounded_per_run_and_in_depth_and_a_refused_fork_claims_nothing(
     memory_bus: Bus, store: ReplayLog, monkeypatch: pytest.MonkeyPatch
 ) -> None:
+    """At most ``limits.FORKS_PER_RUN`` forks of a run; a chain of forks of forks stops at
+    ``limits.FORK_DEPTH`` (the run at its end is refused a fork, one higher up is not): 429s that
+    say why, and claim nothing."""
     monkeypatch.setattr(limits, "FORKS_PER_RUN", 2)
+    monkeypatch.setattr(limits, "FORK_DEPTH", 2)
     await two_tenants_runs(memory_bus, store)
     a_rw = {"Authorization": f"Bearer {token('A', 'read', 'write')}"}
     async with serve_edge(memory_bus, store, EdgeSettings(secret=SECRET)) as edge, \
@@ -280,28 +284,15 @@ async def test_forks_are_bounded_per_run_and_a_refused_fork_claims_nothing(
         made = [await http.post(f"/v1/runs/{RUN_A}/fork", json={"at": 2, "run_id": f"fork-{n}"}) for n in range(2)]
         again = await http.post(f"/v1/runs/{RUN_A}/fork", json={"at": 2, "run_id": "fork-0"})
         over = await http.post(f"/v1/runs/{RUN_A}/fork", json={"at": 2, "run_id": "fork-over"})
+        second = await http.post("/v1/runs/fork-0/fork", json={"at": 2, "run_id": "depth-2"})
+        third = await http.post("/v1/runs/depth-2/fork", json={"at": 1, "run_id": "depth-3"})
+        beside = await http.post("/v1/runs/fork-0/fork", json={"at": 1, "run_id": "depth-2b"})
     assert past.status_code == 400
     assert [m.status_code for m in made] == [201, 201] and again.status_code == 200, "the same fork again is no new one"
     assert over.status_code == 429 and "2 forks" in over.json()["error"] and over.headers["retry-after"]
     assert await store.run_owner("fork-past") is None and await store.run_owner("fork-over") is None
     assert (await store.run_owner("fork-0")) is not None
-
-
-async def test_forks_of_forks_are_bounded_in_depth(
-    memory_bus: Bus, store: ReplayLog, monkeypatch: pytest.MonkeyPatch
-) -> None:
-    """A chain of forks of forks stops at ``limits.FORK_DEPTH``: the run at its end is refused a
-    fork (429, saying why), one higher up its chain is not, and a refused fork claims nothing."""
-    monkeypatch.setattr(limits, "FORK_DEPTH", 2)
-    await two_tenants_runs(memory_bus, store)
-    a_rw = {"Authorization": f"Bearer {token('A', 'read', 'write')}"}
-    async with serve_edge(memory_bus, store, EdgeSettings(secret=SECRET)) as edge, \
-            httpx.AsyncClient(base_url=edge.url, timeout=10, headers=a_rw) as http:
-        first = await http.post(f"/v1/runs/{RUN_A}/fork", json={"at": 2, "run_id": "depth-1"})
-        second = await http.post("/v1/runs/depth-1/fork", json={"at": 2, "run_id": "depth-2"})
-        third = await http.post("/v1/runs/depth-2/fork", json={"at": 1, "run_id": "depth-3"})
-        beside = await http.post("/v1/runs/depth-1/fork", json={"at": 1, "run_id": "depth-2b"})
-    assert [first.status_code, second.status_code, beside.status_code] == [201, 201, 201]
+    assert [second.status_code, beside.status_code] == [201, 201]
     assert third.status_code == 429 and third.headers["retry-after"]
     assert "2 deep" in third.json()["error"] and "depth-2" in third.json()["error"]
     assert await store.run_owner("depth-3") is None and await store.run("depth-3") is None
