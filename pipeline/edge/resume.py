@@ -144,8 +144,7 @@ async def history(
             return
         # the shaped view: recompute what the hot tier lacks, then back to the hot tier
         end = min(upto, first_covered(found[0]) - 1) if found else upto
-        chunk = await shaped_from_log(store, key[0], position, end)
-        if chunk:
+        async for chunk in shaped_from_log(store, key[0], position, end):
             yield LOG, chunk
         position = end
 
@@ -171,23 +170,54 @@ async def _from_log(
         raise _expired(run_id, after)
 
 
-async def shaped_from_log(store: ReplayLog, run_id: str, after: int, upto: int) -> list[Event]:
-    """The shaped view's events with ``after < seq <= upto``, recomputed from the replay log.
+async def shaped_from_log(store: ReplayLog, run_id: str, after: int, upto: int) -> AsyncIterator[list[Event]]:
+    """The shaped view's events with ``after < seq <= upto``, recomputed from the replay log, in
+    pieces as they are settled (``RESHAPE_BATCH`` raw events at a time: a reader that has what it
+    needs stops the reading).
 
     ``upto`` is a seq the shaped view has (or the run's last): the result is
     what the live path sent there. Shaping starts at the last non-delta event
     at or before ``after`` and reads on until the event at ``upto`` is
-    settled; a log that lags the live position is read again for about a
+    settled; a log that lags the live position is read on for about a
     second, and then what it has is shaped to its end.
     """
     start = await _reset_point(store, run_id, after)
-    for attempt in range(SETTLE_ATTEMPTS):
-        final = attempt == SETTLE_ATTEMPTS - 1
-        events = await _reshape(store, run_id, start, after, upto, final=final)
-        if events is not None:
-            return events
-        await asyncio.sleep(0.05 * (attempt + 1))
-    raise AssertionError("unreachable: the final attempt returns")  # pragma: no cover
+    coalescer = DeltaCoalescer(floor=start, fed=start)
+    position, attempt = start, 0
+    while True:
+        raw = await store.read(run_id, after=position, limit=RESHAPE_BATCH)
+        if position == start and (not raw or raw[0].seq != start + 1):
+            if attempt == SETTLE_ATTEMPTS - 1:
+                raise _expired(run_id, after)
+            attempt += 1
+            await asyncio.sleep(0.05 * attempt)
+            continue
+        shaped: list[Event] = []
+        settled = False
+        for event in raw:
+            coalescer.feed_into(event, shaped)
+            if coalescer.floor >= upto:
+                settled = True
+                break
+        piece = [e for e in shaped if after < e.seq <= upto]
+        if piece:
+            yield piece
+        if settled:
+            return
+        if raw:
+            position = raw[-1].seq
+        if len(raw) == RESHAPE_BATCH:
+            continue
+        # The log ends before the event at upto is settled: it may lag the live position.
+        if attempt == SETTLE_ATTEMPTS - 1:
+            log.warning("run %s: the replay log ends before the shaped event at seq %d is settled; "
+                        "shaping what it has", run_id, upto)
+            piece = [e for e in coalescer.flush() if after < e.seq <= upto]
+            if piece:
+                yield piece
+            return
+        attempt += 1
+        await asyncio.sleep(0.05 * attempt)
 
 
 async def _reset_point(store: ReplayLog, run_id: str, after: int) -> int:
@@ -200,38 +230,6 @@ async def _reset_point(store: ReplayLog, run_id: str, after: int) -> int:
                 return event.seq
         high, width = low, width * 4
     return 0
-
-
-async def _reshape(
-    store: ReplayLog, run_id: str, start: int, after: int, upto: int, *, final: bool
-) -> list[Event] | None:
-    """Shape raw events after ``start``; None while the event at ``upto`` is not settled (unless ``final``)."""
-    coalescer = DeltaCoalescer(floor=start, fed=start)
-    out: list[Event] = []
-    shaped: list[Event] = []
-    position = start
-    while True:
-        raw = await store.read(run_id, after=position, limit=RESHAPE_BATCH)
-        if position == start and (not raw or raw[0].seq != start + 1):
-            if final:
-                raise _expired(run_id, after)
-            return None
-        for event in raw:
-            coalescer.feed_into(event, shaped)
-            if coalescer.floor >= upto:
-                out.extend(e for e in shaped if after < e.seq <= upto)
-                return out
-        out.extend(e for e in shaped if after < e.seq <= upto)
-        shaped.clear()
-        if len(raw) < RESHAPE_BATCH:
-            break
-        position = raw[-1].seq
-    if not final:
-        return None
-    log.warning("run %s: the replay log ends before the shaped event at seq %d is settled; "
-                "shaping what it has", run_id, upto)
-    out.extend(e for e in coalescer.flush() if after < e.seq <= upto)
-    return out
 
 
 def _expired(run_id: str, after: int) -> ReplayExpired:
