@@ -124,9 +124,10 @@ async def test_the_first_task_of_a_subscription_is_bounded_as_get_tasks(memory_b
 
 
 class CountedReads:
-    """The events the edge reads of one run from the hot tier (``bus.read``), and from which seq."""
+    """The events the edge reads of one run from the hot tier (``bus.read``) and the replay log
+    (``store.read``), and from which seq."""
 
-    def __init__(self, bus: Bus, run_id: str, monkeypatch: pytest.MonkeyPatch) -> None:
+    def __init__(self, bus: Bus, run_id: str, monkeypatch: pytest.MonkeyPatch, store: ReplayLog | None = None) -> None:
         self.events = 0
         self.starts: list[int] = []
         read = bus.read
@@ -139,22 +140,41 @@ class CountedReads:
             return found
 
         monkeypatch.setattr(bus, "read", counted)
+        if store is not None:
+            read_log = store.read
+
+            async def counted_log(run: str, after: int = 0, limit: int | None = None) -> list[Any]:
+                found = await read_log(run, after, limit)
+                if run == run_id:
+                    self.events += len(found)
+                return found
+
+            monkeypatch.setattr(store, "read", counted_log)
 
 
+@pytest.mark.parametrize("hot", [True, False], ids=["hot-tier", "replay-log"])
 async def test_get_task_and_list_tasks_stop_reading_a_run_at_the_task_bound(
-    memory_bus: Bus, store: ReplayLog, monkeypatch: pytest.MonkeyPatch
+    memory_bus: Bus, store: ReplayLog, monkeypatch: pytest.MonkeyPatch, hot: bool
 ) -> None:
-    """A run far past the task bound is read only until the answer is full: the task says how many
-    events it left unread after its cursor, and its status is where the run stands (its end)."""
+    """A run far past the task bound is read only until the answer is full — from the hot tier, or
+    from the replay log when the hot tier kept only the run's end (the shaped view recomputed as
+    far as needed): the task says how many events it left unread after its cursor, and its status
+    is where the run stands (its end)."""
     monkeypatch.setattr(limits, "TASK_BYTES", 20_000)
     run_id = unique("a2a-long")
-    last = 400
-    await running(memory_bus, store, run_id, *(event(run_id, seq, text="r" * 1000) for seq in range(2, last)),
-                  event(run_id, last, "run.lifecycle", {"state": "done"}))
+    last = 800
+    events = [event(run_id, 1, "run.lifecycle", {"state": "running"}, thread_id="t-1"),
+              *(event(run_id, seq, text="r" * 1000) for seq in range(2, last)),
+              event(run_id, last, "run.lifecycle", {"state": "done"})]
+    if hot:
+        await publish(memory_bus, store, events)
+    else:  # the hot tier trimmed to the run's last events
+        await store.append(events)
+        await publish(memory_bus, store, events[-3:])
     async with serve_edge(memory_bus, store) as edge, httpx.AsyncClient(timeout=60) as http:
         card = await A2ACardResolver(http, edge.url).get_agent_card()
         client = ClientFactory(ClientConfig(httpx_client=http)).create(card)
-        reads = CountedReads(memory_bus, run_id, monkeypatch)
+        reads = CountedReads(memory_bus, run_id, monkeypatch, store)
         task = MessageToDict(await client.get_task(GetTaskRequest(id=run_id)))
         read_for_get, reads.events = reads.events, 0
         listed = MessageToDict(await client.list_tasks(ListTasksRequest(include_artifacts=True)))
