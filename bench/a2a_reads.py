@@ -17,48 +17,39 @@ import argparse
 import asyncio
 import json
 import statistics
-import sys
 import tempfile
 import time
-from pathlib import Path
 from typing import Any
 
-ROOT = Path(__file__).resolve().parent.parent
-sys.path.insert(0, str(ROOT))
-
-from cputime import import_code  # noqa: E402 - bench/ is the script's directory
-
-import_code()
-
-from runwire.bus import open_bus  # noqa: E402 - the tree import_code() names
-from runwire.core import envelope  # noqa: E402
-from runwire.core.ulid import MonotonicULID  # noqa: E402
-from runwire.edge import EdgeSettings  # noqa: E402
-from runwire.edge.a2a import methods  # noqa: E402
-from runwire.edge.context import Edge  # noqa: E402
-from runwire.store import open_store  # noqa: E402
+from cputime import import_code
 
 RUN = "run_long"
 
 
 def events_of(count: int) -> list[Any]:
-    ids = MonotonicULID("evt_")
-    out = []
-    for seq in range(1, count + 1):
-        kind, payload = "text.delta", {"text": "x" * 200}
-        if seq == 1:
-            kind, payload = "run.lifecycle", {"state": "running"}
-        elif seq == count:
-            kind, payload = "run.lifecycle", {"state": "done"}
-        elif seq % 50 == 10:
-            kind, payload = "tool.start", {"call_id": f"c{seq}", "tool": "search", "input": {"q": "x" * 50}}
-        out.append(envelope.decode(json.dumps({
-            "id": ids.new(), "run_id": RUN, "seq": seq, "ts": "2026-11-27T12:00:00Z", "type": kind,
-            "payload": payload}).encode()))
-    return out
+    """Running, text deltas of 200 characters with a tool call every 50, done."""
+    from runwire.core.envelope import decode
+    from runwire.core.ulid import new_event_id
+
+    def kind(seq: int) -> tuple[str, dict[str, Any]]:
+        if seq in (1, count):
+            return "run.lifecycle", {"state": "running" if seq == 1 else "done"}
+        if seq % 50 == 10:
+            return "tool.start", {"call_id": f"c{seq}", "tool": "search", "input": {"q": "x" * 50}}
+        return "text.delta", {"text": "x" * 200}
+
+    return [decode(json.dumps({"id": new_event_id(), "run_id": RUN, "seq": seq, "ts": "2026-11-27T12:00:00Z",
+                               "type": kind(seq)[0], "payload": kind(seq)[1]}).encode())
+            for seq in range(1, count + 1)]
 
 
 async def measure(store_url: str, count: int, repeats: int) -> dict[str, float]:
+    from runwire.bus import open_bus
+    from runwire.edge import EdgeSettings
+    from runwire.edge.a2a import methods
+    from runwire.edge.context import Edge
+    from runwire.store import open_store
+
     async with open_bus("memory://") as bus, open_store(store_url) as log:
         events = events_of(count)
         for start in range(0, count, 1000):
@@ -110,19 +101,18 @@ async def measure(store_url: str, count: int, repeats: int) -> dict[str, float]:
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--events", type=int, default=50_000)
-    parser.add_argument("--repeats", type=int, default=5)
-    parser.add_argument("--json", action="store_true")
+    for flag, default in (("--events", 50_000), ("--repeats", 5)):
+        parser.add_argument(flag, type=int, default=default)
+    parser.add_argument("--json", action="store_true", help="the figures as one JSON object")
     args = parser.parse_args()
-    with tempfile.TemporaryDirectory() as tmp:
-        figures = asyncio.run(measure(f"sqlite:///{tmp}/replay.db", args.events, args.repeats))
-    if args.json:
-        print(json.dumps(figures))
-        return
-    print(f"a finished run of {args.events} events, median of {args.repeats}")
-    for name in ("get_task", "list_tasks"):
-        print(f"  {name:10s} {figures[f'{name}_events_read']:>9,.0f} events read   "
-              f"{figures[f'{name}_cpu_ms']:>8,.1f} ms CPU")
+    import_code()  # runwire from the tree RUNWIRE_CODE names (bench/alternate.py)
+    with tempfile.TemporaryDirectory() as folder:
+        figures = asyncio.run(measure(f"sqlite:///{folder}/replay.db", args.events, args.repeats))
+    lines = [json.dumps(figures)] if args.json else [
+        f"a finished run of {args.events} events, median of {args.repeats}",
+        *(f"  {name:10s} {figures[f'{name}_events_read']:>9,.0f} events read   "
+          f"{figures[f'{name}_cpu_ms']:>8,.1f} ms CPU" for name in ("get_task", "list_tasks"))]
+    print("\n".join(lines))
 
 
 if __name__ == "__main__":
