@@ -96,8 +96,13 @@ class MemoryBus(Bus):
         while state.backlog > 0 and state.backlog + len(events) > limit:
             await state.ingest_drained.wait(1.0)
         shards, count = state.shards, self.shards
+        of_root: dict[str, int] = {}  # a batch is mostly one run's or a few: each hashed once
         for event, encoded in zip(events, data, strict=True):
-            shards[shard_for(event.root_id or event.run_id, count)].append(encoded)
+            root = event.root_id or event.run_id
+            shard = of_root.get(root)
+            if shard is None:
+                shard = of_root[root] = shard_for(root, count)
+            shards[shard].append(encoded)
         state.backlog += len(events)
         state.ingest_changed.notify()
 

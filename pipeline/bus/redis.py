@@ -167,8 +167,13 @@ class RedisBus(Bus):
         if not events:
             return
         by_shard: dict[int, list[bytes]] = {}
+        of_root: dict[str, list[bytes]] = {}  # each root's shard found once a batch
         for event, encoded in zip(events, data, strict=True):
-            by_shard.setdefault(self.shard_of(event), []).append(encoded)
+            root = event.root_id or event.run_id
+            lines = of_root.get(root)
+            if lines is None:
+                lines = of_root[root] = by_shard.setdefault(keys.shard_for(root, self.shards), [])
+            lines.append(encoded)
         maxlen = self.options.ingest_maxlen
         shards = [(keys.ingest_key(self.prefix, shard), ingest_entries(batch, maxlen))
                   for shard, batch in by_shard.items()]

@@ -635,8 +635,14 @@ class Publisher(AsyncResource):
                 await self._linger()
             take = min(len(self._queue), self.max_batch)
             queue, encoded = self._queue, self._encoded
-            self._in_flight = [queue.popleft() for _ in range(take)]
-            self._in_flight_data = data = [encoded.popleft() for _ in range(take)]
+            if take == len(queue):  # the common case: all of it, copied at C speed
+                self._in_flight, self._in_flight_data = list(queue), list(encoded)
+                queue.clear()
+                encoded.clear()
+            else:
+                self._in_flight = [queue.popleft() for _ in range(take)]
+                self._in_flight_data = [encoded.popleft() for _ in range(take)]
+            data = self._in_flight_data
             self._in_flight_bytes = sum(map(len, data))
             self._queued -= take
             self._queued_bytes -= self._in_flight_bytes
