@@ -212,6 +212,35 @@ async def test_a_blocking_message_waits_on_the_runs_feed_without_reading_the_run
     assert 0 not in reads.starts, "the run was read again from its start while the call waited"
 
 
+async def test_a_blocking_message_outlives_a_burst_past_its_queue(memory_bus: Bus, store: ReplayLog) -> None:
+    """A burst of events past the waiting call's queue on the feed (which it does not need: it looks
+    at the feed's task) leaves it a fresh queue that waits, and it answers when the task asks again."""
+    run_id = unique("a2a-burst")
+    await running(memory_bus, store, run_id,
+                  event(run_id, 2, "run.lifecycle", {"state": "awaiting_approval", "reason": "which city?"}))
+    settings = EdgeSettings(client_queue_events=2)
+    async with serve_edge(memory_bus, store, settings) as edge, httpx.AsyncClient(headers=V1, timeout=60) as http:
+        answer = asyncio.create_task(http.post(f"{edge.url}/a2a/default", json=rpc("SendMessage", {
+            "message": {"messageId": "m1", "role": "ROLE_USER", "taskId": run_id, "parts": [{"text": "Oslo"}]}})))
+        await until(lambda: edge.live_clients(run_id) > 0, within=30, what="the blocking call on the run's feed")
+        await publish(memory_bus, store, [event(run_id, 3, "run.lifecycle", {"state": "running"}),
+                                          *(event(run_id, seq, "tool.start", {"call_id": f"c{seq}", "tool": "t"}) for seq in range(4, 20))])
+
+        def waiting_fresh() -> bool:
+            """The burst reached the feed, and the call waits on a queue that has not overflowed."""
+            feeds = [feed for (run, _), stream in edge.edge.hub.streams.items() if run == run_id
+                     for feed in stream.feeds.values()]
+            clients = [client for feed in feeds for client in feed.clients]
+            return (any(feed.position >= 19 for feed in feeds) and bool(clients)
+                    and not any(client.overflowed for client in clients))
+
+        await until(waiting_fresh, within=30, what="the call waiting on a queue that did not overflow")
+        await publish(memory_bus, store, [event(run_id, 20, "run.lifecycle", {"state": "awaiting_approval",
+                                                                              "reason": "which hotel?"})])
+        task = (await answer).json()["result"]["task"]
+    assert task["status"]["message"]["parts"][0]["text"] == "which hotel?"
+
+
 async def test_list_tasks_total_size_counts_every_task_the_filters_match(memory_bus: Bus, store: ReplayLog) -> None:
     """``totalSize`` is how many tasks match the request's filters (every page alike), not the page's."""
     thread = unique("ctx")

@@ -201,7 +201,10 @@ async def settled_task(edge: Edge, run_id: str, context_id: str | None, after: i
     run is not read again while it waits.
     """
     feed = await edge.hub.feed(FeedKey(run_id, view_of(edge), "a2a", "default", "flatten"))
-    client = ClientQueue(max_frames=edge.settings.client_queue_events, max_bytes=edge.settings.client_queue_bytes)
+    def queue() -> ClientQueue:
+        return ClientQueue(max_frames=edge.settings.client_queue_events, max_bytes=edge.settings.client_queue_bytes)
+
+    client = queue()
     edge.hub.attach(feed, client)
     try:
         encoder = feed.encoder
@@ -212,6 +215,11 @@ async def settled_task(edge: Edge, run_id: str, context_id: str | None, after: i
             with contextlib.suppress(TimeoutError):
                 await asyncio.wait_for(client.wait(), left)
             client.take()  # the frames themselves are not needed: the feed's task is
+            if client.overflowed:  # a burst past its queue: a fresh one (an overflowed queue never waits)
+                fresh = queue()
+                edge.hub.attach(feed, fresh)
+                edge.hub.detach(feed, client)
+                client = fresh
         task = encoder.task(history_length, max_bytes=limits.TASK_BYTES)
     finally:
         edge.hub.detach(feed, client)
