@@ -50,6 +50,7 @@ import asyncio
 import json
 import os
 import re
+import signal
 import statistics
 import subprocess
 import sys
@@ -113,14 +114,20 @@ def serve(impl: str, bus_url: str, port: int) -> None:
         uvloop.run(main())
         return
     import cProfile
+    import signal
 
     profiler = cProfile.Profile()
+
+    def dump(*_: object) -> None:  # the bench asks before it stops the server (uvicorn takes SIGTERM)
+        profiler.disable()
+        profiler.dump_stats(f"{profile}.{impl}")
+
+    signal.signal(signal.SIGUSR2, dump)
     profiler.enable()
     try:
         uvloop.run(main())
     finally:
-        profiler.disable()
-        profiler.dump_stats(f"{profile}.{impl}")
+        dump()
 
 
 def naive_app(bus: Any) -> Any:
@@ -258,6 +265,9 @@ class Proc:
         return answer
 
     def stop(self) -> None:
+        if os.environ.get("RUNWIRE_BENCH_PROFILE") and "server" in self.proc.args:
+            self.proc.send_signal(signal.SIGUSR2)  # the server's profile, written before it stops
+            time.sleep(3)
         if self.proc.stdin:
             try:
                 self.proc.stdin.write("quit\n")
