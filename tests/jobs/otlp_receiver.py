@@ -27,13 +27,13 @@ class OtlpReceiver:
     """Answers ``/v1/traces``: ``fail`` requests first with 503 (and all while ``refusing``), then
     200 — or, with ``forward``, what that backend answers — and keeps what it took."""
 
-    def __init__(self, fail: int = 0, forward: str | None = None) -> None:
+    def __init__(self, fail: int = 0, forward: str | None = None, port: int | None = None) -> None:
         self.fail = fail
         self.refusing = False
         self.forward = forward
         self.requests: list[tuple[dict[str, str], ExportTraceServiceRequest]] = []
         self.refused = 0
-        self.port = free_port()
+        self.port = port or free_port()
         self.url = f"http://127.0.0.1:{self.port}"
 
     async def traces(self, request: Request) -> Response:
@@ -61,8 +61,10 @@ class OtlpReceiver:
 
 
 @contextlib.asynccontextmanager
-async def otlp_receiver(fail: int = 0, forward: str | None = None) -> AsyncIterator[OtlpReceiver]:
-    receiver = OtlpReceiver(fail, forward)
+async def otlp_receiver(fail: int = 0, forward: str | None = None,
+                        port: int | None = None) -> AsyncIterator[OtlpReceiver]:
+    """A receiver serving meanwhile (on ``port``, say a backend's that came back, else a free one)."""
+    receiver = OtlpReceiver(fail, forward, port)
     app = Starlette(routes=[Route("/v1/traces", receiver.traces, methods=["POST"])])
     config = uvicorn.Config(app, host="127.0.0.1", port=receiver.port, log_level="warning", lifespan="off")
     server, task = await start_uvicorn(config)
