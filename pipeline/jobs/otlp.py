@@ -139,25 +139,6 @@ def _attribute(tag: int, key: str, value: Any) -> bytes:
     return bytes((tag, size)) + pair if size < 0x80 else bytes((tag,)) + _varint(size) + pair
 
 
-def _span_attributes(attributes: dict[str, Any], parts: list[bytes]) -> None:
-    """A span's attributes' fields onto ``parts``; short strings and ints (not bools: ``True ==
-    1``) through :data:`_SPAN_ATTRIBUTES`."""
-    kept = _SPAN_ATTRIBUTES
-    for item in attributes.items():
-        value = item[1]
-        kind = type(value)
-        if kind is str and len(value) <= _KEPT_CHARS or kind is int:
-            found = kept.get(item)
-            if found is None:
-                found = _attribute(_SPAN_ATTRIBUTE, *item)
-                if len(kept) >= _MAX_SPAN_ATTRIBUTES:
-                    kept.clear()
-                kept[item] = found
-            parts.append(found)
-        else:
-            parts.append(_attribute(_SPAN_ATTRIBUTE, *item))
-
-
 def _event(event: SpanEvent) -> bytes:
     return _field(_SPAN_EVENT, _EVENT_TIME.pack(0x09, event.time_ns) + _string(_EVENT_NAME, event.name)
                   + b"".join([_attribute(_EVENT_ATTRIBUTE, k, v) for k, v in event.attributes.items()]))
@@ -167,39 +148,58 @@ _NAMES: dict[str, bytes] = {}
 """A span name's field by the name (``execute_tool {tool}``, ``chat {model}``: a bounded few)."""
 
 
-def _span(span: Span, trace: bytes) -> bytes:
-    """``span`` (ended) as a ``Span`` message's bytes in its ``ScopeSpans`` field; ``trace`` its
-    trace id's field."""
-    assert span.end_ns is not None, "only ended spans are exported"
-    name = _NAMES.get(span.name)
-    if name is None:
-        name = _string(_SPAN_NAME, span.name)
-        if len(_NAMES) < _MAX_KEYS and len(span.name) <= _KEPT_CHARS:
-            _NAMES[span.name] = name
-    parent = span.parent_span_id
-    parts = [trace, _SPAN_SPAN_ID, bytes.fromhex(span.span_id), _SPAN_PARENT if parent else b"",
-             bytes.fromhex(parent) if parent else b"", name, _KINDS[span.operation],
-             _SPAN_TIMES.pack(0x39, span.start_ns, 0x41, span.end_ns)]
-    _span_attributes(span.attributes, parts)
-    if span.events:
-        parts += [_event(event) for event in span.events]
-    if span.status != "unset":
-        status = _string(_STATUS_MESSAGE, span.status_message) if span.status_message else b""
-        parts.append(_field(_SPAN_STATUS, status + bytes((_STATUS_CODE, _STATUS_CODES[span.status]))))
-    data = b"".join(parts)
-    size = len(data)
-    return (bytes((_SCOPE_SPANS_SPAN, size)) if size < 0x80 else bytes((_SCOPE_SPANS_SPAN,)) + _varint(size)) + data
-
-
 def encode_request(spans: Sequence[Span], resource: Mapping[str, str], version: str = "") -> bytes:
-    """One ``ExportTraceServiceRequest`` carrying ``spans`` (all ended), serialized."""
+    """One ``ExportTraceServiceRequest`` carrying ``spans`` (all ended), serialized.
+
+    One loop, no call per span or attribute when what it writes was written before: the trace
+    and parent ids' fields by the id (a run's spans share them), a span's name's field, and each
+    short string or int attribute's whole field (through :data:`_SPAN_ATTRIBUTES`; not bools:
+    ``True == 1``); a span's bytes are joined once, its length's head beside them."""
     traces: dict[str, bytes] = {}
+    parents: dict[str, bytes] = {}
     body = []
+    names, kept, kinds, times, fromhex = _NAMES, _SPAN_ATTRIBUTES, _KINDS, _SPAN_TIMES.pack, bytes.fromhex
     for span in spans:
+        assert span.end_ns is not None, "only ended spans are exported"
         trace = traces.get(span.trace_id)
         if trace is None:
-            trace = traces[span.trace_id] = _SPAN_TRACE_ID + bytes.fromhex(span.trace_id)
-        body.append(_span(span, trace))
+            trace = traces[span.trace_id] = _SPAN_TRACE_ID + fromhex(span.trace_id)
+        name = names.get(span.name)
+        if name is None:
+            name = _string(_SPAN_NAME, span.name)
+            if len(names) < _MAX_KEYS and len(span.name) <= _KEPT_CHARS:
+                names[span.name] = name
+        parent = span.parent_span_id
+        if parent:  # a run's spans share it
+            parent_field = parents.get(parent)
+            if parent_field is None:
+                parent_field = parents[parent] = _SPAN_PARENT + fromhex(parent)
+        else:
+            parent_field = b""
+        parts = [trace, _SPAN_SPAN_ID, fromhex(span.span_id), parent_field, name, kinds[span.operation],
+                 times(0x39, span.start_ns, 0x41, span.end_ns)]
+        for item in span.attributes.items():
+            value = item[1]
+            kind = type(value)
+            if kind is str and len(value) <= _KEPT_CHARS or kind is int:
+                found = kept.get(item)
+                if found is None:
+                    found = _attribute(_SPAN_ATTRIBUTE, *item)
+                    if len(kept) >= _MAX_SPAN_ATTRIBUTES:
+                        kept.clear()
+                    kept[item] = found
+                parts.append(found)
+            else:
+                parts.append(_attribute(_SPAN_ATTRIBUTE, *item))
+        if span.events:
+            parts += [_event(event) for event in span.events]
+        if span.status != "unset":
+            status = _string(_STATUS_MESSAGE, span.status_message) if span.status_message else b""
+            parts.append(_field(_SPAN_STATUS, status + bytes((_STATUS_CODE, _STATUS_CODES[span.status]))))
+        data = b"".join(parts)
+        size = len(data)
+        body.append(bytes((_SCOPE_SPANS_SPAN, size)) if size < 0x80 else bytes((_SCOPE_SPANS_SPAN,)) + _varint(size))
+        body.append(data)
     scope = _string(_SCOPE_NAME, SCOPE) + (_string(_SCOPE_VERSION, version) if version else b"")
     scope_spans = _field(_SCOPE_SPANS_SCOPE, scope) + b"".join(body) + _string(_SCOPE_SPANS_SCHEMA, SCHEMA_URL)
     attributes = b"".join([_attribute(_RESOURCE_ATTRIBUTE, key, value) for key, value in resource.items()])
