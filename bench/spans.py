@@ -27,9 +27,13 @@ tool call's start and end (a ``chat`` and an ``execute_tool`` span each time), a
 ``--instructions`` counts instructions instead, under callgrind (``bench/callgrind.py``: steady
 to ±0.3 % where CPU time moves ±30 % on a shared machine): the worker alone and the exporter
 alone, each in its own process, per published event, and their ratio (use ``--events 20000``:
-a part under callgrind runs ~50 times slower).
+a part under callgrind runs ~50 times slower). With ``--parts`` it counts instead the fold
+(``SpanTree.apply_many`` over the root streams the worker wrote, as a pass gets them) and the
+OTLP writer (``encode_request`` of the spans, 1,000 a request) alone: no log, no HTTP, no pass,
+so the count does not move with how the worker happened to batch its writes (the exporter's
+whole count moves ±4 % between runs of the same code for that reason).
 
-``python bench/spans.py [--events N] [--runs R] [--deltas D] [--repeat K] [--json] [--instructions]``
+``python bench/spans.py [--events N] [--runs R] [--deltas D] [--repeat K] [--json] [--instructions [--parts]]``
 """
 
 from __future__ import annotations
@@ -59,7 +63,8 @@ from prometheus_client import CollectorRegistry  # noqa: E402
 from runwire.bus import Bus, open_bus  # noqa: E402 - the tree import_code() names
 from runwire.core.envelope import Event, format_ts, make  # noqa: E402
 from runwire.jobs.export import SpanExporter  # noqa: E402
-from runwire.jobs.otlp import OtlpSettings  # noqa: E402
+from runwire.jobs.otlp import OtlpSettings, encode_request  # noqa: E402
+from runwire.jobs.spans import Span, SpanTree  # noqa: E402
 from runwire.store import open_store  # noqa: E402
 from runwire.workers.process import tune_gc  # noqa: E402
 from runwire.workers.runtime import run_worker  # noqa: E402
@@ -212,9 +217,54 @@ async def one_round(events: list[Event], tmp: Path, endpoint: str) -> dict[str, 
     }
 
 
+def root_streams(written: list[Any]) -> list[tuple[str, list[Event]]]:
+    """The root runs' streams of each write, in order (what the exporter folds)."""
+    roots: dict[str, bool] = {}
+    out: list[tuple[str, list[Event]]] = []
+    for streams in written:
+        for stream in streams:
+            run_id, events = stream[0], stream[1]
+            if run_id not in roots and events:
+                own = next((event for event in events if event.child_id is None), None)
+                roots[run_id] = own is None or own.parent_id is None
+            if events and roots[run_id]:
+                out.append((run_id, events))
+    return out
+
+
+def fold(streams: list[tuple[str, list[Event]]]) -> list[Span]:
+    trees: dict[str, SpanTree] = {}
+    ended: list[Span] = []
+    for run_id, events in streams:
+        tree = trees.get(run_id)
+        if tree is None:
+            tree = trees[run_id] = SpanTree(run_id, keep=False)
+        ended += tree.apply_many(events, 0)
+    return ended
+
+
+def write(spans: list[Span]) -> None:
+    for start in range(0, len(spans), 1000):
+        encode_request(spans[start:start + 1000], {"service.name": "bench"}, "0")
+
+
 async def counted_part(part: str, events: list[Event], endpoint: str) -> None:
     """``--instructions``' child: one part counted under callgrind (a warm-up round first)."""
     tmp = Path(tempfile.mkdtemp(prefix="runwire-bench-spans-"))
+    if part in ("fold", "write"):
+        stored: list[Any] = []
+        await worker_round(events, f"sqlite:///{tmp}/parts.db", None, stored)
+        streams = root_streams(stored)
+        spans = fold(streams)
+        write(spans)  # warm: the writer's tables
+        tune_gc()
+        callgrind.ready()
+        if part == "fold":
+            fold(streams)
+        else:
+            write(spans)
+        callgrind.done(str(len(events)))
+        return
     warm: list[Any] = []
     warm_db = f"sqlite:///{tmp}/warm.db"
     await worker_round(events[: len(events) // 4], warm_db, None, warm)
@@ -231,6 +281,12 @@ def count_instructions(args: argparse.Namespace) -> dict[str, float]:
     if not callgrind.available():
         raise SystemExit("--instructions needs valgrind (Debian: apt install valgrind)")
     out: dict[str, float] = {}
+    if args.parts:
+        for part in ("fold", "write"):
+            total, said = callgrind.count([__file__, "--child", part, "--events", str(args.events),
+                                           "--runs", str(args.runs), "--deltas", str(args.deltas)])
+            out[f"{part}_ir_per_event"] = total / int(said[-1])
+        return out
     for part in ("worker", "export"):
         total, said = callgrind.count([__file__, "--child", part, "--events", str(args.events),
                                        "--runs", str(args.runs), "--deltas", str(args.deltas)])
@@ -248,6 +304,8 @@ def main() -> None:
     parser.add_argument("--json", action="store_true")
     parser.add_argument("--instructions", action="store_true",
                         help="count instructions under callgrind (bench/callgrind.py) instead of CPU time")
+    parser.add_argument("--parts", action="store_true",
+                        help="with --instructions: the fold and the OTLP writer alone, no log, no HTTP")
     parser.add_argument("--child", help=argparse.SUPPRESS)  # a part run under callgrind
     args = parser.parse_args()
     logging.basicConfig(level=logging.ERROR)
