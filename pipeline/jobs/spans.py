@@ -347,7 +347,8 @@ class SpanTree:
                     operation="execute_tool", run_id=run.span.run_id, start_ts=ts,
                     start_ns=at, attributes=attributes)
         run.tools[call_id] = span
-        self._keep(span)
+        if self.keep:
+            self._all.append(span)
         return span
 
     def _tool_end(self, run: _Run, event: ToolEnd, at: int) -> None:
@@ -382,8 +383,10 @@ class SpanTree:
         if p.step_kind in MODEL_STEP_KINDS or run.step_usage:
             self._chat(run, event, at)
         run.step_start = (event.ts, at)
-        run.step_usage = []
-        run.step_text = []
+        if run.step_usage:
+            run.step_usage = []
+        if run.step_text:
+            run.step_text = []
 
     def _chat(self, run: _Run, event: StepBoundary, at: int) -> None:
         start_ts, start_ns = run.step_start
@@ -398,7 +401,7 @@ class SpanTree:
             only = usage[0].payload
             attributes["gen_ai.usage.input_tokens"] = only.input_tokens
             attributes["gen_ai.usage.output_tokens"] = only.output_tokens
-            model = known(only.model)
+            model = None if only.model is UNSET else only.model
         elif usage:
             attributes["gen_ai.usage.input_tokens"] = sum(u.payload.input_tokens for u in usage)
             attributes["gen_ai.usage.output_tokens"] = sum(u.payload.output_tokens for u in usage)
@@ -414,8 +417,10 @@ class SpanTree:
                     operation="chat", run_id=run.span.run_id, start_ts=start_ts, start_ns=start_ns,
                     attributes=attributes)
         run.chats += 1
-        self._keep(span)
-        self._end(span, event, at)
+        if self.keep:
+            self._all.append(span)
+        span.end_ts, span.end_ns, span.end_seq = event.ts, at, event.seq  # at ≥ its start (above)
+        self._ended.append(span)
 
     def _lifecycle(self, run: _Run, event: RunLifecycle, at: int) -> None:
         p = event.payload
