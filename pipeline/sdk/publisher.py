@@ -257,7 +257,11 @@ class Run:
         head, after_text, after_id, after_ts, tail = template
         event_id, ts = publisher._clock.stamp()
         seq = self.seq + 1
-        data = b"".join((head, _encoder.encode(text),
+        try:
+            text_json = _encoder.encode(text)
+        except UnicodeEncodeError as exc:
+            raise _not_unicode(exc) from None
+        data = b"".join((head, text_json,
                          f"{after_text}{event_id}{after_id}{ts}{after_ts}{seq}{tail}".encode()))
         size = len(data)
         if size > envelope.MAX_FRAME_BYTES:
@@ -567,6 +571,8 @@ class Publisher(AsyncResource):
             data = _encoder.encode(event)
         except RecursionError:
             raise MalformedFrame(f"event is nested deeper than {envelope.MAX_DEPTH} levels") from None
+        except UnicodeEncodeError as exc:
+            raise _not_unicode(exc) from None
         size = len(data)
         if size > envelope.MAX_FRAME_BYTES or event.ext is not None or type(event) in envelope.FREE_FORM:
             envelope.check_encoded(event, data)  # what a worker would dead-letter is refused here
@@ -713,6 +719,14 @@ class Publisher(AsyncResource):
         self._failure_epoch += 1
         self._space.set()
         self._idle.set()
+
+
+def _not_unicode(exc: UnicodeEncodeError) -> MalformedFrame:
+    """An event with a string no UTF-8 encodes (a lone surrogate such as ``"\\ud800"``): refused
+    before it takes a seq, as any event no worker could carry."""
+    bad = exc.object[exc.start:exc.end].encode("unicode_escape").decode()
+    return MalformedFrame(f"event has a string that is not valid Unicode ({exc.reason}: {bad}); "
+                          "nothing was published")
 
 
 def _wake(waiting: asyncio.Future[None]) -> None:

@@ -151,6 +151,27 @@ async def test_invalid_events_are_rejected_before_queueing() -> None:
         assert good.seq == 1 and pub.pending + pub.published == 1
 
 
+async def test_a_lone_surrogate_is_refused_before_it_takes_a_seq() -> None:
+    """A string no UTF-8 encodes (a lone surrogate) is refused as malformed by every way of
+    publishing, before a seq is taken: the run goes on with no gap in its seqs."""
+    name = f"memory://{_unique()}"
+    async with Publisher.connect(name) as pub:
+        run = pub.run("run-surrogate")
+        await run.emit("text.delta", {"text": "before"})
+        with pytest.raises(MalformedFrame, match="not valid Unicode"):
+            await run.emit("text.delta", {"text": "bad \ud800"})
+        with pytest.raises(MalformedFrame, match="not valid Unicode"):
+            run.emit_nowait("tool.start", {"call_id": "c1", "tool": "t", "input": {"q": "\udfff"}})
+        with pytest.raises(MalformedFrame, match="not valid Unicode"):
+            run.delta_nowait("text.delta", "\ud800 bad")
+        assert run.seq == 1
+        assert run.delta_nowait("text.delta", "after")
+        await run.finish()
+        await pub.flush()
+        got = await consume(name, 3)
+    assert [(e.seq, e.type) for e in got] == [(1, "text.delta"), (2, "text.delta"), (3, "run.lifecycle")]
+
+
 async def test_run_controls_receive_commands(sdk_url: str) -> None:
     """The agent reads its run's control channel (cancel, pause …) through the SDK."""
     async with Publisher.connect(sdk_url) as pub:
