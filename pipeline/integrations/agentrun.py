@@ -137,10 +137,10 @@ class AgentRun:
         the report reached this run (it reaches the next emit of any run: the publisher's
         ``DeliveryTimeout`` names each one, and is logged)."""
         self.refused = 0
-        """This run's events the publisher refused as they were (over a limit of the limits
-        table); each is logged."""
+        """This run's events the publisher refused as they were (over a limit); each is logged."""
         self.run: Run | None = None
-        self._degraded = False
+        self.degraded = False
+        """An emit failed, none found room since: deltas don't wait."""
         self._steps = 0
         self._open_tools: dict[str, tuple[str, float]] = {}
         self._decisions: dict[str, asyncio.Future[Decision]] = {}
@@ -192,10 +192,7 @@ class AgentRun:
             await self.emit("run.lifecycle", {"state": "error", "reason": describe(exc)})
 
     def _agent_ext(self) -> dict[str, Any]:
-        agent: dict[str, Any] = {"framework": self.framework}
-        if self.name:
-            agent["name"] = self.name
-        return {"agent": agent}
+        return {"agent": {"framework": self.framework, **({"name": self.name} if self.name else {})}}
 
     def child(self, run_id: str | None = None, *, name: str | None = None,
               prompt: str | None = None, current: bool = True) -> AgentRun:
@@ -221,7 +218,7 @@ class AgentRun:
         """Publish one event of this run, within the publishing policy (module docstring)."""
         run = self.run
         assert run is not None, "use `async with AgentRun(...)`"
-        if not self._degraded:
+        if not self.degraded:
             try:
                 if run.emit_nowait(type, payload, ext) is not None:
                     return  # the common case: room in the publisher, no coroutine of its own
@@ -231,7 +228,7 @@ class AgentRun:
             except ProtocolError as exc:
                 self._refused(type, exc)
                 return
-        wait = (0.0 if self._degraded and type in _DELTAS
+        wait = (0.0 if self.degraded and type in _DELTAS
                 else None if type == "run.lifecycle" and payload_state(payload) in TERMINAL_STATES
                 else self.publish_timeout)
         try:
@@ -242,8 +239,8 @@ class AgentRun:
         except ProtocolError as exc:  # an event no worker could carry: refused, the run goes on
             self._refused(type, exc)
             return
-        if self._degraded:
-            self._degraded = False
+        if self.degraded:
+            self.degraded = False
             log.warning("run %s: publishing resumed (%d event(s) were not published)",
                         self.run_id, self.unpublished)
 
@@ -267,23 +264,27 @@ class AgentRun:
         if self.on_publish_error == "raise":
             raise PublishFailed(f"run {self.run_id}: {type} not published: {describe(exc)}") from exc
         self.unpublished += lost
-        if not self._degraded:
-            self._degraded = True
+        if not self.degraded:
+            self.degraded = True
             log.warning("run %s: publishing stopped (%s); the agent goes on and counts what is "
                         "not published", self.run_id, describe(exc) or "bus too slow")
 
     def delta_now(self, type: str, text: str) -> bool:
         """A ``text.delta``/``reasoning.delta`` queued without a coroutine (every token's path);
         False when there is no room now (then await :meth:`text` or :meth:`reasoning`)."""
-        if self._degraded or self.run is None or len(text) > DELTA_CHARS:
+        if self.degraded or self.run is None or len(text) > DELTA_CHARS:
             return False
         try:
             return self.run.delta_nowait(type, text)
-        except (DeliveryTimeout, BusUnavailable) as exc:
-            self._failed(type, exc, self._lost(exc))
-        except ProtocolError as exc:
-            self._refused(type, exc)
+        except (DeliveryTimeout, BusUnavailable, ProtocolError) as exc:
+            self.delta_failed(type, exc)
         return True
+
+    def delta_failed(self, type: str, exc: DeliveryTimeout | BusUnavailable | ProtocolError) -> None:
+        """``run.delta_nowait`` raised ``exc`` (called by an integration itself): as :meth:`emit`."""
+        if isinstance(exc, ProtocolError):
+            return self._refused(type, exc)
+        self._failed(type, exc, self._lost(exc))
 
     async def text(self, text: str) -> None:
         """``text.delta`` (a text longer than :data:`DELTA_CHARS` as several, in order)."""

@@ -277,7 +277,7 @@ class Run:
         publisher._queued = queued = queued + 1
         publisher._queued_bytes += size
         if queued == 1 or queued >= publisher.max_batch:
-            publisher._wakeup.set()
+            publisher._arrived(queued)
         self.seq = seq
         return True
 
@@ -376,7 +376,11 @@ class Publisher(AsyncResource):
         """The batch on its way: each event, or the run of one queued as bytes only."""
         self._in_flight_data: list[bytes] = []
         self._in_flight_bytes = 0
-        self._wakeup = asyncio.Event()
+        self._loop: asyncio.AbstractEventLoop | None = None
+        self._asleep = False
+        """The flusher waits for a first event (on :attr:`_lingering`): the event that arrives
+        starts the linger, on the same future, without waking the flusher twice."""
+        self._timer: asyncio.TimerHandle | None = None
         self._space = asyncio.Event()
         self._space.set()
         self._idle = asyncio.Event()
@@ -387,7 +391,7 @@ class Publisher(AsyncResource):
         self._failure_epoch = 0
         self._flusher: asyncio.Task[None] | None = None
         self._lingering: asyncio.Future[None] | None = None
-        """The flusher's wait for more events to batch, while it waits (:meth:`_linger`)."""
+        """The flusher's wait, for a first event or for more to batch (:meth:`_linger`)."""
         self._hurried = 0
         """Flushes waiting: while any does, the flusher sends without lingering."""
         self._closing = False
@@ -407,6 +411,7 @@ class Publisher(AsyncResource):
         """Connect the bus (if this publisher opened it) and start the flusher."""
         if self._own_bus:
             await self._connect()
+        self._loop = asyncio.get_running_loop()
         self._flusher = asyncio.create_task(self._flush_loop(), name="runwire-publisher")
         self._flusher.add_done_callback(self._flusher_stopped)
 
@@ -523,7 +528,6 @@ class Publisher(AsyncResource):
     async def flush(self) -> None:
         """Wait until everything queued so far is on the bus (or raise DeliveryTimeout)."""
         self._raise_failure()
-        self._wakeup.set()
         self._hurried += 1  # what is queued goes now, not after the linger
         if self._lingering is not None:
             _wake(self._lingering)
@@ -585,7 +589,7 @@ class Publisher(AsyncResource):
         self._queued = queued = queued + 1
         self._queued_bytes += size
         if queued == 1 or queued >= self.max_batch:
-            self._wakeup.set()
+            self._arrived(queued)
         return None
 
     def _append(self, event: Event, data: bytes) -> None:
@@ -596,7 +600,7 @@ class Publisher(AsyncResource):
         self._queued_bytes += len(data)
         queued = self._queued
         if queued == 1 or queued >= self.max_batch:
-            self._wakeup.set()
+            self._arrived(queued)
 
     async def _wait_for_room(self, event: Event, size: int, patience: float | None = None) -> None:
         """Wait until ``event`` fits the bound (one event always fits an empty queue), at most
@@ -629,14 +633,26 @@ class Publisher(AsyncResource):
             raise failure
 
     # ---- the flusher -------------------------------------------------
+    def _arrived(self, queued: int) -> None:
+        """A first event queued (``queued`` 1) or a full batch: the flusher waiting for one starts
+        its linger (one timer on the future it waits on), a full batch ends the linger."""
+        waiting = self._lingering
+        if waiting is None:
+            return  # a batch in flight (the flusher looks at the queue next) or no flusher yet
+        if queued >= self.max_batch or self._hurried or self._closing or self.linger <= 0:
+            _wake(waiting)
+        elif self._asleep and self._loop is not None:
+            self._asleep = False
+            self._timer = self._loop.call_later(self.linger, _wake, waiting)
+
     async def _flush_loop(self) -> None:
         while True:
             if not self._queue:
                 self._idle.set()
-                self._wakeup.clear()
-                await self._wakeup.wait()
-                continue
-            if (len(self._queue) < self.max_batch and self.linger > 0 and not self._closing
+                await self._linger(idle=True)  # the first event's arrival starts the linger
+                if not self._queue:
+                    continue
+            elif (len(self._queue) < self.max_batch and self.linger > 0 and not self._closing
                     and not self._hurried):
                 await self._linger()
             take = min(len(self._queue), self.max_batch)
@@ -655,17 +671,25 @@ class Publisher(AsyncResource):
             self._space.set()  # the queue has room again while this batch is on its way
             await self._deliver(self._in_flight, data)
 
-    async def _linger(self) -> None:
-        """Wait ``linger`` for more events to batch, or until :meth:`flush` asks for them now
-        (``asyncio.sleep``'s own two steps, with the future kept where flush finds it)."""
-        loop = asyncio.get_running_loop()
+    async def _linger(self, *, idle: bool = False) -> None:
+        """Wait ``linger`` for more events to batch, or until :meth:`flush` or a full batch asks
+        for them now (``asyncio.sleep``'s own two steps, with the future kept where flush finds
+        it). ``idle``: first wait for an event; its arrival starts the linger (:meth:`_arrived`),
+        so a batch wakes the flusher once."""
+        loop = self._loop or asyncio.get_running_loop()
         self._lingering = waiting = loop.create_future()
-        timer = loop.call_later(self.linger, _wake, waiting)
+        if idle:
+            self._asleep = True
+        else:
+            self._timer = loop.call_later(self.linger, _wake, waiting)
         try:
             await waiting
         finally:
-            timer.cancel()
+            timer, self._timer = self._timer, None
+            if timer is not None:
+                timer.cancel()
             self._lingering = None
+            self._asleep = False
 
     async def _deliver(self, events: list[Event | Run], data: list[bytes]) -> None:
         async def attempt() -> None:
@@ -674,7 +698,8 @@ class Publisher(AsyncResource):
 
         if self.outage.state is None:  # a healthy bus: one attempt, none of the retries' steps
             try:
-                await attempt()
+                async with asyncio.timeout(self.delivery_timeout):  # attempt(), one coroutine less
+                    await self.bus.publish_encoded(events, data)
             except (BusUnavailable, TimeoutError):  # retried below (which logs the pause), after
                 await asyncio.sleep(self._backoff.compute(1))  # the backoff a first retry waits
             except Exception as exc:  # not retriable: report it rather than loop
