@@ -136,10 +136,13 @@ async def test_what_a_framework_hands_over_whole_never_stops_the_agent(
         async with AgentRun(publisher, framework="test", prompt="p" * 100_000) as helper:
             await helper.text("ok")
         await run.emit("x.test.blob", {"data": "z" * (limits.FRAME_BYTES + 1)})
+        await run.text("a lone surrogate \ud800")  # no UTF-8 encodes it: refused, no seq taken
+        assert run.delta_now("text.delta", "\udfff")
         await run.text("after")
-    assert run.refused == 1
+    assert run.refused == 3
     events = await read_run(pipe, run_id)
     assert text_of(own(events)) == text + "after"
+    assert [e["seq"] for e in events] == list(range(1, len(events) + 1))  # no gap (a child's fanned in)
     spawn = next(e["payload"] for e in own(events) if e["type"] == "child.spawn")
     assert spawn["prompt"] == "p" * 4096
     assert states(own(events)) == ["running", "done"]
