@@ -89,8 +89,23 @@ def bounded(value: Any, limit: int = limits.TOOL_VALUE_BYTES) -> Any:
     plain = to_json(value)
     if plain is None or isinstance(plain, bool | int | float):
         return plain
-    data = _encoder.encode(plain)
+    try:
+        data = _encoder.encode(plain)
+    except UnicodeEncodeError:  # a lone surrogate, which no UTF-8 encodes: U+FFFD in its place
+        plain = _mended(plain)
+        data = _encoder.encode(plain)
     if len(data) <= limit:
         return plain
     return {TRUNCATED: True, "size": len(data),
             "head": data[: max(0, limit - 128)].decode("utf-8", "ignore")}
+
+
+def _mended(plain: Any) -> Any:
+    """``plain`` (JSON) with each lone surrogate of its strings and keys replaced by U+FFFD."""
+    if isinstance(plain, str):
+        return plain.encode("utf-16", "surrogatepass").decode("utf-16", "replace")
+    if isinstance(plain, list):
+        return [_mended(item) for item in plain]
+    if isinstance(plain, dict):
+        return {_mended(key): _mended(item) for key, item in plain.items()}
+    return plain

@@ -111,6 +111,7 @@ async def test_tool_values_that_are_not_json_or_too_large_are_converted_and_cut(
         await run.tool_start("c2", "dump")
         await run.tool_end("c2", ok=True, output="y" * (limits.TOOL_VALUE_BYTES + 10))
         await run.tool_end("c3", ok=False, error=ValueError("boom"), tool="lookup")
+        await run.tool_start("c4", "echo", {"q\udfff": ["a\ud800b"]})  # lone surrogates
     events = await read_run(pipe, run_id)
     starts = {e["payload"]["call_id"]: e["payload"] for e in events if e["type"] == "tool.start"}
     ends = {e["payload"]["call_id"]: e["payload"] for e in events if e["type"] == "tool.end"}
@@ -119,6 +120,7 @@ async def test_tool_values_that_are_not_json_or_too_large_are_converted_and_cut(
     assert ends["c2"]["output"][TRUNCATED] is True
     assert ends["c2"]["output"]["size"] == limits.TOOL_VALUE_BYTES + 12
     assert starts["c3"]["tool"] == "lookup" and ends["c3"]["ok"] is False
+    assert starts["c4"]["input"] == {"q\ufffd": ["a\ufffdb"]}
     assert all(isinstance(e["duration_ms"], int) for e in ends.values())
     assert states(events) == ["running", "done"]
 
