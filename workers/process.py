@@ -3,6 +3,10 @@
 from __future__ import annotations
 
 import gc
+import logging
+import resource
+
+log = logging.getLogger("runwire.process")
 
 
 def tune_gc() -> None:
@@ -18,3 +22,23 @@ def tune_gc() -> None:
     gc.collect()
     gc.freeze()
     gc.set_threshold(100_000, 50, 1000)
+
+
+def raise_file_limit() -> int:
+    """Raise this process's soft limit on open files to its hard limit; return the limit now.
+
+    Each client connection is a file descriptor, and the soft limit many systems start a
+    process with (1024) would cap an edge at about a thousand clients while the hard limit
+    allows far more (docs/edge.md § Performance: how many clients a process holds). Never
+    fails: a limit that can't be raised stays as it was.
+    """
+    soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+    if hard == resource.RLIM_INFINITY or soft >= hard:
+        return soft
+    try:
+        resource.setrlimit(resource.RLIMIT_NOFILE, (hard, hard))
+    except (ValueError, OSError) as exc:
+        log.warning("open files stay limited to %d (the hard limit is %d): %s", soft, hard, exc)
+        return soft
+    log.info("open files: soft limit raised from %d to %d", soft, hard)
+    return hard

@@ -19,7 +19,7 @@ import click
 from runwire.core.redaction import redact_logs
 from runwire.workers.config import absolute_store
 from runwire.workers.deliveries import DeliveryThread, allow_private_option, edge_deliveries
-from runwire.workers.process import tune_gc
+from runwire.workers.process import raise_file_limit, tune_gc
 
 if TYPE_CHECKING:
     from runwire.edge import EdgeSettings
@@ -130,6 +130,7 @@ async def serve(
     async with open_bus(bus_url) as bus, open_store(store_url) as store:
         app = create_app(bus, store, settings)
         tune_gc()
+        raise_file_limit()
         config = edge_config(
             app, host=host, port=port, log_level="info", lifespan="on",
             timeout_graceful_shutdown=5, proxy_headers=True,
