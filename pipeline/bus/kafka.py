@@ -20,6 +20,8 @@ topic                  partitions  record key     value
 ``rw.control``         shards      run id         ControlCommand JSON
 ``rw.deadletter``      1           —              DeadLetter JSON
 ``rw.marks.<group>``   shards      —              a group's delivery marks
+``rw.life``            1           —              the broker's life marker
+                                                  (:mod:`runwire.bus.kafka_life`)
 =====================  ==========  =============  ============================
 
 A record's partition is ``shard_for(key, shards)``, chosen here rather than
@@ -70,7 +72,7 @@ from aiokafka import TopicPartition
 from aiokafka.admin import AIOKafkaAdminClient, NewTopic
 
 from ..core.envelope import Event, encode
-from ..core.errors import ConfigError
+from ..core.errors import BusUnavailable, ConfigError
 from . import keys
 from .base import (
     Bus,
@@ -96,6 +98,7 @@ from .kafka_io import (
     ingest_records,
     json_encoder,
 )
+from .kafka_life import LIFE_KIND, LifeMarker
 from .kafka_tail import DeliveryTail
 from .options import split_url
 
@@ -163,12 +166,18 @@ class KafkaBus(Bus):
         """Delivery partition → the epoch in which the tail last caught up on it."""
         self._sync_locks: dict[int, asyncio.Lock] = {}
         self._own_states: dict[StreamKey, bytes] = {}
+        self._misshapen: list[str] = []
+        """Topics whose partition count is not the bus's (found by the last check)."""
         """States this process appended in the current epoch (newer than the tail may show)."""
 
     # ---- connection --------------------------------------------------
     async def connect(self) -> None:
         await self._create_topics()
         await self.link.start()
+        life = LifeMarker(self.link, keys.kafka_topic(self.options.prefix, LIFE_KIND),
+                          self._recreate_topics)
+        await life.start()
+        self.link.lost = life.lost
 
     async def _create_topics(self) -> None:
         retention = {"retention.ms": str(self.options.ttl * 1000)}
@@ -179,15 +188,40 @@ class KafkaBus(Bus):
             NewTopic(self.topics[keys.KAFKA_DEAD_LETTER], 1, 1),
         ], check=self._check_partitions)
 
+    async def _recreate_topics(self) -> None:
+        """The topics again on a broker that lost its state (see :mod:`runwire.bus.kafka_life`).
+
+        A client's metadata request for a topic the broker no longer has makes some brokers
+        (Tansu) create it with their default partition count; such a topic, made since the
+        loss, is deleted and created again with the bus's.
+        """
+        for attempt in range(5):
+            try:
+                await self._create_topics()
+                return
+            except ConfigError as exc:
+                if attempt == 4:
+                    raise BusUnavailable(f"kafka: {exc}") from exc
+            admin = self.link.admin()
+            await guard("connect", admin.start())
+            try:
+                await guard("delete topics", admin.delete_topics(self._misshapen))
+            finally:
+                await admin.close()
+
     async def _check_partitions(self, admin: AIOKafkaAdminClient) -> None:
         names = [self.topics[k] for k in (keys.KAFKA_INGEST, keys.KAFKA_DELIVERY, keys.KAFKA_CONTROL)]
+        self._misshapen = []
         for topic in await guard("describe topics", admin.describe_topics(names)):
             count = len(topic["partitions"])
             if count != self.shards:
-                raise ConfigError(
-                    f"kafka topic {topic['topic']} has {count} partitions but the bus is "
-                    f"configured with shards={self.shards}; use ?shards={count} or another prefix"
-                )
+                self._misshapen.append(topic["topic"])
+                shape, wrong = f"{topic['topic']} has {count} partitions", count
+        if self._misshapen:
+            raise ConfigError(
+                f"kafka topic {shape} but the bus is configured with shards={self.shards}; "
+                f"use ?shards={wrong} or another prefix"
+            )
 
     async def close(self) -> None:
         for consumer in list(self._consumers):

@@ -129,6 +129,32 @@ class KafkaLink:
         self.bootstrap = bootstrap
         self.options = options
         self._producer: AIOKafkaProducer | None = None
+        self.lost: Callable[[], Awaitable[bool]] | None = None
+        """Whether the broker lost its state (:meth:`~runwire.bus.kafka_life.LifeMarker.lost`),
+        asked after the producer lost a connection; None: never asked."""
+        self._on_closed: Callable[[Any, Any], None] = lambda conn, reason: None
+        self.breaks = 0
+        """Connections of the producer closed so far."""
+        self._checked = 0
+        self.losses = 0
+        """Losses of the broker's state found so far."""
+        self._check_lock = asyncio.Lock()
+
+    def _closed(self, conn: Any, reason: Any) -> None:
+        self.breaks += 1
+        self._on_closed(conn, reason)
+
+    async def _check(self) -> None:
+        """Ask :attr:`lost` once per batch of connection losses (concurrent senders wait)."""
+        if self.lost is None or self._checked == self.breaks:
+            return
+        async with self._check_lock:
+            breaks = self.breaks
+            if self._checked == breaks:
+                return
+            if await self.lost():
+                self.losses += 1
+            self._checked = breaks
 
     async def start(self) -> None:
         producer = AIOKafkaProducer(
@@ -139,6 +165,9 @@ class KafkaLink:
             max_batch_size=1 << 20,
             request_timeout_ms=self.options.request_timeout_ms,
         )
+        client = producer.client  # count closed connections (its own callback still runs)
+        self._on_closed = client._on_connection_closed
+        client._on_connection_closed = self._closed
         try:
             await guard("connect", producer.start())
         except BusUnavailable:
@@ -187,12 +216,38 @@ class KafkaLink:
             await admin.close()
 
     async def send(self, topic: str, records: Sequence[Record]) -> None:
+        """:meth:`produce`, but never taking an acknowledgement from a broker that lost its state.
+
+        After a closed connection the broker's life marker is checked before producing
+        (when it was lost, the topics are there again when the check returns), and after a
+        send that a closed connection overlapped: records acknowledged across a loss of the
+        broker's state are sent again.
+        """
+        while True:
+            await self._check()
+            breaks, losses = self.breaks, self.losses
+            await self.produce(topic, records)
+            if self.breaks == breaks:
+                return
+            await self._check()
+            if self.losses == losses:
+                return
+
+    async def produce(self, topic: str, records: Sequence[Record]) -> None:
         """Send ``(partition, key, value, headers)`` records, one batch per partition run.
 
         Records of one partition keep their order (aiokafka has one batch
         in flight per partition). Raises BusUnavailable unless all are stored.
         """
         producer = self.producer
+        known = producer.client.cluster.partitions_for_topic(topic)
+        if known is not None and any(record[0] not in known for record in records):
+            # a topic created again since (a broker that lost its state, which another client
+            # made create it with its default partition count): the producer's metadata is old
+            await guard("metadata", producer.client.force_metadata_update())
+            known = producer.client.cluster.partitions_for_topic(topic) or known
+            if any(record[0] not in known for record in records):
+                raise BusUnavailable(f"kafka: topic {topic} has {len(known)} partitions")
         batches: dict[int, Any] = {}
         sent: list[asyncio.Future[Any]] = []
         for partition, key, value, headers in records:

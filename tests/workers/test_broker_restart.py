@@ -1,7 +1,8 @@
 """The Kafka-protocol broker restarted mid-run: the faust worker and the publisher SDK ride it out.
 
-The broker is Tansu on ``s3://`` storage (a moto S3 server of its own), so its topics, records
-and committed offsets outlive the restart; a broker restarted empty is another fault.
+The first test's broker is Tansu on ``s3://`` storage (a moto S3 server of its own), so its
+topics, records and committed offsets outlive the restart. The last test's is Tansu on
+``memory://``, restarted empty: what a publisher's ``emit`` returned after the restart is stored.
 """
 
 from __future__ import annotations
@@ -12,12 +13,13 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
+import msgspec
 import pytest
 
 from runwire import Publisher
 from runwire.bus import open_bus
 from runwire.store import open_store
-from tests.services import DurableTansu
+from tests.services import DurableTansu, TansuBroker
 from tests.waiting import until
 from tests.workers.test_crash import kill_all, start_worker
 
@@ -104,3 +106,51 @@ async def _written(store: Any, run_id: str) -> bool:
 async def _ended(store: Any, run_id: str) -> bool:
     info = await store.run(run_id)
     return info is not None and info.terminal
+
+
+@pytest.mark.slow
+async def test_what_a_publisher_emits_after_a_broker_restarted_empty_is_stored(tmp_path: Path) -> None:
+    """SIGKILL a broker on memory storage and start it again empty on its port under a connected
+    publisher: every event the publisher's `emit` returned after the restart is readable from the
+    ingest topic, which is there again with its partition count. (The broker acknowledged records
+    for topics it no longer had, which no one could ever read; a client's metadata request made it
+    create the ingest topic with 4 partitions of its own.) What was published before the restart
+    is gone with the broker, as with Redis without persistence."""
+    broker = TansuBroker()
+    broker.start()
+    prefix = f"e{uuid.uuid4().hex[:8]}"
+    url = f"{broker.url}?prefix={prefix}"
+    try:
+        async with Publisher.connect(url, delivery_timeout=120) as pub:
+            before = [pub.run(f"{prefix}-a{i}") for i in range(RUNS)]
+            for run in before:
+                await run.emit("run.lifecycle", {"state": "running"})
+            await pub.flush()
+            broker.close()
+            broker.start()  # empty: no topic, record or committed offset
+            after = [pub.run(f"{prefix}-b{i}") for i in range(RUNS)]
+            for run in after:
+                await run.emit("run.lifecycle", {"state": "running"})
+            for k in range(DELTAS):
+                for run in after:
+                    await run.emit("text.delta", {"text": f"d{k} "})
+            for run in after:
+                await run.finish()
+            await pub.flush()
+        wanted = {(run.run_id, seq) for run in after for seq in range(1, DELTAS + 3)}
+        found: set[tuple[str, int]] = set()
+        async with open_bus(url) as bus:  # a group of its own: it reads each partition from 0
+            consumer = bus.consumer("check", "c0")
+
+            async def all_read() -> bool:
+                deliveries = await consumer.fetch(4096, 200)
+                for delivery in deliveries:
+                    event = msgspec.json.decode(delivery.data)
+                    found.add((event["run_id"], event["seq"]))
+                if deliveries:
+                    await consumer.ack(deliveries)
+                return wanted <= found
+
+            await until(all_read, within=60)
+    finally:
+        broker.close()
