@@ -1,14 +1,12 @@
 """``runwire up``: the bus, the worker stages and the edge in one process and event loop.
 
-Embedded defaults — bus ``memory://``, replay log
-``sqlite:///<data-dir>/replay.db`` — so one command shows runwire working;
-``--bus``/``--store`` move any part to Redis, Kafka or PostgreSQL.
-``--demo`` keeps publishing synthetic runs so the page moves at once; their
-tenant (``demo``) has a retention of ``--demo-keep-minutes`` (10 by
-default), and ``runwire up`` sweeps the replay log while the demo runs, so
-its data stays bounded (about 40 MB at the default rate). With pydantic-ai installed
-(``scripts/run`` installs it), a real framework agent runs beside them every 30 s
-(``runwire.integrations.demo``).
+Embedded defaults — bus ``memory://``, replay log ``sqlite:///<data-dir>/replay.db`` — so one
+command shows runwire working; ``--bus``/``--store`` move any part to Redis, Kafka or PostgreSQL.
+``--demo`` keeps publishing synthetic runs so the page moves at once; their tenant (``demo``) has
+a retention of ``--demo-keep-minutes`` (10 by default), and ``runwire up`` sweeps the replay log
+while the demo runs, so its data stays bounded (about 40 MB at the default rate). With
+pydantic-ai installed (``scripts/run`` installs it), a real framework agent runs beside them every
+30 s (``runwire.integrations.demo``).
 
 SIGINT/SIGTERM drain: the demo ends its open runs (as aborted), the edge
 stops accepting and closes its streams (clients resume elsewhere), the
