@@ -8,6 +8,9 @@
 import { api, duration, el } from "./common.js";
 
 const NS_PER_MS = 1e6;
+/** A span time in whole ms: the times come from the events' ts (ms), and ns past 2^53 arrive from
+ * JSON rounded to 256 ns, so a division alone would make a 420 ms call 419.999744 ms. */
+const msOf = (ns) => Math.round(ns / NS_PER_MS);
 
 function niceStep(span) {
   const raw = span / 6;
@@ -81,7 +84,7 @@ export class Timeline {
       : "";
     this.byId = new Map(this.spans.map((s) => [s.span_id, s]));
     const root = this.spans.find((s) => !s.parent_span_id);
-    if (root && this.t0 == null) this.t0 = root.start_ns / NS_PER_MS;
+    if (root && this.t0 == null) this.t0 = msOf(root.start_ns);
     this.shape = ""; // every lane takes its span from this tree (a closed span is a new object)
     for (const lane of this.rows.values()) lane.done = false;
     this.shape = ""; // lay out again: the lanes must draw this tree's spans, not the last one's
@@ -197,7 +200,7 @@ export class Timeline {
 
   /** Where an open span stops for now: the clock while live, else the latest thing known. */
   stop(span, now, live, latest) {
-    if (span.end_ns != null) return span.end_ns / NS_PER_MS;
+    if (span.end_ns != null) return msOf(span.end_ns);
     return live ? now : latest;
   }
 
@@ -208,7 +211,7 @@ export class Timeline {
       this.shape = shape;
       this.layout();
     }
-    const latest = Math.max(this.t0, ...this.spans.map((s) => (s.end_ns ?? s.start_ns) / NS_PER_MS));
+    const latest = Math.max(this.t0, ...this.spans.map((s) => msOf(s.end_ns ?? s.start_ns)));
     const end = Math.max(latest, live ? now : 0);
     const span = Math.max(end - this.t0, 1000);
     if (Math.abs(span - this.span) > this.span * 0.002) {
@@ -228,7 +231,7 @@ export class Timeline {
     const open = span.end_ns == null && live;
     if (lane.done && !open) return;
     lane.done = span.end_ns != null;
-    const start = span.start_ns / NS_PER_MS;
+    const start = msOf(span.start_ns);
     const stop = this.stop(span, now, live, latest);
     this.place(lane.bar, start, stop - start);
     const node = this.model.nodes.get(span.run_id);
@@ -246,7 +249,7 @@ export class Timeline {
     while (lane.segments.length < chats.length) lane.segments.push(this.bar(lane.track, "bar-step"));
     chats.forEach((chat, i) => {
       const bar = lane.segments[i];
-      const start = chat.start_ns / NS_PER_MS;
+      const start = msOf(chat.start_ns);
       const length = this.stop(chat, now, live, latest) - start;
       const tokens = chat.attributes["gen_ai.usage.output_tokens"];
       bar.textContent = chat.name;
@@ -260,8 +263,8 @@ export class Timeline {
     const span = lane.what;
     if (lane.done) return;
     const open = span.end_ns == null;
-    const start = span.start_ns / NS_PER_MS;
-    const length = open ? (live ? now - start : 0) : (span.end_ns - span.start_ns) / NS_PER_MS;
+    const start = msOf(span.start_ns);
+    const length = open ? (live ? now - start : 0) : msOf(span.end_ns) - msOf(span.start_ns);
     this.place(lane.bar, start, length);
     lane.bar.classList.toggle("open", open);
     lane.bar.dataset.ms = open ? "" : String(length);
