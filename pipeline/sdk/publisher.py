@@ -273,17 +273,8 @@ class Run:
         if size > envelope.MAX_FRAME_BYTES:
             raise MalformedFrame(f"event is {size} bytes encoded, over the "
                                  f"{envelope.MAX_FRAME_BYTES}-byte limit")
-        queued = publisher._queued
-        if queued and (queued >= publisher.max_pending
-                       or publisher._queued_bytes + size > publisher.max_pending_bytes):
+        if not publisher._offer(self, data, size):  # the run routes the bytes (bus.base.Routed)
             return False
-        publisher._queue.append(self)  # what routes the bytes (the run, bus.base.Routed)
-        publisher._encoded.append(data)
-        publisher._count += 1
-        publisher._queued = queued = queued + 1
-        publisher._queued_bytes += size
-        if queued == 1 or queued >= publisher.max_batch:
-            publisher._arrived(queued)
         self.seq = seq
         return True
 
@@ -566,7 +557,7 @@ class Publisher(AsyncResource):
         its bytes), and yield to the loop every ``max_batch / 4`` events."""
         if data is not None:
             await self._wait_for_room(event, len(data), room_timeout)
-            self._append(event, data)
+            self._offer(event, data, len(data), room=True)
         if self._queued % self._yield_every == 0:
             # A caller emitting in a tight loop never yields while there is room: let
             # the flusher send a full batch and the loop take the bus's replies.
@@ -586,27 +577,23 @@ class Publisher(AsyncResource):
         size = len(data)
         if size > envelope.MAX_FRAME_BYTES or event.ext is not None or type(event) in envelope.FREE_FORM:
             envelope.check_encoded(event, data)  # what a worker would dead-letter is refused here
+        return None if self._offer(event, data, size) else data
+
+    def _offer(self, item: Event | Run, data: bytes, size: int, *, room: bool = False) -> bool:
+        """Queue ``data`` (``size`` bytes), routed by ``item``, when the bounds leave room for it
+        (or ``room``: the caller waited for it); False, queuing nothing, when they don't."""
         queued = self._queued
-        if queued and (queued >= self.max_pending or self._queued_bytes + size > self.max_pending_bytes):
-            return data
-        self._queue.append(event)  # as _append does, inlined: this is every emit's path
+        if not room and queued and (queued >= self.max_pending
+                                    or self._queued_bytes + size > self.max_pending_bytes):
+            return False
+        self._queue.append(item)
         self._encoded.append(data)
         self._count += 1
         self._queued = queued = queued + 1
         self._queued_bytes += size
         if queued == 1 or queued >= self.max_batch:
             self._arrived(queued)
-        return None
-
-    def _append(self, event: Event, data: bytes) -> None:
-        self._queue.append(event)
-        self._encoded.append(data)
-        self._count += 1
-        self._queued += 1
-        self._queued_bytes += len(data)
-        queued = self._queued
-        if queued == 1 or queued >= self.max_batch:
-            self._arrived(queued)
+        return True
 
     async def _wait_for_room(self, event: Event, size: int, patience: float | None = None) -> None:
         """Wait until ``event`` fits the bound (one event always fits an empty queue), at most
