@@ -383,10 +383,11 @@ class KafkaPipe:
     restart), ``--workers`` faust workers (``runwire worker`` on ``kafka://``) and
     ``--publishers`` SDK publishers on a scratch directory."""
 
-    def __init__(self, args: argparse.Namespace) -> None:
+    def __init__(self, args: argparse.Namespace, durable: bool = True) -> None:
         self.args = args
         self.work = Path(tempfile.mkdtemp(prefix="runwire-fault-"))
-        self.broker = _test_services().DurableTansu()
+        services = _test_services()
+        self.broker = services.DurableTansu() if durable else services.TansuBroker()
         self.broker.start()
         self.url = self.broker.url
         self.db = self.work / "replay.db"
@@ -414,7 +415,7 @@ class KafkaPipe:
     def restart_broker(self, down_s: float) -> None:
         """SIGKILL the broker and start it again on the same port ``down_s`` later."""
         self.publishing_at_restart = sum(p.poll() is None for p in self.publishers)
-        self.broker.kill()
+        self.broker.kill() if hasattr(self.broker, "kill") else self.broker.close()
         time.sleep(down_s)
         self.broker.start()
 
@@ -441,7 +442,7 @@ class KafkaPipe:
 
     def close(self) -> None:
         stop_processes(self.workers + self.publishers)
-        if self.args.keep:
+        if self.args.keep and hasattr(self.broker, "dir"):
             for name in ("tansu.log", "moto.log"):
                 with contextlib.suppress(OSError):
                     shutil.copy(self.broker.dir / name, self.work / name)
@@ -461,6 +462,22 @@ def kafka_restart(args: argparse.Namespace) -> dict[str, Any]:
         time.sleep(args.restart_after)
         pipe.restart_broker(args.down_s)
         return pipe.finish("kafka-restart", time.monotonic())
+    finally:
+        pipe.close()
+
+
+def kafka_restart_empty(args: argparse.Namespace) -> dict[str, Any]:
+    """As ``kafka-restart``, the broker on ``memory://`` storage: started again empty (no topic,
+    record, group or committed offset). What it had acknowledged and no worker had read is lost
+    with it; the row counts that, and whether everything else arrived once and in order."""
+    pipe = KafkaPipe(args, durable=False)
+    try:
+        pipe.wait_writing()
+        time.sleep(args.restart_after)
+        pipe.restart_broker(args.down_s)
+        row = pipe.finish("kafka-restart-empty", time.monotonic())
+        logs = " ".join(path.read_text() for path in pipe.work.glob("worker*.log"))
+        return row | {"broker_loss_seen_by_workers": logs.count("the broker lost its state;")}
     finally:
         pipe.close()
 
@@ -1095,6 +1112,7 @@ def net_fault(mode: str) -> Callable[[argparse.Namespace], dict[str, Any]]:
 SCENARIOS = {"redis-maxmemory": redis_maxmemory, "redis-restart-aof": redis_restart("aof"),
              "redis-restart-none": redis_restart("none")}
 SCENARIOS["kafka-restart"] = kafka_restart
+SCENARIOS["kafka-restart-empty"] = kafka_restart_empty
 SCENARIOS["edge-kill"] = edge_kill
 SCENARIOS["postgres-restart"] = postgres_outage(2.0)
 SCENARIOS["postgres-down-30s"] = postgres_outage(30.0)

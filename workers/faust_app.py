@@ -45,7 +45,7 @@ from collections import defaultdict
 from pathlib import Path
 from typing import Any
 
-import msgspec
+from prometheus_client import CollectorRegistry
 
 from runwire.bus import DeadLetter, Delivery, open_bus
 from runwire.bus import keys as bus_keys
@@ -58,7 +58,7 @@ from runwire.store import ReplayLog, open_store
 from runwire.workers.faust_partitions import HOLE_IDLE_S, PartitionTracker
 from runwire.workers.faust_seam import Intake, check_faust_version, raise_if_crashed
 from runwire.workers.faust_setup import build_app, build_table, subscribe
-from runwire.workers.runtime import exporting, span_exporter, stop_on_signals
+from runwire.workers.runtime import exporting, serving_pauses, span_exporter, stop_on_signals
 
 log = logging.getLogger("runwire.faust")
 
@@ -70,7 +70,6 @@ INTAKE_LIMIT = 16 * BATCH
 """Fetched events waiting for the worker before faust's consumer stops fetching."""
 BURST_IDLE_S = 2.0
 """``--burst``: stop after this long with nothing new once partitions are assigned."""
-_dead_json = msgspec.json.Encoder()
 DEFAULT_DATA_DIR = Path(".runwire")
 """runwire's data directory (as ``runwire up --data-dir``); faust's goes in ``faust/<group>``."""
 _current_partition: contextvars.ContextVar[int] = contextvars.ContextVar("partition", default=0)
@@ -115,27 +114,26 @@ class FaustWorker:
             first_offset=lambda partition, offset: bus.link.first_offset(
                 self.topic_name, partition, offset),
             confirm_s=max(2 * HOLE_IDLE_S, bus.kafka.request_timeout_ms / 1000),
+            life=bus.link.check_life, losses=lambda: bus.link.losses,
+            on_loss=lambda: self.app.forget_changelog_offsets(),
         )
+        self.app.broker_check = lambda: self.partitions.check_life(ask=True)
         self._forget = False
         self._assigned = False
         self._last_batch = time.monotonic()
         self._first_taken: float | None = None
         self._last_written: float | None = None
-        # the write pipeline (see _consume)
         self._inflight: asyncio.Task[None] | None = None
         self._inflight_runs: frozenset[str] = frozenset()
         self._pending: dict[str, StreamOutput] = {}
         self._pending_shard: dict[str, int] = {}
         self._pending_acks: list[Any] = []
-        self._define()
-
-    def _define(self) -> None:
         subscribe(self.app, self.topic_name, self.bus.shards)
         # faust calls a receiver as receiver(sender, partitions, signal=...)
         self.app.on_partitions_revoked.connect(self._on_revoked)  # type: ignore[arg-type]
         self.app.on_partitions_assigned.connect(self._on_assigned)  # type: ignore[arg-type]
 
-    # ---- the worker loop -------------------------------------------------
+
     async def _consume(self) -> None:
         """Take fetched entries, process them and write them, pipelined, until stop.
 
@@ -305,6 +303,7 @@ class FaustWorker:
         """
         raise_if_crashed(self.app, self.name)
         self._maybe_forget()
+        await self.partitions.check_life(ask=False)
         await self.partitions.rewind_lost_tails()
         highwaters: dict[int, int | None] = {}
         outputs = self.stages.processor.tick(
@@ -316,7 +315,6 @@ class FaustWorker:
                 await self._drain()
                 self._start_write()
 
-    # ---- entries out of order -------------------------------------------
     # ---- faust callbacks ------------------------------------------------
     def _caught_up(self, run_id: str, highwaters: dict[int, int | None]) -> bool:
         """Whether everything in the stream's ingest partition up to its high water was processed."""
@@ -324,6 +322,7 @@ class FaustWorker:
         return partition is None or self.partitions.caught_up(partition, highwaters)
 
     async def _on_revoked(self, sender: Any, revoked: Any, **_: Any) -> None:
+        await self.partitions.check_life(ask=True)  # before the recovery reads the changelog
         self._forget = True
         self.bus.ownership_changed()
 
@@ -332,6 +331,7 @@ class FaustWorker:
         owned = sorted(tp.partition for tp in assigned if tp.topic == self.topic_name)
         log.info("%s owns shards %s", self.name, owned)
         self.partitions.assign(owned)
+        await self.partitions.check_life(ask=True, assigning=True)  # a lost broker lost the group
         self.bus.ownership_changed()
         self._assigned = True
         self._last_batch = time.monotonic()
@@ -389,23 +389,23 @@ class FaustWorker:
 
 
 def run_faust_worker(
-    bus_url: str,
-    store_url: str,
-    *,
+    bus_url: str, store_url: str, *,
     group: str,
     name: str,
     burst: bool = False,
     silence_s: float = DEFAULT_SILENCE_S,
     data_dir: str | Path = DEFAULT_DATA_DIR,
     quiet_s: float = DEFAULT_QUIET_S,
+    metrics: CollectorRegistry | None = None,
 ) -> WorkerStats:
     """``runwire worker --bus kafka://…``: run the faust app until SIGTERM/SIGINT (or idle with burst)."""
-    return asyncio.run(_main(bus_url, store_url, group, name, burst, silence_s, Path(data_dir), quiet_s))
+    return asyncio.run(_main(bus_url, store_url, group, name, burst, silence_s, Path(data_dir),
+                             quiet_s, metrics))
 
 
 async def _main(
     bus_url: str, store_url: str, group: str, name: str, burst: bool, silence_s: float,
-    data_dir: Path, quiet_s: float,
+    data_dir: Path, quiet_s: float, metrics: CollectorRegistry | None,
 ) -> WorkerStats:
     stop = stop_on_signals()
     async with open_bus(bus_url) as bus, open_store(store_url) as store:
@@ -415,5 +415,6 @@ async def _main(
             bus, store, group=group, name=name, silence_s=silence_s, burst=burst, stop=stop,
             data_dir=data_dir, quiet_s=quiet_s,
         )
-        async with exporting(span_exporter(worker.stages, store, name)):  # spans beside it (OTEL_*)
-            return await worker.run()
+        with serving_pauses(worker.stages, metrics):  # spans beside it (OTEL_*)
+            async with exporting(span_exporter(worker.stages, store, name, metrics)):
+                return await worker.run()

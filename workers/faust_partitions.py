@@ -4,7 +4,13 @@ and those the broker has (see :meth:`PartitionTracker.pass_lost_offsets`).
 
 Kept apart from the worker loop (:mod:`runwire.workers.faust_app`): the loop asks
 :meth:`PartitionTracker.accept` for each entry and reports assignments; the
-tracker decides what is in order, what is stale and when to seek back.
+tracker decides what is in order, what is stale and when to seek back, also after
+the broker lost its state (:meth:`PartitionTracker.check_life`).
+
+Longer than ~400 lines: one idea, where the reading of each partition stands. A
+rebalance, a hole faust leaves, a hole the broker has and a broker that lost its
+state all move the same few marks per partition (last processed, start, rewound,
+hole, reborn); split apart, each part would reach into the others' state.
 """
 
 from __future__ import annotations
@@ -53,6 +59,9 @@ class PartitionTracker:
         busy: Callable[[], bool],
         first_offset: Callable[[int, int], Awaitable[int]],
         confirm_s: float,
+        life: Callable[[], Awaitable[int]] | None = None,
+        losses: Callable[[], int] = lambda: 0,
+        on_loss: Callable[[], None] = lambda: None,
     ) -> None:
         self.name = name
         self.topic = topic
@@ -66,7 +75,7 @@ class PartitionTracker:
         start offset - 1)."""
         self.starts: dict[int, asyncio.Future[int | None]] = {}
         self.lookups: set[asyncio.Task[None]] = set()
-        """New partitions' start offsets (committed, else beginning), being looked up."""
+        """New partitions' start offsets (committed, else beginning), being looked up; seeks."""
         self.owned: set[int] = set()
         self.resync: set[int] = set()
         """Retained partitions waiting for the re-read after a rebalance."""
@@ -84,6 +93,20 @@ class PartitionTracker:
         """Partitions being sought back to their first unprocessed offset, and since when."""
         self.lost_by_broker = 0
         """Holes passed because the broker has no record there (:meth:`pass_lost_offsets`)."""
+        self.life = life
+        """Checks the broker's life marker now; the losses of its state found so far."""
+        self.losses = losses
+        """The losses of the broker's state found so far (by any check, producing included)."""
+        self.lives = losses()
+        self.on_loss = on_loss
+        """Called when a loss is seen (the app forgets what it read of its changelog)."""
+        """The losses seen here (:meth:`check_life`)."""
+        self.life_unknown: float | None = None
+        """When a check of the broker's life failed (asked again at a tick), None: it did not."""
+        self.reborn: set[int] = set()
+        """Partitions to read from offset 0 since the broker lost its state (:meth:`check_life`)."""
+        self.reborn_next = False
+        """Whether the partitions of the next assignment are to be read from 0 too."""
 
     async def accept(self, partition: int, offset: int) -> bool:
         """Whether to process an entry now; one that is not is left unacked (read again later)."""
@@ -133,6 +156,11 @@ class PartitionTracker:
             self._forget_hole(partition)
         self.resync = retained & set(self.offsets)
         self.owned = set(owned)
+        if self.reborn_next:
+            self.reborn_next = False
+            self.reborn.update(owned)
+        self.reborn = {p for p in self.reborn if p in self.owned and self.offsets.get(p, -1) < 0}
+        self._read_from_zero(self.reborn)
         fresh = [p for p in owned if p not in self.resync]
         now = time.monotonic()
         for partition in fresh:
@@ -144,6 +172,59 @@ class PartitionTracker:
             self.starts.update(zip(fresh, futures, strict=True))
             self.lookups.add(task := asyncio.create_task(self._lookup_starts(fresh, futures)))
             task.add_done_callback(self.lookups.discard)
+
+    async def check_life(self, ask: bool, assigning: bool = False) -> bool | None:
+        """Read each owned partition again from offset 0 if the broker lost its state; True
+        if that was just seen, None while it can't be told (the broker can't be asked).
+
+        Asked (``ask``) when faust's consumer fetched records after one of its connections
+        closed (before they are handed over) and at each revoke and assignment (a broker
+        that lost its state lost the group too); at each tick only the losses found
+        meanwhile (by the bus's producer) are compared, and a failed check is tried again.
+        The broker's topics were made again empty (:mod:`runwire.bus.kafka_life`): every
+        record there now is new, and an offset carried over from its former life — this
+        tracker's, faust's read offset, a commit faust made to the new broker before the
+        loss was seen — would skip the first of them. So each owned partition counts as
+        processed up to -1: a record past 0 is a hole (:meth:`rewind_over_hole`) and an
+        idle partition a lost tail (:meth:`rewind_lost_tails`), both sought back to 0.
+        What is read twice is dropped by seq; what the broker acknowledged and lost
+        unread is gone with it.
+        """
+        now = time.monotonic()
+        unknown = self.life_unknown
+        if self.life is not None and (ask or (unknown is not None and now - unknown >= HOLE_IDLE_S)):
+            try:
+                await self.life()
+                self.life_unknown = None
+            except BusUnavailable as exc:
+                if unknown is None:
+                    log.warning("%s: cannot check whether the broker lost its state (%s); "
+                                "asking again", self.name, exc)
+                self.life_unknown = now
+                return None
+        if self.losses() == self.lives:
+            return False if self.life_unknown is None else None
+        self.lives = self.losses()
+        log.warning("%s: the broker lost its state; reading ingest partitions %s again from "
+                    "offset 0", self.name, sorted(self.owned))
+        # those owned now, and those of the next assignment unless this is one (the group
+        # was lost with the broker: a rebalance follows, and a partition that comes from a
+        # worker yet to see the loss may have an offset of the former life committed)
+        self.on_loss()
+        self.reborn_next = not assigning
+        self.reborn.update(self.owned)
+        self._read_from_zero(self.owned)
+        return True
+
+    def _read_from_zero(self, partitions: set[int]) -> None:
+        """Count the partitions as processed up to -1 (see :meth:`check_life`)."""
+        now = time.monotonic()
+        for partition in partitions:
+            self.resync.discard(partition)
+            self.rewound.pop(partition, None)
+            self._forget_hole(partition)
+            self.offsets[partition] = -1
+            self.progress[partition] = now
 
     def is_stale(self, partition: int, offset: int) -> bool:
         """An entry taken before a rebalance, now ahead of what the stream resumes from.
@@ -236,7 +317,7 @@ class PartitionTracker:
                 asyncio.wait_for(self.first_offset(partition, offset), CHECK_TIMEOUT_S))
         log.warning("%s: entries of ingest partition %d from offset %d were not delivered; "
                     "seeking back to re-read them", self.name, partition, offset)
-        await self.consumer().seek(TP(self.topic, partition), offset)
+        self._seek(partition, offset)
         return False
 
     def pass_lost_offsets(self, partition: int) -> bool:
@@ -288,7 +369,23 @@ class PartitionTracker:
         self.rewound[partition] = time.monotonic()
         log.info("%s: re-reading ingest partition %d from offset %d, past the hole",
                  self.name, partition, offset)
-        await self.consumer().seek(TP(self.topic, partition), offset)
+        self._seek(partition, offset)
+
+    def _seek(self, partition: int, offset: int) -> None:
+        """Seek in the background, never holding the batch being processed meanwhile.
+
+        A seek waits for faust's consumer thread, which a rebalance holds until every
+        message taken is acked or gone: awaited here, it kept the batch's messages alive
+        and the rebalance waited for the seek (until its timeout, per partition).
+        """
+        seek = self.consumer().seek(TP(self.topic, partition), offset)
+        self.lookups.add(task := asyncio.create_task(seek))
+        task.add_done_callback(self._sought)
+
+    def _sought(self, task: asyncio.Task[None]) -> None:
+        self.lookups.discard(task)
+        if not task.cancelled() and (exc := task.exception()) is not None:
+            log.warning("%s: a seek failed (%r); seeking again if still needed", self.name, exc)
 
     def _forget_hole(self, partition: int) -> None:
         hole = self.holes.pop(partition, None)

@@ -15,8 +15,11 @@ faust-streaming's ``Consumer`` that are not a public API:
 ``_n_acked``, ``_commit_every``  faust's commit-after-N-acks counter
 ``_to_message``, ``_buffered_partitions``, ``_stopped``  as faust's loop uses them
 ``_seek``                      a seek, replaced: on the consumer thread (:meth:`IngestConsumer._seek`)
+``_new_consumer_thread``,      the thread's aiokafka consumer, its client's closed connections counted
+``_create_consumer``, ``_client._on_connection_closed``  (:class:`IngestConsumerThread`)
 ``_thread.call_thread``        runs a call on the thread owning the aiokafka consumer
 ``App._fetcher``               faust's Fetcher service, watched for a crash (:func:`faust_crash`)
+``tables.recovery.*_offsets``  changelog offsets read, forgotten (:meth:`WorkerApp.forget_changelog_offsets`)
 =============================  ===============================================
 
 They were written and tested against the versions in
@@ -31,6 +34,7 @@ import asyncio
 import contextlib
 import logging
 import os
+from collections.abc import Awaitable, Callable
 from typing import Any, cast
 
 import faust
@@ -48,7 +52,7 @@ TESTED_FAUST_VERSIONS = frozenset({"0.15.3"})
 """faust-streaming releases the seam was tested with."""
 UNTESTED_ENVVAR = "RUNWIRE_FAUST_UNTESTED"
 _PRIVATE = ("_drain_messages", "_wait_next_records", "_to_message", "_add_gap",
-            "track_message", "perform_seek", "_seek")
+            "track_message", "perform_seek", "_seek", "_new_consumer_thread")
 SEEK_TIMEOUT_S = 10.0
 """How long a seek may wait for the consumer thread (busy with a fetch or a commit); past it the
 seek is dropped with a warning (the worker seeks again if it still has to)."""
@@ -171,6 +175,13 @@ class IngestConsumer(faust_kafka.Consumer):
     table changelog during recovery) take faust's own path.
     """
 
+    breaks = 0
+    """Connections of the aiokafka consumer's client closed so far."""
+    _breaks_seen = 0
+
+    def _new_consumer_thread(self) -> IngestConsumerThread:
+        return IngestConsumerThread(self, loop=self.loop, beacon=self.beacon)
+
     async def _drain_messages(self, fetcher: Any) -> None:
         intake: Intake | None = getattr(self.app, "intake", None)  # None: not a WorkerApp
         if intake is None:
@@ -208,6 +219,15 @@ class IngestConsumer(faust_kafka.Consumer):
         await asyncio.sleep(0)
         if records is None or self.should_stop:
             return
+        breaks = self.breaks
+        if breaks != self._breaks_seen and app.broker_check is not None:
+            # fetched since a connection closed: from a broker that lost its state? Until that is
+            # known, nothing is handed over (the worker reads what it drops again, as any hole)
+            lost = await app.broker_check()
+            if lost is not None:
+                self._breaks_seen = breaks
+            if lost is not False:
+                return
         if not self.flow_active:
             # as faust's getmany: fetched while the flow was stopped -> back to the commits
             with contextlib.suppress(Exception):
@@ -276,8 +296,15 @@ class IngestConsumer(faust_kafka.Consumer):
         ``seek_wait``), a seek happens between two steps of a fetch there,
         never inside one. A partition no longer assigned (revoked meanwhile)
         has nothing to re-read here: its next owner reads it from the
-        committed offset.
+        committed offset. Nor is one sought during a rebalance (the flow
+        stopped): the rebalance waits for the worker's batch, whose seek would
+        wait for the thread the rebalance holds; faust seeks every partition
+        to its committed offset after it, and the worker seeks again if it
+        still has to.
         """
+        if not self.flow_active:  # a rebalance: its thread is busy, and it seeks to the commits
+            log.info("not seeking %s to offset %d during a rebalance", partition, offset)
+            return
         thread = self._thread
 
         async def seek() -> bool:  # on the thread's loop, between the awaits of a fetch
@@ -295,11 +322,35 @@ class IngestConsumer(faust_kafka.Consumer):
             return
         if not sought:
             log.info("not seeking %s to offset %d: no longer assigned", partition, offset)
+            return
+        committed = self._committed_offset.get(partition)
+        if committed is not None and offset < committed:
+            # Sought below the offset committed: that commit is not of the records there now
+            # (the broker lost its state, :meth:`PartitionTracker.check_life`). Faust would
+            # track no ack below it, so commit nothing for them: start its accounting again.
+            for accounting in (self._acked, self._acked_index, self._gap, self._committed_offset):
+                accounting.pop(partition, None)
 
     async def _maybe_commit(self) -> None:
         if self._commit_every is not None and self._n_acked >= self._commit_every:
             self._n_acked = 0
             await self.commit()
+
+
+class IngestConsumerThread(faust_kafka.AIOKafkaConsumerThread):
+    """Faust's consumer thread, counting its aiokafka client's closed connections."""
+
+    def _create_consumer(self, loop: asyncio.AbstractEventLoop) -> Any:
+        consumer = super()._create_consumer(loop)
+        client, owner = consumer._client, cast(IngestConsumer, self.consumer)
+        closed = client._on_connection_closed
+
+        def on_closed(conn: Any, reason: Any) -> None:  # on the thread: an int's increment
+            owner.breaks += 1
+            closed(conn, reason)
+
+        client._on_connection_closed = on_closed  # before any connection is made (each takes it)
+        return consumer
 
 
 class IngestTransport(faust_kafka.Transport):
@@ -311,6 +362,22 @@ class WorkerApp(faust.App):
 
     intake: Intake | None = None
     ingest_topic: str = ""
+    broker_check: Callable[[], Awaitable[bool | None]] | None = None
+    """Asked before records fetched after a closed connection are handed over: whether the broker
+    lost its state (then they are dropped), None while that can't be told (dropped too)."""
 
     def _new_transport(self) -> Any:
         return IngestTransport(self.conf.broker_consumer, self)
+
+    def forget_changelog_offsets(self) -> None:
+        """Forget how far the table recovery read each changelog partition.
+
+        A broker that lost its state made the changelog again, empty: an offset of its
+        former life past the new high water is a ``ConsistencyError`` that crashes the app
+        at the next recovery. Called at the revoke that follows the loss, before the
+        recovery builds the next assignment's offsets.
+        """
+        recovery = cast(Any, self.tables).recovery
+        for offsets in (recovery.active_offsets, recovery.standby_offsets,
+                        recovery.active_highwaters, recovery.standby_highwaters):
+            offsets.clear()

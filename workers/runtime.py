@@ -8,6 +8,7 @@ until a stop (or, with ``burst``, until idle), then leaves the group.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import os
 import signal
 import time
@@ -60,6 +61,19 @@ class PauseMetrics(Collector):
         yield retried
 
 
+@contextlib.contextmanager
+def serving_pauses(stages: Stages, metrics: CollectorRegistry | None) -> Iterator[None]:
+    """``stages``' pauses in ``metrics`` (:class:`PauseMetrics`) while in the block (either runtime)."""
+    pauses = PauseMetrics(stages.outage)
+    if metrics is not None:
+        metrics.register(pauses)
+    try:
+        yield
+    finally:
+        if metrics is not None:
+            metrics.unregister(pauses)
+
+
 def span_exporter(
     stages: Stages, store: ReplayLog, name: str, metrics: CollectorRegistry | None = None
 ) -> SpanExporter | None:
@@ -101,15 +115,11 @@ async def run_worker(
     )
     worker = ConsumerLoop(consumer, stages)
     started = time.monotonic()
-    pauses = PauseMetrics(stages.outage)
-    if metrics is not None:
-        metrics.register(pauses)
     try:
-        async with exporting(span_exporter(stages, store, name, metrics)):
-            await worker.loop(batch=batch, tick_s=tick_s, burst=burst)
+        with serving_pauses(stages, metrics):
+            async with exporting(span_exporter(stages, store, name, metrics)):
+                await worker.loop(batch=batch, tick_s=tick_s, burst=burst)
     finally:
-        if metrics is not None:
-            metrics.unregister(pauses)
         await consumer.close()
         stages.stats.seconds = time.monotonic() - started
     return stages.finish_stats()

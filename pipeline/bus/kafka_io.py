@@ -156,6 +156,19 @@ class KafkaLink:
                 self.losses += 1
             self._checked = breaks
 
+    async def check_life(self) -> int:
+        """Ask :attr:`lost` now, whatever the connections did; the losses found so far.
+
+        Raises BusUnavailable when the broker can't be asked.
+        """
+        if self.lost is not None:
+            async with self._check_lock:
+                breaks = self.breaks
+                if await self.lost():
+                    self.losses += 1
+                self._checked = breaks
+        return self.losses
+
     async def start(self) -> None:
         producer = AIOKafkaProducer(
             bootstrap_servers=self.bootstrap,

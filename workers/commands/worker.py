@@ -84,6 +84,7 @@ def worker(
     if os.environ.get("RUNWIRE_DEBUG"):
         logging.getLogger("runwire").setLevel(logging.DEBUG)
     tune_gc()
+    metrics = serve_metrics(metrics_addr)
     if bus.startswith("kafka://"):
         from runwire.workers.faust_app import run_faust_worker
         from runwire.workers.faust_seam import FaustCrashed
@@ -91,16 +92,17 @@ def worker(
         try:
             with contextlib.ExitStack() as stack:
                 if not burst:
-                    stack.enter_context(deliveries(store, allow_private=webhooks_allow_private))
+                    stack.enter_context(deliveries(store, allow_private=webhooks_allow_private,
+                                                   registry=metrics))
                 stats = run_faust_worker(
                     bus, store, group=group, name=name, burst=burst, silence_s=silence_s,
-                    data_dir=data_dir, quiet_s=quiet_ms / 1000,
+                    data_dir=data_dir, quiet_s=quiet_ms / 1000, metrics=metrics,
                 )
         except FaustCrashed as exc:  # one error line, exit status 1: a supervisor restarts it
             raise click.ClickException(str(exc)) from exc
     else:
         stats = asyncio.run(_run(bus, store, group, name, burst, silence_s, quiet_ms / 1000, claim_idle_ms,
-                                 webhooks_allow_private, serve_metrics(metrics_addr)))
+                                 webhooks_allow_private, metrics))
     sys.stdout.write(msgspec.json.encode(stats).decode() + "\n")
 
 
