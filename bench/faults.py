@@ -56,6 +56,7 @@ import asyncio
 import contextlib
 import json
 import os
+import re
 import shutil
 import signal
 import socket
@@ -90,6 +91,7 @@ async def main(url: str, first: int, count: int, deltas: int, pause: float) -> N
         for run in runs:
             await run.emit("run.lifecycle", {"state": "running"})
         for k in range(deltas):
+            sys.stderr.write(f"round {k} {time.monotonic()}\n")  # CLOCK_MONOTONIC: one per machine
             for run in runs:
                 await run.emit("text.delta", {"text": f"d{k} "})
             if pause:
@@ -349,19 +351,26 @@ def count_deltas(runs_texts: list[list[str]], deltas: int) -> dict[str, int]:
     return {"missing": missing, "doubled": doubled, "runs_out_of_order": disordered}
 
 
-def resumed_tally(url: str, runs: int, deltas: int) -> dict[str, int]:
+def resumed_tally(url: str, runs: int, deltas: int, store_url: str | None = None) -> dict[str, int]:
     """What a client resuming each run from its start reads now, through a new bus (a new edge
     process: the Kafka hot tier rebuilt from the delivery topic): deltas missing, doubled, out of
-    order, and ``x.gap`` events (a seq hole a worker saw)."""
+    order, and ``x.gap`` events (a seq hole a worker saw). With ``store_url``, as an edge reads it
+    (:func:`runwire.edge.resume.history`): what the hot tier no longer has from the replay log."""
     from runwire.bus import open_bus
+    from runwire.edge.resume import history
 
     async def read() -> tuple[list[list[str]], int]:
         out: list[list[str]] = []
         gaps = 0
         deadline = time.monotonic() + 60  # the replay log is written before the delivery streams
-        async with open_bus(url) as bus:
+        async with open_bus(url) as bus, contextlib.AsyncExitStack() as stack:
+            store = await stack.enter_async_context(open_store(store_url)) if store_url else None
             for index in range(runs):
                 events: list[Any] = []
+                info = await store.run(f"fault-{index}") if store is not None else None
+                if store is not None and info is not None:
+                    async for _, chunk in history(bus, store, (f"fault-{index}", "raw"), 0, info.last_seq):
+                        events += chunk
                 while not (events and events[-1].type == "run.lifecycle" and events[-1].payload.state == "done"):
                     batch = await bus.read((f"fault-{index}", "raw"), events[-1].seq if events else 0)
                     if not batch and time.monotonic() > deadline:
@@ -387,6 +396,7 @@ class KafkaPipe:
         self.args = args
         self.work = Path(tempfile.mkdtemp(prefix="runwire-fault-"))
         services = _test_services()
+        self.durable = durable
         self.broker = services.DurableTansu() if durable else services.TansuBroker()
         self.broker.start()
         self.url = self.broker.url
@@ -399,6 +409,7 @@ class KafkaPipe:
         self.total = self.share * args.publishers
         self.publishers = start_publishers(self.url, self.work, args, self.share)
         self.publishing_at_restart = 0
+        self.back_at = 0.0
 
     def wait_writing(self, timeout: float = 120) -> None:
         """Until the workers have written a run to the replay log (they joined their group)."""
@@ -418,6 +429,7 @@ class KafkaPipe:
         self.broker.kill() if hasattr(self.broker, "kill") else self.broker.close()
         time.sleep(down_s)
         self.broker.start()
+        self.back_at = time.monotonic()
 
     def finish(self, fault: str, since: float) -> dict[str, Any]:
         """Wait for the publishers and every run's end; the row, with recovery counted from
@@ -434,7 +446,8 @@ class KafkaPipe:
         return {"fault": fault, "publishers_exit": codes, "runs": self.total,
                 "ended": ended_runs(self.db, self.total), "events_published": self.total * (self.args.deltas + 2),
                 "recovery_s": round(recovery, 1), **counts,
-                **resumed_tally(self.url, self.total, self.args.deltas),
+                **resumed_tally(self.url, self.total, self.args.deltas,
+                                None if self.durable else f"sqlite:///{self.db}"),
                 "publisher_pauses": logs["publisher"].count("paused:"),
                 "worker_pauses": logs["worker"].count("paused:"),
                 "hot_tier_lost_logged": logs["worker"].count("hot tier lost"),
@@ -466,6 +479,28 @@ def kafka_restart(args: argparse.Namespace) -> dict[str, Any]:
         pipe.close()
 
 
+def missing_after(pipe: KafkaPipe, since: float) -> int:
+    """Deltas missing from the replay log whose publishing round began after ``since`` (the
+    publishers log each round's start, monotonic clock)."""
+    starts: list[dict[int, float]] = []
+    for p in range(len(pipe.publishers)):
+        text = (pipe.work / f"publisher{p}.log").read_text()
+        starts.append({int(k): float(t) for k, t in re.findall(r"^round (\d+) ([\d.]+)$", text, re.M)})
+
+    async def read() -> int:
+        missing = 0
+        async with open_store(f"sqlite:///{pipe.db}") as store:
+            for index in range(pipe.total):
+                events = await store.read(f"fault-{index}", 0, None)  # type: ignore[attr-defined]
+                texts = {e.payload.text for e in events if e.type == "text.delta"}
+                rounds = starts[index // pipe.share]
+                missing += sum(1 for k in range(pipe.args.deltas)
+                               if f"d{k} " not in texts and rounds.get(k, 0.0) > since)
+        return missing
+
+    return asyncio.run(read())
+
+
 def kafka_restart_empty(args: argparse.Namespace) -> dict[str, Any]:
     """As ``kafka-restart``, the broker on ``memory://`` storage: started again empty (no topic,
     record, group or committed offset). What it had acknowledged and no worker had read is lost
@@ -477,7 +512,8 @@ def kafka_restart_empty(args: argparse.Namespace) -> dict[str, Any]:
         pipe.restart_broker(args.down_s)
         row = pipe.finish("kafka-restart-empty", time.monotonic())
         logs = " ".join(path.read_text() for path in pipe.work.glob("worker*.log"))
-        return row | {"broker_loss_seen_by_workers": logs.count("the broker lost its state;")}
+        return row | {"broker_loss_seen_by_workers": logs.count("the broker lost its state;"),
+                      "missing_emitted_after_restart": missing_after(pipe, pipe.back_at)}
     finally:
         pipe.close()
 

@@ -19,9 +19,6 @@
 * **Output**: delivery events through :class:`~runwire.bus.kafka.KafkaBus`
   (``<prefix>.delivery``) and the replay log, in the order the consumer-group
   runtime uses (log → shaped → raw with checkpoint), then the table.
-* **Pipelining**: as in the consumer-group runtime, batch N+1 is processed
-  while batch N is written, and batches processed meanwhile are merged into
-  the next write; writes keep batch order.
 * **Offsets**: an entry is acked to faust's consumer only after its batch's
   writes; faust commits acked offsets after flushing its producer (table
   changelog), so a committed offset never runs ahead of the checkpoint and
@@ -315,7 +312,6 @@ class FaustWorker:
                 await self._drain()
                 self._start_write()
 
-    # ---- faust callbacks ------------------------------------------------
     def _caught_up(self, run_id: str, highwaters: dict[int, int | None]) -> bool:
         """Whether everything in the stream's ingest partition up to its high water was processed."""
         partition = self._shard_of.get(run_id)
@@ -342,7 +338,6 @@ class FaustWorker:
             self.stages.processor.forget_all()
             self._shard_of.clear()
 
-    # ---- stages hooks -----------------------------------------------------
     async def _load_state(self, run_id: str) -> bytes | None:
         shard = self._shard_of.get(run_id, _current_partition.get())
         self._shard_of.setdefault(run_id, shard)
@@ -358,17 +353,20 @@ class FaustWorker:
         )
         await self.bus.send_dead_letter(dead)
 
-    # ---- running ------------------------------------------------------------
     async def run(self) -> WorkerStats:
         """Start the app, run until stop, write what was processed, stop the app."""
         started = time.monotonic()
         check_faust_version()
         (self.data_dir / "faust").mkdir(parents=True, exist_ok=True)
-        await self.app.start()
+        # faust's start waits for its table recovery (for ever, the broker gone): a stop ends both
+        starting = asyncio.create_task(self.app.start())
         consuming = asyncio.create_task(self._consume(), name="runwire-faust-worker")
         stopping = asyncio.create_task(self.stop.wait())
         try:
-            await asyncio.wait({consuming, stopping}, return_when=asyncio.FIRST_COMPLETED)
+            await asyncio.wait({starting, consuming, stopping}, return_when=asyncio.FIRST_COMPLETED)
+            if starting.done():  # started (or raises what failed the start): now until a stop
+                starting.result()
+                await asyncio.wait({consuming, stopping}, return_when=asyncio.FIRST_COMPLETED)
             self.stop.set()
             await consuming  # writes what was processed; raises what stopped it early
         except Exception:
@@ -379,7 +377,9 @@ class FaustWorker:
             consuming.cancel()
             self.partitions.stop()
             self.intake.clear()  # not processed: not acked, read again by the next owner
-            await self.app.stop()
+            await self.app.stop()  # a start still waiting for the recovery returns
+            with contextlib.suppress(Exception, asyncio.CancelledError):
+                await asyncio.wait_for(starting, 10.0)
             self.stages.stats.seconds = time.monotonic() - started
             self.stages.stats.broker_holes = self.partitions.lost_by_broker
             if self._first_taken is not None and self._last_written is not None:

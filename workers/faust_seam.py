@@ -38,7 +38,7 @@ from collections.abc import Awaitable, Callable
 from typing import Any, cast
 
 import faust
-from aiokafka.errors import IllegalStateError
+from aiokafka.errors import IllegalStateError, KafkaError
 from faust.transport.consumer import CONSUMER_FETCHING
 from faust.transport.drivers import aiokafka as faust_kafka
 from faust.types import TP
@@ -351,6 +351,19 @@ class IngestConsumerThread(faust_kafka.AIOKafkaConsumerThread):
 
         client._on_connection_closed = on_closed  # before any connection is made (each takes it)
         return consumer
+
+    async def on_thread_stop(self) -> None:
+        """Stop the consumer, even when the broker is gone.
+
+        aiokafka's fetcher, closed while a fetch waits out its retry backoff, raises the
+        ``CancelledError`` of its own cancelled task out of ``stop``; out of the thread's
+        stop it killed the thread before it said it had stopped, and the worker, SIGTERMed,
+        waited for it for ever.
+        """
+        try:
+            await super().on_thread_stop()
+        except (asyncio.CancelledError, KafkaError, OSError) as exc:
+            log.warning("faust's consumer stopped with an error (%r); going on", exc)
 
 
 class IngestTransport(faust_kafka.Transport):

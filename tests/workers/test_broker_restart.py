@@ -7,6 +7,7 @@ topics, records and committed offsets outlive the restart. The last test's is Ta
 
 from __future__ import annotations
 
+import signal
 import subprocess
 import uuid
 from collections.abc import Iterator
@@ -211,14 +212,41 @@ async def test_a_faust_worker_rides_out_a_broker_restarted_empty(tmp_path: Path)
             assert worker.poll() is None, log[-3000:]
             assert "the broker lost its state; reading ingest partitions" in log, name
     finally:
-        kill_all(workers)
-        for worker in workers:
-            try:
-                worker.wait(5)
-            except subprocess.TimeoutExpired:
-                pass
+        _stop(workers)
         broker.close()
 
 
 async def _count(store: Any, run_id: str, count: int) -> bool:
     return len(await store.read(run_id, 0, None)) >= count
+
+
+@pytest.mark.slow
+async def test_a_faust_worker_stops_on_sigterm_while_the_broker_is_gone(tmp_path: Path) -> None:
+    """SIGTERM a `runwire worker` (faust) whose broker is down: it stops and exits 0. (aiokafka's
+    fetcher, closed during a fetch's retry backoff, raised a CancelledError out of the consumer
+    thread's stop; the thread died without saying it had stopped and the worker waited for it.)"""
+    broker = TansuBroker()
+    broker.start()
+    prefix = f"t{uuid.uuid4().hex[:8]}"
+    log = tmp_path / "w0.log"
+    worker = start_worker(f"{broker.url}?prefix={prefix}&session_timeout_ms=2000",
+                          f"sqlite:///{tmp_path}/replay.db", "w0", tmp_path, f"{prefix}-g")
+    try:
+        await until(lambda: "owns shards" in log.read_text(), within=60)
+        broker.close()
+        await until(lambda: "Connect call failed" in log.read_text(), within=30)
+        worker.send_signal(signal.SIGTERM)
+        await until(lambda: worker.poll() is not None, within=60)
+        assert worker.returncode == 0, log.read_text()[-3000:]
+    finally:
+        kill_all([worker])
+        broker.close()
+
+
+def _stop(workers: list[subprocess.Popen[bytes]]) -> None:
+    kill_all(workers)
+    for worker in workers:
+        try:
+            worker.wait(5)
+        except subprocess.TimeoutExpired:
+            pass

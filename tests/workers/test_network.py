@@ -29,7 +29,7 @@ from runwire.store import open_store
 from tests.events import event
 from tests.services import RedisServer
 from tests.waiting import until
-from tests.workers.checks import assert_delivered_exactly_once, run_tree
+from tests.workers.checks import assert_delivered_exactly_once, read_all, run_tree
 from tests.workers.netns import HINT, NetNs
 
 WORKER = [sys.executable, "-c", "from runwire.workers.cli import main; main()", "worker"]
@@ -80,14 +80,7 @@ def workers(netns: NetNs, redis_on_both: RedisServer, tmp_path: Path) -> Iterato
     try:
         yield procs
     finally:
-        for proc in procs:
-            proc.terminate()
-        for proc in procs:
-            try:
-                proc.wait(30)
-            except subprocess.TimeoutExpired:
-                proc.kill()
-                proc.wait()
+        _stop(procs)
 
 
 def bus_url(netns: NetNs, redis: RedisServer, worker: int) -> str:
@@ -192,6 +185,73 @@ async def test_a_lease_lost_and_taken_back_between_two_looks_is_still_told(own_r
         finally:
             await consumer.close()
             await admin.aclose()
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize(("delay_s", "stall_p"), [(0.2, 0.0), (0.0, 0.05)], ids=["200ms", "5%-lost"])
+async def test_workers_behind_a_slow_or_lossy_link_lose_double_and_reorder_nothing(
+    own_redis: RedisServer, tmp_path: Path, delay_s: float, stall_p: float
+) -> None:
+    """Two `runwire worker`s reach Redis only through a TCP proxy that delays every chunk 200 ms
+    each way, or holds 5 % of the chunks 200 ms longer (a lost segment's retransmission: this
+    kernel has no ``sch_netem``), while runs are published straight to Redis: every event is in
+    the replay log and on the hot tier once, in order, and both workers are still running."""
+    from tests.workers.netns import DelayProxy
+
+    store_url = f"sqlite:///{tmp_path / 'replay.db'}"
+    per_tree, ancestry = trees(4, deltas=60)
+    with DelayProxy(own_redis.port, delay_s=delay_s, stall_p=stall_p, stall_s=0.2) as proxy:
+        procs = _spawn(f"redis://127.0.0.1:{proxy.port}/0?{OPTIONS}", store_url, tmp_path)
+        try:
+            async with open_bus(f"{own_redis.url}?{OPTIONS}") as bus, open_store(store_url) as store:
+                for index in range(0, max(len(e) for e in per_tree), 20):
+                    await bus.publish([e for events in per_tree for e in events[index:index + 20]])
+
+                async def all_ended() -> bool:
+                    infos = await store.runs_by_id(list(ancestry))
+                    return len(infos) == len(ancestry) and all(i.terminal for i in infos.values())
+
+                await until(all_ended, within=120, what="every run ended in the log")
+
+                async def hot_ended() -> bool:  # the log is written first, the delivery streams after
+                    for events in per_tree:
+                        raw = await read_all(bus, events[-1].run_id)
+                        if not raw or raw[-1].id != events[-1].id:
+                            return False
+                    return True
+
+                await until(hot_ended, within=60, what="every root stream ended on the hot tier")
+                for events in per_tree:
+                    tree = {e.run_id for e in events}
+                    await assert_delivered_exactly_once(bus, store, events,
+                                                        {r: a for r, a in ancestry.items() if r in tree})
+            logs = [(tmp_path / f"w{n}.log").read_text() for n in range(2)]
+            assert [p.poll() for p in procs] == [None, None], [log[-2000:] for log in logs]
+            assert proxy.chunks > 0 and (stall_p == 0 or proxy.stalls > 0)
+        finally:
+            _stop(procs)
+
+
+def _spawn(bus_url: str, store_url: str, tmp_path: Path) -> list[subprocess.Popen[bytes]]:
+    """Workers ``w0`` and ``w1`` on the host, their logs ``w0.log``, ``w1.log`` in ``tmp_path``."""
+    procs = []
+    for n in range(2):
+        with (tmp_path / f"w{n}.log").open("w") as log:
+            procs.append(subprocess.Popen(
+                WORKER + ["--bus", bus_url, "--store", store_url, "--name", f"w{n}",
+                          "--data-dir", str(tmp_path)], stdout=subprocess.DEVNULL, stderr=log))
+    return procs
+
+
+def _stop(procs: list[subprocess.Popen[bytes]]) -> None:
+    for proc in procs:
+        proc.terminate()
+    for proc in procs:
+        try:
+            proc.wait(30)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            proc.wait()
 
 
 def owned(log: Path) -> set[int]:
