@@ -112,9 +112,9 @@ class FaustWorker:
                 self.topic_name, partition, offset),
             confirm_s=max(2 * HOLE_IDLE_S, bus.kafka.request_timeout_ms / 1000),
             life=bus.link.check_life, losses=lambda: bus.link.losses,
-            on_loss=lambda: self.app.forget_changelog_offsets(),
+            on_loss=lambda: self.app.forget_changelog_offsets(), outage=self.stages.outage,
         )
-        self.app.broker_check = lambda: self.partitions.check_life(ask=True)
+        self.app.broker_check = lambda: self.partitions.check_life(ask=False)
         self._forget = False
         self._assigned = False
         self._last_batch = time.monotonic()

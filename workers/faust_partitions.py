@@ -24,7 +24,7 @@ from faust.types import TP, ConsumerT
 from redis.backoff import ConstantBackoff
 
 from runwire.core.errors import BusUnavailable
-from runwire.core.retry import Retry
+from runwire.core.retry import Outage, Retry
 
 log = logging.getLogger("runwire.faust")
 
@@ -62,6 +62,7 @@ class PartitionTracker:
         life: Callable[[], Awaitable[int]] | None = None,
         losses: Callable[[], int] = lambda: 0,
         on_loss: Callable[[], None] = lambda: None,
+        outage: Outage | None = None,
     ) -> None:
         self.name = name
         self.topic = topic
@@ -98,7 +99,11 @@ class PartitionTracker:
         self.losses = losses
         """The losses of the broker's state found so far (by any check, producing included)."""
         self.lives = losses()
+        self.breaks_seen = 0
+        """Those closed before the last check of the broker's life that got an answer."""
         self.on_loss = on_loss
+        self.outage = outage
+        """Where a broker that can't be asked pauses the worker (its log line and metric)."""
         """Called when a loss is seen (the app forgets what it read of its changelog)."""
         """The losses seen here (:meth:`check_life`)."""
         self.life_unknown: float | None = None
@@ -177,10 +182,12 @@ class PartitionTracker:
         """Read each owned partition again from offset 0 if the broker lost its state; True
         if that was just seen, None while it can't be told (the broker can't be asked).
 
-        Asked (``ask``) when faust's consumer fetched records after one of its connections
-        closed (before they are handed over) and at each revoke and assignment (a broker
-        that lost its state lost the group too); at each tick only the losses found
-        meanwhile (by the bus's producer) are compared, and a failed check is tried again.
+        The broker is asked after one of faust's consumer's connections closed (at the
+        next fetch, before what it fetched is handed over, or the next tick), at each
+        revoke and assignment (``ask``: a broker that lost its state lost the group too),
+        and again every 2 s while it can't be; otherwise only the losses found meanwhile
+        (by the bus's producer) are compared. While it can't be asked the worker is
+        paused (``outage``: one log line, the metric) and nothing fetched is handed over.
         The broker's topics were made again empty (:mod:`runwire.bus.kafka_life`): every
         record there now is new, and an offset carried over from its former life — this
         tracker's, faust's read offset, a commit faust made to the new broker before the
@@ -191,13 +198,22 @@ class PartitionTracker:
         unread is gone with it.
         """
         now = time.monotonic()
-        unknown = self.life_unknown
-        if self.life is not None and (ask or (unknown is not None and now - unknown >= HOLE_IDLE_S)):
+        unknown, breaks = self.life_unknown, int(getattr(self.consumer(), "breaks", 0))
+        if unknown is None and breaks != self.breaks_seen:
+            ask = True  # the consumer lost a connection since: to a broker that lost its state?
+        elif unknown is not None and now - unknown >= HOLE_IDLE_S:
+            ask = True
+        if self.life is not None and ask:
             try:
                 await self.life()
                 self.life_unknown = None
+                self.breaks_seen = breaks
+                if self.outage is not None:
+                    self.outage.ended(self, succeeded=True)
             except BusUnavailable as exc:
-                if unknown is None:
+                if self.outage is not None:  # one line (``paused: bus unavailable``) and the metric
+                    self.outage.failed(self, exc)
+                elif unknown is None:
                     log.warning("%s: cannot check whether the broker lost its state (%s); "
                                 "asking again", self.name, exc)
                 self.life_unknown = now

@@ -177,7 +177,6 @@ class IngestConsumer(faust_kafka.Consumer):
 
     breaks = 0
     """Connections of the aiokafka consumer's client closed so far."""
-    _breaks_seen = 0
 
     def _new_consumer_thread(self) -> IngestConsumerThread:
         return IngestConsumerThread(self, loop=self.loop, beacon=self.beacon)
@@ -217,17 +216,14 @@ class IngestConsumer(faust_kafka.Consumer):
         app = cast(WorkerApp, self.app)
         records, active = await self._wait_next_records(1.0)
         await asyncio.sleep(0)
-        if records is None or self.should_stop:
+        if self.should_stop:
             return
-        breaks = self.breaks
-        if breaks != self._breaks_seen and app.broker_check is not None:
-            # fetched since a connection closed: from a broker that lost its state? Until that is
-            # known, nothing is handed over (the worker reads what it drops again, as any hole)
-            lost = await app.broker_check()
-            if lost is not None:
-                self._breaks_seen = breaks
-            if lost is not False:
-                return
+        if app.broker_check is not None and await app.broker_check() is not False:
+            # fetched since a connection closed, from a broker that lost its state (or one that
+            # can't be asked): nothing is handed over (the worker reads it again, as any hole)
+            return
+        if records is None:
+            return
         if not self.flow_active:
             # as faust's getmany: fetched while the flow was stopped -> back to the commits
             with contextlib.suppress(Exception):
@@ -376,8 +372,9 @@ class WorkerApp(faust.App):
     intake: Intake | None = None
     ingest_topic: str = ""
     broker_check: Callable[[], Awaitable[bool | None]] | None = None
-    """Asked before records fetched after a closed connection are handed over: whether the broker
-    lost its state (then they are dropped), None while that can't be told (dropped too)."""
+    """Asked after each fetch, before its records are handed over: whether the broker lost its
+    state since a connection closed (then they are dropped), None while that can't be told
+    (dropped too); False (the common case, no request) hands them over."""
 
     def _new_transport(self) -> Any:
         return IngestTransport(self.conf.broker_consumer, self)

@@ -19,6 +19,7 @@ are dropped by seq where the records are read).
 
 from __future__ import annotations
 
+import asyncio
 import logging
 import uuid
 from collections.abc import Awaitable, Callable
@@ -47,7 +48,9 @@ class LifeMarker:
         metadata = await guard("metadata", self.link.producer.client.fetch_all_metadata())
         if not metadata.partitions_for_topic(self.topic):
             return None
-        last = await self.link.last_records(self.topic, [0])
+        # a reader's position can wait for ever on a broker gone meanwhile
+        timeout = self.link.options.request_timeout_ms / 1000 + 5
+        last = await guard("read", asyncio.wait_for(self.link.last_records(self.topic, [0]), timeout))
         record = last.get(0)
         return None if record is None else bytes(record.value)
 

@@ -222,19 +222,30 @@ async def _count(store: Any, run_id: str, count: int) -> bool:
 
 @pytest.mark.slow
 async def test_a_faust_worker_stops_on_sigterm_while_the_broker_is_gone(tmp_path: Path) -> None:
-    """SIGTERM a `runwire worker` (faust) whose broker is down: it stops and exits 0. (aiokafka's
-    fetcher, closed during a fetch's retry backoff, raised a CancelledError out of the consumer
-    thread's stop; the thread died without saying it had stopped and the worker waited for it.)"""
+    """A `runwire worker` (faust) whose broker is down pauses — one `paused: bus unavailable`
+    line, `runwire_worker_paused{part="bus",reason="unavailable"}` 1 — and, SIGTERMed, stops and
+    exits 0. (It said nothing of its own; and aiokafka's fetcher, closed during a fetch's retry
+    backoff, raised a CancelledError out of the consumer thread's stop: the thread died without
+    saying it had stopped and the worker waited for it for ever.)"""
     broker = TansuBroker()
     broker.start()
     prefix = f"t{uuid.uuid4().hex[:8]}"
     log = tmp_path / "w0.log"
+    metrics = free_port()
     worker = start_worker(f"{broker.url}?prefix={prefix}&session_timeout_ms=2000",
-                          f"sqlite:///{tmp_path}/replay.db", "w0", tmp_path, f"{prefix}-g")
+                          f"sqlite:///{tmp_path}/replay.db", "w0", tmp_path, f"{prefix}-g",
+                          "--metrics-addr", f"127.0.0.1:{metrics}")
     try:
         await until(lambda: "owns shards" in log.read_text(), within=60)
         broker.close()
-        await until(lambda: "Connect call failed" in log.read_text(), within=30)
+        paused = 'runwire_worker_paused{part="bus",reason="unavailable"} 1.0'
+
+        async def says_paused() -> bool:
+            async with httpx.AsyncClient() as http:
+                return paused in (await http.get(f"http://127.0.0.1:{metrics}/metrics")).text
+
+        await until(says_paused, within=30)
+        assert log.read_text().count("paused: bus unavailable") == 1
         worker.send_signal(signal.SIGTERM)
         await until(lambda: worker.poll() is not None, within=60)
         assert worker.returncode == 0, log.read_text()[-3000:]
