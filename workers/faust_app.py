@@ -147,12 +147,12 @@ class FaustWorker:
         try:
             while not self.stop.is_set():
                 if intake.messages:
-                    messages = intake.take(TAKE)
                     self._last_batch = time.monotonic()
                     if self._first_taken is None:
                         self._first_taken = self._last_batch
                     self._maybe_forget()
-                    pending_entries += await self._process(messages)
+                    # no reference kept: a rebalance waits until each message is acked or gone
+                    pending_entries += await self._process(intake.take(TAKE))
                     inflight_done = self._inflight is None or self._inflight.done()
                     if inflight_done or pending_entries >= PENDING_ENTRIES:
                         await self._drain()

@@ -152,9 +152,16 @@ class KafkaLink:
             breaks = self.breaks
             if self._checked == breaks:
                 return
-            if await self.lost():
+            if await self._ask_life():
                 self.losses += 1
             self._checked = breaks
+
+    async def _ask_life(self) -> bool:
+        """:attr:`lost`, within a deadline (its metadata, reads and topic creations each have
+        one, but a client's wait for a broker gone midway may not): BusUnavailable past it."""
+        assert self.lost is not None
+        deadline = 3 * self.options.request_timeout_ms / 1000
+        return await guard("life marker check", asyncio.wait_for(self.lost(), deadline))
 
     async def check_life(self) -> int:
         """Ask :attr:`lost` now, whatever the connections did; the losses found so far.
@@ -164,7 +171,7 @@ class KafkaLink:
         if self.lost is not None:
             async with self._check_lock:
                 breaks = self.breaks
-                if await self.lost():
+                if await self._ask_life():
                     self.losses += 1
                 self._checked = breaks
         return self.losses

@@ -129,15 +129,11 @@ async def test_what_a_publisher_emits_after_a_broker_restarted_empty_is_stored(t
     url = f"{broker.url}?prefix={prefix}"
     try:
         async with Publisher.connect(url, delivery_timeout=120) as pub:
-            before = [pub.run(f"{prefix}-a{i}") for i in range(RUNS)]
-            for run in before:
-                await run.emit("run.lifecycle", {"state": "running"})
+            await _begin(pub, f"{prefix}-a")
             await pub.flush()
             broker.close()
             broker.start()  # empty: no topic, record or committed offset
-            after = [pub.run(f"{prefix}-b{i}") for i in range(RUNS)]
-            for run in after:
-                await run.emit("run.lifecycle", {"state": "running"})
+            after = await _begin(pub, f"{prefix}-b")
             for k in range(DELTAS):
                 for run in after:
                     await run.emit("text.delta", {"text": f"d{k} "})
@@ -181,9 +177,7 @@ async def test_a_faust_worker_rides_out_a_broker_restarted_empty(tmp_path: Path)
     try:
         await wait_sharing(tmp_path, ["w0", "w1"], 60, shards=16)
         async with Publisher.connect(url, delivery_timeout=120) as pub, open_store(store_url) as store:
-            before = [pub.run(f"{prefix}-a{i}") for i in range(RUNS)]
-            for run in before:
-                await run.emit("run.lifecycle", {"state": "running"})
+            before = await _begin(pub, f"{prefix}-a")
             for k in range(100):
                 for run in before:
                     await run.emit("text.delta", {"text": f"d{k} "})
@@ -192,9 +186,7 @@ async def test_a_faust_worker_rides_out_a_broker_restarted_empty(tmp_path: Path)
                 await until(lambda run=run: _count(store, run.run_id, 101), within=60)
             broker.close()
             broker.start()  # empty: no topic, record, committed offset or changelog
-            after = [pub.run(f"{prefix}-b{i}") for i in range(RUNS)]
-            for run in after:
-                await run.emit("run.lifecycle", {"state": "running"})
+            after = await _begin(pub, f"{prefix}-b")
             for k in range(DELTAS):
                 for run in after:
                     await run.emit("text.delta", {"text": f"d{k} "})
@@ -261,3 +253,11 @@ def _stop(workers: list[subprocess.Popen[bytes]]) -> None:
             worker.wait(5)
         except subprocess.TimeoutExpired:
             pass
+
+
+async def _begin(pub: Publisher, prefix: str) -> list[Any]:
+    """``RUNS`` runs ``<prefix>0``… begun (``running``)."""
+    runs = [pub.run(f"{prefix}{i}") for i in range(RUNS)]
+    for run in runs:
+        await run.emit("run.lifecycle", {"state": "running"})
+    return runs
