@@ -117,7 +117,7 @@ async def test_a_crashed_fetcher_ends_the_worker_with_an_error_never_a_zombie(
 
 
 def test_runwire_worker_exits_with_status_1_and_one_line_when_faust_crashed(
-    monkeypatch: pytest.MonkeyPatch,
+    monkeypatch: pytest.MonkeyPatch, tmp_path: Path,
 ) -> None:
     """``runwire worker`` on Kafka turns :class:`FaustCrashed` into one error line and exit status 1
     (no traceback, no stats line): what a supervisor restarts on."""
@@ -130,6 +130,6 @@ def test_runwire_worker_exits_with_status_1_and_one_line_when_faust_crashed(
     monkeypatch.setattr(faust_app, "run_faust_worker", crashed)
     monkeypatch.setattr(worker_command, "tune_gc", lambda: None)
     result = CliRunner().invoke(main, ["worker", "--bus", "kafka://127.0.0.1:1", "--store",
-                                       "sqlite:///unused.db"])
+                                       f"sqlite:///{tmp_path}/unused.db"])
     assert result.exit_code == 1
     assert result.output == "Error: w0: faust's consumer crashed (KeyError('p7')); exiting\n"
