@@ -130,7 +130,6 @@ class FaustWorker:
         self.app.on_partitions_revoked.connect(self._on_revoked)  # type: ignore[arg-type]
         self.app.on_partitions_assigned.connect(self._on_assigned)  # type: ignore[arg-type]
 
-
     async def _consume(self) -> None:
         """Take fetched entries, process them and write them, pipelined, until stop.
 
