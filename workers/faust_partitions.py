@@ -10,7 +10,7 @@ the broker lost its state (:meth:`PartitionTracker.check_life`).
 Longer than ~400 lines: one idea, where the reading of each partition stands. A
 rebalance, a hole faust leaves, a hole the broker has and a broker that lost its
 state all move the same few marks per partition (last processed, start, rewound,
-hole, reborn); split apart, each part would reach into the others' state.
+hole, life); split apart, each part would reach into the others' state.
 """
 
 from __future__ import annotations
@@ -108,10 +108,9 @@ class PartitionTracker:
         """The losses seen here (:meth:`check_life`)."""
         self.life_unknown: float | None = None
         """When a check of the broker's life failed (asked again at a tick), None: it did not."""
-        self.reborn: set[int] = set()
-        """Partitions to read from offset 0 since the broker lost its state (:meth:`check_life`)."""
         self.reborn_next = False
-        """Whether the partitions of the next assignment are to be read from 0 too."""
+        """Whether the next assignment follows a loss of the broker's state seen before it: its
+        partitions are then read from where this life's reading stands (:meth:`assign`)."""
 
     async def accept(self, partition: int, offset: int) -> bool:
         """Whether to process an entry now; one that is not is left unacked (read again later)."""
@@ -162,10 +161,13 @@ class PartitionTracker:
         self.resync = retained & set(self.offsets)
         self.owned = set(owned)
         if self.reborn_next:
+            # After a loss of the broker's state: faust seeks each partition to its committed
+            # offset, which may be the former life's (committed to the new broker before the loss
+            # was seen, past what is there now: faust then drops every record below it, and a
+            # partition waiting for that seek is never sought back). Each is read on from what
+            # this life's reading processed (from offset 0 for one new here), as any hole.
             self.reborn_next = False
-            self.reborn.update(owned)
-        self.reborn = {p for p in self.reborn if p in self.owned and self.offsets.get(p, -1) < 0}
-        self._read_from_zero(self.reborn)
+            self._read_from_zero(self.owned, keep=True)
         fresh = [p for p in owned if p not in self.resync]
         now = time.monotonic()
         for partition in fresh:
@@ -228,18 +230,18 @@ class PartitionTracker:
         # worker yet to see the loss may have an offset of the former life committed)
         self.on_loss()
         self.reborn_next = not assigning
-        self.reborn.update(self.owned)
         self._read_from_zero(self.owned)
         return True
 
-    def _read_from_zero(self, partitions: set[int]) -> None:
-        """Count the partitions as processed up to -1 (see :meth:`check_life`)."""
+    def _read_from_zero(self, partitions: set[int], keep: bool = False) -> None:
+        """Count the partitions as processed up to -1 (see :meth:`check_life`), or with ``keep``
+        up to what was processed since (-1 for one not read yet), never waiting for faust's seek."""
         now = time.monotonic()
         for partition in partitions:
             self.resync.discard(partition)
             self.rewound.pop(partition, None)
             self._forget_hole(partition)
-            self.offsets[partition] = -1
+            self.offsets[partition] = self.offsets.get(partition, -1) if keep else -1
             self.progress[partition] = now
 
     def is_stale(self, partition: int, offset: int) -> bool:

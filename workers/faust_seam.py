@@ -218,10 +218,10 @@ class IngestConsumer(faust_kafka.Consumer):
         await asyncio.sleep(0)
         if self.should_stop:
             return
-        if app.broker_check is not None and await app.broker_check() is not False:
-            # fetched since a connection closed, from a broker that lost its state (or one that
-            # can't be asked): nothing is handed over (the worker reads it again, as any hole)
-            return
+        # fetched since a connection closed, from a broker that lost its state (or one that can't
+        # be asked)? Then no ingest record is handed over (the worker reads them again, as any
+        # hole); the table recovery's changelog records go on (it never reads one twice)
+        hold = app.broker_check is not None and await app.broker_check() is not False
         if records is None:
             return
         if not self.flow_active:
@@ -239,7 +239,8 @@ class IngestConsumer(faust_kafka.Consumer):
                 continue
             app.monitor.track_tp_end_offset(tp, self.highwater(tp))
             if tp.topic == app.ingest_topic:
-                await self._hand_over(intake, tp, tp_records)
+                if not hold:
+                    await self._hand_over(intake, tp, tp_records)
             else:
                 await self._deliver_each(tp, tp_records)
         await self._maybe_commit()
