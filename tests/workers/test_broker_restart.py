@@ -20,6 +20,7 @@ import pytest
 
 from runwire import Publisher
 from runwire.bus import open_bus
+from runwire.edge.resume import history
 from runwire.store import open_store
 from tests.services import DurableTansu, TansuBroker, free_port
 from tests.waiting import until
@@ -165,7 +166,7 @@ async def test_a_faust_worker_rides_out_a_broker_restarted_empty(tmp_path: Path)
     every run so far, start it again empty on its port: the workers stay up, and every event the
     publisher's `emit` returned after the restart reaches the replay log once, in order, each run
     going on from its checkpoint (seqs 1..n, no gap, none doubled) — runs begun before the restart
-    and runs begun after it. (The workers kept their consumer positions and faust's read offsets
+    and runs begun after it — and a client resuming each run from its start reads the same. (The workers kept their consumer positions and faust's read offsets
     from the broker's former life: the first records of each partition made again were dropped;
     and faust's table recovery, finding the changelog behind what it had read, crashed the app.)"""
     broker = TansuBroker()
@@ -199,6 +200,14 @@ async def test_a_faust_worker_rides_out_a_broker_restarted_empty(tmp_path: Path)
             for run in before + after:
                 await until(lambda run=run: _ended(store, run.run_id), within=120)
                 _check(await store.read(run.run_id, 0, None), run.run_id)
+            async with open_bus(url) as bus:  # a client resuming each run from its start, as an
+                for run in before + after:  # edge reads it: what the hot tier lost, from the log
+                    info = await store.run(run.run_id)
+                    assert info is not None
+                    events: list[Any] = []
+                    async for _, chunk in history(bus, store, (run.run_id, "raw"), 0, info.last_seq):
+                        events += chunk
+                    _check(events, run.run_id)
         for name, worker in zip(("w0", "w1"), workers, strict=True):
             log = (tmp_path / f"{name}.log").read_text()
             assert worker.poll() is None, log[-3000:]
