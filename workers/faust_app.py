@@ -1,7 +1,7 @@
 """The Kafka worker runtime: a faust-streaming app running the same pipeline stages.
 
 * **Source**: the bus's ingest topic (``<prefix>.ingest``, one partition per
-  shard, keyed and partitioned by root run id — see :mod:`runwire.bus.kafka`),
+  shard, keyed and partitioned by root run id — see :mod:`runwire.bus.kafka.bus`),
   consumed by the app in consumer group ``--group`` (the app id). Faust's
   consumer fetches; each fetched batch of ingest records is handed to the
   worker whole (:class:`IngestConsumer`) rather than one message at a time
@@ -16,7 +16,7 @@
   a partition first restores that partition's checkpoints from the changelog.
   The bus keeps a copy with each append too; a restore takes whichever is
   further ahead.
-* **Output**: delivery events through :class:`~runwire.bus.kafka.KafkaBus`
+* **Output**: delivery events through :class:`~runwire.bus.kafka.bus.KafkaBus`
   (``<prefix>.delivery``) and the replay log, in the order the consumer-group
   runtime uses (log → shaped → raw with checkpoint), then the table.
 * **Offsets**: an entry is acked to faust's consumer only after its batch's
@@ -46,8 +46,8 @@ from prometheus_client import CollectorRegistry
 
 from runwire.bus import DeadLetter, Delivery, open_bus
 from runwire.bus import keys as bus_keys
-from runwire.bus.kafka import KafkaBus
-from runwire.bus.kafka_io import ingest_events
+from runwire.bus.kafka.bus import KafkaBus
+from runwire.bus.kafka.io import ingest_events
 from runwire.processing.checkpoint import newest_checkpoint
 from runwire.processing.processor import DEFAULT_QUIET_S, DEFAULT_SILENCE_S, Processor, StreamOutput
 from runwire.processing.stages import BATCH, TICK_S, Stages, WorkerStats

@@ -190,7 +190,7 @@ class PartitionTracker:
         and again every 2 s while it can't be; otherwise only the losses found meanwhile
         (by the bus's producer) are compared. While it can't be asked the worker is
         paused (``outage``: one log line, the metric) and nothing fetched is handed over.
-        The broker's topics were made again empty (:mod:`runwire.bus.kafka_life`): every
+        The broker's topics were made again empty (:mod:`runwire.bus.kafka.life`): every
         record there now is new, and an offset carried over from its former life — this
         tracker's, faust's read offset, a commit faust made to the new broker before the
         loss was seen — would skip the first of them. So each owned partition counts as

@@ -14,7 +14,7 @@ from faust.serializers import codecs
 from faust.types import TopicT
 from mode.utils.queues import FlowControlQueue
 
-from runwire.bus.kafka import KafkaBus
+from runwire.bus.kafka.bus import KafkaBus
 from runwire.processing.stages import BATCH
 from runwire.workers.faust_seam import Intake, WorkerApp
 

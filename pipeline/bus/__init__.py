@@ -25,13 +25,13 @@ from .base import (
 )
 
 BACKENDS: dict[str, str] = {
-    "memory": "runwire.bus.memory:MemoryBus",
-    "redis": "runwire.bus.redis:RedisBus",
-    "rediss": "runwire.bus.redis:RedisBus",
-    "redis+cluster": "runwire.bus.redis:RedisBus",
-    "kafka": "runwire.bus.kafka:KafkaBus",
-    "http": "runwire.bus.http:HttpBus",
-    "https": "runwire.bus.http:HttpBus",
+    "memory": "runwire.bus.memory.bus:MemoryBus",
+    "redis": "runwire.bus.redis.bus:RedisBus",
+    "rediss": "runwire.bus.redis.bus:RedisBus",
+    "redis+cluster": "runwire.bus.redis.bus:RedisBus",
+    "kafka": "runwire.bus.kafka.bus:KafkaBus",
+    "http": "runwire.bus.http.bus:HttpBus",
+    "https": "runwire.bus.http.bus:HttpBus",
 }
 
 

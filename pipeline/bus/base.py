@@ -249,7 +249,7 @@ class Bus(AsyncResource):
 
     async def ingest_lost(self) -> dict[str, int]:
         """Ingest entries each consumer group lost to the ingest cap before reading them, by
-        group (Redis: see :mod:`runwire.bus.redis_trim`; other buses lose none)."""
+        group (Redis: see :mod:`runwire.bus.redis.trim`; other buses lose none)."""
         return {}
 
     def shard_of(self, event: Routed) -> int:

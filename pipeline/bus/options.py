@@ -48,7 +48,7 @@ class BusOptions(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
     retain_bytes: NonNegative = 64 * 2**20
     """Redis: bytes of published ingest entries a process keeps until every consumer group has
     read and acked them, to publish them again if Redis loses them (0 = keep none; see
-    :mod:`runwire.bus.redis_retain`)."""
+    :mod:`runwire.bus.redis.retain`)."""
     close_wait_ms: NonNegative = 5_000
     """Redis: how long closing a bus waits for the groups reading its shards to ack what it
     kept (shards no group reads are not waited for)."""

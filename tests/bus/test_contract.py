@@ -469,7 +469,7 @@ async def test_memory_bus_publish_waits_when_the_backlog_is_full() -> None:
 @pytest.mark.slow
 async def test_memory_bus_forgets_expired_streams() -> None:
     """Invariant 4: streams of finished runs don't pile up in the process."""
-    from runwire.bus.memory import MemoryBus
+    from runwire.bus.memory.bus import MemoryBus
 
     async with open_bus("memory://?ttl=1") as bus:
         assert isinstance(bus, MemoryBus)

@@ -3,7 +3,7 @@
 Redis restarted without persistence (or flushed, or failed over to a replica that missed the
 last writes) no longer has ingest entries it acknowledged, and a worker that had not read them
 never will. A publishing process keeps each entry until every consumer group has read it
-(``runwire.bus.redis_retain``): its next publish to the shard, or its confirming task, finds the
+(``runwire.bus.redis.retain``): its next publish to the shard, or its confirming task, finds the
 newest kept entry gone and publishes what Redis lost again, before anything newer — so a run's
 events reach the worker all, in order. What a group has read is let go.
 """
@@ -18,7 +18,7 @@ from redis.asyncio import Redis
 
 from runwire.bus import keys, open_bus
 from runwire.bus.base import Consumer, Delivery
-from runwire.bus.redis import RedisBus
+from runwire.bus.redis.bus import RedisBus
 from runwire.core.envelope import decode
 from tests.bus.test_contract import _retry, drain
 from tests.events import event

@@ -17,7 +17,7 @@ from aiokafka import AIOKafkaConsumer, AIOKafkaProducer, TopicPartition
 from aiokafka.admin import AIOKafkaAdminClient
 
 from runwire.bus import Delivery, open_bus
-from runwire.bus.kafka_io import ingest_events
+from runwire.bus.kafka.io import ingest_events
 from runwire.bus.keys import shard_for
 from runwire.core.envelope import decode, encode
 from runwire.core.errors import ConfigError

@@ -11,8 +11,8 @@ import time
 import pytest
 
 from runwire.bus.base import StreamKey, ascending_past
-from runwire.bus.kafka_hot import HotStreams
-from runwire.bus.kafka_io import RECORD_EVENTS, event_records
+from runwire.bus.kafka.hot import HotStreams
+from runwire.bus.kafka.io import RECORD_EVENTS, event_records
 from runwire.core.envelope import Event, encode
 from runwire.core.lines import encode_lines
 from tests.events import deltas, event

@@ -8,7 +8,7 @@ import time
 
 from runwire.bus import Delivery, open_bus
 from runwire.bus.base import Consumer
-from runwire.bus.memory import MemoryBus
+from runwire.bus.memory.bus import MemoryBus
 from runwire.core.envelope import decode
 from tests.events import event
 

@@ -14,12 +14,13 @@ import uuid
 import pytest
 from redis.asyncio import Redis
 
-from runwire.bus import open_bus, redis_entries
-from runwire.bus import redis as redis_bus
+from runwire.bus import open_bus
 from runwire.bus.base import Delivery, StreamKey
 from runwire.bus.keys import delivery_key, ingest_key, meta_key
-from runwire.bus.redis_entries import ENTRY_EVENTS
-from runwire.bus.redis_link import resp_evalsha
+from runwire.bus.redis import bus as redis_bus
+from runwire.bus.redis import entries as redis_entries
+from runwire.bus.redis.entries import ENTRY_EVENTS
+from runwire.bus.redis.link import resp_evalsha
 from runwire.core.envelope import decode, encode
 from runwire.core.lines import encode_lines
 from tests.events import event

@@ -9,7 +9,7 @@ from typing import Any
 import msgspec
 
 from runwire.bus.base import Consumer
-from runwire.bus.memory import MemoryBus
+from runwire.bus.memory.bus import MemoryBus
 from runwire.core import envelope
 from runwire.jobs.demo import DemoScript, keep_publishing, publish_runs
 from runwire.sdk.publisher import Publisher

@@ -10,7 +10,7 @@ import msgspec
 import pytest
 from rich.console import Console
 
-from runwire.bus.memory import MemoryBus
+from runwire.bus.memory.bus import MemoryBus
 from runwire.core.envelope import make
 from runwire.jobs.demo import DemoScript
 from runwire.sdk.publisher import Publisher

@@ -12,7 +12,7 @@ import pytest
 from aiokafka import AIOKafkaProducer
 
 from runwire.bus import open_bus
-from runwire.bus.kafka import KafkaBus
+from runwire.bus.kafka.bus import KafkaBus
 from runwire.bus.keys import shard_for
 from runwire.core.envelope import encode
 from runwire.store import open_store

@@ -14,7 +14,7 @@ from click.testing import CliRunner
 from faust.types import TP
 
 from runwire.bus import open_bus
-from runwire.bus.kafka import KafkaBus
+from runwire.bus.kafka.bus import KafkaBus
 from runwire.store import open_store
 from runwire.workers.cli import main
 from runwire.workers.faust_app import FaustWorker

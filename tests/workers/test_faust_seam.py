@@ -8,7 +8,7 @@ from pathlib import Path
 import faust
 import pytest
 
-from runwire.bus.kafka import KafkaBus
+from runwire.bus.kafka.bus import KafkaBus
 from runwire.core.errors import ConfigError
 from runwire.store import open_store
 from runwire.workers.faust_app import FaustWorker

@@ -90,7 +90,7 @@ async def test_a_bad_event_inside_an_entry_of_several_is_dead_lettered_alone(
     from redis.asyncio import Redis
 
     from runwire.bus.keys import ingest_key, shard_for
-    from runwire.bus.redis_entries import INGEST_MANY_FIELD
+    from runwire.bus.redis.entries import INGEST_MANY_FIELD
 
     url = f"{redis_url}?prefix=t{uuid.uuid4().hex[:10]}"
     run = RunScript(f"{prefix()}_entry")

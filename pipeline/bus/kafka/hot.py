@@ -1,7 +1,7 @@
 """The Kafka bus's hot tier: delivery streams held in process memory, bounded.
 
 Kafka can't read one run's records out of a shared partition without
-scanning it, and a resume must not cost a scan of a shared stream, so every :class:`~runwire.bus.kafka.KafkaBus`
+scanning it, and a resume must not cost a scan of a shared stream, so every :class:`~runwire.bus.kafka.bus.KafkaBus`
 that reads delivery streams keeps this cache, fed by one multiplexed tail of
 the delivery topic (and by its own appends, written through). The edge
 resumes from here and falls back to the replay log for anything older
@@ -27,8 +27,8 @@ import time
 from collections import OrderedDict, deque
 from collections.abc import Iterable, Mapping
 
-from ..core.envelope import Event, is_terminal
-from .base import StreamKey, ascending_past, ends_run
+from ...core.envelope import Event, is_terminal
+from ..base import StreamKey, ascending_past, ends_run
 
 
 class _Stream:

@@ -34,9 +34,9 @@ import httpx
 import msgspec
 from redis.backoff import FullJitterBackoff
 
-from ..core import envelope
-from ..core.envelope import Event
-from ..core.errors import (
+from ...core import envelope
+from ...core.envelope import Event
+from ...core.errors import (
     AUTH_WRITE_REFUSED,
     AuthError,
     BusUnavailable,
@@ -45,8 +45,8 @@ from ..core.errors import (
     RequestError,
     WriteRefused,
 )
-from ..core.redaction import redact_text
-from .base import Bus, Consumer, ControlCommand, DeadLetter, Routed, StreamKey
+from ...core.redaction import redact_text
+from ..base import Bus, Consumer, ControlCommand, DeadLetter, Routed, StreamKey
 
 log = logging.getLogger(__name__)
 CONTROL_BACKOFF = FullJitterBackoff(cap=2.0, base=0.05)

@@ -12,8 +12,8 @@ from collections.abc import Iterable
 
 import msgspec
 
-from ..core.envelope import Event
-from .base import ControlCommand, DeadLetter, StreamKey
+from ...core.envelope import Event
+from ..base import ControlCommand, DeadLetter, StreamKey
 
 CONTROL_MAXLEN = 1000
 

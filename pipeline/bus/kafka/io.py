@@ -4,7 +4,7 @@ short-lived admin/reader clients, with Kafka's errors turned into
 :class:`~runwire.core.errors.BusUnavailable`.
 
 The layout of the topics and their records is described in
-:mod:`runwire.bus.kafka`.
+:mod:`runwire.bus.kafka.bus`.
 """
 
 from __future__ import annotations
@@ -19,10 +19,10 @@ from aiokafka import AIOKafkaConsumer, AIOKafkaProducer, TopicPartition
 from aiokafka.admin import AIOKafkaAdminClient, NewTopic
 from aiokafka.errors import KafkaError
 
-from ..core.envelope import Event
-from ..core.errors import BusUnavailable
-from ..core.lines import Lines
-from .ingest_entries import chunks, cuts, join, split
+from ...core.envelope import Event
+from ...core.errors import BusUnavailable
+from ...core.lines import Lines
+from ..ingest_entries import chunks, cuts, join, split
 
 VIEW_HEADER = "v"
 KIND_HEADER = "k"
@@ -130,7 +130,7 @@ class KafkaLink:
         self.options = options
         self._producer: AIOKafkaProducer | None = None
         self.lost: Callable[[], Awaitable[bool]] | None = None
-        """Whether the broker lost its state (:meth:`~runwire.bus.kafka_life.LifeMarker.lost`),
+        """Whether the broker lost its state (:meth:`~runwire.bus.kafka.life.LifeMarker.lost`),
         asked after the producer lost a connection; None: never asked."""
         self._on_closed: Callable[[Any, Any], None] = lambda conn, reason: None
         self.breaks = 0
@@ -316,7 +316,7 @@ class KafkaLink:
         Offsets below the partition's beginning (deleted, or past retention) hold no record:
         the broker answers a fetch there out of range, and the reader moves to the first it
         holds. (Its answer for the partition's *earliest* offset is not asked: Tansu can name
-        one past the first records, see :func:`~runwire.bus.kafka_consumer.start_at_commit_or_zero`.)
+        one past the first records, see :func:`~runwire.bus.kafka.consumer.start_at_commit_or_zero`.)
         Raises BusUnavailable when the partition cannot be read within ``timeout_s``.
         """
         tp = TopicPartition(topic, partition)

@@ -45,14 +45,14 @@ from typing import Any, TypeVar
 
 import redis.exceptions as rexc
 
-from ..core.errors import BusUnavailable
-from . import keys
-from .base import Consumer, Delivery, each_event, event_count
-from .ingest_entries import INGEST_ENTRY_EVENTS, OpenEntries
-from .options import BusOptions
-from .redis_entries import ingest_entry
-from .redis_link import MEMBERSHIP, RedisLink, retriable_bus_errors, text
-from .redis_trim import IngestTrimmer
+from ...core.errors import BusUnavailable
+from .. import keys
+from ..base import Consumer, Delivery, each_event, event_count
+from ..ingest_entries import INGEST_ENTRY_EVENTS, OpenEntries
+from ..options import BusOptions
+from .entries import ingest_entry
+from .link import MEMBERSHIP, RedisLink, retriable_bus_errors, text
+from .trim import IngestTrimmer
 
 log = logging.getLogger(__name__)
 T = TypeVar("T")
@@ -424,7 +424,7 @@ class RedisConsumer(Consumer):
                 for shard, ids in by_shard.items():
                     pipe.xack(self._key(shard), self.group, *ids)
                 await pipe.execute()
-        try:  # what every group acked leaves the shard (redis_trim.py); the ack stands anyway
+        try:  # what every group acked leaves the shard (trim.py); the ack stands anyway
             await self._trimmer.maybe_trim(self._owned)
         except (BusUnavailable, rexc.RedisError) as exc:
             log.debug("trimming the ingest shards of %s failed: %s", self.group, exc)

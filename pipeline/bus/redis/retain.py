@@ -47,8 +47,8 @@ from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-from .redis_entries import IngestEntry
-from .redis_link import INGEST_ADD, INGEST_CONFIRM, ScriptCall, text
+from .entries import IngestEntry
+from .link import INGEST_ADD, INGEST_CONFIRM, ScriptCall, text
 
 log = logging.getLogger(__name__)
 

@@ -28,12 +28,12 @@ from aiokafka.admin import NewTopic
 from aiokafka.errors import KafkaError
 from aiokafka.structs import OffsetAndMetadata
 
-from ..core.errors import BusUnavailable
-from . import keys
-from .base import Consumer, DeadLetter, Delivery
-from .ingest_entries import INGEST_ENTRY_EVENTS, OpenEntries
-from .kafka_io import KafkaLink, Record, guard, ingest_events, json_encoder
-from .options import BusOptions
+from ...core.errors import BusUnavailable
+from .. import keys
+from ..base import Consumer, DeadLetter, Delivery
+from ..ingest_entries import INGEST_ENTRY_EVENTS, OpenEntries
+from ..options import BusOptions
+from .io import KafkaLink, Record, guard, ingest_events, json_encoder
 
 log = logging.getLogger(__name__)
 

@@ -1,7 +1,7 @@
 """``memory://`` — the bus in one process, with the same semantics as Redis.
 
-Its state is :mod:`runwire.bus.memory_state`, its consumer
-:mod:`runwire.bus.memory_consumer`.
+Its state is :mod:`runwire.bus.memory.state`, its consumer
+:mod:`runwire.bus.memory.consumer`.
 
 ``memory://`` is private to the bus object; ``memory://<name>`` shares its
 state with every other open ``memory://<name>`` bus of the process (for
@@ -26,12 +26,12 @@ from __future__ import annotations
 from collections.abc import AsyncIterator, Mapping, Sequence
 from typing import Any
 
-from ..core.envelope import Event, encode
-from .base import Bus, Consumer, ControlCommand, DeadLetter, Routed, StreamKey
-from .keys import shard_for
-from .memory_consumer import MemoryConsumer
-from .memory_state import ControlChannel, DeliveryStream, MemoryState, now_ms
-from .options import split_url
+from ...core.envelope import Event, encode
+from ..base import Bus, Consumer, ControlCommand, DeadLetter, Routed, StreamKey
+from ..keys import shard_for
+from ..options import split_url
+from .consumer import MemoryConsumer
+from .state import ControlChannel, DeliveryStream, MemoryState, now_ms
 
 ACCEPTED_OPTIONS = (
     "shards", "maxlen", "ttl", "claim_idle_ms", "lease_ms", "max_deliveries", "max_backlog",

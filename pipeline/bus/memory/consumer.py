@@ -1,6 +1,6 @@
-"""A member of a consumer group of a ``memory://`` bus (see :mod:`runwire.bus.memory`).
+"""A member of a consumer group of a ``memory://`` bus (see :mod:`runwire.bus.memory.bus`).
 
-It works on the bus's :class:`~runwire.bus.memory_state.MemoryState`
+It works on the bus's :class:`~runwire.bus.memory.state.MemoryState`
 directly: shard leases split fairly among the live members, claims of
 entries idle longer than ``claim_idle_ms``, dead letters past
 ``max_deliveries``.
@@ -12,10 +12,10 @@ import logging
 from collections import deque
 from collections.abc import Sequence
 
-from .base import Consumer, DeadLetter, Delivery
-from .memory_state import MemoryState, now_ms
+from ..base import Consumer, DeadLetter, Delivery
+from .state import MemoryState, now_ms
 
-log = logging.getLogger("runwire.bus.memory")
+log = logging.getLogger("runwire.bus.memory.bus")
 
 
 class MemoryConsumer(Consumer):

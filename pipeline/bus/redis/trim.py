@@ -30,8 +30,8 @@ import time
 from collections.abc import Iterable, Sequence
 from typing import Any
 
-from . import keys
-from .redis_link import RedisLink, retriable_bus_errors, text
+from .. import keys
+from .link import RedisLink, retriable_bus_errors, text
 
 log = logging.getLogger(__name__)
 

@@ -13,7 +13,7 @@ reads the marker again before producing (and after a send that a closed
 connection overlapped). A missing topic, an empty one or another token means
 the broker lost its state since: the topics are created again with their
 partition counts, a new token is written, and the records acknowledged meanwhile
-are sent again (:meth:`~runwire.bus.kafka_io.KafkaLink.send`; the duplicates
+are sent again (:meth:`~runwire.bus.kafka.io.KafkaLink.send`; the duplicates
 are dropped by seq where the records are read).
 """
 
@@ -26,7 +26,7 @@ from collections.abc import Awaitable, Callable
 
 from aiokafka.admin import NewTopic
 
-from .kafka_io import KafkaLink, guard
+from .io import KafkaLink, guard
 
 LIFE_KIND = "life"
 log = logging.getLogger("runwire.bus")

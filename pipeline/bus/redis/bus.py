@@ -4,20 +4,20 @@ Layout (every key is built in :mod:`runwire.bus.keys`):
 
 * ingest: ``shards`` streams; an entry holds one event (field ``e`` =
   canonical JSON) or several of one publish (field ``m``, one per line,
-  see :mod:`runwire.bus.redis_entries`); a batch is one ``XADD`` per shard
+  see :mod:`runwire.bus.redis.entries`); a batch is one ``XADD`` per shard
   and 64 events, all in one pipeline — one round trip per batch;
 * consumer groups created at id ``0`` on every shard (a group created after
   publishing still sees what is in the streams), consumed by
-  :class:`~runwire.bus.redis_consumer.RedisConsumer`;
+  :class:`~runwire.bus.redis.consumer.RedisConsumer`;
 * delivery streams of entries holding up to 512 events, entry id ``<last
   seq>-0`` (reading after a seq is an O(log n) ``XRANGE``; a duplicate id is
-  impossible; see :mod:`runwire.bus.redis_entries`), appended by one Lua
+  impossible; see :mod:`runwire.bus.redis.entries`), appended by one Lua
   script together with the writer's state, bounded by ``MINID ~`` (the last
   ``maxlen`` seqs) and by a TTL refreshed on every append;
 * a control stream per run; a dead-letter stream.
 
 The connection, the scripts and the RESP packing are
-:mod:`runwire.bus.redis_link`'s: connection errors become
+:mod:`runwire.bus.redis.link`'s: connection errors become
 :class:`~runwire.core.errors.BusUnavailable` after redis-py's own ``Retry``
 (exponential backoff with jitter) gave up; the next call reconnects.
 """
@@ -36,14 +36,14 @@ from redis.asyncio.cluster import RedisCluster
 from redis.backoff import ExponentialWithJitterBackoff
 from redis.crc import key_slot
 
-from ..core.envelope import Event, encode
-from ..core.errors import BusFull
-from ..core.retry import Retry
-from . import base, keys
-from .base import Bus, Consumer, ControlCommand, DeadLetter, EncodedAppend, StreamKey, ends_run
-from .options import split_url
-from .redis_consumer import RedisConsumer
-from .redis_entries import (
+from ...core.envelope import Event, encode
+from ...core.errors import BusFull
+from ...core.retry import Retry
+from .. import base, keys
+from ..base import Bus, Consumer, ControlCommand, DeadLetter, EncodedAppend, StreamKey, ends_run
+from ..options import split_url
+from .consumer import RedisConsumer
+from .entries import (
     FramedKeys,
     decode_stored,
     entry_args,
@@ -54,7 +54,7 @@ from .redis_entries import (
     pack_append_many,
     seq_of,
 )
-from .redis_link import (
+from .link import (
     APPEND,
     APPEND_MANY,
     RedisLink,
@@ -63,8 +63,8 @@ from .redis_link import (
     retriable_bus_errors,
     text,
 )
-from .redis_retain import Kept
-from .redis_trim import lost_key
+from .retain import Kept
+from .trim import lost_key
 
 log = logging.getLogger(__name__)
 
@@ -162,7 +162,7 @@ class RedisBus(Bus):
         events after its later ones, and a worker would drop them as
         duplicates. The script also checks that Redis still has what this
         process published before, and the entries are kept until every group
-        read them (:mod:`runwire.bus.redis_retain`).
+        read them (:mod:`runwire.bus.redis.retain`).
         """
         if not events:
             return
@@ -251,7 +251,7 @@ class RedisBus(Bus):
         return counts
 
     def _append_many_call(self, appends: Sequence[EncodedAppend]) -> ScriptCall:
-        """The ``APPEND_MANY`` call of several streams' appends (see :mod:`.redis_scripts`)."""
+        """The ``APPEND_MANY`` call of several streams' appends (see :mod:`.scripts`)."""
         options = self.options
         call_keys: list[str] = []
         args: list[Any] = [b"%d" % options.maxlen, b"%d" % (options.ttl * 1000),
@@ -264,7 +264,7 @@ class RedisBus(Bus):
         return (APPEND_MANY, call_keys, args)
 
     def _append_many_packed(self, appends: Sequence[EncodedAppend]) -> bytes:
-        """:meth:`_append_many_call` as RESP, built directly (:func:`.redis_entries.pack_append_many`)."""
+        """:meth:`_append_many_call` as RESP, built directly (:func:`.entries.pack_append_many`)."""
         head = self._append_many_head
         if head is None:
             options = self.options

@@ -10,7 +10,7 @@ take both (:func:`ingest_entry`).
 **Delivery streams.** Several events per entry, the seq ↔ entry mapping exact.
 
 An append writes one entry per stream and up to :data:`ENTRY_EVENTS` events
-(the ``APPEND`` script in :mod:`runwire.bus.redis_scripts`):
+(the ``APPEND`` script in :mod:`runwire.bus.redis.scripts`):
 
 * entry id ``<seq of its last event>-0`` — ids increase with seq, a
   duplicate is impossible, and ``XRANGE <after+1>-0 +`` starts at the entry
@@ -29,11 +29,11 @@ from collections.abc import Callable, Iterable, Sequence
 from operator import attrgetter
 from typing import Any
 
-from ..core.envelope import Event, decode_many
-from ..core.errors import ProtocolError
-from ..core.lines import join_lines
-from .base import EncodedAppend, StreamKey, ends_run
-from .ingest_entries import chunks, join
+from ...core.envelope import Event, decode_many
+from ...core.errors import ProtocolError
+from ...core.lines import join_lines
+from ..base import EncodedAppend, StreamKey, ends_run
+from ..ingest_entries import chunks, join
 
 _SEQ = attrgetter("seq")
 ENTRY_EVENTS = 512

@@ -22,8 +22,8 @@ from redis.asyncio.cluster import RedisCluster
 from redis.asyncio.retry import Retry
 from redis.backoff import ExponentialWithJitterBackoff
 
-from ..core.errors import BusFull, BusUnavailable, ConfigError
-from . import redis_scripts
+from ...core.errors import BusFull, BusUnavailable, ConfigError
+from . import scripts
 
 CONNECTION_ERRORS = (
     rexc.ConnectionError, rexc.TimeoutError, rexc.ClusterDownError, rexc.TryAgainError,
@@ -70,11 +70,11 @@ class Script:
         self.sha = hashlib.sha1(source.encode()).hexdigest()
 
 
-APPEND = Script(redis_scripts.APPEND)
-APPEND_MANY = Script(redis_scripts.APPEND_MANY)
-MEMBERSHIP = Script(redis_scripts.MEMBERSHIP)
-INGEST_ADD = Script(redis_scripts.INGEST_ADD)
-INGEST_CONFIRM = Script(redis_scripts.INGEST_CONFIRM)
+APPEND = Script(scripts.APPEND)
+APPEND_MANY = Script(scripts.APPEND_MANY)
+MEMBERSHIP = Script(scripts.MEMBERSHIP)
+INGEST_ADD = Script(scripts.INGEST_ADD)
+INGEST_CONFIRM = Script(scripts.INGEST_CONFIRM)
 ScriptCall = tuple[Script, Sequence[str], Sequence[Any]]
 
 

@@ -1,8 +1,8 @@
 """``kafka://host:port[,host:port]`` — the bus on Kafka (aiokafka).
 
-The consumer is :mod:`runwire.bus.kafka_consumer`, the delivery tail
-:mod:`runwire.bus.kafka_tail`, the shared clients and record format
-:mod:`runwire.bus.kafka_io`.
+The consumer is :mod:`runwire.bus.kafka.consumer`, the delivery tail
+:mod:`runwire.bus.kafka.tail`, the shared clients and record format
+:mod:`runwire.bus.kafka.io`.
 
 Topics (``<prefix>.<kind>``, created at connect; see ``docs/bus.md``):
 
@@ -21,7 +21,7 @@ topic                  partitions  record key     value
 ``rw.deadletter``      1           —              DeadLetter JSON
 ``rw.marks.<group>``   shards      —              a group's delivery marks
 ``rw.life``            1           —              the broker's life marker
-                                                  (:mod:`runwire.bus.kafka_life`)
+                                                  (:mod:`runwire.bus.kafka.life`)
 =====================  ==========  =============  ============================
 
 A record's partition is ``shard_for(key, shards)``, chosen here rather than
@@ -41,7 +41,7 @@ by the client's hash, so a run's shard is the same number on every backend.
   group rebalance after its session times out (``session_timeout_ms``,
   default ``lease_ms`` but at least 6 s). Delivery counts survive crashes through the marks
   topic (see :class:`KafkaConsumer`).
-* **Delivery** streams are read from :class:`~runwire.bus.kafka_hot.HotStreams`,
+* **Delivery** streams are read from :class:`~runwire.bus.kafka.hot.HotStreams`,
   fed by one tail of the delivery topic per process; older history is the
   replay log's. An append writes the new events and the writer state as one
   record batch to one partition, which Kafka stores atomically; the state
@@ -71,10 +71,10 @@ import msgspec
 from aiokafka import TopicPartition
 from aiokafka.admin import AIOKafkaAdminClient, NewTopic
 
-from ..core.envelope import Event, encode
-from ..core.errors import BusUnavailable, ConfigError
-from . import keys
-from .base import (
+from ...core.envelope import Event, encode
+from ...core.errors import BusUnavailable, ConfigError
+from .. import keys
+from ..base import (
     Bus,
     Consumer,
     ControlCommand,
@@ -84,9 +84,10 @@ from .base import (
     StreamKey,
     ascending_past,
 )
-from .kafka_consumer import KafkaConsumer
-from .kafka_hot import HotStreams
-from .kafka_io import (
+from ..options import split_url
+from .consumer import KafkaConsumer
+from .hot import HotStreams
+from .io import (
     KIND_HEADER,
     STATE_KIND,
     VIEW_HEADER,
@@ -98,9 +99,8 @@ from .kafka_io import (
     ingest_records,
     json_encoder,
 )
-from .kafka_life import LIFE_KIND, LifeMarker
-from .kafka_tail import DeliveryTail
-from .options import split_url
+from .life import LIFE_KIND, LifeMarker
+from .tail import DeliveryTail
 
 ACCEPTED_OPTIONS = (
     "shards", "maxlen", "ttl", "grace", "claim_idle_ms", "lease_ms", "max_deliveries", "prefix",
@@ -189,7 +189,7 @@ class KafkaBus(Bus):
         ], check=self._check_partitions)
 
     async def _recreate_topics(self) -> None:
-        """The topics again on a broker that lost its state (see :mod:`runwire.bus.kafka_life`).
+        """The topics again on a broker that lost its state (see :mod:`runwire.bus.kafka.life`).
 
         A client's metadata request for a topic the broker no longer has makes some brokers
         (Tansu) create it with their default partition count; such a topic, made since the
@@ -241,7 +241,7 @@ class KafkaBus(Bus):
     async def publish_encoded(self, events: Sequence[Routed], data: Sequence[bytes]) -> None:
         """:meth:`publish` with each event's canonical JSON already encoded (the publisher's).
 
-        Each root run's events go as few records (:func:`~runwire.bus.kafka_io.ingest_records`),
+        Each root run's events go as few records (:func:`~runwire.bus.kafka.io.ingest_records`),
         keyed by the root run id, in its shard's partition.
         """
         if not events:
@@ -284,7 +284,7 @@ class KafkaBus(Bus):
         """Where consumer group ``group_id`` resumes each ingest partition.
 
         Its committed offset, or without one offset 0 (not the broker's answer for the
-        earliest offset, see :func:`~runwire.bus.kafka_consumer.start_at_commit_or_zero`): the
+        earliest offset, see :func:`~runwire.bus.kafka.consumer.start_at_commit_or_zero`): the
         next offset the group's new owner of the partition is to read.
         """
         tps = [TopicPartition(self.topics[keys.KAFKA_INGEST], p) for p in partitions]

@@ -1,9 +1,9 @@
 """The Kafka bus's delivery tail: one process-wide reader of the delivery
-topic feeding the hot tier (:class:`~runwire.bus.kafka_hot.HotStreams`).
+topic feeding the hot tier (:class:`~runwire.bus.kafka.hot.HotStreams`).
 
 Records a stream already holds (a writer's own appends, written through) are
 skipped by their header ``q`` without being decoded; see
-:mod:`runwire.bus.kafka` for the record format.
+:mod:`runwire.bus.kafka.bus` for the record format.
 """
 
 from __future__ import annotations
@@ -19,12 +19,12 @@ from aiokafka import AIOKafkaConsumer, TopicPartition
 from aiokafka.errors import KafkaError
 from redis.backoff import ConstantBackoff
 
-from ..core.envelope import Event, decode
-from ..core.errors import BusUnavailable, ProtocolError
-from ..core.retry import Retry
-from .base import StreamKey
-from .kafka_hot import HotStreams
-from .kafka_io import (
+from ...core.envelope import Event, decode
+from ...core.errors import BusUnavailable, ProtocolError
+from ...core.retry import Retry
+from ..base import StreamKey
+from .hot import HotStreams
+from .io import (
     COUNT_HEADER,
     KIND_HEADER,
     SEQ_HEADER,
