@@ -297,26 +297,30 @@ def test_the_benchmarks_import_names_that_exist() -> None:
 
 # ---- one folder per backend -------------------------------------------------------------------
 
-BACKEND_PARTS = {"bus": ("base", "keys", "options", "requests", "ingest_entries")}
-"""Each folder of backends: its modules shared by every backend (the rest are folders, one per
-backend)."""
+BACKEND_PARTS = {
+    "bus": ("bus", ("base", "keys", "options", "requests", "ingest_entries")),
+    "store": ("log", ("base", "jsonl", "outbox", "outbox_schema", "producers", "retention", "runmeta")),
+}
+"""Each folder of backends: the module holding a backend's class, and the modules shared by every
+backend (the rest are folders, one per backend)."""
 
 
 @pytest.mark.parametrize("part", sorted(BACKEND_PARTS))
 def test_each_backend_is_a_folder_with_the_same_roles(part: str) -> None:
-    """``bus/<backend>/``: ``bus.py`` holds the backend's class, ``__init__.py`` exports it, and
+    """``bus/<backend>/``: ``bus.py`` holds the backend's class (``store/<backend>/``:
+    ``log.py``), ``__init__.py`` exports it, and
     nothing backend-specific lies loose beside the shared modules; a backend imports no other
     backend (what two share moves down, beside ``base``)."""
-    home = ROOT / "pipeline" / part
+    home, (main, shared) = ROOT / "pipeline" / part, BACKEND_PARTS[part]
     loose = sorted(p.stem for p in home.glob("*.py") if p.stem != "__init__")
-    assert loose == sorted(BACKEND_PARTS[part]), f"backend modules belong in {part}/<backend>/"
+    assert loose == sorted(shared), f"backend modules belong in {part}/<backend>/"
     backends = sorted(p.name for p in home.iterdir() if (p / "__init__.py").exists())
     assert backends
     sideways = []
     for backend in backends:
-        assert (home / backend / f"{part}.py").exists(), f"{part}/{backend}/ has no {part}.py"
+        assert (home / backend / f"{main}.py").exists(), f"{part}/{backend}/ has no {main}.py"
         exported = ast.parse((home / backend / "__init__.py").read_text())
-        assert any(isinstance(node, ast.ImportFrom) and node.module == part for node in exported.body)
+        assert any(isinstance(node, ast.ImportFrom) and node.module == main for node in exported.body)
         prefix = f"runwire.{part}.{backend}"
         for name, path in MODULES.items():
             if name == prefix or name.startswith(prefix + "."):

@@ -15,9 +15,9 @@ from .base import ReplayLog, RunInfo, SweepResult
 from .retention import RetentionPolicy
 
 BACKENDS: dict[str, str] = {
-    "sqlite": "runwire.store.sqlite:SQLiteLog",
-    "postgresql": "runwire.store.postgres:PostgresLog",
-    "postgres": "runwire.store.postgres:PostgresLog",
+    "sqlite": "runwire.store.sqlite.log:SQLiteLog",
+    "postgresql": "runwire.store.postgres.log:PostgresLog",
+    "postgres": "runwire.store.postgres.log:PostgresLog",
 }
 
 

@@ -26,7 +26,7 @@ One implementation for both backends: the statements are written once with
 ``?`` placeholders (PostgreSQL's ``%s`` is substituted) and run as plain
 DB-API calls through a :data:`Runner` — the SQLite log's own thread and
 connection, or a PostgreSQL connection on a thread of its own
-(``outbox_postgres.py``). Times are epoch seconds (floats) in both.
+(``postgres/connection.py``). Times are epoch seconds (floats) in both.
 """
 
 from __future__ import annotations

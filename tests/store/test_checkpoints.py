@@ -13,8 +13,8 @@ from runwire.core import envelope
 from runwire.core.envelope import Event
 from runwire.store import open_store
 from runwire.store.base import LogStream, RunInfo
-from runwire.store.postgres import SCHEMA_VERSION as POSTGRES_SCHEMA_VERSION
-from runwire.store.sqlite import SCHEMA_VERSION
+from runwire.store.postgres.schema import SCHEMA_VERSION as POSTGRES_SCHEMA_VERSION
+from runwire.store.sqlite.schema import SCHEMA_VERSION
 from tests.events import deltas, event
 
 

@@ -22,7 +22,7 @@ from runwire.core import envelope
 from runwire.core.errors import StoreError, StoreFull
 from runwire.store import open_store
 from runwire.store.base import ReplayLog
-from runwire.store.sqlite import SQLiteLog
+from runwire.store.sqlite.log import SQLiteLog
 from tests.events import event
 from tests.store.conftest import Clock
 

@@ -10,7 +10,8 @@ from multiprocessing.synchronize import Event as EventType
 from pathlib import Path
 
 from runwire.store import open_store
-from runwire.store.sqlite import SCHEMA_VERSION, SQLiteLog
+from runwire.store.sqlite.log import SQLiteLog
+from runwire.store.sqlite.schema import SCHEMA_VERSION
 from tests.events import event
 
 OPENERS = 16

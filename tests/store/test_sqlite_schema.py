@@ -11,8 +11,8 @@ import psycopg
 from runwire.core import envelope
 from runwire.store import RetentionPolicy, open_store
 from runwire.store.outbox import Subscription
-from runwire.store.postgres import SCHEMA_VERSION as POSTGRES_SCHEMA_VERSION
-from runwire.store.sqlite import SCHEMA_VERSION
+from runwire.store.postgres.schema import SCHEMA_VERSION as POSTGRES_SCHEMA_VERSION
+from runwire.store.sqlite.schema import SCHEMA_VERSION
 from tests.events import T0, event
 from tests.store.conftest import Clock
 

@@ -34,10 +34,10 @@ from typing import Any
 
 import psycopg
 
-from ..core import envelope
-from ..core.envelope import Event
-from ..core.errors import StoreError
-from .base import (
+from ...core import envelope
+from ...core.envelope import Event
+from ...core.errors import StoreError
+from ..base import (
     ForkPoint,
     LoggedRun,
     LogStream,
@@ -47,146 +47,29 @@ from .base import (
     SweepResult,
     stream_checkpoint,
 )
-from .outbox import INSERT_NOTICE, POSTGRES, Notice, Outbox, ddl, in_dialect, notice_rows
-from .outbox_postgres import ThreadConnection, unavailable
-from .producers import ProducerState, Reservation, reserve
-from .runmeta import (
+from ..outbox import POSTGRES, Notice, Outbox, notice_rows
+from ..producers import ProducerState, Reservation, reserve
+from ..runmeta import (
     RUN_COLUMNS,
     RunDelta,
     logged_run,
     run_info,
     summarize,
-    upsert_run_sql,
     with_checkpoint,
 )
-
-SCHEMA_VERSION = 5
-COPY_THRESHOLD = 256
-
-_SCHEMA = """
-CREATE TABLE IF NOT EXISTS runwire_schema (version integer NOT NULL);
-CREATE TABLE IF NOT EXISTS events (
-    id       text NOT NULL,
-    run_id   text NOT NULL,
-    tenant   text,
-    child_id text,
-    seq      bigint NOT NULL,
-    type     text NOT NULL,
-    ts       timestamptz NOT NULL,
-    payload  jsonb NOT NULL,
-    body     bytea NOT NULL,
-    PRIMARY KEY (run_id, seq)
-);
-CREATE INDEX IF NOT EXISTS events_tenant_ts ON events (tenant, ts);
-CREATE TABLE IF NOT EXISTS runs (
-    run_id        text PRIMARY KEY,
-    tenant        text,
-    parent_id     text,
-    root_id       text,
-    state         text,
-    state_seq     bigint NOT NULL DEFAULT 0,
-    terminal      boolean NOT NULL DEFAULT false,
-    events        bigint NOT NULL DEFAULT 0,
-    last_seq      bigint NOT NULL DEFAULT 0,
-    input_tokens  bigint NOT NULL DEFAULT 0,
-    output_tokens bigint NOT NULL DEFAULT 0,
-    dropped       bigint NOT NULL DEFAULT 0,
-    first_ts      text,
-    last_ts       text,
-    created_at    timestamptz NOT NULL,
-    updated_at    timestamptz NOT NULL,
-    expires_at    timestamptz
-);
-CREATE INDEX IF NOT EXISTS runs_tenant_updated ON runs (tenant, updated_at);
-CREATE INDEX IF NOT EXISTS runs_updated ON runs (updated_at);
-CREATE TABLE IF NOT EXISTS run_owners (
-    run_id     text PRIMARY KEY,
-    tenant     text NOT NULL,
-    root_id    text NOT NULL,
-    created_at timestamptz NOT NULL DEFAULT now()
-);
-ALTER TABLE runs ADD COLUMN IF NOT EXISTS thread_id text;
-CREATE TABLE IF NOT EXISTS ds_streams (
-    run_id     text PRIMARY KEY,
-    next_seq   bigint NOT NULL DEFAULT 0,
-    closed     boolean NOT NULL DEFAULT false,
-    busy_until double precision NOT NULL DEFAULT 0,
-    created_at timestamptz NOT NULL DEFAULT now()
-);
-CREATE TABLE IF NOT EXISTS ds_producers (
-    run_id      text NOT NULL,
-    producer_id text NOT NULL,
-    epoch       bigint NOT NULL,
-    last_seq    bigint NOT NULL,
-    last_base   bigint NOT NULL,
-    last_digest text NOT NULL DEFAULT '',
-    PRIMARY KEY (run_id, producer_id)
-);
-ALTER TABLE ds_producers ADD COLUMN IF NOT EXISTS last_digest text NOT NULL DEFAULT '';
-CREATE INDEX IF NOT EXISTS runs_thread ON runs (thread_id, updated_at) WHERE thread_id IS NOT NULL;
-ALTER TABLE runs ADD COLUMN IF NOT EXISTS checkpoint bytea;
-CREATE TABLE IF NOT EXISTS forks (
-    run_id     text PRIMARY KEY,
-    source_id  text NOT NULL,
-    at_seq     bigint NOT NULL,
-    created_at timestamptz NOT NULL DEFAULT now()
-);
-CREATE INDEX IF NOT EXISTS forks_source ON forks (source_id);
-CREATE TABLE IF NOT EXISTS span_exports (
-    root_id    text PRIMARY KEY,
-    seq        bigint NOT NULL DEFAULT 0,
-    holder     text NOT NULL,
-    held_until double precision NOT NULL
-);
-""" + ddl(POSTGRES) + """
-ALTER TABLE webhooks ADD COLUMN IF NOT EXISTS headers text NOT NULL DEFAULT '{}';
-"""
-"""Schema 2 added ``runs.thread_id``, schema 3 ``runs.checkpoint`` (the raw stream's checkpoint of
-record), schema 4 the outbox's tables (``outbox.py``), schema 5 ``webhooks.headers``: ``ADD COLUMN IF NOT EXISTS`` and ``CREATE …
-IF NOT EXISTS`` migrate an older database. The ``forks`` table (a run's fork records,
-:meth:`ReplayLog.record_fork`) is created the same way on a database without one: older code
-ignores it."""
-_INSERT_NOTICE = in_dialect(INSERT_NOTICE, "%s")
-
-_CLAIM = """
-WITH logged AS (SELECT tenant, coalesce(root_id, run_id) AS root FROM runs WHERE run_id = %(run)s),
-claimed AS (
-    INSERT INTO run_owners (run_id, tenant, root_id)
-    SELECT %(run)s, coalesce((SELECT tenant FROM logged), %(tenant)s),
-           coalesce((SELECT root FROM logged), %(root)s)
-    ON CONFLICT (run_id) DO NOTHING
-    RETURNING tenant, root_id
+from .connection import ThreadConnection, unavailable
+from .schema import migrate
+from .statements import (
+    CLAIM,
+    COPY_THRESHOLD,
+    FROM_ARRAYS,
+    FROM_STAGE,
+    NOTICE_INSERT,
+    STAGE,
+    STAGE_TYPES,
+    UPSERT_RUN,
+    stage_row,
 )
-SELECT tenant, root_id FROM claimed
-UNION ALL SELECT tenant, root_id FROM run_owners WHERE run_id = %(run)s
-"""
-"""Insert the claim unless one exists, and return the owner (the new row, or the one there)."""
-
-_STAGE = """
-CREATE TEMP TABLE IF NOT EXISTS runwire_stage (
-    id text, run_id text, tenant text, child_id text, seq bigint, type text, ts text, body bytea
-) ON COMMIT DELETE ROWS
-"""
-
-_STAGE_TYPES = ["text", "text", "text", "text", "int8", "text", "text", "bytea"]
-"""Binary COPY: the envelope bytes go as they are (text COPY would hex-escape them)."""
-_COLUMNS = "id, run_id, tenant, child_id, seq, type, ts, payload, body"
-_FROM_STAGE = (
-    f"INSERT INTO events ({_COLUMNS}) SELECT id, run_id, tenant, child_id, seq, type,"
-    " ts::timestamptz, convert_from(body, 'UTF8')::jsonb -> 'payload', body FROM {source}"
-    " ON CONFLICT (run_id, seq) DO NOTHING RETURNING run_id, seq"
-)
-_FROM_ARRAYS = _FROM_STAGE.format(
-    source="unnest(%s::text[], %s::text[], %s::text[], %s::text[], %s::bigint[], %s::text[],"
-    " %s::text[], %s::bytea[]) AS u(id, run_id, tenant, child_id, seq, type, ts, body)"
-)
-
-_UPSERT_RUN = upsert_run_sql("%s", "greatest")
-
-
-def _stage_row(event: Event, body: bytes) -> tuple[Any, ...]:
-    return (event.id, event.run_id, event.tenant, event.child_id, event.seq, event.type,
-            event.ts, body)
 
 
 class _Conn:
@@ -215,7 +98,7 @@ class PostgresLog(ReplayLog):
         self._outbox: ThreadConnection | None = None
 
     def outbox(self) -> Outbox:
-        """The outbox in this database, on a connection of its own (``outbox_postgres.py``)."""
+        """The outbox in this database, on a connection of its own (``postgres/connection.py``)."""
         if self._outbox is None:
             self._outbox = ThreadConnection(self.dsn)
         return Outbox(self._outbox, POSTGRES, lambda: self.clock().timestamp())
@@ -229,7 +112,7 @@ class PostgresLog(ReplayLog):
 
     async def _open_writer(self) -> psycopg.AsyncConnection[Any]:
         conn = await self._open()
-        await conn.execute(_STAGE)
+        await conn.execute(STAGE)
         return conn
 
     async def connect(self) -> None:
@@ -245,20 +128,8 @@ class PostgresLog(ReplayLog):
         self._writer.conn = writer
 
     async def _migrate(self, conn: psycopg.AsyncConnection[Any]) -> None:
-        async with conn.transaction():
-            await conn.execute("SELECT pg_advisory_xact_lock(7426105)")
-            await conn.execute(_SCHEMA)
-            row = await (await conn.execute("SELECT max(version) FROM runwire_schema")).fetchone()
-            version = row[0] if row else None
-            if version is None:
-                await conn.execute(
-                    "INSERT INTO runwire_schema VALUES (%s)", (SCHEMA_VERSION,)
-                )
-            elif version > SCHEMA_VERSION:
-                raise StoreError(f"database has schema {version}, newer than {SCHEMA_VERSION}")
-            elif version < SCHEMA_VERSION:
-                await conn.execute("UPDATE runwire_schema SET version = %s", (SCHEMA_VERSION,))
-        await conn.execute(_STAGE)
+        await migrate(conn)
+        await conn.execute(STAGE)
 
     async def close(self) -> None:
         if self._outbox is not None:
@@ -334,7 +205,7 @@ class PostgresLog(ReplayLog):
                         notices += delta.notices
                     if notices:
                         async with conn.cursor() as cursor:
-                            await cursor.executemany(_INSERT_NOTICE, notice_rows(notices, now.timestamp()))
+                            await cursor.executemany(NOTICE_INSERT, notice_rows(notices, now.timestamp()))
             except psycopg.OperationalError as exc:
                 raise unavailable(exc) from exc
             except psycopg.Error as exc:
@@ -351,20 +222,20 @@ class PostgresLog(ReplayLog):
                     "COPY runwire_stage (id, run_id, tenant, child_id, seq, type, ts, body)"
                     " FROM STDIN (FORMAT BINARY)"
                 ) as copy:
-                    copy.set_types(_STAGE_TYPES)
+                    copy.set_types(STAGE_TYPES)
                     for event, body in rows:
-                        await copy.write_row(_stage_row(event, body))
-                await cursor.execute(_FROM_STAGE.format(source="runwire_stage"))
+                        await copy.write_row(stage_row(event, body))
+                await cursor.execute(FROM_STAGE.format(source="runwire_stage"))
             else:
-                columns = list(zip(*(_stage_row(e, b) for e, b in rows), strict=True))
-                await cursor.execute(_FROM_ARRAYS, [list(c) for c in columns])
+                columns = list(zip(*(stage_row(e, b) for e, b in rows), strict=True))
+                await cursor.execute(FROM_ARRAYS, [list(c) for c in columns])
             return {(run_id, seq) for run_id, seq in await cursor.fetchall()}
 
     async def _merge_run(
         self, conn: psycopg.AsyncConnection[Any], delta: RunDelta, now: datetime
     ) -> None:
         cursor = await conn.execute(
-            _UPSERT_RUN,
+            UPSERT_RUN,
             (delta.run_id, delta.tenant, delta.parent_id, delta.root_id, delta.thread_id, delta.state,
              delta.state_seq, delta.terminal, delta.events, delta.last_seq,
              delta.input_tokens, delta.output_tokens, delta.dropped, delta.first_ts,
@@ -436,7 +307,7 @@ class PostgresLog(ReplayLog):
         args = {"run": run_id, "tenant": tenant, "root": root_id}
         for _ in range(3):
             # empty only when a concurrent claim committed after this statement's snapshot
-            rows = await self._fetch(_CLAIM, args)
+            rows = await self._fetch(CLAIM, args)
             if rows:
                 return RunOwner(tenant=rows[0][0], root_id=rows[0][1])
         raise StoreError(f"could not claim run {run_id!r}")

@@ -16,7 +16,7 @@ from typing import Any, TypeVar
 
 import psycopg
 
-from ..core.errors import StoreError, StoreFull, StoreUnavailable
+from ...core.errors import StoreError, StoreFull, StoreUnavailable
 
 T = TypeVar("T")
 
