@@ -47,7 +47,7 @@ async def measure(store_url: str, count: int, repeats: int) -> dict[str, float]:
     from runwire.bus import open_bus
     from runwire.edge import EdgeSettings
     from runwire.edge.a2a import methods
-    from runwire.edge.context import Edge
+    from runwire.edge.service.context import Edge
     from runwire.store import open_store
 
     async with open_bus("memory://") as bus, open_store(store_url) as log:

@@ -355,9 +355,9 @@ def resumed_tally(url: str, runs: int, deltas: int, store_url: str | None = None
     """What a client resuming each run from its start reads now, through a new bus (a new edge
     process: the Kafka hot tier rebuilt from the delivery topic): deltas missing, doubled, out of
     order, and ``x.gap`` events (a seq hole a worker saw). With ``store_url``, as an edge reads it
-    (:func:`runwire.edge.resume.history`): what the hot tier no longer has from the replay log."""
+    (:func:`runwire.edge.fanout.resume.history`): what the hot tier no longer has from the replay log."""
     from runwire.bus import open_bus
-    from runwire.edge.resume import history
+    from runwire.edge.fanout.resume import history
 
     async def read() -> tuple[list[list[str]], int]:
         out: list[list[str]] = []

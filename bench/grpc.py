@@ -68,7 +68,7 @@ def serve(bus_url: str, port: int, grpc_port: int) -> None:
     import uvicorn
 
     from runwire.edge import EdgeSettings, create_app
-    from runwire.edge.grpc_server import start_grpc
+    from runwire.edge.grpc.server import start_grpc
     from runwire.store import open_store
     from runwire.workers.commands.edge import tune_gc
 

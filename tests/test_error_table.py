@@ -7,12 +7,12 @@ import grpc
 import pytest
 
 # the modules that define error classes of their own, so every_error_class() sees them
-import runwire.edge.app
+import runwire.edge.http.app
 import runwire.jobs.fork
 import runwire.webhooks.subscriptions  # noqa: F401
 from runwire.core import errors
-from runwire.edge.grpc_server import status_of
-from runwire.edge.transports import http_status
+from runwire.edge.fanout.transports import http_status
+from runwire.edge.grpc.server import status_of
 
 AGREE = {
     400: {"INVALID_ARGUMENT", "OUT_OF_RANGE"}, 401: {"UNAUTHENTICATED"}, 403: {"PERMISSION_DENIED"},

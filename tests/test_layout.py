@@ -328,3 +328,37 @@ def test_each_backend_is_a_folder_with_the_same_roles(part: str) -> None:
                              if target.startswith(f"runwire.{part}.") and target.split(".")[2] in backends
                              and target.split(".")[2] != backend]
     assert not sideways, "\n".join(sideways)
+
+
+# ---- the edge's wings -------------------------------------------------------------------------
+
+EDGE_FLOORS = {"settings": 0, "metrics": 0, "proto": 0, "fanout": 1, "service": 2,
+               "http": 3, "grpc": 3, "durable": 3, "chat": 3, "a2a": 3}
+"""The edge's folders (and ground-floor modules), bottom to top: fan-out, the service layer every
+entrance shares, then one wing per entrance."""
+COMPOSITION_ROOT = "runwire.edge.http.app"
+"""The one module that mounts other wings (the HTTP-based ones: Durable Streams, chat, A2A) on
+one app; no other wing imports another."""
+
+
+def test_the_edges_wings_stand_on_the_service_layer() -> None:
+    """A module of the edge imports from its own folder and the floors below it; a wing (an
+    entrance) never from another wing, save the app mounting the HTTP-based ones."""
+    edge = sorted(p.name.removesuffix(".py") for p in (ROOT / "pipeline" / "edge").iterdir()
+                  if p.suffix == ".py" and p.name != "__init__.py" or (p / "__init__.py").exists())
+    assert edge == sorted(EDGE_FLOORS), "a new edge folder or module needs its floor in EDGE_FLOORS"
+    wrong = []
+    for name, path in MODULES.items():
+        parts = name.split(".")
+        if parts[:2] != ["runwire", "edge"] or len(parts) < 3:
+            continue
+        here = parts[2]
+        for target in imports_of(name, path):
+            there = target.split(".")
+            if there[:2] != ["runwire", "edge"] or len(there) < 3 or there[2] == here:
+                continue
+            up = EDGE_FLOORS[there[2]] > EDGE_FLOORS[here]
+            sideways = EDGE_FLOORS[there[2]] == EDGE_FLOORS[here] == 3 and name != COMPOSITION_ROOT
+            if up or sideways:
+                wrong.append(f"{name} imports {target}")
+    assert not wrong, "edge imports that point up or between wings:\n" + "\n".join(wrong)

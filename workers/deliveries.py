@@ -29,7 +29,7 @@ from runwire.webhooks.notify import build
 from runwire.webhooks.sender import Sender
 
 if TYPE_CHECKING:
-    from runwire.edge.context import Edge
+    from runwire.edge.service.context import Edge
 
 log = logging.getLogger("runwire.webhooks")
 

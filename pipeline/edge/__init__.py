@@ -6,8 +6,8 @@ the endpoints, parameters, formats, auth, limits and error codes.
 
 from __future__ import annotations
 
-from .app import create_app
-from .auth import Principal, issue_token, verify_token
+from .http.app import create_app
+from .service.auth import Principal, issue_token, verify_token
 from .settings import EdgeSettings
 
 __all__ = ["EdgeSettings", "Principal", "create_app", "issue_token", "verify_token"]

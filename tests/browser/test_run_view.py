@@ -12,7 +12,7 @@ from pathlib import Path
 import pytest
 
 from runwire.edge import EdgeSettings, runlog
-from runwire.edge.auth import issue_token
+from runwire.edge.service.auth import issue_token
 from tests.browser.agents import Agent, big_run, expected, publish_big
 from tests.browser.browser import Browser, BrowserMissing, browser
 from tests.e2e_harness import pipeline, unique, wait_for_terminal

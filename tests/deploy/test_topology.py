@@ -35,7 +35,7 @@ from httpx_sse import connect_sse
 from psycopg import sql
 
 from runwire.core.envelope import Event, encode, now_ts
-from runwire.edge.auth import issue_token
+from runwire.edge.service.auth import issue_token
 from tests.deploy import compose
 from tests.events import event
 from tests.ops.conftest import RUNWIRE, runwire_env

@@ -14,7 +14,7 @@ import uvicorn
 from runwire.bus.base import Bus
 from runwire.core.envelope import Event
 from runwire.edge import EdgeSettings, create_app, issue_token
-from runwire.edge.hub import Hub
+from runwire.edge.fanout.hub import Hub
 from runwire.sdk.publisher import Run
 from runwire.store.base import ReplayLog
 from tests.events import event as event  # the one test event factory, also importable from here
@@ -113,7 +113,7 @@ class EdgeServer:
 
     @property
     def edge(self) -> Any:
-        """The running app's :class:`~runwire.edge.context.Edge` (its hub, quotas, throttles)."""
+        """The running app's :class:`~runwire.edge.service.context.Edge` (its hub, quotas, throttles)."""
         assert self.server is not None
         return self.server.config.app.state.edge
 

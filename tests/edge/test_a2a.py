@@ -96,7 +96,7 @@ def state_of(update: dict[str, Any]) -> str | None:
 
 async def expected_updates(p: Pipeline, run_id: str) -> list[dict[str, Any]]:
     """What the ``a2a`` mapping makes of the run as the replay log has it (the shaped view)."""
-    from runwire.edge.resume import history
+    from runwire.edge.fanout.resume import history
 
     encoder = A2AEgress()
     out: list[dict[str, Any]] = []

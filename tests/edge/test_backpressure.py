@@ -12,8 +12,8 @@ import pytest
 
 from runwire.bus.base import Bus
 from runwire.edge import EdgeSettings
-from runwire.edge.clients import ClientQueue
-from runwire.edge.frames import DROP_REASONING, DROP_TEXT, NEVER_DROP, Frame
+from runwire.edge.fanout.clients import ClientQueue
+from runwire.edge.fanout.frames import DROP_REASONING, DROP_TEXT, NEVER_DROP, Frame
 from runwire.store.base import ReplayLog
 from tests.events import event
 from tests.waiting import until

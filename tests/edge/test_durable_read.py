@@ -11,7 +11,7 @@ import pytest
 
 from runwire.bus.base import Bus
 from runwire.edge import EdgeSettings
-from runwire.edge.auth import issue_token
+from runwire.edge.service.auth import issue_token
 from runwire.store.base import ReplayLog
 
 from .harness import append, run_events, serve_edge

@@ -7,7 +7,7 @@ import msgspec
 import pytest
 
 from runwire.bus.base import Bus
-from runwire.edge import runlog
+from runwire.edge.http import runlog
 from runwire.jobs.spans import Span, derive_spans
 from runwire.store.base import ReplayLog
 from tests.events import event

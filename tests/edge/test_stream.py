@@ -16,7 +16,7 @@ from runwire.bus import open_bus
 from runwire.bus.base import Bus
 from runwire.core.envelope import now_ts
 from runwire.edge import EdgeSettings
-from runwire.edge.context import Edge
+from runwire.edge.service.context import Edge
 from runwire.store.base import ReplayLog
 from tests.events import event
 from tests.services import RedisServer
@@ -151,7 +151,7 @@ async def test_the_hub_logs_a_lost_bus_once_and_its_return_once(
     """While the bus is down the hub retries its read (clients keep their connections); the
     operator reads one warning when reads start failing and one line when they work again,
     not silence and not a line per retry."""
-    caplog.set_level(logging.INFO, logger="runwire.edge.hub")
+    caplog.set_level(logging.INFO, logger="runwire.edge.fanout.hub")
     async with open_bus(own_redis.url) as bus:
         live = [event(run_id, 1, "run.lifecycle", {"state": "running"}, ts=now_ts()), event(run_id, 2, ts=now_ts())]
         await append(bus, run_id, live)  # stamped now: a live run, not one gone silent
@@ -173,7 +173,7 @@ async def test_the_hub_logs_a_lost_bus_once_and_its_return_once(
 
 
 def _hub_lines(caplog: pytest.LogCaptureFixture) -> list[tuple[int, str]]:
-    return [(r.levelno, r.getMessage()) for r in caplog.records if r.name == "runwire.edge.hub"]
+    return [(r.levelno, r.getMessage()) for r in caplog.records if r.name == "runwire.edge.fanout.hub"]
 
 
 async def _read_into(response: httpx.Response, lines: list[str]) -> None:

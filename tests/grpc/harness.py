@@ -10,9 +10,9 @@ import grpc
 
 from runwire.bus.base import Bus
 from runwire.edge import EdgeSettings, create_app
-from runwire.edge.context import Edge
-from runwire.edge.grpc_server import GrpcServer, start_grpc
+from runwire.edge.grpc.server import GrpcServer, start_grpc
 from runwire.edge.proto.runwire.v1 import runwire_pb2 as pb
+from runwire.edge.service.context import Edge
 from runwire.store.base import ReplayLog
 from tests.edge.harness import free_port, loopback_config, start_uvicorn, stop_uvicorn
 

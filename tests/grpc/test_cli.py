@@ -78,7 +78,7 @@ def test_edge_serves_grpc_and_stops_cleanly_on_sigterm(tmp_path: Path) -> None:
 def test_the_edge_does_not_import_grpcio_unless_asked() -> None:
     """gRPC is an optional extra: the edge app and the CLI load without importing grpcio."""
     code = (
-        "import sys; import runwire.edge, runwire.edge.app, runwire.workers.cli, runwire.workers.commands.edge, "
+        "import sys; import runwire.edge, runwire.edge.http.app, runwire.workers.cli, runwire.workers.commands.edge, "
         "runwire.workers.commands.up; sys.exit(1 if [m for m in sys.modules if m.split('.')[0] in "
         "('grpc', 'grpc_health', 'grpc_reflection', 'google')] else 0)"
     )

@@ -77,7 +77,7 @@ def test_unknown_profile_is_a_config_error() -> None:
 
 def test_edge_feed_filter_uses_these_profiles() -> None:
     """The edge's ``profile=`` parameter resolves through this module."""
-    from runwire.edge.filters import event_filter
+    from runwire.edge.fanout.filters import event_filter
 
     def profile_filter(name: str):  # type: ignore[no-untyped-def]
         return event_filter(name, "flatten")

@@ -25,7 +25,7 @@ from runwire.bus import Bus
 from runwire.core import envelope
 from runwire.core.envelope import Event
 from runwire.core.errors import ProtocolError
-from runwire.edge.ingest import decode_body
+from runwire.edge.service.ingest import decode_body
 from runwire.store import ReplayLog
 from runwire.workers.runtime import run_worker
 from tests.edge.harness import EdgeServer, serve_edge

@@ -17,7 +17,7 @@ import pytest
 
 from runwire.bus.base import Bus
 from runwire.edge import EdgeSettings, create_app, issue_token
-from runwire.edge.server import edge_config
+from runwire.edge.http.server import edge_config
 from runwire.store.base import ReplayLog
 from tests.edge.harness import (
     append,

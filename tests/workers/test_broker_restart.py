@@ -20,7 +20,7 @@ import pytest
 
 from runwire import Publisher
 from runwire.bus import open_bus
-from runwire.edge.resume import history
+from runwire.edge.fanout.resume import history
 from runwire.store import open_store
 from tests.services import DurableTansu, TansuBroker, free_port
 from tests.waiting import until

@@ -23,7 +23,7 @@ from runwire.workers.process import raise_file_limit, tune_gc
 
 if TYPE_CHECKING:
     from runwire.edge import EdgeSettings
-    from runwire.edge.grpc_server import GrpcServer
+    from runwire.edge.grpc.server import GrpcServer
 
 GRPC_MISSING = "--grpc-port needs the grpc extra: pip install 'runwire[grpc]'"
 
@@ -124,7 +124,7 @@ async def serve(
 
     from runwire.bus import open_bus
     from runwire.edge import create_app
-    from runwire.edge.server import edge_config
+    from runwire.edge.http.server import edge_config
     from runwire.store import open_store
 
     async with open_bus(bus_url) as bus, open_store(store_url) as store:
@@ -146,7 +146,7 @@ async def serve(
 async def start_grpc_or_exit(edge: Any, host: str, port: int) -> GrpcServer:
     """The gRPC server, started before anything else so a taken port is one clear error."""
     from runwire.core.errors import ConfigError
-    from runwire.edge.grpc_server import start_grpc
+    from runwire.edge.grpc.server import start_grpc
 
     try:
         return await start_grpc(edge, host, port)

@@ -16,7 +16,7 @@ import click
               help="HS256 key shared with the edge (≥ 32 bytes).")
 def token(tenant: str, runs: tuple[str, ...], scopes: tuple[str, ...], ttl: int, secret: str) -> None:
     """Print an HS256 bearer token for TENANT (use as `Authorization: Bearer …` or ?access_token=)."""
-    from runwire.edge.auth import issue_token
+    from runwire.edge.service.auth import issue_token
 
     if len(secret.encode()) < 32:
         raise click.UsageError("RUNWIRE_SECRET must be at least 32 bytes (HS256 key)")

@@ -36,8 +36,8 @@ import uvicorn
 
 from runwire.bus import Bus, open_bus
 from runwire.core.redaction import redact_url
-from runwire.edge.app import create_app
-from runwire.edge.server import edge_config
+from runwire.edge.http.app import create_app
+from runwire.edge.http.server import edge_config
 from runwire.edge.settings import EdgeSettings
 from runwire.jobs.demo import DEMO_TENANT, publish_runs
 from runwire.sdk.publisher import Publisher

@@ -27,11 +27,11 @@ from starlette.types import Receive, Scope, Send
 from ...core import limits
 from ...core.errors import RunwireError
 from ...protocols.a2a import RESUME_EXTENSION
-from ..auth import Principal
-from ..context import Edge
-from ..params import bounded_body, check_depth
-from ..session import StreamRequest
-from ..transports import http_status
+from ..fanout.session import StreamRequest
+from ..fanout.transports import http_status
+from ..service.auth import Principal
+from ..service.context import Edge
+from ..service.params import bounded_body, check_depth
 from . import methods, push
 from .card import agent_card
 from .errors import A2AFault, as_fault

@@ -40,13 +40,13 @@ from ...protocols.a2a import (
     task_state,
 )
 from ...store.base import RunInfo
-from ..auth import Principal
-from ..authz import authorize_control, authorize_write
-from ..context import Edge
-from ..control import send_control
-from ..feed import FeedKey
-from ..filters import event_filter
-from ..resume import Probe, history, probe
+from ..fanout.feed import FeedKey
+from ..fanout.filters import event_filter
+from ..fanout.resume import Probe, history, probe
+from ..service.auth import Principal
+from ..service.authz import authorize_control, authorize_write
+from ..service.context import Edge
+from ..service.control import send_control
 from .errors import A2AFault
 
 CURSOR_HEADER = "Runwire-A2A-Cursor"

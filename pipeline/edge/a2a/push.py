@@ -22,8 +22,8 @@ from ...core import limits
 from ...protocols.a2a import PUSH_CONFIG_PREFIX, PUSH_TOKEN_HEADER
 from ...store.outbox import AWAITING_APPROVAL, FINISHED, Subscription
 from ...webhooks.subscriptions import NewWebhook, add_webhook
-from ..auth import Principal
-from ..context import Edge
+from ..service.auth import Principal
+from ..service.context import Edge
 from .errors import A2AFault
 from .methods import object_of, task_id_of, text_of
 

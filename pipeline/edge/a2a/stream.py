@@ -1,6 +1,6 @@
 """A task's stream (``SubscribeToTask``, ``SendStreamingMessage``) over SSE, on either binding.
 
-It is a :class:`~runwire.edge.session.StreamSession` of the run in the ``a2a``
+It is a :class:`~runwire.edge.fanout.session.StreamSession` of the run in the ``a2a``
 format (``runwire.protocols.a2a``): the hub encodes each event once for every A2A
 client of the run; this sink only frames the bytes — JSON-RPC wraps each
 object in ``{"jsonrpc":"2.0","id":…,"result":…}``, HTTP+JSON sends it as it is.
@@ -33,12 +33,12 @@ from starlette.types import Receive, Send
 from ...core import limits
 from ...core.errors import RunNotPublished
 from ...protocols.a2a import INPUT_REQUIRED, RESUME_EXTENSION, TERMINAL_TASK_STATES, A2AEgress
-from ..clients import ClientQueue
-from ..context import Edge
-from ..feed import FeedKey
-from ..frames import Frame
-from ..session import RunEnded, Sink, StreamRequest, StreamSession
-from ..transports import run_session, watch_http
+from ..fanout.clients import ClientQueue
+from ..fanout.feed import FeedKey
+from ..fanout.frames import Frame
+from ..fanout.session import RunEnded, Sink, StreamRequest, StreamSession
+from ..fanout.transports import run_session, watch_http
+from ..service.context import Edge
 from .errors import A2AFault
 from .methods import view_of
 
