@@ -22,7 +22,7 @@ from ..proto.runwire.v1 import runwire_pb2 as pb
 from ..service.auth import Principal
 from ..service.authz import authorize_write
 from ..service.context import Edge
-from ..service.ingest import publish_body
+from ..service.ingest import IngestRequest, publish_body
 from .messages import event_line
 
 INGEST_BATCH = 1000
@@ -75,9 +75,7 @@ class Ingestion:
         pending, self.pending, self.count = self.pending, {}, 0
         for run_id, items in pending.items():
             body = b"\n".join(line for _, line in items)
-            result = await publish_body(
-                self.edge.bus, self.edge.gate, self.edge.metrics, self.principal, run_id, body, "koder"
-            )
+            result = await publish_body(self.edge, self.principal, IngestRequest(run_id, body, "koder"))
             self.accepted += result.accepted
             for error in result.rejected:
                 index = items[min(error.line, len(items)) - 1][0]

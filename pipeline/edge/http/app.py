@@ -67,7 +67,7 @@ from ..service.auth import Principal
 from ..service.authz import authorize_write
 from ..service.context import Edge
 from ..service.control import agent_controls, send_control
-from ..service.ingest import publish_body, resolve_format
+from ..service.ingest import IngestRequest, publish_body, resolve_format
 from ..service.params import bounded_body, list_limit
 from ..service.runs import list_runs
 from ..service.streams import parse_time, stream_request
@@ -187,10 +187,7 @@ def ingest_endpoint(edge: Edge) -> Any:
         context = RunContext.parse(token) if token else None
         thread_id = request.headers.get("thread-id") or request.query_params.get("thread_id") or None
         try:
-            result = await publish_body(
-                edge.bus, edge.gate, edge.metrics, principal, run_id, body, format_name, thread_id,
-                context, max_events=edge.settings.max_ingest_events,
-            )
+            result = await publish_body(edge, principal, IngestRequest(run_id, body, format_name, thread_id, context))
         except RequestError as exc:  # over a limit of the request as a whole: nothing published
             return error_response(exc)
         except RunwireError as exc:  # the replay log holding the claims, or the bus, is down or full

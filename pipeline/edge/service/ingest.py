@@ -1,4 +1,5 @@
-"""HTTP ingest: ``POST /v1/runs/{run_id}/events`` for agents that can't reach the bus.
+"""Ingest, the same for every entrance: a body posted to a run (HTTP ``POST /v1/runs/{run_id}/events``,
+gRPC ``Ingest``), for agents that can't reach the bus.
 
 The body is NDJSON in any ingest format (``?format=``, else detected from
 the body, else ``koder``). **Partial acceptance**: every valid line is
@@ -15,10 +16,11 @@ published and the answer is ``503`` — retry the whole batch.
 
 from __future__ import annotations
 
+from dataclasses import dataclass
+
 import msgspec
 
 from ... import protocols
-from ...bus.base import Bus
 from ...core import envelope, limits
 from ...core.envelope import Event
 from ...core.errors import (
@@ -31,9 +33,9 @@ from ...core.errors import (
     line_error,
 )
 from ...sdk.runcontext import RunContext
-from ..metrics import EdgeMetrics
-from .auth import Gate, Principal
+from .auth import Principal
 from .authz import admit
+from .context import Edge
 
 DEFAULT_FORMAT = "koder"
 
@@ -112,33 +114,36 @@ def decode_body(
     return events, errors
 
 
-async def publish_body(
-    bus: Bus,
-    gate: Gate,
-    metrics: EdgeMetrics,
-    principal: Principal | None,
-    run_id: str,
-    body: bytes,
-    format_name: str,
-    thread_id: str | None = None,
-    context: RunContext | None = None,
-    *,
-    max_events: int = limits.EVENTS_PER_REQUEST,
-) -> IngestResult:
-    """Decode a body posted to ``run_id``, admit its events (the write rule), publish them in order.
+@dataclass(frozen=True, slots=True)
+class IngestRequest:
+    """A body posted to a run, as every ingest entrance (HTTP ``POST …/events``, gRPC
+    ``Ingest``) hands it to :func:`publish_body`: the run it is posted to, the body, its ingest
+    format, the thread (``Thread-Id``) and the run context (``Runwire-Context``) it came with."""
 
-    Every ingest entrance's path (HTTP ``POST …/events``, gRPC ``Ingest``); the
-    caller has called :func:`.authz.authorize_write` for ``run_id``. Raises
-    the replay log's or the bus's error (nothing published) when either is down.
+    run_id: str
+    body: bytes
+    format: str = DEFAULT_FORMAT
+    thread_id: str | None = None
+    context: RunContext | None = None
+
+
+async def publish_body(edge: Edge, principal: Principal | None, request: IngestRequest) -> IngestResult:
+    """Decode ``request``'s body, admit its events (the write rule), publish them in order.
+
+    Every ingest entrance's path; the caller has called :func:`.authz.authorize_write` for the
+    run. The body is bounded by the edge's ``max_ingest_events``. Raises the replay log's or the
+    bus's error (nothing published) when either is down.
     """
-    lined, errors = decode_body(body, format_name, run_id, thread_id, context, max_events=max_events)
-    admission = await admit(gate, principal, run_id, [event for _, event in lined])
+    run_id, format_name = request.run_id, request.format
+    lined, errors = decode_body(request.body, format_name, run_id, request.thread_id, request.context,
+                                max_events=edge.settings.max_ingest_events)
+    admission = await admit(edge.gate, principal, run_id, [event for _, event in lined])
     errors.extend(line_error(lined[index][0], exc) for index, exc in admission.refused)
     errors.sort(key=lambda error: error.line)
     events = admission.events
     if events:
-        await bus.publish(events)
-        metrics.ingested.inc(len(events))
+        await edge.bus.publish(events)
+        edge.metrics.ingested.inc(len(events))
     return IngestResult(format=format_name, accepted=len(events), rejected=errors)
 
 
