@@ -342,7 +342,7 @@ class FaustWorker:
         self._shard_of.setdefault(run_id, shard)
         stored = self.table.get(f"{shard}:{run_id}")
         in_table = base64.b64decode(stored) if stored else None
-        on_bus = await self.bus.load_state((run_id, "raw"))
+        on_bus = (await self.bus.load_states([(run_id, "raw")]))[0]
         return newest_checkpoint(in_table, on_bus)
 
     async def _dead_letter(self, delivery: Delivery, reason: str) -> None:

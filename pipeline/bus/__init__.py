@@ -14,12 +14,12 @@ from typing import Any
 
 from ..core.loader import load_entry, url_scheme
 from .base import (
+    Append,
     Bus,
     Consumer,
     ControlCommand,
     DeadLetter,
     Delivery,
-    EncodedAppend,
     StreamKey,
     View,
 )
@@ -50,7 +50,7 @@ __all__ = [
     "ControlCommand",
     "DeadLetter",
     "Delivery",
-    "EncodedAppend",
+    "Append",
     "StreamKey",
     "View",
     "open_bus",

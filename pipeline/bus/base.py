@@ -26,7 +26,7 @@ from typing import Any, Literal, Protocol, cast
 
 import msgspec
 
-from ..core.envelope import Envelope, Event, Extension, RunLifecycle, decode, is_terminal
+from ..core.envelope import Event, RunLifecycle, encode, is_terminal
 from ..core.lifecycle import AsyncResource
 from .ingest_entries import split
 from .keys import shard_for
@@ -34,8 +34,10 @@ from .keys import shard_for
 View = Literal["raw", "shaped"]
 StreamKey = tuple[str, View]
 """A delivery stream: ``(run_id, view)``."""
-EncodedAppend = tuple[StreamKey, Sequence[Event], Sequence[bytes], bytes | None]
-"""``(key, events, encoded, state)``: an append whose events' canonical JSON is given."""
+Append = tuple[StreamKey, Sequence[Event], Sequence[bytes] | None, bytes | None]
+"""``(key, events, encoded, state)``: one stream's append for :meth:`Bus.append_many`;
+``encoded``, when the writer has it, is each event's canonical JSON (``encoded[i]`` is
+``envelope.encode(events[i])``: a worker encoded them for the replay log already), else None."""
 
 
 
@@ -76,7 +78,7 @@ class Delivery(msgspec.Struct, gc=False):
     they share ``entry_id``, and the entry is acked once each of them is acked or
     dead-lettered."""
     count: int = 1
-    """How many events ``data`` holds: more than one only from :meth:`Consumer.fetch_entries`,
+    """How many events ``data`` holds: more than one only from :meth:`Consumer.fetch` with ``whole``,
     a whole entry (on the in-process bus: consecutive entries of a shard, ``part`` then
     counting from the first) whose events' canonical JSON lines are joined by newlines."""
 
@@ -120,6 +122,12 @@ def ascending_past(events: Sequence[Event], last: int) -> bool:
         return False
     seqs = list(map(_SEQ, events))
     return all(map(lt, seqs, seqs[1:]))
+
+
+def encoded(events: Sequence[Routed], data: Sequence[bytes] | None) -> Sequence[bytes]:
+    """``data`` when given, else each of ``events`` (events, then) as canonical JSON: what
+    :meth:`Bus.publish` sends."""
+    return data if data is not None else [encode(cast(Event, event)) for event in events]
 
 
 def each_event(deliveries: Sequence[Delivery]) -> list[Delivery]:
@@ -174,22 +182,20 @@ class Consumer(AsyncResource):
     name: str
 
     @abstractmethod
-    async def fetch(self, max_count: int = 512, block_ms: int = 1000) -> list[Delivery]:
+    async def fetch(self, max_count: int = 512, block_ms: int = 1000, *, whole: bool = False) -> list[Delivery]:
         """Up to ``max_count`` entries, waiting up to ``block_ms`` when none are ready.
 
         Fewer than ``max_count`` only when no more are ready (runtimes take that as
         caught up). Where an entry holds several events (Redis ingest), one delivery
         per event, ``max_count`` counts events, and an entry comes whole, so the last
-        one may take a fetch past ``max_count``."""
+        one may take a fetch past ``max_count``.
 
-    async def fetch_entries(self, max_count: int = 512, block_ms: int = 1000) -> list[Delivery]:
-        """:meth:`fetch`, but where an entry holds several events it may come whole: one
-        delivery whose ``count`` says how many (a worker decodes and acks an entry at once
-        rather than event by event; ``max_count`` still counts events). Acking such a delivery
-        acks every event of the entry not dead-lettered before; a single event of it is
-        dead-lettered as its own delivery (:meth:`Delivery.events`). The default hands out
-        what :meth:`fetch` does."""
-        return await self.fetch(max_count, block_ms)
+        ``whole``: where an entry holds several events it may come as one delivery whose
+        ``count`` says how many (a worker decodes and acks an entry at once rather than event
+        by event; ``max_count`` still counts events). Acking such a delivery acks every event
+        of the entry not dead-lettered before; a single event of it is dead-lettered as its own
+        delivery (:meth:`Delivery.events`). A backend whose entries hold one event each hands
+        out the same either way."""
 
     @abstractmethod
     async def ack(self, deliveries: Sequence[Delivery]) -> None:
@@ -258,21 +264,18 @@ class Bus(AsyncResource):
 
     # ---- ingest -------------------------------------------------------
     @abstractmethod
-    async def publish(self, events: Sequence[Event]) -> None:
+    async def publish(self, events: Sequence[Routed], data: Sequence[bytes] | None = None) -> None:
         """Append envelopes to their ingest shards, keeping the given order per run.
+
+        ``data``, when the caller has it, is each event's canonical JSON (``data[i]`` is
+        ``envelope.encode(events[i])``, e.g. the publisher's), sent as it is; ``events[i]`` is
+        then the event or only what routes it (:class:`Routed`: the publisher queues its text
+        deltas as bytes). Without it every one of ``events`` is an event, encoded here
+        (:func:`encoded`).
 
         All-or-error: on failure raise BusUnavailable; the caller retries the
         whole batch (workers dedupe on ``(run_id, seq)``).
         """
-
-    async def publish_encoded(self, events: Sequence[Routed], data: Sequence[bytes]) -> None:
-        """:meth:`publish` with each event's canonical JSON given (``data[i]`` is
-        ``envelope.encode(events[i])``, e.g. the publisher's). ``events[i]`` is the event or
-        only what routes it (:class:`Routed`: the publisher queues its text deltas as bytes).
-        Backends that send bytes use them; the default publishes the events (decoding those
-        given as bytes only)."""
-        await self.publish([cast(Event, event) if isinstance(event, Envelope | Extension)
-                            else decode(encoded) for event, encoded in zip(events, data, strict=True)])
 
     @abstractmethod
     def consumer(
@@ -300,24 +303,15 @@ class Bus(AsyncResource):
         Returns how many were appended. Applies the stream's length/age bound.
         """
 
-    async def append_many(
-        self, appends: Sequence[tuple[StreamKey, Sequence[Event], bytes | None]]
-    ) -> list[int]:
-        """Several :meth:`append` calls ``(key, events, state)``, applied in the given order.
+    async def append_many(self, appends: Sequence[Append]) -> list[int]:
+        """Several :meth:`append` calls (:data:`Append`: ``(key, events, encoded, state)``),
+        applied in the given order.
 
         Same semantics as calling :meth:`append` for each; a backend may send
-        them in one round trip (Redis pipelines them). Returns each count.
+        them in one round trip (Redis pipelines them). Backends that store
+        bytes use the given ``encoded``; others ignore it. Returns each count.
         """
-        return [await self.append(key, events, state=state) for key, events, state in appends]
-
-    async def append_many_encoded(self, appends: Sequence[EncodedAppend]) -> list[int]:
-        """:meth:`append_many` with each event's canonical JSON given.
-
-        ``encoded[i]`` must be ``envelope.encode(events[i])``; a writer that
-        already encoded the events (for the replay log) saves encoding them
-        again. Backends that store bytes use them; others ignore them.
-        """
-        return await self.append_many([(key, events, state) for key, events, _, state in appends])
+        return [await self.append(key, events, state=state) for key, events, _, state in appends]
 
     async def drop_views(self, run_id: str) -> None:
         """Delete a run's delivery streams and checkpoints, for a worker to rebuild them whole
@@ -325,13 +319,10 @@ class Bus(AsyncResource):
         since). A backend that can't lose them keeps them."""
 
     @abstractmethod
-    async def load_state(self, key: StreamKey) -> bytes | None:
-        """The state last stored with :meth:`append` for this stream, or None."""
-
     async def load_states(self, keys: Sequence[StreamKey]) -> list[bytes | None]:
-        """:meth:`load_state` of each stream, in order (a worker restoring many streams at
-        once: a backend that can asks for all of them in one round trip)."""
-        return [await self.load_state(key) for key in keys]
+        """The state last stored with :meth:`append` for each stream (None for a stream without
+        one), in order; a worker restoring many streams at once asks for all of them together
+        (a backend that can: in one round trip)."""
 
     @abstractmethod
     async def read(self, key: StreamKey, after: int, limit: int = 1000) -> list[Event]:

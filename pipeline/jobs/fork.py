@@ -88,8 +88,8 @@ async def fork_run(
         tail, state = await _copy(store, fork, info.tenant, bus)
         if bus is not None:
             _, appends = rebuilt_views(fork.run_id, state, tail)
-            await bus.append_many_encoded([append for append in appends if append[0][1] == "shaped"])
-            await bus.append_many_encoded([append for append in appends if append[0][1] == "raw"])
+            await bus.append_many([append for append in appends if append[0][1] == "shaped"])
+            await bus.append_many([append for append in appends if append[0][1] == "raw"])
     return ForkResult(fork=fork, created=existing is None)
 
 

@@ -1,7 +1,7 @@
 """A fetched batch's deliveries → the events a worker processes, poison sorted out.
 
 A delivery holds one event, or a whole ingest entry of several
-(:meth:`~runwire.bus.Consumer.fetch_entries`: their canonical JSON lines
+(:meth:`~runwire.bus.Consumer.fetch` with ``whole``: their canonical JSON lines
 joined by newlines). The rule is a batch of valid events: it is decoded by
 one msgspec call and each distinct timestamp is read once, with no pass per
 event. Otherwise every event is decoded on its own, so a bad one is

@@ -16,7 +16,7 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 
-from ..bus import Bus, EncodedAppend
+from ..bus import Append, Bus
 from ..bus.options import BusOptions
 from ..core.envelope import Event
 from ..core.lines import encode_lines
@@ -57,7 +57,7 @@ def hot_length(bus: Bus) -> int:
     return maxlen if isinstance(maxlen, int) and maxlen > 0 else BusOptions().maxlen
 
 
-def rebuilt_views(run_id: str, data: bytes, raw: Sequence[Event]) -> tuple[bytes, list[EncodedAppend]]:
+def rebuilt_views(run_id: str, data: bytes, raw: Sequence[Event]) -> tuple[bytes, list[Append]]:
     """The appends that give a run's hot streams back from its logged raw events (seq order, the
     last ones up to the checkpoint's seq) — its shaped view, then its raw view with the
     checkpoint — and the checkpoint to continue from.
@@ -86,7 +86,7 @@ def rebuilt_views(run_id: str, data: bytes, raw: Sequence[Event]) -> tuple[bytes
         shaped = sent
     elif shaped:
         data = settle_windows(data, shaped)
-    appends: list[EncodedAppend] = []
+    appends: list[Append] = []
     if shaped:
         appends.append(((run_id, "shaped"), shaped, encode_lines(shaped), None))
     appends.append(((run_id, "raw"), raw, encode_lines(raw), data))

@@ -15,7 +15,7 @@ neither deduplicated nor gap-checked.
 
 The state is a msgspec Struct stored atomically with each append to the raw
 delivery stream (``bus.append(key, events, state=...)``), so a successor that
-loads it (``bus.load_state``) continues exactly where the last writer stopped.
+loads it (``bus.load_states``) continues exactly where the last writer stopped.
 """
 
 from __future__ import annotations

@@ -24,7 +24,7 @@ from typing import TypeVar
 import msgspec
 from redis.backoff import ExponentialWithJitterBackoff
 
-from ..bus import Bus, Delivery, EncodedAppend, StreamKey
+from ..bus import Append, Bus, Delivery, StreamKey
 from ..bus.base import each_event
 from ..bus.keys import shard_for
 from ..core.envelope import Event
@@ -74,8 +74,8 @@ class EncodedWrite:
 
     def __init__(self) -> None:
         self.log: list[tuple[str, Sequence[Event], Sequence[bytes], bytes | None]] = []
-        self.raw: list[EncodedAppend] = []
-        self.shaped: list[EncodedAppend] = []
+        self.raw: list[Append] = []
+        self.shaped: list[Append] = []
 
 
 class WorkerStats(msgspec.Struct, kw_only=True):
@@ -273,15 +273,15 @@ class Stages:
             await self.retry(lambda: self.store.append_streams(rows))
             self.stats.log_seconds += time.monotonic() - started
 
-    async def _append_many(self, appends: list[EncodedAppend]) -> None:
+    async def _append_many(self, appends: list[Append]) -> None:
         """Each key appears once here, so the appends may be sent together.
 
-        Chunks go through ``bus.append_many_encoded``: one pipeline on Redis,
+        Chunks go through ``bus.append_many``: one pipeline on Redis,
         one produce per partition on Kafka, plain calls in memory.
         """
         for start in range(0, len(appends), APPEND_CHUNK):
             chunk = appends[start : start + APPEND_CHUNK]
-            await self.retry(functools.partial(self.bus.append_many_encoded, chunk))
+            await self.retry(functools.partial(self.bus.append_many, chunk))
 
     async def _reroute(self, misrooted: list[Misrooted]) -> None:
         """Re-publish events that claimed a child run as their root, with the true root.
@@ -403,7 +403,7 @@ class Stages:
         and their shaped view (:func:`.logged.rebuilt_views`, which may settle the checkpoint
         against it: ``checkpoints`` is updated); appends are idempotent on seq."""
         length = hot_length(self.bus)
-        appends: list[EncodedAppend] = []
+        appends: list[Append] = []
         for run_id, data in checkpoints.items():
             last = decode_checkpoint(data).sequencer.last_seq
             after = max(0, last - length)
@@ -415,7 +415,7 @@ class Stages:
                 appends = []
         await self._append_views(appends)
 
-    async def _append_views(self, appends: list[EncodedAppend]) -> None:
+    async def _append_views(self, appends: list[Append]) -> None:
         await self._append_many([append for append in appends if append[0][1] == "shaped"])
         await self._append_many([append for append in appends if append[0][1] == "raw"])
 

@@ -129,7 +129,7 @@ class ConsumerLoop:
 
     async def _fetch(self, batch: int, block_ms: int) -> list[Delivery]:
         """One fetch, retried while the bus is unavailable (until a stop)."""
-        return await self.stages.retry(lambda: self.consumer.fetch_entries(batch, block_ms=block_ms))
+        return await self.stages.retry(lambda: self.consumer.fetch(batch, block_ms=block_ms, whole=True))
 
     async def _fetch_stamped(self, batch: int, block_ms: int) -> tuple[list[Delivery], float]:
         """One fetch and when it returned (the processor's clock): a fetch of fewer than ``batch``

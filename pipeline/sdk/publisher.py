@@ -363,7 +363,7 @@ class Publisher(AsyncResource):
         self._queue: deque[Event | Run] = deque()
         self._encoded: deque[bytes] = deque()
         """Each queued event's canonical JSON: its size is what the byte bound counts, and a
-        bus whose ``publish_encoded`` uses them (Kafka) sends these bytes instead of encoding again."""
+        bus sends these bytes (``Bus.publish``'s ``data``) instead of encoding again."""
         self._count = 0
         """Events queued or in flight."""
         self._queued = 0
@@ -687,12 +687,12 @@ class Publisher(AsyncResource):
     async def _deliver(self, events: list[Event | Run], data: list[bytes]) -> None:
         async def attempt() -> None:
             async with asyncio.timeout(self.delivery_timeout):
-                await self.bus.publish_encoded(events, data)
+                await self.bus.publish(events, data)
 
         if self.outage.state is None:  # a healthy bus: one attempt, none of the retries' steps
             try:
                 async with asyncio.timeout(self.delivery_timeout):  # attempt(), one coroutine less
-                    await self.bus.publish_encoded(events, data)
+                    await self.bus.publish(events, data)
             except (BusUnavailable, TimeoutError):  # retried below (which logs the pause), after
                 await asyncio.sleep(self._backoff.compute(1))  # the backoff a first retry waits
             except Exception as exc:  # not retriable: report it rather than loop

@@ -294,13 +294,13 @@ async def test_append_is_idempotent_on_seq_and_stores_state(bus_url: str) -> Non
     """Invariant 2: a retried append is not a duplicate; the writer's state is stored with it."""
     key: StreamKey = ("run-i", "raw")
     async with open_bus(bus_url) as bus:
-        assert await bus.bounds(key) is None and await bus.load_state(key) is None
+        assert await bus.bounds(key) is None and (await bus.load_states([key]))[0] is None
         assert await bus.append(key, [event("run-i", s) for s in range(1, 6)], state=b"s5") == 5
         assert await bus.append(key, [event("run-i", s) for s in range(3, 9)], state=b"s8") == 3
         assert await bus.append(key, [event("run-i", s) for s in range(1, 9)], state=b"s8") == 0
         events = await bus.read(key, 0)
         assert [e.seq for e in events] == list(range(1, 9))
-        assert await bus.load_state(key) == b"s8"
+        assert (await bus.load_states([key]))[0] == b"s8"
         assert await bus.bounds(key) == (1, 8)
         assert await bus.read(("run-i", "shaped"), 0) == []
 
@@ -311,34 +311,34 @@ async def test_append_many_equals_appends_in_order(bus_url: str) -> None:
     shaped: StreamKey = ("run-am", "shaped")
     async with open_bus(bus_url) as bus:
         counts = await bus.append_many([
-            (raw, [event("run-am", s) for s in (1, 2, 3)], b"r3"),
-            (shaped, [event("run-am", 3)], None),
-            (raw, [event("run-am", s) for s in (2, 3, 4)], b"r4"),
-            (("run-other", "raw"), [], b"only-state"),
+            (raw, [event("run-am", s) for s in (1, 2, 3)], None, b"r3"),
+            (shaped, [event("run-am", 3)], None, None),
+            (raw, [event("run-am", s) for s in (2, 3, 4)], None, b"r4"),
+            (("run-other", "raw"), [], None, b"only-state"),
         ])
         assert counts == [3, 1, 1, 0]
         assert [e.seq for e in await bus.read(raw, 0)] == [1, 2, 3, 4]
-        assert await bus.load_state(raw) == b"r4"
-        assert await bus.load_state(shaped) is None
-        assert await bus.load_state(("run-other", "raw")) == b"only-state"
+        assert (await bus.load_states([raw]))[0] == b"r4"
+        assert (await bus.load_states([shaped]))[0] is None
+        assert (await bus.load_states([("run-other", "raw")]))[0] == b"only-state"
 
 
 async def test_load_states_gives_each_streams_state_in_order(bus_url: str) -> None:
-    """A worker restoring many streams at once gets what :meth:`load_state` gives each,
+    """A worker restoring many streams at once gets what asking for each alone gives,
     a stream never written (or written without a state) included."""
     keys: list[StreamKey] = [(f"run-ls-{n}", "raw") for n in range(40)]
     async with open_bus(bus_url) as bus:
-        await bus.append_many([(key, [event(key[0], 1)], b"s%d" % n)
+        await bus.append_many([(key, [event(key[0], 1)], None, b"s%d" % n)
                                for n, key in enumerate(keys) if n % 3])
         await bus.append(("run-ls-shaped", "shaped"), [event("run-ls-shaped", 1)])
         asked = [*keys, ("run-ls-shaped", "shaped"), ("run-ls-never", "raw"), keys[1]]
         states = await bus.load_states(asked)
-        assert states == [await bus.load_state(key) for key in asked]
+        assert states == [(await bus.load_states([key]))[0] for key in asked]
         assert await bus.load_states([]) == []
     assert states[:4] == [None, b"s1", b"s2", None] and states[-3:] == [None, None, b"s1"]
 
 
-async def test_append_many_encoded_stores_the_given_bytes_with_the_same_semantics(
+async def test_append_many_stores_the_given_bytes_with_the_same_semantics(
     bus_url: str,
 ) -> None:
     """A writer that encoded its events once (for the replay log) hands the bytes over."""
@@ -346,15 +346,15 @@ async def test_append_many_encoded_stores_the_given_bytes_with_the_same_semantic
     first = [event("run-ame", s) for s in (1, 2, 3)]
     again = [event("run-ame", s) for s in (2, 3, 4)]
     async with open_bus(bus_url) as bus:
-        counts = await bus.append_many_encoded([
+        counts = await bus.append_many([
             (raw, first, [encode(e) for e in first], b"r3"),
             (raw, again, [encode(e) for e in again], b"r4"),
             (("run-ame-2", "raw"), [], [], b"only-state"),
         ])
         assert counts == [3, 1, 0]
         assert await bus.read(raw, 0) == [*first, again[-1]]
-        assert await bus.load_state(raw) == b"r4"
-        assert await bus.load_state(("run-ame-2", "raw")) == b"only-state"
+        assert (await bus.load_states([raw]))[0] == b"r4"
+        assert (await bus.load_states([("run-ame-2", "raw")]))[0] == b"only-state"
 
 
 async def test_read_after_and_bounds(bus_url: str) -> None:
@@ -552,7 +552,7 @@ async def test_run_ids_with_braces_keep_their_keys_together(bus_url: str) -> Non
     async with open_bus(bus_url) as bus:
         assert await bus.append(key, [event(odd, 1), event(odd, 2)], state=b"st") == 2
         assert [e.run_id for e in await bus.read(key, 0)] == [odd, odd]
-        assert await bus.load_state(key) == b"st"
+        assert (await bus.load_states([key]))[0] == b"st"
         assert await bus.read(("run-{a}%7B", "raw"), 0) == []
 
 
@@ -571,7 +571,7 @@ async def test_delivery_streams_expire_after_ttl(bus_url: str) -> None:
 
         await until(expired, within=10)
         assert time.monotonic() - started >= 0.9  # not before the ttl (Redis expires on the ms)
-        assert await bus.load_state(key) is None
+        assert (await bus.load_states([key]))[0] is None
 
 
 def test_url_options_are_converted_through_one_table() -> None:

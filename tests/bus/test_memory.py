@@ -87,7 +87,7 @@ async def test_a_member_reads_its_own_pending_entries_first_after_a_restart() ->
 
 
 async def test_a_worker_fetches_a_shards_new_entries_whole_and_acks_them_at_once() -> None:
-    """``fetch_entries``: a shard's new entries of one fetch come as one delivery holding
+    """``fetch(whole=True)``: a shard's new entries of one fetch come as one delivery holding
     their lines (``count`` of them); acking it acks each, and after one of them was
     dead-lettered on its own, acking the whole acks the rest. An entry whose bytes hold a
     newline (no publisher writes one) comes on its own, so each line stays one entry."""
@@ -96,7 +96,7 @@ async def test_a_worker_fetches_a_shards_new_entries_whole_and_acks_them_at_once
         events = [event("run-whole", s) for s in range(1, 6)]
         await bus.publish(events)
         async with bus.consumer("g", "c") as consumer:
-            (whole,) = await consumer.fetch_entries(100, block_ms=10)
+            (whole,) = await consumer.fetch(100, block_ms=10, whole=True)
             assert whole.count == 5 and [decode(d.data).seq for d in whole.events()] == [1, 2, 3, 4, 5]
             await consumer.dead_letter(whole.events()[1], "bad")
             assert [d.entry_id for d in await bus.dead_letters()] == ["2-0"]
@@ -106,5 +106,5 @@ async def test_a_worker_fetches_a_shards_new_entries_whole_and_acks_them_at_once
             bus.state.shards[0].append(b'{"two":\n"lines"}')
             bus.state.backlog += 1
             await bus.publish([event("run-whole", 6)])
-            got = await consumer.fetch_entries(100, block_ms=10)
+            got = await consumer.fetch(100, block_ms=10, whole=True)
             assert [(d.entry_id, d.count) for d in got] == [("6-0", 1), ("7-0", 1)]

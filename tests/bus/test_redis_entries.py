@@ -167,7 +167,7 @@ async def test_an_entry_of_several_events_is_acked_once_all_of_them_are(
 async def test_a_worker_fetches_an_entry_of_several_events_whole_and_acks_it_once(
     redis_url: str, prefix: str,
 ) -> None:
-    """``fetch_entries`` hands an entry out as one delivery holding its events' lines
+    """``fetch(whole=True)`` hands an entry out as one delivery holding its events' lines
     (``count`` of them, ``max_count`` still counting events); acking it acks the entry,
     and after one of its events was dead-lettered on its own, acking the rest does."""
     url = f"{redis_url}?prefix={prefix}&shards=1&claim_idle_ms=100000"
@@ -187,7 +187,7 @@ async def test_a_worker_fetches_an_entry_of_several_events_whole_and_acks_it_onc
                 got: list[Delivery] = []
                 async with asyncio.timeout(10):
                     while sum(d.count for d in got) < 6:
-                        got += await consumer.fetch_entries(100, block_ms=100)
+                        got += await consumer.fetch(100, block_ms=100, whole=True)
                 assert [d.count for d in got] == [3, 2, 1]
                 assert got[0].data == b"\n".join(map(encode, first))
                 assert [decode(p.data).seq for p in got[1].events()] == [4, 5]

@@ -52,7 +52,7 @@ async def test_a_fresh_worker_after_redis_restarted_empty_continues_each_run_fro
     assert all(written.values())
     own_redis.restart()
     async with open_bus(url) as bus:
-        assert await bus.load_state((f"{prefix}_root", "raw")) is None  # all of it is gone
+        assert (await bus.load_states([(f"{prefix}_root", "raw")]))[0] is None  # all of it is gone
         await bus.publish(events[half:])
         await bus.publish(events[half - 20:half])  # the publisher re-sends what it had no ack for
         stats = await run_worker(bus, store, group="g", name="w2", burst=True)
@@ -75,16 +75,16 @@ async def test_a_runs_first_write_lost_between_the_log_and_the_views_is_rebuilt_
         events += [run.text(f"w{index} ", ms=index * 7) for index in range(200)]
         events += [run.tool_start("c1", ms=1500), run.lifecycle("done", ms=1501)]
         await bus.publish(events)
-        real = bus.append_many_encoded
+        real = bus.append_many
 
         async def views_fail(appends):  # type: ignore[no-untyped-def]
             raise BusError("connection reset")  # not retriable: the worker ends after its log part
 
-        bus.append_many_encoded = views_fail  # type: ignore[method-assign]
+        bus.append_many = views_fail  # type: ignore[method-assign]
         with pytest.raises(BusError):
             await run_worker(bus, store, group="g", name="w1", burst=True)
-        bus.append_many_encoded = real  # type: ignore[method-assign]
-        assert await bus.load_state(("r-first", "raw")) is None
+        bus.append_many = real  # type: ignore[method-assign]
+        assert (await bus.load_states([("r-first", "raw")]))[0] is None
         assert len(await store.read("r-first")) == len(events)
         stats = await run_worker(bus, store, group="g", name="w2", burst=True, claim_idle_ms=1)
         raw = await read_all(bus, "r-first")

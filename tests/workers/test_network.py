@@ -148,11 +148,11 @@ async def test_a_late_append_from_a_writer_that_lost_its_lease_keeps_the_newer_c
         assert await bus.append(key, [event("run-late", s) for s in range(1, 6)], state=b"s5") == 5
         assert await bus.append(key, [event("run-late", s) for s in range(6, 9)], state=b"s8") == 3
         assert await bus.append(key, [event("run-late", s) for s in range(4, 6)], state=b"s5") == 0  # the late one
-        assert await bus.load_state(key) == b"s8"
+        assert (await bus.load_states([key]))[0] == b"s8"
         assert await bus.append(key, [event("run-late", s) for s in range(6, 9)], state=b"s8'") == 0  # a redo
-        assert await bus.load_state(key) == b"s8'"
+        assert (await bus.load_states([key]))[0] == b"s8'"
         assert await bus.append(key, [], state=b"tick") == 0  # state only (a tick closing windows)
-        assert await bus.load_state(key) == b"tick"
+        assert (await bus.load_states([key]))[0] == b"tick"
 
 
 async def test_a_lease_lost_and_taken_back_between_two_looks_is_still_told(own_redis: RedisServer) -> None:

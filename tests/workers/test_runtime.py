@@ -198,14 +198,14 @@ async def test_append_many_is_append_in_order_and_idempotent(bus: Bus) -> None:
     first, second = run.tool_start("a"), run.tool_start("b")
     other = f"{run.run_id}_other"
     counts = await bus.append_many([
-        ((run.run_id, "raw"), [first, second], b"s2"),
-        ((other, "raw"), [], b"only-state"),
-        ((run.run_id, "raw"), [first], b"s2"),  # a replay: skipped by seq
+        ((run.run_id, "raw"), [first, second], None, b"s2"),
+        ((other, "raw"), [], None, b"only-state"),
+        ((run.run_id, "raw"), [first], None, b"s2"),  # a replay: skipped by seq
     ])
     assert counts == [2, 0, 0]
     assert [e.seq for e in await read_all(bus, run.run_id)] == [1, 2]
-    assert await bus.load_state((run.run_id, "raw")) == b"s2"
-    assert await bus.load_state((other, "raw")) == b"only-state"
+    assert (await bus.load_states([(run.run_id, "raw")]))[0] == b"s2"
+    assert (await bus.load_states([(other, "raw")]))[0] == b"only-state"
 
 
 async def test_a_failed_write_is_redone_whole_never_skipped(tmp_path) -> None:  # type: ignore[no-untyped-def]

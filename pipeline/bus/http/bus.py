@@ -34,7 +34,6 @@ import httpx
 import msgspec
 from redis.backoff import FullJitterBackoff
 
-from ...core import envelope
 from ...core.envelope import Event
 from ...core.errors import (
     AUTH_WRITE_REFUSED,
@@ -46,7 +45,7 @@ from ...core.errors import (
     WriteRefused,
 )
 from ...core.redaction import redact_text
-from ..base import Bus, Consumer, ControlCommand, DeadLetter, Routed, StreamKey
+from ..base import Bus, Consumer, ControlCommand, DeadLetter, Routed, StreamKey, encoded
 
 log = logging.getLogger(__name__)
 CONTROL_BACKOFF = FullJitterBackoff(cap=2.0, base=0.05)
@@ -95,10 +94,8 @@ class HttpBus(Bus):
             raise BusUnavailable("the HTTP bus is not connected")
         return self._client
 
-    async def publish(self, events: Sequence[Event]) -> None:
-        await self.publish_encoded(events, [envelope.encode(event) for event in events])
-
-    async def publish_encoded(self, events: Sequence[Routed], data: Sequence[bytes]) -> None:
+    async def publish(self, events: Sequence[Routed], data: Sequence[bytes] | None = None) -> None:
+        data = encoded(events, data)
         trees: dict[str, list[bytes]] = {}
         for event, line in zip(events, data, strict=True):
             trees.setdefault(event.root_id or event.run_id, []).append(line)
@@ -127,7 +124,7 @@ class HttpBus(Bus):
     async def append(self, key: StreamKey, events: Sequence[Event], *, state: bytes | None = None) -> int:
         _publish_only("delivery streams")
 
-    async def load_state(self, key: StreamKey) -> bytes | None:
+    async def load_states(self, keys: Sequence[StreamKey]) -> list[bytes | None]:
         _publish_only("delivery streams")
 
     async def read(self, key: StreamKey, after: int, limit: int = 1000) -> list[Event]:

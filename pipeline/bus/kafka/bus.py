@@ -75,14 +75,15 @@ from ...core.envelope import Event, encode
 from ...core.errors import BusUnavailable, ConfigError
 from .. import keys
 from ..base import (
+    Append,
     Bus,
     Consumer,
     ControlCommand,
     DeadLetter,
-    EncodedAppend,
     Routed,
     StreamKey,
     ascending_past,
+    encoded,
 )
 from ..options import split_url
 from .consumer import KafkaConsumer
@@ -235,11 +236,9 @@ class KafkaBus(Bus):
         await guard("ping", self.link.producer.client.fetch_all_metadata())
 
     # ---- ingest -------------------------------------------------------
-    async def publish(self, events: Sequence[Event]) -> None:
-        await self.publish_encoded(events, [encode(event) for event in events])
-
-    async def publish_encoded(self, events: Sequence[Routed], data: Sequence[bytes]) -> None:
-        """:meth:`publish` with each event's canonical JSON already encoded (the publisher's).
+    async def publish(self, events: Sequence[Routed], data: Sequence[bytes] | None = None) -> None:
+        """The events onto their shards' partitions (``data``: their canonical JSON, when the
+        caller has it: the publisher's).
 
         Each root run's events go as few records (:func:`~runwire.bus.kafka.io.ingest_records`),
         keyed by the root run id, in its shard's partition.
@@ -247,7 +246,7 @@ class KafkaBus(Bus):
         if not events:
             return
         by_root: dict[str, list[bytes]] = {}
-        for event, value in zip(events, data, strict=True):
+        for event, value in zip(events, encoded(events, data), strict=True):
             root = event.root_id or event.run_id
             found = by_root.get(root)
             if found is None:
@@ -355,26 +354,15 @@ class KafkaBus(Bus):
     async def append(
         self, key: StreamKey, events: Sequence[Event], *, state: bytes | None = None
     ) -> int:
-        return (await self.append_many([(key, events, state)]))[0]
+        return (await self.append_many([(key, events, None, state)]))[0]
 
-    async def append_many(
-        self, appends: Sequence[tuple[StreamKey, Sequence[Event], bytes | None]]
-    ) -> list[int]:
-        """All appends' records in one send: one record batch per delivery partition.
+    async def append_many(self, appends: Sequence[Append]) -> list[int]:
+        """All appends' records in one send: one record batch per delivery partition, the given
+        encodings (``encode(event)``) as the record values.
 
         Each stream's new events and its state are consecutive records of one
         partition, state last, so a stored state never runs ahead of its stream.
         """
-        return await self._append_all([(key, events, None, state) for key, events, state in appends])
-
-    async def append_many_encoded(self, appends: Sequence[EncodedAppend]) -> list[int]:
-        """:meth:`append_many` sending the given encodings (``encode(event)``) as the record values."""
-        return await self._append_all(appends)
-
-    async def _append_all(
-        self, appends: Sequence[tuple[StreamKey, Sequence[Event], Sequence[bytes] | None, bytes | None]]
-    ) -> list[int]:
-        """``(key, events, encoded or None, state)`` appends in one send (see :meth:`append_many`)."""
         partitions = sorted({self._delivery_partition(append[0][0]) for append in appends})
         tails = await asyncio.gather(*(self._caught_up(p) for p in partitions))
         if not tails:
@@ -383,10 +371,10 @@ class KafkaBus(Bus):
         last_of: dict[StreamKey, int] = {}
         records: list[Record] = []
         planned: list[tuple[StreamKey, list[Event], bytes | None]] = []
-        for key, events, encoded, state in appends:
+        for key, events, lines, state in appends:
             run_id, view = key
             last = last_of[key] if key in last_of else tail.streams.last_seq(key)
-            fresh, values, last = _past(events, encoded, last)
+            fresh, values, last = _past(events, lines, last)
             last_of[key] = last
             planned.append((key, fresh, state))
             if not fresh and state is None:
@@ -424,16 +412,9 @@ class KafkaBus(Bus):
             self._synced.clear()
         self._own_states[key] = state
 
-    async def load_state(self, key: StreamKey) -> bytes | None:
-        own = self._own_states.get(key)
-        if own is not None:
-            return own
-        tail = await self._caught_up(self._delivery_partition(key[0]))
-        return tail.streams.state(key)
-
     async def load_states(self, keys: Sequence[StreamKey]) -> list[bytes | None]:
         """Each delivery partition the streams are on caught up once (all at once), then
-        every stream's state as :meth:`load_state` gives it."""
+        every stream's state (this process's own last one first)."""
         partitions = {self._delivery_partition(key[0]) for key in keys if key not in self._own_states}
         await asyncio.gather(*map(self._caught_up, sorted(partitions)))
         streams = (await self._delivery()).streams

@@ -210,7 +210,7 @@ class KafkaConsumer(Consumer):
             if state is not None:
                 self._former[tp.partition] = state
 
-    async def fetch(self, max_count: int = 512, block_ms: int = 1000) -> list[Delivery]:
+    async def fetch(self, max_count: int = 512, block_ms: int = 1000, *, whole: bool = False) -> list[Delivery]:
         client = await self._start()
         await self._commit_due()
         out, poison = self._redeliver(max_count)

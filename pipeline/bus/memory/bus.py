@@ -26,8 +26,8 @@ from __future__ import annotations
 from collections.abc import AsyncIterator, Mapping, Sequence
 from typing import Any
 
-from ...core.envelope import Event, encode
-from ..base import Bus, Consumer, ControlCommand, DeadLetter, Routed, StreamKey
+from ...core.envelope import Event
+from ..base import Bus, Consumer, ControlCommand, DeadLetter, Routed, StreamKey, encoded
 from ..keys import shard_for
 from ..options import split_url
 from .consumer import MemoryConsumer
@@ -83,26 +83,24 @@ class MemoryBus(Bus):
         return None
 
     # ---- ingest -------------------------------------------------------
-    async def publish(self, events: Sequence[Event]) -> None:
-        """Append to the shard logs; waits while more than ``max_backlog`` entries are kept."""
-        await self.publish_encoded(events, [encode(event) for event in events])
-
-    async def publish_encoded(self, events: Sequence[Routed], data: Sequence[bytes]) -> None:
-        """:meth:`publish` of events already encoded (the publisher's bytes, kept as they are)."""
+    async def publish(self, events: Sequence[Routed], data: Sequence[bytes] | None = None) -> None:
+        """Append to the shard logs (``data``: the events' bytes, kept as they are); waits while
+        more than ``max_backlog`` entries are kept."""
         if not events:
             return
+        data = encoded(events, data)
         state = self.state
         limit = self.options.max_backlog
         while state.backlog > 0 and state.backlog + len(events) > limit:
             await state.ingest_drained.wait(1.0)
         shards, count = state.shards, self.shards
         of_root: dict[str, int] = {}  # a batch is mostly one run's or a few: each hashed once
-        for event, encoded in zip(events, data, strict=True):
+        for event, line in zip(events, data, strict=True):
             root = event.root_id or event.run_id
             shard = of_root.get(root)
             if shard is None:
                 shard = of_root[root] = shard_for(root, count)
-            shards[shard].append(encoded)
+            shards[shard].append(line)
         state.backlog += len(events)
         state.ingest_changed.notify()
 
@@ -155,9 +153,8 @@ class MemoryBus(Bus):
             self._sweep_expired()
         return appended
 
-    async def load_state(self, key: StreamKey) -> bytes | None:
-        stream = self._stream(key)
-        return None if stream is None else stream.state
+    async def load_states(self, keys: Sequence[StreamKey]) -> list[bytes | None]:
+        return [None if (stream := self._stream(key)) is None else stream.state for key in keys]
 
     def _after(self, key: StreamKey, after: int, limit: int) -> list[Event]:
         stream = self._stream(key)

@@ -61,16 +61,10 @@ class MemoryConsumer(Consumer):
                 group.leases[shard] = self.name
                 self._owned.add(shard)
 
-    async def fetch(self, max_count: int = 512, block_ms: int = 1000) -> list[Delivery]:
-        return await self._fetch(max_count, block_ms, whole=False)
-
-    async def fetch_entries(self, max_count: int = 512, block_ms: int = 1000) -> list[Delivery]:
-        """:meth:`fetch`, but the new entries a shard hands out at once come as one delivery
-        (their lines joined, ``count`` of them, ``entry_id`` the first's; an event's
+    async def fetch(self, max_count: int = 512, block_ms: int = 1000, *, whole: bool = False) -> list[Delivery]:
+        """``whole``: the new entries a shard hands out at once come as one delivery (their
+        lines joined, ``count`` of them, ``entry_id`` the first's; an event's
         :meth:`~runwire.bus.Delivery.events` part is its offset from it)."""
-        return await self._fetch(max_count, block_ms, whole=True)
-
-    async def _fetch(self, max_count: int, block_ms: int, *, whole: bool) -> list[Delivery]:
         if self._closed:
             raise RuntimeError("consumer is closed")
         self._join()

@@ -40,10 +40,11 @@ from ...core.envelope import Event, encode
 from ...core.errors import BusFull
 from ...core.retry import Retry
 from .. import base, keys
-from ..base import Bus, Consumer, ControlCommand, DeadLetter, EncodedAppend, StreamKey, ends_run
+from ..base import Append, Bus, Consumer, ControlCommand, DeadLetter, StreamKey, ends_run
 from ..options import split_url
 from .consumer import RedisConsumer
 from .entries import (
+    EncodedAppend,
     FramedKeys,
     decode_stored,
     entry_args,
@@ -144,11 +145,7 @@ class RedisBus(Bus):
                           f"({memory.get('used_memory')} of {memory.get('maxmemory')} bytes used)")
 
     # ---- ingest -------------------------------------------------------
-    async def publish(self, events: Sequence[Event]) -> None:
-        """See :meth:`publish_encoded`."""
-        await self.publish_encoded(events, [encode(event) for event in events])
-
-    async def publish_encoded(self, events: Sequence[base.Routed], data: Sequence[bytes]) -> None:
+    async def publish(self, events: Sequence[base.Routed], data: Sequence[bytes] | None = None) -> None:
         """One round trip per batch: the entries of each shard (an entry holds up to
         :data:`~runwire.bus.ingest_entries.INGEST_ENTRY_EVENTS` events), each shard's in one
         ``INGEST_ADD`` script call, pipelined (``data[i]`` is ``encode(events[i])``).
@@ -166,6 +163,7 @@ class RedisBus(Bus):
         """
         if not events:
             return
+        data = base.encoded(events, data)
         by_shard: dict[int, list[bytes]] = {}
         of_root: dict[str, list[bytes]] = {}  # each root's shard found once a batch
         for event, encoded in zip(events, data, strict=True):
@@ -228,15 +226,13 @@ class RedisBus(Bus):
         (appended,) = await self.run_scripts([self._append_call(key, events, encoded, state)])
         return int(appended)
 
-    async def append_many(
-        self, appends: Sequence[tuple[StreamKey, Sequence[Event], bytes | None]]
-    ) -> list[int]:
-        """All appends in one pipeline (one round trip per node)."""
-        return await self.append_many_encoded(
-            [(key, events, [encode(event) for event in events], state)
-             for key, events, state in appends])
+    async def append_many(self, appends: Sequence[Append]) -> list[int]:
+        """All appends in one script call (one round trip; a Cluster's: one per node)."""
+        return await self._append_encoded([
+            (key, events, encoded if encoded is not None else [encode(event) for event in events], state)
+            for key, events, encoded, state in appends])
 
-    async def append_many_encoded(self, appends: Sequence[EncodedAppend]) -> list[int]:
+    async def _append_encoded(self, appends: Sequence[EncodedAppend]) -> list[int]:
         wanted = [i for i, (_, events, _, state) in enumerate(appends) if events or state is not None]
         counts = [0] * len(appends)
         if wanted:
@@ -285,10 +281,6 @@ class RedisBus(Bus):
                            self.options.grace * 1000, "1" if ends_run(events) else "0",
                            *entry_args(events, encoded)]
         return (APPEND, self._append_keys(key), args)
-
-    async def load_state(self, key: StreamKey) -> bytes | None:
-        (state,) = await self.load_states([key])
-        return state
 
     async def load_states(self, streams: Sequence[StreamKey]) -> list[bytes | None]:
         """One ``HGET`` per stream, all in one round trip (per node)."""

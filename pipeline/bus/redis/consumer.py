@@ -168,11 +168,12 @@ class RedisConsumer(Consumer):
         self._owned = owned
 
     # ---- fetch ---------------------------------------------------------------
-    async def fetch(self, max_count: int = 512, block_ms: int = 1000) -> list[Delivery]:
-        """:meth:`fetch_entries`, one delivery per event."""
-        return each_event(await self.fetch_entries(max_count, block_ms))
+    async def fetch(self, max_count: int = 512, block_ms: int = 1000, *, whole: bool = False) -> list[Delivery]:
+        """See :meth:`_fetch_entries`; one delivery per event unless ``whole``."""
+        got = await self._fetch_entries(max_count, block_ms)
+        return got if whole else each_event(got)
 
-    async def fetch_entries(self, max_count: int = 512, block_ms: int = 1000) -> list[Delivery]:
+    async def _fetch_entries(self, max_count: int, block_ms: int) -> list[Delivery]:
         """``max_count`` events while more are ready, fewer only when none are (a runtime
         takes that as caught up). Entries hold several events, so this reads about as many
         entries as the events wanted need, again while a read came back full; an entry is

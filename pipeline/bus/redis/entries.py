@@ -32,8 +32,11 @@ from typing import Any
 from ...core.envelope import Event, decode_many
 from ...core.errors import ProtocolError
 from ...core.lines import join_lines
-from ..base import EncodedAppend, StreamKey, ends_run
+from ..base import StreamKey, ends_run
 from ..ingest_entries import chunks, join
+
+EncodedAppend = tuple[StreamKey, Sequence[Event], Sequence[bytes], bytes | None]
+"""An append whose events' canonical JSON is there (the packed call sends it as it is)."""
 
 _SEQ = attrgetter("seq")
 ENTRY_EVENTS = 512

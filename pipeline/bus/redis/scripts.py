@@ -12,7 +12,7 @@ _APPEND_ONE = """
 -- false (not stored when every event given is older than the stream's last); ends: these events hold the run's own terminal event: from then on the stream,
 -- its meta hash and the control stream live only the grace after each append (a worker
 -- that later finds no writer state asks the replay log whether the run ended: see
--- Stages._load_state); ARGV[from..to]: pairs,
+-- Stages._load_states); ARGV[from..to]: pairs,
 -- one per entry: its seqs ('first+count' when consecutive, else 'seq,seq,...',
 -- increasing) and its events' canonical JSON joined by "\\n" (canonical JSON never holds
 -- a raw newline). An entry gets id '<its last seq>-0' and fields s (seqs) and e (events);

@@ -57,13 +57,9 @@ class GatedBus(Bus):
     def shard_of(self, event: Routed) -> int:
         return self.inner.shard_of(event)
 
-    async def publish(self, events: Sequence[Event]) -> None:
+    async def publish(self, events: Sequence[Routed], data: Sequence[bytes] | None = None) -> None:
         async with self._calls:
-            await self.inner.publish(events)
-
-    async def publish_encoded(self, events: Sequence[Routed], data: Sequence[bytes]) -> None:
-        async with self._calls:
-            await self.inner.publish_encoded(events, data)
+            await self.inner.publish(events, data)
 
     def consumer(self, group: str, name: str, *, claim_idle_ms: int | None = None) -> Consumer:
         return self.inner.consumer(group, name, claim_idle_ms=claim_idle_ms)
@@ -76,9 +72,9 @@ class GatedBus(Bus):
         async with self._calls:
             return await self.inner.append(key, events, state=state)
 
-    async def load_state(self, key: StreamKey) -> bytes | None:
+    async def load_states(self, keys: Sequence[StreamKey]) -> list[bytes | None]:
         async with self._calls:
-            return await self.inner.load_state(key)
+            return await self.inner.load_states(keys)
 
     async def read(self, key: StreamKey, after: int, limit: int = 1000) -> list[Event]:
         async with self._calls:
