@@ -362,3 +362,27 @@ def test_the_edges_wings_stand_on_the_service_layer() -> None:
             if up or sideways:
                 wrong.append(f"{name} imports {target}")
     assert not wrong, "edge imports that point up or between wings:\n" + "\n".join(wrong)
+
+
+# ---- the bus's ports --------------------------------------------------------------------------
+
+WHOLE_BUS = {"runwire.edge.http.app", "runwire.edge.service.context", "runwire.edge.service.busgate",
+             "runwire.sdk.publisher"}
+"""The modules (besides ``workers/``, which open buses) that hold a whole :class:`Bus`: what opens
+one or hands it on (the edge's app and context, the gate wrapping it, the publisher owning its
+connection)."""
+
+
+def test_callers_depend_on_the_bus_channel_they_use() -> None:
+    """Outside ``bus/``, a module names the channel it uses (``IngestLog``, ``DeliveryStreams``,
+    ``ControlChannel``), not the whole ``Bus``: only :data:`WHOLE_BUS` and ``workers/`` do."""
+    wide = []
+    for name, path in MODULES.items():
+        if name.startswith(("runwire.bus", "runwire.workers")) or name in WHOLE_BUS:
+            continue
+        for node in ast.walk(ast.parse(path.read_text())):
+            if isinstance(node, ast.ImportFrom) and any(alias.name == "Bus" for alias in node.names):
+                module = node.module or ""
+                if module == "bus" or module.startswith(("bus.", "runwire.bus")):
+                    wide.append(f"{name} imports Bus")
+    assert not wide, "depend on IngestLog, DeliveryStreams or ControlChannel:\n" + "\n".join(wide)

@@ -38,13 +38,13 @@ import socket
 import time
 from collections.abc import AsyncIterator
 from datetime import UTC, datetime
-from typing import Any
+from typing import Any, Protocol
 
 import msgspec
 
 from ..core.envelope import Extension, format_ts, now_ts
 from ..core.ulid import new_event_id
-from .base import Bus, ControlCommand
+from .base import ControlChannel, ControlCommand, DeliveryStreams
 
 DEFAULT_CHANNEL = "default"
 CHANNEL_PREFIX = "~requests/"
@@ -78,12 +78,17 @@ class AgentRequest(msgspec.Struct, kw_only=True, omit_defaults=True):
     metadata: Any = None
 
 
+class RequestsBus(ControlChannel, DeliveryStreams, Protocol):
+    """What the requests channel is built on: a bus's control channel (the requests, the
+    consumers' heartbeats) and its delivery streams (a consumer's position)."""
+
+
 def channel_id(channel: str) -> str:
     """The reserved id whose control channel and delivery stream serve ``channel``."""
     return CHANNEL_PREFIX + channel
 
 
-async def send_request(bus: Bus, request: AgentRequest) -> None:
+async def send_request(bus: RequestsBus, request: AgentRequest) -> None:
     """Put a request on its channel (raises BusUnavailable)."""
     args = msgspec.to_builtins(request)
     await bus.send_control(ControlCommand(
@@ -91,7 +96,7 @@ async def send_request(bus: Bus, request: AgentRequest) -> None:
     ))
 
 
-async def consumer_alive(bus: Bus, channel: str) -> bool:
+async def consumer_alive(bus: RequestsBus, channel: str) -> bool:
     """Whether an agent consumes ``channel``: a heartbeat within the ttl it announced."""
     key = (channel_id(channel), "raw")
     bounds = await bus.bounds(key)  # type: ignore[arg-type]
@@ -104,7 +109,7 @@ async def consumer_alive(bus: Bus, channel: str) -> bool:
     return time.time() * 1000 - last[0].seq < ttl_ms
 
 
-async def heartbeat(bus: Bus, channel: str, consumer: str, ttl_s: float) -> None:
+async def heartbeat(bus: RequestsBus, channel: str, consumer: str, ttl_s: float) -> None:
     """Announce ``consumer`` on ``channel`` now (a presence event, seq = now in ms)."""
     now_ms = int(time.time() * 1000)
     event = Extension(
@@ -119,7 +124,7 @@ def format_ts_ms(ms: int) -> str:
 
 
 async def consume_requests(
-    bus: Bus, channel: str = DEFAULT_CHANNEL, *, ttl_s: float = DEFAULT_TTL_S, consumer: str | None = None
+    bus: RequestsBus, channel: str = DEFAULT_CHANNEL, *, ttl_s: float = DEFAULT_TTL_S, consumer: str | None = None
 ) -> AsyncIterator[AgentRequest]:
     """The requests sent on ``channel`` once this consumer reads it, announcing it meanwhile."""
     name = consumer or f"{socket.gethostname()}:{os.getpid()}:{new_event_id()[-6:]}"
@@ -150,7 +155,7 @@ async def consume_requests(
 
 
 async def _position(
-    bus: Bus, channel: str, reader: AsyncIterator[ControlCommand], pending: asyncio.Task[ControlCommand]
+    bus: RequestsBus, channel: str, reader: AsyncIterator[ControlCommand], pending: asyncio.Task[ControlCommand]
 ) -> tuple[list[ControlCommand], asyncio.Task[ControlCommand]]:
     """Probe the channel until the reader sees our probe: from then on it reads live.
 
@@ -174,7 +179,7 @@ async def _position(
                 early.append(command)
 
 
-async def _beat(bus: Bus, channel: str, consumer: str, ttl_s: float) -> None:
+async def _beat(bus: RequestsBus, channel: str, consumer: str, ttl_s: float) -> None:
     """Heartbeats every ``ttl / 3`` (a failed one is retried at the next beat)."""
     while True:
         await asyncio.sleep(ttl_s / 3)

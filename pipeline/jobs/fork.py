@@ -33,7 +33,7 @@ from collections.abc import Sequence
 
 import msgspec
 
-from ..bus.base import Bus
+from ..bus.base import DeliveryStreams
 from ..core import envelope, limits
 from ..core.envelope import Event
 from ..core.errors import QuotaExceeded, RequestError, StoreError, UnknownRun
@@ -67,7 +67,7 @@ async def fork_run(
     *,
     at: int | None = None,
     run_id: str | None = None,
-    bus: Bus | None = None,
+    bus: DeliveryStreams | None = None,
     source: RunInfo | None = None,
 ) -> ForkResult:
     """Fork ``source_id`` at seq ``at`` (default: its last; 0: no history) into ``run_id`` (default:
@@ -139,7 +139,7 @@ async def _check_depth(store: ReplayLog, source_id: str, points: list[ForkPoint]
 
 
 async def _copy(
-    store: ReplayLog, fork: ForkPoint, tenant: str | None, bus: Bus | None
+    store: ReplayLog, fork: ForkPoint, tenant: str | None, bus: DeliveryStreams | None
 ) -> tuple[list[Event], bytes]:
     """Append the source's events ``1 … at`` as the fork's; the last write carries the checkpoint.
     Returns the copied events the hot tier keeps (the last ``hot_length`` of them) and the checkpoint."""

@@ -15,7 +15,7 @@ from typing import Literal
 
 import msgspec
 
-from ..bus.base import Bus
+from ..bus.base import IngestLog
 from ..core import envelope
 from ..core.envelope import ChildSpawn, Event, Gap
 from ..core.ulid import MonotonicULID
@@ -150,7 +150,7 @@ class _Tree:
 
 async def play_run(
     log: ReplayLog,
-    bus: Bus,
+    bus: IngestLog,
     run_id: str,
     *,
     as_run: str | None = None,
@@ -197,6 +197,6 @@ async def play_run(
     return sent
 
 
-async def _publish(bus: Bus, events: Sequence[Event], progress: Progress) -> None:
+async def _publish(bus: IngestLog, events: Sequence[Event], progress: Progress) -> None:
     await bus.publish(events)
     progress(len(events))

@@ -16,7 +16,7 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 
-from ..bus import Append, Bus
+from ..bus import Append
 from ..bus.options import BusOptions
 from ..core.envelope import Event
 from ..core.lines import encode_lines
@@ -51,7 +51,7 @@ def continued_checkpoint(info: LoggedRun) -> bytes | None:
     return encode_checkpoint(checkpoint)
 
 
-def hot_length(bus: Bus) -> int:
+def hot_length(bus: object) -> int:
     """How many events of a delivery stream the bus's hot tier keeps (its ``maxlen``)."""
     maxlen = getattr(getattr(bus, "options", None), "maxlen", None)
     return maxlen if isinstance(maxlen, int) and maxlen > 0 else BusOptions().maxlen

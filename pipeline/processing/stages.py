@@ -19,13 +19,13 @@ import logging
 import time
 from collections.abc import Awaitable, Callable, Sequence
 from datetime import UTC, datetime, timedelta
-from typing import TypeVar
+from typing import Protocol, TypeVar
 
 import msgspec
 from redis.backoff import ExponentialWithJitterBackoff
 
-from ..bus import Append, Bus, Delivery, StreamKey
-from ..bus.base import each_event
+from ..bus import Append, Delivery, StreamKey
+from ..bus.base import DeliveryStreams, IngestLog, each_event
 from ..bus.keys import shard_for
 from ..core.envelope import Event
 from ..core.lines import encode_lines
@@ -65,6 +65,11 @@ RETRY = Retry(ExponentialWithJitterBackoff(cap=RETRY_MAX_S, base=0.025))
 """A worker's writes, loads, fetches and acks: retriable errors (bus or store
 unavailable, bus full) are retried without a deadline until the worker stops:
 a pause, logged once when it starts and once when it ends (:class:`Outage`)."""
+
+
+class StageBus(IngestLog, DeliveryStreams, Protocol):
+    """What a worker's stages use of the bus: the delivery streams they write, and the ingest
+    log a misrouted event is published onto again."""
 
 
 class EncodedWrite:
@@ -125,7 +130,7 @@ class Stages:
 
     def __init__(
         self,
-        bus: Bus,
+        bus: StageBus,
         store: ReplayLog,
         processor: Processor,
         stop: asyncio.Event,

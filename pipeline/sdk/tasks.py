@@ -31,8 +31,8 @@ import contextlib
 from collections.abc import AsyncIterator, Mapping
 from typing import Any, Protocol
 
-from ..bus.base import Bus, ControlCommand
-from ..bus.requests import AgentRequest, consume_requests
+from ..bus.base import ControlCommand
+from ..bus.requests import AgentRequest, RequestsBus, consume_requests
 from ..core.envelope import Event
 from ..protocols.a2a import NEW_TASK_TRIGGER, USER_MESSAGE_TYPE, history_message, message_text
 
@@ -58,7 +58,8 @@ class Run(Protocol):
 class Publisher(Protocol):
     """What the inbox uses of :class:`~runwire.sdk.publisher.Publisher`."""
 
-    bus: Bus
+    @property
+    def bus(self) -> RequestsBus: ...
 
     def run_for(self, request: AgentRequest) -> Run: ...
 

@@ -23,7 +23,7 @@ import time
 
 import msgspec
 
-from ...bus.base import Bus, StreamKey
+from ...bus.base import DeliveryStreams, StreamKey
 from ...core import envelope
 from ...core.envelope import Event, RunLifecycle, RunLifecyclePayload
 from ...core.redaction import redact_text
@@ -86,7 +86,7 @@ class Stream:
 class Hub:
     """Serves every client of this process from one multiplexed bus reader."""
 
-    def __init__(self, bus: Bus, store: ReplayLog, settings: EdgeSettings, metrics: EdgeMetrics) -> None:
+    def __init__(self, bus: DeliveryStreams, store: ReplayLog, settings: EdgeSettings, metrics: EdgeMetrics) -> None:
         self.bus = bus
         self.store = store
         self.settings = settings

@@ -37,7 +37,7 @@ from collections.abc import AsyncIterator
 
 import msgspec
 
-from ...bus.base import Bus, StreamKey
+from ...bus.base import DeliveryStreams, StreamKey
 from ...core import envelope
 from ...core.envelope import Event, RunLifecycle
 from ...core.errors import ReplayExpired, StoreUnavailable
@@ -70,7 +70,7 @@ class Probe(msgspec.Struct, kw_only=True):
     """Seconds since the replay log last saw the run (0 when it has not)."""
 
 
-async def probe(bus: Bus, store: ReplayLog, key: StreamKey) -> Probe:
+async def probe(bus: DeliveryStreams, store: ReplayLog, key: StreamKey) -> Probe:
     """The state of a delivery stream: its tail, whether and where the run ended, whether it exists.
 
     A stream the hot tier holds is probed from the hot tier alone while the replay log is
@@ -106,7 +106,7 @@ async def probe(bus: Bus, store: ReplayLog, key: StreamKey) -> Probe:
     return found
 
 
-async def needs_log(bus: Bus, key: StreamKey, after: int) -> bool:
+async def needs_log(bus: DeliveryStreams, key: StreamKey, after: int) -> bool:
     """Whether :func:`history` after ``after`` starts in the replay log (the hot tier does not
     cover ``after + 1``)."""
     found = await bus.read(key, after, limit=1)
@@ -119,7 +119,7 @@ def first_covered(event: Event) -> int:
 
 
 async def history(
-    bus: Bus, store: ReplayLog, key: StreamKey, after: int, upto: int, batch: int = 1000
+    bus: DeliveryStreams, store: ReplayLog, key: StreamKey, after: int, upto: int, batch: int = 1000
 ) -> AsyncIterator[tuple[str, list[Event]]]:
     """Batches ``(source, events)`` of a delivery stream with ``after < seq <= upto``.
 

@@ -24,7 +24,7 @@ from typing import Literal
 import jwt
 import msgspec
 
-from ...bus.base import Bus
+from ...bus.base import DeliveryStreams
 from ...core.errors import AuthError, UnknownRun
 from ...store.base import ReplayLog, RunOwner
 
@@ -102,7 +102,7 @@ def token_of(headers: Mapping[str, str], query: Mapping[str, str]) -> str | None
 class Gate:
     """Decides what a request may do. With no secret every request is let through."""
 
-    def __init__(self, secret: str | None, bus: Bus, store: ReplayLog, *, refusal_floor_s: float = 0.0) -> None:
+    def __init__(self, secret: str | None, bus: DeliveryStreams, store: ReplayLog, *, refusal_floor_s: float = 0.0) -> None:
         self.secret = secret
         self.refusal_floor_s = refusal_floor_s
         self.bus = bus

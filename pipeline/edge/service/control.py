@@ -14,7 +14,7 @@ from typing import Any
 
 import msgspec
 
-from ...bus.base import Bus, ControlCommand
+from ...bus.base import ControlChannel, ControlCommand
 from ...core.envelope import now_ts
 from ...core.errors import RunwireError
 from ...core.ulid import new_event_id
@@ -27,7 +27,7 @@ CONTROL_COMMANDS = frozenset({"cancel", "pause", "resume", "redirect", "approve"
 
 
 async def send_control(
-    bus: Bus,
+    bus: ControlChannel,
     gate: Gate,
     principal: Principal | None,
     run_id: str,
@@ -63,7 +63,7 @@ _command_json = msgspec.json.Encoder()
 
 
 async def agent_controls(
-    bus: Bus, gate: Gate, principal: Principal | None, run_id: str, hold: Hold
+    bus: ControlChannel, gate: Gate, principal: Principal | None, run_id: str, hold: Hold
 ) -> AsyncIterator[bytes]:
     """``GET /v1/runs/{run_id}/control``: the run's commands as NDJSON lines, live from now, for
     an agent that publishes through the edge (the publisher SDK's ``http://`` bus). The caller
