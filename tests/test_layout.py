@@ -298,8 +298,8 @@ def test_the_benchmarks_import_names_that_exist() -> None:
 # ---- one folder per backend -------------------------------------------------------------------
 
 BACKEND_PARTS = {
-    "bus": ("bus", ("base", "keys", "options", "requests", "ingest_entries")),
-    "store": ("log", ("base", "jsonl", "outbox", "outbox_schema", "producers", "retention", "runmeta")),
+    "bus": ("bus", ("base", "ports", "keys", "options", "requests", "ingest_entries")),
+    "store": ("log", ("base", "ports", "jsonl", "outbox", "outbox_schema", "producers", "retention", "runmeta")),
 }
 """Each folder of backends: the module holding a backend's class, and the modules shared by every
 backend (the rest are folders, one per backend)."""
@@ -386,3 +386,24 @@ def test_callers_depend_on_the_bus_channel_they_use() -> None:
                 if module == "bus" or module.startswith(("bus.", "runwire.bus")):
                     wide.append(f"{name} imports Bus")
     assert not wide, "depend on IngestLog, DeliveryStreams or ControlChannel:\n" + "\n".join(wide)
+
+
+WHOLE_LOG = {"runwire.edge.http.app", "runwire.edge.service.context", "runwire.jobs.export"}
+"""The modules (besides ``workers/``, which open logs) that hold a whole :class:`ReplayLog`: the
+edge's app and context, and the span exporter, which opens a log of its own."""
+
+
+def test_callers_depend_on_the_replay_logs_ports_they_use() -> None:
+    """Outside ``store/``, a module names the ports of the replay log it uses (``EventLog``,
+    ``RunCatalogue``, ``RunHistory``, ``Ownership``, ``DurableState``, ``SpanCursor``), not the
+    whole ``ReplayLog``: only :data:`WHOLE_LOG` and ``workers/`` do."""
+    wide = []
+    for name, path in MODULES.items():
+        if name.startswith(("runwire.store", "runwire.workers")) or name in WHOLE_LOG:
+            continue
+        for node in ast.walk(ast.parse(path.read_text())):
+            if isinstance(node, ast.ImportFrom) and any(alias.name == "ReplayLog" for alias in node.names):
+                module = node.module or ""
+                if module == "store" or module.startswith(("store.", "runwire.store")):
+                    wide.append(f"{name} imports ReplayLog")
+    assert not wide, "depend on the log's ports:\n" + "\n".join(wide)

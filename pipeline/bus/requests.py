@@ -44,7 +44,8 @@ import msgspec
 
 from ..core.envelope import Extension, format_ts, now_ts
 from ..core.ulid import new_event_id
-from .base import ControlChannel, ControlCommand, DeliveryStreams
+from .base import ControlCommand
+from .ports import ControlChannel, DeliveryStreams
 
 DEFAULT_CHANNEL = "default"
 CHANNEL_PREFIX = "~requests/"

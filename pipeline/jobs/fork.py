@@ -33,7 +33,7 @@ from collections.abc import Sequence
 
 import msgspec
 
-from ..bus.base import DeliveryStreams
+from ..bus.ports import DeliveryStreams
 from ..core import envelope, limits
 from ..core.envelope import Event
 from ..core.errors import QuotaExceeded, RequestError, StoreError, UnknownRun
@@ -42,7 +42,8 @@ from ..core.ulid import new_random_ulid
 from ..processing.checkpoint import Checkpoint, encode_checkpoint
 from ..processing.logged import hot_length, rebuilt_views
 from ..processing.sequencing import SequencerState
-from ..store.base import ForkPoint, ReplayLog, RunInfo
+from ..store.base import ForkPoint, RunInfo
+from ..store.ports import RunHistory
 
 COPY_BATCH = 2000
 """Events read and appended at a time (memory stays bounded however long the source is)."""
@@ -62,7 +63,7 @@ class ForkResult(msgspec.Struct, kw_only=True):
 
 
 async def fork_run(
-    store: ReplayLog,
+    store: RunHistory,
     source_id: str,
     *,
     at: int | None = None,
@@ -94,7 +95,7 @@ async def fork_run(
 
 
 async def check_fork(
-    store: ReplayLog, source: RunInfo, *, at: int | None, run_id: str | None
+    store: RunHistory, source: RunInfo, *, at: int | None, run_id: str | None
 ) -> tuple[ForkPoint, RunInfo | None]:
     """What :func:`fork_run` checks before it writes anything: the fork (its seq, its id) and the run
     its id already names (the same fork asked again), or the error it would raise — a seq outside
@@ -123,7 +124,7 @@ async def check_fork(
     return fork, existing
 
 
-async def _check_depth(store: ReplayLog, source_id: str, points: list[ForkPoint]) -> None:
+async def _check_depth(store: RunHistory, source_id: str, points: list[ForkPoint]) -> None:
     """QuotaExceeded when ``source_id`` is :data:`~runwire.core.limits.FORK_DEPTH` forks down from
     the run its chain began with (at most that many lookups)."""
     chain = [source_id]
@@ -139,7 +140,7 @@ async def _check_depth(store: ReplayLog, source_id: str, points: list[ForkPoint]
 
 
 async def _copy(
-    store: ReplayLog, fork: ForkPoint, tenant: str | None, bus: DeliveryStreams | None
+    store: RunHistory, fork: ForkPoint, tenant: str | None, bus: DeliveryStreams | None
 ) -> tuple[list[Event], bytes]:
     """Append the source's events ``1 … at`` as the fork's; the last write carries the checkpoint.
     Returns the copied events the hot tier keeps (the last ``hot_length`` of them) and the checkpoint."""
@@ -174,5 +175,5 @@ def checkpoint(at: int, tenant: str | None, *, terminal: bool = False) -> bytes:
         sequencer=SequencerState(last_seq=at, terminal=terminal, owned=True, tenant=tenant), shaped_seq=at))
 
 
-async def _append(store: ReplayLog, run_id: str, events: Sequence[Event], state: bytes | None) -> None:
+async def _append(store: RunHistory, run_id: str, events: Sequence[Event], state: bytes | None) -> None:
     await store.append_streams([(run_id, events, encode_lines(events), state)])

@@ -15,13 +15,13 @@ from typing import Literal
 
 import msgspec
 
-from ..bus.base import IngestLog
+from ..bus.ports import IngestLog
 from ..core import envelope
 from ..core.envelope import ChildSpawn, Event, Gap
 from ..core.ulid import MonotonicULID
 from ..processing.shaping import DeltaCoalescer
 from ..protocols import egress
-from ..store.base import ReplayLog
+from ..store.ports import RunHistory
 
 Detail = Literal["full", "shaped"]
 Progress = Callable[[int], object]
@@ -38,7 +38,7 @@ async def _shaped(events: AsyncIterator[Event]) -> AsyncIterator[Event]:
 
 
 async def export_chunks(
-    log: ReplayLog, run_id: str, *, format: str = "koder", detail: Detail = "full"
+    log: RunHistory, run_id: str, *, format: str = "koder", detail: Detail = "full"
 ) -> AsyncIterator[tuple[bytes, int]]:
     """One run as JSON lines of ``format`` (one frame a line), in chunks: ``(bytes, raw events
     read for them)``.
@@ -82,7 +82,7 @@ CHUNK_EVENTS = 2000
 
 
 async def export_run(
-    log: ReplayLog,
+    log: RunHistory,
     run_id: str,
     out: Callable[[bytes], object],
     *,
@@ -110,7 +110,7 @@ def republished(event: Event, run_id: str, seq: int, ids: MonotonicULID) -> Even
 class _Tree:
     """The played tree: each original run's new id, its parent, and its next publisher seq."""
 
-    def __init__(self, log: ReplayLog, run_id: str, target: str) -> None:
+    def __init__(self, log: RunHistory, run_id: str, target: str) -> None:
         self.log = log
         self.root, self.target = run_id, target
         self.parents: dict[str, str] = {}
@@ -149,7 +149,7 @@ class _Tree:
 
 
 async def play_run(
-    log: ReplayLog,
+    log: RunHistory,
     bus: IngestLog,
     run_id: str,
     *,

@@ -25,12 +25,13 @@ import msgspec
 from redis.backoff import ExponentialWithJitterBackoff
 
 from ..bus import Append, Delivery, StreamKey
-from ..bus.base import DeliveryStreams, IngestLog, each_event
+from ..bus.base import each_event
 from ..bus.keys import shard_for
+from ..bus.ports import DeliveryStreams, IngestLog
 from ..core.envelope import Event
 from ..core.lines import encode_lines
 from ..core.retry import Outage, Retry
-from ..store import ReplayLog
+from ..store.ports import RunHistory
 from .checkpoint import decode_checkpoint, settle_windows, unsent_windows
 from .fanin import Misrooted
 from .intake import decode_batch
@@ -131,7 +132,7 @@ class Stages:
     def __init__(
         self,
         bus: StageBus,
-        store: ReplayLog,
+        store: RunHistory,
         processor: Processor,
         stop: asyncio.Event,
         *,

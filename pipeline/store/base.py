@@ -108,6 +108,11 @@ Clock = Callable[[], datetime]
 class ReplayLog(ConnectedResource):
     """One replay log, selected by URL. ``async with open_store(url) as log``.
 
+    Each backend implements its ports (:mod:`runwire.store.ports`: ``EventLog``,
+    ``RunCatalogue``, ``Ownership``, ``DurableState``, ``SpanCursor``; and the outbox); a caller
+    depends on the ports it uses, and only what opens a log or hands it on holds the whole of
+    it (``tests/test_layout.py`` checks this).
+
     ``connect`` opens it (and migrates the schema), raising StoreUnavailable.
     """
 

@@ -23,12 +23,13 @@ import time
 
 import msgspec
 
-from ...bus.base import DeliveryStreams, StreamKey
+from ...bus.base import StreamKey
+from ...bus.ports import DeliveryStreams
 from ...core import envelope
 from ...core.envelope import Event, RunLifecycle, RunLifecyclePayload
 from ...core.redaction import redact_text
 from ...core.ulid import new_event_id
-from ...store.base import ReplayLog
+from ...store.ports import RunHistory
 from ..metrics import EdgeMetrics
 from ..settings import EdgeSettings
 from .clients import ClientQueue
@@ -86,7 +87,7 @@ class Stream:
 class Hub:
     """Serves every client of this process from one multiplexed bus reader."""
 
-    def __init__(self, bus: DeliveryStreams, store: ReplayLog, settings: EdgeSettings, metrics: EdgeMetrics) -> None:
+    def __init__(self, bus: DeliveryStreams, store: RunHistory, settings: EdgeSettings, metrics: EdgeMetrics) -> None:
         self.bus = bus
         self.store = store
         self.settings = settings

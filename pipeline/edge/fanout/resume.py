@@ -37,12 +37,13 @@ from collections.abc import AsyncIterator
 
 import msgspec
 
-from ...bus.base import DeliveryStreams, StreamKey
+from ...bus.base import StreamKey
+from ...bus.ports import DeliveryStreams
 from ...core import envelope
 from ...core.envelope import Event, RunLifecycle
 from ...core.errors import ReplayExpired, StoreUnavailable
 from ...processing.shaping import DeltaCoalescer, is_delta
-from ...store.base import ReplayLog
+from ...store.ports import RunHistory
 
 log = logging.getLogger(__name__)
 
@@ -70,7 +71,7 @@ class Probe(msgspec.Struct, kw_only=True):
     """Seconds since the replay log last saw the run (0 when it has not)."""
 
 
-async def probe(bus: DeliveryStreams, store: ReplayLog, key: StreamKey) -> Probe:
+async def probe(bus: DeliveryStreams, store: RunHistory, key: StreamKey) -> Probe:
     """The state of a delivery stream: its tail, whether and where the run ended, whether it exists.
 
     A stream the hot tier holds is probed from the hot tier alone while the replay log is
@@ -119,7 +120,7 @@ def first_covered(event: Event) -> int:
 
 
 async def history(
-    bus: DeliveryStreams, store: ReplayLog, key: StreamKey, after: int, upto: int, batch: int = 1000
+    bus: DeliveryStreams, store: RunHistory, key: StreamKey, after: int, upto: int, batch: int = 1000
 ) -> AsyncIterator[tuple[str, list[Event]]]:
     """Batches ``(source, events)`` of a delivery stream with ``after < seq <= upto``.
 
@@ -150,7 +151,7 @@ async def history(
 
 
 async def _from_log(
-    store: ReplayLog, run_id: str, after: int, upto: int, batch: int
+    store: RunHistory, run_id: str, after: int, upto: int, batch: int
 ) -> AsyncIterator[list[Event]]:
     position = after
     chunk: list[Event] = []
@@ -170,7 +171,7 @@ async def _from_log(
         raise _expired(run_id, after)
 
 
-async def shaped_from_log(store: ReplayLog, run_id: str, after: int, upto: int) -> AsyncIterator[list[Event]]:
+async def shaped_from_log(store: RunHistory, run_id: str, after: int, upto: int) -> AsyncIterator[list[Event]]:
     """The shaped view's events with ``after < seq <= upto``, recomputed from the replay log, in
     pieces as they are settled (``RESHAPE_BATCH`` raw events at a time: a reader that has what it
     needs stops the reading).
@@ -220,7 +221,7 @@ async def shaped_from_log(store: ReplayLog, run_id: str, after: int, upto: int) 
         await asyncio.sleep(0.05 * attempt)
 
 
-async def _reset_point(store: ReplayLog, run_id: str, after: int) -> int:
+async def _reset_point(store: RunHistory, run_id: str, after: int) -> int:
     """The seq of the last non-delta raw event at or before ``after`` (0: none; shape from the start)."""
     high, width = after, 64
     while high > 0:

@@ -19,14 +19,15 @@ import asyncio
 import hashlib
 import time
 from collections.abc import Mapping, Sequence
-from typing import Literal
+from typing import Literal, Protocol
 
 import jwt
 import msgspec
 
-from ...bus.base import DeliveryStreams
+from ...bus.ports import DeliveryStreams
 from ...core.errors import AuthError, UnknownRun
-from ...store.base import ReplayLog, RunOwner
+from ...store.base import RunOwner
+from ...store.ports import Ownership, RunCatalogue
 
 Scope = Literal["read", "write", "control", "ops"]
 SCOPES: tuple[str, ...] = ("read", "write", "control", "ops")
@@ -99,10 +100,14 @@ def token_of(headers: Mapping[str, str], query: Mapping[str, str]) -> str | None
     return query.get("access_token") or None
 
 
+class OwnedRuns(RunCatalogue, Ownership, Protocol):
+    """What the gate asks the replay log: a run's entry, and whose the run is."""
+
+
 class Gate:
     """Decides what a request may do. With no secret every request is let through."""
 
-    def __init__(self, secret: str | None, bus: DeliveryStreams, store: ReplayLog, *, refusal_floor_s: float = 0.0) -> None:
+    def __init__(self, secret: str | None, bus: DeliveryStreams, store: OwnedRuns, *, refusal_floor_s: float = 0.0) -> None:
         self.secret = secret
         self.refusal_floor_s = refusal_floor_s
         self.bus = bus

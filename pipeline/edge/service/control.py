@@ -14,7 +14,8 @@ from typing import Any
 
 import msgspec
 
-from ...bus.base import ControlChannel, ControlCommand
+from ...bus.base import ControlCommand
+from ...bus.ports import ControlChannel
 from ...core.envelope import now_ts
 from ...core.errors import RunwireError
 from ...core.ulid import new_event_id
