@@ -364,46 +364,33 @@ def test_the_edges_wings_stand_on_the_service_layer() -> None:
     assert not wrong, "edge imports that point up or between wings:\n" + "\n".join(wrong)
 
 
-# ---- the bus's ports --------------------------------------------------------------------------
+# ---- ports ----------------------------------------------------------------------------------
 
-WHOLE_BUS = {"runwire.edge.http.app", "runwire.edge.service.context", "runwire.edge.service.busgate",
-             "runwire.sdk.publisher"}
-"""The modules (besides ``workers/``, which open buses) that hold a whole :class:`Bus`: what opens
-one or hands it on (the edge's app and context, the gate wrapping it, the publisher owning its
-connection)."""
+WHOLE = {
+    "Bus": ("bus", {"runwire.edge.http.app", "runwire.edge.service.context",
+                    "runwire.edge.service.busgate", "runwire.sdk.publisher"}),
+    "ReplayLog": ("store", {"runwire.edge.http.app", "runwire.edge.service.context", "runwire.jobs.export"}),
+}
+"""Each wide type, its folder, and the modules (besides ``workers/``, which open buses and logs)
+that hold the whole of it: what opens one or hands it on (the edge's app and context, the gate
+wrapping the bus, the publisher owning its connection, the span exporter opening a log of its
+own)."""
 
 
-def test_callers_depend_on_the_bus_channel_they_use() -> None:
-    """Outside ``bus/``, a module names the channel it uses (``IngestLog``, ``DeliveryStreams``,
-    ``ControlChannel``), not the whole ``Bus``: only :data:`WHOLE_BUS` and ``workers/`` do."""
-    wide = []
+@pytest.mark.parametrize("wide", sorted(WHOLE))
+def test_callers_depend_on_the_ports_they_use(wide: str) -> None:
+    """Outside its folder, a module names the ports it uses (``bus/ports.py``: ``IngestLog``,
+    ``DeliveryStreams``, ``ControlChannel``; ``store/ports.py``: ``EventLog``, ``RunCatalogue``,
+    ``RunHistory``, ``Ownership``, ``DurableState``, ``SpanCursor``), not the whole ``Bus`` or
+    ``ReplayLog``: only :data:`WHOLE`'s modules and ``workers/`` do."""
+    folder, holders = WHOLE[wide]
+    found = []
     for name, path in MODULES.items():
-        if name.startswith(("runwire.bus", "runwire.workers")) or name in WHOLE_BUS:
+        if name.startswith((f"runwire.{folder}", "runwire.workers")) or name in holders:
             continue
         for node in ast.walk(ast.parse(path.read_text())):
-            if isinstance(node, ast.ImportFrom) and any(alias.name == "Bus" for alias in node.names):
+            if isinstance(node, ast.ImportFrom) and any(alias.name == wide for alias in node.names):
                 module = node.module or ""
-                if module == "bus" or module.startswith(("bus.", "runwire.bus")):
-                    wide.append(f"{name} imports Bus")
-    assert not wide, "depend on IngestLog, DeliveryStreams or ControlChannel:\n" + "\n".join(wide)
-
-
-WHOLE_LOG = {"runwire.edge.http.app", "runwire.edge.service.context", "runwire.jobs.export"}
-"""The modules (besides ``workers/``, which open logs) that hold a whole :class:`ReplayLog`: the
-edge's app and context, and the span exporter, which opens a log of its own."""
-
-
-def test_callers_depend_on_the_replay_logs_ports_they_use() -> None:
-    """Outside ``store/``, a module names the ports of the replay log it uses (``EventLog``,
-    ``RunCatalogue``, ``RunHistory``, ``Ownership``, ``DurableState``, ``SpanCursor``), not the
-    whole ``ReplayLog``: only :data:`WHOLE_LOG` and ``workers/`` do."""
-    wide = []
-    for name, path in MODULES.items():
-        if name.startswith(("runwire.store", "runwire.workers")) or name in WHOLE_LOG:
-            continue
-        for node in ast.walk(ast.parse(path.read_text())):
-            if isinstance(node, ast.ImportFrom) and any(alias.name == "ReplayLog" for alias in node.names):
-                module = node.module or ""
-                if module == "store" or module.startswith(("store.", "runwire.store")):
-                    wide.append(f"{name} imports ReplayLog")
-    assert not wide, "depend on the log's ports:\n" + "\n".join(wide)
+                if module == folder or module.startswith((f"{folder}.", f"runwire.{folder}")):
+                    found.append(f"{name} imports {wide}")
+    assert not found, "depend on the ports:\n" + "\n".join(found)
