@@ -11,7 +11,8 @@ from pathlib import Path
 
 import pytest
 
-from runwire.edge import EdgeSettings, runlog
+from runwire.edge import EdgeSettings
+from runwire.edge.http import runlog
 from runwire.edge.service.auth import issue_token
 from tests.browser.agents import Agent, big_run, expected, publish_big
 from tests.browser.browser import Browser, BrowserMissing, browser
