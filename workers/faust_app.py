@@ -46,6 +46,7 @@ from prometheus_client import CollectorRegistry
 
 from runwire.bus import DeadLetter, Delivery, open_bus
 from runwire.bus import keys as bus_keys
+from runwire.bus.base import Fetched
 from runwire.bus.kafka.bus import KafkaBus
 from runwire.bus.kafka.io import ingest_events
 from runwire.processing.checkpoint import newest_checkpoint
@@ -345,7 +346,7 @@ class FaustWorker:
         on_bus = (await self.bus.load_states([(run_id, "raw")]))[0]
         return newest_checkpoint(in_table, on_bus)
 
-    async def _dead_letter(self, delivery: Delivery, reason: str) -> None:
+    async def _dead_letter(self, delivery: Fetched, reason: str) -> None:
         dead = DeadLetter(
             entry_id=delivery.entry_id, shard=delivery.shard, data=delivery.data,
             reason=reason, deliveries=delivery.deliveries, group=self.app.conf.id,

@@ -20,6 +20,8 @@ from .base import (
     ControlCommand,
     DeadLetter,
     Delivery,
+    Entry,
+    Fetched,
     StreamKey,
     View,
 )
@@ -45,12 +47,14 @@ def open_bus(url: str, **options: Any) -> Bus:
 
 __all__ = [
     "BACKENDS",
+    "Append",
     "Bus",
     "Consumer",
     "ControlCommand",
     "DeadLetter",
     "Delivery",
-    "Append",
+    "Entry",
+    "Fetched",
     "StreamKey",
     "View",
     "open_bus",

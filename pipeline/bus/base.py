@@ -22,7 +22,7 @@ from abc import abstractmethod
 from collections.abc import AsyncIterator, Mapping, Sequence
 from itertools import repeat
 from operator import attrgetter, lt
-from typing import Any, Literal, Protocol, cast
+from typing import Any, ClassVar, Literal, Protocol, cast
 
 import msgspec
 
@@ -59,7 +59,7 @@ DEFAULT_SHARDS = 16
 
 
 class Delivery(msgspec.Struct, gc=False):
-    """One ingest entry handed to a consumer; ack it after the work is durable.
+    """One event of an ingest entry handed to a consumer; ack it after the work is durable.
 
     Not tracked by the garbage collector (``gc=False``): it holds only strings, ints
     and bytes, so it is never part of a reference cycle, and one is made per event
@@ -77,24 +77,41 @@ class Delivery(msgspec.Struct, gc=False):
     """This event's place in its entry, when an entry holds several events (Redis ingest):
     they share ``entry_id``, and the entry is acked once each of them is acked or
     dead-lettered."""
-    count: int = 1
-    """How many events ``data`` holds: more than one only from :meth:`Consumer.fetch` with ``whole``,
-    a whole entry (on the in-process bus: consecutive entries of a shard, ``part`` then
-    counting from the first) whose events' canonical JSON lines are joined by newlines."""
+    count: ClassVar[int] = 1
+    """One event (an :class:`Entry` holds several)."""
+
+
+class Entry(msgspec.Struct, gc=False):
+    """A whole ingest entry of several events handed to a consumer at once
+    (:meth:`Consumer.fetch` with ``whole``): acked at once, each of its events dead-lettered
+    as its own :class:`Delivery` (:meth:`events`)."""
+
+    entry_id: str
+    """The backend's position of its first entry (the in-process bus hands out consecutive
+    entries of a shard as one: an event's ``part`` then counts from this one)."""
+    shard: int
+    data: bytes
+    """Its events' canonical JSON lines, joined by newlines."""
+    count: int
+    """How many events ``data`` holds (more than one)."""
+    deliveries: int = 1
+    """How many times this entry has been handed out, this time included."""
 
     def events(self) -> list[Delivery]:
-        """One delivery per event of this one (itself when it holds one)."""
-        if self.count == 1:
-            return [self]
+        """One delivery per event of this entry."""
         count = self.count
         return list(map(Delivery, repeat(self.entry_id, count), repeat(self.shard, count),
                         split(self.data), repeat(self.deliveries, count), range(count)))
 
 
+Fetched = Delivery | Entry
+"""What a fetch hands out: one event, or (with ``whole``) a whole entry."""
+
+
 _COUNT = attrgetter("count")
 
 
-def event_count(deliveries: Sequence[Delivery]) -> int:
+def event_count(deliveries: Sequence[Fetched]) -> int:
     """How many events ``deliveries`` hold (whole entries count each of theirs)."""
     return sum(map(_COUNT, deliveries))
 
@@ -130,14 +147,14 @@ def encoded(events: Sequence[Routed], data: Sequence[bytes] | None) -> Sequence[
     return data if data is not None else [encode(cast(Event, event)) for event in events]
 
 
-def each_event(deliveries: Sequence[Delivery]) -> list[Delivery]:
-    """``deliveries`` with every whole entry (``count`` > 1) handed out as one delivery per event."""
+def each_event(deliveries: Sequence[Fetched]) -> list[Delivery]:
+    """``deliveries`` with every whole entry handed out as one delivery per event."""
     out: list[Delivery] = []
     for delivery in deliveries:
-        if delivery.count == 1:
+        if type(delivery) is Delivery:
             out.append(delivery)
         else:
-            out += delivery.events()
+            out += cast(Entry, delivery).events()
     return out
 
 
@@ -182,7 +199,7 @@ class Consumer(AsyncResource):
     name: str
 
     @abstractmethod
-    async def fetch(self, max_count: int = 512, block_ms: int = 1000, *, whole: bool = False) -> list[Delivery]:
+    async def fetch(self, max_count: int = 512, block_ms: int = 1000, *, whole: bool = False) -> Sequence[Fetched]:
         """Up to ``max_count`` entries, waiting up to ``block_ms`` when none are ready.
 
         Fewer than ``max_count`` only when no more are ready (runtimes take that as
@@ -198,11 +215,11 @@ class Consumer(AsyncResource):
         out the same either way."""
 
     @abstractmethod
-    async def ack(self, deliveries: Sequence[Delivery]) -> None:
+    async def ack(self, deliveries: Sequence[Fetched]) -> None:
         """Mark entries done. Call only after their effects are durable."""
 
     @abstractmethod
-    async def dead_letter(self, delivery: Delivery, reason: str) -> None:
+    async def dead_letter(self, delivery: Fetched, reason: str) -> None:
         """Move a poison entry to the dead-letter stream/topic with the reason, and ack it."""
 
     @abstractmethod

@@ -13,8 +13,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 from operator import attrgetter
 
-from ..bus import Delivery
-from ..bus.base import each_event, event_count
+from ..bus.base import Fetched, each_event, event_count
 from ..core.envelope import MAX_FRAME_BYTES, Event, decode_joined, decode_many, ts_ms
 from ..core.errors import ProtocolError
 from .processor import validate
@@ -23,8 +22,8 @@ _DATA = attrgetter("data")
 
 
 def decode_batch(
-    deliveries: Sequence[Delivery],
-) -> tuple[list[Delivery], list[Event], list[tuple[Delivery, ProtocolError]], bool]:
+    deliveries: Sequence[Fetched],
+) -> tuple[list[Fetched], list[Event], list[tuple[Fetched, ProtocolError]], bool]:
     """``(good, events, poison, whole)``: the deliveries of valid events and those events,
     the deliveries of events that are not valid with the reason, and whether ``good`` holds
     whole entries (then ``events`` counts more than ``good``; otherwise they pair up)."""
@@ -39,12 +38,12 @@ def decode_batch(
     if results is not None and _all_valid(results):
         return list(deliveries), results, [], whole  # type: ignore[return-value]
     if whole:  # each event on its own: a bad one is dead-lettered alone
-        deliveries = each_event(deliveries)
+        deliveries = each_event(deliveries)  # (every one a Delivery now)
         results = decode_many(list(map(_DATA, deliveries)))
     assert results is not None
-    good: list[Delivery] = []
+    good: list[Fetched] = []
     events: list[Event] = []
-    poison: list[tuple[Delivery, ProtocolError]] = []
+    poison: list[tuple[Fetched, ProtocolError]] = []
     for delivery, result in zip(deliveries, results, strict=True):
         if not isinstance(result, ProtocolError):
             try:

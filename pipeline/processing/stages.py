@@ -24,8 +24,8 @@ from typing import Protocol, TypeVar
 import msgspec
 from redis.backoff import ExponentialWithJitterBackoff
 
-from ..bus import Append, Delivery, StreamKey
-from ..bus.base import each_event
+from ..bus import Append, StreamKey
+from ..bus.base import Fetched, each_event
 from ..bus.keys import shard_for
 from ..bus.ports import DeliveryStreams, IngestLog
 from ..core.envelope import Event
@@ -136,7 +136,7 @@ class Stages:
         processor: Processor,
         stop: asyncio.Event,
         *,
-        dead_letter: Callable[[Delivery, str], Awaitable[None]],
+        dead_letter: Callable[[Fetched, str], Awaitable[None]],
         load_state: Callable[[str], Awaitable[bytes | None]] | None = None,
         on_logged: Callable[[list[tuple[str, Sequence[Event], Sequence[bytes], bytes | None]]], None] | None = None,
     ) -> None:
@@ -158,11 +158,11 @@ class Stages:
 
     async def prepare(
         self,
-        deliveries: Sequence[Delivery],
+        deliveries: Sequence[Fetched],
         before_restore: Callable[[set[str]], Awaitable[None]] | None = None,
         *,
         into: Callable[[], dict[str, StreamOutput]] | None = None,
-    ) -> tuple[list[Delivery], dict[str, StreamOutput]]:
+    ) -> tuple[list[Fetched], dict[str, StreamOutput]]:
         """Decode (dead-lettering poison), restore checkpoints and process; no delivery writes.
 
         ``before_restore(run_ids)`` runs before the checkpoints of ``run_ids``
@@ -187,7 +187,7 @@ class Stages:
         if rerouted:
             await self._reroute(rerouted)
         if whole and failures:  # (their indexes count events)
-            good = each_event(good)
+            good = list[Fetched](each_event(good))
         for index, error in failures:
             if not isinstance(error, Misrooted):
                 await self._dead_letter(good[index], f"processing failed: {error!r}")
@@ -302,7 +302,7 @@ class Stages:
         await self.retry(lambda: self.bus.publish(events))
         self.stats.rerouted += len(events)
 
-    async def _dead_letter(self, delivery: Delivery, reason: str) -> None:
+    async def _dead_letter(self, delivery: Fetched, reason: str) -> None:
         log.warning("dead-lettering %s (shard %d): %s", delivery.entry_id, delivery.shard, reason)
         await self.retry(lambda: self._dead_letter_to(delivery, reason))
         self.stats.dead_lettered += 1

@@ -19,10 +19,11 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
+from collections.abc import Sequence
 from operator import attrgetter
 
-from ..bus import Consumer, Delivery
-from ..bus.base import event_count
+from ..bus import Consumer
+from ..bus.base import Fetched, event_count
 from .processor import Processor, StreamOutput
 from .stages import PENDING_BATCHES, EncodedWrite, Stages
 
@@ -56,7 +57,7 @@ class ConsumerLoop:
         """Writes in flight, oldest first (at most two: one in its views, one in its log)."""
         self._pending: dict[str, StreamOutput] = {}
         """Processed batches waiting for the next write (each stream's events in one output, unsealed)."""
-        self._pending_acks: list[Delivery] = []
+        self._pending_acks: list[Fetched] = []
         self._pending_entries = 0
         self._next_adopt = 0.0
         self._adopt_quiet = False
@@ -82,7 +83,7 @@ class ConsumerLoop:
         block_ms = max(1, int(tick_s * 1000))
         stop = self.stages.stop
         most = batch * PENDING_BATCHES
-        prefetch: asyncio.Task[tuple[list[Delivery], float]] | None = None
+        prefetch: asyncio.Task[tuple[Sequence[Fetched], float]] | None = None
         finished = False
         try:
             while not stop.is_set() or prefetch is not None:
@@ -127,11 +128,11 @@ class ConsumerLoop:
             else:
                 await self._abandon()
 
-    async def _fetch(self, batch: int, block_ms: int) -> list[Delivery]:
+    async def _fetch(self, batch: int, block_ms: int) -> Sequence[Fetched]:
         """One fetch, retried while the bus is unavailable (until a stop)."""
         return await self.stages.retry(lambda: self.consumer.fetch(batch, block_ms=block_ms, whole=True))
 
-    async def _fetch_stamped(self, batch: int, block_ms: int) -> tuple[list[Delivery], float]:
+    async def _fetch_stamped(self, batch: int, block_ms: int) -> tuple[Sequence[Fetched], float]:
         """One fetch and when it returned (the processor's clock): a fetch of fewer than ``batch``
         entries says the shards were read to their end then, not later."""
         deliveries = await self._fetch(batch, block_ms)
@@ -232,7 +233,7 @@ class ConsumerLoop:
         self,
         outputs: dict[str, StreamOutput],
         encoded: EncodedWrite | None,
-        acked: list[Delivery],
+        acked: list[Fetched],
         previous: _Write | None,
         write: _Write,
     ) -> None:
@@ -258,7 +259,7 @@ class ConsumerLoop:
         await self._ack(acked)
         self.stages.busy_until_now()
 
-    async def _ack(self, acked: list[Delivery]) -> None:
+    async def _ack(self, acked: list[Fetched]) -> None:
         if acked:
             await self.stages.retry(lambda: self.consumer.ack(acked))
             self.stages.stats.acked += len(acked)

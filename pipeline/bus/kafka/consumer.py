@@ -30,7 +30,7 @@ from aiokafka.structs import OffsetAndMetadata
 
 from ...core.errors import BusUnavailable
 from .. import keys
-from ..base import Consumer, DeadLetter, Delivery
+from ..base import Consumer, DeadLetter, Delivery, Fetched
 from ..ingest_entries import INGEST_ENTRY_EVENTS, OpenEntries
 from ..options import BusOptions
 from .io import KafkaLink, Record, guard, ingest_events, json_encoder
@@ -210,7 +210,7 @@ class KafkaConsumer(Consumer):
             if state is not None:
                 self._former[tp.partition] = state
 
-    async def fetch(self, max_count: int = 512, block_ms: int = 1000, *, whole: bool = False) -> list[Delivery]:
+    async def fetch(self, max_count: int = 512, block_ms: int = 1000, *, whole: bool = False) -> Sequence[Fetched]:
         client = await self._start()
         await self._commit_due()
         out, poison = self._redeliver(max_count)
@@ -352,13 +352,14 @@ class KafkaConsumer(Consumer):
                 out += held.deliveries
         return out, poison
 
-    async def ack(self, deliveries: Sequence[Delivery]) -> None:
+    async def ack(self, deliveries: Sequence[Fetched]) -> None:
         """Ack records whose events are all acked or dead-lettered (a worker acks them together)."""
         for delivery in deliveries:
             partition, _, at = delivery.entry_id.partition(":")
             shard, offset = int(partition), int(at)
             state = self._partitions.get(shard) or self._former.get(shard)
-            if state is None or not state.open.settle(offset, delivery.part):
+            part = delivery.part if type(delivery) is Delivery else 0  # (this bus hands out no Entry)
+            if state is None or not state.open.settle(offset, part):
                 continue
             if state.held.pop(offset, None) is not None:
                 state.counts.pop(offset, None)
@@ -390,7 +391,7 @@ class KafkaConsumer(Consumer):
             except KafkaError as exc:  # lost the partition meanwhile: the successor redelivers
                 log.warning("kafka commit for group %s failed: %r", self.group, exc)
 
-    async def dead_letter(self, delivery: Delivery, reason: str) -> None:
+    async def dead_letter(self, delivery: Fetched, reason: str) -> None:
         await self._send_dead_letter(DeadLetter(
             entry_id=delivery.entry_id, shard=delivery.shard, data=delivery.data,
             reason=reason, deliveries=delivery.deliveries, group=self.group,

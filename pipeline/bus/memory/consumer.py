@@ -12,7 +12,7 @@ import logging
 from collections import deque
 from collections.abc import Sequence
 
-from ..base import Consumer, DeadLetter, Delivery
+from ..base import Consumer, DeadLetter, Delivery, Entry, Fetched
 from .state import MemoryState, now_ms
 
 log = logging.getLogger("runwire.bus.memory.bus")
@@ -61,7 +61,7 @@ class MemoryConsumer(Consumer):
                 group.leases[shard] = self.name
                 self._owned.add(shard)
 
-    async def fetch(self, max_count: int = 512, block_ms: int = 1000, *, whole: bool = False) -> list[Delivery]:
+    async def fetch(self, max_count: int = 512, block_ms: int = 1000, *, whole: bool = False) -> Sequence[Fetched]:
         """``whole``: the new entries a shard hands out at once come as one delivery (their
         lines joined, ``count`` of them, ``entry_id`` the first's; an event's
         :meth:`~runwire.bus.Delivery.events` part is its offset from it)."""
@@ -80,7 +80,7 @@ class MemoryConsumer(Consumer):
             wait = min(remaining, self._next_claim_in())
             await self.state.ingest_changed.wait(max(wait, 1) / 1000)
 
-    def _take_own_pending(self, limit: int) -> list[Delivery]:
+    def _take_own_pending(self, limit: int) -> list[Fetched]:
         """Entries pending for this name (a restart under it) on owned shards, in id order.
 
         A shard's are listed once, when it is first owned (one pass over its
@@ -88,7 +88,7 @@ class MemoryConsumer(Consumer):
         shard is handed out, so a restarted worker never processes newer
         entries before its older ones.
         """
-        out: list[Delivery] = []
+        out: list[Fetched] = []
         shards = self._owned - self._own_pending_done
         if not shards:
             return out
@@ -114,13 +114,13 @@ class MemoryConsumer(Consumer):
             self._own_pending_done.add(shard)
         return out
 
-    def _take_idle(self, limit: int) -> list[Delivery]:
+    def _take_idle(self, limit: int) -> list[Fetched]:
         """Entries idle past ``claim_idle_ms`` on owned shards, claimed in id order.
 
         Pending entries are kept in delivery order, so a shard with nothing
         idle costs one look at its oldest entry.
         """
-        out: list[Delivery] = []
+        out: list[Fetched] = []
         if limit <= 0:
             return out
         now = now_ms()
@@ -159,12 +159,12 @@ class MemoryConsumer(Consumer):
             return None
         return delivery
 
-    def _take_new(self, limit: int, whole: bool = False) -> list[Delivery]:
+    def _take_new(self, limit: int, whole: bool = False) -> list[Fetched]:
         """New entries of owned shards, up to ``limit``: a fair share of each shard first (a
         busy shard can't starve the rest), then what is left of ``limit`` from the shards
         that had more — fewer than ``limit`` only when no owned shard has more (a runtime
         takes a short fetch as caught up)."""
-        out: list[Delivery] = []
+        out: list[Fetched] = []
         if limit <= 0 or not self._owned:
             return out
         now = now_ms()
@@ -187,7 +187,7 @@ class MemoryConsumer(Consumer):
                 taken += len(entries)
                 joined = b"\n".join(entries) if whole and len(entries) > 1 else None
                 if joined is not None and joined.count(b"\n") == len(entries) - 1:  # one line each
-                    out.append(Delivery(f"{first}-0", shard, joined, 1, 0, len(entries)))
+                    out.append(Entry(f"{first}-0", shard, joined, len(entries)))
                 else:
                     out += [Delivery(entry_id=f"{entry_id}-0", shard=shard, data=data)
                             for entry_id, data in enumerate(entries, first)]
@@ -205,11 +205,11 @@ class MemoryConsumer(Consumer):
                 soonest = min(soonest, oldest.delivered_ms + self.claim_idle_ms - now)
         return soonest
 
-    async def ack(self, deliveries: Sequence[Delivery]) -> None:
+    async def ack(self, deliveries: Sequence[Fetched]) -> None:
         by_shard: dict[int, list[int]] = {}
         for delivery in deliveries:
             entry_id = _entry_id(delivery)
-            if delivery.count == 1:
+            if type(delivery) is Delivery:
                 by_shard.setdefault(delivery.shard, []).append(entry_id)
             else:
                 by_shard.setdefault(delivery.shard, []).extend(
@@ -222,8 +222,8 @@ class MemoryConsumer(Consumer):
         if touched:
             self.state.ingest_changed.notify()
 
-    def _dead_letter_now(self, delivery: Delivery, reason: str) -> None:
-        if delivery.count > 1:  # (each entry of it)
+    def _dead_letter_now(self, delivery: Fetched, reason: str) -> None:
+        if type(delivery) is Entry:  # (each entry of it)
             for event in delivery.events():
                 self._dead_letter_now(event, reason)
             return
@@ -237,7 +237,7 @@ class MemoryConsumer(Consumer):
         self._group.shards[delivery.shard].release([entry_id])
         self.state.trim(delivery.shard)
 
-    async def dead_letter(self, delivery: Delivery, reason: str) -> None:
+    async def dead_letter(self, delivery: Fetched, reason: str) -> None:
         self._dead_letter_now(delivery, reason)
 
     async def close(self) -> None:
@@ -258,6 +258,8 @@ class MemoryConsumer(Consumer):
         self.state.ingest_changed.notify()
 
 
-def _entry_id(delivery: Delivery) -> int:
-    """The shard entry a delivery names (of one handed out whole, its ``part``-th)."""
-    return int(delivery.entry_id.partition("-")[0]) + delivery.part
+def _entry_id(delivery: Fetched) -> int:
+    """The shard entry a delivery names (an event of one handed out whole: its ``part``-th; a
+    whole one: its first)."""
+    first = int(delivery.entry_id.partition("-")[0])
+    return first + delivery.part if type(delivery) is Delivery else first

@@ -47,7 +47,7 @@ import redis.exceptions as rexc
 
 from ...core.errors import BusUnavailable
 from .. import keys
-from ..base import Consumer, Delivery, each_event, event_count
+from ..base import Consumer, Delivery, Entry, Fetched, each_event, event_count
 from ..ingest_entries import INGEST_ENTRY_EVENTS, OpenEntries
 from ..options import BusOptions
 from .entries import ingest_entry
@@ -56,7 +56,7 @@ from .trim import IngestTrimmer
 
 log = logging.getLogger(__name__)
 T = TypeVar("T")
-Entry = tuple[bytes, dict[bytes, bytes] | list[bytes] | None]
+StreamEntry = tuple[bytes, dict[bytes, bytes] | list[bytes] | None]
 
 
 class RedisConsumer(Consumer):
@@ -168,12 +168,12 @@ class RedisConsumer(Consumer):
         self._owned = owned
 
     # ---- fetch ---------------------------------------------------------------
-    async def fetch(self, max_count: int = 512, block_ms: int = 1000, *, whole: bool = False) -> list[Delivery]:
+    async def fetch(self, max_count: int = 512, block_ms: int = 1000, *, whole: bool = False) -> Sequence[Fetched]:
         """See :meth:`_fetch_entries`; one delivery per event unless ``whole``."""
         got = await self._fetch_entries(max_count, block_ms)
         return got if whole else each_event(got)
 
-    async def _fetch_entries(self, max_count: int, block_ms: int) -> list[Delivery]:
+    async def _fetch_entries(self, max_count: int, block_ms: int) -> list[Fetched]:
         """``max_count`` events while more are ready, fewer only when none are (a runtime
         takes that as caught up). Entries hold several events, so this reads about as many
         entries as the events wanted need, again while a read came back full; an entry is
@@ -182,7 +182,7 @@ class RedisConsumer(Consumer):
         while one did."""
         if self._closed:
             raise RuntimeError("consumer is closed")
-        out: list[Delivery] = []
+        out: list[Fetched] = []
         events = 0
         with retriable_bus_errors(f"fetch {self.group}/{self.name}"):
             if not self._started:
@@ -220,8 +220,8 @@ class RedisConsumer(Consumer):
         self._clear.clear()
         return await step()
 
-    async def _collect(self, max_count: int, block_ms: int) -> list[Delivery]:
-        out: list[Delivery] = []
+    async def _collect(self, max_count: int, block_ms: int) -> list[Fetched]:
+        out: list[Fetched] = []
         out += await self._read_own_pending(max_count)
         if len(out) < max_count:
             out += await self._claim_idle(max_count - len(out))
@@ -233,7 +233,7 @@ class RedisConsumer(Consumer):
             return []
         return await self._read_new(max_count, block_ms)
 
-    async def _read_own_pending(self, max_count: int) -> list[Delivery]:
+    async def _read_own_pending(self, max_count: int) -> list[Fetched]:
         """This consumer's pending entries on owned shards not yet re-read, in id order.
 
         A shard counts as done when a read returns fewer entries than asked
@@ -246,7 +246,7 @@ class RedisConsumer(Consumer):
         per_shard = max(1, -(-max_count // len(shards)))
         streams = {self._key(s): self._own_pending_cursor.get(s, "0") for s in shards}
         replies = await self._xreadgroup(streams, per_shard, None)
-        got: dict[int, list[Entry]] = {}
+        got: dict[int, list[StreamEntry]] = {}
         for name, entries in replies:
             got[int(text(name).rsplit(":", 1)[1].rstrip("}"))] = list(entries or [])
         for shard in shards:
@@ -258,7 +258,7 @@ class RedisConsumer(Consumer):
                 self._own_pending_cursor[shard] = text(entries[-1][0])
         return await self._with_counts(replies)
 
-    async def _claim_idle(self, max_count: int) -> list[Delivery]:
+    async def _claim_idle(self, max_count: int) -> list[Fetched]:
         now = time.monotonic()
         if now >= self._next_sweep:
             shards = sorted(self._owned)
@@ -272,7 +272,7 @@ class RedisConsumer(Consumer):
         for shard in shards:
             pipe.xautoclaim(self._key(shard), self.group, self.name, self.claim_idle_ms,
                             "0-0", count=per_shard)
-        replies: list[tuple[str, list[Entry]]] = []
+        replies: list[tuple[str, list[StreamEntry]]] = []
         for shard, (_cursor, entries, deleted) in zip(shards, await pipe.execute(), strict=True):
             if len(entries) >= per_shard:
                 self._full.add(self._key(shard))
@@ -297,7 +297,7 @@ class RedisConsumer(Consumer):
             if not others:
                 self._clear.add(shard)
 
-    async def _read_new(self, max_count: int, block_ms: int) -> list[Delivery]:
+    async def _read_new(self, max_count: int, block_ms: int) -> list[Fetched]:
         shards = sorted(self._clear)
         if self._reread:  # the fetch's earlier read filled these shards' shares: only they may have more
             shards = [shard for shard in shards if self._key(shard) in self._reread] or shards
@@ -310,7 +310,7 @@ class RedisConsumer(Consumer):
 
     async def _read_new_cluster(
         self, shards: list[int], per_shard: int, block_ms: int
-    ) -> list[Delivery]:
+    ) -> list[Fetched]:
         """Shards live in different slots: one non-blocking read per shard, pipelined
         (the client runs each node's commands concurrently), polled until ``block_ms``."""
         loop = asyncio.get_running_loop()
@@ -354,7 +354,7 @@ class RedisConsumer(Consumer):
         self._full.update(text(name) for name, entries in replies if len(entries or ()) >= count)
         return replies
 
-    async def _with_counts(self, replies: Sequence[Any]) -> list[Delivery]:
+    async def _with_counts(self, replies: Sequence[Any]) -> list[Fetched]:
         """Deliveries of re-read / claimed entries, with Redis's delivery counters."""
         replies = [(name, entries) for name, entries in replies if entries]
         if not replies:
@@ -368,9 +368,9 @@ class RedisConsumer(Consumer):
             counts.update({row["message_id"]: int(row["times_delivered"]) for row in rows})
         return self._deliveries(replies, counts)
 
-    def _deliveries(self, replies: Sequence[Any], counts: dict[bytes, int]) -> list[Delivery]:
-        """One delivery per entry: an entry of several events comes whole (``count``)."""
-        out: list[Delivery] = []
+    def _deliveries(self, replies: Sequence[Any], counts: dict[bytes, int]) -> list[Fetched]:
+        """One delivery per entry: an entry of several events comes whole (an :class:`Entry`)."""
+        out: list[Fetched] = []
         entries_seen = events = 0
         for name, entries in replies:
             shard = int(text(name).rsplit(":", 1)[1].rstrip("}"))
@@ -389,13 +389,13 @@ class RedisConsumer(Consumer):
                 data, count = ingest_entry(fields) or (b"", 1)  # no event field: poison
                 if count > 1:
                     self._open.hand_out((shard, ident), count)
-                out.append(Delivery(ident, shard, data, times, 0, count))
+                out.append(Entry(ident, shard, data, count, times) if count > 1 else Delivery(ident, shard, data, times))
                 events += count
         if entries_seen:
             self._per_entry = max(1.0, events / entries_seen)
         return out
 
-    async def _screen(self, deliveries: list[Delivery]) -> list[Delivery]:
+    async def _screen(self, deliveries: list[Fetched]) -> list[Fetched]:
         """Dead-letter entries delivered more than ``max_deliveries`` times (each event of one)."""
         limit = self.options.max_deliveries
         poison = [d for d in deliveries if d.deliveries > limit]
@@ -405,7 +405,7 @@ class RedisConsumer(Consumer):
         return [d for d in deliveries if d.deliveries <= limit] if poison else deliveries
 
     # ---- ack, dead letters, leaving --------------------------------------------
-    async def ack(self, deliveries: Sequence[Delivery]) -> None:
+    async def ack(self, deliveries: Sequence[Fetched]) -> None:
         """XACK the entries of ``deliveries``; an entry of several events once each of them
         was acked or dead-lettered (a worker acks them together, after one write)."""
         if not deliveries:
@@ -430,7 +430,7 @@ class RedisConsumer(Consumer):
         except (BusUnavailable, rexc.RedisError) as exc:
             log.debug("trimming the ingest shards of %s failed: %s", self.group, exc)
 
-    async def dead_letter(self, delivery: Delivery, reason: str) -> None:
+    async def dead_letter(self, delivery: Fetched, reason: str) -> None:
         """XADD to the dead-letter stream and XACK the entry (one round trip); an entry
         holding other events too is acked once each of them is acked or dead-lettered."""
         fields: dict[str, bytes | str | int] = {
@@ -448,11 +448,11 @@ class RedisConsumer(Consumer):
         log.warning("dead-lettered entry %s of shard %d in group %s after %d deliveries: %s",
                     delivery.entry_id, delivery.shard, self.group, delivery.deliveries, reason)
 
-    def _settle(self, delivery: Delivery) -> bool:
+    def _settle(self, delivery: Fetched) -> bool:
         """Mark one event (or a whole entry) done; True when its entry has no event left open."""
-        if delivery.count > 1:
-            return self._open.settle_all((delivery.shard, delivery.entry_id))
-        return self._open.settle((delivery.shard, delivery.entry_id), delivery.part)
+        if type(delivery) is Delivery:
+            return self._open.settle((delivery.shard, delivery.entry_id), delivery.part)
+        return self._open.settle_all((delivery.shard, delivery.entry_id))
 
     async def close(self) -> None:
         """Release leases and leave; unacked entries stay pending for a successor."""
