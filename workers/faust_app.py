@@ -35,7 +35,6 @@ from __future__ import annotations
 import asyncio
 import base64
 import contextlib
-import contextvars
 import logging
 import time
 from collections import defaultdict
@@ -70,8 +69,6 @@ BURST_IDLE_S = 2.0
 """``--burst``: stop after this long with nothing new once partitions are assigned."""
 DEFAULT_DATA_DIR = Path(".runwire")
 """runwire's data directory (as ``runwire up --data-dir``); faust's goes in ``faust/<group>``."""
-_current_partition: contextvars.ContextVar[int] = contextvars.ContextVar("partition", default=0)
-"""The ingest partition whose entries are being processed (each runs in its own task)."""
 
 
 class FaustWorker:
@@ -217,8 +214,7 @@ class FaustWorker:
     ) -> dict[str, StreamOutput]:
         log.debug("%s: partition %d entries %s..%s", self.name, partition,
                   deliveries[0].entry_id, deliveries[-1].entry_id)
-        _current_partition.set(partition)
-        _, outputs = await self.stages.prepare(deliveries, self._drain_for)
+        _, outputs = await self.stages.prepare(deliveries, self._drain_for, shard=partition)
         return outputs
 
     def _merge(self, outputs: dict[str, StreamOutput], partition: int | None) -> None:
@@ -338,8 +334,8 @@ class FaustWorker:
             self.stages.processor.forget_all()
             self._shard_of.clear()
 
-    async def _load_state(self, run_id: str) -> bytes | None:
-        shard = self._shard_of.get(run_id, _current_partition.get())
+    async def _load_state(self, run_id: str, partition: int | None) -> bytes | None:
+        shard = self._shard_of.get(run_id, partition or 0)
         self._shard_of.setdefault(run_id, shard)
         stored = self.table.get(f"{shard}:{run_id}")
         in_table = base64.b64decode(stored) if stored else None

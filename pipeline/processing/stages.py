@@ -125,8 +125,9 @@ class Stages:
     """Decode → restore → process → write for one batch; shared by both runtimes.
 
     ``dead_letter`` moves a poison entry aside (the consumer's, or the faust
-    app's dead-letter topic); ``load_state`` finds a stream's checkpoint
-    (the bus's; the faust app also looks in its table).
+    app's dead-letter topic); ``load_state(run_id, shard)`` finds a stream's checkpoint
+    (the bus's; the faust app also looks in its table, under the batch's ``shard``: what
+    :meth:`prepare` was given).
     """
 
     def __init__(
@@ -137,7 +138,7 @@ class Stages:
         stop: asyncio.Event,
         *,
         dead_letter: Callable[[Fetched, str], Awaitable[None]],
-        load_state: Callable[[str], Awaitable[bytes | None]] | None = None,
+        load_state: Callable[[str, int | None], Awaitable[bytes | None]] | None = None,
         on_logged: Callable[[list[tuple[str, Sequence[Event], Sequence[bytes], bytes | None]]], None] | None = None,
     ) -> None:
         self.bus = bus
@@ -162,6 +163,7 @@ class Stages:
         before_restore: Callable[[set[str]], Awaitable[None]] | None = None,
         *,
         into: Callable[[], dict[str, StreamOutput]] | None = None,
+        shard: int | None = None,
     ) -> tuple[list[Fetched], dict[str, StreamOutput]]:
         """Decode (dead-lettering poison), restore checkpoints and process; no delivery writes.
 
@@ -171,7 +173,8 @@ class Stages:
         given, is the runtime's unsealed outputs of earlier batches, read after
         ``before_restore``: this batch extends them and they are returned
         unsealed, their checkpoints left to :meth:`write` (see
-        :meth:`Processor.process_each`).
+        :meth:`Processor.process_each`). ``shard``: the one shard every delivery is of, when
+        the runtime prepares a shard at a time (handed to ``load_state``).
         """
         if self._first_batch_at is None:
             self._first_batch_at = time.monotonic()
@@ -180,7 +183,7 @@ class Stages:
         self.stats.entries += len(events) + len(poison)
         for delivery, bad in poison:
             await self._dead_letter(delivery, f"undecodable: {bad}")
-        await self._restore(events, before_restore)
+        await self._restore(events, before_restore, shard)
         outputs, failures = self.processor.process_each(
             events, owned=True, into=None if into is None else into())
         rerouted = [error for _, error in failures if isinstance(error, Misrooted)]
@@ -311,17 +314,18 @@ class Stages:
         self,
         events: Sequence[Event],
         before_restore: Callable[[set[str]], Awaitable[None]] | None = None,
+        shard: int | None = None,
     ) -> None:
         missing = self.processor.missing(events)
         while missing:
             if before_restore is not None:
                 await before_restore(missing)
             ordered = sorted(missing)
-            for run_id, state in zip(ordered, await self._load_states(ordered), strict=True):
+            for run_id, state in zip(ordered, await self._load_states(ordered, shard), strict=True):
                 self.processor.restore(run_id, state)
             missing = self.processor.missing(events)
 
-    async def _load_states(self, run_ids: Sequence[str]) -> list[bytes | None]:
+    async def _load_states(self, run_ids: Sequence[str], shard: int | None = None) -> list[bytes | None]:
         """The stored checkpoints of streams, in order (None: a new stream).
 
         The bus's are asked for together (:meth:`Bus.load_states`, one round trip
@@ -342,7 +346,7 @@ class Stages:
                 chunk: list[StreamKey] = [(run_id, "raw") for run_id in run_ids[start:start + LOAD_CHUNK]]
                 states += await self.retry(functools.partial(self.bus.load_states, chunk))
         else:
-            states = list(await asyncio.gather(*map(self._load_one, run_ids)))
+            states = list(await asyncio.gather(*(self._load_one(run_id, shard) for run_id in run_ids)))
         new = [run_id for run_id, state in zip(run_ids, states, strict=True) if state is None]
         logged = await self._from_log(new) if new else {}
         for index, (run_id, data) in enumerate(zip(run_ids, states, strict=True)):
@@ -357,10 +361,10 @@ class Stages:
                     states[index] = settle_windows(data, sent)
         return states
 
-    async def _load_one(self, run_id: str) -> bytes | None:
+    async def _load_one(self, run_id: str, shard: int | None) -> bytes | None:
         assert self._load is not None
         async with self._appends:
-            return await self.retry(functools.partial(self._load, run_id))
+            return await self.retry(functools.partial(self._load, run_id, shard))
 
     async def _from_log(self, run_ids: Sequence[str]) -> dict[str, bytes]:
         """The replay log's checkpoints of streams the bus has none for (the log is the
