@@ -38,6 +38,7 @@ import contextlib
 import logging
 import time
 from collections import defaultdict
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -51,6 +52,7 @@ from runwire.bus.kafka.io import ingest_events
 from runwire.processing.checkpoint import newest_checkpoint
 from runwire.processing.processor import DEFAULT_QUIET_S, DEFAULT_SILENCE_S, Processor, StreamOutput
 from runwire.processing.stages import BATCH, TICK_S, Stages, WorkerStats
+from runwire.processing.writes import WritePipeline
 from runwire.store import ReplayLog, open_store
 from runwire.workers.faust_partitions import HOLE_IDLE_S, PartitionTracker
 from runwire.workers.faust_seam import Intake, check_faust_version, raise_if_crashed
@@ -118,11 +120,9 @@ class FaustWorker:
         self._last_batch = time.monotonic()
         self._first_taken: float | None = None
         self._last_written: float | None = None
-        self._inflight: asyncio.Task[None] | None = None
-        self._inflight_runs: frozenset[str] = frozenset()
-        self._pending: dict[str, StreamOutput] = {}
+        self.writes: WritePipeline[Any] = WritePipeline(self.stages, self._ack, on_write=self._on_write)
         self._pending_shard: dict[str, int] = {}
-        self._pending_acks: list[Any] = []
+        """The ingest partition of each stream pending a write (its table key)."""
         subscribe(self.app, self.topic_name, self.bus.shards)
         # faust calls a receiver as receiver(sender, partitions, signal=...)
         self.app.on_partitions_revoked.connect(self._on_revoked)  # type: ignore[arg-type]
@@ -131,16 +131,17 @@ class FaustWorker:
     async def _consume(self) -> None:
         """Take fetched entries, process them and write them, pipelined, until stop.
 
-        While a batch's writes are in flight the next batches are processed
-        and merged into one pending write (up to :data:`PENDING_ENTRIES`
-        entries), started when the write in flight is done. Writes keep
-        batch order; entries are acked after their writes. Ticks (shaping
-        windows, silence) go through the same pipeline, after what was
-        processed before them. On stop, what was processed is written.
+        The writes go through the one write pipeline every runtime drives
+        (:class:`~runwire.processing.writes.WritePipeline`): while a write is
+        in its replay-log part the next batches are processed and merged into
+        the pending write (up to :data:`PENDING_ENTRIES` entries), started
+        once that part is done. Writes keep batch order; entries are acked
+        after their writes. Ticks (shaping windows, silence) go through the
+        same pipeline, after what was processed before them. On stop, what
+        was processed is written.
         """
         intake = self.intake
         next_tick = 0.0
-        pending_entries = 0
         try:
             while not self.stop.is_set():
                 if intake.messages:
@@ -149,15 +150,11 @@ class FaustWorker:
                         self._first_taken = self._last_batch
                     self._maybe_forget()
                     # no reference kept: a rebalance waits until each message is acked or gone
-                    pending_entries += await self._process(intake.take(TAKE))
-                    inflight_done = self._inflight is None or self._inflight.done()
-                    if inflight_done or pending_entries >= PENDING_ENTRIES:
-                        await self._drain()
-                        self._start_write()
-                        pending_entries = 0
+                    await self._process(intake.take(TAKE))
+                    if self.writes.ready() or self.writes.pending_entries >= PENDING_ENTRIES:
+                        await self.writes.write_pending()
                 else:
-                    await self._flush()
-                    pending_entries = 0
+                    await self.writes.flush()
                     idle = time.monotonic() - self._last_batch > BURST_IDLE_S
                     if self.burst and self._assigned and idle:
                         self.stop.set()
@@ -170,7 +167,7 @@ class FaustWorker:
                     with contextlib.suppress(TimeoutError):
                         await asyncio.wait_for(intake.ready.wait(), TICK_S)
         finally:
-            await self._flush()
+            await self.writes.flush()
 
     async def _process(self, messages: list[Any]) -> int:
         """Process a batch into the pending write; returns how many events it took.
@@ -206,86 +203,46 @@ class FaustWorker:
         ))
         for partition, outputs in zip(by_partition, prepared, strict=True):
             self._merge(outputs, partition)
-        self._pending_acks.extend(taken)
-        return sum(len(deliveries) for deliveries in by_partition.values())
+        taken_events = sum(len(deliveries) for deliveries in by_partition.values())
+        self.writes.add(taken, taken_events)
+        return taken_events
 
     async def _prepare_partition(
         self, partition: int, deliveries: list[Delivery]
     ) -> dict[str, StreamOutput]:
         log.debug("%s: partition %d entries %s..%s", self.name, partition,
                   deliveries[0].entry_id, deliveries[-1].entry_id)
-        _, outputs = await self.stages.prepare(deliveries, self._drain_for, shard=partition)
+        _, outputs = await self.stages.prepare(deliveries, self.writes.drain_for, shard=partition)
         return outputs
 
     def _merge(self, outputs: dict[str, StreamOutput], partition: int | None) -> None:
-        pending = self._pending
-        for run_id, output in outputs.items():
+        for run_id in outputs:
             shard = partition if partition is not None else self._shard_of.get(run_id)
             if shard is not None:
                 self._shard_of[run_id] = shard
                 self._pending_shard[run_id] = shard
-            earlier = pending.get(run_id)
-            if earlier is None:
-                pending[run_id] = output
-            else:  # later entries of the same stream: its events follow, its checkpoint wins
-                earlier.raw.extend(output.raw)
-                earlier.shaped.extend(output.shaped)
-                earlier.state, earlier.stream = output.state, output.stream
+        self.writes.merge(outputs)
 
-    def _start_write(self) -> None:
-        """Start writing (then acking) everything pending; the previous write must be drained."""
-        if not self._pending and not self._pending_acks:
-            return
-        outputs, shards, acks = self._pending, self._pending_shard, self._pending_acks
-        self._pending, self._pending_shard, self._pending_acks = {}, {}, []
-        self._inflight_runs = frozenset(outputs)
-        self._inflight = asyncio.create_task(self._write_and_ack(outputs, shards, acks))
+    def _on_write(self, outputs: dict[str, StreamOutput]) -> Callable[[], None]:
+        """As a write starts: once its views are written, each stream's checkpoint goes in the
+        table too (under the partition it had when processed: a rebalance may forget it meanwhile)."""
+        shards, self._pending_shard = self._pending_shard, {}
 
-    async def _write_and_ack(
-        self, outputs: dict[str, StreamOutput], shards: dict[str, int], acks: list[Any]
-    ) -> None:
-        await self.stages.write(outputs)
-        for run_id, output in outputs.items():
-            shard = shards.get(run_id)
-            if shard is not None:
-                self.table[f"{shard}:{run_id}"] = base64.b64encode(output.state).decode()
+        def written() -> None:
+            for run_id, output in outputs.items():
+                shard = shards.get(run_id)
+                if shard is not None:
+                    self.table[f"{shard}:{run_id}"] = base64.b64encode(output.state).decode()
+
+        return written
+
+    async def _ack(self, messages: list[Any]) -> None:
         ack = self.app.consumer.ack
-        for message in acks:
+        for message in messages:
             ack(message)
-        self.stages.stats.acked += len(acks)
-        if acks:
+        self.stages.stats.acked += len(messages)
+        if messages:
             self._last_written = time.monotonic()
-
-    async def _drain(self) -> None:
-        """Wait for the write (and acks) in flight.
-
-        Partitions prepare concurrently and each may flush (:meth:`_drain_for`):
-        the reference stays until the write is done, so no concurrent flush
-        starts the next write while this one is still in flight.
-        """
-        while self._inflight is not None:
-            inflight = self._inflight
-            await inflight
-            if self._inflight is inflight:
-                self._inflight = None
-
-    async def _flush(self) -> None:
-        """Write and ack everything processed so far, and wait for it."""
-        await self._drain()
-        self._start_write()
-        await self._drain()
-
-    async def _drain_for(self, run_ids: set[str]) -> None:
-        """Before loading checkpoints: write what is pending or in flight for any of them first.
-
-        A stream this process does not hold but is writing (it ended in a
-        batch not yet written and was dropped from memory, or a rebalance
-        made the worker forget it) must be read back only after that write.
-        """
-        if not run_ids.isdisjoint(self._pending):
-            await self._flush()
-        elif self._inflight is not None and not self._inflight_runs.isdisjoint(run_ids):
-            await self._drain()
 
     async def _tick(self) -> None:
         """Seek back lost tails; close due windows and end silent runs (written in order).
@@ -304,9 +261,8 @@ class FaustWorker:
         )
         if outputs:
             self._merge(outputs, None)
-            if self._inflight is None or self._inflight.done():
-                await self._drain()
-                self._start_write()
+            if self.writes.ready():
+                await self.writes.write_pending()
 
     def _caught_up(self, run_id: str, highwaters: dict[int, int | None]) -> bool:
         """Whether everything in the stream's ingest partition up to its high water was processed."""

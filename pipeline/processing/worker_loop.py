@@ -24,24 +24,12 @@ from operator import attrgetter
 
 from ..bus import Consumer
 from ..bus.base import Fetched, event_count
-from .processor import Processor, StreamOutput
-from .stages import PENDING_BATCHES, EncodedWrite, Stages
+from .processor import StreamOutput
+from .stages import PENDING_BATCHES, Stages
+from .writes import WritePipeline
 
 log = logging.getLogger("runwire.worker")
 _SHARD = attrgetter("shard")
-
-
-class _Write:
-    """A write in flight: its task, whether its replay-log part is done (and went through),
-    the streams it writes."""
-
-    __slots__ = ("logged", "logged_ok", "runs", "task")
-
-    def __init__(self, runs: frozenset[str]) -> None:
-        self.runs = runs
-        self.logged = asyncio.Event()
-        self.logged_ok = False
-        self.task: asyncio.Task[None] | None = None
 
 
 class ConsumerLoop:
@@ -53,12 +41,7 @@ class ConsumerLoop:
         self._owned: frozenset[int] = frozenset()
         self._state_losses = 0
         self._shard_losses = 0
-        self._writes: list[_Write] = []
-        """Writes in flight, oldest first (at most two: one in its views, one in its log)."""
-        self._pending: dict[str, StreamOutput] = {}
-        """Processed batches waiting for the next write (each stream's events in one output, unsealed)."""
-        self._pending_acks: list[Fetched] = []
-        self._pending_entries = 0
+        self.writes: WritePipeline[Fetched] = WritePipeline(stages, self._ack)
         self._next_adopt = 0.0
         self._adopt_quiet = False
         """Whether the next adoption loads every unfinished run of the owned shards, not only
@@ -102,13 +85,12 @@ class ConsumerLoop:
                     prefetch = asyncio.create_task(self._fetch_stamped(batch, block_ms))
                 if deliveries:
                     acked, _ = await self.stages.prepare(
-                        deliveries, self._drain_for, into=self._pending_outputs)
-                    self._pending_acks.extend(acked)
-                    self._pending_entries += fetched
-                    if self._ready() or self._pending_entries >= most:
-                        await self._write_pending()
+                        deliveries, self.writes.drain_for, into=self._pending_outputs)
+                    self.writes.add(acked, fetched)
+                    if self.writes.ready() or self.writes.pending_entries >= most:
+                        await self.writes.write_pending()
                 if fetched < batch:
-                    await self._flush()
+                    await self.writes.flush()
                     await self._adopt_silent()
                     # as of the fetch that found the shards read to their end: the flush may have
                     # waited out an outage meanwhile, with new events for these streams unread
@@ -124,9 +106,9 @@ class ConsumerLoop:
                 except BaseException as error:
                     log.debug("prefetch ended with %r", error)
             if finished:
-                await self._flush()
+                await self.writes.flush()
             else:
-                await self._abandon()
+                await self.writes.abandon()
 
     async def _fetch(self, batch: int, block_ms: int) -> Sequence[Fetched]:
         """One fetch, retried while the bus is unavailable (until a stop)."""
@@ -138,67 +120,8 @@ class ConsumerLoop:
         deliveries = await self._fetch(batch, block_ms)
         return deliveries, self.stages.processor.clock()
 
-    async def _abandon(self) -> None:
-        """The loop failed: write nothing more, so no checkpoint covers a write that failed.
-
-        Writes in flight are cancelled (each is idempotent and acks only after
-        it is complete); what was processed but not written is dropped. All of
-        it stays pending on the bus and is redone — by this worker's
-        successor, from the stored checkpoints — exactly as after a crash.
-        """
-        writes, self._writes = self._writes, []
-        for write in writes:
-            if write.task is not None:
-                write.task.cancel()
-        for write in writes:
-            if write.task is not None:
-                try:
-                    await write.task
-                except BaseException as error:
-                    log.debug("write abandoned with %r", error)
-        self._pending, self._pending_acks, self._pending_entries = {}, [], 0
-        self.stages.processor.forget_all()
-
     def _pending_outputs(self) -> dict[str, StreamOutput]:
-        return self._pending
-
-    def _ready(self) -> bool:
-        """Whether a new write may start: none in flight, or one whose log part is done."""
-        for write in [w for w in self._writes if w.task is not None and w.task.done()]:
-            self._writes.remove(write)
-            write.task.result()  # type: ignore[union-attr]  # a failed write fails the loop
-        return not self._writes or (len(self._writes) < 2 and self._writes[-1].logged.is_set())
-
-    async def _write_pending(self) -> None:
-        """Start writing (then acking) everything pending.
-
-        When the newest write is still in its replay-log part, this write is sealed and
-        encoded now and queued behind it: its own log part starts as soon as that one is
-        done, without waiting for this task (nor for that write's views, which go after).
-        At most two writes are in flight: a third waits for the oldest to finish.
-        """
-        if not self._pending and not self._pending_acks:
-            return
-        encoded = None
-        if not self._ready():
-            encoded = self.stages.encode(self._pending)  # (overlaps the write before's log part)
-            while len(self._writes) >= 2:
-                assert self._writes[0].task is not None
-                await asyncio.wait([self._writes[0].task])
-                self._ready()  # (drops what is done; a failed write fails the loop)
-        outputs, acked = Processor.seal(self._pending), self._pending_acks
-        self._pending, self._pending_acks, self._pending_entries = {}, [], 0
-        previous = self._writes[-1] if self._writes else None
-        write = _Write(frozenset(outputs))
-        write.task = asyncio.create_task(self._write_and_ack(outputs, encoded, acked, previous, write))
-        self._writes.append(write)
-
-    async def _flush(self) -> None:
-        """Write and ack everything processed so far, and wait for it (the last write starts
-        as any does, once the write before has its log part done: its log part overlaps
-        that write's views)."""
-        await self._write_pending()
-        await self._drain()
+        return self.writes.pending
 
     async def _adopt_silent(self) -> None:
         now = time.monotonic()
@@ -209,55 +132,6 @@ class ConsumerLoop:
         owned = self.consumer.owned_shards()
         if owned:
             await self.stages.adopt_silent(owned, self.stages.bus.shards, quiet_too=quiet_too)
-
-    async def _drain_for(self, run_ids: set[str]) -> None:
-        """Before loading checkpoints: write what is pending or in flight for any of them first.
-
-        A stream this process does not hold but is writing (it ended in a
-        batch not yet durable and was dropped from memory) must be read back
-        only after that write; any other stream's stored checkpoint is final.
-        """
-        if not run_ids.isdisjoint(self._pending):
-            await self._flush()
-        elif any(not write.runs.isdisjoint(run_ids) for write in self._writes):
-            await self._drain()
-
-    async def _drain(self) -> None:
-        """Wait for every write in flight (and its acks)."""
-        while self._writes:
-            write = self._writes.pop(0)
-            assert write.task is not None
-            await write.task
-
-    async def _write_and_ack(
-        self,
-        outputs: dict[str, StreamOutput],
-        encoded: EncodedWrite | None,
-        acked: list[Fetched],
-        previous: _Write | None,
-        write: _Write,
-    ) -> None:
-        """Replay log (after the write before's), views (after the write before's), acks."""
-        try:
-            if previous is not None and not previous.logged.is_set():
-                await previous.logged.wait()
-            if previous is not None and not previous.logged_ok:  # it failed: so does this one
-                assert previous.task is not None
-                await previous.task
-            if encoded is None:
-                encoded = self.stages.encode(outputs)
-            await self.stages.write_log(encoded)
-            write.logged_ok = True
-        finally:
-            write.logged.set()
-        # a write queued behind this one's log part starts that part before these views run
-        await asyncio.sleep(0)
-        if previous is not None:  # views in write order (a failed write fails this one too)
-            assert previous.task is not None
-            await previous.task
-        await self.stages.write_views(encoded)
-        await self._ack(acked)
-        self.stages.busy_until_now()
 
     async def _ack(self, acked: list[Fetched]) -> None:
         if acked:
@@ -280,7 +154,7 @@ class ConsumerLoop:
             self.stages.rebuild.update(self.stages.processor.stream_ids())
             lost = lost or owned
         if lost:  # their streams may have a new writer: reload checkpoints when needed again
-            await self._flush()
+            await self.writes.flush()
             log.info("%s lost shards %s; dropping in-memory state", self.consumer.name, sorted(lost))
             self.stages.processor.forget_all()
         if lost or owned - self._owned:
