@@ -61,6 +61,9 @@ class WritePipeline(Generic[A]):
         self.pending_acks: list[A] = []
         self.pending_entries = 0
         """Ingest entries processed into :attr:`pending` (the runtime's bound on a write's size)."""
+        self._starting = asyncio.Lock()
+        """One write started at a time: the faust app prepares partitions concurrently, and each
+        may flush (:meth:`drain_for`) while another is starting a write."""
 
     def add(self, acks: Iterable[A], entries: int) -> None:
         """Entries processed into :attr:`pending` (by ``Stages.prepare(into=...)``), to ack after
@@ -95,6 +98,10 @@ class WritePipeline(Generic[A]):
 
     async def write_pending(self) -> None:
         """Start writing (then acking) everything pending (see the module docstring)."""
+        async with self._starting:
+            await self._write_pending()
+
+    async def _write_pending(self) -> None:
         if not self.pending and not self.pending_acks:
             return
         encoded = None
@@ -118,11 +125,14 @@ class WritePipeline(Generic[A]):
         await self.drain()
 
     async def drain(self) -> None:
-        """Wait for every write in flight (and its acks)."""
+        """Wait for every write in flight (and its acks). A write leaves the list once done, so
+        drains running at once (partitions prepared concurrently) each wait for all of them."""
         while self._writes:
-            write = self._writes.pop(0)
+            write = self._writes[0]
             assert write.task is not None
             await write.task
+            if self._writes and self._writes[0] is write:
+                self._writes.pop(0)
 
     async def drain_for(self, run_ids: set[str]) -> None:
         """Before loading checkpoints: write what is pending or in flight for any of them first.
