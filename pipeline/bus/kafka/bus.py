@@ -63,7 +63,7 @@ from __future__ import annotations
 
 import asyncio
 import time
-from collections.abc import AsyncIterator, Mapping, Sequence
+from collections.abc import AsyncIterator, Collection, Mapping, Sequence
 from typing import Any
 from urllib.parse import urlsplit
 
@@ -165,7 +165,7 @@ class KafkaBus(Bus):
         """Ownership epoch: 0 until a consumer of this process reports its partitions."""
         self._synced: dict[int, int] = {}
         """Delivery partition → the epoch in which the tail last caught up on it."""
-        self._sync_locks: dict[int, asyncio.Lock] = {}
+        self._sync_lock = asyncio.Lock()
         self._own_states: dict[StreamKey, bytes] = {}
         self._misshapen: list[str] = []
         """Topics whose partition count is not the bus's (found by the last check)."""
@@ -334,21 +334,28 @@ class KafkaBus(Bus):
         self._epoch += 1
         self._own_states.clear()
 
-    async def _caught_up(self, partition: int) -> DeliveryTail:
-        """The delivery tail, once it holds ``partition`` as of this epoch's first write."""
+    async def _caught_up(self, partitions: Collection[int]) -> DeliveryTail:
+        """The delivery tail, once it holds each of ``partitions`` as of this epoch's first write.
+
+        The first catch-up of an epoch takes every partition not caught up on yet, not only
+        those asked for: one fetch answers for all of them in the time it takes for one (the
+        tail reads them all anyway), where partitions first written one after another would
+        each wait for a fetch of their own.
+        """
         tail = await self._delivery()
         epoch = self._epoch
         if not epoch:  # no ownership reports: another writer may append at any time
-            await tail.sync(partition)
+            if partitions:
+                await tail.sync(*sorted(partitions))
             return tail
-        if self._synced.get(partition) == epoch:
+        if all(self._synced.get(p) == epoch for p in partitions):
             return tail
-        lock = self._sync_locks.setdefault(partition, asyncio.Lock())
-        async with lock:  # concurrent first writes share one catch-up
-            if self._synced.get(partition) != epoch:
-                await tail.sync(partition)
+        async with self._sync_lock:  # concurrent first writes share one catch-up
+            missing = [p for p in range(self.shards) if self._synced.get(p) != epoch]
+            if any(p in missing for p in partitions):
+                await tail.sync(*missing)
                 if self._epoch == epoch:
-                    self._synced[partition] = epoch
+                    self._synced.update(dict.fromkeys(missing, epoch))
         return tail
 
     async def append(
@@ -363,11 +370,10 @@ class KafkaBus(Bus):
         Each stream's new events and its state are consecutive records of one
         partition, state last, so a stored state never runs ahead of its stream.
         """
-        partitions = sorted({self._delivery_partition(append[0][0]) for append in appends})
-        tails = await asyncio.gather(*(self._caught_up(p) for p in partitions))
-        if not tails:
+        if not appends:
             return []
-        tail = tails[0]
+        partitions = {self._delivery_partition(append[0][0]) for append in appends}
+        tail = await self._caught_up(partitions)
         last_of: dict[StreamKey, int] = {}
         records: list[Record] = []
         planned: list[tuple[StreamKey, list[Event], bytes | None]] = []
@@ -416,8 +422,7 @@ class KafkaBus(Bus):
         """Each delivery partition the streams are on caught up once (all at once), then
         every stream's state (this process's own last one first)."""
         partitions = {self._delivery_partition(key[0]) for key in keys if key not in self._own_states}
-        await asyncio.gather(*map(self._caught_up, sorted(partitions)))
-        streams = (await self._delivery()).streams
+        streams = (await self._caught_up(partitions)).streams
         return [own if (own := self._own_states.get(key)) is not None else streams.state(key)
                 for key in keys]
 
