@@ -9,20 +9,17 @@
   cost more than all of the pipeline's own work.
 * **State**: every delivery stream's checkpoint (sequencer counters, last
   publisher seq per source run, the run's parent chain, terminal flag, open
-  shaping windows) lives in the faust table ``streams``, keyed
-  ``"<partition>:<run_id>"`` and written to the changelog partition of the
-  root run's ingest partition. Faust assigns a changelog partition together
-  with the ingest partition of the same number, so a worker that takes over
-  a partition first restores that partition's checkpoints from the changelog.
-  The bus keeps a copy with each append too; a restore takes whichever is
-  further ahead.
+  shaping windows) is where the consumer-group runtime keeps it: stored with
+  each raw append on the bus (a state record in the delivery topic, which every
+  process's delivery tail reads), and with each write in the replay log, the
+  checkpoint of record (``docs/workers.md`` § Checkpoints). A worker that takes
+  over a partition loads them as any worker does; no faust table holds a copy.
 * **Output**: delivery events through :class:`~runwire.bus.kafka.bus.KafkaBus`
   (``<prefix>.delivery``) and the replay log, in the order the consumer-group
-  runtime uses (log → shaped → raw with checkpoint), then the table.
+  runtime uses (log → shaped → raw with checkpoint).
 * **Offsets**: an entry is acked to faust's consumer only after its batch's
-  writes; faust commits acked offsets after flushing its producer (table
-  changelog), so a committed offset never runs ahead of the checkpoint and
-  the writes. A rebalance waits until the entries taken are written and
+  writes, so a committed offset never runs ahead of the checkpoint and the
+  writes. A rebalance waits until the entries taken are written and
   acked (``stream_wait_empty``) before the partitions move.
 * **Poison** entries go to the bus's dead-letter topic with the reason.
 
@@ -33,12 +30,10 @@ entries fetched but not processed are not acked and go to the next owner.
 from __future__ import annotations
 
 import asyncio
-import base64
 import contextlib
 import logging
 import time
 from collections import defaultdict
-from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -49,14 +44,13 @@ from runwire.bus import keys as bus_keys
 from runwire.bus.base import Fetched
 from runwire.bus.kafka.bus import KafkaBus
 from runwire.bus.kafka.io import ingest_events
-from runwire.processing.checkpoint import newest_checkpoint
 from runwire.processing.processor import DEFAULT_QUIET_S, DEFAULT_SILENCE_S, Processor, StreamOutput
 from runwire.processing.stages import BATCH, TICK_S, Stages, WorkerStats
 from runwire.processing.writes import WritePipeline
 from runwire.store import ReplayLog, open_store
 from runwire.workers.faust_partitions import HOLE_IDLE_S, PartitionTracker
 from runwire.workers.faust_seam import Intake, check_faust_version, raise_if_crashed
-from runwire.workers.faust_setup import build_app, build_table, subscribe
+from runwire.workers.faust_setup import build_app, subscribe
 from runwire.workers.runtime import exporting, serving_pauses, span_exporter, stop_on_signals
 
 log = logging.getLogger("runwire.faust")
@@ -97,13 +91,13 @@ class FaustWorker:
         self.group = group
         self.stages = Stages(
             bus, store, Processor(silence_s=silence_s, quiet_s=quiet_s), self.stop,
-            dead_letter=self._dead_letter, load_state=self._load_state,
+            dead_letter=self._dead_letter,
         )
         self.topic_name = bus.topics[bus_keys.KAFKA_INGEST]
         self.intake = Intake(INTAKE_LIMIT)
         self.app = build_app(bus, group, self.intake, self.topic_name, self.data_dir)
-        self.table = build_table(self.app, bus.shards)
         self._shard_of: dict[str, int] = {}
+        """The ingest partition of each stream held (whether its partition is caught up, at a tick)."""
         self.partitions = PartitionTracker(
             name=name, topic=self.topic_name, consumer=lambda: self.app.consumer,
             start_offsets=lambda partitions: bus.start_offsets(group, partitions),
@@ -111,8 +105,7 @@ class FaustWorker:
             first_offset=lambda partition, offset: bus.link.first_offset(
                 self.topic_name, partition, offset),
             confirm_s=max(2 * HOLE_IDLE_S, bus.kafka.request_timeout_ms / 1000),
-            life=bus.link.check_life, losses=lambda: bus.link.losses,
-            on_loss=lambda: self.app.forget_changelog_offsets(), outage=self.stages.outage,
+            life=bus.link.check_life, losses=lambda: bus.link.losses, outage=self.stages.outage,
         )
         self.app.broker_check = lambda: self.partitions.check_life(ask=False)
         self._forget = False
@@ -120,9 +113,7 @@ class FaustWorker:
         self._last_batch = time.monotonic()
         self._first_taken: float | None = None
         self._last_written: float | None = None
-        self.writes: WritePipeline[Any] = WritePipeline(self.stages, self._ack, on_write=self._on_write)
-        self._pending_shard: dict[str, int] = {}
-        """The ingest partition of each stream pending a write (its table key)."""
+        self.writes: WritePipeline[Any] = WritePipeline(self.stages, self._ack)
         subscribe(self.app, self.topic_name, self.bus.shards)
         # faust calls a receiver as receiver(sender, partitions, signal=...)
         self.app.on_partitions_revoked.connect(self._on_revoked)  # type: ignore[arg-type]
@@ -212,29 +203,13 @@ class FaustWorker:
     ) -> dict[str, StreamOutput]:
         log.debug("%s: partition %d entries %s..%s", self.name, partition,
                   deliveries[0].entry_id, deliveries[-1].entry_id)
-        _, outputs = await self.stages.prepare(deliveries, self.writes.drain_for, shard=partition)
+        _, outputs = await self.stages.prepare(deliveries, self.writes.drain_for)
         return outputs
 
     def _merge(self, outputs: dict[str, StreamOutput], partition: int | None) -> None:
-        for run_id in outputs:
-            shard = partition if partition is not None else self._shard_of.get(run_id)
-            if shard is not None:
-                self._shard_of[run_id] = shard
-                self._pending_shard[run_id] = shard
+        if partition is not None:
+            self._shard_of.update(dict.fromkeys(outputs, partition))
         self.writes.merge(outputs)
-
-    def _on_write(self, outputs: dict[str, StreamOutput]) -> Callable[[], None]:
-        """As a write starts: once its views are written, each stream's checkpoint goes in the
-        table too (under the partition it had when processed: a rebalance may forget it meanwhile)."""
-        shards, self._pending_shard = self._pending_shard, {}
-
-        def written() -> None:
-            for run_id, output in outputs.items():
-                shard = shards.get(run_id)
-                if shard is not None:
-                    self.table[f"{shard}:{run_id}"] = base64.b64encode(output.state).decode()
-
-        return written
 
     async def _ack(self, messages: list[Any]) -> None:
         ack = self.app.consumer.ack
@@ -290,14 +265,6 @@ class FaustWorker:
             self.stages.processor.forget_all()
             self._shard_of.clear()
 
-    async def _load_state(self, run_id: str, partition: int | None) -> bytes | None:
-        shard = self._shard_of.get(run_id, partition or 0)
-        self._shard_of.setdefault(run_id, shard)
-        stored = self.table.get(f"{shard}:{run_id}")
-        in_table = base64.b64decode(stored) if stored else None
-        on_bus = (await self.bus.load_states([(run_id, "raw")]))[0]
-        return newest_checkpoint(in_table, on_bus)
-
     async def _dead_letter(self, delivery: Fetched, reason: str) -> None:
         dead = DeadLetter(
             entry_id=delivery.entry_id, shard=delivery.shard, data=delivery.data,
@@ -310,7 +277,7 @@ class FaustWorker:
         started = time.monotonic()
         check_faust_version()
         (self.data_dir / "faust").mkdir(parents=True, exist_ok=True)
-        # faust's start waits for its table recovery (for ever, the broker gone): a stop ends both
+        # faust's start waits for the broker (for ever, the broker gone): a stop ends both
         starting = asyncio.create_task(self.app.start())
         consuming = asyncio.create_task(self._consume(), name="runwire-faust-worker")
         stopping = asyncio.create_task(self.stop.wait())

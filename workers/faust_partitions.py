@@ -61,7 +61,6 @@ class PartitionTracker:
         confirm_s: float,
         life: Callable[[], Awaitable[int]] | None = None,
         losses: Callable[[], int] = lambda: 0,
-        on_loss: Callable[[], None] = lambda: None,
         outage: Outage | None = None,
     ) -> None:
         self.name = name
@@ -101,10 +100,8 @@ class PartitionTracker:
         self.lives = losses()
         self.breaks_seen = 0
         """Those closed before the last check of the broker's life that got an answer."""
-        self.on_loss = on_loss
         self.outage = outage
         """Where a broker that can't be asked pauses the worker (its log line and metric)."""
-        """Called when a loss is seen (the app forgets what it read of its changelog)."""
         """The losses seen here (:meth:`check_life`)."""
         self.life_unknown: float | None = None
         """When a check of the broker's life failed (asked again at a tick), None: it did not."""
@@ -228,7 +225,6 @@ class PartitionTracker:
         # those owned now, and those of the next assignment unless this is one (the group
         # was lost with the broker: a rebalance follows, and a partition that comes from a
         # worker yet to see the loss may have an offset of the former life committed)
-        self.on_loss()
         self.reborn_next = not assigning
         self._read_from_zero(self.owned)
         return True

@@ -19,7 +19,6 @@ faust-streaming's ``Consumer`` that are not a public API:
 ``_create_consumer``, ``_client._on_connection_closed``  (:class:`IngestConsumerThread`)
 ``_thread.call_thread``        runs a call on the thread owning the aiokafka consumer
 ``App._fetcher``               faust's Fetcher service, watched for a crash (:func:`faust_crash`)
-``tables.recovery.*_offsets``  changelog offsets read, forgotten (:meth:`WorkerApp.forget_changelog_offsets`)
 =============================  ===============================================
 
 They were written and tested against the versions in
@@ -380,15 +379,3 @@ class WorkerApp(faust.App):
     def _new_transport(self) -> Any:
         return IngestTransport(self.conf.broker_consumer, self)
 
-    def forget_changelog_offsets(self) -> None:
-        """Forget how far the table recovery read each changelog partition.
-
-        A broker that lost its state made the changelog again, empty: an offset of its
-        former life past the new high water is a ``ConsistencyError`` that crashes the app
-        at the next recovery. Called at the revoke that follows the loss, before the
-        recovery builds the next assignment's offsets.
-        """
-        recovery = cast(Any, self.tables).recovery
-        for offsets in (recovery.active_offsets, recovery.standby_offsets,
-                        recovery.active_highwaters, recovery.standby_highwaters):
-            offsets.clear()

@@ -1,6 +1,8 @@
-"""How the Kafka worker's faust app is set up: its settings, the checkpoint
-table and its codec, the ingest topic subscription (all faust's public API;
-the private part is :mod:`runwire.workers.faust_seam`).
+"""How the Kafka worker's faust app is set up: its settings and the ingest
+topic subscription (all faust's public API; the private part is
+:mod:`runwire.workers.faust_seam`). The app keeps no table: a stream's
+checkpoint is on the bus and in the replay log, as for the consumer-group
+runtime (:mod:`runwire.workers.faust_app`).
 """
 
 from __future__ import annotations
@@ -8,9 +10,6 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any, cast
 
-import faust
-import msgspec
-from faust.serializers import codecs
 from faust.types import TopicT
 from mode.utils.queues import FlowControlQueue
 
@@ -20,29 +19,6 @@ from runwire.workers.faust_seam import Intake, WorkerApp
 
 COMMIT_EVERY = 8 * BATCH
 """Faust commits after this many acks (and every ``broker_commit_interval``)."""
-TABLE_CODEC = "runwire-json"
-"""The table's key and value codec: JSON text as faust's ``json`` codec writes it, encoded faster."""
-_table_json = msgspec.json.Encoder()
-
-
-class _JsonText(codecs.Codec):
-    """JSON for the table's text keys and values, by msgspec (faust's ``json`` reads it too)."""
-
-    def _dumps(self, obj: Any) -> bytes:
-        return _table_json.encode(obj)
-
-    def _loads(self, data: bytes) -> Any:
-        return msgspec.json.decode(data)
-
-
-codecs.register(TABLE_CODEC, _JsonText())
-
-
-class StreamTable(faust.Table[str, str]):
-    """A table whose key names its partition (``"<partition>:<run_id>"``)."""
-
-    def partition_for_key(self, key: Any) -> int | None:
-        return int(str(key).split(":", 1)[0])
 
 
 def build_app(
@@ -55,7 +31,7 @@ def build_app(
         broker=f"kafka://{bus.bootstrap}",
         store="memory://",
         web_enabled=False,
-        # faust's own files (none with the in-memory table store) go under runwire's data dir
+        # faust's own files go under runwire's data dir
         datadir=str(data_dir / "faust" / "{conf.name}"),
         topic_partitions=bus.shards,
         topic_replication_factor=1,
@@ -64,7 +40,6 @@ def build_app(
         broker_commit_interval=0.5,
         producer_acks=-1,
         stream_wait_empty=True,
-        table_cleanup_interval=3600.0,
         # a dead worker's partitions move after its session times out (the claim idle time)
         broker_session_timeout=session_s,
         broker_heartbeat_interval=max(0.3, session_s / 5),
@@ -76,23 +51,6 @@ def build_app(
     # faust only calls clear() on a managed queue (at the start of a rebalance)
     app.flow_control.manage_queue(cast("FlowControlQueue[Any]", intake))
     return app
-
-
-def build_table(app: WorkerApp, shards: int) -> StreamTable:
-    """The checkpoint table ``streams``, one changelog partition per ingest partition."""
-    table = StreamTable(
-        app,
-        name="streams",
-        default=None,
-        partitions=shards,
-        # JSON text both ways: faust's changelog recovery decodes values as text,
-        # so the msgpack checkpoint is stored base64-encoded.
-        schema=faust.Schema(
-            key_type=str, value_type=str,
-            key_serializer=TABLE_CODEC, value_serializer=TABLE_CODEC,
-        ),
-    )
-    return cast(StreamTable, app.tables.add(table))
 
 
 def subscribe(app: WorkerApp, topic_name: str, shards: int) -> None:

@@ -2,9 +2,8 @@
 
 A successor worker restores it before it touches the stream (the sequencer's
 next seq and dedupe state, the open shaping windows), so a takeover continues
-where the dead writer stopped. Checkpoints are msgpack; this module also picks
-the furthest ahead of several stored ones and settles a checkpoint against the
-shaped view its writer already appended.
+where the dead writer stopped. Checkpoints are msgpack; this module also
+settles a checkpoint against the shaped view its writer already appended.
 """
 
 from __future__ import annotations
@@ -39,24 +38,6 @@ def encode_checkpoint(checkpoint: Checkpoint) -> bytes:
 
 def decode_checkpoint(data: bytes) -> Checkpoint:
     return _decoder.decode(data)
-
-
-def newest_checkpoint(*stored: bytes | None) -> bytes | None:
-    """Of several stored checkpoints of one stream, the one furthest ahead.
-
-    Ahead by delivery seq, then by shaped seq: a tick that closed windows
-    wrote a checkpoint with the same delivery seq as the one before it, and
-    restoring that earlier one would close the same windows again.
-    """
-    best: bytes | None = None
-    best_key = (-1, -1)
-    for data in stored:
-        if data:
-            checkpoint = _decoder.decode(data)
-            key = (checkpoint.sequencer.last_seq, checkpoint.shaped_seq)
-            if key > best_key:
-                best, best_key = data, key
-    return best
 
 
 def unsent_windows(data: bytes | None) -> int | None:

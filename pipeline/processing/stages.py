@@ -125,9 +125,8 @@ class Stages:
     """Decode → restore → process → write for one batch; shared by both runtimes.
 
     ``dead_letter`` moves a poison entry aside (the consumer's, or the faust
-    app's dead-letter topic); ``load_state(run_id, shard)`` finds a stream's checkpoint
-    (the bus's; the faust app also looks in its table, under the batch's ``shard``: what
-    :meth:`prepare` was given).
+    app's dead-letter topic). A stream's checkpoint comes from the bus, else from the
+    replay log (the checkpoint of record), for either runtime alike.
     """
 
     def __init__(
@@ -138,7 +137,6 @@ class Stages:
         stop: asyncio.Event,
         *,
         dead_letter: Callable[[Fetched, str], Awaitable[None]],
-        load_state: Callable[[str, int | None], Awaitable[bytes | None]] | None = None,
         on_logged: Callable[[list[tuple[str, Sequence[Event], Sequence[bytes], bytes | None]]], None] | None = None,
     ) -> None:
         self.bus = bus
@@ -147,7 +145,6 @@ class Stages:
         self.stop = stop
         self.stats = WorkerStats()
         self._dead_letter_to = dead_letter
-        self._load = load_state
         self.on_logged = on_logged
         """Told of each write once it is in the replay log (the span exporter; must not block)."""
         self._first_batch_at: float | None = None
@@ -163,7 +160,6 @@ class Stages:
         before_restore: Callable[[set[str]], Awaitable[None]] | None = None,
         *,
         into: Callable[[], dict[str, StreamOutput]] | None = None,
-        shard: int | None = None,
     ) -> tuple[list[Fetched], dict[str, StreamOutput]]:
         """Decode (dead-lettering poison), restore checkpoints and process; no delivery writes.
 
@@ -173,8 +169,7 @@ class Stages:
         given, is the runtime's unsealed outputs of earlier batches, read after
         ``before_restore``: this batch extends them and they are returned
         unsealed, their checkpoints left to :meth:`write` (see
-        :meth:`Processor.process_each`). ``shard``: the one shard every delivery is of, when
-        the runtime prepares a shard at a time (handed to ``load_state``).
+        :meth:`Processor.process_each`).
         """
         if self._first_batch_at is None:
             self._first_batch_at = time.monotonic()
@@ -183,7 +178,7 @@ class Stages:
         self.stats.entries += len(events) + len(poison)
         for delivery, bad in poison:
             await self._dead_letter(delivery, f"undecodable: {bad}")
-        await self._restore(events, before_restore, shard)
+        await self._restore(events, before_restore)
         outputs, failures = self.processor.process_each(
             events, owned=True, into=None if into is None else into())
         rerouted = [error for _, error in failures if isinstance(error, Misrooted)]
@@ -314,24 +309,21 @@ class Stages:
         self,
         events: Sequence[Event],
         before_restore: Callable[[set[str]], Awaitable[None]] | None = None,
-        shard: int | None = None,
     ) -> None:
         missing = self.processor.missing(events)
         while missing:
             if before_restore is not None:
                 await before_restore(missing)
             ordered = sorted(missing)
-            for run_id, state in zip(ordered, await self._load_states(ordered, shard), strict=True):
+            for run_id, state in zip(ordered, await self._load_states(ordered), strict=True):
                 self.processor.restore(run_id, state)
             missing = self.processor.missing(events)
 
-    async def _load_states(self, run_ids: Sequence[str], shard: int | None = None) -> list[bytes | None]:
+    async def _load_states(self, run_ids: Sequence[str]) -> list[bytes | None]:
         """The stored checkpoints of streams, in order (None: a new stream).
 
         The bus's are asked for together (:meth:`Bus.load_states`, one round trip
-        per :data:`LOAD_CHUNK` streams); a runtime's own lookup (the faust app's
-        table), run by run, at most :data:`APPEND_CONCURRENCY` at once. Runs
-        without one are looked up in the replay log together (:meth:`_from_log`).
+        per :data:`LOAD_CHUNK` streams). Runs without one are looked up in the replay log together (:meth:`_from_log`).
         The bus's checkpoint wins when there is one: the log may run one write
         ahead of the views, and that write, redone from the bus's checkpoint,
         must reach the views.
@@ -341,12 +333,9 @@ class Stages:
         for run_id in rebuild:  # appended to since the bus lost them: rebuilt whole below
             await self.retry(functools.partial(self.bus.drop_views, run_id))
         self.rebuild -= rebuild
-        if self._load is None:
-            for start in range(0, len(run_ids), LOAD_CHUNK):
-                chunk: list[StreamKey] = [(run_id, "raw") for run_id in run_ids[start:start + LOAD_CHUNK]]
-                states += await self.retry(functools.partial(self.bus.load_states, chunk))
-        else:
-            states = list(await asyncio.gather(*(self._load_one(run_id, shard) for run_id in run_ids)))
+        for start in range(0, len(run_ids), LOAD_CHUNK):
+            chunk: list[StreamKey] = [(run_id, "raw") for run_id in run_ids[start:start + LOAD_CHUNK]]
+            states += await self.retry(functools.partial(self.bus.load_states, chunk))
         new = [run_id for run_id, state in zip(run_ids, states, strict=True) if state is None]
         logged = await self._from_log(new) if new else {}
         for index, (run_id, data) in enumerate(zip(run_ids, states, strict=True)):
@@ -360,11 +349,6 @@ class Stages:
                 if sent:
                     states[index] = settle_windows(data, sent)
         return states
-
-    async def _load_one(self, run_id: str, shard: int | None) -> bytes | None:
-        assert self._load is not None
-        async with self._appends:
-            return await self.retry(functools.partial(self._load, run_id, shard))
 
     async def _from_log(self, run_ids: Sequence[str]) -> dict[str, bytes]:
         """The replay log's checkpoints of streams the bus has none for (the log is the

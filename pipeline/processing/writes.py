@@ -27,12 +27,6 @@ log = logging.getLogger("runwire.worker")
 A = TypeVar("A")
 """What the runtime acks: a bus's deliveries, faust's messages."""
 
-OnWrite = Callable[[dict[str, StreamOutput]], Callable[[], None] | None]
-"""Called as a write starts, with its outputs sealed (their checkpoints taken); what it returns,
-if anything, is called once the write's views are written, before its acks (the faust app keeps
-each stream's checkpoint in its table there)."""
-
-
 class _Write:
     """A write in flight: its task, whether its replay-log part is done (and went through),
     the streams it writes."""
@@ -49,11 +43,9 @@ class _Write:
 class WritePipeline(Generic[A]):
     """See the module docstring. ``ack`` acks a write's entries once it is durable."""
 
-    def __init__(self, stages: Stages, ack: Callable[[list[A]], Awaitable[None]], *,
-                 on_write: OnWrite | None = None) -> None:
+    def __init__(self, stages: Stages, ack: Callable[[list[A]], Awaitable[None]]) -> None:
         self.stages = stages
         self._ack = ack
-        self._on_write = on_write
         self._writes: list[_Write] = []
         """Writes in flight, oldest first (at most two: one in its views, one in its log)."""
         self.pending: dict[str, StreamOutput] = {}
@@ -113,10 +105,9 @@ class WritePipeline(Generic[A]):
                 self.ready()  # (drops what is done; a failed write fails the runtime)
         outputs, acks = Processor.seal(self.pending), self.pending_acks
         self.pending, self.pending_acks, self.pending_entries = {}, [], 0
-        written = self._on_write(outputs) if self._on_write is not None else None
         previous = self._writes[-1] if self._writes else None
         write = _Write(frozenset(outputs))
-        write.task = asyncio.create_task(self._write_and_ack(outputs, encoded, acks, previous, write, written))
+        write.task = asyncio.create_task(self._write_and_ack(outputs, encoded, acks, previous, write))
         self._writes.append(write)
 
     async def flush(self) -> None:
@@ -173,7 +164,6 @@ class WritePipeline(Generic[A]):
         acks: list[A],
         previous: _Write | None,
         write: _Write,
-        written: Callable[[], None] | None,
     ) -> None:
         """Replay log (after the write before's), views (after the write before's), acks."""
         try:
@@ -194,7 +184,5 @@ class WritePipeline(Generic[A]):
             assert previous.task is not None
             await previous.task
         await self.stages.write_views(encoded)
-        if written is not None:
-            written()
         await self._ack(acks)
         self.stages.busy_until_now()

@@ -7,7 +7,7 @@ from collections import defaultdict
 from collections.abc import Sequence
 
 from runwire.core.envelope import DELTA_TYPES, Event, replace, ts_ms
-from runwire.processing.checkpoint import newest_checkpoint, settle_windows
+from runwire.processing.checkpoint import decode_checkpoint, settle_windows
 from runwire.processing.fanin import ParentMap
 from runwire.processing.processor import Processor
 from runwire.processing.sequencing import Sequencer
@@ -156,11 +156,13 @@ def test_the_checkpoint_after_a_tick_is_ahead_of_the_one_before() -> None:
     streams.tick(now[0])
     after = streams.states["run_ckpt"]
     assert texts(streams.shaped["run_ckpt"]) == "a"
-    assert newest_checkpoint(before, after) == newest_checkpoint(after, before) == after
-    assert newest_checkpoint(None, before) == before
+    ahead = decode_checkpoint(after)
+    behind = decode_checkpoint(before)
+    assert ahead.sequencer.last_seq == behind.sequencer.last_seq  # no new delivery seq ...
+    assert ahead.shaped_seq > behind.shaped_seq  # ... yet ahead: its windows are closed
 
     successor = Streams(Processor(clock=lambda: now[0]))
-    successor.states["run_ckpt"] = newest_checkpoint(before, after)  # type: ignore[assignment]
+    successor.states["run_ckpt"] = after
     successor.feed([run.text("b", 2000), run.lifecycle("done", 2001)])
     assert texts(streams.shaped["run_ckpt"] + successor.shaped["run_ckpt"]) == "ab"
 

@@ -55,14 +55,14 @@ class DeliveryTail:
         self._progress = asyncio.Event()
         self._reader: AIOKafkaConsumer | None = None
         self._offsets: AIOKafkaConsumer | None = None
-        """Asks for end offsets, and fetches once from there for the high water (a 10 ms wait)."""
+        """Asks for end offsets, and fetches once from there for the high water (a 1 ms wait)."""
         self._ends_lock = asyncio.Lock()
         self._task: asyncio.Task[None] | None = None
         self._last_sweep = time.monotonic()
 
     async def start(self) -> None:
         """Read the retained delivery topic up to its current end, then tail it live."""
-        offsets = self.link.reader(fetch_max_wait_ms=10)
+        offsets = self.link.reader(fetch_max_wait_ms=1)
         await guard("delivery tail", offsets.start())
         self._offsets = offsets
         reader = self.link.reader()
@@ -112,7 +112,7 @@ class DeliveryTail:
             while not all((client.last_poll_timestamp(tp) or 0) >= asked for tp in tps):
                 if time.monotonic() > deadline:
                     raise BusUnavailable(f"kafka: no fetch answer for {self.topic} to sync on")
-                await guard("delivery sync", client.getmany(*tps, timeout_ms=20, max_records=1))
+                await guard("delivery sync", client.getmany(*tps, timeout_ms=2, max_records=1))
             client.pause(*tps)  # no more fetches until the next sync (they would not wait)
             return {tp: max(ends[tp], client.highwater(tp) or 0) for tp in tps}
 
