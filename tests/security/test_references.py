@@ -178,7 +178,7 @@ async def test_the_kafka_worker_links_no_run_of_another_tenant_either(
 ) -> None:
     """The same attempt on Kafka, through the faust worker."""
     from runwire.bus import open_bus
-    from runwire.workers.faust_app import FaustWorker
+    from runwire.processing.faust.worker import FaustWorker
 
     prefix = f"r{uuid.uuid4().hex[:8]}"
     async with open_bus(f"{kafka_url}?prefix={prefix}&session_timeout_ms=2000") as bus:

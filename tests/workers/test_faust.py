@@ -15,9 +15,9 @@ from runwire.bus import open_bus
 from runwire.bus.kafka.bus import KafkaBus
 from runwire.bus.keys import shard_for
 from runwire.core.envelope import encode
+from runwire.processing.faust.seam import IngestConsumer
+from runwire.processing.faust.worker import FaustWorker
 from runwire.store import open_store
-from runwire.workers.faust_app import FaustWorker
-from runwire.workers.faust_seam import IngestConsumer
 from tests.workers.checks import assert_delivered_exactly_once, read_all, run_tree
 from tests.workers.events import RunScript
 from tests.workers.test_crash import (

@@ -15,10 +15,10 @@ from faust.types import TP
 
 from runwire.bus import open_bus
 from runwire.bus.kafka.bus import KafkaBus
+from runwire.processing.faust.seam import FaustCrashed, faust_crash
+from runwire.processing.faust.worker import FaustWorker
 from runwire.store import open_store
 from runwire.workers.cli import main
-from runwire.workers.faust_app import FaustWorker
-from runwire.workers.faust_seam import FaustCrashed, faust_crash
 from tests.waiting import until
 from tests.workers.checks import assert_delivered_exactly_once, run_tree
 from tests.workers.test_crash import wait_finished

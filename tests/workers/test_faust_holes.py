@@ -14,8 +14,8 @@ from runwire.bus import open_bus
 from runwire.bus.kafka.bus import KafkaBus
 from runwire.bus.keys import shard_for
 from runwire.core.envelope import Event, encode
+from runwire.processing.faust.worker import FaustWorker
 from runwire.store import open_store
-from runwire.workers.faust_app import FaustWorker
 from tests.waiting import until
 from tests.workers.checks import read_all
 from tests.workers.events import RunScript

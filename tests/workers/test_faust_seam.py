@@ -10,9 +10,13 @@ import pytest
 
 from runwire.bus.kafka.bus import KafkaBus
 from runwire.core.errors import ConfigError
+from runwire.processing.faust.seam import (
+    TESTED_FAUST_VERSIONS,
+    UNTESTED_ENVVAR,
+    check_faust_version,
+)
+from runwire.processing.faust.worker import FaustWorker
 from runwire.store import open_store
-from runwire.workers.faust_app import FaustWorker
-from runwire.workers.faust_seam import TESTED_FAUST_VERSIONS, UNTESTED_ENVVAR, check_faust_version
 
 
 def test_the_installed_faust_is_a_tested_one() -> None:

@@ -40,7 +40,7 @@ async def drain(runtime: str, bus: Bus, store: ReplayLog, name: str, tmp_path: P
     stop = asyncio.Event()
     group = f"{tmp_path.name}-g"
     if runtime == "kafka-faust":
-        from runwire.workers.faust_app import FaustWorker
+        from runwire.processing.faust.worker import FaustWorker
 
         faust = FaustWorker(bus, store, group=group, name=name, stop=stop, data_dir=tmp_path / "faust")
         worker: asyncio.Task[object] = asyncio.create_task(faust.run())

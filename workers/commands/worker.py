@@ -86,8 +86,8 @@ def worker(
     tune_gc()
     metrics = serve_metrics(metrics_addr)
     if bus.startswith("kafka://"):
+        from runwire.processing.faust.seam import FaustCrashed
         from runwire.workers.faust_app import run_faust_worker
-        from runwire.workers.faust_seam import FaustCrashed
 
         try:
             with contextlib.ExitStack() as stack:

@@ -23,8 +23,8 @@ from collections.abc import Awaitable, Callable
 from faust.types import TP, ConsumerT
 from redis.backoff import ConstantBackoff
 
-from runwire.core.errors import BusUnavailable
-from runwire.core.retry import Outage, Retry
+from ...core.errors import BusUnavailable
+from ...core.retry import Outage, Retry
 
 log = logging.getLogger("runwire.faust")
 

@@ -42,8 +42,8 @@ from faust.transport.consumer import CONSUMER_FETCHING
 from faust.transport.drivers import aiokafka as faust_kafka
 from faust.types import TP
 
-from runwire.bus.kafka.io import ingest_event_count
-from runwire.core.errors import ConfigError, RunwireError
+from ...bus.kafka.io import ingest_event_count
+from ...core.errors import ConfigError, RunwireError
 
 log = logging.getLogger("runwire.faust")
 

@@ -1,6 +1,6 @@
 """How the Kafka worker's faust app is set up: its settings and the ingest
 topic subscription (all faust's public API; the private part is
-:mod:`runwire.workers.faust_seam`). The app keeps no table: a stream's
+:mod:`runwire.processing.faust.seam`). The app keeps no table: a stream's
 checkpoint is on the bus and in the replay log, as for the consumer-group
 runtime (:mod:`runwire.workers.faust_app`).
 """
@@ -13,9 +13,9 @@ from typing import Any, cast
 from faust.types import TopicT
 from mode.utils.queues import FlowControlQueue
 
-from runwire.bus.kafka.bus import KafkaBus
-from runwire.processing.stages import BATCH
-from runwire.workers.faust_seam import Intake, WorkerApp
+from ...bus.kafka.bus import KafkaBus
+from ..stages import BATCH
+from .seam import Intake, WorkerApp
 
 COMMIT_EVERY = 8 * BATCH
 """Faust commits after this many acks (and every ``broker_commit_interval``)."""
