@@ -79,6 +79,8 @@ class PartitionTracker:
         self.owned: set[int] = set()
         self.resync: set[int] = set()
         """Retained partitions waiting for the re-read after a rebalance."""
+        self.resync_since = 0.0
+        """When the last assignment began the wait for those re-reads (monotonic)."""
         self.rewound: dict[int, float] = {}
         """Partitions sought back over a hole in their entries (when, monotonic)."""
         self.progress: dict[int, float] = {}
@@ -156,6 +158,7 @@ class PartitionTracker:
             del self.offsets[partition]
             self._forget_hole(partition)
         self.resync = retained & set(self.offsets)
+        self.resync_since = time.monotonic()
         self.owned = set(owned)
         if self.reborn_next:
             # After a loss of the broker's state: faust seeks each partition to its committed
@@ -313,10 +316,18 @@ class PartitionTracker:
         unacked until the re-read reaches them (at most one seek per
         :data:`HOLE_IDLE_S` while waiting, in case a seek is itself overtaken).
         """
-        if partition in self.resync or partition not in self.owned:
-            return False  # faust's own seek after the rebalance re-reads them / not ours
-        offset = self.offsets[partition] + 1
         now = time.monotonic()
+        if partition not in self.owned:
+            return False  # not ours
+        if partition in self.resync:
+            if now - self.resync_since < HOLE_IDLE_S:
+                return False  # faust's own seek after the rebalance re-reads them
+            # that re-read has not come (a seek of faust's that its fetch overtook, or one of
+            # ours skipped during the rebalance): the partition is sought back as any hole
+            log.info("%s: ingest partition %d not read again %.0f s after the rebalance",
+                     self.name, partition, now - self.resync_since)
+            self.resync.discard(partition)
+        offset = self.offsets[partition] + 1
         hole = self.holes.get(partition)
         if hole is None or hole.offset != offset:
             self._forget_hole(partition)
