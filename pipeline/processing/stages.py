@@ -48,9 +48,6 @@ up to this, without waiting for more, so a larger batch costs no latency; with a
 backlog it is ~30 % more events/s than 512 (fewer round trips and writes)."""
 TICK_S = 0.05
 RETRY_MAX_S = 2.0
-APPEND_CONCURRENCY = 32
-"""Checkpoint loads in flight at once through a runtime's own lookup (bounds the bus client's
-connections)."""
 LOAD_CHUNK = 1000
 """Streams whose checkpoints one ``Bus.load_states`` call asks for."""
 PENDING_BATCHES = 16
@@ -148,7 +145,6 @@ class Stages:
         self.on_logged = on_logged
         """Told of each write once it is in the replay log (the span exporter; must not block)."""
         self._first_batch_at: float | None = None
-        self._appends = asyncio.Semaphore(APPEND_CONCURRENCY)
         self.outage = Outage(log)
         self.rebuild: set[str] = set()
         """Streams held when the bus lost its state: their views are dropped and rebuilt from
@@ -323,7 +319,8 @@ class Stages:
         """The stored checkpoints of streams, in order (None: a new stream).
 
         The bus's are asked for together (:meth:`Bus.load_states`, one round trip
-        per :data:`LOAD_CHUNK` streams). Runs without one are looked up in the replay log together (:meth:`_from_log`).
+        per :data:`LOAD_CHUNK` streams). Runs without one are looked up in the replay log
+        together (:meth:`_from_log`).
         The bus's checkpoint wins when there is one: the log may run one write
         ahead of the views, and that write, redone from the bus's checkpoint,
         must reach the views.

@@ -27,6 +27,7 @@ log = logging.getLogger("runwire.worker")
 A = TypeVar("A")
 """What the runtime acks: a bus's deliveries, faust's messages."""
 
+
 class _Write:
     """A write in flight: its task, whether its replay-log part is done (and went through),
     the streams it writes."""

@@ -12,7 +12,7 @@
   shaping windows) is where the consumer-group runtime keeps it: stored with
   each raw append on the bus (a state record in the delivery topic, which every
   process's delivery tail reads), and with each write in the replay log, the
-  checkpoint of record (``docs/workers.md`` § Checkpoints). A worker that takes
+  checkpoint of record (``docs/workers.md`` § How state survives a crash). A worker that takes
   over a partition loads them as any worker does; no faust table holds a copy.
 * **Output**: delivery events through :class:`~runwire.bus.kafka.bus.KafkaBus`
   (``<prefix>.delivery``) and the replay log, in the order the consumer-group
