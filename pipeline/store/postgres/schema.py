@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import re
 from typing import Any
 
 import psycopg
@@ -95,12 +96,49 @@ IF NOT EXISTS`` migrate an older database. The ``forks`` table (a run's fork rec
 ignores it."""
 
 
+_CREATES = re.compile(r"CREATE (?:TABLE|INDEX) IF NOT EXISTS (\w+)")
+_ADDS = re.compile(r"ALTER TABLE (\w+) ADD COLUMN IF NOT EXISTS (\w+)")
+STATEMENTS = [statement.strip() for statement in SCHEMA.split(";") if statement.strip()]
+""":data:`SCHEMA` one statement at a time (none holds a ``;`` of its own)."""
+_PRESENT = """
+SELECT name FROM unnest(%s::text[]) AS name WHERE to_regclass(name) IS NOT NULL"""
+_COLUMNS = """
+SELECT c.relname, a.attname FROM pg_attribute a JOIN pg_class c ON c.oid = a.attrelid
+WHERE c.oid IN (SELECT to_regclass(name) FROM unnest(%s::text[]) AS name) AND NOT a.attisdropped"""
+
+
+async def missing_statements(conn: psycopg.AsyncConnection[Any]) -> list[str]:
+    """The statements of :data:`SCHEMA` whose table, index or column is not there yet, in order.
+
+    ``CREATE INDEX IF NOT EXISTS`` and ``ALTER TABLE … ADD COLUMN IF NOT EXISTS`` lock their
+    table before they find there is nothing to do (a share lock, an exclusive one). Run on a
+    database other processes are writing to, they waited behind those writers' transactions
+    while holding the locks of the statements before them, and PostgreSQL broke the deadlock
+    by failing one side: a worker starting beside running ones exited. What is there already
+    is left alone, so a process that finds its schema made takes no lock on a table.
+    """
+    names = [found.group(1) for statement in STATEMENTS if (found := _CREATES.match(statement))]
+    adds = [found.groups() for statement in STATEMENTS if (found := _ADDS.match(statement))]
+    present = {row[0] for row in await (await conn.execute(_PRESENT, (names,))).fetchall()}
+    tables = sorted({table for table, _ in adds})
+    columns = {(row[0], row[1]) for row in await (await conn.execute(_COLUMNS, (tables,))).fetchall()}
+    missing: list[str] = []
+    for statement in STATEMENTS:
+        created, added = _CREATES.match(statement), _ADDS.match(statement)
+        if (created and created.group(1) in present) or (added and added.groups() in columns):
+            continue
+        missing.append(statement)
+    return missing
+
+
 async def migrate(conn: psycopg.AsyncConnection[Any]) -> None:
     """The tables made or brought to :data:`SCHEMA_VERSION`, under an advisory lock (one
-    process at a time); a database of a newer schema is refused."""
+    process at a time), with only the statements still needed (:func:`missing_statements`);
+    a database of a newer schema is refused."""
     async with conn.transaction():
         await conn.execute("SELECT pg_advisory_xact_lock(7426105)")
-        await conn.execute(SCHEMA)
+        for statement in await missing_statements(conn):
+            await conn.execute(statement)
         row = await (await conn.execute("SELECT max(version) FROM runwire_schema")).fetchone()
         version = row[0] if row else None
         if version is None:
