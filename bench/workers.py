@@ -156,7 +156,10 @@ async def one_round(name: str, bus_url: str, store_url: str, events: list[Event]
 
 async def faust_round(bus_url: str, store_url: str, events: list[Event],
                       meter: CpuMeter) -> Figures:
-    from runwire.processing.faust.worker import FaustWorker
+    try:
+        from runwire.processing.faust.worker import FaustWorker
+    except ModuleNotFoundError:  # a tree from before the Kafka runtime moved (bench/alternate.py)
+        from runwire.workers.faust_app import FaustWorker  # type: ignore[no-redef]
 
     baseline = await baseline_round(bus_url.replace("{p}", uuid.uuid4().hex[:8]), events)
     async with open_bus(bus_url.replace("{p}", uuid.uuid4().hex[:8])) as bus, \
