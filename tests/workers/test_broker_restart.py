@@ -1,8 +1,9 @@
 """The Kafka-protocol broker restarted mid-run: the faust worker and the publisher SDK ride it out.
 
 The first test's broker is Tansu on ``s3://`` storage (a moto S3 server of its own), so its
-topics, records and committed offsets outlive the restart. The last test's is Tansu on
-``memory://``, restarted empty: what a publisher's ``emit`` returned after the restart is stored.
+topics, records and committed offsets outlive the restart. The others' is Tansu on
+``memory://``, restarted empty: what a publisher's ``emit`` returned, before the restart or
+after it, is stored.
 """
 
 from __future__ import annotations
@@ -117,31 +118,33 @@ async def _ended(store: Any, run_id: str) -> bool:
 
 
 @pytest.mark.slow
-async def test_what_a_publisher_emits_after_a_broker_restarted_empty_is_stored(tmp_path: Path) -> None:
+async def test_every_event_a_publisher_emitted_is_readable_after_a_broker_restarted_empty(
+    tmp_path: Path,
+) -> None:
     """SIGKILL a broker on memory storage and start it again empty on its port under a connected
-    publisher: every event the publisher's `emit` returned after the restart is readable from the
-    ingest topic, which is there again with its partition count. (The broker acknowledged records
-    for topics it no longer had, which no one could ever read; a client's metadata request made it
-    create the ingest topic with 4 partitions of its own.) What was published before the restart
-    is gone with the broker, as with Redis without persistence."""
+    publisher that emits nothing more: every event whose `emit` returned before the restart is
+    readable from the ingest topic again (the publisher keeps what no group committed past, and
+    sends it again once it finds the broker's life marker gone), as is everything emitted after
+    it — the ingest topic is there again with its partition count. (The broker acknowledged
+    records for topics it no longer had, which no one could ever read; a client's metadata
+    request made it create the ingest topic with 4 partitions of its own; and what it had
+    acknowledged before the restart was gone with it.)"""
     broker = TansuBroker()
     broker.start()
     prefix = f"e{uuid.uuid4().hex[:8]}"
     url = f"{broker.url}?prefix={prefix}"
     try:
         async with Publisher.connect(url, delivery_timeout=120) as pub:
-            await _begin(pub, f"{prefix}-a")
+            before = await _begin(pub, f"{prefix}-a")
+            await _emit_all(before)
             await pub.flush()
             broker.close()
             broker.start()  # empty: no topic, record or committed offset
+            await until(lambda: _resent(pub), within=30)  # idle: found by the publisher's own check
             after = await _begin(pub, f"{prefix}-b")
-            for k in range(DELTAS):
-                for run in after:
-                    await run.emit("text.delta", {"text": f"d{k} "})
-            for run in after:
-                await run.finish()
+            await _emit_all(after)
             await pub.flush()
-        wanted = {(run.run_id, seq) for run in after for seq in range(1, DELTAS + 3)}
+        wanted = {(run.run_id, seq) for run in before + after for seq in range(1, DELTAS + 3)}
         found: set[tuple[str, int]] = set()
         async with open_bus(url) as bus:  # a group of its own: it reads each partition from 0
             consumer = bus.consumer("check", "c0")
@@ -158,6 +161,52 @@ async def test_what_a_publisher_emits_after_a_broker_restarted_empty_is_stored(t
             await until(all_read, within=60)
     finally:
         broker.close()
+
+
+@pytest.mark.slow
+async def test_what_no_worker_had_read_when_the_broker_restarted_empty_reaches_the_log(
+    tmp_path: Path,
+) -> None:
+    """Runs emitted whole while no worker reads (acknowledged by the broker, read by none), then
+    the broker SIGKILLed and started again empty, then a `runwire worker` (faust) started: each
+    run reaches the replay log once, in order, seqs 1..n — the publisher sent again what the
+    broker lost. Before, all of it was lost with the broker."""
+    broker = TansuBroker()
+    broker.start()
+    prefix = f"u{uuid.uuid4().hex[:8]}"
+    url = f"{broker.url}?prefix={prefix}&session_timeout_ms=2000"
+    store_url = f"sqlite:///{tmp_path}/replay.db"
+    workers: list[subprocess.Popen[bytes]] = []
+    try:
+        async with Publisher.connect(url, delivery_timeout=120) as pub, open_store(store_url) as store:
+            runs = await _begin(pub, f"{prefix}-a")
+            await _emit_all(runs)
+            await pub.flush()
+            broker.close()
+            broker.start()  # empty
+            await until(lambda: _resent(pub), within=30)
+            workers.append(start_worker(url, store_url, "w0", tmp_path, f"{prefix}-g"))
+            for run in runs:
+                await until(lambda run=run: _ended(store, run.run_id), within=120)
+                _check(await store.read(run.run_id, 0, None), run.run_id)
+        assert workers[0].poll() is None, (tmp_path / "w0.log").read_text()[-3000:]
+    finally:
+        _stop(workers)
+        broker.close()
+
+
+async def _emit_all(runs: list[Any]) -> None:
+    """``DELTAS`` deltas to each of ``runs`` (interleaved), then each run's end."""
+    for k in range(DELTAS):
+        for run in runs:
+            await run.emit("text.delta", {"text": f"d{k} "})
+    for run in runs:
+        await run.finish()
+
+
+async def _resent(pub: Publisher) -> bool:
+    """Whether the publisher's bus sent again what the broker lost."""
+    return bool(pub.bus.kept.resent)  # type: ignore[attr-defined]
 
 
 @pytest.mark.slow

@@ -101,10 +101,12 @@ from .io import (
     json_encoder,
 )
 from .life import LIFE_KIND, LifeMarker
+from .retain import Kept
 from .tail import DeliveryTail
 
 ACCEPTED_OPTIONS = (
     "shards", "maxlen", "ttl", "grace", "claim_idle_ms", "lease_ms", "max_deliveries", "prefix",
+    "retain_bytes", "close_wait_ms",
 )
 PASSTHROUGH = (
     "session_timeout_ms", "hot_events", "request_timeout_ms", "linger_ms", "commit_interval_ms",
@@ -158,6 +160,7 @@ class KafkaBus(Bus):
         self.topics = {kind: keys.kafka_topic(prefix, kind) for kind in (
             keys.KAFKA_INGEST, keys.KAFKA_DELIVERY, keys.KAFKA_CONTROL, keys.KAFKA_DEAD_LETTER)}
         self.link = KafkaLink(self.bootstrap, self.kafka)
+        self.kept = Kept(self.link, self.topics[keys.KAFKA_INGEST], self.shards, options.retain_bytes)
         self._hot: DeliveryTail | None = None
         self._hot_lock = asyncio.Lock()
         self._consumers: set[KafkaConsumer] = set()
@@ -225,6 +228,11 @@ class KafkaBus(Bus):
             )
 
     async def close(self) -> None:
+        """Wait (``close_wait_ms``) for the groups to commit what this process published, close
+        its consumers and clients."""
+        if self.kept.bytes:
+            await self.kept.drain(self.options.close_wait_ms / 1000)
+        await self.kept.close()
         for consumer in list(self._consumers):
             await consumer.close()
         if self._hot is not None:
@@ -241,7 +249,9 @@ class KafkaBus(Bus):
         caller has it: the publisher's).
 
         Each root run's events go as few records (:func:`~runwire.bus.kafka.io.ingest_records`),
-        keyed by the root run id, in its shard's partition.
+        keyed by the root run id, in its shard's partition. They are kept until every group
+        reading the topic committed past them, and sent again if the broker loses them
+        (:mod:`runwire.bus.kafka.retain`).
         """
         if not events:
             return
@@ -257,7 +267,7 @@ class KafkaBus(Bus):
         records: list[Record] = []
         for root, values in by_root.items():
             records += ingest_records(keys.shard_for(root, shards), root.encode(), values)
-        await self.link.send(self.topics[keys.KAFKA_INGEST], records)
+        self.kept.add(await self.link.send(self.topics[keys.KAFKA_INGEST], records, self.kept.resend_lost))
 
     def consumer(self, group: str, name: str, *, claim_idle_ms: int | None = None) -> Consumer:
         idle = self.claim_idle_ms if claim_idle_ms is None else claim_idle_ms

@@ -37,6 +37,8 @@ json_encoder = msgspec.json.Encoder()
 
 Record = tuple[int, bytes | None, bytes, list[tuple[str, bytes]]]
 """``(partition, key, value, headers)`` of one record to send."""
+Sent = tuple[int, int, list[Record]]
+"""A batch of records as the broker stored it: partition, offset of its first record, records."""
 
 T = TypeVar("T")
 
@@ -144,8 +146,9 @@ class KafkaLink:
         self.breaks += 1
         self._on_closed(conn, reason)
 
-    async def _check(self) -> None:
-        """Ask :attr:`lost` once per batch of connection losses (concurrent senders wait)."""
+    async def check(self) -> None:
+        """Ask :attr:`lost` once per batch of connection losses (concurrent senders wait); a
+        no-op while no connection closed since the last answer."""
         if self.lost is None or self._checked == self.breaks:
             return
         async with self._check_lock:
@@ -235,26 +238,35 @@ class KafkaLink:
         finally:
             await admin.close()
 
-    async def send(self, topic: str, records: Sequence[Record]) -> None:
+    async def send(
+        self,
+        topic: str,
+        records: Sequence[Record],
+        before: Callable[[], Awaitable[None]] | None = None,
+    ) -> list[Sent]:
         """:meth:`produce`, but never taking an acknowledgement from a broker that lost its state.
 
         After a closed connection the broker's life marker is checked before producing
         (when it was lost, the topics are there again when the check returns), and after a
         send that a closed connection overlapped: records acknowledged across a loss of the
-        broker's state are sent again.
+        broker's state are sent again. ``before`` runs after each check, before the records
+        go (a publisher sends there again what it keeps of a former life, ahead of newer ones).
         """
         while True:
-            await self._check()
+            await self.check()
+            if before is not None:
+                await before()
             breaks, losses = self.breaks, self.losses
-            await self.produce(topic, records)
+            sent = await self.produce(topic, records)
             if self.breaks == breaks:
-                return
-            await self._check()
+                return sent
+            await self.check()
             if self.losses == losses:
-                return
+                return sent
 
-    async def produce(self, topic: str, records: Sequence[Record]) -> None:
-        """Send ``(partition, key, value, headers)`` records, one batch per partition run.
+    async def produce(self, topic: str, records: Sequence[Record]) -> list[Sent]:
+        """Send ``(partition, key, value, headers)`` records, one batch per partition run;
+        each batch as stored: its partition, the offset of its first record, its records.
 
         Records of one partition keep their order (aiokafka has one batch
         in flight per partition). Raises BusUnavailable unless all are stored.
@@ -268,20 +280,26 @@ class KafkaLink:
             known = producer.client.cluster.partitions_for_topic(topic) or known
             if any(record[0] not in known for record in records):
                 raise BusUnavailable(f"kafka: topic {topic} has {len(known)} partitions")
-        batches: dict[int, Any] = {}
+        batches: dict[int, tuple[Any, list[Record]]] = {}
         sent: list[asyncio.Future[Any]] = []
-        for partition, key, value, headers in records:
-            batch = batches.get(partition)
-            if batch is None:
-                batch = batches[partition] = producer.create_batch()
-            if batch.append(key=key, value=value, timestamp=None, headers=headers) is None:
-                sent.append(await guard("send", producer.send_batch(batch, topic, partition=partition)))
-                batch = batches[partition] = producer.create_batch()
-                if batch.append(key=key, value=value, timestamp=None, headers=headers) is None:
+        parts: list[tuple[int, list[Record]]] = []
+        for record in records:
+            partition, key, value, headers = record
+            found = batches.get(partition)
+            if found is None:
+                found = batches[partition] = (producer.create_batch(), [])
+            if found[0].append(key=key, value=value, timestamp=None, headers=headers) is None:
+                sent.append(await guard("send", producer.send_batch(found[0], topic, partition=partition)))
+                parts.append((partition, found[1]))
+                found = batches[partition] = (producer.create_batch(), [])
+                if found[0].append(key=key, value=value, timestamp=None, headers=headers) is None:
                     raise BusUnavailable(f"kafka: a record of {len(value)} bytes exceeds the batch size")
-        for partition, batch in batches.items():
+            found[1].append(record)
+        for partition, (batch, held) in batches.items():
             sent.append(await guard("send", producer.send_batch(batch, topic, partition=partition)))
-        await guard("send", asyncio.gather(*sent))
+            parts.append((partition, held))
+        stored = await guard("send", asyncio.gather(*sent))
+        return [(partition, meta.offset, held) for (partition, held), meta in zip(parts, stored, strict=True)]
 
     async def read_partition(
         self, tp: TopicPartition, start_at: Callable[[int, int], int]

@@ -36,15 +36,7 @@ from typing import Any, TypeVar
 from ...core import envelope
 from ...core.envelope import Event
 from ...core.errors import ConfigError, StoreError, StoreFull, StoreUnavailable
-from ..base import (
-    ForkPoint,
-    LoggedRun,
-    LogStream,
-    ReplayLog,
-    RunInfo,
-    RunOwner,
-    SweepResult,
-)
+from ..base import ForkPoint, LoggedRun, LogStream, ReplayLog, RunInfo, RunOwner, SweepResult
 from ..outbox import INSERT_NOTICE, SQLITE, Outbox, notice_rows
 from ..producers import ProducerState, Reservation, reserve
 from ..runmeta import (

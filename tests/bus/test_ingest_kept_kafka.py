@@ -1,0 +1,68 @@
+"""Invariant 2 when the Kafka-protocol broker loses what it acknowledged: the publishing process
+sends it again (``runwire.bus.kafka.retain``).
+
+A broker on volatile storage restarted empty no longer has ingest records it acknowledged, and a
+worker that had not read them never will. A publishing process keeps each batch until every
+consumer group reading the ingest topic has committed past it; finding the broker's life marker
+gone, it sends the kept batches again, before anything newer. What every group committed is let
+go, and never sent again. (End to end with workers: tests/workers/test_broker_restart.py.)
+"""
+
+from __future__ import annotations
+
+import uuid
+
+import msgspec
+
+from runwire.bus import open_bus
+from runwire.bus.kafka.bus import KafkaBus
+from tests.bus.test_contract import drain
+from tests.events import event
+from tests.services import TansuBroker
+from tests.waiting import until
+
+
+def _url(base: str, extra: str = "") -> str:
+    return f"{base}?prefix=k{uuid.uuid4().hex[:8]}&shards=2{extra}"
+
+
+async def test_what_a_group_committed_is_let_go_and_never_sent_again() -> None:
+    broker = TansuBroker()
+    broker.start()
+    try:
+        async with open_bus(_url(broker.url)) as bus:
+            assert isinstance(bus, KafkaBus)
+            reader = bus.consumer("g", "c")
+            await bus.publish([event("run-r", s) for s in range(1, 6)])
+            assert bus.kept.bytes > 0
+            got = await drain(reader, 5)
+            assert sorted(msgspec.json.decode(d.data)["seq"] for d in got) == [1, 2, 3, 4, 5]
+            await until(lambda: bus.kept.bytes == 0, within=15, what="kept batches let go once committed")
+            assert not bus.kept.unread
+            await reader.close()
+            broker.close()
+            broker.start()  # empty: had the publisher kept them, it would send them again
+            await bus.publish([event("run-r", s) for s in range(6, 8)])
+            assert bus.kept.resent == 0
+            assert bus.link.losses == 1
+    finally:
+        broker.close()
+
+
+async def test_without_a_reading_group_everything_is_kept_and_closing_does_not_wait(
+    kafka_url: str,
+) -> None:
+    async with open_bus(_url(kafka_url)) as bus:
+        assert isinstance(bus, KafkaBus)
+        await bus.publish([event("run-u", s) for s in range(1, 4)])
+        await bus.kept.confirm()
+        assert bus.kept.unread and bus.kept.bytes > 0
+
+
+async def test_past_retain_bytes_the_oldest_are_let_go_and_counted(kafka_url: str) -> None:
+    async with open_bus(_url(kafka_url, "&retain_bytes=4000")) as bus:
+        assert isinstance(bus, KafkaBus)
+        for s in range(1, 41):
+            await bus.publish([event("run-b", s, text="x" * 200)])
+        assert 0 < bus.kept.bytes <= 4000
+        assert bus.kept.unprotected > 0
