@@ -293,7 +293,7 @@ class KafkaBus(Bus):
         """Where consumer group ``group_id`` resumes each ingest partition.
 
         Its committed offset, or without one offset 0 (not the broker's answer for the
-        earliest offset, see :func:`~runwire.bus.kafka.consumer.start_at_commit_or_zero`): the
+        earliest offset, see :meth:`~runwire.bus.kafka.consumer.KafkaConsumer._from_commit`): the
         next offset the group's new owner of the partition is to read.
         """
         tps = [TopicPartition(self.topics[keys.KAFKA_INGEST], p) for p in partitions]

@@ -334,7 +334,7 @@ class KafkaLink:
         Offsets below the partition's beginning (deleted, or past retention) hold no record:
         the broker answers a fetch there out of range, and the reader moves to the first it
         holds. (Its answer for the partition's *earliest* offset is not asked: Tansu can name
-        one past the first records, see :func:`~runwire.bus.kafka.consumer.start_at_commit_or_zero`.)
+        one past the first records, see :meth:`~runwire.bus.kafka.consumer.KafkaConsumer._from_commit`.)
         Raises BusUnavailable when the partition cannot be read within ``timeout_s``.
         """
         tp = TopicPartition(topic, partition)
