@@ -69,7 +69,7 @@ class DeliveryTail:
         await guard("delivery tail", reader.start())
         tps = [TopicPartition(self.topic, p) for p in range(self.shards)]
         reader.assign(tps)
-        for tp in tps:  # from offset 0, not the broker's "earliest" (see start_at_commit_or_zero)
+        for tp in tps:  # from offset 0, not the broker's "earliest" (see KafkaConsumer._from_commit)
             reader.seek(tp, 0)
             self.positions[tp.partition] = 0
         self._reader = reader
