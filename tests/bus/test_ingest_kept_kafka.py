@@ -22,8 +22,8 @@ from tests.services import TansuBroker
 from tests.waiting import until
 
 
-def _url(base: str, extra: str = "") -> str:
-    return f"{base}?prefix=k{uuid.uuid4().hex[:8]}&shards=2{extra}"
+def _url(base: str, extra: str = "", shards: int = 2) -> str:
+    return f"{base}?prefix=k{uuid.uuid4().hex[:8]}&shards={shards}{extra}"
 
 
 async def test_what_a_group_committed_is_let_go_and_never_sent_again() -> None:
@@ -66,3 +66,47 @@ async def test_past_retain_bytes_the_oldest_are_let_go_and_counted(kafka_url: st
             await bus.publish([event("run-b", s, text="x" * 200)])
         assert 0 < bus.kept.bytes <= 4000
         assert bus.kept.unprotected > 0
+
+
+async def test_a_new_lifes_offsets_never_let_go_of_what_the_former_life_lost() -> None:
+    """Kept batches of the broker's former life, the broker restarted empty, and a group of the
+    new life committed past their offsets before this process's producer saw a connection close
+    (as when it was idle): the round reads the life marker after the offsets, lets nothing go,
+    and the batches are sent again — a reader of the new life gets every event."""
+    broker = TansuBroker()
+    broker.start()
+    url = _url(broker.url, shards=4)  # what the broker makes of a topic a client asks about
+    try:
+        async with open_bus(url) as bus:
+            assert isinstance(bus, KafkaBus)
+            await bus.publish([event("run-o", s) for s in range(1, 4)])
+            kept = bus.kept.bytes
+            await bus.kept.close()  # its rounds stop: the one below is the first after the restart
+            broker.close()
+            broker.start()  # empty
+            async with open_bus(url) as other:  # the new life: more records, read and committed
+                reader = other.consumer("g", "c")
+                for n in range(40):  # records on every partition, the kept one's included
+                    await other.publish([event(f"run-n{n}", 1)])
+                assert len(await drain(reader, 40)) == 40
+                await reader.close()
+            assert bus.kept.resent == 0
+            bus.link._checked = bus.link.breaks  # the producer has not seen its connection close
+            await until(_confirmed(bus), within=20, what="a round that asked the life marker")
+            assert bus.kept.resent == 1 and bus.kept.bytes >= kept  # its one record, sent again
+            check = bus.consumer("check", "c")
+            got = {msgspec.json.decode(d.data)["run_id"] for d in await drain(check, 43)}  # type: ignore[attr-defined]
+            await check.close()
+        assert "run-o" in got
+    finally:
+        broker.close()
+
+
+def _confirmed(bus: KafkaBus):  # type: ignore[no-untyped-def]
+    async def round_done() -> bool:
+        try:
+            await bus.kept.confirm()
+        except Exception:  # the broker still starting: the task's rounds retry too
+            return False
+        return bus.kept.resent > 0
+    return round_done

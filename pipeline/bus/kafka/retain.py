@@ -23,8 +23,11 @@ committed offsets on the ingest topic: a batch goes once each group that has
 committed on the topic committed past its last record on its partition (a
 group with no commit on that partition yet holds it). With no group committed
 on the topic the process keeps what it published (bounded below) but does not
-wait for it when closing. A round in which a producer connection closed
-releases nothing (the offsets could be a new life's).
+wait for it when closing. Before letting anything go, the round reads the
+life marker again (after the offsets): offsets read from a broker that lost
+its state are its new life's, and the producer's connection may not have
+closed yet; a round that finds the marker changed, or a producer connection
+closed, lets nothing go.
 
 **Bounds.** At most ``retain_bytes`` of records per process (bus URL option,
 default 64 MiB; 0 keeps nothing): past it the oldest batches are released
@@ -74,6 +77,17 @@ class Batch:
     def end(self) -> int:
         """The offset after its last record: a group committed past it at or above this."""
         return self.offset + len(self.records)
+
+
+def _committed_past(batches: deque[Batch], life: int, low: int) -> int:
+    """How many of a partition's oldest batches, of the broker's life ``life``, end at or
+    below the offset ``low`` the groups committed."""
+    count = 0
+    for batch in batches:
+        if batch.life != life or batch.end > low:
+            break
+        count += 1
+    return count
 
 
 class Kept:
@@ -154,14 +168,20 @@ class Kept:
             return
         breaks, life = self.link.breaks, self.link.losses
         committed = await self._committed()
-        if self.link.breaks != breaks or self.link.losses != life:
-            return  # a connection closed meanwhile: the offsets may be another life's
         self.unread = committed is None
         if committed is None:
             return
-        for partition, part in self.batches.items():
-            low = committed.get(partition, 0)
-            while part and part[0].life == life and part[0].end <= low:
+        done = {partition: _committed_past(part, life, committed.get(partition, 0))
+                for partition, part in self.batches.items()}
+        if not any(done.values()):
+            return
+        # Offsets of a broker that lost its state are of its new life, and the producer may not
+        # have seen a connection close yet: its life marker, read after the offsets, tells.
+        if await self.link.check_life() != life or self.link.breaks != breaks:
+            return  # sent again at the next round or publish
+        for partition, count in done.items():
+            part = self.batches[partition]
+            for _ in range(count):
                 self.bytes -= part.popleft().size
 
     async def _committed(self) -> dict[int, int] | None:
