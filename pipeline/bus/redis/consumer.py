@@ -51,7 +51,7 @@ from ..base import Consumer, Delivery, Entry, Fetched, each_event, event_count
 from ..ingest_entries import INGEST_ENTRY_EVENTS, OpenEntries
 from ..options import BusOptions
 from .entries import ingest_entry
-from .link import RedisLink, retriable_bus_errors, text
+from .link import MEMBERSHIP, RedisLink, retriable_bus_errors, text
 from .trim import IngestTrimmer
 
 log = logging.getLogger(__name__)
@@ -115,8 +115,8 @@ class RedisConsumer(Consumer):
         lease_keys = [keys.lease_key(self.options.prefix, self.group, s)
                       for s in range(self.options.shards)]
         call_keys = [keys.members_key(self.options.prefix, self.group), *lease_keys]
-        script = await self.link.membership_script()
-        (held,) = await self.link.run_scripts([(script, call_keys, [self.name, self.lease_ms, mode])])
+        (held,) = await self.link.run_scripts([(MEMBERSHIP, call_keys,
+                                               [self.name, self.lease_ms, mode])])
         return {int(s) for s in held}
 
     async def _renew_forever(self) -> None:

@@ -73,7 +73,6 @@ class Script:
 APPEND = Script(scripts.APPEND)
 APPEND_MANY = Script(scripts.APPEND_MANY)
 MEMBERSHIP = Script(scripts.MEMBERSHIP)
-MEMBERSHIP_KEEPING = Script(scripts.MEMBERSHIP_KEEPING)
 INGEST_ADD = Script(scripts.INGEST_ADD)
 INGEST_CONFIRM = Script(scripts.INGEST_CONFIRM)
 ScriptCall = tuple[Script, Sequence[str], Sequence[Any]]
@@ -134,8 +133,6 @@ class RedisLink:
         self.connect_url = connect_url
         self.cluster = cluster
         self._redis: Redis | RedisCluster | None = None
-        self.script_flags: bool | None = None
-        """Whether the server takes Lua script flags (Redis 7+); None until asked."""
 
     @property
     def redis(self) -> Redis | RedisCluster:
@@ -176,20 +173,6 @@ class RedisLink:
     async def _load_scripts(self) -> None:
         for script in (APPEND, APPEND_MANY, MEMBERSHIP, INGEST_ADD, INGEST_CONFIRM):
             await self.redis.script_load(script.source)
-        if self.script_flags:
-            await self.redis.script_load(MEMBERSHIP_KEEPING.source)
-
-    async def membership_script(self) -> Script:
-        """:data:`MEMBERSHIP_KEEPING` where the server takes script flags (Redis 7 and later),
-        else :data:`MEMBERSHIP` (asked once per connection pool)."""
-        if self.script_flags is None:
-            with retriable_bus_errors(f"script load on {self.url}"):
-                try:
-                    await self.redis.script_load(MEMBERSHIP_KEEPING.source)
-                    self.script_flags = True
-                except rexc.ResponseError:  # a server before Redis 7: no shebang, no flags
-                    self.script_flags = False
-        return MEMBERSHIP_KEEPING if self.script_flags else MEMBERSHIP
 
     async def run_scripts(self, calls: Sequence[ScriptCall]) -> list[Any]:
         """EVALSHA each call, all in one pipeline; reload scripts the server lost."""

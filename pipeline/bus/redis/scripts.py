@@ -169,13 +169,6 @@ end
 return owned
 """
 
-MEMBERSHIP_KEEPING = "#!lua flags=allow-oom\n" + MEMBERSHIP
-""":data:`MEMBERSHIP` declared ``allow-oom`` (Redis 7 script flags): a member's heartbeat and
-lease renewal go through at ``maxmemory`` — a few bytes, where the writes that filled Redis are
-refused — so a worker paused on a full Redis keeps its shards rather than seeing them taken
-over while its refused writes wait, and then racing their new owner once memory is back."""
-
-
 _INGEST_LIFE = """
 -- KEYS[1]: an ingest shard; KEYS[2]: its life marker. ARGV[1]: the life the caller knows
 -- ('' : none yet), ARGV[2]: the life to record if the marker is missing (Redis lost it).
