@@ -236,6 +236,10 @@ class Consumer(AsyncResource):
     looks at :meth:`owned_shards` was another member's meanwhile: what a worker holds in
     memory for it may be behind what that member wrote."""
 
+    def redeliver(self) -> None:
+        """Hand this consumer's own unacked entries out again, from the first, at the next
+        fetches (a worker dropped what it had fetched and not written: shards left it)."""
+
     @abstractmethod
     async def close(self) -> None:
         """Leave the group; unacked entries stay pending for a successor."""

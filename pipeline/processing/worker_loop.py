@@ -75,7 +75,8 @@ class ConsumerLoop:
                 else:
                     deliveries, read_at = await self._fetch_stamped(batch, block_ms)
                 fetched = event_count(deliveries)
-                await self._check_ownership()
+                if await self._check_ownership():
+                    continue  # what was fetched comes again, in order, from the consumer
                 if not self._owned.issuperset(map(_SHARD, deliveries)):
                     # a lease lost since the fetch: the shard's new owner redoes them
                     deliveries = [d for d in deliveries if d.shard in self._owned]
@@ -138,14 +139,28 @@ class ConsumerLoop:
             await self.stages.retry(lambda: self.consumer.ack(acked))
             self.stages.stats.acked += len(acked)
 
-    async def _check_ownership(self) -> None:
+    async def _check_ownership(self) -> bool:
+        """Follow the consumer's shards; True when what was processed and not written was
+        dropped (shards left: the caller drops the batch it fetched too, and the consumer hands
+        this member's unacked entries out again, in order)."""
         owned = self.consumer.owned_shards()
         lost = self._owned - owned
+        dropped = False
         if self.consumer.shard_losses != self._shard_losses:
-            # shards left since the last look, maybe taken back already (a network cut longer than
-            # lease_ms): another member had them meanwhile and may have written past this memory
+            # shards left since the last look — given up at a rebalance (a member joined) or a
+            # lease expired (a full or unreachable bus), maybe taken back already: another member
+            # may be writing their runs now, from their stored checkpoints and these same
+            # entries. Nothing processed and not yet written is written here (it was: two
+            # writers numbered the same runs, and the one whose appends came second lost its
+            # events as duplicates of seqs the other had taken); this member's unacked entries
+            # of the shards it keeps come again, for it to redo in order.
             lost = self._owned
             self._shard_losses = self.consumer.shard_losses
+            log.info("%s lost shards %s; dropping what it processed and has not written",
+                     self.consumer.name, sorted(self._owned - owned) or "(and took them back)")
+            await self.writes.abandon()
+            self.consumer.redeliver()
+            dropped = True
         if self.consumer.state_losses != self._state_losses:
             # the bus lost its delivery streams and checkpoints: each run held here is reloaded when
             # next met, from the replay log's checkpoint, its views dropped and rebuilt from the log
@@ -153,9 +168,9 @@ class ConsumerLoop:
                         "continues from the replay log when next met", self.consumer.name)
             self.stages.rebuild.update(self.stages.processor.stream_ids())
             lost = lost or owned
-        if lost:  # their streams may have a new writer: reload checkpoints when needed again
+        if lost and not dropped:  # the bus lost its state: reload checkpoints when needed again
             await self.writes.flush()
-            log.info("%s lost shards %s; dropping in-memory state", self.consumer.name, sorted(lost))
+            log.info("%s: dropping in-memory state", self.consumer.name)
             self.stages.processor.forget_all()
         if lost or owned - self._owned:
             # a quiet run of these shards is met again only at its next event: load them all now,
@@ -164,6 +179,7 @@ class ConsumerLoop:
         if owned - (self._owned - lost):
             log.info("%s owns shards %s", self.consumer.name, sorted(owned))
         self._owned = owned
+        return dropped
         self._state_losses = self.consumer.state_losses
         if owned - self._owned:
             log.info("%s owns shards %s", self.consumer.name, sorted(owned))

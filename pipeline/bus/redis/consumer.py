@@ -99,6 +99,10 @@ class RedisConsumer(Consumer):
     def owned_shards(self) -> frozenset[int]:
         return frozenset(self._owned)
 
+    def redeliver(self) -> None:
+        self._own_pending_done.clear()
+        self._own_pending_cursor.clear()
+
     def _key(self, shard: int) -> str:
         return keys.ingest_key(self.options.prefix, shard)
 
