@@ -11,7 +11,7 @@ committed an offset past it: a worker commits only what is in the replay log.
 
 **Detection** is the bus's life marker (:mod:`runwire.bus.kafka.life`): after
 any closed producer connection, the marker is read again before the next
-produce, and a task does the same every :data:`CONFIRM_INTERVAL_S` while
+produce, and a task does the same every :data:`~runwire.bus.confirming.CONFIRM_INTERVAL_S` while
 anything is kept (for a publisher whose runs sent their last event). A loss
 found there sends every kept batch of the former life again, ahead of the
 records being published (:meth:`KafkaLink.send`'s ``before``), so a run's
@@ -48,12 +48,11 @@ from dataclasses import dataclass
 from aiokafka import TopicPartition
 from aiokafka.admin import AIOKafkaAdminClient
 
+from ..confirming import Confirming
 from .io import KafkaLink, Record, Sent, guard
 
 log = logging.getLogger(__name__)
 
-CONFIRM_INTERVAL_S = 0.5
-"""How often kept batches are checked (lost? committed by every group?) while any are kept."""
 OTHERS_EVERY_S = 10.0
 """How often a group found committed on none of the ingest partitions is asked again (a broker
 shared by many deployments has many groups)."""
@@ -90,10 +89,11 @@ def _committed_past(batches: deque[Batch], life: int, low: int) -> int:
     return count
 
 
-class Kept:
+class Kept(Confirming):
     """The ingest batches a process produced that some group has not committed past yet."""
 
     def __init__(self, link: KafkaLink, topic: str, partitions: int, limit_bytes: int) -> None:
+        super().__init__()
         self.link = link
         self.topic = topic
         self.partitions = partitions
@@ -104,11 +104,11 @@ class Kept:
         """Batches released unconfirmed: over ``retain_bytes``."""
         self.resent = 0
         """Records the broker lost that this process sent again."""
-        self.unread = True
-        """No group has committed on the ingest topic (as last asked): closing does not wait."""
+        self.unread: bool | None = None
+        """No group has committed on the ingest topic (as last asked: None before the first
+        round): closing does not wait."""
         self._numbers = itertools.count()
         self._lock = asyncio.Lock()
-        self._task: asyncio.Task[None] | None = None
         self._admin: AIOKafkaAdminClient | None = None
         self._others: dict[str, float] = {}
         """Groups with no commit on the ingest topic, and when to ask them again (monotonic)."""
@@ -240,38 +240,9 @@ class Kept:
                             "yet: the oldest are no longer kept, and only the broker's own storage "
                             "protects them (retain_bytes in the bus URL)", self.limit)
 
-    # ---- the confirming task -------------------------------------------
-    def _start(self) -> None:
-        if self._task is None or self._task.done():
-            with contextlib.suppress(RuntimeError):  # no running loop: nothing to confirm from
-                self._task = asyncio.get_running_loop().create_task(self._confirming())
-
-    async def _confirming(self) -> None:
-        while self.bytes > 0:
-            await asyncio.sleep(CONFIRM_INTERVAL_S)
-            try:
-                await self.confirm()
-            except Exception as exc:  # a broker outage: the publish path reports it; retry next round
-                log.debug("confirming kept ingest records: %s", exc)
-
-    async def drain(self, wait_s: float) -> None:
-        """Wait up to ``wait_s`` until every group committed past what was kept (a closing
-        process); not at all while no group has committed on the ingest topic."""
-        loop = asyncio.get_running_loop()
-        deadline = loop.time() + wait_s
-        while self.bytes and loop.time() < deadline:
-            try:
-                await self.confirm()
-            except Exception as exc:
-                log.debug("confirming kept ingest records: %s", exc)
-            if self.unread or not self.bytes:
-                return
-            await asyncio.sleep(min(CONFIRM_INTERVAL_S / 5, max(0.0, deadline - loop.time())))
+    def awaited(self) -> bool:
+        return bool(self.bytes) and self.unread is not True
 
     async def close(self) -> None:
-        if self._task is not None:
-            self._task.cancel()
-            with contextlib.suppress(asyncio.CancelledError):
-                await self._task
-            self._task = None
+        await super().close()
         await self._close_admin()

@@ -18,7 +18,7 @@ id before the stream's first entry, in the same life), all is well; else Redis
 lost it, the script writes nothing and says so, and the process publishes
 again, in one script call, the kept entries Redis no longer has followed by
 the new ones — a run's events stay in order. A task does the same check every
-:data:`CONFIRM_INTERVAL_S` while anything is kept (for a publisher whose run
+:data:`~runwire.bus.confirming.CONFIRM_INTERVAL_S` while anything is kept (for a publisher whose run
 sent its last event) and releases what every group has read and acked (each
 group's oldest pending entry, or its ``last-delivered-id`` with none pending,
 asked in the same script after the loss check, so an entry lost and then
@@ -31,14 +31,13 @@ acks only after its replay-log write. Workers drop an event they already had by 
 **Bounds.** At most ``retain_bytes`` of entries per process (bus URL option,
 default 64 MiB; 0 keeps nothing): past it the oldest are released unconfirmed,
 counted in :attr:`Kept.unprotected` with one warning. What the groups acked is
-released within :data:`CONFIRM_INTERVAL_S`, so with workers keeping up a
+released within :data:`~runwire.bus.confirming.CONFIRM_INTERVAL_S`, so with workers keeping up a
 process keeps about half a second of what it publishes.
 """
 
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import logging
 import os
 import time
@@ -47,13 +46,12 @@ from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
+from ..confirming import Confirming
 from .entries import IngestEntry
 from .link import INGEST_ADD, INGEST_CONFIRM, ScriptCall, text
 
 log = logging.getLogger(__name__)
 
-CONFIRM_INTERVAL_S = 0.5
-"""How often kept entries are checked (lost? read by every group?) while any are kept."""
 MAX_REPUBLISH = 3
 """An entry published again this many times and still lost is let go (a MAXLEN cap keeps
 trimming it, say), with a warning: never a loop."""
@@ -118,10 +116,11 @@ Scripts = Callable[[Sequence[ScriptCall]], Awaitable[list[Any]]]
 """Runs script calls in one round trip, their replies in order (the bus's)."""
 
 
-class Kept:
+class Kept(Confirming):
     """The entries a process published that some group has not acked yet, per ingest shard."""
 
     def __init__(self, limit_bytes: int, scripts: Scripts) -> None:
+        super().__init__()
         self.limit = limit_bytes
         self.scripts = scripts
         self.shards: dict[str, Shard] = {}
@@ -130,7 +129,6 @@ class Kept:
         """Entries released unconfirmed: over ``retain_bytes``, or lost again and again."""
         self.republished = 0
         """Entries Redis lost and this process published again."""
-        self._task: asyncio.Task[None] | None = None
         self._said_at = -WARN_EVERY_S
         self._unsaid = 0
         self._warned = False
@@ -283,38 +281,5 @@ class Kept:
                             "are no longer kept, and only Redis's own persistence protects them "
                             "(retain_bytes in the bus URL)", self.limit)
 
-    # ---- the confirming task -------------------------------------------
-    def _start(self) -> None:
-        if self._task is None or self._task.done():
-            with contextlib.suppress(RuntimeError):  # no running loop: nothing to confirm from
-                self._task = asyncio.get_running_loop().create_task(self._confirming())
-
-    async def _confirming(self) -> None:
-        while self.bytes > 0:
-            await asyncio.sleep(CONFIRM_INTERVAL_S)
-            try:
-                await self.confirm()
-            except Exception as exc:  # a bus outage: the publish path reports it; retry next round
-                log.debug("confirming kept ingest entries: %s", exc)
-
-    async def drain(self, wait_s: float) -> None:
-        """Wait up to ``wait_s`` until every group has read and acked what was kept (a closing process)."""
-        loop = asyncio.get_running_loop()
-        deadline = loop.time() + wait_s
-        while self._awaited() and loop.time() < deadline:
-            try:
-                await self.confirm()
-            except Exception as exc:
-                log.debug("confirming kept ingest entries: %s", exc)
-            if self._awaited():
-                await asyncio.sleep(min(CONFIRM_INTERVAL_S / 5, max(0.0, deadline - loop.time())))
-
-    def _awaited(self) -> bool:
+    def awaited(self) -> bool:
         return any(shard.entries and not shard.unread for shard in self.shards.values())
-
-    async def close(self) -> None:
-        if self._task is not None:
-            self._task.cancel()
-            with contextlib.suppress(asyncio.CancelledError):
-                await self._task
-            self._task = None
