@@ -298,7 +298,7 @@ def test_the_benchmarks_import_names_that_exist() -> None:
 # ---- one folder per backend -------------------------------------------------------------------
 
 BACKEND_PARTS = {
-    "bus": ("bus", ("base", "ports", "keys", "options", "requests", "ingest_entries")),
+    "bus": ("bus", ("base", "ports", "keys", "options", "requests", "ingest_entries", "confirming")),
     "store": ("log", ("base", "ports", "jsonl", "outbox", "outbox_schema", "producers", "retention", "runmeta")),
 }
 """Each folder of backends: the module holding a backend's class, and the modules shared by every
