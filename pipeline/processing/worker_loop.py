@@ -146,6 +146,14 @@ class ConsumerLoop:
         owned = self.consumer.owned_shards()
         lost = self._owned - owned
         dropped = False
+        if self.consumer.state_losses != self._state_losses:
+            # the bus lost its delivery streams and checkpoints: each run held here is reloaded when
+            # next met, from the replay log's checkpoint, its views dropped and rebuilt from the log
+            log.warning("%s: the bus lost its state (delivery streams, checkpoints); each run "
+                        "continues from the replay log when next met", self.consumer.name)
+            self.stages.rebuild.update(self.stages.processor.stream_ids())
+            self._state_losses = self.consumer.state_losses
+            lost = lost or owned
         if self.consumer.shard_losses != self._shard_losses:
             # shards left since the last look — given up at a rebalance (a member joined) or a
             # lease expired (a full or unreachable bus), maybe taken back already: another member
@@ -161,14 +169,7 @@ class ConsumerLoop:
             await self.writes.abandon()
             self.consumer.redeliver()
             dropped = True
-        if self.consumer.state_losses != self._state_losses:
-            # the bus lost its delivery streams and checkpoints: each run held here is reloaded when
-            # next met, from the replay log's checkpoint, its views dropped and rebuilt from the log
-            log.warning("%s: the bus lost its state (delivery streams, checkpoints); each run "
-                        "continues from the replay log when next met", self.consumer.name)
-            self.stages.rebuild.update(self.stages.processor.stream_ids())
-            lost = lost or owned
-        if lost and not dropped:  # the bus lost its state: reload checkpoints when needed again
+        elif lost:  # the bus lost its state: reload checkpoints when needed again
             await self.writes.flush()
             log.info("%s: dropping in-memory state", self.consumer.name)
             self.stages.processor.forget_all()
@@ -180,7 +181,3 @@ class ConsumerLoop:
             log.info("%s owns shards %s", self.consumer.name, sorted(owned))
         self._owned = owned
         return dropped
-        self._state_losses = self.consumer.state_losses
-        if owned - self._owned:
-            log.info("%s owns shards %s", self.consumer.name, sorted(owned))
-        self._owned = owned
