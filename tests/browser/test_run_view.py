@@ -321,8 +321,9 @@ async def test_a_10000_event_run_renders_without_freezing_the_tab(redis_url: str
         figures = await chromium.eval("({events: runView.stats.events, batches: runView.stats.batches,"
                                       " largest: runView.stats.largestBatch})")
         assert figures["events"] == 10_000
-        # no one task takes the whole run: events are applied a network chunk at a time, drawn once per frame
-        assert figures["batches"] > 1 and figures["largest"] < 10_000, figures
+        # no one task takes the whole run: events are applied a network chunk at a time (at most a
+        # slice of 1,000 however much one read brings), drawn once per frame
+        assert figures["batches"] >= 10 and figures["largest"] <= 1_000, figures
         assert await chromium.eval("document.querySelectorAll('#tree [role=treeitem]').length") == 9
 
 

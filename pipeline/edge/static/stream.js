@@ -7,6 +7,9 @@ import { token } from "./common.js";
 
 const NDJSON = "application/x-ndjson";
 const BEHIND = "KAI-STREAM-BUF-0001"; // cut off for being too slow: resume
+// At most this many events are handed to the page in one task: a network read can hold a long
+// run's whole history (a busy tab lets megabytes queue), and the page draws between slices.
+const SLICE = 1000;
 
 export class RunStream {
   /**
@@ -76,7 +79,11 @@ export class RunStream {
       if (!batch.length) continue;
       const ended = batch.find((e) => e.type === "end");
       const error = batch.find((e) => e.type === "error");
-      this.on.events(batch.filter((e) => e.type !== "end"));
+      const events = batch.filter((e) => e.type !== "end");
+      for (let at = 0; at === 0 || at < events.length; at += SLICE) {
+        if (at) await new Promise((resolve) => setTimeout(resolve, 0)); // a task of its own
+        this.on.events(events.slice(at, at + SLICE));
+      }
       if (ended) return this.finish();
       if (error && error.code !== BEHIND) return `refused ${error.code}: ${error.message}`;
       if (this.on.terminal()) return this.finish();
