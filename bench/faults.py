@@ -513,6 +513,7 @@ def kafka_restart_empty(args: argparse.Namespace) -> dict[str, Any]:
         row = pipe.finish("kafka-restart-empty", time.monotonic())
         logs = " ".join(path.read_text() for path in pipe.work.glob("worker*.log"))
         return row | {"broker_loss_seen_by_workers": logs.count("the broker lost its state;"),
+                      "former_life_dropped_by": logs.count("stamped with a former life"),
                       "missing_emitted_after_restart": missing_after(pipe, pipe.back_at)}
     finally:
         pipe.close()

@@ -112,6 +112,9 @@ class WorkerStats(msgspec.Struct, kw_only=True):
     broker_holes: int = 0
     """Holes in an ingest partition's offsets the broker has no record at, passed with an error
     log (the Kafka worker: a broker that lost records)."""
+    former_life: int = 0
+    """Ingest records stamped in a former life of the broker, dropped (the Kafka worker: copies
+    aiokafka sent again into a broker restarted empty; their publishers send them again)."""
 
 
 _FROM_PROCESSOR = ("duplicates", "gaps", "silenced", "foreign", "retired")

@@ -67,7 +67,7 @@ def test_edge_serves_grpc_and_stops_cleanly_on_sigterm(tmp_path: Path) -> None:
         assert httpx.get(f"http://127.0.0.1:{http_port}/healthz", timeout=5).status_code == 200
         process.send_signal(signal.SIGTERM)
         _, err = process.communicate(timeout=20)
-        assert process.returncode in (0, -signal.SIGTERM)
+        assert process.returncode == 0  # the bus and the replay log closed, as a worker
         assert b"Traceback" not in err, err.decode()
     finally:
         if process.poll() is None:

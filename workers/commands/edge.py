@@ -9,9 +9,11 @@ from the same hub.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import importlib.util
 import ipaddress
 import logging
+from collections.abc import Generator
 from typing import TYPE_CHECKING, Any
 
 import click
@@ -162,6 +164,15 @@ def _server_class() -> Any:
     class EdgeServer(uvicorn.Server):
         grpc: GrpcServer | None = None
         deliveries: DeliveryThread | None = None
+
+        @contextlib.contextmanager
+        def capture_signals(self) -> Generator[None, None, None]:
+            """uvicorn's handlers, without raising the signal again once it has shut down: the
+            process is still to close the bus (a Kafka publisher's kept batches, a Redis one's
+            retained entries) and the replay log, then exit 0 as the workers do."""
+            with super().capture_signals():
+                yield
+                self._captured_signals.clear()
 
         async def shutdown(self, sockets: Any = None) -> None:
             if self.grpc is not None:

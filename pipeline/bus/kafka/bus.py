@@ -178,10 +178,10 @@ class KafkaBus(Bus):
     async def connect(self) -> None:
         await self._create_topics()
         await self.link.start()
-        life = LifeMarker(self.link, keys.kafka_topic(self.options.prefix, LIFE_KIND),
-                          self._recreate_topics)
-        await life.start()
-        self.link.lost = life.lost
+        self.life = LifeMarker(self.link, keys.kafka_topic(self.options.prefix, LIFE_KIND),
+                               self._recreate_topics)
+        await self.life.start()
+        self.link.lost = self.life.lost
 
     async def _create_topics(self) -> None:
         retention = {"retention.ms": str(self.options.ttl * 1000)}
@@ -267,13 +267,14 @@ class KafkaBus(Bus):
         records: list[Record] = []
         for root, values in by_root.items():
             records += ingest_records(keys.shard_for(root, shards), root.encode(), values)
-        self.kept.add(await self.link.send(self.topics[keys.KAFKA_INGEST], records, self.kept.resend_lost))
+        self.kept.add(await self.link.send(self.topics[keys.KAFKA_INGEST], records, self.kept.resend_lost,
+                                           stamp=self.kept.enabled))
 
     def consumer(self, group: str, name: str, *, claim_idle_ms: int | None = None) -> Consumer:
         idle = self.claim_idle_ms if claim_idle_ms is None else claim_idle_ms
         consumer = KafkaConsumer(
             self.link, self.options, self.topics[keys.KAFKA_INGEST], group, name,
-            claim_idle_ms=idle, dead_letter=self.send_dead_letter,
+            claim_idle_ms=idle, dead_letter=self.send_dead_letter, life=self.life,
             ownership_changed=self.ownership_changed, closed=self._consumers.discard,
         )
         self._consumers.add(consumer)

@@ -34,6 +34,7 @@ from ..base import Consumer, DeadLetter, Delivery, Fetched
 from ..ingest_entries import INGEST_ENTRY_EVENTS, OpenEntries
 from ..options import BusOptions
 from .io import KafkaLink, Record, guard, ingest_events, json_encoder
+from .life import LifeMarker
 
 log = logging.getLogger(__name__)
 
@@ -122,6 +123,7 @@ class KafkaConsumer(Consumer):
         dead_letter: Callable[[DeadLetter], Awaitable[None]],
         ownership_changed: Callable[[], None],
         closed: Callable[[KafkaConsumer], None],
+        life: LifeMarker,
     ) -> None:
         self.link = link
         self.options = options
@@ -134,6 +136,7 @@ class KafkaConsumer(Consumer):
         self._send_dead_letter = dead_letter
         self._ownership_changed = ownership_changed
         self._on_close = closed
+        self.life = life
         self._client: AIOKafkaConsumer | None = None
         self._partitions: dict[int, _PartitionState] = {}
         self._former: dict[int, _PartitionState] = {}
@@ -224,7 +227,8 @@ class KafkaConsumer(Consumer):
             batches = await guard("fetch", client.getmany(timeout_ms=int(wait), max_records=asked))
             # aiokafka may fetch before our assignment listener has read the marks
             await self._assigned([tp for tp in batches if tp.partition not in self._partitions])
-            out += self._take(await self._from_commit(client, batches))
+            batches = await self._from_commit(client, batches)
+            out += self._take(batches, await self._of_former_life(batches))
             if sum(map(len, batches.values())) < asked:
                 break  # nothing more is ready
             wait = 0
@@ -265,8 +269,18 @@ class KafkaConsumer(Consumer):
             return batches
         return {tp: records for tp, records in batches.items() if tp not in late}
 
-    def _take(self, batches: Mapping[TopicPartition, Sequence[Any]]) -> list[Delivery]:
-        """One delivery per event of the records fetched (see :mod:`runwire.bus.ingest_entries`)."""
+    async def _of_former_life(self, batches: Mapping[TopicPartition, Sequence[Any]]) -> set[tuple[int, int]]:
+        """The records fetched that a former life of the broker stamped: skipped, as read."""
+        life = self.life
+        return {(tp.partition, record.offset) for tp, records in batches.items() for record in records
+                if record.headers and not life.is_current(record.headers)
+                and await life.of_former_life(record.headers)}
+
+    def _take(
+        self, batches: Mapping[TopicPartition, Sequence[Any]], skipped: set[tuple[int, int]]
+    ) -> list[Delivery]:
+        """One delivery per event of the records fetched (see :mod:`runwire.bus.ingest_entries`),
+        none for those ``skipped``."""
         now = time.monotonic() * 1000
         out: list[Delivery] = []
         taken = 0
@@ -281,6 +295,8 @@ class KafkaConsumer(Consumer):
                     continue
             for record in records:
                 offset = record.offset
+                if skipped and (partition, offset) in skipped:
+                    continue
                 count = state.first_count(offset)
                 entry_id = f"{partition}:{offset}"
                 events = ingest_events(record.value, record.headers)

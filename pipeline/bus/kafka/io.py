@@ -28,6 +28,8 @@ VIEW_HEADER = "v"
 KIND_HEADER = "k"
 SEQ_HEADER = "q"
 COUNT_HEADER = "n"
+LIFE_HEADER = "l"
+"""On an ingest record: the life marker's token when it was produced (:mod:`runwire.bus.kafka.life`)."""
 RECORD_EVENTS = 512
 RECORD_BYTES = 256 * 1024
 """An event record holds at most this many events / bytes of them (the broker's limit is 1 MiB)."""
@@ -99,6 +101,13 @@ def ingest_records(partition: int, key: bytes, values: Sequence[bytes]) -> list[
     return out
 
 
+def stamped(records: Sequence[Record], token: bytes) -> list[Record]:
+    """The records with header :data:`LIFE_HEADER` = ``token`` (in place of one they carry)."""
+    life = (LIFE_HEADER, token)
+    return [(partition, key, value, [*(h for h in headers if h[0] != LIFE_HEADER), life])
+            for partition, key, value, headers in records]
+
+
 def ingest_events(value: bytes, headers: Sequence[tuple[str, bytes]]) -> list[bytes]:
     """The events of an ingest record: one per line with header ``n``, else the value."""
     for name, _ in headers:
@@ -140,6 +149,8 @@ class KafkaLink:
         self._checked = 0
         self.losses = 0
         """Losses of the broker's state found so far."""
+        self.token: bytes | None = None
+        """The broker's life marker as last read (:class:`~runwire.bus.kafka.life.LifeMarker`)."""
         self._check_lock = asyncio.Lock()
 
     def _closed(self, conn: Any, reason: Any) -> None:
@@ -243,6 +254,8 @@ class KafkaLink:
         topic: str,
         records: Sequence[Record],
         before: Callable[[], Awaitable[None]] | None = None,
+        *,
+        stamp: bool = False,
     ) -> list[Sent]:
         """:meth:`produce`, but never taking an acknowledgement from a broker that lost its state.
 
@@ -251,26 +264,33 @@ class KafkaLink:
         send that a closed connection overlapped: records acknowledged across a loss of the
         broker's state are sent again. ``before`` runs after each check, before the records
         go (a publisher sends there again what it keeps of a former life, ahead of newer ones).
+        With ``stamp``, each attempt stamps the records with the life it is made in (:meth:`produce`).
         """
         while True:
             await self.check()
             if before is not None:
                 await before()
             breaks, losses = self.breaks, self.losses
-            sent = await self.produce(topic, records)
+            sent = await self.produce(topic, records, stamp=stamp)
             if self.breaks == breaks:
                 return sent
             await self.check()
             if self.losses == losses:
                 return sent
 
-    async def produce(self, topic: str, records: Sequence[Record]) -> list[Sent]:
+    async def produce(self, topic: str, records: Sequence[Record], *, stamp: bool = False) -> list[Sent]:
         """Send ``(partition, key, value, headers)`` records, one batch per partition run;
         each batch as stored: its partition, the offset of its first record, its records.
 
         Records of one partition keep their order (aiokafka has one batch
         in flight per partition). Raises BusUnavailable unless all are stored.
+        With ``stamp``, each record carries the life marker's token (:data:`LIFE_HEADER`):
+        aiokafka retries a batch whose connection closed, and a broker restarted empty
+        meanwhile stores that copy in its new life, ahead of what this process sends
+        again of the former one; a reader drops it by the stamp (:mod:`runwire.bus.kafka.life`).
         """
+        if stamp and self.token is not None:
+            records = stamped(records, self.token)
         producer = self.producer
         known = producer.client.cluster.partitions_for_topic(topic)
         if known is not None and any(record[0] not in known for record in records):

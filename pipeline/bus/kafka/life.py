@@ -14,7 +14,21 @@ connection overlapped). A missing topic, an empty one or another token means
 the broker lost its state since: the topics are created again with their
 partition counts, a new token is written, and the records acknowledged meanwhile
 are sent again (:meth:`~runwire.bus.kafka.io.KafkaLink.send`; the duplicates
-are dropped by seq where the records are read).
+are dropped by seq where the records are read). Every bus takes the marker's
+*first* record as the token: two buses finding the topic empty at once both
+write one, and must still agree.
+
+**Stamps.** A batch in flight when the broker went away is sent again by
+aiokafka itself once a broker answers on the address — a broker restarted
+empty then stores it in its new life, ahead of the former life's batches the
+publisher sends again when it finds the loss, and a reader would meet the
+run's later events before its earlier ones (an ``x.gap``, then the earlier
+ones dropped as late). So a publisher stamps each ingest record with the
+token it knew when producing it (:data:`~runwire.bus.kafka.io.LIFE_HEADER`),
+and a reader drops a record stamped with another life's token
+(:meth:`LifeMarker.of_former_life`): its publisher keeps it as of the former
+life until it is committed in its own, and sends it again
+(:mod:`runwire.bus.kafka.retain`). A record without a stamp is read as before.
 """
 
 from __future__ import annotations
@@ -22,13 +36,17 @@ from __future__ import annotations
 import asyncio
 import logging
 import uuid
-from collections.abc import Awaitable, Callable
+from collections import deque
+from collections.abc import Awaitable, Callable, Sequence
 
+from aiokafka import TopicPartition
 from aiokafka.admin import NewTopic
 
-from .io import KafkaLink, guard
+from .io import LIFE_HEADER, KafkaLink, guard
 
 LIFE_KIND = "life"
+FORMER_TOKENS = 16
+"""Tokens of former lives remembered (a record stamped with one is dropped without asking)."""
 log = logging.getLogger("runwire.bus")
 
 
@@ -41,18 +59,33 @@ class LifeMarker:
         self.link = link
         self.topic = topic
         self.create_topics = create_topics
-        self.token: bytes | None = None
+        self.former: deque[bytes] = deque(maxlen=FORMER_TOKENS)
+        self._told: deque[bytes] = deque(maxlen=FORMER_TOKENS)
+        """Former tokens a record was dropped for (one warning each)."""
+        self.dropped = 0
+        """Ingest records read stamped with a former life (:meth:`of_former_life`)."""
+
+    @property
+    def token(self) -> bytes | None:
+        return self.link.token
+
+    @token.setter
+    def token(self, token: bytes | None) -> None:
+        if self.link.token is not None and token != self.link.token:
+            self.former.append(self.link.token)
+        self.link.token = token
 
     async def _current(self) -> bytes | None:
-        """The marker's token on the broker (None without the topic or a record in it)."""
+        """The marker's token on the broker: its first record (None without the topic or a
+        record in it)."""
         metadata = await guard("metadata", self.link.producer.client.fetch_all_metadata())
         if not metadata.partitions_for_topic(self.topic):
             return None
         # a reader's position can wait for ever on a broker gone meanwhile
         timeout = self.link.options.request_timeout_ms / 1000 + 5
-        last = await guard("read", asyncio.wait_for(self.link.last_records(self.topic, [0]), timeout))
-        record = last.get(0)
-        return None if record is None else bytes(record.value)
+        records = await guard("read", asyncio.wait_for(self.link.read_partition(
+            TopicPartition(self.topic, 0), lambda end, begin: 0), timeout))
+        return bytes(records[0].value) if records else None
 
     async def _mark(self) -> bytes:
         """Create the topics and write a new token (unless another bus wrote one first)."""
@@ -79,4 +112,42 @@ class LifeMarker:
                     "creating the topics again", self.topic, "another" if current else "gone")
         self.token = current if current is not None else await self._mark()
         await guard("metadata", self.link.producer.client.force_metadata_update())
+        return True
+
+    def is_current(self, headers: Sequence[tuple[str, bytes]]) -> bool:
+        """Whether a record with these headers is of the current life or unstamped (read as it
+        is, without :meth:`of_former_life`)."""
+        for name, value in headers:
+            if name == LIFE_HEADER:
+                return value == self.link.token
+        return True
+
+    async def of_former_life(self, headers: Sequence[tuple[str, bytes]], ask: bool = True) -> bool:
+        """Whether an ingest record with these headers was stamped in another life of the
+        broker than its current one (see the module docstring): it is to be dropped.
+
+        A token neither current nor known as former is checked against the broker first
+        (``ask``; BusUnavailable when it can't be asked): the record may be of a new life
+        this process has not seen yet. Without ``ask`` the caller has checked the broker's
+        life since its last closed connection, so such a token is of a life it never knew.
+        """
+        for name, value in headers:
+            if name == LIFE_HEADER:
+                token = bytes(value)
+                break
+        else:
+            return False
+        if token == self.token:
+            return False
+        if token not in self.former:
+            if ask:
+                await self.link.check_life()
+                if token == self.token:
+                    return False
+            self.former.append(token)
+        if token not in self._told:
+            self._told.append(token)
+            log.warning("kafka: ingest records stamped with a former life of the broker are dropped "
+                        "(sent again by aiokafka as it went away; their publishers send them again)")
+        self.dropped += 1
         return True

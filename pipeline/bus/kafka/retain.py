@@ -143,7 +143,7 @@ class Kept(Confirming):
                 return
             stale.sort(key=lambda batch: batch.number)
             records = [record for batch in stale for record in batch.records]
-            sent = await self.link.produce(self.topic, records)
+            sent = await self.link.produce(self.topic, records, stamp=True)
             again: dict[int, list[Batch]] = {}
             for partition, offset, held in sent:
                 again.setdefault(partition, []).append(Batch(

@@ -168,13 +168,19 @@ class FaustWorker:
         taken: list[Any] = []
         for partition in {message.partition for message in messages}:
             await self.partitions.learn_start(partition)
+        life = self.bus.life
         for message in messages:
             partition, offset = message.partition, message.offset
             if not await self.partitions.accept(partition, offset):
                 continue
             taken.append(message)
+            headers = message.headers
+            # stamped in a former life of the broker: its publisher sends it again (the broker's
+            # life was checked before what was fetched after a closed connection was handed over)
+            if headers and not life.is_current(headers) and await life.of_former_life(headers, ask=False):
+                continue
             entry_id = f"{partition}:{offset}"
-            events = ingest_events(message.value, message.headers) if message.headers else [
+            events = ingest_events(message.value, headers) if headers else [
                 message.value]
             if len(events) == 1:
                 by_partition[partition].append(
@@ -298,6 +304,7 @@ class FaustWorker:
                 await asyncio.wait_for(starting, 10.0)
             self.stages.stats.seconds = time.monotonic() - started
             self.stages.stats.broker_holes = self.partitions.lost_by_broker
+            self.stages.stats.former_life = self.bus.life.dropped
             if self._first_taken is not None and self._last_written is not None:
                 # from the first fetched entries the worker took to the end of the last writes
                 self.stages.stats.busy_seconds = self._last_written - self._first_taken
