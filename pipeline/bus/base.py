@@ -240,6 +240,11 @@ class Consumer(AsyncResource):
         """Hand this consumer's own unacked entries out again, from the first, at the next
         fetches (a worker dropped what it had fetched and not written: shards left it)."""
 
+    async def renew_leases(self) -> None:
+        """Renew this consumer's hold on its shards now; one that lapsed leaves
+        :meth:`owned_shards` (counted in :attr:`shard_losses`). A backend whose ownership does
+        not lapse in a pause (Kafka's group assignment): nothing to do."""
+
     @abstractmethod
     async def close(self) -> None:
         """Leave the group; unacked entries stay pending for a successor."""

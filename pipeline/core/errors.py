@@ -19,7 +19,8 @@
     ├── BusError                 the bus failed
     │   ├── BusUnavailable       connection lost/refused, timeout      (retriable)
     │   │   └── BusFull          a write refused at the bus's memory limit (retriable)
-    │   └── DeliveryTimeout      publisher gave up after its deadline (final; names what was not delivered)
+    │   ├── DeliveryTimeout      publisher gave up after its deadline (final; names what was not delivered)
+    │   └── LeasesLost           a worker's shard leases lapsed while a write waited (final for that write)
     └── StoreError               the replay log failed
         └── StoreUnavailable     connection lost/refused               (retriable)
             └── StoreFull        a write refused: the log's disk is full (retriable)
@@ -232,6 +233,12 @@ class BusFull(BusUnavailable):
     memory is freed (streams trimmed or expired, ``maxmemory`` raised)."""
 
     reason = "full"
+
+
+class LeasesLost(BusError):
+    """A worker's leases on shards lapsed while one of its writes waited out a pause (a full or
+    unreachable Redis): the write is not tried again — those shards' new owner redoes their
+    entries from the stored checkpoints — and the worker drops what it holds for them."""
 
 
 class DeliveryTimeout(BusError):

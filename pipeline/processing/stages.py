@@ -152,6 +152,9 @@ class Stages:
         self.rebuild: set[str] = set()
         """Streams held when the bus lost its state: their views are dropped and rebuilt from
         the replay log when next loaded (appends made since start past a hole)."""
+        self.fence: Callable[[], Awaitable[None]] | None = None
+        """Asked before a log or view write is tried again after a failure (the consumer-group runtime:
+        :meth:`~runwire.bus.base.Consumer.confirm_leases`): raises when the shards left."""
 
     async def prepare(
         self,
@@ -273,7 +276,7 @@ class Stages:
         checkpoint of record (see :meth:`_from_log`)."""
         if any(events for _, events, _, _ in rows):
             started = time.monotonic()
-            await self.retry(lambda: self.store.append_streams(rows))
+            await self.retry(self._fenced(lambda: self.store.append_streams(rows)))
             self.stats.log_seconds += time.monotonic() - started
 
     async def _append_many(self, appends: list[Append]) -> None:
@@ -284,7 +287,23 @@ class Stages:
         """
         for start in range(0, len(appends), APPEND_CHUNK):
             chunk = appends[start : start + APPEND_CHUNK]
-            await self.retry(functools.partial(self.bus.append_many, chunk))
+            await self.retry(self._fenced(functools.partial(self.bus.append_many, chunk)))
+
+    def _fenced(self, call: Callable[[], Awaitable[T]]) -> Callable[[], Awaitable[T]]:
+        """``call``, each attempt after a failed one preceded by :attr:`fence`: a write held
+        through a pause longer than the leases is not made beside the shards' new owner."""
+        fence = self.fence
+        if fence is None:
+            return call
+        tried = False
+
+        async def attempt() -> T:
+            nonlocal tried
+            if tried:
+                await fence()
+            tried = True
+            return await call()
+        return attempt
 
     async def _reroute(self, misrooted: list[Misrooted]) -> None:
         """Re-publish events that claimed a child run as their root, with the true root.

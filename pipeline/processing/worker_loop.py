@@ -24,6 +24,7 @@ from operator import attrgetter
 
 from ..bus import Consumer
 from ..bus.base import Fetched, event_count
+from ..core.errors import LeasesLost
 from .processor import StreamOutput
 from .stages import PENDING_BATCHES, Stages
 from .writes import WritePipeline
@@ -42,6 +43,8 @@ class ConsumerLoop:
         self._state_losses = 0
         self._shard_losses = 0
         self.writes: WritePipeline[Fetched] = WritePipeline(stages, self._ack)
+        stages.fence = self._fence
+        self._prefetch: asyncio.Task[tuple[Sequence[Fetched], float]] | None = None
         self._next_adopt = 0.0
         self._adopt_quiet = False
         """Whether the next adoption loads every unfinished run of the owned shards, not only
@@ -66,50 +69,70 @@ class ConsumerLoop:
         block_ms = max(1, int(tick_s * 1000))
         stop = self.stages.stop
         most = batch * PENDING_BATCHES
-        prefetch: asyncio.Task[tuple[Sequence[Fetched], float]] | None = None
         finished = False
         try:
-            while not stop.is_set() or prefetch is not None:
-                if prefetch is not None:
-                    (deliveries, read_at), prefetch = await prefetch, None
-                else:
-                    deliveries, read_at = await self._fetch_stamped(batch, block_ms)
-                fetched = event_count(deliveries)
-                if await self._check_ownership():
-                    continue  # what was fetched comes again, in order, from the consumer
-                if not self._owned.issuperset(map(_SHARD, deliveries)):
-                    # a lease lost since the fetch: the shard's new owner redoes them
-                    deliveries = [d for d in deliveries if d.shard in self._owned]
-                if fetched >= batch and not stop.is_set():
-                    # a backlog: the next fetch's round trip (which may queue behind this
-                    # worker's own appends on the server) overlaps processing this batch
-                    prefetch = asyncio.create_task(self._fetch_stamped(batch, block_ms))
-                if deliveries:
-                    acked, _ = await self.stages.prepare(
-                        deliveries, self.writes.drain_for, into=self._pending_outputs)
-                    self.writes.add(acked, fetched)
-                    if self.writes.ready() or self.writes.pending_entries >= most:
-                        await self.writes.write_pending()
-                if fetched < batch:
-                    await self.writes.flush()
-                    await self._adopt_silent()
-                    # as of the fetch that found the shards read to their end: the flush may have
-                    # waited out an outage meanwhile, with new events for these streams unread
-                    await self.stages.tick(now=read_at)
-                if burst and not fetched:
+            while not stop.is_set() or self._prefetch is not None:
+                try:
+                    await self._step(batch, block_ms, most, burst)
+                except _Burst:
                     break
+                except LeasesLost:
+                    # a write waited out a pause past this member's leases: it is not made, and
+                    # what was processed and not written goes with it (as when shards leave)
+                    await self._cancel_prefetch()
+                    await self._check_ownership()
             finished = True
         finally:
-            if prefetch is not None:  # its entries stay pending: redone by whoever owns them
-                prefetch.cancel()
-                try:
-                    await prefetch
-                except BaseException as error:
-                    log.debug("prefetch ended with %r", error)
-            if finished:
-                await self.writes.flush()
-            else:
+            await self._cancel_prefetch()
+            try:
+                if finished:
+                    await self.writes.flush()
+            except LeasesLost:  # (stopping: what was not written stays pending, as it is)
+                finished = False
+            if not finished:
                 await self.writes.abandon()
+
+    async def _step(self, batch: int, block_ms: int, most: int, burst: bool) -> None:
+        """One fetched batch through the stages (starting the next fetch on a backlog)."""
+        if self._prefetch is not None:
+            prefetch, self._prefetch = self._prefetch, None
+            deliveries, read_at = await prefetch
+        else:
+            deliveries, read_at = await self._fetch_stamped(batch, block_ms)
+        fetched = event_count(deliveries)
+        if await self._check_ownership():
+            return  # what was fetched comes again, in order, from the consumer
+        if not self._owned.issuperset(map(_SHARD, deliveries)):
+            # a lease lost since the fetch: the shard's new owner redoes them
+            deliveries = [d for d in deliveries if d.shard in self._owned]
+        if fetched >= batch and not self.stages.stop.is_set():
+            # a backlog: the next fetch's round trip (which may queue behind this
+            # worker's own appends on the server) overlaps processing this batch
+            self._prefetch = asyncio.create_task(self._fetch_stamped(batch, block_ms))
+        if deliveries:
+            acked, _ = await self.stages.prepare(
+                deliveries, self.writes.drain_for, into=self._pending_outputs)
+            self.writes.add(acked, fetched)
+            if self.writes.ready() or self.writes.pending_entries >= most:
+                await self.writes.write_pending()
+        if fetched < batch:
+            await self.writes.flush()
+            await self._adopt_silent()
+            # as of the fetch that found the shards read to their end: the flush may have
+            # waited out an outage meanwhile, with new events for these streams unread
+            await self.stages.tick(now=read_at)
+        if burst and not fetched:
+            raise _Burst
+
+    async def _cancel_prefetch(self) -> None:
+        """Cancel a fetch started ahead: its entries stay pending, redone by whoever owns them."""
+        prefetch, self._prefetch = self._prefetch, None
+        if prefetch is not None:
+            prefetch.cancel()
+            try:
+                await prefetch
+            except BaseException as error:
+                log.debug("prefetch ended with %r", error)
 
     async def _fetch(self, batch: int, block_ms: int) -> Sequence[Fetched]:
         """One fetch, retried while the bus is unavailable (until a stop)."""
@@ -138,6 +161,14 @@ class ConsumerLoop:
         if acked:
             await self.stages.retry(lambda: self.consumer.ack(acked))
             self.stages.stats.acked += len(acked)
+
+    async def _fence(self) -> None:
+        """Before a write is tried again after a failure (a pause): renew the leases, and raise
+        LeasesLost if shards left since the last look — a write held through a pause longer than
+        the leases is not made beside their new owner, who redoes it from the checkpoints."""
+        await self.consumer.renew_leases()
+        if self.consumer.shard_losses != self._shard_losses:
+            raise LeasesLost(f"{self.consumer.name}: shards left while a write waited")
 
     async def _check_ownership(self) -> bool:
         """Follow the consumer's shards; True when what was processed and not written was
@@ -181,3 +212,8 @@ class ConsumerLoop:
             log.info("%s owns shards %s", self.consumer.name, sorted(owned))
         self._owned = owned
         return dropped
+
+
+class _Burst(Exception):
+    """A burst worker found nothing more to fetch."""
+

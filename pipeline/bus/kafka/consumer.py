@@ -11,6 +11,10 @@ contiguous acked prefix of a partition, at most every
 counts survive crashes through the group's marks topic (see
 :class:`KafkaConsumer`). The consumer is handed what it needs from its bus
 (the shared clients, the options, callbacks), never the bus itself.
+
+Longer than ~400 lines: a member and its per-partition bookkeeping (delivery
+counts and their marks, the commit point, records of a former broker life
+skipped) are read together whenever one of them changes.
 """
 
 from __future__ import annotations

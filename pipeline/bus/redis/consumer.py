@@ -127,20 +127,22 @@ class RedisConsumer(Consumer):
         """Heartbeat and lease renewal while this process lives."""
         while True:
             await asyncio.sleep(self.lease_ms / 3000)
-            before = set(self._owned)  # a rebalance may acquire shards meanwhile
             try:
-                held = await self._membership("renew")
+                await self.renew_leases()
             except (BusUnavailable, rexc.RedisError) as exc:
                 log.debug("lease renewal of %s/%s failed: %s", self.group, self.name, exc)
                 continue
             await self._check_life()
-            lost = before - held
-            if lost:  # expired while this process stalled: stop reading them at once
-                log.warning("%s/%s lost the leases of shards %s", self.group, self.name,
-                            sorted(lost))
-                self._owned -= lost
-                self._clear -= lost
-                self.shard_losses += 1
+
+    async def renew_leases(self) -> None:
+        before = set(self._owned)  # a rebalance may acquire shards meanwhile
+        held = await self._membership("renew")
+        lost = before - held
+        if lost:  # expired while this process stalled: stop reading them at once
+            log.warning("%s/%s lost the leases of shards %s", self.group, self.name, sorted(lost))
+            self._owned -= lost
+            self._clear -= lost
+            self.shard_losses += 1
 
     async def _check_life(self) -> None:
         """Count a loss of Redis's state (:attr:`state_losses`) the group's life marker shows:

@@ -380,7 +380,8 @@ class PartitionTracker:
             hole.since = time.monotonic()
             return False
         log.error("%s: the broker has no record at offsets %d..%d of ingest partition %d: "
-                  "lost by the broker; going on", self.name, hole.offset, first - 1, partition)
+                  "lost by the broker; going on (what its publishers still keep comes again; "
+                  "a run still missing events shows an x.gap)", self.name, hole.offset, first - 1, partition)
         self.lost_by_broker += 1
         self.offsets[partition] = first - 1
         self._forget_hole(partition)
