@@ -99,6 +99,7 @@ from .io import (
     guard,
     ingest_records,
     json_encoder,
+    started,
 )
 from .life import LIFE_KIND, LifeMarker
 from .retain import Kept
@@ -207,7 +208,7 @@ class KafkaBus(Bus):
                 if attempt == 4:
                     raise BusUnavailable(f"kafka: {exc}") from exc
             admin = self.link.admin()
-            await guard("connect", admin.start())
+            await started("connect", admin)
             try:
                 await guard("delete topics", admin.delete_topics(self._misshapen))
             finally:
@@ -301,7 +302,7 @@ class KafkaBus(Bus):
         if not tps:
             return {}
         admin = self.link.admin()
-        await guard("connect", admin.start())
+        await started("connect", admin)
         try:
             committed = await guard(
                 "committed offsets", admin.list_consumer_group_offsets(group_id, partitions=tps)
@@ -469,7 +470,7 @@ class KafkaBus(Bus):
         """
         tp = TopicPartition(self.topics[keys.KAFKA_CONTROL], keys.shard_for(run_id, self.shards))
         reader = self.link.reader()
-        await guard("controls", reader.start())
+        await started("controls", reader)
         wanted = run_id.encode()
         try:
             reader.assign([tp])

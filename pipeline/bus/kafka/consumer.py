@@ -37,7 +37,7 @@ from .. import keys
 from ..base import Consumer, DeadLetter, Delivery, Fetched
 from ..ingest_entries import INGEST_ENTRY_EVENTS, OpenEntries
 from ..options import BusOptions
-from .io import KafkaLink, Record, guard, ingest_events, json_encoder
+from .io import KafkaLink, Record, guard, ingest_events, json_encoder, started
 from .life import LifeMarker
 
 log = logging.getLogger(__name__)
@@ -179,7 +179,7 @@ class KafkaConsumer(Consumer):
                 request_timeout_ms=max(self.kafka.request_timeout_ms, session + 5000),
             )
             client.subscribe([self.topic], listener=_Rebalance(self))
-            await guard("join group", client.start())
+            await started("join group", client)
             self._client = client
         return self._client
 

@@ -10,6 +10,7 @@ The layout of the topics and their records is described in
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import time
 from collections.abc import Awaitable, Callable, Sequence
 from typing import Any, TypeVar
@@ -28,8 +29,7 @@ VIEW_HEADER = "v"
 KIND_HEADER = "k"
 SEQ_HEADER = "q"
 COUNT_HEADER = "n"
-LIFE_HEADER = "l"
-"""On an ingest record: the life marker's token when it was produced (:mod:`runwire.bus.kafka.life`)."""
+LIFE_HEADER = "l"  # an ingest record's broker life: the life marker's token when it was produced
 RECORD_EVENTS = 512
 RECORD_BYTES = 256 * 1024
 """An event record holds at most this many events / bytes of them (the broker's limit is 1 MiB)."""
@@ -43,6 +43,7 @@ Sent = tuple[int, int, list[Record]]
 """A batch of records as the broker stored it: partition, offset of its first record, records."""
 
 T = TypeVar("T")
+C = TypeVar("C", AIOKafkaConsumer, AIOKafkaAdminClient)
 
 
 class KafkaOptions(msgspec.Struct, kw_only=True):
@@ -104,8 +105,7 @@ def ingest_records(partition: int, key: bytes, values: Sequence[bytes]) -> list[
 def stamped(records: Sequence[Record], token: bytes) -> list[Record]:
     """The records with header :data:`LIFE_HEADER` = ``token`` (in place of one they carry)."""
     life = (LIFE_HEADER, token)
-    return [(partition, key, value, [*(h for h in headers if h[0] != LIFE_HEADER), life])
-            for partition, key, value, headers in records]
+    return [(p, key, value, [*(h for h in headers if h[0] != LIFE_HEADER), life]) for p, key, value, headers in records]
 
 
 def ingest_events(value: bytes, headers: Sequence[tuple[str, bytes]]) -> list[bytes]:
@@ -131,6 +131,17 @@ async def guard(what: str, call: Awaitable[T]) -> T:
         return await call
     except (KafkaError, OSError, TimeoutError) as exc:
         raise BusUnavailable(f"kafka: {what} failed: {exc!r}") from exc
+
+
+async def started(what: str, client: C) -> C:
+    """``client`` started; closed again if that fails or is cancelled (no connection left open)."""
+    try:
+        await guard(what, client.start())
+    except BaseException:
+        with contextlib.suppress(Exception):
+            await (client.close() if isinstance(client, AIOKafkaAdminClient) else client.stop())
+        raise
+    return client
 
 
 class KafkaLink:
@@ -204,8 +215,9 @@ class KafkaLink:
         client._on_connection_closed = self._closed
         try:
             await guard("connect", producer.start())
-        except BusUnavailable:
-            await producer.stop()
+        except BaseException:  # failed, or cancelled midway: its connections closed with it
+            with contextlib.suppress(Exception):
+                await producer.stop()
             raise
         self._producer = producer
 
@@ -238,7 +250,7 @@ class KafkaLink:
     ) -> None:
         """Create topics that don't exist yet (an existing one is left as it is)."""
         admin = self.admin()
-        await guard("connect", admin.start())
+        await started("connect", admin)
         try:
             response = await guard("create topics", admin.create_topics(wanted))
             for topic, code, message in response.topic_errors:
@@ -263,8 +275,8 @@ class KafkaLink:
         (when it was lost, the topics are there again when the check returns), and after a
         send that a closed connection overlapped: records acknowledged across a loss of the
         broker's state are sent again. ``before`` runs after each check, before the records
-        go (a publisher sends there again what it keeps of a former life, ahead of newer ones).
-        With ``stamp``, each attempt stamps the records with the life it is made in (:meth:`produce`).
+        go (a publisher sends there again what it keeps of a former life, ahead of newer ones);
+        ``stamp``: each attempt stamped with the life it is made in (:meth:`produce`).
         """
         while True:
             await self.check()
@@ -284,10 +296,8 @@ class KafkaLink:
 
         Records of one partition keep their order (aiokafka has one batch
         in flight per partition). Raises BusUnavailable unless all are stored.
-        With ``stamp``, each record carries the life marker's token (:data:`LIFE_HEADER`):
-        aiokafka retries a batch whose connection closed, and a broker restarted empty
-        meanwhile stores that copy in its new life, ahead of what this process sends
-        again of the former one; a reader drops it by the stamp (:mod:`runwire.bus.kafka.life`).
+        With ``stamp``, each record carries the life marker's token (:data:`LIFE_HEADER`;
+        why: :mod:`runwire.bus.kafka.life`, Stamps).
         """
         if stamp and self.token is not None:
             records = stamped(records, self.token)
@@ -326,7 +336,7 @@ class KafkaLink:
     ) -> list[Any]:
         """Records of one partition from ``start_at(end, beginning)`` to its end."""
         reader = self.reader()
-        await guard("read", reader.start())
+        await started("read", reader)
         try:
             end = (await guard("read", reader.end_offsets([tp])))[tp]
             begin = (await guard("read", reader.beginning_offsets([tp])))[tp]
@@ -359,7 +369,7 @@ class KafkaLink:
         """
         tp = TopicPartition(topic, partition)
         reader = self.reader()
-        await guard("read", reader.start())
+        await started("read", reader)
         try:
             end = int((await guard("read", reader.end_offsets([tp])))[tp])
             start = offset
@@ -384,7 +394,7 @@ class KafkaLink:
         record read this way must have been sent on its own (one batch).
         """
         reader = self.reader()
-        await guard("read", reader.start())
+        await started("read", reader)
         try:
             tps = [TopicPartition(topic, p) for p in partitions]
             ends = await guard("read", reader.end_offsets(tps))

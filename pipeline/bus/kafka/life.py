@@ -14,9 +14,7 @@ connection overlapped). A missing topic, an empty one or another token means
 the broker lost its state since: the topics are created again with their
 partition counts, a new token is written, and the records acknowledged meanwhile
 are sent again (:meth:`~runwire.bus.kafka.io.KafkaLink.send`; the duplicates
-are dropped by seq where the records are read). Every bus takes the marker's
-*first* record as the token: two buses finding the topic empty at once both
-write one, and must still agree.
+are dropped by seq where the records are read).
 
 **Stamps.** A batch in flight when the broker went away is sent again by
 aiokafka itself once a broker answers on the address — a broker restarted
@@ -39,7 +37,6 @@ import uuid
 from collections import deque
 from collections.abc import Awaitable, Callable, Sequence
 
-from aiokafka import TopicPartition
 from aiokafka.admin import NewTopic
 
 from .io import LIFE_HEADER, KafkaLink, guard
@@ -76,16 +73,15 @@ class LifeMarker:
         self.link.token = token
 
     async def _current(self) -> bytes | None:
-        """The marker's token on the broker: its first record (None without the topic or a
-        record in it)."""
+        """The marker's token on the broker (None without the topic or a record in it)."""
         metadata = await guard("metadata", self.link.producer.client.fetch_all_metadata())
         if not metadata.partitions_for_topic(self.topic):
             return None
         # a reader's position can wait for ever on a broker gone meanwhile
         timeout = self.link.options.request_timeout_ms / 1000 + 5
-        records = await guard("read", asyncio.wait_for(self.link.read_partition(
-            TopicPartition(self.topic, 0), lambda end, begin: 0), timeout))
-        return bytes(records[0].value) if records else None
+        last = await guard("read", asyncio.wait_for(self.link.last_records(self.topic, [0]), timeout))
+        record = last.get(0)
+        return None if record is None else bytes(record.value)
 
     async def _mark(self) -> bytes:
         """Create the topics and write a new token (unless another bus wrote one first)."""

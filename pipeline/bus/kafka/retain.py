@@ -49,7 +49,7 @@ from aiokafka import TopicPartition
 from aiokafka.admin import AIOKafkaAdminClient
 
 from ..confirming import Confirming
-from .io import KafkaLink, Record, Sent, guard
+from .io import KafkaLink, Record, Sent, guard, started
 
 log = logging.getLogger(__name__)
 
@@ -219,7 +219,7 @@ class Kept(Confirming):
     async def _admin_client(self) -> AIOKafkaAdminClient:
         if self._admin is None:
             admin = self.link.admin()
-            await guard("connect", admin.start())
+            await started("connect", admin)
             self._admin = admin
         return self._admin
 

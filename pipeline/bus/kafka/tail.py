@@ -32,6 +32,7 @@ from .io import (
     VIEW_HEADER,
     KafkaLink,
     guard,
+    started,
 )
 
 log = logging.getLogger(__name__)
@@ -63,10 +64,10 @@ class DeliveryTail:
     async def start(self) -> None:
         """Read the retained delivery topic up to its current end, then tail it live."""
         offsets = self.link.reader(fetch_max_wait_ms=1)
-        await guard("delivery tail", offsets.start())
+        await started("delivery tail", offsets)
         self._offsets = offsets
         reader = self.link.reader()
-        await guard("delivery tail", reader.start())
+        await started("delivery tail", reader)
         tps = [TopicPartition(self.topic, p) for p in range(self.shards)]
         reader.assign(tps)
         for tp in tps:  # from offset 0, not the broker's "earliest" (see KafkaConsumer._from_commit)
