@@ -39,6 +39,7 @@ from collections.abc import Awaitable, Callable, Sequence
 
 from aiokafka.admin import NewTopic
 
+from ...core.errors import BusUnavailable
 from .io import LIFE_HEADER, KafkaLink, guard
 
 LIFE_KIND = "life"
@@ -118,14 +119,14 @@ class LifeMarker:
                 return value == self.link.token
         return True
 
-    async def of_former_life(self, headers: Sequence[tuple[str, bytes]], ask: bool = True) -> bool:
+    async def of_former_life(self, headers: Sequence[tuple[str, bytes]]) -> bool:
         """Whether an ingest record with these headers was stamped in another life of the
         broker than its current one (see the module docstring): it is to be dropped.
 
-        A token neither current nor known as former is checked against the broker first
-        (``ask``; BusUnavailable when it can't be asked): the record may be of a new life
-        this process has not seen yet. Without ``ask`` the caller has checked the broker's
-        life since its last closed connection, so such a token is of a life it never knew.
+        A token neither current nor known as former is checked against the broker first: the
+        record may be of a new life this process has not seen yet, or this process may hold a
+        token another bus's replaced (two wrote one at once). When the broker can't be asked,
+        the record is read (as a record without a stamp is).
         """
         for name, value in headers:
             if name == LIFE_HEADER:
@@ -136,10 +137,12 @@ class LifeMarker:
         if token == self.token:
             return False
         if token not in self.former:
-            if ask:
+            try:
                 await self.link.check_life()
-                if token == self.token:
-                    return False
+            except BusUnavailable:
+                return False
+            if token == self.token:
+                return False
             self.former.append(token)
         if token not in self._told:
             self._told.append(token)

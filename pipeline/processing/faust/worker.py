@@ -175,9 +175,8 @@ class FaustWorker:
                 continue
             taken.append(message)
             headers = message.headers
-            # stamped in a former life of the broker: its publisher sends it again (the broker's
-            # life was checked before what was fetched after a closed connection was handed over)
-            if headers and not life.is_current(headers) and await life.of_former_life(headers, ask=False):
+            # stamped in a former life of the broker: its publisher sends it again
+            if headers and not life.is_current(headers) and await life.of_former_life(headers):
                 continue
             entry_id = f"{partition}:{offset}"
             events = ingest_events(message.value, headers) if headers else [
