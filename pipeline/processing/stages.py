@@ -154,7 +154,7 @@ class Stages:
         the replay log when next loaded (appends made since start past a hole)."""
         self.fence: Callable[[], Awaitable[None]] | None = None
         """Asked before a log or view write is tried again after a failure (the consumer-group runtime:
-        :meth:`~runwire.bus.base.Consumer.confirm_leases`): raises when the shards left."""
+        :meth:`~runwire.processing.worker_loop.ConsumerLoop._fence`): raises when the shards left."""
 
     async def prepare(
         self,
