@@ -14,7 +14,7 @@ import msgspec
 
 from ..core.envelope import Event
 from .sequencing import SequencerState
-from .shaping import ShaperState, window_key
+from .shaping import ShaperState, Window, window_key
 
 
 class Checkpoint(msgspec.Struct, kw_only=True, omit_defaults=True):
@@ -28,8 +28,35 @@ class Checkpoint(msgspec.Struct, kw_only=True, omit_defaults=True):
     ``(sequencer.last_seq, shaped_seq)``."""
 
 
+class _SeqOf(msgspec.Struct):
+    seq: int
+
+
+class _WindowV1(msgspec.Struct, kw_only=True):
+    """A window as checkpoints kept it before they kept spans: its newest delta and its texts."""
+
+    last: _SeqOf
+    first_seq: int
+    end_ms: int
+    ts: str = ""
+
+
+class _ShaperV1(msgspec.Struct, kw_only=True, omit_defaults=True):
+    windows: dict[str, _WindowV1] = {}
+    held: list[_WindowV1] = []
+    clock: int = 0
+    closes: dict[str, list[int]] = {}
+
+
+class _CheckpointV1(msgspec.Struct, kw_only=True, omit_defaults=True):
+    sequencer: SequencerState = msgspec.field(default_factory=SequencerState)
+    shaper: _ShaperV1 = msgspec.field(default_factory=_ShaperV1)
+    shaped_seq: int = 0
+
+
 _encoder = msgspec.msgpack.Encoder()
 _decoder = msgspec.msgpack.Decoder(Checkpoint)
+_decoder_v1 = msgspec.msgpack.Decoder(_CheckpointV1)
 
 
 def encode_checkpoint(checkpoint: Checkpoint) -> bytes:
@@ -37,7 +64,20 @@ def encode_checkpoint(checkpoint: Checkpoint) -> bytes:
 
 
 def decode_checkpoint(data: bytes) -> Checkpoint:
-    return _decoder.decode(data)
+    """A stored checkpoint, of this version or of the one before (whose windows held their deltas'
+    texts: read as their spans, the deltas are read back from the raw view as for any other)."""
+    try:
+        return _decoder.decode(data)
+    except msgspec.ValidationError:
+        old = _decoder_v1.decode(data)
+    return Checkpoint(sequencer=old.sequencer, shaped_seq=old.shaped_seq, shaper=ShaperState(
+        windows={key: _window(window) for key, window in old.shaper.windows.items()},
+        held=[_window(window) for window in old.shaper.held],
+        clock=old.shaper.clock, closes=old.shaper.closes))
+
+
+def _window(old: _WindowV1) -> Window:
+    return Window(first_seq=old.first_seq, last_seq=old.last.seq, end_ms=old.end_ms, ts=old.ts)
 
 
 def unsent_windows(data: bytes | None) -> int | None:
@@ -53,9 +93,21 @@ def unsent_windows(data: bytes | None) -> int | None:
     """
     if not data:
         return None
-    checkpoint = _decoder.decode(data)
+    checkpoint = decode_checkpoint(data)
     shaper = checkpoint.shaper
     return checkpoint.shaped_seq if shaper.windows or shaper.held else None
+
+
+def window_span(data: bytes | None) -> tuple[int, int] | None:
+    """The raw seqs a stored checkpoint's windows span, first to last (None: it holds none): a
+    restore reads those raw events back for the windows' deltas (the checkpoint keeps spans)."""
+    if not data:
+        return None
+    shaper = decode_checkpoint(data).shaper
+    windows = [*shaper.held, *shaper.windows.values()]
+    if not windows:
+        return None
+    return min(window.first_seq for window in windows), max(window.last_seq for window in windows)
 
 
 def settle_windows(data: bytes, shaped: Sequence[Event]) -> bytes:
@@ -74,7 +126,7 @@ def settle_windows(data: bytes, shaped: Sequence[Event]) -> bytes:
     its last (:attr:`ShaperState.closes`). Events at or below the view's last
     seq go out again only to be dropped, so spans continue from it (§7 T2).
     """
-    checkpoint = _decoder.decode(data)
+    checkpoint = decode_checkpoint(data)
     sent = [e for e in shaped if e.seq > checkpoint.shaped_seq]
     if not sent:
         return data
@@ -86,10 +138,10 @@ def settle_windows(data: bytes, shaped: Sequence[Event]) -> bytes:
             closes.setdefault(key, []).append(event.seq)
     for key, window in list(shaper.windows.items()):
         seqs = closes.get(key)
-        if seqs and window.last.seq in seqs:
+        if seqs and window.last_seq in seqs:
             shaper.held.append(shaper.windows.pop(key))
-            seqs.remove(window.last.seq)
-    shaper.held.sort(key=lambda window: window.last.seq)
+            seqs.remove(window.last_seq)
+    shaper.held.sort(key=lambda window: window.last_seq)
     shaper.closes = {key: seqs for key, seqs in closes.items() if seqs}
     checkpoint.shaped_seq = sent[-1].seq
     return _encoder.encode(checkpoint)

@@ -23,7 +23,7 @@ from ..core.lines import encode_lines
 from ..store.base import LoggedRun, RunInfo
 from .checkpoint import Checkpoint, decode_checkpoint, encode_checkpoint, settle_windows
 from .sequencing import SequencerState
-from .shaping import ShaperState, is_delta, shape, window_key
+from .shaping import ShaperState, is_delta, shape, window_deltas, window_key
 
 
 def retired_checkpoint(info: RunInfo) -> bytes:
@@ -82,7 +82,7 @@ def rebuilt_views(run_id: str, data: bytes, raw: Sequence[Event]) -> tuple[bytes
         start = next((index for index, event in enumerate(raw) if not is_delta(event)), None)
         shaped = [] if start is None else [raw[start], *shape(raw[start + 1:], after=raw[start].seq)]
     sent = [event for event in shaped if event.seq <= checkpoint.shaped_seq]
-    if raw[0].seq == 1 and _texts(shaped[len(sent):]) == _open_texts(checkpoint.shaper):
+    if raw[0].seq == 1 and _texts(shaped[len(sent):]) == _open_texts(checkpoint.shaper, raw):
         shaped = sent
     elif shaped:
         data = settle_windows(data, shaped)
@@ -104,9 +104,12 @@ def _texts(shaped: Sequence[Event]) -> dict[str, str] | None:
     return {key: "".join(parts) for key, parts in texts.items()}
 
 
-def _open_texts(shaper: ShaperState) -> dict[str, str]:
-    """The text of each window key in a checkpoint's windows not sent yet, in seq order."""
+def _open_texts(shaper: ShaperState, raw: Sequence[Event]) -> dict[str, str]:
+    """The text of each window key in a checkpoint's windows not sent yet, in seq order (their
+    deltas read from the run's whole ``raw`` events)."""
+    deltas = window_deltas(shaper, raw)
     texts: dict[str, list[str]] = {}
-    for window in sorted([*shaper.held, *shaper.windows.values()], key=lambda window: window.last.seq):
-        texts.setdefault(window_key(window.last) or "", []).extend(window.texts)
+    for window in sorted([*shaper.held, *shaper.windows.values()], key=lambda window: window.last_seq):
+        found = deltas[window.first_seq]
+        texts.setdefault(window_key(found[0]) or "", []).extend(delta.payload.text for delta in found)
     return {key: "".join(parts) for key, parts in texts.items()}

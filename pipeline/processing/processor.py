@@ -108,13 +108,14 @@ class ProcessorStats(msgspec.Struct, kw_only=True):
 class _Stream:
     __slots__ = ("coalescer", "last_activity", "output", "route", "run_id", "sequencer", "state")
 
-    def __init__(self, run_id: str, checkpoint: Checkpoint, now: float, window_ms: int) -> None:
+    def __init__(self, run_id: str, checkpoint: Checkpoint, now: float, window_ms: int,
+                 raw: Sequence[Event]) -> None:
         self.run_id = run_id
         self.sequencer = Sequencer(run_id, checkpoint.sequencer)
         self.state = self.sequencer.state
         """The sequencer's state (read on every event)."""
         self.coalescer = DeltaCoalescer(
-            checkpoint.shaper, window_ms=window_ms, floor=checkpoint.shaped_seq
+            checkpoint.shaper, window_ms=window_ms, floor=checkpoint.shaped_seq, raw=raw
         )
         self.last_activity = now
         self.output: StreamOutput | None = None
@@ -184,8 +185,10 @@ class Processor:
                     wanted.add(run_id)
         return wanted
 
-    def restore(self, run_id: str, data: bytes | None, *, last_activity: float | None = None) -> None:
-        """Load a stream's stored checkpoint (None: a new stream).
+    def restore(self, run_id: str, data: bytes | None, *, raw: Sequence[Event] = (),
+                last_activity: float | None = None) -> None:
+        """Load a stream's stored checkpoint (None: a new stream), with ``raw``, the stream's raw
+        events its shaping windows span (:func:`~.checkpoint.window_span`): the deltas they hold.
 
         ``last_activity`` (epoch seconds) starts the stream's silence clock in
         the past, for a run adopted from the replay log after its owner died.
@@ -194,7 +197,7 @@ class Processor:
         state = checkpoint.sequencer
         self.parents.learn_chain(run_id, state.ancestors, state.tenant if state.owned else ANY_TENANT)
         now = self.clock() if last_activity is None else last_activity
-        self._streams[run_id] = _Stream(run_id, checkpoint, now, self.window_ms)
+        self._streams[run_id] = _Stream(run_id, checkpoint, now, self.window_ms, raw)
         self._restored.add(run_id)
 
     def holds(self, run_id: str) -> bool:

@@ -41,11 +41,15 @@ the events arrived in time. Every window is closed after a non-delta event,
 so shaping can also start at any non-delta event (:func:`shape` with
 ``after``) and reach the same state the live path was in there. The
 coalescer's windows are part of the worker's checkpoint
-(:class:`ShaperState`), so a successor resumes them exactly.
+(:class:`ShaperState`), so a successor resumes them exactly: the checkpoint
+keeps each window's span of raw seqs, not its deltas, which the raw view
+already holds — a successor reads them back from there (``raw`` of
+:class:`DeltaCoalescer`).
 """
 
 from __future__ import annotations
 
+import logging
 from collections.abc import Iterable
 from datetime import UTC, datetime, timedelta
 from operator import attrgetter
@@ -53,6 +57,8 @@ from operator import attrgetter
 import msgspec
 
 from ..core.envelope import Event, ReasoningDelta, TextDelta, TextPayload, format_ts, replace, ts_ms
+
+log = logging.getLogger(__name__)
 
 WINDOW_MS = 100
 """§4 R1's aggregation window: at most 10 shaped deltas per second per (child, type)."""
@@ -62,12 +68,12 @@ _EPOCH = datetime(1970, 1, 1, tzinfo=UTC)
 
 
 class Window(msgspec.Struct, kw_only=True):
-    """Deltas of one (child_id, type) in one stream."""
+    """Deltas of one (child_id, type) in one stream: the raw seqs ``first_seq`` … ``last_seq``
+    of that key (the deltas themselves are the coalescer's, :attr:`DeltaCoalescer.deltas`)."""
 
-    last: ReasoningDelta | TextDelta
-    """The newest delta (its envelope is the shaped event's envelope)."""
-    texts: list[str]
     first_seq: int
+    last_seq: int
+    """The newest delta's seq (its envelope is the shaped event's envelope)."""
     end_ms: int
     ts: str = ""
     """When the window opened, on the stream's clock: the shaped event's ``ts``."""
@@ -98,9 +104,12 @@ _KEY_SUFFIX: dict[type, str] = {
 
 
 class DeltaCoalescer:
-    """Shapes one delivery stream: feed raw events in seq order, get shaped events."""
+    """Shapes one delivery stream: feed raw events in seq order, get shaped events.
 
-    __slots__ = ("_first_end", "fed", "floor", "state", "window_ms")
+    ``state`` restored from a checkpoint needs ``raw``: the stream's raw events its windows
+    span (at least), for their deltas (:func:`window_deltas`)."""
+
+    __slots__ = ("_first_end", "deltas", "fed", "floor", "state", "window_ms")
 
     def __init__(
         self,
@@ -109,8 +118,11 @@ class DeltaCoalescer:
         window_ms: int = WINDOW_MS,
         floor: int = 0,
         fed: int | None = None,
+        raw: Iterable[Event] = (),
     ) -> None:
         self.state = state if state is not None else ShaperState()
+        self.deltas: dict[int, list[Delta]] = window_deltas(self.state, raw) if self.pending else {}
+        """Each window's deltas in seq order, by its first seq: kept here, not in the checkpoint."""
         self.window_ms = window_ms
         self.floor = floor
         """The seq of the last shaped event out (the next one's span starts after it)."""
@@ -163,15 +175,14 @@ class DeltaCoalescer:
         window = windows.get(key)
         if window is None:
             end_ms = clock + self.window_ms
-            windows[key] = Window(
-                last=event, texts=[event.payload.text], first_seq=event.seq, end_ms=end_ms,  # type: ignore[arg-type,union-attr]
-                ts=event.ts if now == clock else format_millis(clock),
-            )
+            windows[key] = Window(first_seq=event.seq, last_seq=event.seq, end_ms=end_ms,
+                                  ts=event.ts if now == clock else format_millis(clock))
+            self.deltas[event.seq] = [event]  # type: ignore[list-item]  # a delta (its suffix)
             if end_ms < self._first_end:
                 self._first_end = end_ms
         else:
-            window.last = event  # type: ignore[assignment]
-            window.texts.append(event.payload.text)  # type: ignore[union-attr]
+            window.last_seq = event.seq
+            self.deltas[window.first_seq].append(event)  # type: ignore[arg-type]
         if state.closes and key in state.closes:
             self._replay_close(key, event.seq)
         if state.held:
@@ -234,7 +245,7 @@ class DeltaCoalescer:
         bound = min(map(_last_seq, self.state.windows.values()), default=None)
         count = len(held) if bound is None else 0
         if bound is not None:
-            while count < len(held) and held[count].last.seq < bound:
+            while count < len(held) and held[count].last_seq < bound:
                 count += 1
         if count:
             for window in held[:count]:
@@ -253,12 +264,13 @@ class DeltaCoalescer:
             self._send(window, out)
 
     def _send(self, window: Window, out: list[Event]) -> None:
-        if window.last.seq > self.floor:  # else the shaped view has it (a successor's replay)
-            out.append(self._shaped(window))
+        deltas = self.deltas.pop(window.first_seq)
+        if window.last_seq > self.floor:  # else the shaped view has it (a successor's replay)
+            out.append(self._shaped(window, deltas))
 
-    def _shaped(self, window: Window) -> Event:
-        last = window.last
-        text = window.texts[0] if len(window.texts) == 1 else "".join(window.texts)
+    def _shaped(self, window: Window, deltas: list[Delta]) -> Event:
+        last = deltas[-1]
+        text = last.payload.text if len(deltas) == 1 else "".join([d.payload.text for d in deltas])
         first, self.floor = self.floor + 1, last.seq
         return replace(
             last, ts=window.ts or last.ts, payload=TextPayload(text=text), span=(first, last.seq)
@@ -270,9 +282,10 @@ def format_millis(millis: int) -> str:
     return format_ts(_EPOCH + timedelta(milliseconds=millis))
 
 
-_last_seq = attrgetter("last.seq")
+_last_seq = attrgetter("last_seq")
 """A window's last seq (C-level: read for every window a close or a release looks at)."""
 _END_MS = attrgetter("end_ms")
+_FIRST_SEQ = attrgetter("first_seq")
 
 
 def _first_end(windows: dict[str, Window]) -> float:
@@ -285,6 +298,35 @@ def window_key(event: Event) -> str | None:
     if suffix is None:
         return None
     return event.child_id + suffix if event.child_id else suffix
+
+
+def window_deltas(state: ShaperState, raw: Iterable[Event]) -> dict[int, list[Delta]]:
+    """The deltas of ``state``'s windows (open and held) by first seq, from the stream's raw
+    events: a window's are the deltas of its key (that of the delta at its first seq) within its
+    span — a key has one window at a time, so those are all of them.
+
+    A window whose deltas ``raw`` lacks (a replay log that lost them) is dropped from ``state``,
+    with a warning: its text cannot reach the shaped view, and the raw view keeps what it has."""
+    windows = [*state.held, *state.windows.values()]
+    if not windows:
+        return {}
+    start = min(map(_FIRST_SEQ, windows))
+    by_seq = {event.seq: event for event in raw if event.seq >= start and type(event) in _KEY_SUFFIX}
+    found: dict[int, list[Delta]] = {}
+    for window in windows:
+        opening = by_seq.get(window.first_seq)
+        key = window_key(opening) if opening is not None else None
+        deltas = [event for seq in range(window.first_seq, window.last_seq + 1)
+                  if (event := by_seq.get(seq)) is not None and window_key(event) == key]
+        if deltas and deltas[-1].seq == window.last_seq:
+            found[window.first_seq] = deltas  # type: ignore[assignment]  # deltas (their suffix)
+    lost = [window for window in windows if window.first_seq not in found]
+    if lost:
+        log.warning("the raw events of %d shaping window(s) from seq %d are missing; their text"
+                    " is left out of the shaped view", len(lost), lost[0].first_seq)
+        state.held = [window for window in state.held if window.first_seq in found]
+        state.windows = {key: window for key, window in state.windows.items() if window.first_seq in found}
+    return found
 
 
 def is_delta(event: Event) -> bool:

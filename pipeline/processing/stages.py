@@ -32,7 +32,7 @@ from ..core.envelope import Event
 from ..core.lines import encode_lines
 from ..core.retry import Outage, Retry
 from ..store.ports import RunHistory
-from .checkpoint import decode_checkpoint, settle_windows, unsent_windows
+from .checkpoint import decode_checkpoint, settle_windows, unsent_windows, window_span
 from .fanin import Misrooted
 from .intake import decode_batch
 from .logged import continued_checkpoint, hot_length, rebuilt_views, retired_checkpoint
@@ -213,7 +213,8 @@ class Stages:
         states = await self._load_states([info.run_id for info in silent])
         for info, state in zip(silent, states, strict=True):
             seen = info.updated_at.timestamp() if info.updated_at else None
-            self.processor.restore(info.run_id, state, last_activity=seen)
+            self.processor.restore(info.run_id, state, raw=await self._spanned(info.run_id, state),
+                                   last_activity=seen)
 
     def busy_until_now(self) -> None:
         if self._first_batch_at is not None:
@@ -334,8 +335,17 @@ class Stages:
                 await before_restore(missing)
             ordered = sorted(missing)
             for run_id, state in zip(ordered, await self._load_states(ordered), strict=True):
-                self.processor.restore(run_id, state)
+                self.processor.restore(run_id, state, raw=await self._spanned(run_id, state))
             missing = self.processor.missing(events)
+
+    async def _spanned(self, run_id: str, state: bytes | None) -> list[Event]:
+        """The raw events a stored checkpoint's shaping windows span (the deltas they hold, which
+        a checkpoint does not keep), from the replay log: written first, it holds them."""
+        span = window_span(state)
+        if span is None:
+            return []
+        first, last = span
+        return await self.retry(functools.partial(self.store.read, run_id, first - 1, last - first + 1))
 
     async def _load_states(self, run_ids: Sequence[str]) -> list[bytes | None]:
         """The stored checkpoints of streams, in order (None: a new stream).

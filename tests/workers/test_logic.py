@@ -26,7 +26,7 @@ class Streams:
 
     def feed(self, events: Sequence[Event]) -> None:
         for run_id in self.processor.missing(events):
-            self.processor.restore(run_id, self.states.get(run_id))
+            self.processor.restore(run_id, self.states.get(run_id), raw=self.raw[run_id])
         self._write(self.processor.process(events))
 
     def tick(self, now: float) -> None:

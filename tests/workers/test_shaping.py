@@ -8,6 +8,7 @@ and the live path equal to ``shape()``.
 
 from __future__ import annotations
 
+import copy
 import random
 
 import msgspec
@@ -15,7 +16,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from runwire.core.envelope import Event, replace, ts_ms
-from runwire.processing.checkpoint import settle_windows
+from runwire.processing.checkpoint import decode_checkpoint, settle_windows
 from runwire.processing.processor import Processor
 from runwire.processing.shaping import DeltaCoalescer, is_delta, shape
 from tests.shaped_checks import as_dicts, max_per_second, r1_excess, t2_problems, texts
@@ -108,7 +109,7 @@ def test_a_window_that_went_quiet_holds_back_later_ones_so_seq_increases() -> No
     raw = quiet_child()
     coalescer = DeltaCoalescer()
     assert [e for event in raw[:4] for e in coalescer.feed(event)] == []
-    assert [w.last.seq for w in coalescer.state.held] == [3]  # b's first window, waiting for a's
+    assert [w.last_seq for w in coalescer.state.held] == [3]  # b's first window, waiting for a's
     out = coalescer.feed(raw[4])  # 130 ms: a's window ends too, both go out
     assert [(e.child_id, e.seq, e.span, e.payload.text) for e in out] == [  # type: ignore[union-attr]
         ("a", 2, (1, 2), "a2"), ("b", 3, (3, 3), "b1b3")
@@ -141,7 +142,8 @@ def test_a_successor_restored_mid_run_with_windows_held_continues_exactly() -> N
     sent = [e for event in raw[:4] for e in first.feed(event)]
     assert first.state.held and first.state.windows
     stored = msgspec.msgpack.encode(first.state)
-    successor = DeltaCoalescer(msgspec.msgpack.decode(stored, type=type(first.state)), floor=first.floor)
+    successor = DeltaCoalescer(msgspec.msgpack.decode(stored, type=type(first.state)), floor=first.floor,
+                                raw=raw[:4])
     sent += [e for event in raw[4:] for e in successor.feed(event)] + successor.flush()
     assert sent == shape(raw)
 
@@ -199,12 +201,12 @@ def test_a_writer_that_died_between_its_shaped_and_raw_appends_is_continued_exac
     writer.feed(published[:3])  # checkpoint: a's window open with a0
     checkpoint = writer.states["run"]
     dead = Streams()
-    dead.states = dict(writer.states)
+    dead.states, dead.raw = dict(writer.states), copy.deepcopy(writer.raw)  # (the log has the raw events)
     dead.feed(published[3:6])  # a's window takes a1 and closes at 100 ms: sent
     sent = dead.shaped["run"]
     assert [(e.seq, e.payload.text) for e in sent] == [(4, "a0;a1;")]  # type: ignore[union-attr]
     successor = Streams()
-    successor.states = dict(dead.states)
+    successor.states, successor.raw = dict(dead.states), copy.deepcopy(writer.raw)
     successor.states["run"] = settle_windows(checkpoint, sent)  # the raw append never happened
     successor.shaped["run"] = list(writer.shaped["run"]) + list(sent)
     successor.feed(published[3:])  # the unacked batch again, then the rest
@@ -256,7 +258,8 @@ def test_any_input_r1_t2_every_character_once_and_live_equals_shape(
     first, second = Streams(), Streams()
     for start in range(0, cut, size):
         first.feed(events[start : min(cut, start + size)])
-    second.states = dict(first.states)  # a new process: only the checkpoints
+    second.states = dict(first.states)  # a new process: only the checkpoints ...
+    second.raw = copy.deepcopy(first.raw)  # ... and the raw events stored (the replay log)
     for start in range(cut, len(events), size):
         second.feed(events[start : start + size])
     assert first.shaped["run_any"] + second.shaped["run_any"] == shaped
@@ -277,3 +280,51 @@ def test_a_delta_stamped_before_the_end_of_a_window_a_tick_closed_opens_the_next
     assert [e.payload.text for e in closed + later] == ["a", "b"]  # type: ignore[union-attr]
     assert ts_ms(later[0].ts) - ts_ms(closed[0].ts) == 100
     assert t2_problems(as_dicts(closed + later)) == []
+
+
+def test_a_checkpoint_keeps_its_windows_spans_not_their_deltas() -> None:
+    """A window's deltas are in the raw view already: the checkpoint holds the window's span of
+    raw seqs, so it stays small however much text waits in it (here 200 KB), and a successor
+    given the raw events stored continues exactly (R1: every character once)."""
+    run = RunScript("run_big")
+    events = [run.text("x" * 1000 + f"{i};", ms=i // 4) for i in range(200)]
+    events.append(run.lifecycle("done", 100))
+    whole = Streams()
+    whole.feed(events)
+    first = Streams()
+    first.feed(events[:150])
+    state = first.states["run_big"]
+    assert len(state) < 1000
+    windows = decode_checkpoint(state).shaper.windows
+    assert [(window.first_seq, window.last_seq) for window in windows.values()] == [(1, 150)]
+    second = Streams()
+    second.states, second.raw = dict(first.states), copy.deepcopy(first.raw)
+    second.feed(events[150:])
+    assert first.shaped["run_big"] + second.shaped["run_big"] == whole.shaped["run_big"]
+    assert whole.shaped["run_big"] == shape(whole.raw["run_big"])
+    assert texts(as_dicts(whole.shaped["run_big"])) == {
+        (None, "text.delta"): "".join("x" * 1000 + f"{i};" for i in range(200))}
+
+
+def test_a_checkpoint_of_the_version_before_with_window_texts_is_continued_exactly() -> None:
+    """Checkpoints written before windows kept spans held each window's newest delta and texts
+    (on a bus or in a replay log when a worker is upgraded): restored, they continue exactly."""
+    run = RunScript("run_old")
+    events = [run.text(f"t{i};", ms=i * 10) for i in range(12)] + [run.lifecycle("done", 200)]
+    whole = Streams()
+    whole.feed(events)
+    first = Streams()
+    first.feed(events[:5])
+    old = msgspec.msgpack.decode(first.states["run_old"])
+    raw = first.raw["run_old"]
+    windows = old["shaper"]["windows"]
+    assert windows
+    for window in windows.values():
+        spanned = raw[window["first_seq"] - 1 : window.pop("last_seq")]
+        window["last"] = msgspec.to_builtins(spanned[-1])
+        window["texts"] = [event.payload.text for event in spanned]  # type: ignore[union-attr]
+    second = Streams()
+    second.states, second.raw = {"run_old": msgspec.msgpack.encode(old)}, copy.deepcopy(first.raw)
+    second.feed(events[5:])
+    assert first.shaped["run_old"] + second.shaped["run_old"] == whole.shaped["run_old"]
+    assert texts(as_dicts(whole.shaped["run_old"])) == {(None, "text.delta"): "".join(f"t{i};" for i in range(12))}

@@ -205,9 +205,9 @@ class SQLiteLog(ReplayLog):
         same upsert of its metadata (:func:`~.runmeta.upsert_run_sql`).
         """
         db = self._db
-        checkpoints = checkpoints_of(streams)
         with transaction(db):
             plan = ascending_segments(streams)
+            checkpoints = checkpoints_of(streams, ascending=plan is not None)
             fresh: Sequence[tuple[str, Sequence[Event]]]
             if plan is not None and db.execute(STORED_PAST, (ids_json.encode(plan[1]),)).fetchone() is None:
                 execute_rows(db, INSERT_SEGMENTS, 4, plan[0])

@@ -202,14 +202,15 @@ def ascending_segments(
     return params, starts
 
 
-def checkpoints_of(streams: Sequence[LogStream]) -> dict[str, tuple[bytes, int]]:
+def checkpoints_of(streams: Sequence[LogStream], *, ascending: bool = False) -> dict[str, tuple[bytes, int]]:
     """The checkpoint each run's part of a write carries, with that part's last seq (a run
-    given twice: the part ending further)."""
+    given twice: the part ending further); ``ascending``: each part's seqs ascend (a caller's
+    check said so), so its last event's is its last seq."""
     found: dict[str, tuple[bytes, int]] = {}
     for stream in streams:
         checkpoint = stream_checkpoint(stream)
         if checkpoint is not None and stream[1]:
-            last = max(map(seq_of, stream[1]))
+            last = stream[1][-1].seq if ascending else max(map(seq_of, stream[1]))
             if stream[0] not in found or found[stream[0]][1] <= last:
                 found[stream[0]] = (checkpoint, last)
     return found
