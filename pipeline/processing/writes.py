@@ -84,6 +84,16 @@ class WritePipeline(Generic[A]):
             write.task.result()  # type: ignore[union-attr]  # a failed write fails the runtime
         return not self._writes or (len(self._writes) < 2 and self._writes[-1].logged.is_set())
 
+    @property
+    def has_pending(self) -> bool:
+        """Whether anything processed waits for a write."""
+        return bool(self.pending or self.pending_acks)
+
+    async def until_logged(self) -> None:
+        """Until the newest write in flight has its replay-log part done (at once: none in flight)."""
+        if self._writes:
+            await self._writes[-1].logged.wait()
+
     def writing(self, run_ids: set[str]) -> bool:
         """Whether any of ``run_ids`` is pending or in a write in flight."""
         return not run_ids.isdisjoint(self.pending) or any(

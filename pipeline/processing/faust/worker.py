@@ -141,7 +141,7 @@ class FaustWorker:
                     await self._process(intake.take(TAKE))
                     if self.writes.ready() or self.writes.pending_entries >= PENDING_ENTRIES:
                         await self.writes.write_pending()
-                else:
+                elif not self.writes.has_pending or self.writes.ready():
                     await self.writes.flush()
                     idle = time.monotonic() - self._last_batch > BURST_IDLE_S
                     if self.burst and self._assigned and idle:
@@ -152,10 +152,22 @@ class FaustWorker:
                     next_tick = now + TICK_S
                     await self._tick()
                 if not intake.messages:
-                    with contextlib.suppress(TimeoutError):
-                        await asyncio.wait_for(intake.ready.wait(), TICK_S)
+                    await self._wait_for_records()
         finally:
             await self.writes.flush()
+
+    async def _wait_for_records(self) -> None:
+        """Until records arrive (at most :data:`TICK_S`) — or, while what is pending waits behind
+        a write in its replay-log part, until that part is done. What is pending cannot be logged
+        before it anyway, so records fetched meanwhile join it: under a backlog the intake runs
+        dry between two fetches, and flushing there made writes of a third the size (each costs
+        the log an upsert per run it touches)."""
+        waits: list[asyncio.Future[Any]] = [asyncio.ensure_future(self.intake.ready.wait())]
+        if self.writes.has_pending and not self.writes.ready():
+            waits.append(asyncio.ensure_future(self.writes.until_logged()))
+        _, waiting = await asyncio.wait(waits, timeout=TICK_S, return_when=asyncio.FIRST_COMPLETED)
+        for wait in waiting:
+            wait.cancel()
 
     async def _process(self, messages: list[Any]) -> int:
         """Process a batch into the pending write; returns how many events it took.
