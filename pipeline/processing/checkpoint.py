@@ -9,12 +9,13 @@ settles a checkpoint against the shaped view its writer already appended.
 from __future__ import annotations
 
 from collections.abc import Sequence
+from typing import Any
 
 import msgspec
 
 from ..core.envelope import Event
 from .sequencing import SequencerState
-from .shaping import ShaperState, Window, window_key
+from .shaping import ShaperState, window_key
 
 
 class Checkpoint(msgspec.Struct, kw_only=True, omit_defaults=True):
@@ -28,35 +29,8 @@ class Checkpoint(msgspec.Struct, kw_only=True, omit_defaults=True):
     ``(sequencer.last_seq, shaped_seq)``."""
 
 
-class _SeqOf(msgspec.Struct):
-    seq: int
-
-
-class _WindowV1(msgspec.Struct, kw_only=True):
-    """A window as checkpoints kept it before they kept spans: its newest delta and its texts."""
-
-    last: _SeqOf
-    first_seq: int
-    end_ms: int
-    ts: str = ""
-
-
-class _ShaperV1(msgspec.Struct, kw_only=True, omit_defaults=True):
-    windows: dict[str, _WindowV1] = {}
-    held: list[_WindowV1] = []
-    clock: int = 0
-    closes: dict[str, list[int]] = {}
-
-
-class _CheckpointV1(msgspec.Struct, kw_only=True, omit_defaults=True):
-    sequencer: SequencerState = msgspec.field(default_factory=SequencerState)
-    shaper: _ShaperV1 = msgspec.field(default_factory=_ShaperV1)
-    shaped_seq: int = 0
-
-
 _encoder = msgspec.msgpack.Encoder()
 _decoder = msgspec.msgpack.Decoder(Checkpoint)
-_decoder_v1 = msgspec.msgpack.Decoder(_CheckpointV1)
 
 
 def encode_checkpoint(checkpoint: Checkpoint) -> bytes:
@@ -64,20 +38,24 @@ def encode_checkpoint(checkpoint: Checkpoint) -> bytes:
 
 
 def decode_checkpoint(data: bytes) -> Checkpoint:
-    """A stored checkpoint, of this version or of the one before (whose windows held their deltas'
-    texts: read as their spans, the deltas are read back from the raw view as for any other)."""
+    """A stored checkpoint, of this version or of the one before (whose windows held their
+    newest delta and their texts: read as their spans, the deltas are read back from the raw
+    view as for any other)."""
     try:
         return _decoder.decode(data)
-    except msgspec.ValidationError:
-        old = _decoder_v1.decode(data)
-    return Checkpoint(sequencer=old.sequencer, shaped_seq=old.shaped_seq, shaper=ShaperState(
-        windows={key: _window(window) for key, window in old.shaper.windows.items()},
-        held=[_window(window) for window in old.shaper.held],
-        clock=old.shaper.clock, closes=old.shaper.closes))
+    except msgspec.ValidationError as error:
+        try:
+            return _from_texts(msgspec.msgpack.decode(data))
+        except (msgspec.ValidationError, AttributeError, KeyError, TypeError):
+            raise error from None
 
 
-def _window(old: _WindowV1) -> Window:
-    return Window(first_seq=old.first_seq, last_seq=old.last.seq, end_ms=old.end_ms, ts=old.ts)
+def _from_texts(old: dict[str, Any]) -> Checkpoint:
+    shaper = old.get("shaper", {})
+    for window in [*shaper.get("windows", {}).values(), *shaper.get("held", [])]:
+        window["last_seq"] = window.pop("last")["seq"]
+        window.pop("texts")
+    return msgspec.convert(old, Checkpoint)
 
 
 def unsent_windows(data: bytes | None) -> int | None:
