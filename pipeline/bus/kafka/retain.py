@@ -44,7 +44,6 @@ import time
 from collections import deque
 from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import Any
 
 from aiokafka import TopicPartition
 from aiokafka.admin import AIOKafkaAdminClient
@@ -195,7 +194,8 @@ class Kept(Confirming):
             low: dict[int, int] | None = None
             now = time.monotonic()
             asked = [group[0] for group in groups if self._others.get(group[0], 0.0) <= now]
-            answers = await guard("group offsets", _offsets(admin, asked, wanted))
+            answers = await guard("group offsets", asyncio.gather(*(
+                admin.list_consumer_group_offsets(group, partitions=wanted) for group in asked)))
             for group, offsets in zip(asked, answers, strict=True):
                 found = {tp.partition: meta.offset for tp, meta in offsets.items()}
                 if all(offset < 0 for offset in found.values()):
@@ -246,18 +246,3 @@ class Kept(Confirming):
     async def close(self) -> None:
         await super().close()
         await self._close_admin()
-
-
-async def _offsets(admin: AIOKafkaAdminClient, groups: list[str], wanted: list[TopicPartition]) -> list[Any]:
-    """Each group's committed offsets of ``wanted``, asked at once. When one ask fails the others
-    are cancelled and awaited before the failure goes on: an ask left running (``gather`` leaves
-    them) opened its coordinator's connection after the admin client was closed, never closed."""
-    asks = [asyncio.ensure_future(admin.list_consumer_group_offsets(group, partitions=wanted))
-            for group in groups]
-    try:
-        return list(await asyncio.gather(*asks))
-    except BaseException:
-        for ask in asks:
-            ask.cancel()
-        await asyncio.gather(*asks, return_exceptions=True)
-        raise
