@@ -27,6 +27,9 @@ class Confirming:
 
     def __init__(self) -> None:
         self._task: asyncio.Task[None] | None = None
+        self._rounds = asyncio.Lock()
+        """One round at a time: the task's and a closing process's would otherwise both let go of
+        the same confirmed entries, and share (and close) one another's clients mid-call."""
 
     async def confirm(self) -> None:
         """One round of checks: send again what the bus lost, let go of what the groups are
@@ -45,6 +48,10 @@ class Confirming:
     async def _confirming(self) -> None:
         while self.bytes > 0:
             await asyncio.sleep(CONFIRM_INTERVAL_S)
+            await self._round()
+
+    async def _round(self) -> None:
+        async with self._rounds:
             try:
                 await self.confirm()
             except Exception as exc:  # a bus outage: the publish path reports it; retry next round
@@ -55,10 +62,7 @@ class Confirming:
         loop = asyncio.get_running_loop()
         deadline = loop.time() + wait_s
         while self.awaited() and loop.time() < deadline:
-            try:
-                await self.confirm()
-            except Exception as exc:
-                log.debug("confirming kept ingest entries: %s", exc)
+            await self._round()
             if self.awaited():
                 await asyncio.sleep(min(CONFIRM_INTERVAL_S / 5, max(0.0, deadline - loop.time())))
 

@@ -167,3 +167,22 @@ async def test_a_reader_whose_life_token_another_bus_replaced_reads_that_buss_re
         assert reader_bus.life.token == b"a-later-token" and held in reader_bus.life.former
         assert reader_bus.life.dropped == 0
         await reader.close()
+
+
+async def test_rounds_at_once_let_go_only_of_what_the_group_committed(kafka_url: str) -> None:
+    """A closing process's rounds (``drain``) and the task's run one at a time: two at once each
+    counted the same committed batches and each let them go — the second taking batches no group
+    had read, which a broker loss would then lose (and they shared, and closed, one admin client
+    under each other's asks)."""
+    async with open_bus(_url(kafka_url, shards=1)) as bus:
+        assert isinstance(bus, KafkaBus)
+        for s in range(1, 6):
+            await bus.publish([event("run-c", s)])
+        await bus.kept.close()  # no round until the committed batches have company
+        reader = bus.consumer("g", "c")
+        assert len(await drain(reader, 5)) == 5  # read and committed
+        await reader.close()
+        for s in range(6, 11):
+            await bus.publish([event("run-c", s)])  # no group reads these
+        await asyncio.gather(bus.kept.drain(1.5), bus.kept.drain(1.5), bus.kept.drain(1.5))
+        assert [len(part) for part in bus.kept.batches.values() if part] == [5]

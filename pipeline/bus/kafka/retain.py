@@ -42,8 +42,9 @@ import itertools
 import logging
 import time
 from collections import deque
-from collections.abc import Sequence
+from collections.abc import Awaitable, Iterable, Sequence
 from dataclasses import dataclass
+from typing import TypeVar, cast
 
 from aiokafka import TopicPartition
 from aiokafka.admin import AIOKafkaAdminClient
@@ -52,6 +53,7 @@ from ..confirming import Confirming
 from .io import KafkaLink, Record, Sent, guard, started
 
 log = logging.getLogger(__name__)
+T = TypeVar("T")
 
 OTHERS_EVERY_S = 10.0
 """How often a group found committed on none of the ingest partitions is asked again (a broker
@@ -194,8 +196,8 @@ class Kept(Confirming):
             low: dict[int, int] | None = None
             now = time.monotonic()
             asked = [group[0] for group in groups if self._others.get(group[0], 0.0) <= now]
-            answers = await guard("group offsets", asyncio.gather(*(
-                admin.list_consumer_group_offsets(group, partitions=wanted) for group in asked)))
+            answers = await guard("group offsets", _every_answer(
+                admin.list_consumer_group_offsets(group, partitions=wanted) for group in asked))
             for group, offsets in zip(asked, answers, strict=True):
                 found = {tp.partition: meta.offset for tp, meta in offsets.items()}
                 if all(offset < 0 for offset in found.values()):
@@ -246,3 +248,14 @@ class Kept(Confirming):
     async def close(self) -> None:
         await super().close()
         await self._close_admin()
+
+
+async def _every_answer(asks: Iterable[Awaitable[T]]) -> list[T]:
+    """Each ask's answer, asked at once; the first failure raised only once every ask has ended
+    (``gather`` leaves the others running, and one would open its coordinator's connection after
+    the failure had closed the admin client: never closed)."""
+    answers = await asyncio.gather(*asks, return_exceptions=True)
+    for answer in answers:
+        if isinstance(answer, BaseException):
+            raise answer
+    return cast(list[T], answers)
