@@ -14,7 +14,8 @@ What it guarantees:
   increase within every run; ``ts`` is the emit time (RFC 3339, ms).
 * **Batching.** Events wait at most ``linger_ms`` (or until ``max_batch``
   are queued, or a ``flush``) and go out in one ``Bus.publish`` call. One batch is in flight
-  at a time, so per-run order is the emit order.
+  at a time, so per-run order is the emit order. A run's deltas queued back to back
+  (``Run.delta_nowait``) are one delta of their texts while they wait (``join_deltas``).
 * **Bounded memory.** At most ``max_pending`` events and ``max_pending_bytes``
   encoded bytes are queued, plus the one batch in flight (≤ ``max_batch``);
   past that ``emit`` waits. Nothing is dropped silently. The queue refills
@@ -53,7 +54,7 @@ import logging
 import time
 from collections import OrderedDict, deque
 from collections.abc import AsyncIterator, Coroutine, Iterable, Mapping
-from typing import Any
+from typing import Any, cast
 
 import msgspec
 from redis.backoff import FullJitterBackoff
@@ -143,6 +144,31 @@ the run's canonical bytes around them (:meth:`Run._template`)."""
 _Template = tuple[bytes, str, str, str, str]
 """A run's text delta as the parts around its text, id, ts and seq."""
 
+JOIN_BYTES = 16 << 10
+"""The most text (JSON-encoded) one joined delta carries: past it the next delta is an event of
+its own (well under ``DELTA_CHARS`` and the frame limit)."""
+
+
+class _Join:
+    """A run's delta still in the queue, and the deltas that followed it while nothing else was
+    queued (their texts joined: :meth:`Run.delta_nowait`): its bytes are made when the flusher
+    takes it."""
+
+    __slots__ = ("head", "rest", "room", "seq", "texts", "type")
+
+    def __init__(self, type: str, head: bytes, text: str, rest: bytes, room: int, seq: int) -> None:
+        self.type = type
+        self.head = head
+        self.texts = [text]
+        self.rest = rest
+        self.room = room
+        """Encoded text it may still take (of :data:`JOIN_BYTES`)."""
+        self.seq = seq
+
+    def seal(self) -> bytes:
+        """Its bytes: one delta of the texts joined (each one encoded already: so are they)."""
+        return b"".join((self.head, _encoder.encode("".join(self.texts)), self.rest))
+
 
 class Run:
     """One run's publishing handle: assigns seq, id and ts, and enqueues on the publisher."""
@@ -175,6 +201,8 @@ class Run:
             if v is not None
         }
         self._templates: dict[str, _Template | None] = {}
+        self._join: _Join | None = None
+        """Its last delta queued with room for more text (:meth:`delta_nowait`)."""
 
     def event(self, type: str, payload: Mapping[str, Any] | msgspec.Struct,
               ext: dict[str, Any] | None = None) -> Event:
@@ -243,8 +271,11 @@ class Run:
     def delta_nowait(self, type: str, text: str) -> bool:
         """A ``text.delta`` or ``reasoning.delta`` queued as :meth:`emit_nowait` would (the same
         bytes), without an event object: its text, id, ts and seq are spliced into the run's
-        canonical bytes around them. False when the publisher has no room now (nothing is
-        published, no seq is used up). Raises what :meth:`emit_nowait` raises."""
+        canonical bytes around them. While the run's last delta of ``type`` is still the last
+        thing queued (the flusher has not taken it, nothing else was queued since), ``text`` is
+        joined to it instead (``Publisher(join_deltas=False)``: never). False when the publisher
+        has no room now (nothing is published, no seq is used up). Raises what
+        :meth:`emit_nowait` raises."""
         try:
             template = self._templates[type]
         except KeyError:
@@ -254,6 +285,20 @@ class Run:
         publisher = self.publisher
         if publisher._failure is not None:
             publisher._raise_failure()
+        try:
+            text_json = _encoder.encode(text)
+        except UnicodeEncodeError as exc:
+            raise _not_unicode(exc) from None
+        join = self._join
+        if join is not None and join.type == type:
+            encoded = publisher._encoded
+            if encoded and encoded[-1] is join:
+                added = len(text_json) - 2  # the bytes it adds: JSON escapes char by char
+                if added <= join.room and publisher._queued_bytes + added <= publisher.max_pending_bytes:
+                    join.texts.append(text)
+                    join.room -= added
+                    publisher._queued_bytes += added
+                    return True
         head, after_text, after_id, after_ts, tail = template
         clock = publisher._clock  # _Clock.stamp's common case inline: a call and a tuple less
         rand = clock._rand + 1
@@ -263,17 +308,18 @@ class Run:
         else:
             event_id, ts = clock.stamp()
         seq = self.seq + 1
-        try:
-            text_json = _encoder.encode(text)
-        except UnicodeEncodeError as exc:
-            raise _not_unicode(exc) from None
-        data = b"".join((head, text_json,
-                         f"{after_text}{event_id}{after_id}{ts}{after_ts}{seq}{tail}".encode()))
-        size = len(data)
+        rest = f"{after_text}{event_id}{after_id}{ts}{after_ts}{seq}{tail}".encode()
+        size = len(head) + len(text_json) + len(rest)
         if size > envelope.MAX_FRAME_BYTES:
             raise MalformedFrame(f"event is {size} bytes encoded, over the "
                                  f"{envelope.MAX_FRAME_BYTES}-byte limit")
-        if not publisher._offer(self, data, size):  # the run routes the bytes (bus.base.Routed)
+        if publisher.join_deltas and len(text_json) <= JOIN_BYTES:
+            join = _Join(type, head, text, rest, JOIN_BYTES - len(text_json), seq)
+            if not publisher._offer(self, join, size):  # the run routes the bytes (bus.base.Routed)
+                return False
+            publisher._joins += 1
+            self._join = join
+        elif not publisher._offer(self, b"".join((head, text_json, rest)), size):
             return False
         self.seq = seq
         return True
@@ -339,8 +385,13 @@ class Publisher(AsyncResource):
         backoff_cap: float = 1.0,
         backoff_base: float = 0.01,
         own_bus: bool = False,
+        join_deltas: bool = True,
     ) -> None:
         self.bus = bus
+        self.join_deltas = join_deltas
+        """A run's text or reasoning deltas queued back to back (``Run.delta_nowait``, every
+        integration's token path) go as one delta of their texts, where the linger would have
+        sent them in one batch anyway; False: one event per delta."""
         self.linger = linger_ms / 1000
         self.max_batch = max_batch
         self._yield_every = max(1, max_batch // 4)
@@ -361,9 +412,12 @@ class Publisher(AsyncResource):
         self._roots: OrderedDict[str, tuple[str, str | None]] = OrderedDict()
         """Runs this publisher started: run id → (its root, its tenant), newest last (bounded)."""
         self._queue: deque[Event | Run] = deque()
-        self._encoded: deque[bytes] = deque()
-        """Each queued event's canonical JSON: its size is what the byte bound counts, and a
-        bus sends these bytes (``Bus.publish``'s ``data``) instead of encoding again."""
+        self._encoded: deque[bytes | _Join] = deque()
+        """Each queued event's canonical JSON (a joined delta's made when it is taken): its size
+        is what the byte bound counts, and a bus sends these bytes (``Bus.publish``'s ``data``)
+        instead of encoding again."""
+        self._joins = 0
+        """Joined deltas in :attr:`_encoded`, their bytes still to make."""
         self._count = 0
         """Events queued or in flight."""
         self._queued = 0
@@ -371,7 +425,7 @@ class Publisher(AsyncResource):
         self._queued_bytes = 0
         self._in_flight: list[Event | Run] = []
         """The batch on its way: each event, or the run of one queued as bytes only."""
-        self._in_flight_data: list[bytes] = []
+        self._in_flight_data: list[bytes | _Join] = []
         self._in_flight_bytes = 0
         self._loop: asyncio.AbstractEventLoop | None = None
         self._asleep = False
@@ -579,7 +633,7 @@ class Publisher(AsyncResource):
             envelope.check_encoded(event, data)  # what a worker would dead-letter is refused here
         return None if self._offer(event, data, size) else data
 
-    def _offer(self, item: Event | Run, data: bytes, size: int, *, room: bool = False) -> bool:
+    def _offer(self, item: Event | Run, data: bytes | _Join, size: int, *, room: bool = False) -> bool:
         """Queue ``data`` (``size`` bytes), routed by ``item``, when the bounds leave room for it
         (or ``room``: the caller waited for it); False, queuing nothing, when they don't."""
         queued = self._queued
@@ -657,7 +711,11 @@ class Publisher(AsyncResource):
             else:
                 self._in_flight = [queue.popleft() for _ in range(take)]
                 self._in_flight_data = [encoded.popleft() for _ in range(take)]
-            data = self._in_flight_data
+            if self._joins:
+                self._in_flight_data = [item if item.__class__ is bytes else item.seal()  # type: ignore[union-attr]
+                                        for item in self._in_flight_data]
+                self._joins = sum(item.__class__ is _Join for item in encoded) if encoded else 0
+            data = cast(list[bytes], self._in_flight_data)
             self._in_flight_bytes = sum(map(len, data))
             self._queued -= take
             self._queued_bytes -= self._in_flight_bytes
@@ -722,11 +780,13 @@ class Publisher(AsyncResource):
             self._idle.set()
 
     def _give_up(self, why: str) -> None:
-        lost = [(item.run_id, _seq_of(data).seq if isinstance(item, Run) else item.seq)
+        lost = [(item.run_id, item.seq if not isinstance(item, Run) else
+                 data.seq if isinstance(data, _Join) else _seq_of(data).seq)
                 for item, data in zip([*self._in_flight, *self._queue],
                                       [*self._in_flight_data, *self._encoded], strict=True)]
         self._queue.clear()
         self._encoded.clear()
+        self._joins = 0
         self._in_flight, self._in_flight_data = [], []
         self._count = self._queued = self._queued_bytes = self._in_flight_bytes = 0
         undelivered = lost

@@ -1,6 +1,7 @@
 """A text or reasoning delta queued as bytes (``Run.delta_nowait``, every framework token's path).
 
-The publisher splices the delta's text, id, ts and seq into the run's canonical bytes instead of
+Deltas of a run queued back to back are one delta of their texts (what the linger would have
+sent in one batch: fewer, larger events, the same text, in order). The publisher splices the delta's text, id, ts and seq into the run's canonical bytes instead of
 building and encoding an event: the bytes must be exactly those ``emit`` would have queued for
 the same event, and every bus must carry them to the workers (Koder agent stream §2: the
 envelope's fields; invariant 4 of docs/architecture.md: nothing lost silently).
@@ -12,16 +13,18 @@ import random
 import uuid
 from collections.abc import Iterator
 
+import msgspec
 import pytest
 
 from runwire import Publisher
 from runwire.core.envelope import TextPayload, decode_lines, encode
 from runwire.core.errors import DeliveryTimeout, MalformedFrame
-from runwire.sdk.publisher import Run, _Clock
+from runwire.sdk.publisher import JOIN_BYTES, Run, _Clock
 from tests.bus.reading import consume
 from tests.services import RedisServer
 
 DELTAS = ("text.delta", "reasoning.delta")
+encode_text = msgspec.json.Encoder().encode
 
 
 def texts() -> list[str]:
@@ -66,7 +69,8 @@ async def test_a_delta_queued_as_bytes_is_what_emit_queues(fields: dict[str, str
     queued: list[list[bytes]] = []
     spliced = 0
     for fast in (True, False):
-        async with Publisher.connect(f"memory://d{uuid.uuid4().hex[:8]}", linger_ms=600_000) as pub:
+        async with Publisher.connect(f"memory://d{uuid.uuid4().hex[:8]}", linger_ms=600_000,
+                                     join_deltas=False) as pub:
             pub._clock = _Frozen()
             run = pub.run("run-ü\"1" if fields else "run-1", **fields)  # type: ignore[arg-type]
             for text in texts():
@@ -121,7 +125,7 @@ async def test_a_give_up_names_the_deltas_queued_as_bytes(own_redis: RedisServer
     """With the bus down past ``delivery_timeout``, DeliveryTimeout names every delta queued as
     bytes by its run and seq, among events queued as objects."""
     async with Publisher.connect(own_redis.url, max_pending=50, max_batch=10, delivery_timeout=1.5,
-                                 linger_ms=1, backoff_cap=0.2) as pub:
+                                 linger_ms=1, backoff_cap=0.2, join_deltas=False) as pub:
         run = pub.run("run-down")
         own_redis.stop()
         assert run.emit_nowait("tool.start", {"call_id": "c1", "tool": "grep"}) is not None
@@ -136,3 +140,80 @@ async def test_a_give_up_names_the_deltas_queued_as_bytes(own_redis: RedisServer
         await pub.flush()
     got = await consume(own_redis.url, 1)
     assert [(e.seq, e.payload.text) for e in got] == [(51, "after")]  # type: ignore[union-attr]
+
+
+async def test_deltas_queued_back_to_back_are_one_delta_of_their_texts(sdk_url: str) -> None:
+    """A run's deltas while nothing else is queued are one event: its text theirs joined, its
+    id, ts and seq the first's, its bytes what ``emit`` makes of that text. A delta of the other
+    type, another run's event or the flusher taking the batch starts a new one; seqs stay
+    contiguous and each run's text arrives whole and in order on every bus."""
+    async with Publisher.connect(sdk_url, linger_ms=600_000) as pub:
+        root = pub.run("run-joined", tenant="acme")
+        child = pub.run("run-joined-leaf", parent=root)
+        pieces = texts()[:60]
+        for text in pieces[:20]:
+            assert root.delta_nowait("text.delta", text)
+        assert root.seq == 1 and len(pub._encoded) == 1
+        assert root.delta_nowait("reasoning.delta", "think")  # another type: an event of its own
+        assert root.delta_nowait("reasoning.delta", "ing")
+        for text in pieces[20:40]:
+            assert root.delta_nowait("text.delta", text)
+        assert child.delta_nowait("text.delta", "leaf")  # another run's event in between
+        for text in pieces[40:]:
+            assert root.delta_nowait("text.delta", text)
+        assert root.seq == 4 and child.seq == 1 and pub.pending == 5
+        await pub.flush()
+        for text in ("after ", "the ", "flush"):
+            assert root.delta_nowait("text.delta", text)
+        await pub.flush()
+    got = [e for e in await consume(sdk_url, 6) if e.run_id == "run-joined"]
+    assert [(e.seq, e.type) for e in got] == [(1, "text.delta"), (2, "reasoning.delta"),
+                                             (3, "text.delta"), (4, "text.delta"), (5, "text.delta")]
+    texts_of = [e.payload.text for e in got]  # type: ignore[union-attr]
+    assert texts_of == ["".join(pieces[:20]), "thinking", "".join(pieces[20:40]),
+                        "".join(pieces[40:]), "after the flush"]
+
+
+async def test_a_joined_delta_is_the_bytes_emit_makes_of_its_text() -> None:
+    """Byte for byte: joined texts of every kind (escapes, beyond the BMP, the empty text) make
+    the bytes ``emit`` queues for one delta of their concatenation, with the first's id and ts."""
+    pieces = texts()
+    async with Publisher.connect(f"memory://d{uuid.uuid4().hex[:8]}", linger_ms=600_000) as pub:
+        pub._clock = _Frozen()
+        run = pub.run("run-ü\"j", tenant="acme", thread="😀")
+        for text in pieces:
+            assert run.delta_nowait("text.delta", text)
+        joined = [item.seal() if not isinstance(item, bytes) else item for item in pub._encoded]  # type: ignore[union-attr]
+        queued = pub.pending_bytes
+    async with Publisher.connect(f"memory://d{uuid.uuid4().hex[:8]}", linger_ms=600_000) as pub:
+        pub._clock = _Frozen()
+        run = pub.run("run-ü\"j", tenant="acme", thread="😀")
+        cut, made = [], []
+        text = ""
+        for piece in pieces:  # where the joined ones were cut: at JOIN_BYTES of encoded text
+            if text and len(encode_text(text + piece)) - 2 > JOIN_BYTES:
+                cut.append(text)
+                text = ""
+            text += piece
+        cut.append(text)
+        for text in cut:
+            event = run.emit_nowait("text.delta", TextPayload(text=text))
+            assert event is not None
+            made.append(encode(event))
+    assert joined == made and len(made) > 1
+    assert queued == sum(map(len, made))  # the byte bound counted exactly what is sent
+
+
+async def test_a_full_byte_bound_refuses_a_delta_it_would_have_joined() -> None:
+    """Joining does not pass the byte bound: with no room left the delta is refused (False, no
+    seq used up) and goes once there is room."""
+    async with Publisher.connect(f"memory://d{uuid.uuid4().hex[:8]}", linger_ms=600_000,
+                                 max_pending_bytes=2000) as pub:
+        run = pub.run("run-bound")
+        while run.delta_nowait("text.delta", "x" * 50):
+            pass
+        assert run.seq == 1 and pub.pending_bytes <= 2000
+        refused = pub.pending_bytes
+        await pub.flush()
+        assert run.delta_nowait("text.delta", "x" * 50) and run.seq == 2
+        assert pub.published == 1 and refused > 1500

@@ -52,6 +52,20 @@ def text_of(events: list[dict[str, Any]]) -> str:
     return "".join(e["payload"]["text"] for e in events if e["type"] == "text.delta")
 
 
+def joins(published: list[str], pieces: list[str]) -> bool:
+    """Whether the published deltas are the framework's ``pieces``, each one or several of them
+    back to back joined (a publisher joins a run's deltas queued back to back), in order, every
+    piece once."""
+    rest = [piece for piece in pieces if piece]
+    for text in published:
+        taken = ""
+        while rest and len(taken) < len(text):
+            taken += rest.pop(0)
+        if taken != text:
+            return False
+    return not rest
+
+
 def states(events: list[dict[str, Any]]) -> list[str]:
     return [e["payload"]["state"] for e in events if e["type"] == "run.lifecycle"]
 
