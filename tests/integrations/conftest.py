@@ -26,9 +26,11 @@ async def pipe(redis_url: str, tmp_path: Path) -> AsyncIterator[Pipeline]:
 
 @pytest.fixture(params=["redis", "http"])
 async def publisher(request: pytest.FixtureRequest, pipe: Pipeline) -> AsyncIterator[Publisher]:
-    """A publisher of the agent's own, on the bus itself or through the edge's HTTP ingest."""
+    """A publisher of the agent's own, on the bus itself (deltas queued back to back joined, the
+    default) or through the edge's HTTP ingest (one event per framework delta, ``join_deltas``
+    off: the mapping compared delta by delta)."""
     url = pipe.url if request.param == "redis" else pipe.edge.url
-    async with Publisher.connect(url, linger_ms=1.0) as pub:
+    async with Publisher.connect(url, linger_ms=1.0, join_deltas=request.param == "redis") as pub:
         yield pub
 
 
@@ -52,11 +54,13 @@ def text_of(events: list[dict[str, Any]]) -> str:
     return "".join(e["payload"]["text"] for e in events if e["type"] == "text.delta")
 
 
-def joins(published: list[str], pieces: list[str]) -> bool:
-    """Whether the published deltas are the framework's ``pieces``, each one or several of them
-    back to back joined (a publisher joins a run's deltas queued back to back), in order, every
-    piece once."""
+def joins(published: list[str], pieces: list[str], publisher: Publisher | None = None) -> bool:
+    """Whether the published deltas are the framework's ``pieces`` (the empty ones aside), in
+    order, every piece once: one event each where ``publisher`` does not join deltas, else each
+    event one or several pieces queued back to back, joined."""
     rest = [piece for piece in pieces if piece]
+    if publisher is not None and not publisher.join_deltas:
+        return published == rest
     for text in published:
         taken = ""
         while rest and len(taken) < len(text):

@@ -146,9 +146,9 @@ async def test_text_tools_usage_and_result_are_what_adk_streams_and_returns(
                                       for p in e.content.parts or [] if not p.thought)
     assert text_of(events) == text_parts(adk_final) == text_parts(final)
     reasoning = [e["payload"]["text"] for e in events if e["type"] == "reasoning.delta"]
-    assert joins(reasoning, ["I should add. ", "Now ", "answer."])
+    assert joins(reasoning, ["I should add. ", "Now ", "answer."], publisher)
     assert joins([e["payload"]["text"] for e in events if e["type"] == "text.delta"],
-                 ["The sum ", "is ", "5, ", "and it is sunny."])
+                 ["The sum ", "is ", "5, ", "and it is sunny."], publisher)
     assert final is not None and final.author == "weather" and final.is_final_response()
     assert final.content == adk_final.content
     starts = [e["payload"] for e in events if e["type"] == "tool.start"]

@@ -95,7 +95,7 @@ async def test_text_tools_and_usage_are_published_as_the_sdk_streams_them(
     assert result.context_wrapper.usage.total_tokens == reference.context_wrapper.usage.total_tokens
     deltas = [e.data.delta for e in sdk_events
               if e.type == "raw_response_event" and e.data.type == "response.output_text.delta"]
-    assert joins([e["payload"]["text"] for e in events if e["type"] == "text.delta"], deltas)
+    assert joins([e["payload"]["text"] for e in events if e["type"] == "text.delta"], deltas, publisher)
     assert text_of(events) == "".join(ItemHelpers.text_message_outputs(result.new_items))
     assert text_of(events).endswith(result.final_output)
 

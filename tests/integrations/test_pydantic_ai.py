@@ -106,7 +106,7 @@ async def test_text_tools_and_usage_are_published_as_the_framework_streams_them(
                         for e in streamed
                         if (isinstance(e, PartStartEvent) and isinstance(e.part, TextPart))
                         or (isinstance(e, PartDeltaEvent) and isinstance(e.delta, TextPartDelta))]
-    assert joins(deltas, framework_deltas) and len(framework_deltas) > 1
+    assert joins(deltas, framework_deltas, publisher) and len(framework_deltas) > 1
     assert text_of(events) == ANSWER
 
     calls = {p.tool_call_id: p for m in result.all_messages() for p in m.parts
@@ -148,8 +148,8 @@ async def test_reasoning_and_text_deltas_are_exact(pipe: Pipeline, publisher: Pu
     result = await pydantic_ai.run(poet, "A haiku", publisher=publisher, run_id=run_id)
     events = await read_run(pipe, run_id)
     assert events[0]["ext"]["agent"]["name"] == poet.name == "poet"  # named as agent.run names it
-    assert joins([e["payload"]["text"] for e in events if e["type"] == "reasoning.delta"], thoughts)
-    assert joins([e["payload"]["text"] for e in events if e["type"] == "text.delta"], chunks)
+    assert joins([e["payload"]["text"] for e in events if e["type"] == "reasoning.delta"], thoughts, publisher)
+    assert joins([e["payload"]["text"] for e in events if e["type"] == "text.delta"], chunks, publisher)
     assert text_of(events) == result.output == "".join(chunks)
     assert [e["payload"]["model"] for e in events if e["type"] == "x.usage"] == ["thinker"]
 
