@@ -84,6 +84,11 @@ class WritePipeline(Generic[A]):
             write.task.result()  # type: ignore[union-attr]  # a failed write fails the runtime
         return not self._writes or (len(self._writes) < 2 and self._writes[-1].logged.is_set())
 
+    def idle(self) -> bool:
+        """Whether no write is in flight (the one before has its views written and acked too)."""
+        self.ready()  # (drops what is done; a failed write fails the runtime)
+        return not self._writes
+
     @property
     def has_pending(self) -> bool:
         """Whether anything processed waits for a write."""

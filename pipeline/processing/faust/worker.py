@@ -121,9 +121,14 @@ class FaustWorker:
 
         The writes go through the one write pipeline every runtime drives
         (:class:`~runwire.processing.writes.WritePipeline`): while a write is
-        in its replay-log part the next batches are processed and merged into
-        the pending write (up to :data:`PENDING_ENTRIES` entries), started
-        once that part is done. Writes keep batch order; entries are acked
+        in flight the next batches are processed and merged into the pending
+        write (up to :data:`PENDING_ENTRIES` entries). While fetched entries
+        keep coming (a backlog), that write starts once the one before is
+        wholly done, views and acks too; when the intake runs dry, once the
+        one before has its replay-log part done. Fewer, larger writes under a
+        backlog: each costs the log an upsert per run it touches, and faust's
+        fetches fill while the views go out (``docs/benchmarks.md`` § Workers).
+        Writes keep batch order; entries are acked
         after their writes. Ticks (shaping windows, silence) go through the
         same pipeline, after what was processed before them. On stop, what
         was processed is written.
@@ -139,7 +144,7 @@ class FaustWorker:
                     self._maybe_forget()
                     # no reference kept: a rebalance waits until each message is acked or gone
                     await self._process(intake.take(TAKE))
-                    if self.writes.ready() or self.writes.pending_entries >= PENDING_ENTRIES:
+                    if self.writes.idle() or self.writes.pending_entries >= PENDING_ENTRIES:
                         await self.writes.write_pending()
                 elif not self.writes.has_pending or self.writes.ready():
                     await self.writes.flush()
