@@ -12,7 +12,6 @@ from __future__ import annotations
 
 from collections.abc import Callable, Sequence
 from datetime import datetime
-from operator import attrgetter
 from typing import Any
 
 import msgspec
@@ -77,40 +76,37 @@ def _add(total: int, more: int) -> int:
     return min(INT64_MAX, total + max(0, more))
 
 
-_seq = attrgetter("seq")
-_ts = attrgetter("ts")
-_tenant = attrgetter("tenant")
-_parent = attrgetter("parent_id")
-_thread = attrgetter("thread_id")
-
-
 def summarize_run(run_id: str, events: Sequence[Event], *, ascending: bool = False) -> RunDelta:
     """The metadata delta of one run's newly stored events (any order, at least one;
     ``ascending``: in seq order, as a caller that checked it says).
 
-    Called for every stream of every worker write: the passes over the
-    events are C-level (``map``, stopping at the first hit where they can)
-    except where a rare field is present.
+    Called for every stream of every worker write, on the log's thread: each
+    pass over the events is a comprehension or a loop that stops at its first
+    hit, whose attribute reads the interpreter specializes — about a third of
+    the CPU of ``map`` over ``attrgetter`` (``bench/workers.py``, the log part).
     """
     if ascending:
         first_seq, last_seq = events[0].seq, events[-1].seq
     else:
-        seqs = list(map(_seq, events))
+        seqs = [event.seq for event in events]
         first_seq, last_seq = min(seqs), max(seqs)
-    stamps = list(map(_ts, events))
+    stamps = [event.ts for event in events]
     delta = RunDelta(
         run_id=run_id, events=len(events), first_seq=first_seq, last_seq=last_seq,
         first_ts=min(stamps), last_ts=max(stamps),
     )
-    if not _ONLY_NONE.issuperset(map(_tenant, events)):
-        delta.tenant = next(t for t in map(_tenant, events) if t is not None)
-    if not _ONLY_NONE.issuperset(map(_parent, events)):
-        linked = next((e for e in events if e.parent_id is not None and e.child_id is None), None)
-        if linked is not None:
-            delta.parent_id, delta.root_id = linked.parent_id, linked.root_id
-    if not _ONLY_NONE.issuperset(map(_thread, events)):
-        delta.thread_id = next(
-            (e.thread_id for e in events if e.thread_id is not None and e.child_id is None), None)
+    for event in events:
+        if event.tenant is not None:
+            delta.tenant = event.tenant
+            break
+    for event in events:
+        if event.parent_id is not None and event.child_id is None:
+            delta.parent_id, delta.root_id = event.parent_id, event.root_id
+            break
+    for event in events:
+        if event.thread_id is not None and event.child_id is None:
+            delta.thread_id = event.thread_id
+            break
     if not _METERED.isdisjoint(map(type, events)):
         for event in events:
             if type(event) in _METERED and event.child_id is None:
@@ -118,7 +114,6 @@ def summarize_run(run_id: str, events: Sequence[Event], *, ascending: bool = Fal
     return delta
 
 
-_ONLY_NONE = frozenset({None})
 
 
 def with_checkpoint(delta: RunDelta, checkpoint: bytes | None, last_seq: int) -> RunDelta:

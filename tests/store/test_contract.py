@@ -389,6 +389,28 @@ async def test_append_streams_is_append_of_the_same_rows(store_url: str, clock: 
     assert (child.parent_id, child.root_id, child.tenant, child.events) == ("sp", "sp", "acme", 2)
 
 
+async def test_a_write_of_many_runs_gives_each_run_its_own_metadata(store_url: str) -> None:
+    """One write touching 1,337 runs (more rows than one SQLite statement holds): each run's
+    events stored once, and its metadata from its own events — the tenant, parent and thread
+    from whichever of them carries one, not only the first; a fanned-in copy gives neither."""
+    runs = [f"m{index}" for index in range(1337)]
+    streams = _streams(*[(run, [
+        event(run, 1, second=9, child_id=f"{run}.k", parent_id="elsewhere", thread_id="not-mine"),
+        event(run, 2, second=3),
+        event(run, 3, second=7, tenant="acme", parent_id="p", root_id="r", thread_id=f"t-{run}"),
+    ]) for run in runs])
+    async with open_store(store_url) as log:
+        assert await log.append_streams(streams) == 3 * len(runs)
+        infos = await log.runs_by_id(runs)
+        stored = await log.read("m1336")
+    assert [e.seq for e in stored] == [1, 2, 3]
+    assert sorted(infos) == sorted(runs)
+    for run, info in infos.items():
+        assert (info.events, info.last_seq, info.tenant) == (3, 3, "acme"), run
+        assert (info.parent_id, info.root_id, info.thread_id) == ("p", "r", f"t-{run}"), run
+        assert (info.first_ts, info.last_ts) == (stored[1].ts, stored[0].ts), run
+
+
 def _streams(*groups: tuple[str, list[Event]]) -> list[tuple[str, list[Event], list[bytes]]]:
     return [(run, events, [envelope.encode(e) for e in events]) for run, events in groups]
 

@@ -7,7 +7,7 @@ from __future__ import annotations
 import functools
 import sqlite3
 from collections.abc import Iterable, Sequence
-from operator import attrgetter, eq, lt
+from operator import attrgetter, lt
 from typing import Any
 
 import msgspec
@@ -20,11 +20,11 @@ from ..retention import RetentionPolicy
 from ..runmeta import STATE_AFTER_MERGE, upsert_run_sql
 from .schema import SEGMENT_EVENTS
 
-ROWS_PER_STATEMENT = 500
-"""Rows per multi-row statement (an upsert of runs: 8 000 parameters, under SQLite's 32 766)."""
+ROWS_PER_STATEMENT = 512
+"""The most rows a multi-row statement holds (an upsert of runs: 9 728 parameters, under SQLite's 32 766)."""
 IDS_PER_QUERY = 1000
 """Run ids per ``IN (…)`` lookup (under SQLite's 32 766 parameters)."""
-INSERT_SEGMENTS = "INSERT INTO segments (run_id, first_seq, last_seq, body) VALUES "
+INSERT_SEGMENTS = "INSERT INTO segments (run_id, first_seq, last_seq, body) "
 STORED_PAST = (
     "SELECT 1 FROM json_each(?) AS start WHERE EXISTS (SELECT 1 FROM segments"
     " WHERE run_id = json_extract(start.value, '$[0]') AND last_seq >= json_extract(start.value, '$[1]'))"
@@ -37,7 +37,7 @@ STORED_PAST = (
 @functools.lru_cache(maxsize=128)
 def rows_sql(head: str, width: int, rows: int, tail: str) -> str:
     row = "(" + ",".join(["?"] * width) + ")"
-    return head + ",".join([row] * rows) + tail
+    return head + "VALUES " + ",".join([row] * rows) + tail
 
 
 def execute_rows(
@@ -53,24 +53,34 @@ def execute_rows(
     (100 k rows over ~600 runs, WAL, 16 KiB pages): ``executemany`` took
     76–660 µs a row instead of 5–6 µs alone; 500-row statements took ~19 µs
     a row while the main thread kept ~88 % of its speed.
+
+    The rows go in statements of a power of two rows each (337: 256, 64, 16
+    and 1), so a few texts in all are prepared once and then taken from the
+    connection's statement cache. Prepared afresh for each write's own number
+    of rows, parsing took ~7 % of the log thread's instructions in
+    ``bench/workers.py`` (Kafka); padding one statement to a round number of
+    rows with rows its ``WHERE`` leaves out cost more than that parse.
     """
-    most = db.getlimit(sqlite3.SQLITE_LIMIT_VARIABLE_NUMBER) // width  # 999 before SQLite 3.32
-    step = width * min(ROWS_PER_STATEMENT, most)
-    for start in range(0, len(params), step):
-        chunk = params[start : start + step]
-        db.execute(rows_sql(head, width, len(chunk) // width, tail), chunk)
+    most = min(ROWS_PER_STATEMENT, db.getlimit(sqlite3.SQLITE_LIMIT_VARIABLE_NUMBER) // width)  # 999 before 3.32
+    largest = 1 << (most.bit_length() - 1)
+    at, rows = 0, len(params) // width
+    while rows:
+        size = min(largest, 1 << (rows.bit_length() - 1))
+        db.execute(rows_sql(head, width, size, tail), params[at : at + width * size])
+        at += width * size
+        rows -= size
 
 
 @functools.lru_cache(maxsize=16)
 def upsert_runs(keep: tuple[float, float, float]) -> tuple[str, str]:
-    """The run upsert around its VALUES rows, for :func:`execute_rows` (19 values a row),
+    """The run upsert around its rows, for :func:`execute_rows` (19 values a row),
     setting ``expires_at`` as :meth:`ReplayLog.expiry` computes it with these keep times
     (seconds: done, aborted/error, unfinished) in the same statement."""
     done, failed, unfinished = (repr(float(seconds)) for seconds in keep)
     expires = (f"max(runs.updated_at, excluded.updated_at) + CASE {STATE_AFTER_MERGE} WHEN 'done' THEN {done}"
                f" WHEN 'aborted' THEN {failed} WHEN 'error' THEN {failed} ELSE {unfinished} END")
     statement = upsert_run_sql("?", "max", expires).rsplit("RETURNING", 1)[0]
-    head, tail = statement.replace("VALUES (" + ", ".join(["?"] * 19) + ")", "VALUES {rows}").split("{rows}")
+    head, tail = statement.split("VALUES (" + ", ".join(["?"] * 19) + ")")
     return head, tail
 
 
@@ -179,7 +189,7 @@ def ascending_segments(
     run's first seq; None for any other write.
 
     The usual stream (contiguous seqs, at most :data:`SEGMENT_EVENTS`) is one
-    join and a few C-level passes over its events.
+    join and one comprehension over its events' seqs.
     """
     params: list[Any] = []
     starts: list[tuple[str, int]] = []
@@ -189,10 +199,10 @@ def ascending_segments(
         if not count:
             continue
         first = events[0].seq
-        if count <= SEGMENT_EVENTS and all(map(eq, map(seq_of, events), range(first, first + count))):
+        seqs = [event.seq for event in events]
+        if count <= SEGMENT_EVENTS and seqs == list(range(first, first + count)):
             params += (run_id, first, first + count - 1, join_lines(encoded))
         else:
-            seqs = list(map(seq_of, events))
             if not all(map(lt, seqs, seqs[1:])):
                 return None
             add_segments(params, run_id, seqs, encoded)
