@@ -37,7 +37,7 @@ from .. import keys
 from ..base import Consumer, DeadLetter, Delivery, Fetched
 from ..ingest_entries import INGEST_ENTRY_EVENTS, OpenEntries
 from ..options import BusOptions
-from .io import KafkaLink, Record, guard, ingest_events, json_encoder, started
+from .io import INGEST_FETCH_WAIT_MS, KafkaLink, Record, guard, ingest_events, json_encoder, started
 from .life import LifeMarker
 
 log = logging.getLogger(__name__)
@@ -177,6 +177,7 @@ class KafkaConsumer(Consumer):
                 heartbeat_interval_ms=max(session // 4, 100),
                 rebalance_timeout_ms=max(session, 10_000),
                 request_timeout_ms=max(self.kafka.request_timeout_ms, session + 5000),
+                fetch_max_wait_ms=INGEST_FETCH_WAIT_MS,
             )
             client.subscribe([self.topic], listener=_Rebalance(self))
             await started("join group", client)

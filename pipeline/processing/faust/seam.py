@@ -17,6 +17,7 @@ faust-streaming's ``Consumer`` that are not a public API:
 ``_seek``                      a seek, replaced: on the consumer thread (:meth:`IngestConsumer._seek`)
 ``_new_consumer_thread``,      the thread's aiokafka consumer, its client's closed connections counted
 ``_create_consumer``, ``_client._on_connection_closed``  (:class:`IngestConsumerThread`)
+``_fetch_max_wait_ms``         aiokafka's, set before the consumer starts (faust hardcodes 1,500)
 ``_thread.call_thread``        runs a call on the thread owning the aiokafka consumer
 ``App._fetcher``               faust's Fetcher service, watched for a crash (:func:`faust_crash`)
 =============================  ===============================================
@@ -42,7 +43,7 @@ from faust.transport.consumer import CONSUMER_FETCHING
 from faust.transport.drivers import aiokafka as faust_kafka
 from faust.types import TP
 
-from ...bus.kafka.io import ingest_event_count
+from ...bus.kafka.io import INGEST_FETCH_WAIT_MS, ingest_event_count
 from ...core.errors import ConfigError, RunwireError
 
 log = logging.getLogger("runwire.faust")
@@ -334,10 +335,12 @@ class IngestConsumer(faust_kafka.Consumer):
 
 
 class IngestConsumerThread(faust_kafka.AIOKafkaConsumerThread):
-    """Faust's consumer thread, counting its aiokafka client's closed connections."""
+    """Faust's consumer thread, counting its aiokafka client's closed connections, its fetches
+    held by the broker no longer than the bus's own consumer's (:data:`INGEST_FETCH_WAIT_MS`)."""
 
     def _create_consumer(self, loop: asyncio.AbstractEventLoop) -> Any:
         consumer = super()._create_consumer(loop)
+        consumer._fetch_max_wait_ms = INGEST_FETCH_WAIT_MS  # faust passes 1,500; read at start()
         client, owner = consumer._client, cast(IngestConsumer, self.consumer)
         closed = client._on_connection_closed
 
