@@ -37,16 +37,7 @@ from .. import keys
 from ..base import Consumer, DeadLetter, Delivery, Fetched
 from ..ingest_entries import INGEST_ENTRY_EVENTS, OpenEntries
 from ..options import BusOptions
-from .io import (
-    INGEST_FETCH_WAIT_MS,
-    KafkaLink,
-    Record,
-    fetch_wait_after,
-    guard,
-    ingest_events,
-    json_encoder,
-    started,
-)
+from .io import INGEST_FETCH_WAIT_MS, KafkaLink, Record, guard, ingest_events, json_encoder, started
 from .life import LifeMarker
 
 log = logging.getLogger(__name__)
@@ -246,7 +237,6 @@ class KafkaConsumer(Consumer):
             if sum(map(len, batches.values())) < asked:
                 break  # nothing more is ready
             wait = 0
-        fetch_wait_after(client, bool(out))
         if out:
             await self._write_marks({d.shard for d in out})
         return out

@@ -32,29 +32,14 @@ COUNT_HEADER = "n"
 LIFE_HEADER = "l"  # an ingest record's broker life: the life marker's token when it was produced
 RECORD_EVENTS = 512
 INGEST_FETCH_WAIT_MS = 100
-"""How long the broker may hold an ingest consumer's fetch for records to arrive while records
-are coming (aiokafka's ``fetch_max_wait_ms``; faust passes 1,500, Kafka's default is 500).
-aiokafka keeps one fetch in flight per broker and leaves out of it the partitions whose fetched
-records the worker has not taken yet: once it takes them, their next fetch waits for that one to
-come back — held for this long when the partitions it asks for have nothing new. At 1,500 ms a
-backlog on some partitions beside caught-up ones came in steps up to a second apart
-(``bench/workers.py``, Kafka: one run in two at ~0.6x the events/s of the others)."""
-IDLE_FETCH_WAIT_MS = 500
-"""The same once a fetch found nothing: every partition is then in the fetch in flight, which the
-broker answers as soon as any of them has a record, so a longer hold delays nothing, and an idle
-consumer asks twice a second rather than ten times (see :func:`fetch_wait_after`)."""
-
-
-def fetch_wait_after(consumer: AIOKafkaConsumer, fetched: bool) -> None:
-    """Set how long the broker may hold ``consumer``'s next fetches, after a fetch that got
-    records (``fetched``: :data:`INGEST_FETCH_WAIT_MS`) or none (:data:`IDLE_FETCH_WAIT_MS`).
-    aiokafka's fetcher reads its ``_fetch_max_wait_ms`` as it builds each request (a consumer
-    not started yet has no fetcher: it starts with the wait it was made with)."""
-    fetcher = getattr(consumer, "_fetcher", None)
-    if fetcher is not None:
-        fetcher._fetch_max_wait_ms = INGEST_FETCH_WAIT_MS if fetched else IDLE_FETCH_WAIT_MS
-
-
+"""How long the broker may hold an ingest consumer's fetch for records to arrive (aiokafka's
+``fetch_max_wait_ms``; faust sets 1,500, Kafka's default is 500). aiokafka keeps one fetch in
+flight per broker and leaves out of it the partitions whose fetched records the worker has not
+taken yet: once it takes them, their next fetch waits for that one to come back — held for
+this long when the partitions it asks for have nothing new. At 1,500 ms a backlog on a few
+partitions, beside caught-up ones, was fetched in steps up to a second apart (``bench/workers.py``,
+Kafka: one run in two at 0.6x the events/s of the others). Idle, each consumer asks its
+broker ten times a second."""
 RECORD_BYTES = 256 * 1024
 """An event record holds at most this many events / bytes of them (the broker's limit is 1 MiB)."""
 STATE_KIND = b"s"
