@@ -15,7 +15,7 @@ from runwire.bus import Delivery, open_bus
 from runwire.bus.base import Consumer
 from runwire.bus.ingest_entries import INGEST_ENTRY_EVENTS
 from runwire.bus.kafka.bus import KafkaBus
-from runwire.bus.kafka.io import INGEST_FETCH_WAIT_MS
+from runwire.bus.kafka.consumer import INGEST_FETCH_WAIT_MS
 from runwire.bus.keys import shard_for
 from runwire.core.envelope import decode, encode
 from tests.bus.test_kafka import read_topic

@@ -13,7 +13,7 @@ from aiokafka import AIOKafkaProducer
 
 from runwire.bus import open_bus
 from runwire.bus.kafka.bus import KafkaBus
-from runwire.bus.kafka.io import INGEST_FETCH_WAIT_MS
+from runwire.bus.kafka.consumer import INGEST_FETCH_WAIT_MS
 from runwire.bus.keys import shard_for
 from runwire.core.envelope import encode
 from runwire.processing.faust.seam import IngestConsumer

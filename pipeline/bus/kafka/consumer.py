@@ -37,10 +37,16 @@ from .. import keys
 from ..base import Consumer, DeadLetter, Delivery, Fetched
 from ..ingest_entries import INGEST_ENTRY_EVENTS, OpenEntries
 from ..options import BusOptions
-from .io import INGEST_FETCH_WAIT_MS, KafkaLink, Record, guard, ingest_events, json_encoder, started
+from .io import KafkaLink, Record, guard, ingest_events, json_encoder, started
 from .life import LifeMarker
 
 log = logging.getLogger(__name__)
+
+INGEST_FETCH_WAIT_MS = 100
+"""How long the broker may hold an ingest consumer's fetch for records to arrive (aiokafka's
+``fetch_max_wait_ms``; faust passes 1,500): aiokafka keeps one fetch in flight per broker,
+without the partitions whose fetched records are not taken yet, which wait behind it
+(``docs/bus.md`` § Kafka, "Fetch wait")."""
 
 
 class _Held(msgspec.Struct):

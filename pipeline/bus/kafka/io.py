@@ -31,15 +31,6 @@ SEQ_HEADER = "q"
 COUNT_HEADER = "n"
 LIFE_HEADER = "l"  # an ingest record's broker life: the life marker's token when it was produced
 RECORD_EVENTS = 512
-INGEST_FETCH_WAIT_MS = 100
-"""How long the broker may hold an ingest consumer's fetch for records to arrive (aiokafka's
-``fetch_max_wait_ms``; faust sets 1,500, Kafka's default is 500). aiokafka keeps one fetch in
-flight per broker and leaves out of it the partitions whose fetched records the worker has not
-taken yet: once it takes them, their next fetch waits for that one to come back — held for
-this long when the partitions it asks for have nothing new. At 1,500 ms a backlog on a few
-partitions, beside caught-up ones, was fetched in steps up to a second apart (``bench/workers.py``,
-Kafka: one run in two at 0.6x the events/s of the others). Idle, each consumer asks its
-broker ten times a second."""
 RECORD_BYTES = 256 * 1024
 """An event record holds at most this many events / bytes of them (the broker's limit is 1 MiB)."""
 STATE_KIND = b"s"

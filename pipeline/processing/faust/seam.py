@@ -43,7 +43,8 @@ from faust.transport.consumer import CONSUMER_FETCHING
 from faust.transport.drivers import aiokafka as faust_kafka
 from faust.types import TP
 
-from ...bus.kafka.io import INGEST_FETCH_WAIT_MS, ingest_event_count
+from ...bus.kafka.consumer import INGEST_FETCH_WAIT_MS
+from ...bus.kafka.io import ingest_event_count
 from ...core.errors import ConfigError, RunwireError
 
 log = logging.getLogger("runwire.faust")
