@@ -5,8 +5,10 @@ dead-lettered, and a poison event dead-lettered alone."""
 
 from __future__ import annotations
 
+import asyncio
 import time
 import uuid
+from typing import Any
 
 import pytest
 from aiokafka import AIOKafkaProducer
@@ -15,7 +17,7 @@ from runwire.bus import Delivery, open_bus
 from runwire.bus.base import Consumer
 from runwire.bus.ingest_entries import INGEST_ENTRY_EVENTS
 from runwire.bus.kafka.bus import KafkaBus
-from runwire.bus.kafka.consumer import INGEST_FETCH_WAIT_MS
+from runwire.bus.kafka.hold import BACKLOG_FETCH_WAIT_MS, IDLE_FETCH_WAIT_MS
 from runwire.bus.keys import shard_for
 from runwire.core.envelope import decode, encode
 from tests.bus.test_kafka import read_topic
@@ -129,16 +131,38 @@ async def test_an_idle_record_hands_out_only_its_open_events_and_dead_letters_th
     assert "max_deliveries" in letters[0].reason
 
 
-async def test_the_broker_holds_a_fetch_100_ms_at_most(url: str) -> None:
+async def test_the_broker_holds_a_fetch_long_only_when_it_asks_for_every_partition(url: str) -> None:
     """aiokafka keeps one fetch in flight per broker, without the partitions whose fetched records
-    are not taken yet: held long (faust's 1,500 ms, Kafka's default 500), it kept those waiting
-    behind caught-up ones (``docs/bus.md`` § Kafka, "Fetch wait")."""
+    are not taken yet: held long, it kept those waiting behind caught-up ones. Each fetch asking
+    for only some partitions is held 100 ms at most; one asking for all of them (nothing left
+    out: the broker answers it as soon as any has a record) 1,500 ms, so an idle consumer asks
+    less than once a second (``docs/bus.md`` § Kafka, "Fetch wait")."""
     async with open_bus(url) as bus:
+        assert isinstance(bus, KafkaBus)
         consumer = bus.consumer("g", "c1")
         try:
             await consumer.fetch(block_ms=10)  # joins; nothing published yet
-            await bus.publish([event("fw", seq) for seq in range(1, 6)])
-            assert seqs(await take(consumer, 5)) == [1, 2, 3, 4, 5]
-            assert consumer._client._fetcher._fetch_max_wait_ms == INGEST_FETCH_WAIT_MS  # type: ignore[attr-defined]
+            fetcher = consumer._client._fetcher  # type: ignore[attr-defined]
+            build = fetcher._get_actions_per_node
+            built: list[tuple[int, int]] = []  # (hold, partitions asked for) of each fetch
+
+            def watched(assignment: Any) -> Any:
+                actions = build(assignment)
+                built.extend((request._max_wait_ms, sum(len(parts) for _, parts in request.topics))
+                             for _, request in actions[0])
+                return actions
+
+            fetcher._get_actions_per_node = watched
+            await bus.publish([event("fw", seq) for seq in range(1, 1001)])  # one partition
+            got: list[Delivery] = []
+            while len(got) < 1000:  # taken slowly: the backlog's records wait, fetched
+                taken = await consumer.fetch(max_count=64, block_ms=200)
+                await consumer.ack(taken)
+                got += taken
+                await asyncio.sleep(0.05)
+            await asyncio.sleep(0.3)  # a fetch for both, nothing left to take
         finally:
             await consumer.close()
+    assert seqs(got) == list(range(1, 1001))
+    assert {hold for hold, asked in built if asked < 2} == {BACKLOG_FETCH_WAIT_MS} == {100}
+    assert {hold for hold, asked in built if asked == 2} == {IDLE_FETCH_WAIT_MS} == {1500}

@@ -8,6 +8,7 @@ under test is the tracker's, and which offsets it asks to read again is all it t
 from __future__ import annotations
 
 import asyncio
+from collections.abc import Awaitable, Callable
 
 from faust.types import TP
 
@@ -27,16 +28,19 @@ class _Consumer:
         return 100
 
 
-async def _tracker(consumer: _Consumer) -> PartitionTracker:
+async def _answer_at_once(partition: int, offset: int) -> int:
+    return offset
+
+
+async def _tracker(consumer: _Consumer, first_offset: Callable[[int, int], Awaitable[int]] = _answer_at_once,
+                   confirm_s: float = 60.0) -> PartitionTracker:
     async def start_offsets(partitions: list[int]) -> dict[int, int]:
         return dict.fromkeys(partitions, 0)
 
-    async def first_offset(partition: int, offset: int) -> int:
-        return offset
-
     tracker = PartitionTracker(
         name="w1", topic="ingest", consumer=lambda: consumer,  # type: ignore[arg-type,return-value]
-        start_offsets=start_offsets, busy=lambda: False, first_offset=first_offset, confirm_s=60.0,
+        start_offsets=start_offsets, busy=lambda: False, first_offset=first_offset,
+        confirm_s=confirm_s,
     )
     tracker.assign([0])
     await tracker.learn_start(0)
@@ -94,3 +98,28 @@ async def test_a_partition_kept_through_a_rebalance_with_a_lost_tail_is_sought_b
     await tracker.rewind_lost_tails()
     await _settle()
     assert consumer.seeks == [(0, 5)]
+
+
+async def test_a_stopped_tracker_waits_for_its_broker_check_to_close_its_reader() -> None:
+    """A hole's check asks the broker with a reader of its own, closed as the check ends. A worker
+    stopping meanwhile cancels the check and waits until it has ended: a check left pending as
+    the event loop closes never closed its reader (an open connection the collector found later,
+    failing whichever test it ran in)."""
+    asked, closed = asyncio.Event(), asyncio.Event()
+
+    async def first_offset(partition: int, offset: int) -> int:
+        asked.set()
+        try:
+            await asyncio.Event().wait()  # a broker slow to answer
+        finally:
+            await asyncio.sleep(0.01)  # closing the reader takes a round trip
+            closed.set()
+        return offset
+
+    consumer = _Consumer()
+    tracker = await _tracker(consumer, first_offset, confirm_s=0.0)
+    assert not await tracker.accept(0, 7)  # past a hole after 4: sought back, the broker asked
+    await asyncio.wait_for(asked.wait(), 5)
+    await tracker.stop()
+    assert closed.is_set()
+    assert tracker.holes == {} and tracker.lookups == set()

@@ -37,17 +37,11 @@ from .. import keys
 from ..base import Consumer, DeadLetter, Delivery, Fetched
 from ..ingest_entries import INGEST_ENTRY_EVENTS, OpenEntries
 from ..options import BusOptions
+from .hold import BACKLOG_FETCH_WAIT_MS, hold_fetches
 from .io import KafkaLink, Record, guard, ingest_events, json_encoder, started
 from .life import LifeMarker
 
 log = logging.getLogger(__name__)
-
-INGEST_FETCH_WAIT_MS = 100
-"""How long the broker may hold an ingest consumer's fetch for records to arrive (aiokafka's
-``fetch_max_wait_ms``; faust passes 1,500): aiokafka keeps one fetch in flight per broker,
-without the partitions whose fetched records are not taken yet, which wait behind it
-(``docs/bus.md`` § Kafka, "Fetch wait")."""
-
 
 class _Held(msgspec.Struct):
     """A record handed out and not yet acked: its events' deliveries (the open ones)."""
@@ -183,10 +177,11 @@ class KafkaConsumer(Consumer):
                 heartbeat_interval_ms=max(session // 4, 100),
                 rebalance_timeout_ms=max(session, 10_000),
                 request_timeout_ms=max(self.kafka.request_timeout_ms, session + 5000),
-                fetch_max_wait_ms=INGEST_FETCH_WAIT_MS,
+                fetch_max_wait_ms=BACKLOG_FETCH_WAIT_MS,
             )
             client.subscribe([self.topic], listener=_Rebalance(self))
             await started("join group", client)
+            hold_fetches(client)
             self._client = client
         return self._client
 

@@ -137,11 +137,21 @@ class PartitionTracker:
         highwater = highwaters[partition]
         return highwater is None or self.offsets.get(partition, -1) + 1 >= highwater
 
-    def stop(self) -> None:
-        for lookup in list(self.lookups):
-            lookup.cancel()
+    async def stop(self) -> None:
+        """Cancel the lookups, seeks and broker checks under way, and wait until they have ended
+        (:data:`CHECK_TIMEOUT_S` at most): a check reads with a client of its own, closed as it
+        ends; left pending as the event loop closed, its connections stayed open."""
+        pending: set[asyncio.Task[object]] = {*self.lookups}
+        pending |= {hole.check for hole in self.holes.values() if hole.check is not None}
         for partition in list(self.holes):
             self._forget_hole(partition)
+        for task in pending:
+            task.cancel()
+        if pending:
+            ended, _ = await asyncio.wait(pending, timeout=CHECK_TIMEOUT_S)
+            for task in ended:
+                if not task.cancelled():
+                    task.exception()  # retrieved: an error of a check no longer needed is moot
 
     def assign(self, owned: list[int]) -> None:
         """Record a new assignment (the ingest partitions owned now); look up where each new partition starts.

@@ -17,7 +17,8 @@ faust-streaming's ``Consumer`` that are not a public API:
 ``_seek``                      a seek, replaced: on the consumer thread (:meth:`IngestConsumer._seek`)
 ``_new_consumer_thread``,      the thread's aiokafka consumer, its client's closed connections counted
 ``_create_consumer``, ``_client._on_connection_closed``  (:class:`IngestConsumerThread`)
-``_fetch_max_wait_ms``         aiokafka's, set before the consumer starts (faust hardcodes 1,500)
+``_fetch_max_wait_ms``         aiokafka's, set before the consumer starts (faust hardcodes 1,500),
+``_consumer._fetcher``          then per fetch (:func:`~runwire.bus.kafka.hold.hold_fetches`)
 ``_thread.call_thread``        runs a call on the thread owning the aiokafka consumer
 ``App._fetcher``               faust's Fetcher service, watched for a crash (:func:`faust_crash`)
 =============================  ===============================================
@@ -43,7 +44,7 @@ from faust.transport.consumer import CONSUMER_FETCHING
 from faust.transport.drivers import aiokafka as faust_kafka
 from faust.types import TP
 
-from ...bus.kafka.consumer import INGEST_FETCH_WAIT_MS
+from ...bus.kafka.hold import BACKLOG_FETCH_WAIT_MS, hold_fetches
 from ...bus.kafka.io import ingest_event_count
 from ...core.errors import ConfigError, RunwireError
 
@@ -337,11 +338,11 @@ class IngestConsumer(faust_kafka.Consumer):
 
 class IngestConsumerThread(faust_kafka.AIOKafkaConsumerThread):
     """Faust's consumer thread, counting its aiokafka client's closed connections, its fetches
-    held by the broker no longer than the bus's own consumer's (:data:`INGEST_FETCH_WAIT_MS`)."""
+    held by the broker as the bus's own consumer's are (:func:`~runwire.bus.kafka.hold.hold_fetches`)."""
 
     def _create_consumer(self, loop: asyncio.AbstractEventLoop) -> Any:
         consumer = super()._create_consumer(loop)
-        consumer._fetch_max_wait_ms = INGEST_FETCH_WAIT_MS  # faust passes 1,500; read at start()
+        consumer._fetch_max_wait_ms = BACKLOG_FETCH_WAIT_MS  # faust passes 1,500; read at start()
         client, owner = consumer._client, cast(IngestConsumer, self.consumer)
         closed = client._on_connection_closed
 
@@ -351,6 +352,10 @@ class IngestConsumerThread(faust_kafka.AIOKafkaConsumerThread):
 
         client._on_connection_closed = on_closed  # before any connection is made (each takes it)
         return consumer
+
+    async def on_start(self) -> None:
+        await super().on_start()
+        hold_fetches(self._ensure_consumer())
 
     async def on_thread_stop(self) -> None:
         """Stop the consumer, even when the broker is gone.

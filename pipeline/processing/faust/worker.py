@@ -313,7 +313,7 @@ class FaustWorker:
         finally:
             stopping.cancel()
             consuming.cancel()
-            self.partitions.stop()
+            await self.partitions.stop()
             self.intake.clear()  # not processed: not acked, read again by the next owner
             await self.app.stop()  # a start still waiting for the recovery returns
             with contextlib.suppress(Exception, asyncio.CancelledError):
