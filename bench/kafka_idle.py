@@ -8,7 +8,10 @@ it (``fetch_max_wait_ms``) and answers it empty, and the next one goes
 
 * ``idle_cpu_ms_per_s_<part>`` — CPU ms per second of ``loop`` (the event
   loop's thread), ``other`` (faust's consumer thread: aiokafka's fetches and
-  heartbeats), ``broker`` (a Tansu broker started here) and ``total``.
+  heartbeats), ``broker`` (a Tansu broker started here) and ``total``;
+* ``quiet_to_fetch_ms_p50`` / ``_max`` — from the publish of one event after a
+  quiet spell (1 to 1.55 s, in 16 steps) to the bus's own consumer holding it
+  (``Bus.consumer(...).fetch``): how long a held fetch keeps a run's first event.
 
 ``python bench/kafka_idle.py [--seconds S] [--repeat R] [--kafka URL] [--json]``; against
 another tree, ``bench/alternate.py --base TREE -- bench/kafka_idle.py``.
@@ -69,6 +72,28 @@ async def idle_round(kafka_url: str, seconds: float, meter: CpuMeter) -> dict[st
     return {f"idle_cpu_ms_per_s_{part}": seconds_ * 1000 / elapsed for part, seconds_ in parts.items()}
 
 
+async def quiet_round(kafka_url: str) -> dict[str, float]:
+    from tests.events import event
+
+    async with open_bus(f"{kafka_url}?prefix=q{uuid.uuid4().hex[:8]}&shards=4") as bus:
+        consumer = bus.consumer("g", "q1")
+        await consumer.fetch(block_ms=10)  # joins
+        waits: list[float] = []
+        try:
+            for index in range(16):
+                await asyncio.sleep(1.0 + (index % 5) * 0.137)  # quiet, ending anywhere in a hold
+                published = time.monotonic()
+                await bus.publish([event(f"q{index}", 1)])
+                got: list[object] = []
+                while not got:
+                    got = list(await consumer.fetch(block_ms=5000))
+                waits.append((time.monotonic() - published) * 1000)
+                await consumer.ack(got)  # type: ignore[arg-type]
+        finally:
+            await consumer.close()
+    return {"quiet_to_fetch_ms_p50": statistics.median(waits), "quiet_to_fetch_ms_max": max(waits)}
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--seconds", type=float, default=10.0)
@@ -84,7 +109,7 @@ def main() -> None:
         url = args.kafka or broker.url  # type: ignore[union-attr]
         pids = {"broker": broker.proc.pid} if broker and broker.proc else {}
         rounds = [asyncio.run(idle_round(url, args.seconds, CpuMeter(pids=pids)))
-                  for _ in range(args.repeat)]
+                  | asyncio.run(quiet_round(url)) for _ in range(args.repeat)]
     finally:
         if broker is not None:
             broker.close()

@@ -66,7 +66,7 @@ async def test_faust_app_delivers_a_run_tree_exactly_once_and_dead_letters_poiso
         stats = await asyncio.wait_for(worker.run(), 60)
         assert isinstance(worker.app.consumer, IngestConsumer)
         # aiokafka's fetcher holds fetches as the bus's consumer does (runwire.bus.kafka.hold),
-        # not 1,500 ms throughout as faust has it: long in the burst's idle end, all taken
+        # not 1,500 ms throughout as faust has it: longer in the burst's idle end, all taken
         fetcher = worker.app.consumer._thread._consumer._fetcher
         assert fetcher._get_actions_per_node.__qualname__ == "hold_fetches.<locals>.held"
         assert fetcher._fetch_max_wait_ms == IDLE_FETCH_WAIT_MS
