@@ -22,6 +22,7 @@ from runwire.bus.keys import shard_for
 from runwire.core.envelope import decode, encode
 from tests.bus.test_kafka import read_topic
 from tests.events import event
+from tests.waiting import until
 
 
 @pytest.fixture
@@ -160,7 +161,9 @@ async def test_the_broker_holds_a_fetch_long_only_when_it_asks_for_every_partiti
                 await consumer.ack(taken)
                 got += taken
                 await asyncio.sleep(0.05)
-            await asyncio.sleep(0.3)  # a fetch for both, nothing left to take
+            taken_all = len(built)
+            await until(lambda: any(asked == 2 for _, asked in built[taken_all:]), within=10,
+                        what="a fetch for both partitions, nothing left to take")
         finally:
             await consumer.close()
     assert seqs(got) == list(range(1, 1001))
