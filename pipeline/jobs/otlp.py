@@ -144,40 +144,38 @@ def _event(event: SpanEvent) -> bytes:
                   + b"".join([_attribute(_EVENT_ATTRIBUTE, k, v) for k, v in event.attributes.items()]))
 
 
-_NAMES: dict[str, bytes] = {}
-"""A span name's field by the name (``execute_tool {tool}``, ``chat {model}``: a bounded few)."""
+_HEADS: dict[tuple[str, str | None, str, str], bytes] = {}
+"""A span's trace id, parent id, name and kind fields by those four (a run's spans share its
+trace and parent; names are a bounded few: ``execute_tool {tool}``, ``chat {model}``), cleared
+when full."""
+_MAX_HEADS = 4096
+
+
+def _head(trace: str, parent: str | None, name: str, operation: str) -> bytes:
+    return (_SPAN_TRACE_ID + bytes.fromhex(trace) + (_SPAN_PARENT + bytes.fromhex(parent) if parent else b"")
+            + _string(_SPAN_NAME, name) + _KINDS[operation])
 
 
 def encode_request(spans: Sequence[Span], resource: Mapping[str, str], version: str = "") -> bytes:
     """One ``ExportTraceServiceRequest`` carrying ``spans`` (all ended), serialized.
 
-    One loop, no call per span or attribute when what it writes was written before: the trace
-    and parent ids' fields by the id (a run's spans share them), a span's name's field, and each
+    One loop, no call per span or attribute when what it writes was written before: a span's
+    trace, parent, name and kind fields in one piece by those four (:data:`_HEADS`), and each
     short string or int attribute's whole field (through :data:`_SPAN_ATTRIBUTES`; not bools:
     ``True == 1``); a span's bytes are joined once, its length's head beside them."""
-    traces: dict[str, bytes] = {}
-    parents: dict[str, bytes] = {}
     body = []
-    names, kept, kinds, times, fromhex = _NAMES, _SPAN_ATTRIBUTES, _KINDS, _SPAN_TIMES.pack, bytes.fromhex
+    heads, kept, times, fromhex = _HEADS, _SPAN_ATTRIBUTES, _SPAN_TIMES.pack, bytes.fromhex
     for span in spans:
         assert span.end_ns is not None, "only ended spans are exported"
-        trace = traces.get(span.trace_id)
-        if trace is None:
-            trace = traces[span.trace_id] = _SPAN_TRACE_ID + fromhex(span.trace_id)
-        name = names.get(span.name)
-        if name is None:
-            name = _string(_SPAN_NAME, span.name)
-            if len(names) < _MAX_KEYS and len(span.name) <= _KEPT_CHARS:
-                names[span.name] = name
-        parent = span.parent_span_id
-        if parent:  # a run's spans share it
-            parent_field = parents.get(parent)
-            if parent_field is None:
-                parent_field = parents[parent] = _SPAN_PARENT + fromhex(parent)
-        else:
-            parent_field = b""
-        parts = [trace, _SPAN_SPAN_ID, fromhex(span.span_id), parent_field, name, kinds[span.operation],
-                 times(0x39, span.start_ns, 0x41, span.end_ns)]
+        key = (span.trace_id, span.parent_span_id, span.name, span.operation)
+        head = heads.get(key)
+        if head is None:
+            head = _head(*key)
+            if len(heads) >= _MAX_HEADS:
+                heads.clear()
+            if len(span.name) <= _KEPT_CHARS:
+                heads[key] = head
+        parts = [head, _SPAN_SPAN_ID, fromhex(span.span_id), times(0x39, span.start_ns, 0x41, span.end_ns)]
         for item in span.attributes.items():
             value = item[1]
             kind = type(value)
