@@ -33,7 +33,9 @@ def build(out: Path, modules: list[str]) -> None:
     staging.mkdir()
     (staging / "runwire").symlink_to(out / "pipeline", target_is_directory=True)
     mypyc = Path(sys.executable).with_name("mypyc")
-    subprocess.run([str(mypyc), *modules], cwd=staging, check=True, stdout=subprocess.DEVNULL)
+    done = subprocess.run([str(mypyc), *modules], cwd=staging, capture_output=True, text=True)
+    if done.returncode:  # mypyc says what it cannot compile on stdout
+        raise SystemExit(f"mypyc failed:\n{done.stdout[-4000:]}{done.stderr[-4000:]}")
     built = sorted(path.relative_to(out) for path in out.rglob("*.so") if "build/build" not in str(path))
     print("\n".join(str(path) for path in built))
 

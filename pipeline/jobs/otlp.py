@@ -67,10 +67,19 @@ def _varint(n: int) -> bytes:
     return bytes(out)
 
 
+def _head(tag: int, size: int) -> bytes:
+    """A length-delimited field's tag (one byte) and length, without a call for a length below
+    16 KiB (a span's bytes are mostly 128 B – 16 KiB: a two-byte varint)."""
+    if size < 0x80:
+        return bytes((tag, size))
+    if size < 0x4000:
+        return bytes((tag, size & 0x7F | 0x80, size >> 7))
+    return bytes((tag,)) + _varint(size)
+
+
 def _field(tag: int, data: bytes) -> bytes:
     """A length-delimited field (``tag``: its field number and wire type 2, one byte)."""
-    size = len(data)
-    return bytes((tag, size)) + data if size < 0x80 else bytes((tag,)) + _varint(size) + data
+    return _head(tag, len(data)) + data
 
 
 def _string(tag: int, text: str) -> bytes:
@@ -135,8 +144,7 @@ def _pair(key: str, value: Any) -> bytes:
 def _attribute(tag: int, key: str, value: Any) -> bytes:
     """One attribute: a ``KeyValue`` in field ``tag`` of the message holding it."""
     pair = _pair(key, value)
-    size = len(pair)
-    return bytes((tag, size)) + pair if size < 0x80 else bytes((tag,)) + _varint(size) + pair
+    return _head(tag, len(pair)) + pair
 
 
 def _event(event: SpanEvent) -> bytes:
@@ -151,7 +159,7 @@ when full."""
 _MAX_HEADS = 4096
 
 
-def _head(trace: str, parent: str | None, name: str, operation: str) -> bytes:
+def _span_head(trace: str, parent: str | None, name: str, operation: str) -> bytes:
     return (_SPAN_TRACE_ID + bytes.fromhex(trace) + (_SPAN_PARENT + bytes.fromhex(parent) if parent else b"")
             + _string(_SPAN_NAME, name) + _KINDS[operation])
 
@@ -170,7 +178,7 @@ def encode_request(spans: Sequence[Span], resource: Mapping[str, str], version: 
         key = (span.trace_id, span.parent_span_id, span.name, span.operation)
         head = heads.get(key)
         if head is None:
-            head = _head(*key)
+            head = _span_head(*key)
             if len(heads) >= _MAX_HEADS:
                 heads.clear()
             if len(span.name) <= _KEPT_CHARS:
@@ -195,8 +203,9 @@ def encode_request(spans: Sequence[Span], resource: Mapping[str, str], version: 
             status = _string(_STATUS_MESSAGE, span.status_message) if span.status_message else b""
             parts.append(_field(_SPAN_STATUS, status + bytes((_STATUS_CODE, _STATUS_CODES[span.status]))))
         data = b"".join(parts)
-        size = len(data)
-        body.append(bytes((_SCOPE_SPANS_SPAN, size)) if size < 0x80 else bytes((_SCOPE_SPANS_SPAN,)) + _varint(size))
+        size = len(data)  # most spans: 128 B – 16 KiB, a two-byte length
+        body.append(bytes((_SCOPE_SPANS_SPAN, size & 0x7F | 0x80, size >> 7)) if 0x80 <= size < 0x4000
+                    else _head(_SCOPE_SPANS_SPAN, size))
         body.append(data)
     scope = _string(_SCOPE_NAME, SCOPE) + (_string(_SCOPE_VERSION, version) if version else b"")
     scope_spans = _field(_SCOPE_SPANS_SCOPE, scope) + b"".join(body) + _string(_SCOPE_SPANS_SCHEMA, SCHEMA_URL)

@@ -85,8 +85,8 @@ class StreamOutput(msgspec.Struct, kw_only=True):
     """What one delivery stream receives from a batch."""
 
     run_id: str
-    raw: list[Event] = msgspec.field(default_factory=list)
-    shaped: list[Event] = msgspec.field(default_factory=list)
+    raw: list[Event] = []  # msgspec gives each instance an empty list of its own
+    shaped: list[Event] = []
     state: bytes = b""
     """The stream's checkpoint after this batch (store it with the raw append)."""
     stream: Any = None

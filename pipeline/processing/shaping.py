@@ -267,7 +267,7 @@ class DeltaCoalescer:
         closing = sorted([*state.held, *state.windows.values()], key=_last_seq)
         state.held = []
         state.windows = {}
-        self._first_end = float("inf")
+        self._first_end = _NO_END
         for window in closing:
             self._send(window, out)
 
@@ -296,8 +296,12 @@ _END_MS = attrgetter("end_ms")
 _FIRST_SEQ = attrgetter("first_seq")
 
 
-def _first_end(windows: dict[str, Window]) -> float:
-    return min(map(_END_MS, windows.values()), default=float("inf"))
+_NO_END = 1 << 62
+"""The first window's end when none is open (later than any ``ts``: an int, as the ends are)."""
+
+
+def _first_end(windows: dict[str, Window]) -> int:
+    return min(map(_END_MS, windows.values()), default=_NO_END)
 
 
 def window_key(event: Event) -> str | None:

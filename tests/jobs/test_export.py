@@ -269,3 +269,20 @@ def test_attribute_values_keep_their_types_on_the_wire() -> None:
     assert (one.kind, two.kind) == (ProtoSpan.SPAN_KIND_CLIENT, ProtoSpan.SPAN_KIND_INTERNAL)
     assert (one.start_time_unix_nano, one.end_time_unix_nano, one.parent_span_id) == (5, 9, bytes.fromhex("02" * 8))
     assert (one.status.code, one.status.message) == (Status.STATUS_CODE_ERROR, "no") and two.parent_span_id == b""
+
+
+def test_every_length_of_a_field_reads_back_at_the_boundaries_of_its_varint() -> None:
+    """A length is one varint byte below 128, two below 16,384, three above: spans and attribute
+    values on each side of both boundaries decode with opentelemetry-proto to what they hold."""
+    from opentelemetry.proto.collector.trace.v1.trace_service_pb2 import ExportTraceServiceRequest
+
+    sizes = [0, 1, 60, 100, 126, 127, 128, 129, 16_250, 16_383, 16_384, 16_385, 40_000]
+    spans = [Span(trace_id="ab" * 16, span_id=f"{n:016x}", parent_span_id=None, name="chat",
+                  operation="chat", run_id="r", start_ts="", start_ns=n, end_ns=n + 1, end_seq=n,
+                  attributes={"v": "x" * size} if size else {})
+             for n, size in enumerate(sizes)]
+    request = ExportTraceServiceRequest()
+    request.ParseFromString(encode_request(spans, {"service.name": "t"}))
+    decoded = request.resource_spans[0].scope_spans[0].spans
+    assert [attributes(span) for span in decoded] == [{"v": "x" * size} if size else {} for size in sizes]
+    assert [span.start_time_unix_nano for span in decoded] == list(range(len(sizes)))
