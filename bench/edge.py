@@ -81,7 +81,8 @@ _T_NS = re.compile(rb'"t_ns":(\d+)')
 
 # ---------------------------------------------------------------- servers
 def serve(impl: str, bus_url: str, port: int) -> None:
-    """The server role: runwire's edge or the naive one, on uvicorn (uvloop, httptools)."""
+    """The server role: runwire's edge (as ``runwire edge`` serves it) or the naive one, on uvicorn
+    (uvloop, httptools)."""
     import uvicorn
 
     async def main() -> None:
@@ -93,18 +94,20 @@ def serve(impl: str, bus_url: str, port: int) -> None:
                 store_path = Path(tempfile.mkdtemp()) / "replay.db"
                 async with open_store(f"sqlite:///{store_path}") as store:
                     app = create_app(bus, store, EdgeSettings())
-                    await _uvicorn(app, port)
+                    await _uvicorn(app, port, edge=True)
             else:
-                await _uvicorn(naive_app(bus), port)
+                await _uvicorn(naive_app(bus), port, edge=False)
 
-    async def _uvicorn(app: Any, port: int) -> None:
+    async def _uvicorn(app: Any, port: int, *, edge: bool) -> None:
+        from runwire.edge.http.server import edge_config
         from runwire.workers.commands.edge import tune_gc
 
         tune_gc()  # as `runwire edge` does; applied to both servers alike
-        config = uvicorn.Config(
-            app, host="127.0.0.1", port=port, log_level="warning", loop="none",
-            http="httptools", backlog=16384, timeout_graceful_shutdown=1,
-        )
+        options: dict[str, Any] = {"host": "127.0.0.1", "port": port, "log_level": "warning", "loop": "none",
+                                   "backlog": 16384, "timeout_graceful_shutdown": 1}
+        # runwire's edge as `runwire edge` serves it (its protocol: edge/http/server.py); the naive
+        # one on uvicorn's own httptools protocol
+        config = edge_config(app, **options) if edge else uvicorn.Config(app, http="httptools", **options)
         await uvicorn.Server(config).serve()
 
     import uvloop

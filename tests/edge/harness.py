@@ -15,6 +15,7 @@ from runwire.bus.base import Bus
 from runwire.core.envelope import Event
 from runwire.edge import EdgeSettings, create_app, issue_token
 from runwire.edge.fanout.hub import Hub
+from runwire.edge.http.server import edge_config
 from runwire.sdk.publisher import Run
 from runwire.store.base import ReplayLog
 from tests.events import event as event  # the one test event factory, also importable from here
@@ -27,9 +28,10 @@ RUN_B = "run-tenant-b"
 
 
 def loopback_config(app: Any, port: int) -> uvicorn.Config:
-    """uvicorn serving ``app`` on a loopback port as tests want it: quiet, no pings, quick to stop."""
-    return uvicorn.Config(app, host="127.0.0.1", port=port, log_level="warning", lifespan="on",
-                          ws_ping_interval=None, timeout_graceful_shutdown=0.5)
+    """uvicorn serving ``app`` on a loopback port as ``runwire edge`` serves it (its protocol,
+    ``edge_config``), and as tests want it: quiet, no pings, quick to stop."""
+    return edge_config(app, host="127.0.0.1", port=port, log_level="warning", lifespan="on",
+                       ws_ping_interval=None, timeout_graceful_shutdown=0.5)
 
 
 class LoopbackServer(uvicorn.Server):

@@ -28,7 +28,7 @@ from collections.abc import Awaitable, Callable
 from typing import Any
 
 import msgspec
-from starlette.types import Receive, Send
+from starlette.types import Receive, Scope, Send
 
 from ...core import limits
 from ...core.errors import RunNotPublished
@@ -37,7 +37,7 @@ from ..fanout.clients import ClientQueue
 from ..fanout.feed import FeedKey
 from ..fanout.frames import Frame
 from ..fanout.session import RunEnded, Sink, StreamRequest, StreamSession
-from ..fanout.transports import run_session, watch_http
+from ..fanout.transports import http_watcher, run_session
 from ..service.context import Edge
 from .errors import A2AFault
 from .methods import view_of
@@ -137,7 +137,7 @@ def empty_task(run_id: str, context_id: str | None) -> dict[str, Any]:
 
 
 async def serve_task_stream(
-    edge: Edge, stream: StreamRequest, receive: Receive, send: Send, *, framing: Framing,
+    edge: Edge, stream: StreamRequest, scope: Scope, receive: Receive, send: Send, *, framing: Framing,
     context_id: str | None, extension: bool, skip: tuple[int, int] | None,
     finished_task: Callable[[], Awaitable[dict[str, Any]]] | None = None,
 ) -> None:
@@ -152,7 +152,7 @@ async def serve_task_stream(
     sink.session = session
     fault: A2AFault | None = None
     try:
-        final, gone, refused = await run_session(edge.hub, session, lambda d: watch_http(receive, d))
+        final, gone, refused = await run_session(edge.hub, session, http_watcher(scope, receive))
     except Behind:
         final, gone, refused = None, False, None
         fault = A2AFault("INTERNAL_ERROR", "the client fell behind and responses were dropped; "

@@ -42,7 +42,7 @@ from ..fanout.filters import event_filter
 from ..fanout.frames import Frame
 from ..fanout.resume import Probe, probe
 from ..fanout.session import RunEnded, Sink, StreamRequest, StreamSession, replay
-from ..fanout.transports import run_session, watch_http
+from ..fanout.transports import http_watcher, run_session
 from ..service.context import Edge
 
 JSON = "application/json"
@@ -210,7 +210,7 @@ class DurableRead:
         session = StreamSession(self.edge.hub, stream, sink)
         sink.session = session
         try:
-            final, gone, refused = await run_session(self.edge.hub, session, lambda d: watch_http(receive, d))
+            final, gone, refused = await run_session(self.edge.hub, session, http_watcher(request.scope, receive))
         except Rotate:
             final, gone, refused = None, False, None
         if gone:

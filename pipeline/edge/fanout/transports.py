@@ -2,7 +2,10 @@
 
 Streaming HTTP is served as a plain ASGI callable rather than a
 ``StreamingResponse``: it sends pre-rendered bytes (see ``frames.py``) and
-watches for ``http.disconnect`` with one small task per client. A client
+learns that its client left from the server's ``runwire.disconnect``
+extension (the edge's uvicorn protocol, ``edge/http/server.py``: nothing per
+client but a callback), or where a server lacks it by watching for
+``http.disconnect`` with one small task per client. A client
 closing its connection is a disconnect (``KAI-STREAM-CONN-0001`` in the
 metrics), never a cancel of the run: cancelling is a control command, and closing a tab must not stop the agent.
 """
@@ -14,7 +17,7 @@ import contextlib
 from collections.abc import Callable, Coroutine
 from typing import Any
 
-from starlette.types import Message, Receive, Send
+from starlette.types import Message, Receive, Scope, Send
 from starlette.websockets import WebSocket, WebSocketDisconnect
 
 from ...core.errors import (
@@ -121,12 +124,35 @@ class WebSocketSink(Sink):
         """WebSocket keeps itself alive with protocol pings (the server sends them)."""
 
 
+DISCONNECT_EXTENSION = "runwire.disconnect"
+"""The ASGI scope extension by which a server tells a stream that its client left:
+``{"register": f}``, ``f(callback)`` having ``callback()`` called once if the connection is lost
+before the response completed."""
+
+Watcher = Callable[["_Disconnect"], Coroutine[Any, Any, None] | None]
+"""How a session learns its client left: a coroutine to run as a task until it did, or None
+when a callback was registered instead."""
+
+
 async def watch_http(receive: Receive, on_gone: Callable[[], None]) -> None:
     while True:
         message: Message = await receive()
         if message["type"] == "http.disconnect":
             on_gone()
             return
+
+
+def http_watcher(scope: Scope, receive: Receive) -> Watcher:
+    """The server's :data:`DISCONNECT_EXTENSION` where it has one (no task per client), else a
+    task reading ``receive`` until ``http.disconnect``."""
+    hook = ((scope.get("extensions") or {}).get(DISCONNECT_EXTENSION) or {}).get("register")
+    if hook is None:
+        return lambda gone: watch_http(receive, gone)
+
+    def register(gone: _Disconnect) -> None:
+        hook(gone)
+
+    return register
 
 
 async def _watch_ws(websocket: WebSocket, on_gone: Callable[[], None]) -> None:
@@ -155,11 +181,10 @@ Outcome = tuple[Frame | None, bool, RunEnded | RunNotPublished | None]
 """(final error frame or None, whether the client is gone, why it was not streamed at all)."""
 
 
-async def run_session(
-    hub: Hub, session: StreamSession, watcher: Callable[[_Disconnect], Coroutine[Any, Any, None]]
-) -> Outcome:
+async def run_session(hub: Hub, session: StreamSession, watcher: Watcher) -> Outcome:
     disconnect = _Disconnect()
-    watch = asyncio.create_task(watcher(disconnect))
+    watching = watcher(disconnect)
+    watch = asyncio.create_task(watching) if watching is not None else None
     final: Frame | None = None
     refused: RunEnded | RunNotPublished | None = None
     try:
@@ -183,14 +208,17 @@ async def run_session(
     except RunEnded as exc:
         refused = exc
     finally:
-        watch.cancel()
-        with contextlib.suppress(asyncio.CancelledError):
-            await watch
+        disconnect.task = None  # a callback still registered cancels nothing after this
+        if watch is not None:
+            watch.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await watch
     return final, disconnect.gone, refused
 
 
 async def serve_http_stream(
-    hub: Hub, request: StreamRequest, receive: Receive, send: Send, *, sse: bool, headers: dict[str, str]
+    hub: Hub, request: StreamRequest, scope: Scope, receive: Receive, send: Send, *, sse: bool,
+    headers: dict[str, str],
 ) -> None:
     """Serve one SSE or NDJSON client until the run ends, it leaves, or it must be cut off.
 
@@ -201,7 +229,7 @@ async def serve_http_stream(
     """
     sink = HttpSink(send, sse=sse, format_name=request.format, headers=headers)
     session = StreamSession(hub, request, sink)
-    final, gone, refused = await run_session(hub, session, lambda d: watch_http(receive, d))
+    final, gone, refused = await run_session(hub, session, http_watcher(scope, receive))
     if gone:
         return
     timeout = hub.settings.write_timeout_s

@@ -129,7 +129,7 @@ class StreamEndpoint:
         sse = NDJSON_MEDIA_TYPE not in accept
         headers = dict(protocols.egress(stream.format).headers)
         with hold:
-            await serve_http_stream(self.edge.hub, stream, receive, send, sse=sse, headers=headers)
+            await serve_http_stream(self.edge.hub, stream, scope, receive, send, sse=sse, headers=headers)
 
 
 class ThreadStreamEndpoint:
@@ -145,7 +145,7 @@ class ThreadStreamEndpoint:
             await Response(status_code=204)(scope, receive, send)
             return
         with hold:
-            await serve_http_stream(self.edge.hub, stream, receive, send, sse=True, headers=AI_SDK_HEADERS)
+            await serve_http_stream(self.edge.hub, stream, scope, receive, send, sse=True, headers=AI_SDK_HEADERS)
 
 
 async def authorize_stream(edge: Edge, conn: HTTPConnection) -> StreamRequest:

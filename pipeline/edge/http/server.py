@@ -9,17 +9,41 @@ httptools protocol plus one timer: armed when the connection opens and after
 each response, cancelled when a request's headers are complete (or the
 connection is upgraded to a WebSocket); when it fires the connection is
 closed. Streams are unaffected: the deadline covers the request head only.
+
+It also makes an idle stream cheaper to hold (a client of a run's stream is idle nearly all its
+life, and an edge holds tens of thousands; docs/edge.md § Performance):
+
+* **No task per client to notice it left.** Each request's scope carries the ASGI extension
+  ``runwire.disconnect``: ``{"register": f}``, where ``f(callback)`` has ``callback()`` called once
+  if the client's connection is lost before the response completed. The edge's streams register one instead of
+  keeping a task blocked in ``receive()`` for ``http.disconnect`` (what a server without the
+  extension still gets, :func:`runwire.edge.fanout.transports.http_watcher`): ~1.3 KB less per
+  client.
+* **Lists, not deques.** uvicorn keeps two ``asyncio.Event`` per connection (its flow control's
+  and the request cycle's) and a queue of pipelined requests; an ``Event`` holds its waiters in a
+  ``collections.deque``, and an empty deque allocates a 64-slot block at once. The events are
+  swapped for :class:`LightEvent` (the same class with its waiters in a list) and the queue for
+  a list: ~1.8 KB less per connection.
+* **Slots.** This class's own state is in slots: uvicorn's protocol has ~30 attributes, and
+  CPython 3.11 stops sharing an instance dict's keys past 30 (~1.6 KB more a connection).
+
+``bench/edge_memory.py`` measures it: Python's allocations per connected SSE client 14.6 →
+11.7 KB (docs/benchmarks.md § Edge fan-out).
 """
 
 from __future__ import annotations
 
 import asyncio
+import collections
+import functools
+from collections.abc import Callable
 from typing import Any
 
 import uvicorn
 from uvicorn.protocols.http.httptools_impl import HttpToolsProtocol
 
 from ...core import limits
+from ..fanout.transports import DISCONNECT_EXTENSION
 
 HEADER_TIMEOUT_S = 10.0
 """Default time a client has to send a request's line and headers."""
@@ -29,21 +53,70 @@ MAX_HEADER_BYTES = 64 * 1024
 """Largest request head (``h11_max_incomplete_event_size``; httptools' own bound is 80 KiB)."""
 
 
-class HeaderDeadlineProtocol(HttpToolsProtocol):
-    """uvicorn's httptools protocol, closing connections whose request head is not in by the deadline."""
+class LightEvent(asyncio.Event):
+    """An ``asyncio.Event`` whose waiters are a list, not a ``deque`` (an idle one: ~0.6 KB less).
 
+    ``Event`` only appends, removes and iterates its waiters, which a list does alike."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self._waiters: list[asyncio.Future[Any]] = []  # type: ignore[assignment]
+
+
+class _Pipeline(list[Any]):
+    """uvicorn's queue of a connection's pipelined requests as a list (uvicorn only appends to its
+    left, pops and tests it): they are rare, and an empty ``deque`` holds a 64-slot block."""
+
+    def appendleft(self, item: Any) -> None:
+        self.insert(0, item)
+
+
+def _lighten(holder: Any, name: str) -> None:
+    """Swap ``holder.name``, an idle ``asyncio.Event``, for a :class:`LightEvent` in the same state
+    (left as it is if uvicorn ever holds something else there)."""
+    event = getattr(holder, name, None)
+    if type(event) is asyncio.Event and not event._waiters:
+        light = LightEvent()
+        if event.is_set():
+            light.set()
+        setattr(holder, name, light)
+
+
+class HeaderDeadlineProtocol(HttpToolsProtocol):
+    """uvicorn's httptools protocol, closing connections whose request head is not in by the
+    deadline, with the ``runwire.disconnect`` extension and lighter events (see the module docs)."""
+
+    __slots__ = ("_deadline", "_gone")
     header_timeout_s: float = HEADER_TIMEOUT_S
-    _deadline: asyncio.TimerHandle | None = None
+
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        self._deadline: asyncio.TimerHandle | None = None
+        self._gone: tuple[Any, Callable[[], None]] | None = None
+        """The request cycle whose client a callback waits on, and the callback."""
+        super().__init__(*args, **kwargs)
+        if type(self.pipeline) is collections.deque and not self.pipeline:
+            self.pipeline = _Pipeline()  # type: ignore[assignment]
 
     def connection_made(self, transport: asyncio.Transport) -> None:  # type: ignore[override]
         super().connection_made(transport)
+        _lighten(self.flow, "_is_writable_event")
         self._arm()
 
     def on_headers_complete(self) -> None:
         self._disarm()
+        before = self.cycle
         super().on_headers_complete()
+        cycle = self.cycle
+        if cycle is not None and cycle is not before:  # a request (not a WebSocket upgrade)
+            _lighten(cycle, "message_event")
+            cycle.scope.setdefault("extensions", {})[DISCONNECT_EXTENSION] = {
+                "register": functools.partial(self._on_gone, cycle)}
+
+    def _on_gone(self, cycle: Any, callback: Callable[[], None]) -> None:
+        self._gone = (cycle, callback)
 
     def on_response_complete(self) -> None:
+        self._gone = None
         super().on_response_complete()
         if not self.transport.is_closing():
             self._arm()
@@ -54,7 +127,10 @@ class HeaderDeadlineProtocol(HttpToolsProtocol):
 
     def connection_lost(self, exc: Exception | None) -> None:
         self._disarm()
+        gone, self._gone = self._gone, None
         super().connection_lost(exc)
+        if gone is not None and gone[0].disconnected:  # uvicorn's own mark: lost before the response ended
+            gone[1]()
 
     def _arm(self) -> None:
         self._disarm()

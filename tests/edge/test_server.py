@@ -1,0 +1,136 @@
+"""The edge's uvicorn protocol (edge/http/server.py): what an idle stream holds, and that a client
+leaving is still noticed at once — through the ``runwire.disconnect`` extension on the edge's own
+protocol, through a task reading ``http.disconnect`` on any other server."""
+
+from __future__ import annotations
+
+import asyncio
+import collections
+import contextlib
+import uuid
+from collections.abc import AsyncIterator, Callable
+
+import uvicorn
+
+from runwire.bus.base import Bus
+from runwire.core.errors import CONN_DISCONNECTED
+from runwire.edge import EdgeSettings, create_app
+from runwire.edge.http.server import LightEvent, edge_config
+from runwire.store.base import ReplayLog
+from tests.edge.harness import (
+    append,
+    free_port,
+    live_clients,
+    run_events,
+    start_uvicorn,
+    stop_uvicorn,
+)
+from tests.waiting import until
+
+CLIENTS = 20
+
+
+def new_id() -> str:
+    return f"run-{uuid.uuid4().hex[:12]}"
+
+
+@contextlib.asynccontextmanager
+async def served(bus: Bus, store: ReplayLog, *, edge_protocol: bool) -> AsyncIterator[tuple[uvicorn.Server, int]]:
+    port = free_port()
+    app = create_app(bus, store, EdgeSettings())
+    options = {"host": "127.0.0.1", "port": port, "log_level": "warning", "lifespan": "on",
+               "timeout_graceful_shutdown": 0.5}
+    config = edge_config(app, **options) if edge_protocol else uvicorn.Config(app, http="httptools", **options)
+    server, task = await start_uvicorn(config)
+    try:
+        yield server, port
+    finally:
+        await stop_uvicorn(server, task)
+
+
+async def open_streams(port: int, run: str, count: int) -> list[tuple[asyncio.StreamReader, asyncio.StreamWriter]]:
+    streams = []
+    for _ in range(count):
+        reader, writer = await asyncio.open_connection("127.0.0.1", port)
+        writer.write(f"GET /v1/runs/{run}/stream?detail=full HTTP/1.1\r\nHost: x\r\n"
+                     "Accept: text/event-stream\r\n\r\n".encode())
+        await writer.drain()
+        streams.append((reader, writer))
+    return streams
+
+
+def disconnects(server: uvicorn.Server) -> float:
+    metric = server.config.app.state.edge.metrics.disconnects.labels(CONN_DISCONNECTED)
+    return float(metric._value.get())
+
+
+async def connect_then_leave(bus: Bus, store: ReplayLog, *, edge_protocol: bool,
+                             check: Callable[[uvicorn.Server], None]) -> int:
+    """``CLIENTS`` streams of a live run: ``check`` runs once all are attached, then the clients
+    close their connections and each must be detached and counted as a disconnect; the tasks the
+    connected clients added."""
+    run = new_id()
+    await append(bus, run, run_events(run, 3, end=None))
+    async with served(bus, store, edge_protocol=edge_protocol) as (server, port):
+        before = len(asyncio.all_tasks())
+        streams = await open_streams(port, run, CLIENTS)
+        hub = server.config.app.state.edge.hub
+        await until(lambda: live_clients(hub, run) == CLIENTS, what="every client attached")
+        tasks = len(asyncio.all_tasks()) - before
+        check(server)
+        for _, writer in streams:
+            writer.close()
+        await until(lambda: live_clients(hub, run) == 0, what="every client detached")
+        await until(lambda: disconnects(server) == CLIENTS, what="each counted as a disconnect")
+    return tasks
+
+
+async def test_an_idle_stream_holds_no_task_of_its_own_and_no_deque(memory_bus: Bus, store: ReplayLog) -> None:
+    """On the edge's protocol a connected client costs one task (uvicorn's, running the request),
+    its connection's events keep their waiters in lists and its pipelined-request queue is a list;
+    when the clients close their connections, each is detached and counted as a disconnect."""
+    def light(server: uvicorn.Server) -> None:
+        for protocol in server.server_state.connections:
+            assert type(protocol.flow._is_writable_event) is LightEvent
+            assert type(protocol.cycle.message_event) is LightEvent
+            assert not isinstance(protocol.pipeline, collections.deque)
+
+    assert await connect_then_leave(memory_bus, store, edge_protocol=True, check=light) <= CLIENTS + 2
+
+
+async def test_on_another_server_a_task_watches_for_the_client_leaving(memory_bus: Bus, store: ReplayLog) -> None:
+    """Served by uvicorn's own protocol (no ``runwire.disconnect`` extension), a stream watches
+    ``receive()`` in a task of its own, and a client closing its connection is detached all the same."""
+    tasks = await connect_then_leave(memory_bus, store, edge_protocol=False, check=lambda _: None)
+    assert tasks >= 2 * CLIENTS
+
+
+async def test_pipelined_requests_are_answered_in_order(memory_bus: Bus, store: ReplayLog) -> None:
+    """Three requests written at once on one connection get their three answers in order (the
+    protocol's queue of pipelined requests is a list standing in for uvicorn's deque)."""
+    async with served(memory_bus, store, edge_protocol=True) as (_, port):
+        reader, writer = await asyncio.open_connection("127.0.0.1", port)
+        paths = ["/healthz", "/v1/runs/nope/stream?detail=bogus", "/healthz"]
+        writer.write(b"".join(f"GET {path} HTTP/1.1\r\nHost: x\r\n\r\n".encode() for path in paths))
+        await writer.drain()
+        statuses = []
+        for _ in paths:
+            head = await asyncio.wait_for(reader.readuntil(b"\r\n\r\n"), 10)
+            statuses.append(int(head.split()[1]))
+            length = next(int(line.split(b":")[1]) for line in head.split(b"\r\n")
+                          if line.lower().startswith(b"content-length"))
+            await reader.readexactly(length)
+        writer.close()
+    assert statuses == [200, 400, 200]
+
+
+async def test_a_light_event_wakes_every_waiter_as_an_event_does() -> None:
+    event = LightEvent()
+    waiters = [asyncio.create_task(event.wait()) for _ in range(3)]
+    await asyncio.sleep(0)
+    assert not any(waiter.done() for waiter in waiters) and len(event._waiters) == 3
+    event.set()
+    assert await asyncio.gather(*waiters) == [True, True, True]
+    assert event._waiters == [] and event.is_set()
+    event.clear()
+    assert not event.is_set()
