@@ -22,7 +22,8 @@ backlog of another):
 
 1. ``clients`` SSE connections to one run (plus 2 on each of 50 background
    runs); ``rss_per_client_kib`` = growth of the server's RSS divided by the
-   connections.
+   connections, ``rss_total_per_client_kib`` = its whole RSS (its start-up's
+   too) divided by them.
 2. Resume: a fresh connection with ``Last-Event-ID`` into a run with 2 000
    events of history; ``resume_first_event_ms`` = median time to its first
    event (20 tries) while the clients stay connected.
@@ -462,6 +463,7 @@ async def measure(impl: str, bus_url: str, clients: int, seconds: float) -> dict
     return {
         "clients": connected,
         "rss_per_client_kib": round((rss_after - rss_before) / max(1, connected), 1),
+        "rss_total_per_client_kib": round(rss_after / max(1, connected), 1),
         "deliveries_per_s": round(deliveries),
         "control_latency_p50_ms": round(percentile(latencies, 0.5), 2),
         "control_latency_p99_ms": round(percentile(latencies, 0.99), 2),

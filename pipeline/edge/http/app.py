@@ -125,8 +125,8 @@ class StreamEndpoint:
         request = Request(scope, receive)
         stream = await authorize_stream(self.edge, request)
         hold = self.edge.quotas.stream(stream.holder)
-        accept = request.headers.get("accept", "")
-        sse = NDJSON_MEDIA_TYPE not in accept
+        sse = NDJSON_MEDIA_TYPE not in request.headers.get("accept", "")
+        del request  # not held (with its parsed headers) for the stream's whole life
         headers = dict(protocols.egress(stream.format).headers)
         with hold:
             await serve_http_stream(self.edge.hub, stream, scope, receive, send, sse=sse, headers=headers)
