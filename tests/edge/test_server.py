@@ -7,6 +7,7 @@ from __future__ import annotations
 import asyncio
 import collections
 import contextlib
+import types
 import uuid
 from collections.abc import AsyncIterator, Callable
 
@@ -15,6 +16,7 @@ import uvicorn
 from runwire.bus.base import Bus
 from runwire.core.errors import CONN_DISCONNECTED
 from runwire.edge import EdgeSettings, create_app
+from runwire.edge.fanout.transports import DISCONNECT_EXTENSION
 from runwire.edge.http.server import LightEvent, edge_config
 from runwire.store.base import ReplayLog
 from tests.edge.harness import (
@@ -134,3 +136,23 @@ async def test_a_light_event_wakes_every_waiter_as_an_event_does() -> None:
     assert event._waiters == [] and event.is_set()
     event.clear()
     assert not event.is_set()
+
+
+async def test_a_client_gone_before_its_stream_asks_is_told_at_once(memory_bus: Bus, store: ReplayLog) -> None:
+    """A callback registered through ``runwire.disconnect`` after the connection was already lost
+    is called at once (else that stream would serve nobody until its run ended)."""
+    run = new_id()
+    await append(memory_bus, run, run_events(run, 3, end=None))
+    async with served(memory_bus, store, edge_protocol=True) as (server, port):
+        (reader, writer), = await open_streams(port, run, 1)
+        hub = server.config.app.state.edge.hub
+        await until(lambda: live_clients(hub, run) == 1, what="the client attached")
+        (protocol,) = server.server_state.connections
+        register = protocol.cycle.scope["extensions"][DISCONNECT_EXTENSION]["register"]
+        told: list[str] = []
+        protocol._on_gone(types.SimpleNamespace(disconnected=True), lambda: told.append("late"))
+        assert told == ["late"]
+        writer.close()
+        await until(lambda: live_clients(hub, run) == 0, what="the client detached")
+        register(lambda: told.append("after"))
+        assert told == ["late", "after"]

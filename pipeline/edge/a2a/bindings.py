@@ -148,8 +148,8 @@ class A2ACall:
                     live = not self.extension  # the specification's subscription: the task now, then live
             stream = StreamRequest(run_id=run_id, view=methods.view_of(edge), format="a2a", after=after,
                                    live=live, holder=self.principal.token_id if self.principal else "")
-            await serve_task_stream(edge, stream, self.request.scope, receive, send, framing=self.framing, context_id=context_id,
-                                    extension=self.extension, skip=skip,
+            await serve_task_stream(edge, stream, self.request.scope, receive, send, framing=self.framing,
+                                    context_id=context_id, extension=self.extension, skip=skip,
                                     finished_task=finished)
 
 

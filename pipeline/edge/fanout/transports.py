@@ -127,7 +127,7 @@ class WebSocketSink(Sink):
 DISCONNECT_EXTENSION = "runwire.disconnect"
 """The ASGI scope extension by which a server tells a stream that its client left:
 ``{"register": f}``, ``f(callback)`` having ``callback()`` called once if the connection is lost
-before the response completed."""
+before the response completed (at once if it already was)."""
 
 Watcher = Callable[["_Disconnect"], Coroutine[Any, Any, None] | None]
 """How a session learns its client left: a coroutine to run as a task until it did, or None

@@ -14,11 +14,11 @@ It also makes an idle stream cheaper to hold (a client of a run's stream is idle
 life, and an edge holds tens of thousands; docs/edge.md § Performance):
 
 * **No task per client to notice it left.** Each request's scope carries the ASGI extension
-  ``runwire.disconnect``: ``{"register": f}``, where ``f(callback)`` has ``callback()`` called once
-  if the client's connection is lost before the response completed. The edge's streams register one instead of
-  keeping a task blocked in ``receive()`` for ``http.disconnect`` (what a server without the
-  extension still gets, :func:`runwire.edge.fanout.transports.http_watcher`): ~1.3 KB less per
-  client.
+  ``runwire.disconnect``: ``{"register": f}``, where ``f(callback)`` has ``callback()`` called
+  once if the client's connection is lost before the response completed (at once if it already
+  was). The edge's streams register one instead of keeping a task blocked in ``receive()`` for
+  ``http.disconnect`` (what a server without the extension still gets,
+  :func:`runwire.edge.fanout.transports.http_watcher`): ~1.3 KB less per client.
 * **Lists, not deques.** uvicorn keeps two ``asyncio.Event`` per connection (its flow control's
   and the request cycle's) and a queue of pipelined requests; an ``Event`` holds its waiters in a
   ``collections.deque``, and an empty deque allocates a 64-slot block at once. The events are
@@ -113,6 +113,9 @@ class HeaderDeadlineProtocol(HttpToolsProtocol):
                 "register": functools.partial(self._on_gone, cycle)}
 
     def _on_gone(self, cycle: Any, callback: Callable[[], None]) -> None:
+        if cycle.disconnected:  # lost before the app asked: it learns at once
+            callback()
+            return
         self._gone = (cycle, callback)
 
     def on_response_complete(self) -> None:
