@@ -145,14 +145,10 @@ async def watch_http(receive: Receive, on_gone: Callable[[], None]) -> None:
 def http_watcher(scope: Scope, receive: Receive) -> Watcher:
     """The server's :data:`DISCONNECT_EXTENSION` where it has one (no task per client), else a
     task reading ``receive`` until ``http.disconnect``."""
-    hook = ((scope.get("extensions") or {}).get(DISCONNECT_EXTENSION) or {}).get("register")
-    if hook is None:
+    register: Watcher | None = ((scope.get("extensions") or {}).get(DISCONNECT_EXTENSION) or {}).get("register")
+    if register is None:
         return lambda gone: watch_http(receive, gone)
-
-    def register(gone: _Disconnect) -> None:
-        hook(gone)
-
-    return register
+    return register  # it returns None: nothing to run
 
 
 async def _watch_ws(websocket: WebSocket, on_gone: Callable[[], None]) -> None:
