@@ -11,12 +11,15 @@ import types
 import uuid
 from collections.abc import AsyncIterator, Callable
 
+import httpx
+import pytest
 import uvicorn
 
 from runwire.bus.base import Bus
 from runwire.core.errors import CONN_DISCONNECTED
 from runwire.edge import EdgeSettings, create_app
-from runwire.edge.fanout.transports import DISCONNECT_EXTENSION
+from runwire.edge.fanout.frames import Frame
+from runwire.edge.fanout.transports import DISCONNECT_EXTENSION, HttpSink
 from runwire.edge.http.server import LightEvent, edge_config
 from runwire.store.base import ReplayLog
 from tests.edge.harness import (
@@ -156,3 +159,64 @@ async def test_a_client_gone_before_its_stream_asks_is_told_at_once(memory_bus: 
         await until(lambda: live_clients(hub, run) == 0, what="the client detached")
         register(lambda: told.append("after"))
         assert told == ["late", "after"]
+
+
+async def stream_bodies(port: int, run: str, count: int, started: Callable[[], object]) -> list[bytes]:
+    """The SSE bodies ``count`` clients of ``run`` receive until its end; ``started`` is awaited
+    once every client is connected."""
+    async with httpx.AsyncClient(base_url=f"http://127.0.0.1:{port}", timeout=30) as http:
+        async def one() -> bytes:
+            async with http.stream("GET", f"/v1/runs/{run}/stream?detail=full") as response:
+                return b"".join([chunk async for chunk in response.aiter_bytes()])
+        readers = [asyncio.create_task(one()) for _ in range(count)]
+        await started()  # type: ignore[misc]
+        return await asyncio.wait_for(asyncio.gather(*readers), 30)
+
+
+async def test_live_frames_are_written_by_the_hub_without_waking_each_clients_task(
+    memory_bus: Bus, store: ReplayLog, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """On the edge's protocol (``runwire.write``) a live client's frames are written as the hub
+    fans them out: its task, waiting for frames, sends none of them (it still sends the history
+    and the terminal frame, which carries its drop count). On uvicorn's own protocol every frame
+    goes through the task's ``send``. Both give each client the same bytes, every event once, in
+    order."""
+    sent: list[int | None] = []
+    send = HttpSink.send
+
+    async def counting(self: HttpSink, frames: list[Frame]) -> None:
+        sent.extend(frame.seq for frame in frames)
+        await send(self, frames)
+
+    monkeypatch.setattr(HttpSink, "send", counting)
+    bodies: dict[bool, list[bytes]] = {}
+    for edge_protocol in (True, False):
+        run = new_id()
+        await append(memory_bus, run, run_events(run, 3, end=None))
+        sent.clear()
+        async with served(memory_bus, store, edge_protocol=edge_protocol) as (server, port):
+            hub = server.config.app.state.edge.hub
+
+            async def publish() -> None:
+                await until(lambda: live_clients(hub, run) == CLIENTS, what="every client attached")
+                clients = [client for stream in hub.streams.values() for feed in stream.feeds.values()
+                           for client in feed.clients]
+                await until(lambda: all(c._waiter is not None for c in clients), what="all waiting")
+                for start in range(4, 41, 4):
+                    await append(memory_bus, run, run_events(run, 4, start=start, end=None))
+                    await asyncio.sleep(0)
+                # the terminal frame in a batch of its own (a batch that ends the run is the task's)
+                await until(lambda: hub.streams[(run, "raw")].cursor == 43, what="seq 43 fanned out")
+                await append(memory_bus, run, run_events(run, 2, start=43, end="done")[1:])
+
+            bodies[edge_protocol] = await stream_bodies(port, run, CLIENTS, publish)
+        live = [seq for seq in sent if seq is not None and 4 <= seq <= 43]
+        if edge_protocol:
+            assert live == [], "live frames went through the task's send"
+            assert sent.count(44) == CLIENTS  # the terminal frame: the task's
+        else:
+            assert len(live) == CLIENTS * 40
+    for edge_protocol, received in bodies.items():
+        assert len(set(received)) == 1, f"clients got different bytes (edge protocol: {edge_protocol})"
+        ids = [int(line[4:]) for line in received[0].split(b"\n") if line.startswith(b"id: ")]
+        assert ids == list(range(1, 45))

@@ -21,7 +21,7 @@ from .frames import DROP_REASONING, DROP_TEXT, NEVER_DROP, Frame
 class ClientQueue:
     """Frames waiting for one client, bounded by ``max_frames`` and ``max_bytes``."""
 
-    __slots__ = ("_droppable", "_frames", "_waiter", "bytes", "keepalive_s", "last_write", "on_overflow", "dropped", "dropped_by_type", "max_bytes", "max_frames", "overflowed")
+    __slots__ = ("_droppable", "_frames", "_waiter", "bytes", "direct", "keepalive_s", "last_write", "on_overflow", "dropped", "dropped_by_type", "max_bytes", "max_frames", "overflowed")
 
     def __init__(self, *, max_frames: int, max_bytes: int) -> None:
         self._frames: list[Frame] = []
@@ -43,6 +43,9 @@ class ClientQueue:
         edge's ``keepalive_s`` (an A2A client times out a silent stream after 5 s)."""
         self.overflowed = False
         """True once a never-drop frame did not fit: the client is to be disconnected."""
+        self.direct: Callable[[list[Frame]], bool] | None = None
+        """Writes frames to the client at once (True) or declines (False, nothing written); tried
+        by :meth:`put_many` only while the writer waits with nothing queued, so order holds."""
 
     def __len__(self) -> int:
         return len(self._frames)
@@ -61,7 +64,13 @@ class ClientQueue:
         return True
 
     def put_many(self, frames: list[Frame]) -> list[Frame]:
-        """Queue frames in order with one wake; returns the ones dropped (§4 R4)."""
+        """Queue frames in order with one wake (or write them at once, see :attr:`direct`);
+        returns the ones dropped (§4 R4)."""
+        direct = self.direct
+        if direct is not None and not self._frames:
+            waiter = self._waiter
+            if waiter is not None and not waiter.done() and direct(frames):
+                return []
         size = 0
         for frame in frames:
             size += frame.size

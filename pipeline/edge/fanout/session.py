@@ -50,6 +50,8 @@ class Sink(ABC):
     """A transport's side of a stream: SSE, NDJSON or WebSocket."""
 
     format_name: str = "koder"
+    writes_now: bool = False
+    """Whether :meth:`write_now` can ever write (the hub then writes live frames through it)."""
 
     async def begin(self) -> None:  # noqa: B027 - optional hook, most sinks have nothing to do
         """Called once the stream is going to be served (HTTP sends its status and headers here)."""
@@ -57,6 +59,11 @@ class Sink(ABC):
     @abstractmethod
     async def send(self, frames: list[Frame]) -> None:
         """Write frames (already encoded) to the client."""
+
+    def write_now(self, frames: list[Frame]) -> bool:
+        """Write live frames (none terminal) at once, without waiting; False, having written
+        nothing, when that can't be done now (they are then :meth:`send`'s)."""
+        return False
 
     @abstractmethod
     async def keepalive(self) -> None:
@@ -185,15 +192,42 @@ class StreamSession:
             frame = self.hub.silence_frame(self.feed, stream)
             await self._send([frame] if frame else [])
             return
-        while True:
-            if not await self.client.wait():
-                await self.sink.keepalive()
-                continue
-            if self.client.overflowed:
-                raise Overflowed()
-            frames = [f for f in self.client.take() if f.seq is None or f.seq > self.last]
-            if await self._send(frames):
-                return
+        if self.sink.writes_now:
+            self.client.direct = self.write_now
+        try:
+            while True:
+                if not await self.client.wait():
+                    await self.sink.keepalive()
+                    continue
+                if self.client.overflowed:
+                    raise Overflowed()
+                frames = [f for f in self.client.take() if f.seq is None or f.seq > self.last]
+                if await self._send(frames):
+                    return
+        finally:
+            self.client.direct = None
+
+    def write_now(self, frames: list[Frame]) -> bool:
+        """Write live frames from the hub's fan-out, while this session's task waits for them.
+
+        No task switch and no ASGI message per client write (docs/edge.md § Performance); False,
+        having written nothing, for what the task must handle: a terminal frame (its drop count,
+        the end), a seq already written, or a sink that can't write now (a full buffer: the task's
+        ``send`` then waits for the drain, and the queue's bounds apply as ever).
+        """
+        last = self.last
+        for frame in frames:
+            if frame.terminal or (frame.seq is not None and frame.seq <= last):
+                return False
+        if not self.sink.write_now(frames):
+            return False
+        for frame in frames:
+            if frame.seq is not None:
+                last = frame.seq
+        self.last = last
+        self.client.last_write = time.monotonic()
+        self._frames_out.inc(len(frames))
+        return True
 
     async def _send(self, frames: list[Frame]) -> bool:
         """Write frames (terminal ones with this client's drop count); True after the terminal one."""

@@ -59,8 +59,14 @@ _AI_SDK_DONE = b"data: [DONE]\n\n"
 class HttpSink(Sink):
     """SSE (``text/event-stream``) or NDJSON over one HTTP response."""
 
-    def __init__(self, send: Send, *, sse: bool, format_name: str, headers: dict[str, str]) -> None:
+    def __init__(
+        self, send: Send, *, sse: bool, format_name: str, headers: dict[str, str],
+        write: Callable[[bytes], bool] | None = None,
+    ) -> None:
         self._send = send
+        self._write = write
+        """The server's :data:`WRITE_EXTENSION` writer, when it has one."""
+        self.writes_now = write is not None
         self.sse = sse
         self.format_name = format_name
         self.headers = headers
@@ -91,6 +97,17 @@ class HttpSink(Sink):
         else:
             body = b"".join(frame.ndjson() for frame in frames)
         await self._send({"type": "http.response.body", "body": body, "more_body": True})
+
+    def write_now(self, frames: list[Frame]) -> bool:
+        """Live frames (none terminal) written without an ASGI ``send``, if the server can now."""
+        write = self._write
+        if write is None:
+            return False
+        if self.sse:
+            body = frames[0].sse() if len(frames) == 1 else b"".join(frame.sse() for frame in frames)
+        else:
+            body = frames[0].ndjson() if len(frames) == 1 else b"".join(frame.ndjson() for frame in frames)
+        return write(body)
 
     async def keepalive(self) -> None:
         body = b": keepalive\n\n" if self.sse else b"\n"
@@ -128,6 +145,11 @@ DISCONNECT_EXTENSION = "runwire.disconnect"
 """The ASGI scope extension by which a server tells a stream that its client left:
 ``{"register": f}``, ``f(callback)`` having ``callback()`` called once if the connection is lost
 before the response completed (at once if it already was)."""
+
+WRITE_EXTENSION = "runwire.write"
+"""The ASGI scope extension by which a server lets a stream write body bytes without a ``send``:
+``{"write": f}``, ``f(body)`` writing one chunk of the started response at once and returning True,
+or writing nothing and returning False when it can't now (the stream then sends it)."""
 
 Watcher = Callable[["_Disconnect"], Coroutine[Any, Any, None] | None]
 """How a session learns its client left: a coroutine to run as a task until it did, or None
@@ -223,7 +245,8 @@ async def serve_http_stream(
     ``{"type": "end", …}`` line on NDJSON; a run nobody published within the
     wait gets an error frame ``KAI-STREAM-RUN-0003`` and the end.
     """
-    sink = HttpSink(send, sse=sse, format_name=request.format, headers=headers)
+    write = ((scope.get("extensions") or {}).get(WRITE_EXTENSION) or {}).get("write")
+    sink = HttpSink(send, sse=sse, format_name=request.format, headers=headers, write=write)
     session = StreamSession(hub, request, sink)
     final, gone, refused = await run_session(hub, session, http_watcher(scope, receive))
     if gone:
