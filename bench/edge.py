@@ -38,8 +38,11 @@ backlog of another):
    fall behind (Koder agent stream §4 R4); drops are not counted as deliveries. Every phase waits
    (bounded) until the previous one's backlog is out.
 5. Fan-out latency: as 3, with the control events on the main run, written
-   to every one of its ``clients``: ``fanout_latency_p50_ms``/``_p99_ms``
-   over 20 of them (this includes writing each event to all the others).
+   to every one of its ``clients``, each of which stamps when it got each:
+   ``fanout_latency_p50_ms``/``_p99_ms`` over every (client, event),
+   ``fanout_last_client_p50_ms``/``_max_ms`` over each event's last client
+   to get it; ``fanout_cpu_us_per_delivery`` = the server's CPU time in the
+   phase ÷ the frames the clients received in it (background runs' too).
 
 ``--json`` prints one object; the naive figures carry the ``naive_`` prefix.
 """
@@ -48,6 +51,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import contextlib
 import json
 import os
 import re
@@ -166,14 +170,19 @@ class Counters:
         self.frames = 0
         self.connected = 0
         self.latencies_ms: list[float] = []
+        self.probe_all = False
+        """Every client of the main run stamps latencies (the fan-out phase), not only its probes."""
+        self.slowest_ms: dict[int, float] = {}
+        """Per control event (its publish time), the latency of the last client to receive it."""
 
 
 class SseCounter(asyncio.Protocol):
     """A raw SSE reader as a protocol callback (no task per read): counts frames, stamps probes."""
 
-    def __init__(self, request: bytes, probe: bool, counters: Counters) -> None:
+    def __init__(self, request: bytes, probe: bool, counters: Counters, main: bool = False) -> None:
         self.request = request
         self.probe = probe
+        self.main = main
         self.counters = counters
         self.carry = b""
         self.closed = False
@@ -184,11 +193,16 @@ class SseCounter(asyncio.Protocol):
 
     def data_received(self, chunk: bytes) -> None:
         self.counters.frames += chunk.count(b"data: ")
-        if self.probe:
+        counters = self.counters
+        if self.probe or (self.main and counters.probe_all):
             now = time.time_ns()
             data = self.carry + chunk
             for match in _T_NS.finditer(data):
-                self.counters.latencies_ms.append((now - int(match.group(1))) / 1e6)
+                sent = int(match.group(1))
+                latency = (now - sent) / 1e6
+                counters.latencies_ms.append(latency)
+                if counters.probe_all and latency > counters.slowest_ms.get(sent, 0.0):
+                    counters.slowest_ms[sent] = latency
             cut = data.rfind(b"\n")
             self.carry = data[cut + 1 :] if cut >= 0 else data[-256:]
 
@@ -196,14 +210,14 @@ class SseCounter(asyncio.Protocol):
         self.closed = True
 
 
-async def sse_client(port: int, path: str, after: int, probe: bool, counters: Counters) -> SseCounter:
+async def sse_client(port: int, path: str, after: int, probe: bool, counters: Counters, main: bool) -> SseCounter:
     request = (
         f"GET {path} HTTP/1.1\r\nHost: 127.0.0.1\r\nAccept: text/event-stream\r\n"
         f"Last-Event-ID: {after}\r\n\r\n"
     ).encode()
     loop = asyncio.get_running_loop()
     _, protocol = await loop.create_connection(
-        lambda: SseCounter(request, probe, counters), "127.0.0.1", port
+        lambda: SseCounter(request, probe, counters, main), "127.0.0.1", port
     )
     return protocol
 
@@ -214,16 +228,16 @@ async def client_role(port: int, specs: list[str], after: int) -> None:
     readers: list[SseCounter] = []
     gate = asyncio.Semaphore(200)
 
-    async def start(path: str, probe: bool) -> None:
+    async def start(path: str, probe: bool, main: bool) -> None:
         async with gate:
-            readers.append(await sse_client(port, path, after, probe, counters))
+            readers.append(await sse_client(port, path, after, probe, counters, main))
 
     openings = []
-    for spec in specs:
+    for number, spec in enumerate(specs):
         path, _, count = spec.rpartition("*")
         for index in range(int(count)):
             probe = MAIN_RUN in path and "-bg-" not in path and index < PROBES
-            openings.append(start(path, probe=probe))
+            openings.append(start(path, probe=probe, main=number == 0))
     await asyncio.gather(*openings)
     print(json.dumps({"connected": counters.connected}), flush=True)
     loop = asyncio.get_running_loop()
@@ -231,9 +245,13 @@ async def client_role(port: int, specs: list[str], after: int) -> None:
         line = await loop.run_in_executor(None, sys.stdin.readline)
         if not line or line.strip() == "quit":
             break
+        if line.strip() == "probe-all":
+            counters.probe_all = True
         latencies, counters.latencies_ms = counters.latencies_ms, []
+        slowest, counters.slowest_ms = list(counters.slowest_ms.values()), {}
         alive = sum(1 for r in readers if not r.closed)
-        print(json.dumps({"frames": counters.frames, "alive": alive, "latencies_ms": latencies}), flush=True)
+        print(json.dumps({"frames": counters.frames, "alive": alive, "latencies_ms": latencies,
+                          "slowest_ms": slowest}), flush=True)
 
 
 # ---------------------------------------------------------------- orchestration
@@ -285,6 +303,12 @@ class Proc:
             self.proc.kill()
 
 
+def cpu_s(pid: int) -> float:
+    """User + system CPU time a process has used (``/proc/PID/stat``)."""
+    fields = Path(f"/proc/{pid}/stat").read_text().rpartition(")")[2].split()
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+
+
 def rss_kib(pid: int) -> int:
     for line in Path(f"/proc/{pid}/status").read_text().splitlines():
         if line.startswith("VmRSS:"):
@@ -332,19 +356,52 @@ async def saturate(bus: Any, seqs: Seqs, clients: Proc, events: int, main_run: s
     return (frames - before) / max(1e-3, last_progress - started)
 
 
+class Background:
+    """The background runs' deltas: appended into their delivery streams, or with a publisher
+    (``--through-worker``) into ingest, for a worker to sequence and append."""
+
+    def __init__(self, bus: Any, seqs: Seqs, main_run: str, publisher: Any = None) -> None:
+        self.bus = bus
+        self.seqs = seqs
+        self.ids = [f"{main_run}-bg-{index}" for index in range(BACKGROUND_RUNS)]
+        self.runs = [publisher.run(run_id) for run_id in self.ids] if publisher is not None else None
+
+    async def tick(self) -> None:
+        if self.runs is not None:
+            for run in self.runs:
+                await run.emit("text.delta", {"text": "token "})
+            return
+        for run_id in self.ids:
+            await self.bus.append((run_id, "raw"), [make_event(run_id, s) for s in self.seqs.take(run_id, 1)])
+
+    async def published(self, limit_s: float = 30.0) -> None:
+        """Until every background run has a first event in its delivery stream (through the worker)."""
+        if self.runs is None:
+            return
+        for run in self.runs:
+            await run.emit("run.lifecycle", {"state": "running"})
+        started = time.perf_counter()
+        while time.perf_counter() - started < limit_s:
+            bounds = [await self.bus.bounds((run_id, "raw")) for run_id in self.ids]
+            if all(bounds):
+                return
+            await asyncio.sleep(0.1)
+        raise SystemExit("the worker did not append the background runs' first events within 30 s")
+
+
 async def control_latency(
-    bus: Any, seqs: Seqs, clients: Proc, seconds: float, main_run: str, target: str
-) -> list[float]:
-    """5 000 deltas/s over the background runs, 10 control events/s to ``target``."""
+    background: Background, seqs: Seqs, clients: Proc, seconds: float, target: str
+) -> dict[str, Any]:
+    """5 000 deltas/s over the background runs, 10 control events/s to ``target`` (appended
+    into its delivery stream); the clients' report after it (``latencies_ms``, and
+    ``slowest_ms`` once they probe all)."""
+    bus = background.bus
     clients.ask()  # reset latencies
     started = time.perf_counter()
     tick = 0
     while time.perf_counter() - started < seconds:
         tick += 1
-        for index in range(BACKGROUND_RUNS):
-            run_id = f"{main_run}-bg-{index}"
-            batch = [make_event(run_id, s) for s in seqs.take(run_id, 1)]
-            await bus.append((run_id, "raw"), batch)
+        await background.tick()
         if tick % 10 == 0:
             (seq,) = seqs.take(target, 1)
             stamp = {"call_id": f"c{seq}", "tool": "probe", "input": {"t_ns": time.time_ns()}}
@@ -352,8 +409,7 @@ async def control_latency(
         due = started + tick * 0.01
         await asyncio.sleep(max(0.0, due - time.perf_counter()))
     await asyncio.sleep(1.0)
-    latencies: list[float] = clients.ask()["latencies_ms"]
-    return latencies
+    return clients.ask()
 
 
 async def resume_first_event(port: int, tries: int = 20) -> float:
@@ -419,12 +475,23 @@ def percentile(values: list[float], q: float) -> float:
     return ordered[min(len(ordered) - 1, int(q * len(ordered)))]
 
 
-async def measure(impl: str, bus_url: str, clients: int, seconds: float) -> dict[str, Any]:
+async def measure(impl: str, bus_url: str, clients: int, seconds: float, through_worker: bool = False) -> dict[str, Any]:
     port = free_port()
-    async with open_bus(bus_url) as bus:
+    async with contextlib.AsyncExitStack() as stack:
+        bus = await stack.enter_async_context(open_bus(bus_url))
+        publisher = None
+        if through_worker:
+            from runwire import Publisher
+
+            data = stack.enter_context(tempfile.TemporaryDirectory())
+            worker = Proc(["--role", "worker", "--bus", bus_url, "--data", data])
+            stack.callback(worker.stop)
+            publisher = await stack.enter_async_context(Publisher(bus))
         await bus.append((RESUME_RUN, "raw"), [make_event(RESUME_RUN, s) for s in range(1, 2001)])
         seqs = Seqs()
         main_run = f"{MAIN_RUN}-{impl}-{os.getpid()}"
+        background = Background(bus, seqs, main_run, publisher)
+        await background.published()
         server_bus = bus_url + ("&" if "?" in bus_url else "?") + "max_connections=50000"
         server = Proc(["--role", "server", "--impl", impl, "--bus", server_bus, "--port", str(port)])
         try:
@@ -447,14 +514,18 @@ async def measure(impl: str, bus_url: str, clients: int, seconds: float) -> dict
                 resume_ms = await resume_first_event(port)
                 progress(f"{impl}: resume done")
                 await bus.append((f"{main_run}-ctl", "raw"), [make_event(f"{main_run}-ctl", s) for s in seqs.take(f"{main_run}-ctl", 1)])
-                latencies = await control_latency(bus, seqs, load, seconds, main_run, f"{main_run}-ctl")
+                latencies = (await control_latency(background, seqs, load, seconds, f"{main_run}-ctl"))["latencies_ms"]
                 progress(f"{impl}: latency done ({len(latencies)} samples)")
                 await settle(load)
                 load.main = clients
                 deliveries = await saturate(bus, seqs, load, max(200, 4_000_000 // clients), main_run)
                 progress(f"{impl}: saturation done")
                 await settle(load)
-                fanout = await control_latency(bus, seqs, load, seconds, main_run, main_run)
+                frames_before = load.ask("probe-all")["frames"]
+                cpu_before = cpu_s(server.proc.pid)
+                report = await control_latency(background, seqs, load, seconds, main_run)
+                cpu_per_frame = (cpu_s(server.proc.pid) - cpu_before) / max(1, report["frames"] - frames_before)
+                fanout, slowest = report["latencies_ms"], report["slowest_ms"]
                 progress(f"{impl}: fan-out latency done ({len(fanout)} samples)")
             finally:
                 load.stop()
@@ -470,13 +541,16 @@ async def measure(impl: str, bus_url: str, clients: int, seconds: float) -> dict
         "control_samples": len(latencies),
         "fanout_latency_p50_ms": round(percentile(fanout, 0.5), 2),
         "fanout_latency_p99_ms": round(percentile(fanout, 0.99), 2),
+        "fanout_last_client_p50_ms": round(percentile(slowest, 0.5), 2),
+        "fanout_last_client_max_ms": round(max(slowest, default=float("nan")), 2),
+        "fanout_cpu_us_per_delivery": round(cpu_per_frame * 1e6, 2),
         "resume_first_event_ms": round(resume_ms, 2),
     }
 
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--role", choices=["bench", "server", "clients"], default="bench")
+    parser.add_argument("--role", choices=["bench", "server", "clients", "worker"], default="bench")
     parser.add_argument("--impl", choices=["runwire", "naive"], default="runwire")
     parser.add_argument("--bus", default=None, help="Redis URL (default: start redis-server on a free port)")
     parser.add_argument("--port", type=int, default=0)
@@ -486,10 +560,20 @@ def main() -> None:
     parser.add_argument("--seconds", type=float, default=5.0, help="length of each timed phase")
     parser.add_argument("--full", action="store_true", help="10 000 clients (the target)")
     parser.add_argument("--json", action="store_true")
+    parser.add_argument("--through-worker", action="store_true",
+                        help="publish the background runs' deltas through a worker (the SDK into ingest)")
+    parser.add_argument("--data", default=None, help=argparse.SUPPRESS)
     parser.add_argument("specs", nargs="*")
     args = parser.parse_args()
     if args.role == "server":
         serve(args.impl, args.bus, args.port)
+        return
+    if args.role == "worker":
+        from runwire.workers.cli import main as cli
+
+        os.dup2(2, 1)  # its output to stderr: nobody reads this process's stdout
+        cli(["worker", "--bus", args.bus, "--store", f"sqlite:///{args.data}/replay.db",
+             "--data-dir", args.data])
         return
     if args.role == "clients":
         import uvloop
@@ -507,8 +591,8 @@ def main() -> None:
         redis.start()
         bus_url = redis.url
     try:
-        ours = asyncio.run(measure("runwire", bus_url, clients, args.seconds))
-        naive = asyncio.run(measure("naive", bus_url, naive_clients, args.seconds))
+        ours = asyncio.run(measure("runwire", bus_url, clients, args.seconds, args.through_worker))
+        naive = asyncio.run(measure("naive", bus_url, naive_clients, args.seconds, args.through_worker))
     finally:
         if redis is not None:
             redis.close()

@@ -115,9 +115,11 @@ class HeaderDeadlineProtocol(HttpToolsProtocol):
         cycle = self.cycle
         if cycle is not None and cycle is not before:  # a request (not a WebSocket upgrade)
             _lighten(cycle, "message_event")
+            # one dict serves both extensions (each reads its own key): a dict less per client
+            hooks = {"register": functools.partial(self._on_gone, cycle),
+                     "write": functools.partial(_write_body, cycle)}
             extensions = cycle.scope.setdefault("extensions", {})
-            extensions[DISCONNECT_EXTENSION] = {"register": functools.partial(self._on_gone, cycle)}
-            extensions[WRITE_EXTENSION] = {"write": functools.partial(_write_body, cycle)}
+            extensions[DISCONNECT_EXTENSION] = extensions[WRITE_EXTENSION] = hooks
 
     def _on_gone(self, cycle: Any, callback: Callable[[], None]) -> None:
         if cycle.disconnected:  # lost before the app asked: it learns at once
