@@ -42,7 +42,10 @@ backlog of another):
    ``fanout_latency_p50_ms``/``_p99_ms`` over every (client, event),
    ``fanout_last_client_p50_ms``/``_max_ms`` over each event's last client
    to get it; ``fanout_cpu_us_per_delivery`` = the server's CPU time in the
-   phase ÷ the frames the clients received in it (background runs' too).
+   phase ÷ the frames the clients received in it (background runs' too), and
+   ``fanout_cpu_us_per_client_write`` ÷ the reads they made (a write to a
+   client that fell behind carries several frames; loopback hands a write
+   over as one read).
 
 ``--json`` prints one object; the naive figures carry the ``naive_`` prefix.
 """
@@ -168,6 +171,8 @@ def naive_app(bus: Any) -> Any:
 class Counters:
     def __init__(self) -> None:
         self.frames = 0
+        self.reads = 0
+        """Chunks received (about one per server write: loopback delivers a write as one read)."""
         self.connected = 0
         self.latencies_ms: list[float] = []
         self.probe_all = False
@@ -192,8 +197,9 @@ class SseCounter(asyncio.Protocol):
         self.counters.connected += 1
 
     def data_received(self, chunk: bytes) -> None:
-        self.counters.frames += chunk.count(b"data: ")
         counters = self.counters
+        counters.frames += chunk.count(b"data: ")
+        counters.reads += 1
         if self.probe or (self.main and counters.probe_all):
             now = time.time_ns()
             data = self.carry + chunk
@@ -250,7 +256,7 @@ async def client_role(port: int, specs: list[str], after: int) -> None:
         latencies, counters.latencies_ms = counters.latencies_ms, []
         slowest, counters.slowest_ms = list(counters.slowest_ms.values()), {}
         alive = sum(1 for r in readers if not r.closed)
-        print(json.dumps({"frames": counters.frames, "alive": alive, "latencies_ms": latencies,
+        print(json.dumps({"frames": counters.frames, "reads": counters.reads, "alive": alive, "latencies_ms": latencies,
                           "slowest_ms": slowest}), flush=True)
 
 
@@ -521,10 +527,12 @@ async def measure(impl: str, bus_url: str, clients: int, seconds: float, through
                 deliveries = await saturate(bus, seqs, load, max(200, 4_000_000 // clients), main_run)
                 progress(f"{impl}: saturation done")
                 await settle(load)
-                frames_before = load.ask("probe-all")["frames"]
+                before = load.ask("probe-all")
                 cpu_before = cpu_s(server.proc.pid)
                 report = await control_latency(background, seqs, load, seconds, main_run)
-                cpu_per_frame = (cpu_s(server.proc.pid) - cpu_before) / max(1, report["frames"] - frames_before)
+                cpu = cpu_s(server.proc.pid) - cpu_before
+                cpu_per_frame = cpu / max(1, report["frames"] - before["frames"])
+                cpu_per_write = cpu / max(1, report["reads"] - before["reads"])
                 fanout, slowest = report["latencies_ms"], report["slowest_ms"]
                 progress(f"{impl}: fan-out latency done ({len(fanout)} samples)")
             finally:
@@ -544,6 +552,7 @@ async def measure(impl: str, bus_url: str, clients: int, seconds: float, through
         "fanout_last_client_p50_ms": round(percentile(slowest, 0.5), 2),
         "fanout_last_client_max_ms": round(max(slowest, default=float("nan")), 2),
         "fanout_cpu_us_per_delivery": round(cpu_per_frame * 1e6, 2),
+        "fanout_cpu_us_per_client_write": round(cpu_per_write * 1e6, 2),
         "resume_first_event_ms": round(resume_ms, 2),
     }
 
