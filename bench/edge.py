@@ -88,7 +88,7 @@ _T_NS = re.compile(rb'"t_ns":(\d+)')
 
 
 # ---------------------------------------------------------------- servers
-def serve(impl: str, bus_url: str, port: int) -> None:
+def serve(impl: str, bus_url: str, port: int, reuse_port: bool = False) -> None:
     """The server role: runwire's edge (as ``runwire edge`` serves it) or the naive one, on uvicorn
     (uvloop, httptools)."""
     import uvicorn
@@ -116,6 +116,11 @@ def serve(impl: str, bus_url: str, port: int) -> None:
         # runwire's edge as `runwire edge` serves it (its protocol: edge/http/server.py); the naive
         # one on uvicorn's own httptools protocol
         config = edge_config(app, **options) if edge else uvicorn.Config(app, http="httptools", **options)
+        if reuse_port:  # one of several edge processes on the port, as `runwire edge --reuse-port`
+            from runwire.workers.commands.edge import reuse_port_socket
+
+            await uvicorn.Server(config).serve(sockets=[reuse_port_socket("127.0.0.1", port)])
+            return
         await uvicorn.Server(config).serve()
 
     import uvloop
@@ -216,19 +221,21 @@ class SseCounter(asyncio.Protocol):
         self.closed = True
 
 
-async def sse_client(port: int, path: str, after: int, probe: bool, counters: Counters, main: bool) -> SseCounter:
+async def sse_client(port: int, path: str, after: int, probe: bool, counters: Counters, main: bool,
+                     source: str | None = None) -> SseCounter:
     request = (
         f"GET {path} HTTP/1.1\r\nHost: 127.0.0.1\r\nAccept: text/event-stream\r\n"
         f"Last-Event-ID: {after}\r\n\r\n"
     ).encode()
     loop = asyncio.get_running_loop()
     _, protocol = await loop.create_connection(
-        lambda: SseCounter(request, probe, counters, main), "127.0.0.1", port
+        lambda: SseCounter(request, probe, counters, main), "127.0.0.1", port,
+        local_addr=(source, 0) if source else None,
     )
     return protocol
 
 
-async def client_role(port: int, specs: list[str], after: int) -> None:
+async def client_role(port: int, specs: list[str], after: int, source: str | None = None) -> None:
     """Open connections (``path*count``), then answer ``report`` on stdin with JSON counters."""
     counters = Counters()
     readers: list[SseCounter] = []
@@ -236,7 +243,7 @@ async def client_role(port: int, specs: list[str], after: int) -> None:
 
     async def start(path: str, probe: bool, main: bool) -> None:
         async with gate:
-            readers.append(await sse_client(port, path, after, probe, counters, main))
+            readers.append(await sse_client(port, path, after, probe, counters, main, source))
 
     openings = []
     for number, spec in enumerate(specs):
@@ -254,7 +261,7 @@ async def client_role(port: int, specs: list[str], after: int) -> None:
         if line.strip() == "probe-all":
             counters.probe_all = True
         latencies, counters.latencies_ms = counters.latencies_ms, []
-        slowest, counters.slowest_ms = list(counters.slowest_ms.values()), {}
+        slowest, counters.slowest_ms = list(counters.slowest_ms.items()), {}
         alive = sum(1 for r in readers if not r.closed)
         print(json.dumps({"frames": counters.frames, "reads": counters.reads, "alive": alive, "latencies_ms": latencies,
                           "slowest_ms": slowest}), flush=True)
@@ -309,6 +316,56 @@ class Proc:
             self.proc.kill()
 
 
+CLIENTS_PER_PROCESS = 19_000
+"""Client connections one client process opens (its file limit is the edge's: 20,000 here); each
+process connects from its own loopback address (a source address has ~28,000 ephemeral ports)."""
+
+
+class Load:
+    """The client processes, answering as one: frames and reads summed, latencies joined, each
+    event's last client the latest over all of them."""
+
+    def __init__(self, port: int, main_path: str, clients: int, others: list[str]) -> None:
+        count = max(1, -(-clients // CLIENTS_PER_PROCESS))
+        shares = [clients // count + (index < clients % count) for index in range(count)]
+        self.procs = [
+            Proc(["--role", "clients", "--port", str(port), "--after", "0", "--source", f"127.0.0.{index + 1}",
+                  f"{main_path}*{share}", *(others if index == 0 else [])])
+            for index, share in enumerate(shares)
+        ]
+        self.main = 0
+        self.proc = self.procs[0].proc
+
+    def first(self) -> dict[str, Any]:
+        return {"connected": sum(proc.first()["connected"] for proc in self.procs)}
+
+    def ask(self, line: str = "report") -> dict[str, Any]:
+        answers = [proc.ask(line) for proc in self.procs]
+        slowest: dict[int, float] = {}
+        for answer in answers:
+            for sent, latency in answer["slowest_ms"]:
+                slowest[sent] = max(latency, slowest.get(sent, 0.0))
+        return {
+            "frames": sum(a["frames"] for a in answers), "reads": sum(a["reads"] for a in answers),
+            "alive": sum(a["alive"] for a in answers),
+            "latencies_ms": [x for a in answers for x in a["latencies_ms"]],
+            "slowest_ms": list(slowest.values()),
+        }
+
+    def stop(self) -> None:
+        for proc in self.procs:
+            proc.stop()
+
+
+def sockets(pid: int) -> int:
+    """Sockets process ``pid`` holds open."""
+    count = 0
+    for fd in Path(f"/proc/{pid}/fd").iterdir():
+        with contextlib.suppress(FileNotFoundError):
+            count += os.readlink(fd).startswith("socket:")
+    return count
+
+
 def cpu_s(pid: int) -> float:
     """User + system CPU time a process has used (``/proc/PID/stat``)."""
     fields = Path(f"/proc/{pid}/stat").read_text().rpartition(")")[2].split()
@@ -337,7 +394,7 @@ class Seqs:
         return range(start, start + count)
 
 
-async def saturate(bus: Any, seqs: Seqs, clients: Proc, events: int, main_run: str) -> float:
+async def saturate(bus: Any, seqs: Seqs, clients: Load, events: int, main_run: str) -> float:
     """Append ``events`` to the main run as fast as possible; deliveries/s until all are out.
 
     Bounded: stops waiting when nothing arrived for 2 s after the first frame
@@ -396,7 +453,7 @@ class Background:
 
 
 async def control_latency(
-    background: Background, seqs: Seqs, clients: Proc, seconds: float, target: str
+    background: Background, seqs: Seqs, clients: Load, seconds: float, target: str
 ) -> dict[str, Any]:
     """5 000 deltas/s over the background runs, 10 control events/s to ``target`` (appended
     into its delivery stream); the clients' report after it (``latencies_ms``, and
@@ -458,7 +515,16 @@ async def attached(port: int, total: int, limit_s: float = 60.0) -> None:
             await asyncio.sleep(0.2)
 
 
-async def settle(clients: Proc, limit_s: float = 30.0) -> None:
+async def connected_to(servers: list[Proc], total: int, limit_s: float = 120.0) -> None:
+    """Wait (bounded) until the edge processes hold ``total`` sockets between them."""
+    started = time.perf_counter()
+    while time.perf_counter() - started < limit_s:
+        if sum(sockets(server.proc.pid) for server in servers) >= total:
+            return
+        await asyncio.sleep(0.2)
+
+
+async def settle(clients: Load, limit_s: float = 30.0) -> None:
     """Wait (bounded) until the clients stop receiving: the previous phase's backlog is written."""
     last = -1
     started = time.perf_counter()
@@ -481,7 +547,8 @@ def percentile(values: list[float], q: float) -> float:
     return ordered[min(len(ordered) - 1, int(q * len(ordered)))]
 
 
-async def measure(impl: str, bus_url: str, clients: int, seconds: float, through_worker: bool = False) -> dict[str, Any]:
+async def measure(impl: str, bus_url: str, clients: int, seconds: float, through_worker: bool = False,
+                  edges: int = 1) -> dict[str, Any]:
     port = free_port()
     async with contextlib.AsyncExitStack() as stack:
         bus = await stack.enter_async_context(open_bus(bus_url))
@@ -499,24 +566,30 @@ async def measure(impl: str, bus_url: str, clients: int, seconds: float, through
         background = Background(bus, seqs, main_run, publisher)
         await background.published()
         server_bus = bus_url + ("&" if "?" in bus_url else "?") + "max_connections=50000"
-        server = Proc(["--role", "server", "--impl", impl, "--bus", server_bus, "--port", str(port)])
+        shared = ["--reuse-port"] if edges > 1 else []
+        servers = [Proc(["--role", "server", "--impl", impl, "--bus", server_bus, "--port", str(port), *shared])
+                   for _ in range(edges)]
         try:
             await wait_port(port)
             await resume_first_event(port, 3)  # warm up imports and connections
-            rss_before = rss_kib(server.proc.pid)
+            if edges > 1:
+                await asyncio.sleep(3.0)  # every process listening (one answering is not all)
+            rss_before = sum(rss_kib(server.proc.pid) for server in servers)
+            sockets_before = sum(sockets(server.proc.pid) for server in servers)
             await bus.append((main_run, "raw"), [make_event(main_run, s) for s in seqs.take(main_run, 1)])
-            specs = [f"/v1/runs/{main_run}/stream?detail=full*{clients}"]
-            specs += [f"/v1/runs/{main_run}-bg-{i}/stream?detail=full*2" for i in range(BACKGROUND_RUNS)]
+            specs = [f"/v1/runs/{main_run}-bg-{i}/stream?detail=full*2" for i in range(BACKGROUND_RUNS)]
             specs.append(f"/v1/runs/{main_run}-ctl/stream?detail=full*{PROBES}")
-            load = Proc(["--role", "clients", "--port", str(port), "--after", "0", *specs])
+            load = Load(port, f"/v1/runs/{main_run}/stream?detail=full", clients, specs)
             try:
                 progress(f"{impl}: connecting clients")
                 connected = load.first()["connected"]
-                if impl == "runwire":
+                if edges > 1:
+                    await connected_to(servers, sockets_before + connected)
+                elif impl == "runwire":
                     await attached(port, connected)
                 progress(f"{impl}: {connected} connected")
                 await asyncio.sleep(1.0)
-                rss_after = rss_kib(server.proc.pid)
+                rss_after = sum(rss_kib(server.proc.pid) for server in servers)
                 resume_ms = await resume_first_event(port)
                 progress(f"{impl}: resume done")
                 await bus.append((f"{main_run}-ctl", "raw"), [make_event(f"{main_run}-ctl", s) for s in seqs.take(f"{main_run}-ctl", 1)])
@@ -528,9 +601,9 @@ async def measure(impl: str, bus_url: str, clients: int, seconds: float, through
                 progress(f"{impl}: saturation done")
                 await settle(load)
                 before = load.ask("probe-all")
-                cpu_before = cpu_s(server.proc.pid)
+                cpu_before = sum(cpu_s(server.proc.pid) for server in servers)
                 report = await control_latency(background, seqs, load, seconds, main_run)
-                cpu = cpu_s(server.proc.pid) - cpu_before
+                cpu = sum(cpu_s(server.proc.pid) for server in servers) - cpu_before
                 cpu_per_frame = cpu / max(1, report["frames"] - before["frames"])
                 cpu_per_write = cpu / max(1, report["reads"] - before["reads"])
                 fanout, slowest = report["latencies_ms"], report["slowest_ms"]
@@ -538,7 +611,8 @@ async def measure(impl: str, bus_url: str, clients: int, seconds: float, through
             finally:
                 load.stop()
         finally:
-            server.stop()
+            for server in servers:
+                server.stop()
     return {
         "clients": connected,
         "rss_per_client_kib": round((rss_after - rss_before) / max(1, connected), 1),
@@ -571,11 +645,15 @@ def main() -> None:
     parser.add_argument("--json", action="store_true")
     parser.add_argument("--through-worker", action="store_true",
                         help="publish the background runs' deltas through a worker (the SDK into ingest)")
+    parser.add_argument("--edges", type=int, default=1,
+                        help="edge processes sharing the port (SO_REUSEPORT, as `runwire edge --reuse-port`)")
     parser.add_argument("--data", default=None, help=argparse.SUPPRESS)
+    parser.add_argument("--reuse-port", action="store_true", help=argparse.SUPPRESS)
+    parser.add_argument("--source", default=None, help=argparse.SUPPRESS)
     parser.add_argument("specs", nargs="*")
     args = parser.parse_args()
     if args.role == "server":
-        serve(args.impl, args.bus, args.port)
+        serve(args.impl, args.bus, args.port, args.reuse_port)
         return
     if args.role == "worker":
         from runwire.workers.cli import main as cli
@@ -587,7 +665,7 @@ def main() -> None:
     if args.role == "clients":
         import uvloop
 
-        uvloop.run(client_role(args.port, args.specs, args.after))
+        uvloop.run(client_role(args.port, args.specs, args.after, args.source))
         return
     clients = 10_000 if args.full else args.clients
     naive_clients = args.naive_clients or clients
@@ -600,7 +678,7 @@ def main() -> None:
         redis.start()
         bus_url = redis.url
     try:
-        ours = asyncio.run(measure("runwire", bus_url, clients, args.seconds, args.through_worker))
+        ours = asyncio.run(measure("runwire", bus_url, clients, args.seconds, args.through_worker, args.edges))
         naive = asyncio.run(measure("naive", bus_url, naive_clients, args.seconds, args.through_worker))
     finally:
         if redis is not None:

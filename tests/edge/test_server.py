@@ -7,9 +7,10 @@ from __future__ import annotations
 import asyncio
 import collections
 import contextlib
+import functools
 import types
 import uuid
-from collections.abc import AsyncIterator, Callable
+from collections.abc import AsyncIterator, Awaitable, Callable
 
 import httpx
 import pytest
@@ -19,6 +20,7 @@ from runwire.bus.base import Bus
 from runwire.core.errors import CONN_DISCONNECTED
 from runwire.edge import EdgeSettings, create_app
 from runwire.edge.fanout.frames import Frame
+from runwire.edge.fanout.hub import Hub
 from runwire.edge.fanout.transports import DISCONNECT_EXTENSION, HttpSink
 from runwire.edge.http.server import LightEvent, edge_config
 from runwire.store.base import ReplayLog
@@ -161,7 +163,7 @@ async def test_a_client_gone_before_its_stream_asks_is_told_at_once(memory_bus: 
         assert told == ["late", "after"]
 
 
-async def stream_bodies(port: int, run: str, count: int, started: Callable[[], object]) -> list[bytes]:
+async def stream_bodies(port: int, run: str, count: int, started: Callable[[], Awaitable[None]]) -> list[bytes]:
     """The SSE bodies ``count`` clients of ``run`` receive until its end; ``started`` is awaited
     once every client is connected."""
     async with httpx.AsyncClient(base_url=f"http://127.0.0.1:{port}", timeout=30) as http:
@@ -169,8 +171,22 @@ async def stream_bodies(port: int, run: str, count: int, started: Callable[[], o
             async with http.stream("GET", f"/v1/runs/{run}/stream?detail=full") as response:
                 return b"".join([chunk async for chunk in response.aiter_bytes()])
         readers = [asyncio.create_task(one()) for _ in range(count)]
-        await started()  # type: ignore[misc]
+        await started()
         return await asyncio.wait_for(asyncio.gather(*readers), 30)
+
+
+async def publish_live(bus: Bus, hub: Hub, run: str) -> None:
+    """Once every client of ``run`` waits for live frames: seqs 4–43 in ten appends, then the
+    terminal event in a batch of its own (a batch that ends the run is the client's task's)."""
+    await until(lambda: live_clients(hub, run) == CLIENTS, what="every client attached")
+    clients = [client for stream in hub.streams.values() for feed in stream.feeds.values()
+               for client in feed.clients]
+    await until(lambda: all(c._waiter is not None for c in clients), what="every client waiting")
+    for start in range(4, 41, 4):
+        await append(bus, run, run_events(run, 4, start=start, end=None))
+        await asyncio.sleep(0)
+    await until(lambda: hub.streams[(run, "raw")].cursor == 43, what="seq 43 fanned out")
+    await append(bus, run, run_events(run, 2, start=43, end="done")[1:])
 
 
 async def test_live_frames_are_written_by_the_hub_without_waking_each_clients_task(
@@ -195,20 +211,7 @@ async def test_live_frames_are_written_by_the_hub_without_waking_each_clients_ta
         await append(memory_bus, run, run_events(run, 3, end=None))
         sent.clear()
         async with served(memory_bus, store, edge_protocol=edge_protocol) as (server, port):
-            hub = server.config.app.state.edge.hub
-
-            async def publish() -> None:
-                await until(lambda: live_clients(hub, run) == CLIENTS, what="every client attached")
-                clients = [client for stream in hub.streams.values() for feed in stream.feeds.values()
-                           for client in feed.clients]
-                await until(lambda: all(c._waiter is not None for c in clients), what="all waiting")
-                for start in range(4, 41, 4):
-                    await append(memory_bus, run, run_events(run, 4, start=start, end=None))
-                    await asyncio.sleep(0)
-                # the terminal frame in a batch of its own (a batch that ends the run is the task's)
-                await until(lambda: hub.streams[(run, "raw")].cursor == 43, what="seq 43 fanned out")
-                await append(memory_bus, run, run_events(run, 2, start=43, end="done")[1:])
-
+            publish = functools.partial(publish_live, memory_bus, server.config.app.state.edge.hub, run)
             bodies[edge_protocol] = await stream_bodies(port, run, CLIENTS, publish)
         live = [seq for seq in sent if seq is not None and 4 <= seq <= 43]
         if edge_protocol:

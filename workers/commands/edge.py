@@ -13,6 +13,7 @@ import contextlib
 import importlib.util
 import ipaddress
 import logging
+import socket
 from collections.abc import Generator
 from typing import TYPE_CHECKING, Any
 
@@ -27,6 +28,8 @@ if TYPE_CHECKING:
     from runwire.edge import EdgeSettings
     from runwire.edge.grpc.server import GrpcServer
 
+LISTEN_BACKLOG = 2048
+"""As uvicorn's own ``backlog``: connections the kernel queues before the edge accepts them."""
 GRPC_MISSING = "--grpc-port needs the grpc extra: pip install 'runwire[grpc]'"
 
 
@@ -75,6 +78,9 @@ def is_loopback(host: str) -> bool:
 @click.option("--requests-per-socket", default=8, show_default=True, type=click.IntRange(min=1),
               envvar="RUNWIRE_REQUESTS_PER_SOCKET",
               help="Chat responses one /v1/threads socket may stream at once (then close 1008).")
+@click.option("--reuse-port", is_flag=True, envvar="RUNWIRE_EDGE_REUSE_PORT",
+              help="Bind with SO_REUSEPORT, so that several runwire edge processes serve one port "
+                   "(the kernel spreads connections among them; any of them serves any run).")
 @allow_private_option
 def edge(
     bus: str,
@@ -90,6 +96,7 @@ def edge(
     client_queue_events: int,
     streams_per_token: int,
     requests_per_socket: int,
+    reuse_port: bool,
     webhooks_allow_private: bool,
 ) -> None:
     """Serve runs over SSE, WebSocket and NDJSON with exact resume, ingest, control and a live page."""
@@ -116,13 +123,40 @@ def edge(
     )
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s %(levelname)s %(message)s")
     redact_logs()
-    asyncio.run(serve(bus, store, host, port, settings, grpc_port))
+    sockets = None
+    if reuse_port:
+        sockets = [reuse_port_socket(host, port)]
+        logging.getLogger("runwire.edge").info(
+            "listening on %s:%d, shared with SO_REUSEPORT", host, sockets[0].getsockname()[1])
+    asyncio.run(serve(bus, store, host, port, settings, grpc_port, sockets=sockets))
+
+
+def reuse_port_socket(host: str, port: int) -> socket.socket:
+    """A listening socket on ``host:port`` that other processes may bind too (``SO_REUSEPORT``:
+    Linux hands each new connection to one of them; the BSDs and macOS accept the option but
+    give every connection to one process)."""
+    if not hasattr(socket, "SO_REUSEPORT"):
+        raise click.UsageError("--reuse-port needs SO_REUSEPORT, which this platform lacks")
+    family, kind, proto, _, address = socket.getaddrinfo(host, port, type=socket.SOCK_STREAM)[0]
+    sock = socket.socket(family, kind, proto)
+    try:
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEPORT, 1)
+        sock.bind(address)
+        sock.listen(LISTEN_BACKLOG)
+    except OSError as exc:
+        sock.close()
+        raise click.ClickException(f"can't bind {host}:{port} with SO_REUSEPORT: {exc.strerror}") from None
+    sock.set_inheritable(True)
+    return sock
 
 
 async def serve(
-    bus_url: str, store_url: str, host: str, port: int, settings: EdgeSettings, grpc_port: int | None = None
+    bus_url: str, store_url: str, host: str, port: int, settings: EdgeSettings, grpc_port: int | None = None,
+    *, sockets: list[socket.socket] | None = None,
 ) -> None:
-    """Open the bus and the replay log, then run uvicorn (and gRPC) until SIGINT/SIGTERM."""
+    """Open the bus and the replay log, then run uvicorn (and gRPC) until SIGINT/SIGTERM; on
+    ``sockets`` (already listening) when given, else on ``host:port``."""
 
     from runwire.bus import open_bus
     from runwire.edge import create_app
@@ -142,7 +176,7 @@ async def serve(
             server.grpc = await start_grpc_or_exit(app.state.edge, host, grpc_port)
             logging.getLogger("runwire.edge").info("gRPC on %s:%d", host, server.grpc.port)
         with edge_deliveries(app.state.edge, store, allow_private=settings.webhooks_allow_private) as server.deliveries:
-            await server.serve()
+            await server.serve(sockets=sockets)
 
 
 async def start_grpc_or_exit(edge: Any, host: str, port: int) -> GrpcServer:

@@ -116,8 +116,8 @@ class HeaderDeadlineProtocol(HttpToolsProtocol):
         if cycle is not None and cycle is not before:  # a request (not a WebSocket upgrade)
             _lighten(cycle, "message_event")
             # one dict serves both extensions (each reads its own key): a dict less per client
-            hooks = {"register": functools.partial(self._on_gone, cycle),
-                     "write": functools.partial(_write_body, cycle)}
+            hooks: dict[object, object] = {"register": functools.partial(self._on_gone, cycle),
+                                           "write": functools.partial(_write_body, cycle)}
             extensions = cycle.scope.setdefault("extensions", {})
             extensions[DISCONNECT_EXTENSION] = extensions[WRITE_EXTENSION] = hooks
 

@@ -1,0 +1,99 @@
+"""Several ``runwire edge --reuse-port`` processes on one port (docs/edge.md § Performance, "How
+many clients a process holds"): the kernel spreads the connections among them, and every client
+gets its whole run whichever process it reached."""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import httpx
+import pytest
+
+from runwire.bus import open_bus
+from tests.e2e_harness import bus_url as own_bus_url
+from tests.e2e_harness import unique
+from tests.edge.harness import append, run_events
+from tests.services import free_port
+from tests.waiting import until
+
+pytestmark = pytest.mark.slow
+
+RUNWIRE = [sys.executable, "-c", "from runwire.workers.cli import main; main()"]
+EDGES = 2
+CLIENTS = 40
+
+
+def spawn_edge(bus: str, store: str, port: int, log: Path) -> subprocess.Popen[bytes]:
+    with log.open("w") as out:  # (the child has its own copy of the descriptor)
+        return subprocess.Popen([*RUNWIRE, "edge", "--bus", bus, "--store", store, "--port", str(port),
+                                 "--reuse-port"], stdout=subprocess.DEVNULL, stderr=out)
+
+
+def sockets(pid: int) -> int:
+    """Sockets process ``pid`` holds open."""
+    fds = Path(f"/proc/{pid}/fd")
+    count = 0
+    for fd in fds.iterdir():
+        try:
+            count += os.readlink(fd).startswith("socket:")
+        except FileNotFoundError:  # closed while listed
+            pass
+    return count
+
+
+async def test_edges_sharing_a_port_each_take_connections_and_serve_every_client(
+    redis_url: str, tmp_path: Path
+) -> None:
+    url = own_bus_url(redis_url, unique("reuse-port"))
+    port = free_port()
+    run = unique("run")
+    logs = [tmp_path / f"edge{n}.log" for n in range(EDGES)]
+    edges = [spawn_edge(url, f"sqlite:///{tmp_path / 'replay.db'}", port, log) for log in logs]
+    try:
+        await until(lambda: all("shared with SO_REUSEPORT" in log.read_text() for log in logs), within=30,
+                    what="every edge listening on the shared port")
+        async with open_bus(url) as bus:
+            await append(bus, run, run_events(run, 3, end=None))
+            held = [sockets(edge.pid) for edge in edges]
+            async with httpx.AsyncClient(timeout=30, limits=httpx.Limits(max_connections=CLIENTS)) as http:
+                async def client() -> list[int]:
+                    async with http.stream("GET", f"http://127.0.0.1:{port}/v1/runs/{run}/stream?detail=full") as response:
+                        body = b"".join([chunk async for chunk in response.aiter_bytes()])
+                    return [int(line[4:]) for line in body.split(b"\n") if line.startswith(b"id: ")]
+
+                readers = [asyncio.create_task(client()) for _ in range(CLIENTS)]
+                await until(lambda: sum(sockets(e.pid) for e in edges) - sum(held) >= CLIENTS,
+                            what="every client connected")
+                gained = [sockets(edge.pid) - before for edge, before in zip(edges, held, strict=True)]
+                await append(bus, run, run_events(run, 10, start=4))
+                received = await asyncio.wait_for(asyncio.gather(*readers), 30)
+        assert all(count > 0 for count in gained), f"connections per edge: {gained}"
+        assert all(ids == list(range(1, 14)) for ids in received)
+    finally:
+        for edge in edges:
+            edge.terminate()
+        for edge in edges:
+            try:
+                edge.wait(20)
+            except subprocess.TimeoutExpired:
+                edge.kill()
+                edge.wait()
+
+
+def test_a_port_another_process_holds_without_reuse_port_is_one_clear_error(tmp_path: Path) -> None:
+    """An edge asked to share a port a socket without ``SO_REUSEPORT`` holds exits with one line."""
+    import socket
+
+    with socket.socket() as taken:
+        taken.bind(("127.0.0.1", 0))
+        taken.listen()
+        port = taken.getsockname()[1]
+        done = subprocess.run([*RUNWIRE, "edge", "--bus", "memory://", "--store", f"sqlite:///{tmp_path / 'r.db'}",
+                               "--port", str(port), "--reuse-port"], capture_output=True, text=True, timeout=60)
+    assert done.returncode != 0
+    assert f"can't bind 127.0.0.1:{port} with SO_REUSEPORT" in done.stderr
+    assert "Traceback" not in done.stderr
