@@ -1,11 +1,12 @@
-"""Several ``runwire edge --reuse-port`` processes on one port (docs/edge.md § Performance, "How
-many clients a process holds"): the kernel spreads the connections among them, and every client
-gets its whole run whichever process it reached."""
+"""Several ``runwire edge --reuse-port`` processes on one port (docs/edge.md § Performance,
+"Several processes on one port"): the kernel spreads the connections among them, every client
+gets its whole run whichever process it reached, and each process's own metrics are read at its
+``--own-addr``."""
 
 from __future__ import annotations
 
 import asyncio
-import os
+import re
 import subprocess
 import sys
 from pathlib import Path
@@ -27,22 +28,18 @@ EDGES = 2
 CLIENTS = 40
 
 
-def spawn_edge(bus: str, store: str, port: int, log: Path) -> subprocess.Popen[bytes]:
+def spawn_edge(bus: str, store: str, port: int, own: int, log: Path) -> subprocess.Popen[bytes]:
     with log.open("w") as out:  # (the child has its own copy of the descriptor)
         return subprocess.Popen([*RUNWIRE, "edge", "--bus", bus, "--store", store, "--port", str(port),
-                                 "--reuse-port"], stdout=subprocess.DEVNULL, stderr=out)
+                                 "--reuse-port", "--own-addr", str(own)], stdout=subprocess.DEVNULL, stderr=out)
 
 
-def sockets(pid: int) -> int:
-    """Sockets process ``pid`` holds open."""
-    fds = Path(f"/proc/{pid}/fd")
-    count = 0
-    for fd in fds.iterdir():
-        try:
-            count += os.readlink(fd).startswith("socket:")
-        except FileNotFoundError:  # closed while listed
-            pass
-    return count
+async def connections(http: httpx.AsyncClient, port: int) -> int:
+    """Open stream connections the edge at its own ``port`` counts in its ``/metrics``."""
+    text = (await http.get(f"http://127.0.0.1:{port}/metrics")).text
+    match = re.search(r"^runwire_edge_connections (\S+)$", text, re.M)
+    assert match, "runwire_edge_connections in /metrics"
+    return int(float(match.group(1)))
 
 
 async def test_edges_sharing_a_port_each_take_connections_and_serve_every_client(
@@ -52,23 +49,29 @@ async def test_edges_sharing_a_port_each_take_connections_and_serve_every_client
     port = free_port()
     run = unique("run")
     logs = [tmp_path / f"edge{n}.log" for n in range(EDGES)]
-    edges = [spawn_edge(url, f"sqlite:///{tmp_path / 'replay.db'}", port, log) for log in logs]
+    own = [free_port() for _ in logs]
+    edges = [spawn_edge(url, f"sqlite:///{tmp_path / 'replay.db'}", port, mine, log)
+             for mine, log in zip(own, logs, strict=True)]
     try:
         await until(lambda: all("shared with SO_REUSEPORT" in log.read_text() for log in logs), within=30,
                     what="every edge listening on the shared port")
         async with open_bus(url) as bus:
             await append(bus, run, run_events(run, 3, end=None))
-            held = [sockets(edge.pid) for edge in edges]
-            async with httpx.AsyncClient(timeout=30, limits=httpx.Limits(max_connections=CLIENTS)) as http:
+            async with httpx.AsyncClient(timeout=30, limits=httpx.Limits(max_connections=CLIENTS + EDGES)) as http:
                 async def client() -> list[int]:
                     async with http.stream("GET", f"http://127.0.0.1:{port}/v1/runs/{run}/stream?detail=full") as response:
                         body = b"".join([chunk async for chunk in response.aiter_bytes()])
                     return [int(line[4:]) for line in body.split(b"\n") if line.startswith(b"id: ")]
 
                 readers = [asyncio.create_task(client()) for _ in range(CLIENTS)]
-                await until(lambda: sum(sockets(e.pid) for e in edges) - sum(held) >= CLIENTS,
-                            what="every client connected")
-                gained = [sockets(edge.pid) - before for edge, before in zip(edges, held, strict=True)]
+                async def held() -> list[int]:
+                    return [await connections(http, mine) for mine in own]
+
+                async def all_connected() -> bool:
+                    return sum(await held()) == CLIENTS
+
+                await until(all_connected, what="every client connected")
+                gained = await held()
                 await append(bus, run, run_events(run, 10, start=4))
                 received = await asyncio.wait_for(asyncio.gather(*readers), 30)
         assert all(count > 0 for count in gained), f"connections per edge: {gained}"

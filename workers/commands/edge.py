@@ -28,6 +28,8 @@ if TYPE_CHECKING:
     from runwire.edge import EdgeSettings
     from runwire.edge.grpc.server import GrpcServer
 
+SO_REUSEPORT: int = getattr(socket, "SO_REUSEPORT", 0)
+"""0 where the platform lacks it (Windows)."""
 LISTEN_BACKLOG = 2048
 """As uvicorn's own ``backlog``: connections the kernel queues before the edge accepts them."""
 GRPC_MISSING = "--grpc-port needs the grpc extra: pip install 'runwire[grpc]'"
@@ -81,6 +83,9 @@ def is_loopback(host: str) -> bool:
 @click.option("--reuse-port", is_flag=True, envvar="RUNWIRE_EDGE_REUSE_PORT",
               help="Bind with SO_REUSEPORT, so that several runwire edge processes serve one port "
                    "(the kernel spreads connections among them; any of them serves any run).")
+@click.option("--own-addr", default=None, envvar="RUNWIRE_EDGE_OWN_ADDR", metavar="[HOST:]PORT",
+              help="Also serve at this address, which no other process shares (with --reuse-port: where "
+                   "this process's /metrics and /readyz are read) [default: none].")
 @allow_private_option
 def edge(
     bus: str,
@@ -97,6 +102,7 @@ def edge(
     streams_per_token: int,
     requests_per_socket: int,
     reuse_port: bool,
+    own_addr: str | None,
     webhooks_allow_private: bool,
 ) -> None:
     """Serve runs over SSE, WebSocket and NDJSON with exact resume, ingest, control and a live page."""
@@ -124,10 +130,19 @@ def edge(
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s %(levelname)s %(message)s")
     redact_logs()
     sockets = None
-    if reuse_port:
-        sockets = [reuse_port_socket(host, port)]
-        logging.getLogger("runwire.edge").info(
-            "listening on %s:%d, shared with SO_REUSEPORT", host, sockets[0].getsockname()[1])
+    if reuse_port or own_addr:
+        sockets = [reuse_port_socket(host, port) if reuse_port else listening_socket(host, port)]
+        if own_addr:
+            own_host, own_port = split_addr(own_addr, host)
+            if secret is None and not is_loopback(own_host):
+                raise click.UsageError(f"refusing to bind {own_host} without RUNWIRE_SECRET: without auth "
+                                       "the edge binds to loopback only")
+            sockets.append(listening_socket(own_host, own_port))
+        for index, sock in enumerate(sockets):
+            name = sock.getsockname()
+            logging.getLogger("runwire.edge").info(
+                "listening on %s:%d%s", name[0], name[1],
+                ", shared with SO_REUSEPORT" if reuse_port and index == 0 else " (this process's own)")
     asyncio.run(serve(bus, store, host, port, settings, grpc_port, sockets=sockets))
 
 
@@ -135,20 +150,36 @@ def reuse_port_socket(host: str, port: int) -> socket.socket:
     """A listening socket on ``host:port`` that other processes may bind too (``SO_REUSEPORT``:
     Linux hands each new connection to one of them; the BSDs and macOS accept the option but
     give every connection to one process)."""
-    if not hasattr(socket, "SO_REUSEPORT"):
+    if not SO_REUSEPORT:
         raise click.UsageError("--reuse-port needs SO_REUSEPORT, which this platform lacks")
+    return listening_socket(host, port, shared=True)
+
+
+def listening_socket(host: str, port: int, *, shared: bool = False) -> socket.socket:
+    """A socket listening on ``host:port`` (``shared``: with ``SO_REUSEPORT``); a port taken is one
+    clear error."""
     family, kind, proto, _, address = socket.getaddrinfo(host, port, type=socket.SOCK_STREAM)[0]
     sock = socket.socket(family, kind, proto)
     try:
         sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
-        sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEPORT, 1)
+        if shared:
+            sock.setsockopt(socket.SOL_SOCKET, SO_REUSEPORT, 1)
         sock.bind(address)
         sock.listen(LISTEN_BACKLOG)
     except OSError as exc:
         sock.close()
-        raise click.ClickException(f"can't bind {host}:{port} with SO_REUSEPORT: {exc.strerror}") from None
+        how = " with SO_REUSEPORT" if shared else ""
+        raise click.ClickException(f"can't bind {host}:{port}{how}: {exc.strerror}") from None
     sock.set_inheritable(True)
     return sock
+
+
+def split_addr(addr: str, default_host: str) -> tuple[str, int]:
+    """``[HOST:]PORT`` as (host, port)."""
+    host, _, port = addr.rpartition(":")
+    if not port.isdigit() or int(port) > 65535:
+        raise click.BadParameter(f"{addr!r} is not [HOST:]PORT", param_hint="--own-addr")
+    return host.strip("[]") or default_host, int(port)
 
 
 async def serve(
