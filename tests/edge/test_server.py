@@ -223,3 +223,29 @@ async def test_live_frames_are_written_by_the_hub_without_waking_each_clients_ta
         assert len(set(received)) == 1, f"clients got different bytes (edge protocol: {edge_protocol})"
         ids = [int(line[4:]) for line in received[0].split(b"\n") if line.startswith(b"id: ")]
         assert ids == list(range(1, 45))
+
+
+async def test_a_client_whose_direct_write_fails_gets_its_frames_from_its_task_and_no_other_loses_any(
+    memory_bus: Bus, store: ReplayLog, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A direct write that raises (for one client) queues that client's frames for its task, and
+    every other client of the feed still gets the batch (the hub's fan-out goes on)."""
+    write_now = HttpSink.write_now
+    failing: list[HttpSink] = []
+
+    def flaky(self: HttpSink, frames: list[Frame]) -> bool:
+        if not failing:
+            failing.append(self)
+        if self is failing[0]:
+            raise RuntimeError("a transport that refuses")
+        return write_now(self, frames)
+
+    monkeypatch.setattr(HttpSink, "write_now", flaky)
+    run = new_id()
+    await append(memory_bus, run, run_events(run, 3, end=None))
+    async with served(memory_bus, store, edge_protocol=True) as (server, port):
+        publish = functools.partial(publish_live, memory_bus, server.config.app.state.edge.hub, run)
+        received = await stream_bodies(port, run, CLIENTS, publish)
+    assert failing, "no direct write was tried"
+    for body in received:
+        assert [int(line[4:]) for line in body.split(b"\n") if line.startswith(b"id: ")] == list(range(1, 45))
