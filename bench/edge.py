@@ -438,8 +438,10 @@ class Background:
             await self.bus.append((run_id, "raw"), [make_event(run_id, s) for s in self.seqs.take(run_id, 1)])
 
     async def published(self, limit_s: float = 30.0) -> None:
-        """Until every background run has a first event in its delivery stream (through the worker)."""
+        """Until every background run has a first event in its delivery stream (through the worker
+        when there is one), before their clients connect (see the control run's)."""
         if self.runs is None:
+            await self.tick()
             return
         for run in self.runs:
             await run.emit("run.lifecycle", {"state": "running"})
@@ -577,6 +579,10 @@ async def measure(impl: str, bus_url: str, clients: int, seconds: float, through
             rss_before = sum(rss_kib(server.proc.pid) for server in servers)
             sockets_before = sum(sockets(server.proc.pid) for server in servers)
             await bus.append((main_run, "raw"), [make_event(main_run, s) for s in seqs.take(main_run, 1)])
+            # the control run too, before its probes connect: a run nobody published within the edge's
+            # unpublished wait (30 s) refuses them, and connecting 19,000 clients can take longer
+            await bus.append((f"{main_run}-ctl", "raw"),
+                             [make_event(f"{main_run}-ctl", s) for s in seqs.take(f"{main_run}-ctl", 1)])
             specs = [f"/v1/runs/{main_run}-bg-{i}/stream?detail=full*2" for i in range(BACKGROUND_RUNS)]
             specs.append(f"/v1/runs/{main_run}-ctl/stream?detail=full*{PROBES}")
             load = Load(port, f"/v1/runs/{main_run}/stream?detail=full", clients, specs)
@@ -592,7 +598,6 @@ async def measure(impl: str, bus_url: str, clients: int, seconds: float, through
                 rss_after = sum(rss_kib(server.proc.pid) for server in servers)
                 resume_ms = await resume_first_event(port)
                 progress(f"{impl}: resume done")
-                await bus.append((f"{main_run}-ctl", "raw"), [make_event(f"{main_run}-ctl", s) for s in seqs.take(f"{main_run}-ctl", 1)])
                 latencies = (await control_latency(background, seqs, load, seconds, f"{main_run}-ctl"))["latencies_ms"]
                 progress(f"{impl}: latency done ({len(latencies)} samples)")
                 await settle(load)
