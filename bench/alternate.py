@@ -27,8 +27,18 @@ def run_once(tree: str, command: list[str]) -> dict[str, float]:
     env = dict(os.environ, RUNWIRE_CODE=tree)
     out = subprocess.run([sys.executable, *command, "--json"], env=env, cwd=HERE,
                          capture_output=True, text=True, check=True).stdout
-    figures = json.loads(out[out.index("{"):])
-    return {k: float(v) for k, v in figures.items() if isinstance(v, int | float)}
+    return flatten(json.loads(out[out.index("{"):]))
+
+
+def flatten(figures: dict[str, object], prefix: str = "") -> dict[str, float]:
+    """A bench's numeric figures, those of nested objects as ``outer.inner``."""
+    flat: dict[str, float] = {}
+    for key, value in figures.items():
+        if isinstance(value, dict):
+            flat.update(flatten(value, f"{prefix}{key}."))
+        elif isinstance(value, int | float) and not isinstance(value, bool):
+            flat[prefix + key] = float(value)
+    return flat
 
 
 def main() -> None:

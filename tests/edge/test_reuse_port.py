@@ -6,6 +6,7 @@ gets its whole run whichever process it reached, and each process's own metrics 
 from __future__ import annotations
 
 import asyncio
+import os
 import re
 import subprocess
 import sys
@@ -100,3 +101,16 @@ def test_a_port_another_process_holds_without_reuse_port_is_one_clear_error(tmp_
     assert done.returncode != 0
     assert f"can't bind 127.0.0.1:{port} with SO_REUSEPORT" in done.stderr
     assert "Traceback" not in done.stderr
+
+
+def test_an_own_address_off_loopback_needs_a_secret_as_the_shared_one_does(tmp_path: Path) -> None:
+    """Without ``RUNWIRE_SECRET`` the edge serves without auth, so ``--own-addr`` may not leave
+    loopback either; a malformed address is named."""
+    base = [*RUNWIRE, "edge", "--bus", "memory://", "--store", f"sqlite:///{tmp_path / 'r.db'}",
+            "--port", str(free_port())]
+    env = {k: v for k, v in os.environ.items() if k != "RUNWIRE_SECRET"}
+    off = subprocess.run([*base, "--own-addr", f"0.0.0.0:{free_port()}"], capture_output=True, text=True,
+                         timeout=60, env=env)
+    assert off.returncode == 2 and "refusing to bind 0.0.0.0 without RUNWIRE_SECRET" in off.stderr
+    bad = subprocess.run([*base, "--own-addr", "here"], capture_output=True, text=True, timeout=60, env=env)
+    assert bad.returncode == 2 and "'here' is not [HOST:]PORT" in bad.stderr
