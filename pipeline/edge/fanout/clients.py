@@ -15,7 +15,7 @@ import asyncio
 import time
 from collections.abc import Callable
 
-from .frames import DROP_REASONING, DROP_TEXT, NEVER_DROP, Frame
+from .frames import DROP_REASONING, DROP_TEXT, NEVER_DROP, Batch, Frame
 
 
 class ClientQueue:
@@ -43,8 +43,8 @@ class ClientQueue:
         edge's ``keepalive_s`` (an A2A client times out a silent stream after 5 s)."""
         self.overflowed = False
         """True once a never-drop frame did not fit: the client is to be disconnected."""
-        self.direct: Callable[[list[Frame]], bool] | None = None
-        """Writes frames to the client at once (True) or declines (False, nothing written); tried
+        self.direct: Callable[[Batch], bool] | None = None
+        """Writes a batch to the client at once (True) or declines (False, nothing written); tried
         by :meth:`put_many` only while the writer waits with nothing queued, so order holds."""
 
     def __len__(self) -> int:
@@ -67,7 +67,7 @@ class ClientQueue:
         """Queue frames in order with one wake (or write them at once, see :attr:`direct`);
         returns the ones dropped (§4 R4)."""
         direct = self.direct
-        if direct is not None and not self._frames:
+        if direct is not None and not self._frames and type(frames) is Batch:
             waiter = self._waiter
             if waiter is not None and not waiter.done() and direct(frames):
                 return []

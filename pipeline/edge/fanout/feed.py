@@ -26,7 +26,7 @@ from ...protocols.base import Egress
 from ..metrics import EdgeMetrics
 from .clients import ClientQueue
 from .filters import event_filter
-from .frames import Frame, drop_rank
+from .frames import Batch, Frame, drop_rank
 
 log = logging.getLogger("runwire.edge.fanout.hub")
 _json = msgspec.json.Encoder()
@@ -97,9 +97,11 @@ class Feed:
         return frame_or_skip(self.encoder, event, terminal, self.key.format)
 
     def fan_out(self, frames: list[Frame], metrics: EdgeMetrics) -> None:
-        """Queue a batch of frames for every client: one call and one wake per client per batch."""
+        """Queue a batch of frames for every client: one call and one wake (or one direct write)
+        per client per batch."""
+        batch = Batch(frames)
         for client in self.clients:
-            for dropped in client.put_many(frames):
+            for dropped in client.put_many(batch):
                 metrics.dropped(dropped.event_type)
 
     def drain_backlog(self, metrics: EdgeMetrics) -> None:

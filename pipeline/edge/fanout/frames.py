@@ -95,6 +95,35 @@ class Frame:
         return Frame(self.variant(dropped), seq=self.seq, terminal=True, event_type=self.event_type)
 
 
+class Batch(list[Frame]):
+    """Frames fanned out to every client of a feed at once (``Feed.fan_out``). What a direct
+    write needs of them (docs/edge.md § Performance) is worked out once for the batch, not once
+    per client: their seqs' range, whether one ends the stream, their SSE and NDJSON bytes."""
+
+    __slots__ = ("_ndjson", "_sse", "first_seq", "last_seq", "terminal")
+
+    def __init__(self, frames: list[Frame]) -> None:
+        super().__init__(frames)
+        seqs = [frame.seq for frame in frames if frame.seq is not None]
+        self.first_seq: int | None = seqs[0] if seqs else None
+        self.last_seq: int | None = max(seqs) if seqs else None
+        self.terminal = any(frame.terminal for frame in frames)
+        self._sse: bytes | None = None
+        self._ndjson: bytes | None = None
+
+    def sse(self) -> bytes:
+        """The frames' SSE bytes, joined once."""
+        if self._sse is None:
+            self._sse = b"".join(frame.sse() for frame in self)
+        return self._sse
+
+    def ndjson(self) -> bytes:
+        """The frames' NDJSON bytes, joined once."""
+        if self._ndjson is None:
+            self._ndjson = b"".join(frame.ndjson() for frame in self)
+        return self._ndjson
+
+
 def render_sse(payloads: list[bytes], seq: int | None) -> bytes:
     """SSE framing of pre-encoded JSON payloads (each is one line: JSON has no raw newline)."""
     parts: list[bytes] = []

@@ -21,7 +21,7 @@ from ...core.errors import BUF_DROP, ReplayExpired, RunNotPublished
 from ...protocols import egress
 from .clients import ClientQueue
 from .feed import Feed, FeedKey, encode_preamble, ends_stream, frame_or_skip, is_stateless
-from .frames import Frame, error_frame
+from .frames import Batch, Frame, error_frame
 from .hub import Hub, Stream
 from .resume import history, needs_log
 
@@ -63,9 +63,9 @@ class Sink(ABC):
     async def send(self, frames: list[Frame]) -> None:
         """Write frames (already encoded) to the client."""
 
-    def write_now(self, frames: list[Frame]) -> bool:
-        """Write live frames (none terminal) at once, without waiting; False, having written
-        nothing, when that can't be done now (they are then :meth:`send`'s)."""
+    def write_now(self, batch: Batch) -> bool:
+        """Write a batch of live frames (none terminal) at once, without waiting; False, having
+        written nothing, when that can't be done now (they are then :meth:`send`'s)."""
         return False
 
     @abstractmethod
@@ -210,30 +210,27 @@ class StreamSession:
         finally:
             self.client.direct = None
 
-    def write_now(self, frames: list[Frame]) -> bool:
-        """Write live frames from the hub's fan-out, while this session's task waits for them.
+    def write_now(self, batch: Batch) -> bool:
+        """Write a batch of live frames from the hub's fan-out, while this session's task waits.
 
         No task switch and no ASGI message per client write (docs/edge.md § Performance); False,
         having written nothing, for what the task must handle: a terminal frame (its drop count,
         the end), a seq already written, or a sink that can't write now (a full buffer: the task's
         ``send`` then waits for the drain, and the queue's bounds apply as ever).
         """
-        last = self.last
-        for frame in frames:
-            if frame.terminal or (frame.seq is not None and frame.seq <= last):
-                return False
+        first = batch.first_seq
+        if batch.terminal or (first is not None and first <= self.last):
+            return False
         try:
-            if not self.sink.write_now(frames):
+            if not self.sink.write_now(batch):
                 return False
         except Exception:  # this client's alone: queued, its task's send meets it; the hub goes on
             log.debug("edge: a direct write to a client failed; its task sends instead", exc_info=True)
             return False
-        for frame in frames:
-            if frame.seq is not None:
-                last = frame.seq
-        self.last = last
+        if batch.last_seq is not None:
+            self.last = batch.last_seq
         self.client.last_write = time.monotonic()
-        self._frames_out.inc(len(frames))
+        self._frames_out.inc(len(batch))
         return True
 
     async def _send(self, frames: list[Frame]) -> bool:

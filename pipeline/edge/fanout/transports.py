@@ -28,7 +28,7 @@ from ...core.errors import (
     RunNotPublished,
     RunwireError,
 )
-from .frames import Frame, error_frame
+from .frames import Batch, Frame, error_frame
 from .hub import Hub
 from .session import (
     Overflowed,
@@ -98,16 +98,13 @@ class HttpSink(Sink):
             body = b"".join(frame.ndjson() for frame in frames)
         await self._send({"type": "http.response.body", "body": body, "more_body": True})
 
-    def write_now(self, frames: list[Frame]) -> bool:
-        """Live frames (none terminal) written without an ASGI ``send``, if the server can now."""
+    def write_now(self, batch: Batch) -> bool:
+        """Live frames (none terminal) written without an ASGI ``send``, if the server can now:
+        the batch's bytes, the same object for every client of its feed."""
         write = self._write
         if write is None:
             return False
-        if self.sse:
-            body = frames[0].sse() if len(frames) == 1 else b"".join(frame.sse() for frame in frames)
-        else:
-            body = frames[0].ndjson() if len(frames) == 1 else b"".join(frame.ndjson() for frame in frames)
-        return write(body)
+        return write(batch.sse() if self.sse else batch.ndjson())
 
     async def keepalive(self) -> None:
         body = b": keepalive\n\n" if self.sse else b"\n"

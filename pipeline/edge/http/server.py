@@ -159,6 +159,11 @@ class HeaderDeadlineProtocol(HttpToolsProtocol):
             self.transport.close()
 
 
+_LAST_CHUNK: list[object] = [object(), b""]
+"""The last body :func:`_write_body` framed, and its chunk: a fan-out writes one body object to
+every client of a feed, so it is framed once, not once per client (holds one body alive)."""
+
+
 def _write_body(cycle: Any, body: bytes) -> bool:
     """Write one chunk of a started, chunked response body now, as ``send`` would; False (nothing
     written) when the client is gone, the response is not streaming, or the transport's buffer is
@@ -166,7 +171,15 @@ def _write_body(cycle: Any, body: bytes) -> bool:
     if (cycle.disconnected or cycle.flow.write_paused or not cycle.response_started
             or cycle.response_complete or cycle.chunked_encoding is not True):
         return False
-    cycle.transport.write(b"%x\r\n%s\r\n" % (len(body), body))
+    if not body:  # as send: nothing to write (an empty chunk would end the response)
+        return True
+    last = _LAST_CHUNK
+    if last[0] is body:
+        chunk = last[1]
+    else:
+        chunk = b"%x\r\n%s\r\n" % (len(body), body)
+        last[0], last[1] = body, chunk
+    cycle.transport.write(chunk)
     return True
 
 
