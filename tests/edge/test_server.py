@@ -42,9 +42,10 @@ def new_id() -> str:
 
 
 @contextlib.asynccontextmanager
-async def served(bus: Bus, store: ReplayLog, *, edge_protocol: bool) -> AsyncIterator[tuple[uvicorn.Server, int]]:
+async def served(bus: Bus, store: ReplayLog, *, edge_protocol: bool,
+                 settings: EdgeSettings | None = None) -> AsyncIterator[tuple[uvicorn.Server, int]]:
     port = free_port()
-    app = create_app(bus, store, EdgeSettings())
+    app = create_app(bus, store, settings or EdgeSettings())
     options = {"host": "127.0.0.1", "port": port, "log_level": "warning", "lifespan": "on",
                "timeout_graceful_shutdown": 0.5}
     config = edge_config(app, **options) if edge_protocol else uvicorn.Config(app, http="httptools", **options)
@@ -249,3 +250,39 @@ async def test_a_client_whose_direct_write_fails_gets_its_frames_from_its_task_a
     assert failing, "no direct write was tried"
     for body in received:
         assert [int(line[4:]) for line in body.split(b"\n") if line.startswith(b"id: ")] == list(range(1, 45))
+
+
+async def test_an_idle_clients_keepalives_are_written_by_the_sweep_without_waking_its_task(
+    memory_bus: Bus, store: ReplayLog, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """On the edge's protocol the keepalive sweep writes an idle client's keepalive comment itself
+    (clients that connected together fall due together: no burst of task wake-ups); on uvicorn's
+    own protocol each client's task sends them. Either way every idle client gets them."""
+    sent: list[str] = []
+    keepalive = HttpSink.keepalive
+
+    async def counting(self: HttpSink) -> None:
+        sent.append("keepalive")
+        await keepalive(self)
+
+    monkeypatch.setattr(HttpSink, "keepalive", counting)
+    for edge_protocol in (True, False):
+        run = new_id()
+        await append(memory_bus, run, run_events(run, 3, end=None))
+        sent.clear()
+        async with served(memory_bus, store, edge_protocol=edge_protocol,
+                          settings=EdgeSettings(keepalive_s=0.2)) as (server, port):
+            streams = await open_streams(port, run, CLIENTS)
+            received = [b""] * CLIENTS
+
+            async def read(index: int, reader: asyncio.StreamReader) -> None:
+                while received[index].count(b": keepalive") < 2:
+                    received[index] += await reader.read(4096)
+
+            await asyncio.wait_for(asyncio.gather(*(read(i, r) for i, (r, _) in enumerate(streams))), 30)
+            for _, writer in streams:
+                writer.close()
+        if edge_protocol:
+            assert sent == [], "a keepalive went through a client's task"
+        else:
+            assert len(sent) >= 2 * CLIENTS

@@ -14,8 +14,18 @@ from __future__ import annotations
 import asyncio
 import time
 from collections.abc import Callable
+from typing import Protocol
 
 from .frames import DROP_REASONING, DROP_TEXT, NEVER_DROP, Batch, Frame
+
+
+class DirectWriter(Protocol):
+    """What writes to a client at once while its writer waits (``StreamSession``): each returns
+    False, having written nothing, when it can't now."""
+
+    def write_now(self, batch: Batch) -> bool: ...
+
+    def keepalive_now(self) -> bool: ...
 
 
 class ClientQueue:
@@ -43,9 +53,10 @@ class ClientQueue:
         edge's ``keepalive_s`` (an A2A client times out a silent stream after 5 s)."""
         self.overflowed = False
         """True once a never-drop frame did not fit: the client is to be disconnected."""
-        self.direct: Callable[[Batch], bool] | None = None
-        """Writes a batch to the client at once (True) or declines (False, nothing written); tried
-        by :meth:`put_many` only while the writer waits with nothing queued, so order holds."""
+        self.direct: DirectWriter | None = None
+        """Writes a batch or a keepalive to the client at once, or declines; tried by
+        :meth:`put_many` and :meth:`keepalive` only while the writer waits with nothing queued,
+        so order holds."""
 
     def __len__(self) -> int:
         return len(self._frames)
@@ -69,7 +80,7 @@ class ClientQueue:
         direct = self.direct
         if direct is not None and not self._frames and type(frames) is Batch:
             waiter = self._waiter
-            if waiter is not None and not waiter.done() and direct(frames):
+            if waiter is not None and not waiter.done() and direct.write_now(frames):
                 return []
         size = 0
         for frame in frames:
@@ -144,15 +155,21 @@ class ClientQueue:
         self._droppable = [0, 0]
         return frames
 
-    def poke(self) -> None:
-        """Wake the writer with nothing queued (the hub's keepalive sweep)."""
+    def keepalive(self) -> None:
+        """Keep an idle client's connection open (the hub's keepalive sweep): written at once
+        where :attr:`direct` can, else the writer is woken with nothing queued to send one."""
+        direct = self.direct
+        if direct is not None and not self._frames:
+            waiter = self._waiter
+            if waiter is not None and not waiter.done() and direct.keepalive_now():
+                return
         self._wake()
 
     async def wait(self) -> bool:
         """Wait until a frame is queued, the client overflowed, or it is poked.
 
         True when there is something to take. There is no timer per wait:
-        the hub's one keepalive sweep pokes idle clients (a timer per wait
+        the hub's one keepalive sweep wakes idle clients (a timer per wait
         costs a heap push and pop per client per event).
         """
         if self._frames or self.overflowed:

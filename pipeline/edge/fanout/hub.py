@@ -38,6 +38,8 @@ from .frames import Frame
 from .resume import first_covered, history, probe
 
 log = logging.getLogger(__name__)
+KEEPALIVE_SLICE = 500
+"""Keepalives the sweep writes (or wakes) before it lets other work run (~5 ms of them)."""
 READ_RETRY_S = 0.5
 """Pause between failed reads of the bus."""
 _json = msgspec.json.Encoder()
@@ -305,12 +307,18 @@ class Hub:
         while True:
             await asyncio.sleep(min(1.0, every / 4))
             now = time.monotonic()
+            due = 0
             for stream in list(self.streams.values()):
                 for feed in list(stream.feeds.values()):
-                    for client in feed.clients:
+                    for client in list(feed.clients):
                         if client.last_write <= now - (client.keepalive_s or every) and not len(client):
                             client.last_write = time.monotonic()
-                            client.poke()
+                            client.keepalive()
+                            due += 1
+                            if due % KEEPALIVE_SLICE == 0:
+                                # clients that connected together fall due together: let other
+                                # work (a control event's fan-out) in between slices of them
+                                await asyncio.sleep(0)
 
     # ---- silence: every stream ends -------------------------------------
     async def _silence_loop(self) -> None:

@@ -68,6 +68,10 @@ class Sink(ABC):
         written nothing, when that can't be done now (they are then :meth:`send`'s)."""
         return False
 
+    def keepalive_now(self) -> bool:
+        """:meth:`keepalive`'s bytes written at once, without waiting; False as :meth:`write_now`."""
+        return False
+
     @abstractmethod
     async def keepalive(self) -> None:
         """Called when nothing was sent for ``keepalive_s`` seconds."""
@@ -196,7 +200,7 @@ class StreamSession:
             await self._send([frame] if frame else [])
             return
         if self.sink.writes_now:
-            self.client.direct = self.write_now
+            self.client.direct = self
         try:
             while True:
                 if not await self.client.wait():
@@ -232,6 +236,14 @@ class StreamSession:
         self.client.last_write = time.monotonic()
         self._frames_out.inc(len(batch))
         return True
+
+    def keepalive_now(self) -> bool:
+        """A keepalive from the hub's sweep, written as :meth:`write_now` writes (no task woken)."""
+        try:
+            return self.sink.keepalive_now()
+        except Exception:  # as write_now: the task sends it instead
+            log.debug("edge: a direct keepalive to a client failed; its task sends one", exc_info=True)
+            return False
 
     async def _send(self, frames: list[Frame]) -> bool:
         """Write frames (terminal ones with this client's drop count); True after the terminal one."""

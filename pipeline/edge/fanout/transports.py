@@ -54,6 +54,8 @@ CLOSE_POLICY = 1008
 """Policy violation (RFC 6455 §7.4.1): a token over its quota, a socket over its request limit, a bad frame."""
 
 _AI_SDK_DONE = b"data: [DONE]\n\n"
+_SSE_KEEPALIVE = b": keepalive\n\n"
+_NDJSON_KEEPALIVE = b"\n"
 
 
 class HttpSink(Sink):
@@ -107,8 +109,14 @@ class HttpSink(Sink):
         return write(batch.sse() if self.sse else batch.ndjson())
 
     async def keepalive(self) -> None:
-        body = b": keepalive\n\n" if self.sse else b"\n"
-        await self._send({"type": "http.response.body", "body": body, "more_body": True})
+        await self._send({"type": "http.response.body", "body": self._keepalive(), "more_body": True})
+
+    def keepalive_now(self) -> bool:
+        write = self._write
+        return write is not None and write(self._keepalive())
+
+    def _keepalive(self) -> bytes:
+        return _SSE_KEEPALIVE if self.sse else _NDJSON_KEEPALIVE
 
     async def finish(self) -> None:
         await self._send({"type": "http.response.body", "body": b"", "more_body": False})
