@@ -252,6 +252,15 @@ async def test_a_client_whose_direct_write_fails_gets_its_frames_from_its_task_a
         assert [int(line[4:]) for line in body.split(b"\n") if line.startswith(b"id: ")] == list(range(1, 45))
 
 
+async def two_keepalives(reader: asyncio.StreamReader) -> None:
+    """Read a stream until two keepalive comments came."""
+    received = b""
+    while received.count(b": keepalive") < 2:
+        chunk = await reader.read(4096)
+        assert chunk, "the stream ended before two keepalives"
+        received += chunk
+
+
 async def test_an_idle_clients_keepalives_are_written_by_the_sweep_without_waking_its_task(
     memory_bus: Bus, store: ReplayLog, monkeypatch: pytest.MonkeyPatch
 ) -> None:
@@ -273,13 +282,7 @@ async def test_an_idle_clients_keepalives_are_written_by_the_sweep_without_wakin
         async with served(memory_bus, store, edge_protocol=edge_protocol,
                           settings=EdgeSettings(keepalive_s=0.2)) as (server, port):
             streams = await open_streams(port, run, CLIENTS)
-            received = [b""] * CLIENTS
-
-            async def read(index: int, reader: asyncio.StreamReader) -> None:
-                while received[index].count(b": keepalive") < 2:
-                    received[index] += await reader.read(4096)
-
-            await asyncio.wait_for(asyncio.gather(*(read(i, r) for i, (r, _) in enumerate(streams))), 30)
+            await asyncio.wait_for(asyncio.gather(*(two_keepalives(reader) for reader, _ in streams)), 30)
             for _, writer in streams:
                 writer.close()
         if edge_protocol:
