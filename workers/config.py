@@ -288,3 +288,11 @@ def absolute_store(ctx: click.Context | None, param: click.Parameter | None, val
 def absolute_dir(ctx: click.Context | None, param: click.Parameter | None, value: Path | None) -> Path | None:
     """A directory option made absolute against the working directory (``--data-dir``)."""
     return value.resolve() if value is not None else None
+
+
+def split_addr(addr: str, default_host: str, option: str) -> tuple[str, int]:
+    """An option's ``[HOST:]PORT`` as (host, port), ``default_host`` when it names none."""
+    host, _, port = addr.rpartition(":")
+    if not port.isdigit() or int(port) > 65535:
+        raise click.BadParameter(f"{addr!r} is not [HOST:]PORT", param_hint=option)
+    return host.strip("[]") or default_host, int(port)

@@ -20,7 +20,7 @@ from typing import TYPE_CHECKING, Any
 import click
 
 from runwire.core.redaction import redact_logs
-from runwire.workers.config import absolute_store
+from runwire.workers.config import absolute_store, split_addr
 from runwire.workers.deliveries import DeliveryThread, allow_private_option, edge_deliveries
 from runwire.workers.process import raise_file_limit, tune_gc
 
@@ -133,7 +133,7 @@ def edge(
     if reuse_port or own_addr:
         sockets = [reuse_port_socket(host, port) if reuse_port else listening_socket(host, port)]
         if own_addr:
-            own_host, own_port = split_addr(own_addr, host)
+            own_host, own_port = split_addr(own_addr, host, "--own-addr")
             if secret is None and not is_loopback(own_host):
                 raise click.UsageError(f"refusing to bind {own_host} without RUNWIRE_SECRET: without auth "
                                        "the edge binds to loopback only")
@@ -172,14 +172,6 @@ def listening_socket(host: str, port: int, *, shared: bool = False) -> socket.so
         raise click.ClickException(f"can't bind {host}:{port}{how}: {exc.strerror}") from None
     sock.set_inheritable(True)
     return sock
-
-
-def split_addr(addr: str, default_host: str) -> tuple[str, int]:
-    """``[HOST:]PORT`` as (host, port)."""
-    host, _, port = addr.rpartition(":")
-    if not port.isdigit() or int(port) > 65535:
-        raise click.BadParameter(f"{addr!r} is not [HOST:]PORT", param_hint="--own-addr")
-    return host.strip("[]") or default_host, int(port)
 
 
 async def serve(

@@ -22,7 +22,7 @@ from prometheus_client import CollectorRegistry, start_http_server
 
 from runwire.core.redaction import redact_logs
 from runwire.processing.stages import WorkerStats
-from runwire.workers.config import absolute_store
+from runwire.workers.config import absolute_store, split_addr
 from runwire.workers.deliveries import allow_private_option, deliveries
 from runwire.workers.process import tune_gc
 
@@ -138,9 +138,7 @@ def serve_metrics(addr: str | None) -> CollectorRegistry | None:
     prometheus-client's), or None without the option."""
     if not addr:
         return None
-    host, _, port = addr.rpartition(":")
-    if not port.isdigit():
-        raise click.BadParameter(f"{addr!r} is not [HOST:]PORT", param_hint="--metrics-addr")
+    host, port = split_addr(addr, "127.0.0.1", "--metrics-addr")
     registry = CollectorRegistry()
-    start_http_server(int(port), addr=host or "127.0.0.1", registry=registry)
+    start_http_server(port, addr=host, registry=registry)
     return registry
