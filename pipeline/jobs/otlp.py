@@ -20,13 +20,15 @@ of those (an ``ArrayValue``); anything else is written as its ``str``.
 from __future__ import annotations
 
 import struct
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
+from ..core.native import load
 from .otlp_env import OtlpSettings, parse_pairs, resource_of
 from .spans import Span, SpanEvent
 
-__all__ = ["SCHEMA_URL", "OtlpSettings", "encode_request", "parse_pairs", "resource_of"]
+__all__ = ["NATIVE", "SCHEMA_URL", "OtlpSettings", "encode_request", "encode_request_python", "parse_pairs",
+           "resource_of"]
 
 SCHEMA_URL = "https://opentelemetry.io/schemas/1.37.0"
 """The semantic conventions version the spans follow (GenAI attributes of 1.37: still
@@ -164,8 +166,9 @@ def _span_head(trace: str, parent: str | None, name: str, operation: str) -> byt
             + _string(_SPAN_NAME, name) + _KINDS[operation])
 
 
-def encode_request(spans: Sequence[Span], resource: Mapping[str, str], version: str = "") -> bytes:
-    """One ``ExportTraceServiceRequest`` carrying ``spans`` (all ended), serialized.
+def encode_request_python(spans: Sequence[Span], resource: Mapping[str, str], version: str = "") -> bytes:
+    """One ``ExportTraceServiceRequest`` carrying ``spans`` (all ended), serialized: the pure-Python
+    twin of ``runwire.jobs._otlp.encode_request`` (:data:`encode_request` is whichever of the two runs).
 
     One loop, no call per span or attribute when what it writes was written before: a span's
     trace, parent, name and kind fields in one piece by those four (:data:`_HEADS`), and each
@@ -174,7 +177,8 @@ def encode_request(spans: Sequence[Span], resource: Mapping[str, str], version: 
     body = []
     heads, kept, times, fromhex = _HEADS, _SPAN_ATTRIBUTES, _SPAN_TIMES.pack, bytes.fromhex
     for span in spans:
-        assert span.end_ns is not None, "only ended spans are exported"
+        if span.end_ns is None:
+            raise ValueError("only ended spans are exported")
         key = (span.trace_id, span.parent_span_id, span.name, span.operation)
         head = heads.get(key)
         if head is None:
@@ -213,3 +217,10 @@ def encode_request(spans: Sequence[Span], resource: Mapping[str, str], version: 
     resource_spans = (_field(_RESOURCE_SPANS_RESOURCE, attributes) + _field(_RESOURCE_SPANS_SCOPE_SPANS, scope_spans)
                       + _string(_RESOURCE_SPANS_SCHEMA, SCHEMA_URL))
     return _field(_REQUEST_RESOURCE_SPANS, resource_spans)
+
+
+_compiled = load("jobs._otlp", "OTLP writer")
+NATIVE = _compiled is not None
+"""Whether :data:`encode_request` is the compiled twin (``runwire.jobs._otlp``, the same bytes)."""
+encode_request: Callable[[Sequence[Span], Mapping[str, str], str], bytes] = (
+    _compiled.encode_request if _compiled is not None else encode_request_python)

@@ -1,0 +1,42 @@
+"""The compiled twins of pure-Python hot paths, and which of the two a process runs.
+
+A compiled twin (``runwire.jobs._otlp``: the OTLP request writer of :mod:`runwire.jobs.otlp`) is
+built from C at install where a compiler is (``setup.py``: an optional extension) and writes
+exactly what its Python twin writes: a test checks the two against each other over generated
+input (``tests/jobs/test_otlp_native.py``), and the tests that reach a twin run on both
+(``scripts/test``: the whole suite as installed, then those again with ``RUNWIRE_PURE=1``).
+Where it was not built, the Python twin runs and the process says so once, in one log line.
+``RUNWIRE_PURE=1`` asks for the Python twins everywhere (to compare, or to rule the compiled
+code out of a problem).
+"""
+
+from __future__ import annotations
+
+import importlib
+import logging
+import os
+from types import ModuleType
+
+__all__ = ["PURE_ENV", "load", "pure_requested"]
+
+log = logging.getLogger("runwire")
+
+PURE_ENV = "RUNWIRE_PURE"
+
+
+def pure_requested() -> bool:
+    """Whether ``RUNWIRE_PURE=1`` asks for the pure-Python twins."""
+    return os.environ.get(PURE_ENV, "") == "1"
+
+
+def load(name: str, what: str) -> ModuleType | None:
+    """The compiled module ``runwire.{name}``; None (the Python twin runs) when
+    ``RUNWIRE_PURE=1`` or when it was not built, which is then said once in one log line."""
+    if pure_requested():
+        return None
+    try:
+        return importlib.import_module(f"runwire.{name}")
+    except ImportError:
+        log.warning("runwire: the compiled %s (runwire.%s) is not built here (no C compiler at "
+                    "install); its pure-Python twin runs", what, name)
+        return None
