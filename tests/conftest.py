@@ -3,8 +3,10 @@
 from __future__ import annotations
 
 import contextlib
+import gc
 import subprocess
 import uuid
+import warnings
 from collections.abc import AsyncIterator, Iterator
 from pathlib import Path
 
@@ -25,6 +27,22 @@ from tests.services import (
     own_server,
     provide,
 )
+
+
+@pytest.fixture(autouse=True)
+def _kafka_clients_closed(request: pytest.FixtureRequest) -> Iterator[None]:
+    """A test on the Kafka broker leaves no Kafka client's connection open: after it (and after its
+    event loop closed), what became garbage is collected here, and an unclosed connection fails
+    this test. Left to the collector, it warned inside whichever test ran when the collector did,
+    naming nothing of the test that left it."""
+    yield
+    if "kafka_url" not in request.fixturenames:
+        return
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always", ResourceWarning)
+        gc.collect()
+    unclosed = sorted({str(found.message) for found in caught if issubclass(found.category, ResourceWarning)})
+    assert not unclosed, f"this test left clients or connections open: {unclosed}"
 
 
 @pytest.fixture(scope="session")

@@ -20,7 +20,7 @@ of those (an ``ArrayValue``); anything else is written as its ``str``.
 from __future__ import annotations
 
 import struct
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Mapping, Sequence
 from typing import Any
 
 from ..core.native import load
@@ -222,5 +222,6 @@ def encode_request_python(spans: Sequence[Span], resource: Mapping[str, str], ve
 _compiled = load("jobs._otlp", "OTLP writer")
 NATIVE = _compiled is not None
 """Whether :data:`encode_request` is the compiled twin (``runwire.jobs._otlp``, the same bytes)."""
-encode_request: Callable[[Sequence[Span], Mapping[str, str], str], bytes] = (
-    _compiled.encode_request if _compiled is not None else encode_request_python)
+encode_request = encode_request_python
+if _compiled is not None:
+    encode_request = _compiled.encode_request
