@@ -138,6 +138,46 @@ def _error_type(value: Any) -> str:
     return "_OTHER"
 
 
+# ---- the rarer rules, shared with the compiled fold (runwire.jobs._otlp.SpanFold calls these) ----
+
+
+def agent_name(ext: dict[str, Any] | None) -> str | None:
+    """The agent's name an event's ``ext`` gives (``{"agent": {"name": …}}``), clipped; else None."""
+    if ext and isinstance(ext.get("agent"), dict) and isinstance(ext["agent"].get("name"), str):
+        return _clip(ext["agent"]["name"], 256)
+    return None
+
+
+def tool_error(error: Any) -> tuple[str, str]:
+    """A failed tool call's status message and ``error.type``, from its ``tool.end``'s ``error``."""
+    error = known(error)
+    return _describe(error) or "the tool call failed", _error_type(error)
+
+
+def run_error(reason: Any) -> str:
+    """The status message of a run that ended in ``error``, from its ``reason``."""
+    return _describe(known(reason)) or "the run ended in error"
+
+
+def approval_requested(event: RunLifecycle, at: int) -> SpanEvent:
+    """The span event of a run that began to wait for an approval (its calls from ``ext``)."""
+    ext = event.ext or {}
+    calls = ext.get("approval", {}).get("calls") if isinstance(ext.get("approval"), dict) else None
+    attributes: dict[str, Any] = {}
+    if isinstance(calls, list):
+        attributes["runwire.approval.calls"] = len(calls)
+        attributes["runwire.approval.tools"] = [str(c.get("tool")) for c in calls if isinstance(c, dict)]
+    if known(event.payload.reason):
+        attributes["runwire.reason"] = _clip(str(event.payload.reason), MESSAGE_CHARS)
+    return SpanEvent(name="runwire.approval.requested", ts=event.ts, time_ns=at, attributes=attributes)
+
+
+def approval_resolved(event: RunLifecycle, at: int, awaiting: SpanEvent) -> SpanEvent:
+    """The span event of a run whose wait for an approval ended (the state it went on in)."""
+    return SpanEvent(name="runwire.approval.resolved", ts=event.ts, time_ns=at, attributes={
+        "runwire.run.state": event.payload.state, "runwire.approval.wait_ms": (at - awaiting.time_ns) // 1_000_000})
+
+
 _NONE: list[Span] = []
 """What most events end (never appended to)."""
 _QUIET = frozenset({TextDelta, ReasoningDelta, Extension})
@@ -315,18 +355,27 @@ class SpanTree:
     def _adopt(self, run: _Run, parent_id: str, event: Event) -> None:
         """A deeper parent learned late (a sub-run's events before its parent's spawn)."""
         parent = self._runs.get(parent_id)
-        if parent is None or parent is run:
-            return
+        if parent is None or parent is run or self._under(parent, run):
+            return  # a parent under the run itself would make the tree a cycle: the first one stays
         if run.parent is not None and run in run.parent.children:
             run.parent.children.remove(run)
         run.parent = parent
         parent.children.append(run)
         run.span.parent_span_id = parent.span.span_id
 
+    @staticmethod
+    def _under(run: _Run, ancestor: _Run) -> bool:
+        """Whether ``run`` is a descendant of ``ancestor``."""
+        above = run.parent
+        while above is not None:
+            if above is ancestor:
+                return True
+            above = above.parent
+        return False
+
     def _name(self, run: _Run, event: Event) -> None:
-        ext = event.ext
-        if ext and isinstance(ext.get("agent"), dict) and isinstance(ext["agent"].get("name"), str):
-            name = _clip(ext["agent"]["name"], 256)
+        name = agent_name(event.ext)
+        if name is not None:
             run.span.attributes["gen_ai.agent.name"] = name
             run.span.name = f"invoke_agent {name}"
         thread = event.thread_id
@@ -358,10 +407,8 @@ class SpanTree:
             span = self._open_tool(run, p.call_id, "(unknown)", event.ts, at, None)
             del run.tools[p.call_id]
         if not p.ok:
-            error = known(p.error)
             span.status = "error"
-            span.status_message = _describe(error) or "the tool call failed"
-            span.attributes["error.type"] = _error_type(error)
+            span.status_message, span.attributes["error.type"] = tool_error(p.error)
         if self.content and known(p.output) is not None:
             span.attributes["gen_ai.tool.call.result"] = _json(p.output)
         self._end(span, event, at)
@@ -425,25 +472,16 @@ class SpanTree:
     def _lifecycle(self, run: _Run, event: RunLifecycle, at: int) -> None:
         p = event.payload
         if run.awaiting is not None and p.state != "awaiting_approval":
-            run.span.events.append(SpanEvent(name="runwire.approval.resolved", ts=event.ts, time_ns=at, attributes={
-                "runwire.run.state": p.state, "runwire.approval.wait_ms": (at - run.awaiting.time_ns) // 1_000_000}))
+            run.span.events.append(approval_resolved(event, at, run.awaiting))
             run.awaiting = None
         if p.state == "awaiting_approval" and run.awaiting is None:
-            calls = (event.ext or {}).get("approval", {}).get("calls") if isinstance(
-                (event.ext or {}).get("approval"), dict) else None
-            attributes: dict[str, Any] = {}
-            if isinstance(calls, list):
-                attributes["runwire.approval.calls"] = len(calls)
-                attributes["runwire.approval.tools"] = [str(c.get("tool")) for c in calls if isinstance(c, dict)]
-            if known(p.reason):
-                attributes["runwire.reason"] = _clip(str(p.reason), MESSAGE_CHARS)
-            run.awaiting = SpanEvent(name="runwire.approval.requested", ts=event.ts, time_ns=at, attributes=attributes)
+            run.awaiting = approval_requested(event, at)
             run.span.events.append(run.awaiting)
         if p.state in TERMINAL_STATES:
             run.span.attributes["runwire.run.state"] = p.state
             if p.state == "error":
                 run.span.status = "error"
-                run.span.status_message = _describe(known(p.reason)) or "the run ended in error"
+                run.span.status_message = run_error(p.reason)
                 run.span.attributes["error.type"] = "_OTHER"
             self._close(run, event, at)
 

@@ -116,3 +116,16 @@ def test_folding_many_at_once_is_folding_one_by_one() -> None:
         assert [s.name for s in many.apply_many(events[:9])] == ["chat gpt-test", "execute_tool grep", "invoke_agent"]
         assert [s.name for s in many.apply_many(events[9:], past=13)] == ["execute_tool book", "invoke_agent planner"]
         assert many.spans() == one.spans() and many.last_seq == one.last_seq == len(events)
+
+
+def test_a_stream_naming_a_run_under_itself_as_its_parent_keeps_the_tree_a_tree() -> None:
+    """``r.a`` spawns ``r.b``; then an event of ``r.a`` names ``r.b`` its parent. Adopted, the two
+    would be each other's parent, cut off from the root: the root's end would leave both open,
+    their spans never sent. The first parent stays, and every span ends once."""
+    events = [event("r", 1, "child.spawn", {"child_id": "r.a"}, second=1),
+              event("r", 2, "child.spawn", {"child_id": "r.b"}, second=2, child_id="r.a"),
+              event("r", 3, "x.usage", {"input_tokens": 1}, second=3, child_id="r.a", parent_id="r.b"),
+              event("r", 4, "run.lifecycle", {"state": "done"}, second=4)]
+    spans = SpanTree("r").apply_many(events)
+    assert [s.run_id for s in spans] == ["r.b", "r.a", "r"]
+    assert spans[0].parent_span_id == spans[1].span_id and spans[1].parent_span_id == spans[2].span_id
