@@ -5,5 +5,6 @@ optional, so that an install without a C compiler goes on with the pure-Python t
 from setuptools import Extension, setup
 
 setup(ext_modules=[
-    Extension("runwire.jobs._otlp", ["pipeline/jobs/_otlp.c"], optional=True, extra_compile_args=["-O2"]),
+    Extension("runwire.jobs._otlp", ["pipeline/jobs/_otlp.c", "pipeline/jobs/_fold.c"],
+              depends=["pipeline/jobs/_wire.h"], optional=True, extra_compile_args=["-O2"]),
 ])

@@ -62,9 +62,10 @@ from prometheus_client import CollectorRegistry  # noqa: E402
 
 from runwire.bus import Bus, open_bus  # noqa: E402 - the tree import_code() names
 from runwire.core.envelope import Event, format_ts, make  # noqa: E402
+from runwire.jobs import otlp  # noqa: E402
 from runwire.jobs.export import SpanExporter  # noqa: E402
 from runwire.jobs.otlp import OtlpSettings, encode_request  # noqa: E402
-from runwire.jobs.spans import Span, SpanTree  # noqa: E402
+from runwire.jobs.spans import SpanTree  # noqa: E402
 from runwire.store import open_store  # noqa: E402
 from runwire.workers.process import tune_gc  # noqa: E402
 from runwire.workers.runtime import run_worker  # noqa: E402
@@ -232,18 +233,21 @@ def root_streams(written: list[Any]) -> list[tuple[str, list[Event]]]:
     return out
 
 
-def fold(streams: list[tuple[str, list[Event]]]) -> list[Span]:
-    trees: dict[str, SpanTree] = {}
-    ended: list[Span] = []
+def fold(streams: list[tuple[str, list[Event]]]) -> list[Any]:
+    """The exporter's fold (the compiled one where built and not ``RUNWIRE_PURE=1``; a tree
+    from before ``span_fold`` existed: ``SpanTree``)."""
+    make = getattr(otlp, "span_fold", None) or (lambda root, content: SpanTree(root, keep=False))
+    trees: dict[str, Any] = {}
+    ended: list[Any] = []
     for run_id, events in streams:
         tree = trees.get(run_id)
         if tree is None:
-            tree = trees[run_id] = SpanTree(run_id, keep=False)
+            tree = trees[run_id] = make(run_id, False)
         ended += tree.apply_many(events, 0)
     return ended
 
 
-def write(spans: list[Span]) -> None:
+def write(spans: list[Any]) -> None:
     for start in range(0, len(spans), 1000):
         encode_request(spans[start:start + 1000], {"service.name": "bench"}, "0")
 

@@ -30,7 +30,7 @@ import time
 from collections import OrderedDict
 from collections.abc import AsyncIterator, Mapping, Sequence
 from datetime import timedelta
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import httpx
 from prometheus_client import CollectorRegistry, Counter
@@ -38,7 +38,9 @@ from prometheus_client import CollectorRegistry, Counter
 from ..core.envelope import Event
 from ..store import ReplayLog, open_store
 from .otlp_env import OtlpSettings
-from .spans import Span, SpanTree
+
+if TYPE_CHECKING:
+    from .otlp import Fold
 
 __all__ = ["ExportMetrics", "SpanExporter", "exporter_from_env", "exporting"]
 
@@ -112,7 +114,7 @@ class SpanExporter:
         self._buffers: dict[str, list[Event]] = {}
         self._buffered = 0
         self._from_log: set[str] = set()
-        self._trees: OrderedDict[str, tuple[SpanTree, int, float]] = OrderedDict()
+        self._trees: OrderedDict[str, tuple[Fold, int, float]] = OrderedDict()
         """Per root run held here: its tree, the cursor it was folded from, and until when (monotonic)
         the hold lasts; a root not in it is claimed again (and folded from the log) when it comes."""
         self._roots: OrderedDict[str, bool] = OrderedDict()
@@ -198,7 +200,7 @@ class SpanExporter:
         now = time.monotonic()
         due = [root for root in roots if root not in self._trees or self._trees[root][2] - now < self.hold_s / 2]
         held = await self.store.export_claim(due, self.holder, self.hold_s) if due else {}
-        spans: list[Span] = []
+        spans: list[Any] = []  # ended spans: Span, or the compiled fold's bytes of one
         moves: list[tuple[str, int, int]] = []
         for root in roots:
             if root in held:
@@ -238,11 +240,13 @@ class SpanExporter:
                 self._remember(run_id, info is None or info.parent_id is None)
         return [run_id for run_id in run_ids if self._roots[run_id]]
 
-    async def _fold(self, root: str, cursor: int, until: float, buffered: list[Event], spans: list[Span]) -> SpanTree:
+    async def _fold(self, root: str, cursor: int, until: float, buffered: list[Event], spans: list[Any]) -> Fold:
         entry = self._trees.pop(root, None)
         tree = entry[0] if entry is not None and entry[1] == cursor else None
         if tree is None:
-            tree = SpanTree(root, content=self.settings.content, keep=False)
+            from .otlp import span_fold  # loaded by a process that exports, only
+
+            tree = span_fold(root, self.settings.content)
         if buffered and buffered[0].seq == tree.last_seq + 1:
             spans.extend(tree.apply_many(buffered, cursor))
         else:  # from the log, a page at a time (a long run is never held whole)
@@ -259,8 +263,8 @@ class SpanExporter:
                 self._trees.popitem(last=False)
         return tree
 
-    async def _send(self, spans: list[Span]) -> int:
-        from .otlp import encode_request  # protobuf: loaded by a process that exports, only
+    async def _send(self, spans: list[Any]) -> int:
+        from .otlp import encode_request  # loaded by a process that exports, only
 
         deadline = time.monotonic() + self.give_up_s
         sent = 0

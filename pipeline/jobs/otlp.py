@@ -21,14 +21,15 @@ from __future__ import annotations
 
 import struct
 from collections.abc import Mapping, Sequence
-from typing import Any
+from typing import Any, Protocol
 
+from ..core.envelope import Event
 from ..core.native import load
 from .otlp_env import OtlpSettings, parse_pairs, resource_of
-from .spans import Span, SpanEvent
+from .spans import Span, SpanEvent, SpanTree
 
-__all__ = ["NATIVE", "SCHEMA_URL", "OtlpSettings", "encode_request", "encode_request_python", "parse_pairs",
-           "resource_of"]
+__all__ = ["NATIVE", "SCHEMA_URL", "Fold", "OtlpSettings", "encode_request", "encode_request_python",
+           "parse_pairs", "resource_of", "span_fold"]
 
 SCHEMA_URL = "https://opentelemetry.io/schemas/1.37.0"
 """The semantic conventions version the spans follow (GenAI attributes of 1.37: still
@@ -219,9 +220,34 @@ def encode_request_python(spans: Sequence[Span], resource: Mapping[str, str], ve
     return _field(_REQUEST_RESOURCE_SPANS, resource_spans)
 
 
-_compiled = load("jobs._otlp", "OTLP writer")
+_compiled = load("jobs._otlp", "span export")
 NATIVE = _compiled is not None
-"""Whether :data:`encode_request` is the compiled twin (``runwire.jobs._otlp``, the same bytes)."""
+"""Whether the compiled twins run: :data:`encode_request` and, content off, :func:`span_fold`'s
+fold (``runwire.jobs._otlp``: the same bytes as the Python twins)."""
 encode_request = encode_request_python
 if _compiled is not None:
     encode_request = _compiled.encode_request
+
+
+class Fold(Protocol):
+    """What the exporter folds a root run's stream with: :class:`SpanTree` or its compiled twin."""
+
+    @property
+    def last_seq(self) -> int: ...
+
+    @property
+    def is_open(self) -> bool: ...
+
+    def apply_many(self, events: Sequence[Event], past: int = 0) -> list[Any]:
+        """The spans the events ended past ``past``: what :data:`encode_request` takes (a
+        :class:`Span`, or the compiled fold's bytes of one)."""
+        ...
+
+
+def span_fold(root_id: str, content: bool) -> Fold:
+    """The exporter's fold of a root run: the compiled twin of ``SpanTree(root_id, keep=False)``
+    where it was built and content is off, else that SpanTree itself."""
+    if _compiled is not None and not content:
+        fold: Fold = _compiled.SpanFold(root_id)
+        return fold
+    return SpanTree(root_id, content=content, keep=False)

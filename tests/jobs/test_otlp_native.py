@@ -87,11 +87,12 @@ def test_what_the_python_twin_refuses_the_compiled_one_refuses(change: dict[str,
 
 
 def test_the_process_runs_the_compiled_writer_unless_told_not_to() -> None:
-    """Installed with a compiler, the exporter writes with the compiled twin; ``RUNWIRE_PURE=1``
-    runs the Python one, and says nothing (it was asked for)."""
+    """Installed with a compiler, the exporter folds (content off) and writes with the compiled
+    twins; ``RUNWIRE_PURE=1`` runs the Python ones, and says nothing (it was asked for)."""
     compiled()
-    code = "from runwire.jobs import otlp; print(otlp.NATIVE)"
-    for env, expected in (({}, "True"), ({"RUNWIRE_PURE": "1"}, "False")):
+    code = ("from runwire.jobs import otlp; print(otlp.NATIVE, type(otlp.span_fold('r', False)).__name__, "
+            "type(otlp.span_fold('r', True)).__name__)")
+    for env, expected in (({}, "True SpanFold SpanTree"), ({"RUNWIRE_PURE": "1"}, "False SpanTree SpanTree")):
         out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True,
                              env={"PATH": "/usr/bin:/bin", **env})
         assert (out.stdout.strip(), out.stderr) == (expected, "")
@@ -105,5 +106,5 @@ def test_where_it_was_not_built_the_python_twin_runs_and_one_line_says_so() -> N
                          env={"PATH": "/usr/bin:/bin"})
     assert out.stdout.strip() == "False"
     assert out.stderr.splitlines() == [
-        "runwire: the compiled OTLP writer (runwire.jobs._otlp) is not built here (no C compiler at install); "
+        "runwire: the compiled span export (runwire.jobs._otlp) is not built here (no C compiler at install); "
         "its pure-Python twin runs"]

@@ -1,0 +1,95 @@
+"""The compiled fold (``runwire.jobs._otlp.SpanFold``) and its Python twin (``SpanTree``, as the
+exporter runs it: ``keep=False``, content off) end the same spans: generated streams of a root run
+and its sub-runs — every event type the fold reads, seqs repeated and going back, times out of
+order, parents named late or wrongly, ``ext`` and threads — folded chunk by chunk with a cursor by
+both, give the same OTLP request, ``last_seq`` and ``is_open`` after every chunk."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from runwire.core.envelope import Event
+from runwire.jobs.otlp import encode_request_python
+from runwire.jobs.spans import SpanTree
+from tests.events import event
+from tests.jobs.test_otlp_native import compiled
+from tests.jobs.traced import ROOT, traced_run
+
+RUNS = ["r", "r.a", "r.b", "r.a.x"]
+CALLS = ["c1", "c2", "c3"]
+RESOURCE = {"service.name": "t"}
+
+payloads: dict[str, Any] = {
+    "text.delta": st.fixed_dictionaries({"text": st.just("x")}),
+    "reasoning.delta": st.fixed_dictionaries({"text": st.just("y")}),
+    "x.acme.note": st.just({}),
+    "x.usage": st.fixed_dictionaries({"input_tokens": st.integers(0, 50), "output_tokens": st.integers(0, 50)},
+                                     optional={"model": st.none() | st.sampled_from(["", "m1", "m2"])}),
+    "step.boundary": st.fixed_dictionaries({
+        "step_index": st.integers(0, 3),
+        "step_kind": st.sampled_from(["plan", "tool-roundtrip", "text-only", "fan-out", "fan-in", "done"])}),
+    "tool.start": st.fixed_dictionaries({"call_id": st.sampled_from(CALLS), "tool": st.sampled_from(["grep", "book"])}),
+    "tool.end": st.fixed_dictionaries({"call_id": st.sampled_from(CALLS), "ok": st.booleans()}, optional={
+        "error": st.sampled_from(["boom", {"type": "Timeout", "message": "slow"}, {"error": 3}, None])}),
+    "child.spawn": st.fixed_dictionaries({"child_id": st.sampled_from(RUNS[1:])}),
+    "run.lifecycle": st.fixed_dictionaries({"state": st.sampled_from(
+        ["running", "awaiting_approval", "awaiting_approval", "paused", "done", "aborted", "error"])},
+        optional={"reason": st.sampled_from(["why", "x" * 600, None])}),
+}
+exts = st.none() | st.sampled_from([{}, {"agent": {"name": "planner"}}, {"agent": {"name": 7}}, {"agent": "x"},
+                                    {"approval": {"calls": [{"tool": "book"}, 3, {"call_id": "c"}]}},
+                                    {"approval": {"calls": "none"}}, {"agent": {"name": "é" * 300}}])
+
+
+@st.composite
+def one(draw: Any, seq: int) -> Event:
+    kind = draw(st.sampled_from(list(payloads)))
+    fields: dict[str, Any] = {}
+    source = draw(st.sampled_from(RUNS + [None]))  # None: the field present and null
+    if source != "r":
+        fields["child_id"] = source
+    for name, values in (("parent_id", st.sampled_from(RUNS)), ("ext", exts), ("thread_id", st.sampled_from(["t1", "t2"])),
+                         ("tenant", st.sampled_from(["acme"]))):
+        if draw(st.booleans()):
+            fields[name] = draw(values)
+    return event("r", seq, kind, draw(payloads[kind]), second=draw(st.integers(0, 3000)) / 100, **fields)
+
+
+@st.composite
+def streams(draw: Any) -> list[Event]:
+    seq, out = 0, []
+    for _ in range(draw(st.integers(0, 60))):
+        seq = max(1, seq + draw(st.sampled_from([1, 1, 1, 1, 2, 0, -1, -3])))
+        out.append(draw(one(seq)))
+    return out
+
+
+def fold_both(events: list[Event], cuts: list[int], cursor: int) -> None:
+    tree, fold = SpanTree("r", keep=False), compiled().SpanFold("r")
+    bounds = sorted({0, len(events), *[c % (len(events) + 1) for c in cuts]})
+    for start, stop in zip(bounds, bounds[1:], strict=False):
+        chunk = events[start:stop]
+        python = encode_request_python(tree.apply_many(chunk, cursor), RESOURCE)
+        native = compiled().encode_request(fold.apply_many(chunk, cursor), RESOURCE)
+        assert native == python, (start, stop)
+        assert (fold.last_seq, fold.is_open) == (tree.last_seq, tree.is_open)
+
+
+@settings(max_examples=600, deadline=None)
+@given(streams(), st.lists(st.integers(0, 100), max_size=4), st.sampled_from([0, 0, 5, 20]))
+def test_the_compiled_fold_ends_the_python_twins_spans(events: list[Event], cuts: list[int], cursor: int) -> None:
+    fold_both(events, cuts, cursor)
+
+
+def test_a_traced_run_of_two_levels_folds_to_the_same_request_at_every_cut() -> None:
+    """The run the span and Phoenix tests export: a failed tool, usage, an approval, two levels."""
+    events = traced_run()
+    for cut in range(len(events) + 1):
+        tree, fold = SpanTree(ROOT, keep=False), compiled().SpanFold(ROOT)
+        python = [*tree.apply_many(events[:cut]), *tree.apply_many(events[cut:], cut // 2)]
+        native = [*fold.apply_many(events[:cut]), *fold.apply_many(events[cut:], cut // 2)]
+        assert compiled().encode_request(native, RESOURCE) == encode_request_python(python, RESOURCE)
+    assert len(native) == 7 and not fold.is_open
