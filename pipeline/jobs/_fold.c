@@ -13,15 +13,17 @@
  * ts_ms's. What is here, rule by rule, is SpanTree.apply_many and what it calls, in its order.
  */
 #include "_wire.h"
+#include <stdint.h>
+#include <structmember.h>
 
 /* ---- what is read from runwire.jobs.spans, once ---- */
 static PyObject *T_text, *T_reasoning, *T_extension, *T_tool_start, *T_tool_end, *T_usage, *T_step,
     *T_spawn, *T_lifecycle;
 static PyObject *UNSET, *F_ts_ms, *F_agent_name, *F_tool_error, *F_run_error, *F_requested, *F_resolved,
-    *F_span_ids, *F_trace_id, *F_known, *TERMINAL, *MODEL_KINDS;
+    *F_trace_id, *F_known, *TERMINAL, *MODEL_KINDS;
 static PyObject *A_seq, *A_child_ref, *A_ext, *A_ts, *A_parent_id, *A_thread_id, *A_tenant, *A_payload,
     *A_call_id, *A_tool, *A_ok, *A_error, *A_input_tokens, *A_output_tokens, *A_model, *A_step_kind,
-    *A_step_index, *A_child_id, *A_state, *A_reason, *M_copy, *M_update, *M_digest;
+    *A_step_index, *A_child_id, *A_state, *A_reason;
 static PyObject *K_op, *K_agent_id, *K_run_id, *K_tenant, *K_agent_name, *K_conversation, *K_tool_name,
     *K_call_id, *K_error_type, *K_step_index, *K_step_kind, *K_input, *K_output, *K_request_model,
     *K_response_model, *K_run_state;
@@ -35,8 +37,7 @@ static int intern_all(void) {
         {&A_payload, "payload"}, {&A_call_id, "call_id"}, {&A_tool, "tool"}, {&A_ok, "ok"},
         {&A_error, "error"}, {&A_input_tokens, "input_tokens"}, {&A_output_tokens, "output_tokens"},
         {&A_model, "model"}, {&A_step_kind, "step_kind"}, {&A_step_index, "step_index"},
-        {&A_child_id, "child_id"}, {&A_state, "state"}, {&A_reason, "reason"}, {&M_copy, "copy"},
-        {&M_update, "update"}, {&M_digest, "digest"},
+        {&A_child_id, "child_id"}, {&A_state, "state"}, {&A_reason, "reason"},
         {&K_op, "gen_ai.operation.name"}, {&K_agent_id, "gen_ai.agent.id"}, {&K_run_id, "runwire.run_id"},
         {&K_tenant, "runwire.tenant"}, {&K_agent_name, "gen_ai.agent.name"},
         {&K_conversation, "gen_ai.conversation.id"}, {&K_tool_name, "gen_ai.tool.name"},
@@ -66,7 +67,7 @@ static int load_spans_module(void) {
         {&T_step, "StepBoundary"}, {&T_spawn, "ChildSpawn"}, {&T_lifecycle, "RunLifecycle"},
         {&UNSET, "UNSET"}, {&F_ts_ms, "ts_ms"}, {&F_agent_name, "agent_name"}, {&F_tool_error, "tool_error"},
         {&F_run_error, "run_error"}, {&F_requested, "approval_requested"}, {&F_resolved, "approval_resolved"},
-        {&F_span_ids, "_span_ids"}, {&F_trace_id, "trace_id"}, {&F_known, "known"},
+        {&F_trace_id, "trace_id"}, {&F_known, "known"},
         {&TERMINAL, "TERMINAL_STATES"}, {&MODEL_KINDS, "MODEL_STEP_KINDS"},
     };
     int failed = 0;
@@ -79,6 +80,106 @@ static int load_spans_module(void) {
         return -1;
     }
     return 0;
+}
+
+/* ---- reading an event's fields: straight from a msgspec struct's slot ----
+ * A field of an event or payload (a msgspec Struct) is a member descriptor over an object slot:
+ * its offset, looked up once per (type, name) and kept, reads it as PyObject_GetAttr would,
+ * without the lookup through the type's MRO on every read. Anything else (a type with its own
+ * __getattribute__, an attribute that is not such a slot, an empty slot) is read by GetAttr. */
+typedef struct { PyTypeObject *type; PyObject *name; Py_ssize_t offset; } Slot;
+static Slot SLOTS[512];
+
+static PyObject *get(PyObject *obj, PyObject *name) {
+    PyTypeObject *t = Py_TYPE(obj);
+    Slot *e = &SLOTS[(((uintptr_t)t >> 4) * 31 + ((uintptr_t)name >> 4)) & 511];
+    if (e->type != t || e->name != name) {
+        Py_ssize_t offset = -1;
+        PyObject *d = t->tp_getattro == PyObject_GenericGetAttr ? _PyType_Lookup(t, name) : NULL;
+        if (d != NULL && Py_IS_TYPE(d, &PyMemberDescr_Type)) {
+            PyMemberDef *m = ((PyMemberDescrObject *)d)->d_member;
+            if (m->type == T_OBJECT_EX) offset = m->offset;
+        }
+        Py_INCREF(t);  /* kept while its entry is: an address reused by another type never matches */
+        Py_XDECREF(e->type);
+        e->type = t, e->name = name, e->offset = offset;
+    }
+    if (e->offset >= 0) {
+        PyObject *value = *(PyObject **)((char *)obj + e->offset);
+        if (value != NULL) return Py_NewRef(value);
+    }
+    return PyObject_GetAttr(obj, name);
+}
+
+/* ---- SHA-256 (FIPS 180-4), for span ids: the root's part absorbed once, a copy per span ---- */
+typedef struct {
+    uint32_t h[8];
+    unsigned char block[64];
+    uint64_t length;  /* bytes absorbed */
+} Sha;
+
+static const uint32_t SHA_K[64] = {
+    0x428a2f98, 0x71374491, 0xb5c0fbcf, 0xe9b5dba5, 0x3956c25b, 0x59f111f1, 0x923f82a4, 0xab1c5ed5,
+    0xd807aa98, 0x12835b01, 0x243185be, 0x550c7dc3, 0x72be5d74, 0x80deb1fe, 0x9bdc06a7, 0xc19bf174,
+    0xe49b69c1, 0xefbe4786, 0x0fc19dc6, 0x240ca1cc, 0x2de92c6f, 0x4a7484aa, 0x5cb0a9dc, 0x76f988da,
+    0x983e5152, 0xa831c66d, 0xb00327c8, 0xbf597fc7, 0xc6e00bf3, 0xd5a79147, 0x06ca6351, 0x14292967,
+    0x27b70a85, 0x2e1b2138, 0x4d2c6dfc, 0x53380d13, 0x650a7354, 0x766a0abb, 0x81c2c92e, 0x92722c85,
+    0xa2bfe8a1, 0xa81a664b, 0xc24b8b70, 0xc76c51a3, 0xd192e819, 0xd6990624, 0xf40e3585, 0x106aa070,
+    0x19a4c116, 0x1e376c08, 0x2748774c, 0x34b0bcb5, 0x391c0cb3, 0x4ed8aa4a, 0x5b9cca4f, 0x682e6ff3,
+    0x748f82ee, 0x78a5636f, 0x84c87814, 0x8cc70208, 0x90befffa, 0xa4506ceb, 0xbef9a3f7, 0xc67178f2,
+};
+
+#define ROTR(x, n) (((x) >> (n)) | ((x) << (32 - (n))))
+
+static void sha_block(Sha *c, const unsigned char *p) {
+    uint32_t w[64];
+    for (int i = 0; i < 16; i++)
+        w[i] = (uint32_t)p[4 * i] << 24 | (uint32_t)p[4 * i + 1] << 16 | (uint32_t)p[4 * i + 2] << 8 | p[4 * i + 3];
+    for (int i = 16; i < 64; i++) {
+        uint32_t s0 = ROTR(w[i - 15], 7) ^ ROTR(w[i - 15], 18) ^ (w[i - 15] >> 3);
+        uint32_t s1 = ROTR(w[i - 2], 17) ^ ROTR(w[i - 2], 19) ^ (w[i - 2] >> 10);
+        w[i] = w[i - 16] + s0 + w[i - 7] + s1;
+    }
+    uint32_t a = c->h[0], b = c->h[1], cc = c->h[2], d = c->h[3], e = c->h[4], f = c->h[5], g = c->h[6], h = c->h[7];
+    for (int i = 0; i < 64; i++) {
+        uint32_t t1 = h + (ROTR(e, 6) ^ ROTR(e, 11) ^ ROTR(e, 25)) + ((e & f) ^ (~e & g)) + SHA_K[i] + w[i];
+        uint32_t t2 = (ROTR(a, 2) ^ ROTR(a, 13) ^ ROTR(a, 22)) + ((a & b) ^ (a & cc) ^ (b & cc));
+        h = g, g = f, f = e, e = d + t1, d = cc, cc = b, b = a, a = t1 + t2;
+    }
+    c->h[0] += a, c->h[1] += b, c->h[2] += cc, c->h[3] += d, c->h[4] += e, c->h[5] += f, c->h[6] += g, c->h[7] += h;
+}
+
+static void sha_init(Sha *c) {
+    static const uint32_t start[8] = {0x6a09e667, 0xbb67ae85, 0x3c6ef372, 0xa54ff53a,
+                                      0x510e527f, 0x9b05688c, 0x1f83d9ab, 0x5be0cd19};
+    memcpy(c->h, start, sizeof(start));
+    c->length = 0;
+}
+
+static void sha_update(Sha *c, const unsigned char *data, size_t n) {
+    size_t used = (size_t)(c->length % 64);
+    c->length += n;
+    if (used) {
+        size_t take = 64 - used < n ? 64 - used : n;
+        memcpy(c->block + used, data, take);
+        data += take, n -= take, used += take;
+        if (used < 64) return;
+        sha_block(c, c->block);
+    }
+    for (; n >= 64; data += 64, n -= 64) sha_block(c, data);
+    memcpy(c->block, data, n);
+}
+
+static void sha_final(Sha *c, unsigned char out[32]) {
+    uint64_t bits = c->length * 8;
+    unsigned char pad[72] = {0x80};
+    size_t used = (size_t)(c->length % 64), n = (used < 56 ? 56 : 120) - used;
+    for (int i = 0; i < 8; i++) pad[n + i] = (unsigned char)(bits >> (56 - 8 * i));
+    sha_update(c, pad, n + 8);
+    for (int i = 0; i < 8; i++) {
+        out[4 * i] = (unsigned char)(c->h[i] >> 24), out[4 * i + 1] = (unsigned char)(c->h[i] >> 16);
+        out[4 * i + 2] = (unsigned char)(c->h[i] >> 8), out[4 * i + 3] = (unsigned char)c->h[i];
+    }
 }
 
 /* ---- a span's attributes, in the order they were first set (a dict's) ---- */
@@ -151,7 +252,9 @@ struct Run {
 
 typedef struct {
     PyObject_HEAD
-    PyObject *root_id, *ids, *runs, *done, *ended;
+    PyObject *root_id, *runs, *done, *ended;
+    Sha ids;  /* fed "runwire span\\0{root_id}\\0": a copy of it per span id (SpanTree._ids) */
+    Buf out;  /* a span's bytes while written (kept: no allocation per span) */
     unsigned char trace[16];
     long long last_seq;
     int emit;
@@ -162,34 +265,29 @@ static Run *run_of(Fold *f, PyObject *run_id) {
     return capsule == NULL ? NULL : PyCapsule_GetPointer(capsule, NULL);
 }
 
-static int put_text(Buf *b, PyObject *text) {
-    Py_ssize_t n;
-    const char *data = PyUnicode_AsUTF8AndSize(text, &n);
-    return data == NULL ? -1 : put(b, data, n);
-}
-
-/* SpanTree._id: a copy of the root's hasher fed "kind\0a" (and "\0b", or "\0" and a count) */
+/* SpanTree._id: a copy of the root's hash fed "kind\0a" (and "\0b", or "\0" and a count) */
 static int span_id(Fold *f, unsigned char out[8], const char *kind, PyObject *a, PyObject *b, long long n) {
-    Buf w = {NULL, 0, 0};
-    PyObject *data = NULL, *hasher = NULL, *done = NULL, *digest = NULL;
-    int failed = put(&w, kind, (Py_ssize_t)strlen(kind) + 1) < 0 || put_text(&w, a) < 0;
-    if (!failed && b != NULL) failed = put_byte(&w, 0) < 0 || put_text(&w, b) < 0;
-    if (!failed && n >= 0) {
+    Sha c = f->ids;
+    Py_ssize_t size;
+    sha_update(&c, (const unsigned char *)kind, strlen(kind) + 1);
+    const char *text = PyUnicode_AsUTF8AndSize(a, &size);
+    if (text == NULL) return -1;
+    sha_update(&c, (const unsigned char *)text, (size_t)size);
+    if (b != NULL) {
+        if ((text = PyUnicode_AsUTF8AndSize(b, &size)) == NULL) return -1;
+        sha_update(&c, (const unsigned char *)"", 1);
+        sha_update(&c, (const unsigned char *)text, (size_t)size);
+    }
+    if (n >= 0) {
         char digits[24];
         int k = snprintf(digits, sizeof(digits), "%lld", n);
-        failed = put_byte(&w, 0) < 0 || put(&w, digits, k) < 0;
+        sha_update(&c, (const unsigned char *)"", 1);
+        sha_update(&c, (const unsigned char *)digits, (size_t)k);
     }
-    if (!failed) failed = (data = PyBytes_FromStringAndSize(w.data, w.len)) == NULL;
-    PyMem_Free(w.data);
-    if (!failed) failed = (hasher = PyObject_CallMethodNoArgs(f->ids, M_copy)) == NULL;
-    if (!failed) failed = (done = PyObject_CallMethodOneArg(hasher, M_update, data)) == NULL;
-    if (!failed) failed = (digest = PyObject_CallMethodNoArgs(hasher, M_digest)) == NULL;
-    if (!failed) memcpy(out, PyBytes_AS_STRING(digest), 8);
-    Py_XDECREF(data);
-    Py_XDECREF(hasher);
-    Py_XDECREF(done);
-    Py_XDECREF(digest);
-    return failed ? -1 : 0;
+    unsigned char digest[32];
+    sha_final(&c, digest);
+    memcpy(out, digest, 8);
+    return 0;
 }
 
 /* ---- a span ended: its Span message's bytes, returned if past the caller's cursor ---- */
@@ -203,7 +301,8 @@ static int put_time(Buf *b, unsigned char tag, long long ns) {
 
 static int emit(Fold *f, Rec *r) {
     if (!f->emit) return 0;
-    Buf b = {NULL, 0, 0};
+    Buf b = f->out;
+    b.len = 0;
     unsigned char head[2 + 16];
     head[0] = 0x0A, head[1] = 0x10;
     memcpy(head + 2, f->trace, 16);
@@ -230,7 +329,11 @@ static int emit(Fold *f, Rec *r) {
     }
     if (!failed && r->error) failed = put_status_code(&b, 2, r->message) < 0;
     PyObject *bytes = failed ? NULL : PyBytes_FromStringAndSize(b.data, b.len);
-    PyMem_Free(b.data);
+    if (b.cap > (1 << 16)) {  /* a span with long content: the buffer is not kept that large */
+        PyMem_Free(b.data);
+        b = (Buf){NULL, 0, 0};
+    }
+    f->out = b;
     if (bytes == NULL) return -1;
     int result = PyList_Append(f->ended, bytes);
     Py_DECREF(bytes);
@@ -346,7 +449,7 @@ static Run *open_run(Fold *f, PyObject *run_id, PyObject *parent_id, PyObject *e
             if (parent == NULL && PyErr_Occurred()) return NULL;
         }
     }
-    PyObject *tenant = PyObject_GetAttr(event, A_tenant);
+    PyObject *tenant = get(event, A_tenant);
     if (tenant == NULL) return NULL;
     int has_tenant = PyObject_IsTrue(tenant);
     run = PyMem_Calloc(1, sizeof(Run));
@@ -399,7 +502,7 @@ static int name_run(Run *run, PyObject *event, PyObject *ext) {
         }
         Py_DECREF(name);
     }
-    PyObject *thread = PyObject_GetAttr(event, A_thread_id);
+    PyObject *thread = get(event, A_thread_id);
     if (thread == NULL) return -1;
     int truthy = PyObject_IsTrue(thread);
     int failed = truthy < 0 || (truthy && !attrs_has(&run->span.attrs, K_conversation)
@@ -477,9 +580,9 @@ static Rec *pop_tool(Run *run, PyObject *call_id) {
 }
 
 static PyObject *field(PyObject *event, PyObject *name) {  /* payload.name */
-    PyObject *payload = PyObject_GetAttr(event, A_payload);
+    PyObject *payload = get(event, A_payload);
     if (payload == NULL) return NULL;
-    PyObject *value = PyObject_GetAttr(payload, name);
+    PyObject *value = get(payload, name);
     Py_DECREF(payload);
     return value;
 }
@@ -714,7 +817,7 @@ static Handler handler_of(PyTypeObject *kind) {
 
 /* ---- SpanTree.apply and apply_many ---- */
 static long long seq_of(PyObject *event) {
-    PyObject *seq = PyObject_GetAttr(event, A_seq);
+    PyObject *seq = get(event, A_seq);
     if (seq == NULL) return -1;
     long long value = PyLong_AsLongLong(seq);
     Py_DECREF(seq);
@@ -722,7 +825,7 @@ static long long seq_of(PyObject *event) {
 }
 
 static int at_of(PyObject *event, long long *at) {
-    PyObject *ts = PyObject_GetAttr(event, A_ts);
+    PyObject *ts = get(event, A_ts);
     PyObject *ms = ts == NULL ? NULL : PyObject_CallOneArg(F_ts_ms, ts);
     Py_XDECREF(ts);
     if (ms == NULL) return -1;
@@ -741,11 +844,11 @@ static int apply(Fold *f, PyObject *event, long long seq) {
     if (seq <= f->last_seq) return 0;
     f->last_seq = seq;
     PyTypeObject *kind = Py_TYPE(event);
-    PyObject *ref = PyObject_GetAttr(event, A_child_ref), *ext = NULL, *parent_id = NULL, *named = NULL;
+    PyObject *ref = get(event, A_child_ref), *ext = NULL, *parent_id = NULL, *named = NULL;
     if (ref == NULL) return -1;
     int own = ref == UNSET || ref == Py_None;
     PyObject *run_id = own ? f->root_id : ref;
-    int failed = (ext = PyObject_GetAttr(event, A_ext)) == NULL;
+    int failed = (ext = get(event, A_ext)) == NULL;
     Run *run = failed ? NULL : run_of(f, run_id);
     failed = failed || (run == NULL && PyErr_Occurred());
     PyObject *k = (PyObject *)kind;
@@ -757,7 +860,7 @@ static int apply(Fold *f, PyObject *event, long long seq) {
     long long at = 0;
     failed = failed || at_of(event, &at) < 0;
     if (!failed && !own) {  /* fanned in: the parent is known from its spawn (or the event names it) */
-        failed = (parent_id = PyObject_GetAttr(event, A_parent_id)) == NULL;
+        failed = (parent_id = get(event, A_parent_id)) == NULL;
         int truthy = failed ? 0 : PyObject_IsTrue(parent_id);
         int same = truthy > 0 ? equal(parent_id, ref) : 0;
         failed = failed || truthy < 0 || same < 0;
@@ -776,7 +879,7 @@ static int apply(Fold *f, PyObject *event, long long seq) {
     if (!failed && run != NULL) {
         int truthy = 0;
         if (ext == Py_None) {
-            failed = (named = PyObject_GetAttr(event, A_thread_id)) == NULL;
+            failed = (named = get(event, A_thread_id)) == NULL;
             truthy = failed ? 0 : PyObject_IsTrue(named);
             failed = failed || truthy < 0;
         }
@@ -808,8 +911,8 @@ static PyObject *apply_many(Fold *f, PyObject *args) {
     for (Py_ssize_t i = 0; !failed && i < count; i++) {
         PyObject *event = PySequence_Fast_GET_ITEM(items, i), *k = (PyObject *)Py_TYPE(event);
         if (k == T_text || k == T_reasoning) {  /* passed over: a delta of an open run, without ext */
-            PyObject *ext = PyObject_GetAttr(event, A_ext), *ref = NULL;
-            failed = ext == NULL || (ref = PyObject_GetAttr(event, A_child_ref)) == NULL;
+            PyObject *ext = get(event, A_ext), *ref = NULL;
+            failed = ext == NULL || (ref = get(event, A_child_ref)) == NULL;
             int open = 0;
             if (!failed && ext == Py_None) {
                 open = PyDict_Contains(f->runs, ref == UNSET || ref == Py_None ? f->root_id : ref);
@@ -865,9 +968,14 @@ static int fold_init(Fold *f, PyObject *args, PyObject *kwargs) {
     Py_DECREF(raw);
     Py_INCREF(root_id);
     f->root_id = root_id;
-    if ((f->ids = PyObject_CallOneArg(F_span_ids, root_id)) == NULL || (f->runs = PyDict_New()) == NULL
-            || (f->done = PySet_New(NULL)) == NULL)
-        return -1;
+    Py_ssize_t size;
+    const char *root = PyUnicode_AsUTF8AndSize(root_id, &size);
+    if (root == NULL) return -1;
+    sha_init(&f->ids);
+    sha_update(&f->ids, (const unsigned char *)"runwire span", 13);  /* with its NUL */
+    sha_update(&f->ids, (const unsigned char *)root, (size_t)size);
+    sha_update(&f->ids, (const unsigned char *)"", 1);
+    if ((f->runs = PyDict_New()) == NULL || (f->done = PySet_New(NULL)) == NULL) return -1;
     return 0;
 }
 
@@ -879,7 +987,7 @@ static void fold_dealloc(Fold *f) {
     }
     Py_XDECREF(f->runs);
     Py_XDECREF(f->done);
-    Py_XDECREF(f->ids);
+    PyMem_Free(f->out.data);
     Py_XDECREF(f->root_id);
     Py_TYPE(f)->tp_free((PyObject *)f);
 }

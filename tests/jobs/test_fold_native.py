@@ -93,3 +93,15 @@ def test_a_traced_run_of_two_levels_folds_to_the_same_request_at_every_cut() -> 
         native = [*fold.apply_many(events[:cut]), *fold.apply_many(events[cut:], cut // 2)]
         assert compiled().encode_request(native, RESOURCE) == encode_request_python(python, RESOURCE)
     assert len(native) == 7 and not fold.is_open
+
+
+def test_span_ids_of_every_length_are_the_python_twins() -> None:
+    """The compiled fold hashes span ids itself (SHA-256, the root's part once): ids whose input
+    ends on each side of a 64-byte block and of its 56-byte padding limit, and spans over several
+    blocks, not ASCII, come out as ``hashlib``'s."""
+    for length in [*range(1, 140), 300]:
+        root = ("r" * length)[:length - 1] + "é"
+        events = traced_run(root, child=f"{root}.c", grandchild=f"{root}.c.{'g' * (length % 70)}")
+        python = SpanTree(root, keep=False).apply_many(events)
+        native = compiled().SpanFold(root).apply_many(events)
+        assert compiled().encode_request(native, RESOURCE) == encode_request_python(python, RESOURCE), length
