@@ -13,8 +13,7 @@ typedef struct {
     Py_ssize_t len, cap;
 } Buf;
 
-static int grow(Buf *b, Py_ssize_t more) {
-    if (b->len + more <= b->cap) return 0;
+static int grow_slow(Buf *b, Py_ssize_t more) {
     Py_ssize_t cap = b->cap ? b->cap : 4096;
     while (cap < b->len + more) {
         if (cap > PY_SSIZE_T_MAX / 2) { PyErr_NoMemory(); return -1; }
@@ -25,6 +24,10 @@ static int grow(Buf *b, Py_ssize_t more) {
     b->data = data;
     b->cap = cap;
     return 0;
+}
+
+static inline int grow(Buf *b, Py_ssize_t more) {
+    return b->len + more <= b->cap ? 0 : grow_slow(b, more);
 }
 
 static inline int put(Buf *b, const void *src, Py_ssize_t n) {
