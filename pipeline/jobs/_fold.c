@@ -981,13 +981,6 @@ static PyObject *apply_many(Fold *f, PyObject *args) {
     Py_ssize_t count = PySequence_Fast_GET_SIZE(items);
     int failed = 0;
     for (Py_ssize_t i = 0; !failed && i < count; i++) {
-#if defined(__GNUC__) || defined(__clang__)
-        if (i + 8 < count) {  /* the events were written long before: most reads here miss the cache */
-            const char *ahead = (const char *)PySequence_Fast_GET_ITEM(items, i + 8);
-            __builtin_prefetch(ahead);
-            __builtin_prefetch(ahead + 64);
-        }
-#endif
         PyObject *event = PySequence_Fast_GET_ITEM(items, i), *k = (PyObject *)Py_TYPE(event);
         if (k == T_text || k == T_reasoning) {  /* passed over: a delta of an open run, without ext */
             PyObject *ext = get(event, A_ext), *ref = NULL;
