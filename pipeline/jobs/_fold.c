@@ -966,10 +966,11 @@ static int apply(Fold *f, PyObject *event, long long seq) {
     return failed ? -1 : 0;
 }
 
-static PyObject *apply_many(Fold *f, PyObject *args) {
+static PyObject *apply_many(Fold *f, PyObject *args, PyObject *kwargs) {
+    static char *names[] = {"events", "past", NULL};
     PyObject *events;
     long long past = 0;
-    if (!PyArg_ParseTuple(args, "O|L:apply_many", &events, &past)) return NULL;
+    if (!PyArg_ParseTupleAndKeywords(args, kwargs, "O|L:apply_many", names, &events, &past)) return NULL;
     PyObject *items = PySequence_Fast(events, "events are a sequence");
     if (items == NULL) return NULL;
     PyObject *ended = PyList_New(0);
@@ -1075,7 +1076,7 @@ static PyObject *fold_is_open(Fold *f, void *closure) {
 }
 
 static PyMethodDef fold_methods[] = {
-    {"apply_many", (PyCFunction)apply_many, METH_VARARGS,
+    {"apply_many", (PyCFunction)(void (*)(void))apply_many, METH_VARARGS | METH_KEYWORDS,
      "apply_many(events, past=0) -> list[bytes]: SpanTree.apply_many's spans, each as its Span message's bytes"},
     {NULL, NULL, 0, NULL},
 };

@@ -90,8 +90,8 @@ def test_a_traced_run_of_two_levels_folds_to_the_same_request_at_every_cut() -> 
     events = traced_run()
     for cut in range(len(events) + 1):
         tree, fold = SpanTree(ROOT, keep=False), compiled().SpanFold(ROOT)
-        python = [*tree.apply_many(events[:cut]), *tree.apply_many(events[cut:], cut // 2)]
-        native = [*fold.apply_many(events[:cut]), *fold.apply_many(events[cut:], cut // 2)]
+        python = [*tree.apply_many(events[:cut]), *tree.apply_many(events[cut:], past=cut // 2)]
+        native = [*fold.apply_many(events[:cut]), *fold.apply_many(events[cut:], past=cut // 2)]
         assert compiled().encode_request(native, RESOURCE) == encode_request_python(python, RESOURCE)
     assert len(native) == 7 and not fold.is_open
 
