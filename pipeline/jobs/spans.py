@@ -25,6 +25,10 @@ crash, are the same spans. Each span records the stream seq of the event that en
 Message content (tool arguments and results, a model step's text) is kept only with
 ``content=True`` (the exporter's documented opt-in).
 
+The exporter folds with this tree's compiled twin where it was built (``runwire.jobs._otlp``'s
+``SpanFold``, content off: ``runwire.jobs.otlp.span_fold``), which calls the rarer rules below
+(the agent's name, the errors' messages, the approval events) rather than having its own.
+
 Longer than ~400 lines: one fold of one stream, where each event type's rules (which span it
 opens, ends or adds to) read beside the others'; split by span kind, one event's effects would
 be spread over several files.
