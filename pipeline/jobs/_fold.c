@@ -777,21 +777,8 @@ static int step(Fold *f, Run *run, PyObject *event, long long seq, long long at)
     return 0;
 }
 
-/* SpanTree._close: a run's span ends, and first whatever is still open under it */
-static int close_run(Fold *f, Run *run, long long seq, long long at) {
-    if (run->n_children > 0) {  /* each child's close takes it out of this list: a copy is walked */
-        int n = run->n_children;
-        Run **children = PyMem_Malloc(sizeof(Run *) * n);
-        if (children == NULL) {
-            PyErr_NoMemory();
-            return -1;
-        }
-        memcpy(children, run->children, sizeof(Run *) * n);
-        int failed = 0;
-        for (int i = 0; !failed && i < n; i++) failed = close_run(f, children[i], seq, at) < 0;
-        PyMem_Free(children);
-        if (failed) return -1;
-    }
+/* SpanTree._end_run: a run with nothing open under it ends: its open calls, its usage, its span */
+static int end_run(Fold *f, Run *run, long long seq, long long at) {
     for (int i = 0; i < run->n_tools; i++) {
         Rec *r = run->tools[i];
         if (set_error(r, V_ended_before, V_other) < 0 || end_span(f, r, seq, at) < 0) return -1;
@@ -820,6 +807,40 @@ static int close_run(Fold *f, Run *run, long long seq, long long at) {
     if (PyDict_DelItem(f->runs, run->run_id) < 0) failed = 1;  /* the capsule only: the run is freed here */
     for (int i = 0; i < run->n_children; i++) run->children[i]->parent = NULL;
     free_run(run);
+    return failed ? -1 : 0;
+}
+
+/* SpanTree._close: a run's span ends, and first whatever is still open under it, the deepest
+ * first; a stack of its own, not the C stack (a chain of sub-runs is as deep as a stream makes it) */
+static int close_run(Fold *f, Run *run, long long seq, long long at) {
+    Py_ssize_t depth = 1, cap = 16;
+    Run **stack = PyMem_Malloc(sizeof(Run *) * cap);
+    if (stack == NULL) {
+        PyErr_NoMemory();
+        return -1;
+    }
+    stack[0] = run;
+    int failed = 0;
+    while (!failed && depth > 0) {
+        Run *top = stack[depth - 1];
+        if (top->n_children > 0) {  /* its end takes it out of its parent's list */
+            if (depth == cap) {
+                Run **more = PyMem_Realloc(stack, sizeof(Run *) * cap * 2);
+                if (more == NULL) {
+                    PyErr_NoMemory();
+                    failed = 1;
+                    break;
+                }
+                stack = more;
+                cap *= 2;
+            }
+            stack[depth++] = top->children[0];
+        } else {
+            depth--;
+            failed = end_run(f, top, seq, at) < 0;
+        }
+    }
+    PyMem_Free(stack);
     return failed ? -1 : 0;
 }
 

@@ -490,9 +490,18 @@ class SpanTree:
             self._close(run, event, at)
 
     def _close(self, run: _Run, event: Event, at: int) -> None:
-        """End a run's span, and first whatever is still open under it (at the same moment)."""
-        for child in list(run.children):
-            self._close(child, event, at)
+        """End a run's span, and first whatever is still open under it (at the same moment), the
+        deepest first; no recursion: a chain of sub-runs is as deep as a stream makes it."""
+        stack = [run]
+        while stack:
+            below = stack[-1].children
+            if below:
+                stack.append(below[0])  # its end takes it out of the list
+            else:
+                self._end_run(stack.pop(), event, at)
+
+    def _end_run(self, run: _Run, event: Event, at: int) -> None:
+        """End a run with nothing open under it: its open calls, its usage, then its span."""
         for span in run.tools.values():
             span.status = "error"
             span.status_message = "the run ended before the call did"

@@ -114,3 +114,19 @@ def test_span_ids_of_every_length_are_the_python_twins(accelerated: bool) -> Non
             assert module.encode_request(native, RESOURCE) == encode_request_python(python, RESOURCE), length
     finally:
         module._sha_accelerated(default)
+
+
+def test_a_chain_of_sub_runs_as_deep_as_the_stream_ends_in_both_twins() -> None:
+    """Each sub-run spawns the next, 20,000 deep, then the root ends: every span ends, deepest
+    first, in both twins alike (neither recurses: a hostile stream can't exhaust a stack)."""
+    depth, events, parent = 20_000, [], "r"
+    for n in range(depth):
+        child = f"{parent}.{n}" if n < 3 else f"r.deep{n}"
+        fields = {} if parent == "r" else {"child_id": parent}
+        events.append(event("r", n + 1, "child.spawn", {"child_id": child}, second=1, **fields))
+        parent = child
+    events.append(event("r", depth + 1, "run.lifecycle", {"state": "done"}, second=2))
+    python = SpanTree("r", keep=False).apply_many(events)
+    native = compiled().SpanFold("r").apply_many(events)
+    assert len(python) == len(native) == depth + 1 and python[-1].run_id == "r"
+    assert compiled().encode_request(native, RESOURCE) == encode_request_python(python, RESOURCE)
