@@ -547,7 +547,7 @@ static Run *open_run(Fold *f, PyObject *run_id, PyObject *parent_id, PyObject *e
 }
 
 /* SpanTree._name */
-static int name_run(Run *run, PyObject *event, PyObject *ext) {
+static int name_run(Run *run, PyObject *event, PyObject *ext, PyObject *thread) {  /* thread: NULL if not read yet */
     if (ext != Py_None) {
         PyObject *name = PyObject_CallOneArg(F_agent_name, ext);
         if (name == NULL) return -1;
@@ -562,7 +562,7 @@ static int name_run(Run *run, PyObject *event, PyObject *ext) {
         }
         Py_DECREF(name);
     }
-    PyObject *thread = get(event, A_thread_id);
+    thread = thread != NULL ? Py_NewRef(thread) : get(event, A_thread_id);
     if (thread == NULL) return -1;
     int truthy = PyObject_IsTrue(thread);
     int failed = truthy < 0 || (truthy && !attrs_has(&run->span.attrs, K_conversation)
@@ -976,7 +976,7 @@ static int apply(Fold *f, PyObject *event, long long seq) {
             truthy = failed ? 0 : PyObject_IsTrue(named);
             failed = failed || truthy < 0;
         }
-        if (!failed && (ext != Py_None || truthy)) failed = name_run(run, event, ext) < 0;
+        if (!failed && (ext != Py_None || truthy)) failed = name_run(run, event, ext, named) < 0;
         Handler handle = failed ? NULL : handler_of(kind);
         if (handle != NULL) failed = handle(f, run, event, seq, at) < 0;
     }

@@ -16,6 +16,40 @@
  */
 #include "_wire.h"
 
+static int hex_digit(char c) {
+    if (c >= '0' && c <= '9') return c - '0';
+    if (c >= 'a' && c <= 'f') return c - 'a' + 10;
+    if (c >= 'A' && c <= 'F') return c - 'A' + 10;
+    return -1;
+}
+
+/* tag, length and the bytes of `digits` hex digits (an id: 32 or 16) */
+static int put_hex_id(Buf *b, unsigned char tag, PyObject *text, Py_ssize_t digits) {
+    Py_ssize_t n;
+    const char *hex = PyUnicode_Check(text) ? PyUnicode_AsUTF8AndSize(text, &n) : NULL;
+    if (hex == NULL) {
+        if (!PyErr_Occurred()) PyErr_SetString(PyExc_TypeError, "an id is a str of hex digits");
+        return -1;
+    }
+    if (n != digits) {
+        PyErr_Format(PyExc_ValueError, "an id of %zd hex digits, not %zd", digits, n);
+        return -1;
+    }
+    unsigned char out[2 + 16];
+    out[0] = tag;
+    out[1] = (unsigned char)(digits / 2);
+    for (Py_ssize_t i = 0; i < digits / 2; i++) {
+        int hi = hex_digit(hex[2 * i]), lo = hex_digit(hex[2 * i + 1]);
+        if (hi < 0 || lo < 0) {
+            PyErr_SetString(PyExc_ValueError, "an id holds a character that is not a hex digit");
+            return -1;
+        }
+        out[2 + i] = (unsigned char)(hi << 4 | lo);
+    }
+    return put(b, out, 2 + digits / 2);
+}
+
+/* an AnyValue's fields (the message's content, without its own head) */
 static int put_kind(Buf *b, PyObject *operation) {
     const char *op = PyUnicode_Check(operation) ? PyUnicode_AsUTF8(operation) : NULL;
     if (op == NULL) {
