@@ -26,13 +26,14 @@ import asyncio
 import contextlib
 import gzip
 import logging
+import ssl
 import time
 from collections import OrderedDict
 from collections.abc import AsyncIterator, Mapping, Sequence
 from datetime import timedelta
 from typing import TYPE_CHECKING, Any
 
-import httpx
+import aiohttp
 from prometheus_client import CollectorRegistry, Counter
 
 from ..core.envelope import Event
@@ -57,6 +58,9 @@ GIVE_UP_S = 30.0
 SPANS_PER_REQUEST = 1000
 MAX_BUFFERED = 200_000
 """Events handed over and not folded yet; past it a run's events are read back from the log."""
+MAX_PENDING = 100_000
+"""Ended spans not sent yet (~300 bytes each; they pile up while the backend is retried); past
+it a run's tree and spans are dropped here and folded again from the log by a later pass."""
 FOLD_PAGE = 2000
 """Events of a run read from the log and folded at a time (an exporter that starts, or took a
 run over, folds a long run page by page)."""
@@ -64,6 +68,9 @@ MAX_TREES = 10_000
 """Runs whose open spans are kept in memory; one evicted is folded again from the log."""
 BEHIND_WINDOW = timedelta(minutes=10)
 """How far back the sweep looks for runs a dead exporter left behind."""
+ANSWER_BYTES = 64 * 1024
+"""The most of a backend's answer read (a longer one closes the connection; a refusal's first
+200 bytes go in its log line)."""
 _RETRY_STATUS = frozenset({408, 429, 500, 502, 503, 504})
 
 
@@ -86,6 +93,18 @@ def _root_or_not(events: Sequence[Event]) -> bool | None:
     parent); None when it holds only fanned-in ones, which do not say."""
     own = next((event for event in events if event.child_id is None), None)
     return None if own is None else own.parent_id is None
+
+
+class _Held:
+    """A root run folded here: ``tree`` (its fold), ``cursor`` (the log's export cursor when
+    claimed or last moved: ``pending`` holds the spans ended past it not sent yet), ``until``
+    (when the hold runs out, monotonic; 0 before the first claim)."""
+
+    __slots__ = ("cursor", "pending", "tree", "until")
+
+    def __init__(self, tree: Fold, cursor: int, until: float) -> None:
+        self.tree, self.cursor, self.until = tree, cursor, until
+        self.pending: list[Any] = []
 
 
 class SpanExporter:
@@ -114,34 +133,90 @@ class SpanExporter:
         self._buffers: dict[str, list[Event]] = {}
         self._buffered = 0
         self._from_log: set[str] = set()
-        self._trees: OrderedDict[str, tuple[Fold, int, float]] = OrderedDict()
-        """Per root run held here: its tree, the cursor it was folded from, and until when (monotonic)
-        the hold lasts; a root not in it is claimed again (and folded from the log) when it comes."""
+        self._trees: OrderedDict[str, _Held] = OrderedDict()
+        """Per root run folded here: its tree, the cursor it was folded from, until when the hold
+        lasts and the spans it ended that are not sent yet (see :class:`_Held`)."""
+        self._offered: list[Sequence[tuple[Any, ...]]] = []
+        self._folding = False
+        self._pending = 0
+        """Ended spans not sent yet, over every tree (counted as they end, recounted each pass)."""
         self._roots: OrderedDict[str, bool] = OrderedDict()
         """Whether each run seen lately is a root (only a root's stream holds its whole tree)."""
-        self._client: httpx.AsyncClient | None = None
+        self._client: aiohttp.ClientSession | None = None
         self._swept_at = 0.0
 
     # ---- the worker's side: no await, bounded ---------------------------------
     def offer(self, streams: Sequence[tuple[Any, ...]]) -> None:
-        """The runs a worker just wrote to the log (``(run_id, events, …)`` per stream)."""
-        for stream in streams:
-            run_id, events = stream[0], stream[1]
-            if not events:
-                continue
-            root = self._roots.get(run_id)
-            if root is None:
-                root = _root_or_not(events)
-                if root is not None:
-                    self._remember(run_id, root)
-            if root is False:
-                continue
-            if run_id in self._from_log or self._buffered + len(events) > MAX_BUFFERED:
+        """The runs a worker just wrote to the log (``(run_id, events, …)`` per stream): folded as
+        soon as the worker's task next waits (its views' write is on its way by then), so an
+        event is held no longer than that, not until the next pass (a pass's worth is ~50,000
+        events at 100 k events/s); what is kept between passes is the spans that ended."""
+        self._offered.append(streams)
+        if not self._folding:
+            self._folding = True
+            asyncio.get_running_loop().call_soon(self._fold_offered)
+
+    def _fold_offered(self) -> None:
+        self._folding = False
+        offered, self._offered = self._offered, []
+        for streams in offered:
+            for stream in streams:
+                try:
+                    self._take(stream[0], stream[1])
+                except Exception as exc:  # the worker goes on; the run is folded again from the log
+                    log.warning("span fold of %s failed (folded again from the log): %s", stream[0], exc)
+                    self._trees.pop(stream[0], None)
+                    self._from_log.add(stream[0])
+
+    def _take(self, run_id: str, events: Sequence[Event]) -> None:
+        """Fold a root run's new events into its tree, where they continue one held here or begin
+        the run; else keep them for the pass (bounded: past it the pass reads the log)."""
+        if not events:
+            return
+        root = self._roots.get(run_id)
+        if root is None:
+            root = _root_or_not(events)
+            if root is not None:
+                self._remember(run_id, root)
+        if root is False:
+            return
+        if run_id not in self._from_log and run_id not in self._buffers:
+            held = self._trees.get(run_id)
+            if held is None and events[0].seq == 1:  # the run begins: its cursor can only be 0 (the pass checks)
+                held = self._hold(run_id, _Held(self._new_fold(run_id), 0, 0.0))
+            if held is not None and self._pending > MAX_PENDING:  # folded again by a later pass
+                self._trees.pop(run_id)
                 self._from_log.add(run_id)
-                self._buffered -= len(self._buffers.pop(run_id, ()))
-                continue
-            self._buffers.setdefault(run_id, []).extend(events)
-            self._buffered += len(events)
+                return
+            if held is not None:
+                last = held.tree.last_seq
+                if events[-1].seq <= last:  # folded already (read from the log by a pass)
+                    return
+                if events[0].seq <= last + 1:
+                    if events[0].seq <= last:
+                        events = [event for event in events if event.seq > last]
+                    ended = held.tree.apply_many(events, held.cursor)
+                    held.pending += ended
+                    self._pending += len(ended)
+                    return
+        if run_id in self._from_log or self._buffered + len(events) > MAX_BUFFERED:
+            self._from_log.add(run_id)
+            self._buffered -= len(self._buffers.pop(run_id, ()))
+            return
+        self._buffers.setdefault(run_id, []).extend(events)
+        self._buffered += len(events)
+
+    def _new_fold(self, root: str) -> Fold:
+        from .otlp import span_fold  # loaded by a process that exports, only
+
+        return span_fold(root, self.settings.content)
+
+    def _hold(self, root: str, held: _Held) -> _Held:
+        self._trees[root] = held
+        self._trees.move_to_end(root)
+        while len(self._trees) > MAX_TREES:  # one evicted is folded again from the log
+            self._trees.popitem(last=False)
+        return held
 
     # ---- the background side ---------------------------------------------------
     async def run(self, stop: asyncio.Event) -> None:
@@ -164,11 +239,17 @@ class SpanExporter:
         url = self.store.url
         return None if ":memory:" in url else open_store(url)
 
-    def _http(self) -> httpx.AsyncClient:
-        # plain HTTP needs no TLS context (loading the CA bundle costs ~0.25 s of CPU)
-        tls = self.settings.endpoint.startswith("https:")
-        verify: Any = (self.settings.certificate or True) if tls else False
-        return httpx.AsyncClient(timeout=self.settings.timeout_s, verify=verify, follow_redirects=False)
+    def _http(self) -> aiohttp.ClientSession:
+        """The one connection pool posts go through: aiohttp's, as the webhook sender's (httpx's
+        cost ~2 ms of CPU a request here, a third of the whole export; see docs/benchmarks.md). A
+        TLS context is made only for ``https:`` (loading the CA bundle costs ~0.25 s of CPU); the
+        proxy variables of the environment are honoured, redirects are not followed."""
+        tls: ssl.SSLContext | bool = False
+        if self.settings.endpoint.startswith("https:"):
+            tls = ssl.create_default_context(cafile=self.settings.certificate)
+        return aiohttp.ClientSession(
+            connector=aiohttp.TCPConnector(limit=4, ssl=tls), trust_env=True, auto_decompress=False,
+            cookie_jar=aiohttp.DummyCookieJar(), timeout=aiohttp.ClientTimeout(total=self.settings.timeout_s))
 
     async def _guarded(self, step: Any) -> None:
         try:
@@ -192,36 +273,50 @@ class SpanExporter:
 
     async def pass_once(self) -> int:
         """Fold what was handed over (or is behind) and send the spans that ended; spans sent."""
+        self._fold_offered()
         buffers, self._buffers, self._buffered = self._buffers, {}, 0
-        roots = await self._only_roots(list(dict.fromkeys([*buffers, *self._from_log])))
-        self._from_log = set()
+        behind, self._from_log = self._from_log, set()
+        asked = list(dict.fromkeys([*buffers, *behind]))
+        roots = list(dict.fromkeys([*(await self._only_roots(asked)),
+                                    *(root for root, held in self._trees.items() if held.pending)]))
         if not roots:
             return 0
         now = time.monotonic()
-        due = [root for root in roots if root not in self._trees or self._trees[root][2] - now < self.hold_s / 2]
-        held = await self.store.export_claim(due, self.holder, self.hold_s) if due else {}
+        due = [root for root in roots if root not in self._trees or self._trees[root].until - now < self.hold_s / 2]
+        claimed = await self.store.export_claim(due, self.holder, self.hold_s) if due else {}
         spans: list[Any] = []  # ended spans: Span, or the compiled fold's bytes of one
         moves: list[tuple[str, int, int]] = []
+        taken: dict[str, _Held] = {}
         for root in roots:
-            if root in held:
-                cursor, until = held[root], now + self.hold_s
-            elif root in due:  # another exporter holds it: its spans are that one's to send
+            held = self._trees.get(root)
+            if root in claimed:
+                if held is not None and held.cursor != claimed[root]:  # moved by another: fold again
+                    self._trees.pop(root)
+                    held = None
+                if held is None:
+                    held = _Held(self._new_fold(root), claimed[root], 0.0)
+                held.until = now + self.hold_s
+            elif root in due or held is None:  # another exporter holds it: its spans are that one's to send
                 self._trees.pop(root, None)
                 continue
-            else:  # held here still: no need to ask the log
-                cursor, until = self._trees[root][1], self._trees[root][2]
-            before = len(spans)
-            tree = await self._fold(root, cursor, until, buffers.get(root, []), spans)
-            if len(spans) > before:  # the cursor moves only past spans sent (folding alone is redone)
-                moves.append((root, cursor, tree.last_seq))
+            await self._fold(root, held, buffers.get(root, []), root in behind)
+            if held.pending:  # the cursor moves only past spans sent (folding alone is redone)
+                spans += held.pending
+                held.pending = []
+                moves.append((root, held.cursor, held.tree.last_seq))
+                taken[root] = held
+            if not held.tree.is_open:
+                self._trees.pop(root, None)
+        self._pending = sum(len(held.pending) for held in self._trees.values())
         sent = await self._send(spans) if spans else 0
         moved = set(await self.store.export_commit(moves, self.holder, self.hold_s))
         for root, _, after in moves:
-            entry = self._trees.get(root)
+            held = taken[root]
             if root not in moved:
-                self._trees.pop(root, None)  # the cursor moved under us: fold again next time
-            elif entry is not None:
-                self._trees[root] = (entry[0], after, now + self.hold_s)
+                if self._trees.get(root) is held:
+                    self._trees.pop(root)  # the cursor moved under us: fold again next time
+            else:
+                held.cursor, held.until = after, now + self.hold_s
         return sent
 
     def _remember(self, run_id: str, root: bool) -> None:
@@ -240,28 +335,26 @@ class SpanExporter:
                 self._remember(run_id, info is None or info.parent_id is None)
         return [run_id for run_id in run_ids if self._roots[run_id]]
 
-    async def _fold(self, root: str, cursor: int, until: float, buffered: list[Event], spans: list[Any]) -> Fold:
-        entry = self._trees.pop(root, None)
-        tree = entry[0] if entry is not None and entry[1] == cursor else None
-        if tree is None:
-            from .otlp import span_fold  # loaded by a process that exports, only
-
-            tree = span_fold(root, self.settings.content)
-        if buffered and buffered[0].seq == tree.last_seq + 1:
-            spans.extend(tree.apply_many(buffered, cursor))
-        else:  # from the log, a page at a time (a long run is never held whole)
+    async def _fold(self, root: str, held: _Held, buffered: list[Event], behind: bool) -> None:
+        """Fold into ``held`` the events kept for the pass, or (``behind``, or they do not
+        continue the tree) read the run's rest from the log."""
+        tree = held.tree
+        if buffered and buffered[0].seq <= tree.last_seq + 1 and not behind:
+            fresh = [event for event in buffered if event.seq > tree.last_seq]
+            held.pending += tree.apply_many(fresh, held.cursor)
+        elif buffered or behind or tree.last_seq < held.cursor:
+            # from the log, a page at a time (a long run is never held whole); offered events
+            # are kept for the next pass meanwhile (the tree is not held while the pass waits)
+            self._trees.pop(root, None)
             page: list[Event] = []
             async for event in self.store.iter_events(root, after=tree.last_seq, batch=FOLD_PAGE):
                 page.append(event)
                 if len(page) >= FOLD_PAGE:
-                    spans.extend(tree.apply_many(page, cursor))
+                    held.pending += tree.apply_many(page, held.cursor)
                     page = []
-            spans.extend(tree.apply_many(page, cursor))
-        if tree.is_open:
-            self._trees[root] = (tree, cursor, until)
-            while len(self._trees) > MAX_TREES:
-                self._trees.popitem(last=False)
-        return tree
+            held.pending += tree.apply_many(page, held.cursor)
+        if tree.is_open or held.pending:
+            self._hold(root, held)
 
     async def _send(self, spans: list[Any]) -> int:
         from .otlp import encode_request  # loaded by a process that exports, only
@@ -289,16 +382,19 @@ class SpanExporter:
         assert self._client is not None
         while True:
             try:
-                response = await self._client.post(self.settings.endpoint, content=body, headers=headers)
-                if response.is_success:
+                async with self._client.post(self.settings.endpoint, data=body, headers=headers,
+                                             allow_redirects=False) as response:
+                    answer = await response.content.read(ANSWER_BYTES)
+                if 200 <= response.status < 300:
                     self.metrics.requests.labels("sent").inc()
                     return "sent"
-                if response.status_code not in _RETRY_STATUS:
+                if response.status not in _RETRY_STATUS:
                     self.metrics.requests.labels("refused").inc()
-                    log.warning("OTLP backend answered %d: %s", response.status_code, response.text[:200])
+                    log.warning("OTLP backend answered %d: %s", response.status,
+                                answer[:200].decode("utf-8", "replace"))
                     return "refused"
                 wait = _retry_after(response.headers) or pause
-            except httpx.HTTPError:
+            except (aiohttp.ClientError, OSError, TimeoutError):
                 wait = pause
             self.metrics.requests.labels("retried").inc()
             if time.monotonic() + wait > deadline:

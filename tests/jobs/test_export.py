@@ -111,6 +111,53 @@ async def test_a_successor_sends_only_what_was_not_sent_and_nothing_twice(store:
     assert sorted(names) == sorted(set(names)) and len(names) == 7
 
 
+async def test_a_run_folded_as_it_came_is_sent_only_if_its_export_is_still_unclaimed(
+    store: ReplayLog, clock: Clock,
+) -> None:
+    """An exporter folds a run that begins as its events are handed over, before it holds the
+    run's export; its pass sends those spans only if the claim finds the cursor where it assumed
+    (at the start). Another exporter that sent the run first, held or not, keeps it sent once."""
+    events = traced_run()
+    await store.append(events)
+    async with otlp_receiver() as receiver:
+        other = SpanExporter(store, settings(receiver), holder="w2", hold_s=15)
+        late = SpanExporter(store, settings(receiver), holder="w1", hold_s=15)
+        async with other._http() as other._client, late._http() as late._client:
+            other.offer([(ROOT, events, [], None)])
+            assert await other.pass_once() == 7
+            late.offer([(ROOT, events[:10], [], None)])
+            assert await late.pass_once() == 0  # held by w2: its spans are w2's
+            clock.advance(seconds=16)  # w2's hold lapsed; its cursor is at the end
+            late.offer([(ROOT, events, [], None)])  # folded from the start again, as it comes
+            assert await late.pass_once() == 0  # claimed with the cursor at the end: nothing past it
+            assert ROOT not in late._trees
+    names = [span.name for span in receiver.spans()]
+    assert sorted(names) == sorted(set(names)) and len(names) == 7
+
+
+async def test_spans_past_the_bound_kept_between_passes_are_folded_again_from_the_log(
+    store: ReplayLog, monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """Ended spans wait for the next pass (and pile up while it retries the backend): past
+    ``MAX_PENDING`` a run handed over is not folded as it comes but read from the log by the
+    pass, and every span still reaches the backend once."""
+    monkeypatch.setattr(export, "MAX_PENDING", 10)
+    runs = [traced_run(f"many{n}", child=f"many{n}.r", grandchild=f"many{n}.r.s") for n in range(3)]
+    async with otlp_receiver() as receiver:
+        exporter = SpanExporter(store, settings(receiver), holder="w1")
+        for run in runs:
+            await store.append(run)
+            exporter.offer([(run[0].run_id, run[:12], [], None)])
+            exporter.offer([(run[0].run_id, run[12:], [], None)])
+            await until(lambda: not exporter._offered, what="the hand-over folded")
+        assert len(exporter._from_log) == 2  # past the bound in the second run: its tree dropped, the third not folded
+        async with exporter._http() as exporter._client:
+            assert await exporter.pass_once() == 3 * 7
+            assert await exporter.pass_once() == 0
+    names = [(span.trace_id, span.span_id) for span in receiver.spans()]
+    assert len(names) == len(set(names)) == 3 * 7
+
+
 async def test_runs_left_behind_are_found_by_the_sweep(store: ReplayLog) -> None:
     events = traced_run()
     await store.append(events)
@@ -172,7 +219,9 @@ async def test_the_worker_side_goes_on_while_the_backend_is_unreachable(store: R
             exporter.offer([(run[0].run_id, run, [], None)])
         assert [run[0].run_id for run in later] == ["trip4-0", "trip4-1", "trip4-2"]
         assert exporter.metrics.dropped.labels("unreachable")._value.get() == 0  # still retrying
-        assert exporter._buffered == sum(len(run) for run in later)
+        # folded as they come while the pass retries, their ended spans kept for it
+        await until(lambda: all(run[0].run_id in exporter._trees and len(exporter._trees[run[0].run_id].pending) == 7
+                                for run in later), what="the runs handed over folded meanwhile")
         async with otlp_receiver(port=port) as back:  # the backend back, on the same address
             await until(lambda: len(back.spans()) == 4 * 7, what="every run's spans exported")
     assert exporter.metrics.dropped.labels("unreachable")._value.get() == 0
