@@ -31,7 +31,10 @@ a part under callgrind runs ~50 times slower). With ``--parts`` it counts instea
 (``SpanTree.apply_many`` over the root streams the worker wrote, as a pass gets them) and the
 OTLP writer (``encode_request`` of the spans, 1,000 a request) alone: no log, no HTTP, no pass,
 so the count does not move with how the worker happened to batch its writes (the exporter's
-whole count moves ±4 % between runs of the same code for that reason).
+whole count moves ±4 % between runs of the same code for that reason). Without ``--parts`` it also counts
+the worker with the exporter beside it (``live``: its passes' interval and hold scaled by
+callgrind's ~50× slow-down, so they are as rare beside the work as at full speed), and
+``live_export_ir_share`` is that less the worker alone, over the worker alone.
 
 ``python bench/spans.py [--events N] [--runs R] [--deltas D] [--repeat K] [--json] [--instructions [--parts]]``
 """

@@ -1,11 +1,14 @@
 """The span exporter: a worker's runs, as OpenTelemetry GenAI spans, sent over OTLP/HTTP.
 
 It runs beside a worker's loop, off its delivery path: after each replay-log write the worker
-hands it what it wrote (:meth:`SpanExporter.offer`: a list append, no await, bounded), and a
-background pass folds each root run's new events into its span tree
-(:class:`~runwire.jobs.spans.SpanTree`) and posts the spans that ended. A post that fails is
+hands it what it wrote (:meth:`SpanExporter.offer`: a list append, no await), which it folds
+into each root run's span tree (:class:`~runwire.jobs.spans.SpanTree` or its compiled twin) as
+soon as the worker's task next waits; a background pass, every ``interval_s``, claims the runs,
+posts the spans that ended and moves the runs' cursors. A post that fails is
 retried with backoff for at most ``give_up_s``; then its spans are dropped and counted
-(``runwire_otel_spans_dropped``). Nothing the worker awaits waits for the backend.
+(``runwire_otel_spans_dropped``). Nothing the worker awaits waits for the backend; what waits
+for a pass is bounded (``MAX_PENDING`` ended spans, ``MAX_BUFFERED`` events of runs not
+claimed yet: past either, a run is folded again from the log).
 
 **Each span once, across a crash.** The replay log keeps, per root run, how far its spans were
 exported (``export_commit``: the seq of the last event folded) and who holds the run's export
