@@ -89,7 +89,7 @@ async def serve(reader, writer):
     except (asyncio.IncompleteReadError, ConnectionError):
         writer.close()
 async def main():
-    server = await asyncio.start_server(serve, "127.0.0.1", 0)
+    server = await asyncio.start_server(serve, "127.0.0.1", 0, limit=int(sys.argv[1]) if len(sys.argv) > 1 else 65536)
     print(server.sockets[0].getsockname()[1], flush=True)
     await server.serve_forever()
 asyncio.run(main())
@@ -195,6 +195,8 @@ async def export_alone(written: list[Any], store_url: str, endpoint: str, publis
             began = time.process_time()
             sent = 0
             for streams in written:
+                for stream in streams:  # as the worker hands them over: as encoded, then logged
+                    exporter.stage(stream[0], stream[1])
                 exporter.offer(streams)
                 sent += await exporter.pass_once()
             cpu = time.process_time() - began

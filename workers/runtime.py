@@ -81,6 +81,7 @@ def span_exporter(
     writes (either runtime's worker); None when they ask for none."""
     exporter = exporter_from_env(os.environ, store, holder=name, registry=metrics)
     stages.on_logged = exporter.offer if exporter is not None else None
+    stages.on_encoded = exporter.stage if exporter is not None else None
     return exporter
 
 

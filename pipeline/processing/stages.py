@@ -147,6 +147,10 @@ class Stages:
         self._dead_letter_to = dead_letter
         self.on_logged = on_logged
         """Told of each write once it is in the replay log (the span exporter; must not block)."""
+        self.on_encoded: Callable[[str, Sequence[Event]], None] | None = None
+        """Told of each stream's events as they are encoded, before the log write (the span
+        exporter folds them while they are in the CPU's cache; it sends nothing of them before
+        :attr:`on_logged`); must not block."""
         self._first_batch_at: float | None = None
         self.outage = Outage(log)
         self.rebuild: set[str] = set()
@@ -250,8 +254,11 @@ class Stages:
         """Take the checkpoints and encode every event once, for the log and the views alike."""
         Processor.seal(outputs)
         write = EncodedWrite()
+        encoded_now = self.on_encoded
         for output in outputs.values():
             encoded = encode_lines(output.raw)
+            if encoded_now is not None:
+                encoded_now(output.run_id, output.raw)
             write.log.append((output.run_id, output.raw, encoded, output.state))
             write.raw.append(((output.run_id, "raw"), output.raw, encoded, output.state))
             if output.shaped:

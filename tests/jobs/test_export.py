@@ -158,6 +158,58 @@ async def test_spans_past_the_bound_kept_between_passes_are_folded_again_from_th
     assert len(names) == len(set(names)) == 3 * 7
 
 
+async def test_spans_folded_as_the_worker_encodes_wait_for_the_log_write(store: ReplayLog, clock: Clock) -> None:
+    """The worker hands a stream over as it encodes it (``stage``), before its log write: the
+    spans those events end are sent only once the write is in the log (``offer``), and the cursor
+    never passes them before. A worker killed between the two loses none: whoever writes the
+    events next exports them, and nothing is sent twice."""
+    events = traced_run()
+    async with otlp_receiver() as receiver:
+        first = SpanExporter(store, settings(receiver), holder="w1", hold_s=15)
+        async with first._http() as first._client:
+            first.stage(ROOT, events[:10])
+            assert await first.pass_once() == 0  # not in the log yet
+            await store.append(events[:10])
+            first.offer([(ROOT, events[:10], [], None)])
+            first.stage(ROOT, events[10:])  # encoded; its log write never happens (killed)
+            assert await first.pass_once() == 3
+            assert await first.pass_once() == 0
+        assert len(receiver.spans()) == 3
+        clock.advance(seconds=16)
+        await store.append(events[10:])  # the next writer of the run
+        successor = SpanExporter(store, settings(receiver), holder="w2", hold_s=15)
+        async with successor._http() as successor._client:
+            successor.offer([(ROOT, events[10:], [], None)])
+            assert await successor.pass_once() == 4
+    names = [span.name for span in receiver.spans()]
+    assert sorted(names) == sorted(set(names)) and len(names) == 7
+
+
+async def test_the_proxy_the_environment_names_carries_the_posts(
+    store: ReplayLog, monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """``HTTP_PROXY``/``HTTPS_PROXY`` and ``NO_PROXY`` are honoured, as OpenTelemetry's own
+    exporters honour them (looked up once, not per request). The receiver stands in for the proxy
+    here: a request through a proxy names the endpoint in its request line, which it answers."""
+    for name in ("http_proxy", "https_proxy", "no_proxy", "NO_PROXY", "HTTPS_PROXY"):
+        monkeypatch.delenv(name, raising=False)
+    events = traced_run()
+    await store.append(events)
+    endpoint = "http://collector.invalid:4318"  # resolves nowhere: only the proxy reaches it
+    async with otlp_receiver() as receiver:
+        monkeypatch.setenv("HTTP_PROXY", receiver.url)
+        assert export.env_proxy(endpoint + "/v1/traces") == receiver.url
+        proxied = OtlpSettings.from_env({"OTEL_EXPORTER_OTLP_ENDPOINT": endpoint})
+        assert proxied is not None
+        exporter = SpanExporter(store, proxied, holder="w1")
+        exporter.offer([(ROOT, events, [], None)])
+        async with exporter._http() as exporter._client:
+            assert await exporter.pass_once() == 7
+    assert len(receiver.spans()) == 7
+    monkeypatch.setenv("NO_PROXY", "collector.invalid")
+    assert export.env_proxy(endpoint + "/v1/traces") is None
+
+
 async def test_runs_left_behind_are_found_by_the_sweep(store: ReplayLog) -> None:
     events = traced_run()
     await store.append(events)
