@@ -189,7 +189,7 @@ async def export_alone(written: list[Any], store_url: str, endpoint: str, publis
     assert settings is not None
     async with open_store(store_url) as store:
         exporter = SpanExporter(store, settings, holder=f"alone-{uuid.uuid4().hex[:6]}")
-        async with exporter._http() as exporter._client:
+        async with exporter.connected():
             if counted:
                 callgrind.ready()
             began = time.process_time()

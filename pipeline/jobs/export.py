@@ -27,23 +27,19 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import gzip
 import logging
-import ssl
 import time
-import urllib.parse
-import urllib.request
 from collections import OrderedDict
 from collections.abc import AsyncIterator, Mapping, Sequence
 from datetime import timedelta
 from typing import TYPE_CHECKING, Any
 
-import aiohttp
-from prometheus_client import CollectorRegistry, Counter
+from prometheus_client import CollectorRegistry
 
 from ..core.envelope import Event
 from ..store import ReplayLog, open_store
 from .otlp_env import OtlpSettings
+from .otlp_post import ExportMetrics, Poster
 
 if TYPE_CHECKING:
     from .otlp import Fold
@@ -60,7 +56,6 @@ INTERVAL_S = 0.5
 are folded in one pass, their spans sent in as few requests as may be)."""
 GIVE_UP_S = 30.0
 """How long one pass retries the backend before it drops what it could not send."""
-SPANS_PER_REQUEST = 1000
 MAX_BUFFERED = 200_000
 """Events handed over and not folded yet; past it a run's events are read back from the log."""
 MAX_PENDING = 100_000
@@ -73,24 +68,6 @@ MAX_TREES = 10_000
 """Runs whose open spans are kept in memory; one evicted is folded again from the log."""
 BEHIND_WINDOW = timedelta(minutes=10)
 """How far back the sweep looks for runs a dead exporter left behind."""
-ANSWER_BYTES = 64 * 1024
-"""The most of a backend's answer read (a longer one closes the connection; a refusal's first
-200 bytes go in its log line)."""
-_RETRY_STATUS = frozenset({408, 429, 500, 502, 503, 504})
-
-
-class ExportMetrics:
-    """What the exporter sent, retried and dropped (its own registry; ``/metrics`` shows it)."""
-
-    def __init__(self, registry: CollectorRegistry | None = None) -> None:
-        self.registry = registry or CollectorRegistry()
-        r = self.registry
-        self.exported = Counter("runwire_otel_spans_exported", "Spans the OTLP backend accepted", registry=r)
-        self.dropped = Counter("runwire_otel_spans_dropped",
-                               "Spans given up (reason: unreachable after retries, refused by the backend)",
-                               ["reason"], registry=r)
-        self.requests = Counter("runwire_otel_requests", "OTLP export requests by outcome", ["outcome"],
-                                registry=r)
 
 
 def _root_or_not(events: Sequence[Event]) -> bool | None:
@@ -164,8 +141,7 @@ class SpanExporter:
         """Ended spans not sent yet, over every tree (counted as they end, recounted each pass)."""
         self._roots: OrderedDict[str, bool] = OrderedDict()
         """Whether each run seen lately is a root (only a root's stream holds its whole tree)."""
-        self._client: aiohttp.ClientSession | None = None
-        self._proxy: str | None = None
+        self.poster = Poster(settings, self.metrics, version)
         self._swept_at = 0.0
 
     # ---- the worker's side: no await, bounded ---------------------------------
@@ -280,7 +256,7 @@ class SpanExporter:
             opened = self._own_store()
             if opened is not None:
                 self.store = await stack.enter_async_context(opened)
-            self._client = await stack.enter_async_context(self._http())
+            await stack.enter_async_context(self.poster.connected())
             while not stop.is_set():
                 with contextlib.suppress(TimeoutError):  # a pass per interval: many writes, one pass
                     await asyncio.wait_for(stop.wait(), self.interval_s)
@@ -294,20 +270,11 @@ class SpanExporter:
         url = self.store.url
         return None if ":memory:" in url else open_store(url)
 
-    def _http(self) -> aiohttp.ClientSession:
-        """The one connection pool posts go through: aiohttp's, as the webhook sender's (httpx's
-        cost ~2 ms of CPU a request here; see docs/benchmarks.md). A TLS context is made only for
-        ``https:`` (loading the CA bundle costs ~0.25 s of CPU); redirects are not followed. The
-        proxy the environment names for the endpoint (``HTTPS_PROXY``, ``NO_PROXY``, …) is looked
-        up here, once: aiohttp's ``trust_env`` looks it up per request, in a thread (~0.8 ms of CPU
-        each, four times the rest of a request)."""
-        tls: ssl.SSLContext | bool = False
-        if self.settings.endpoint.startswith("https:"):
-            tls = ssl.create_default_context(cafile=self.settings.certificate)
-        self._proxy = env_proxy(self.settings.endpoint)
-        return aiohttp.ClientSession(
-            connector=aiohttp.TCPConnector(limit=4, ssl=tls), trust_env=False, auto_decompress=False,
-            cookie_jar=aiohttp.DummyCookieJar(), timeout=aiohttp.ClientTimeout(total=self.settings.timeout_s))
+    @contextlib.asynccontextmanager
+    async def connected(self) -> AsyncIterator[None]:
+        """The exporter's HTTP connection pool open for the block (:meth:`run` opens it itself)."""
+        async with self.poster.connected():
+            yield
 
     async def _guarded(self, step: Any) -> None:
         try:
@@ -366,7 +333,7 @@ class SpanExporter:
             if not held.tree.is_open and not held.staged:
                 self._trees.pop(root, None)
         self._pending = sum(len(held.pending) for held in self._trees.values())
-        sent = await self._send(spans) if spans else 0
+        sent = await self.poster.send(spans, time.monotonic() + self.give_up_s) if spans else 0
         moved = set(await self.store.export_commit(moves, self.holder, self.hold_s))
         for root, _, after in moves:
             held = taken[root]
@@ -414,65 +381,6 @@ class SpanExporter:
             held.pending += tree.apply_many(page, held.cursor)
         if tree.is_open or held.pending or held.staged:
             self._hold(root, held)
-
-    async def _send(self, spans: list[Any]) -> int:
-        from .otlp import encode_request  # loaded by a process that exports, only
-
-        deadline = time.monotonic() + self.give_up_s
-        sent = 0
-        for start in range(0, len(spans), SPANS_PER_REQUEST):
-            chunk = spans[start:start + SPANS_PER_REQUEST]
-            outcome = await self._post(encode_request(chunk, self.settings.resource, self.version), deadline)
-            if outcome == "sent":
-                sent += len(chunk)
-                self.metrics.exported.inc(len(chunk))
-            else:
-                self.metrics.dropped.labels(outcome).inc(len(chunk))
-                log.warning("dropped %d span(s): the OTLP backend %s", len(chunk), outcome)
-        return sent
-
-    async def _post(self, body: bytes, deadline: float) -> str:
-        """``sent``, ``refused`` (a final answer) or ``unreachable`` (retried until ``deadline``)."""
-        headers = {**self.settings.headers, "content-type": "application/x-protobuf"}
-        if self.settings.gzip:
-            body = gzip.compress(body, 5)
-            headers["content-encoding"] = "gzip"
-        pause = 0.25
-        assert self._client is not None
-        while True:
-            try:
-                async with self._client.post(self.settings.endpoint, data=body, headers=headers,
-                                             allow_redirects=False, proxy=self._proxy) as response:
-                    answer = await response.content.read(ANSWER_BYTES)
-                if 200 <= response.status < 300:
-                    self.metrics.requests.labels("sent").inc()
-                    return "sent"
-                if response.status not in _RETRY_STATUS:
-                    self.metrics.requests.labels("refused").inc()
-                    log.warning("OTLP backend answered %d: %s", response.status,
-                                answer[:200].decode("utf-8", "replace"))
-                    return "refused"
-                wait = _retry_after(response.headers) or pause
-            except (aiohttp.ClientError, OSError, TimeoutError):
-                wait = pause
-            self.metrics.requests.labels("retried").inc()
-            if time.monotonic() + wait > deadline:
-                return "unreachable"
-            await asyncio.sleep(wait)
-            pause = min(pause * 2, 5.0)
-
-
-def env_proxy(url: str) -> str | None:
-    """The proxy the environment names for ``url`` (``<SCHEME>_PROXY``, less ``NO_PROXY``), else None."""
-    host = urllib.parse.urlsplit(url).hostname or ""
-    if urllib.request.proxy_bypass(host):
-        return None
-    return urllib.request.getproxies().get(urllib.parse.urlsplit(url).scheme)
-
-
-def _retry_after(headers: Mapping[str, str]) -> float | None:
-    value = headers.get("retry-after", "")
-    return float(value) if value.strip().isdigit() else None
 
 
 def exporter_from_env(

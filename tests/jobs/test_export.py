@@ -12,7 +12,7 @@ import pytest
 from opentelemetry.proto.trace.v1.trace_pb2 import Span as ProtoSpan
 from opentelemetry.proto.trace.v1.trace_pb2 import Status
 
-from runwire.jobs import export
+from runwire.jobs import export, otlp_post
 from runwire.jobs.export import SpanExporter, exporting
 from runwire.jobs.otlp import SCHEMA_URL, OtlpSettings, encode_request
 from runwire.jobs.spans import Span, span_id, trace_id
@@ -61,7 +61,7 @@ async def test_a_runs_spans_reach_an_otlp_receiver_as_protobuf_with_the_standard
                          OTEL_SERVICE_NAME="trips", OTEL_RESOURCE_ATTRIBUTES="deployment.environment=test")
         exporter = SpanExporter(store, found, holder="w1")
         exporter.offer([(ROOT, events, [], None)])
-        async with exporter._http() as exporter._client:
+        async with exporter.connected():
             assert await exporter.pass_once() == 7
     assert len(receiver.requests) == 1
     headers, request = receiver.requests[0]
@@ -97,11 +97,11 @@ async def test_a_successor_sends_only_what_was_not_sent_and_nothing_twice(store:
     async with otlp_receiver() as receiver:
         first = SpanExporter(store, settings(receiver), holder="w1", hold_s=15)
         first.offer([(ROOT, events[:10], [], None)])
-        async with first._http() as first._client:
+        async with first.connected():
             assert await first.pass_once() == 3  # the first model step, the failed call, its run
         successor = SpanExporter(store, settings(receiver), holder="w2", hold_s=15)
         successor.offer([(ROOT, events[10:], [], None)])
-        async with successor._http() as successor._client:
+        async with successor.connected():
             assert await successor.pass_once() == 0  # w1's hold is live: w1's spans to send
             clock.advance(seconds=16)
             successor.offer([(ROOT, events[10:], [], None)])
@@ -122,7 +122,7 @@ async def test_a_run_folded_as_it_came_is_sent_only_if_its_export_is_still_uncla
     async with otlp_receiver() as receiver:
         other = SpanExporter(store, settings(receiver), holder="w2", hold_s=15)
         late = SpanExporter(store, settings(receiver), holder="w1", hold_s=15)
-        async with other._http() as other._client, late._http() as late._client:
+        async with other.connected(), late.connected():
             other.offer([(ROOT, events, [], None)])
             assert await other.pass_once() == 7
             late.offer([(ROOT, events[:10], [], None)])
@@ -151,7 +151,7 @@ async def test_spans_past_the_bound_kept_between_passes_are_folded_again_from_th
             exporter.offer([(run[0].run_id, run[12:], [], None)])
             await until(lambda: not exporter._offered, what="the hand-over folded")
         assert len(exporter._from_log) == 2  # past the bound in the second run: its tree dropped, the third not folded
-        async with exporter._http() as exporter._client:
+        async with exporter.connected():
             assert await exporter.pass_once() == 3 * 7
             assert await exporter.pass_once() == 0
     names = [(span.trace_id, span.span_id) for span in receiver.spans()]
@@ -166,7 +166,7 @@ async def test_spans_folded_as_the_worker_encodes_wait_for_the_log_write(store: 
     events = traced_run()
     async with otlp_receiver() as receiver:
         first = SpanExporter(store, settings(receiver), holder="w1", hold_s=15)
-        async with first._http() as first._client:
+        async with first.connected():
             first.stage(ROOT, events[:10])
             assert await first.pass_once() == 0  # not in the log yet
             await store.append(events[:10])
@@ -178,7 +178,7 @@ async def test_spans_folded_as_the_worker_encodes_wait_for_the_log_write(store: 
         clock.advance(seconds=16)
         await store.append(events[10:])  # the next writer of the run
         successor = SpanExporter(store, settings(receiver), holder="w2", hold_s=15)
-        async with successor._http() as successor._client:
+        async with successor.connected():
             successor.offer([(ROOT, events[10:], [], None)])
             assert await successor.pass_once() == 4
     names = [span.name for span in receiver.spans()]
@@ -198,16 +198,16 @@ async def test_the_proxy_the_environment_names_carries_the_posts(
     endpoint = "http://collector.invalid:4318"  # resolves nowhere: only the proxy reaches it
     async with otlp_receiver() as receiver:
         monkeypatch.setenv("HTTP_PROXY", receiver.url)
-        assert export.env_proxy(endpoint + "/v1/traces") == receiver.url
+        assert otlp_post.env_proxy(endpoint + "/v1/traces") == receiver.url
         proxied = OtlpSettings.from_env({"OTEL_EXPORTER_OTLP_ENDPOINT": endpoint})
         assert proxied is not None
         exporter = SpanExporter(store, proxied, holder="w1")
         exporter.offer([(ROOT, events, [], None)])
-        async with exporter._http() as exporter._client:
+        async with exporter.connected():
             assert await exporter.pass_once() == 7
     assert len(receiver.spans()) == 7
     monkeypatch.setenv("NO_PROXY", "collector.invalid")
-    assert export.env_proxy(endpoint + "/v1/traces") is None
+    assert otlp_post.env_proxy(endpoint + "/v1/traces") is None
 
 
 async def test_runs_left_behind_are_found_by_the_sweep(store: ReplayLog) -> None:
@@ -215,7 +215,7 @@ async def test_runs_left_behind_are_found_by_the_sweep(store: ReplayLog) -> None
     await store.append(events)
     async with otlp_receiver() as receiver:
         exporter = SpanExporter(store, settings(receiver), holder="w3", hold_s=0.0)
-        async with exporter._http() as exporter._client:
+        async with exporter.connected():
             await exporter._sweep_if_due()
             assert await exporter.pass_once() == 7
             exporter._swept_at = 0
@@ -232,7 +232,7 @@ async def test_an_unreachable_backend_is_retried_within_a_bound_then_its_spans_a
     async with otlp_receiver(fail=2) as receiver:  # two 503s, then yes: retried, nothing lost
         exporter = SpanExporter(store, settings(receiver), holder="w1")
         exporter.offer([(ROOT, events, [], None)])
-        async with exporter._http() as exporter._client:
+        async with exporter.connected():
             assert await exporter.pass_once() == 7
         assert receiver.refused == 2 and len(receiver.spans()) == 7
         assert exporter.metrics.requests.labels("retried")._value.get() == 2
@@ -243,7 +243,7 @@ async def test_an_unreachable_backend_is_retried_within_a_bound_then_its_spans_a
     await store.append(other)
     exporter = SpanExporter(store, gone, holder="w1", give_up_s=1.0)
     exporter.offer([("trip2", other, [], None)])
-    async with exporter._http() as exporter._client:
+    async with exporter.connected():
         assert await exporter.pass_once() == 0
     assert exporter.metrics.dropped.labels("unreachable")._value.get() == 7
     # the backoff (0.25 s, 0.5 s, 1 s …) fits two pauses in the 1 s bound: at most three tries retried
@@ -313,7 +313,7 @@ async def test_a_long_run_is_folded_from_the_log_a_page_at_a_time(
         await store.append(events)
         async with otlp_receiver() as receiver:
             exporter = SpanExporter(store, settings(receiver), holder="w1", hold_s=0.0)
-            async with exporter._http() as exporter._client:
+            async with exporter.connected():
                 await exporter._sweep_if_due()  # finds the run left unexported: folded from the log
                 tracemalloc.start()
                 try:
