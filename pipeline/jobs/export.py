@@ -148,7 +148,7 @@ class SpanExporter:
     def stage(self, run_id: str, events: Sequence[Event]) -> None:
         """A stream's events as the worker encodes them, before its log write: a root run's that
         continue its tree here (or begin the run) are folded now, while they are in the CPU's
-        cache (~35 % less CPU than folding them after the write); the spans they end are kept back
+        cache (20–35 % less CPU than folding them after the write); the spans they end are kept back
         until :meth:`offer` says the write is in the log. Anything else waits for :meth:`offer`."""
         if not events:
             return
