@@ -5,12 +5,14 @@ call whose tool delegates to a second agent (a child run), the answer — under 
 from __future__ import annotations
 
 import asyncio
+from typing import Any
 
 from runwire.integrations.demo import framework_runs
 from runwire.jobs.demo import DEMO_TENANT
 from runwire.sdk.publisher import Publisher
 from tests.e2e_harness import Pipeline
 from tests.integrations.conftest import own, read_run, states, text_of
+from tests.waiting import until
 
 
 async def test_the_demo_triage_agent_publishes_a_tree_with_a_tool_and_a_child_run(
@@ -19,8 +21,12 @@ async def test_the_demo_triage_agent_publishes_a_tree_with_a_tool_and_a_child_ru
     stop = asyncio.Event()
     started = await framework_runs(publisher, stop, pace=0.0, limit=1)
     assert started == 1
-    await publisher.flush()
-    runs = [r for r in await pipe.store.runs(tenant=DEMO_TENANT, limit=10) if r.parent_id is None]
+    await publisher.flush()  # on the bus: the worker writes it to the replay log a moment later
+
+    async def roots() -> list[Any]:
+        return [r for r in await pipe.store.runs(tenant=DEMO_TENANT, limit=10) if r.parent_id is None]
+
+    runs = await until(roots, what="the demo's run in the replay log")
     assert len(runs) == 1
     events = await read_run(pipe, runs[0].run_id)
     assert states(own(events)) == ["running", "done"]
