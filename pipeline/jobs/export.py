@@ -157,22 +157,14 @@ class SpanExporter:
             if held is None:
                 if events[0].seq != 1 or run_id in self._from_log or run_id in self._buffers:
                     return
-                root = self._roots.get(run_id)
-                if root is None:
-                    root = _root_or_not(events)
-                    if root is None:
-                        return
-                    self._remember(run_id, root)
-                if not root:
+                if not self._is_root(run_id, events):
                     return
                 held = self._hold(run_id, _Held(self._new_fold(run_id), 0, 0.0))
             if events[0].seq != held.tree.last_seq + 1 or self._pending > MAX_PENDING:
                 return
             ended = held.tree.apply_many(events, held.cursor)
-        except Exception as exc:  # the worker goes on; the run is folded again from the log
-            log.warning("span fold of %s failed (folded again from the log): %s", run_id, exc)
-            self._trees.pop(run_id, None)
-            self._from_log.add(run_id)
+        except Exception as exc:  # the worker goes on
+            self._fold_failed(run_id, exc)
             return
         held.staged.append((events[0].seq, events[-1].seq, ended))
 
@@ -193,22 +185,30 @@ class SpanExporter:
             for stream in streams:
                 try:
                     self._take(stream[0], stream[1])
-                except Exception as exc:  # the worker goes on; the run is folded again from the log
-                    log.warning("span fold of %s failed (folded again from the log): %s", stream[0], exc)
-                    self._trees.pop(stream[0], None)
-                    self._from_log.add(stream[0])
+                except Exception as exc:  # the worker goes on
+                    self._fold_failed(stream[0], exc)
+
+    def _fold_failed(self, run_id: str, exc: Exception) -> None:
+        """A fold that raised: its tree is dropped and the run folded again from the log."""
+        log.warning("span fold of %s failed (folded again from the log): %s", run_id, exc)
+        self._trees.pop(run_id, None)
+        self._from_log.add(run_id)
+
+    def _is_root(self, run_id: str, events: Sequence[Event]) -> bool | None:
+        """Whether ``run_id`` is a root run, as remembered or as its events say (None: they do not)."""
+        root = self._roots.get(run_id)
+        if root is None:
+            root = _root_or_not(events)
+            if root is not None:
+                self._remember(run_id, root)
+        return root
 
     def _take(self, run_id: str, events: Sequence[Event]) -> None:
         """Fold a root run's new events into its tree, where they continue one held here or begin
         the run; else keep them for the pass (bounded: past it the pass reads the log)."""
         if not events:
             return
-        root = self._roots.get(run_id)
-        if root is None:
-            root = _root_or_not(events)
-            if root is not None:
-                self._remember(run_id, root)
-        if root is False:
+        if self._is_root(run_id, events) is False:
             return
         if run_id not in self._from_log and run_id not in self._buffers:
             held = self._trees.get(run_id)
