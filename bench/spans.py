@@ -90,7 +90,7 @@ async def serve(reader, writer):
     except (asyncio.IncompleteReadError, ConnectionError):
         writer.close()
 async def main():
-    server = await asyncio.start_server(serve, "127.0.0.1", 0, limit=int(sys.argv[1]) if len(sys.argv) > 1 else 65536)
+    server = await asyncio.start_server(serve, "127.0.0.1", 0)
     print(server.sockets[0].getsockname()[1], flush=True)
     await server.serve_forever()
 asyncio.run(main())
@@ -370,9 +370,6 @@ def main() -> None:
         sink.terminate()
     figures = {"events": float(len(events)),
                **{key: statistics.median(r[key] for r in rounds) for key in rounds[0]}}
-    # the worker's CPU per event moves by more than the export's between rounds: the live
-    # export's figure is the median of each round's own difference, not a difference of medians
-    figures["export_share"] = statistics.median(r["export_share"] for r in rounds)
     if args.json:
         print(json.dumps(figures, indent=2))
     else:
