@@ -338,11 +338,12 @@ static int span_id(Fold *f, unsigned char out[8], const char *kind, PyObject *a,
         sha_update(&c, (const unsigned char *)"", 1);
         sha_update(&c, (const unsigned char *)text, (size_t)size);
     }
-    if (n >= 0) {
-        char digits[24];
-        int k = snprintf(digits, sizeof(digits), "%lld", n);
-        sha_update(&c, (const unsigned char *)"", 1);
-        sha_update(&c, (const unsigned char *)digits, (size_t)k);
+    if (n >= 0) {  /* "\0" and n in decimal (str(n)), written backwards from the end */
+        unsigned char digits[24];
+        int k = (int)sizeof(digits);
+        do digits[--k] = (unsigned char)('0' + n % 10); while ((n /= 10) > 0);
+        digits[--k] = 0;
+        sha_update(&c, digits + k, sizeof(digits) - (size_t)k);
     }
     unsigned char digest[32];
     sha_final(&c, digest);
@@ -571,6 +572,27 @@ static int name_run(Run *run, PyObject *event, PyObject *ext, PyObject *thread) 
     return failed ? -1 : 0;
 }
 
+/* A span's name "{prefix} {value}" (SpanTree's f"execute_tool {tool}", f"chat {model}"), made
+ * once per tool or model name, which repeat: a dict per prefix, emptied when it holds NAMES_MAX
+ * (a bound, whatever names a publisher sends). Only an exact str is kept (its str() is itself). */
+#define NAMES_MAX 1024
+static PyObject *TOOL_NAMES, *CHAT_NAMES;
+
+static PyObject *span_name(PyObject *names, const char *format, PyObject *value) {
+    int exact = PyUnicode_CheckExact(value);
+    if (exact) {
+        PyObject *known = PyDict_GetItemWithError(names, value);
+        if (known != NULL) return Py_NewRef(known);
+        if (PyErr_Occurred()) return NULL;
+    }
+    PyObject *name = PyUnicode_FromFormat(format, value);
+    if (name != NULL && exact) {
+        if (PyDict_GET_SIZE(names) >= NAMES_MAX) PyDict_Clear(names);
+        if (PyDict_SetItem(names, value, name) < 0) Py_CLEAR(name);
+    }
+    return name;
+}
+
 /* ---- what each event type does (SpanTree._HANDLERS) ---- */
 
 /* SpanTree._open_tool */
@@ -584,7 +606,7 @@ static Rec *open_tool(Fold *f, Run *run, PyObject *call_id, PyObject *tool, long
     r->start_ns = at;
     r->has_parent = 1;
     memcpy(r->parent, run->span.id, 8);
-    if ((r->name = PyUnicode_FromFormat("execute_tool %S", tool)) == NULL
+    if ((r->name = span_name(TOOL_NAMES, "execute_tool %S", tool)) == NULL
             || attrs_set(&r->attrs, K_op, V_execute_tool) < 0 || attrs_set(&r->attrs, K_tool_name, tool) < 0
             || attrs_set(&r->attrs, K_call_id, call_id) < 0 || attrs_set(&r->attrs, K_run_id, run->run_id) < 0
             || span_id(f, r->id, "tool", run->run_id, call_id, -1) < 0) {
@@ -748,7 +770,7 @@ static int chat(Fold *f, Run *run, PyObject *event, long long seq, long long at)
     if (!failed && named) failed = attrs_set(&r.attrs, K_request_model, model) < 0
                                    || attrs_set(&r.attrs, K_response_model, model) < 0;
     if (!failed) failed = span_id(f, r.id, "chat", run->run_id, NULL, run->chats) < 0;
-    if (!failed) failed = (r.name = named ? PyUnicode_FromFormat("chat %S", model) : Py_NewRef(V_chat)) == NULL;
+    if (!failed) failed = (r.name = named ? span_name(CHAT_NAMES, "chat %S", model) : Py_NewRef(V_chat)) == NULL;
     Py_XDECREF(index);
     Py_XDECREF(kind);
     Py_XDECREF(model);
@@ -1139,6 +1161,7 @@ static PyMethodDef fold_functions[] = {
 
 int fold_add_type(PyObject *module) {
     if (wire_intern() < 0 || intern_all() < 0 || PyType_Ready(&FoldType) < 0) return -1;
+    if ((TOOL_NAMES = PyDict_New()) == NULL || (CHAT_NAMES = PyDict_New()) == NULL) return -1;
     if (PyModule_AddFunctions(module, fold_functions) < 0) return -1;
     sha_compress = sha_ni_present() ? sha_block_ni : sha_block;
     Py_INCREF(&FoldType);

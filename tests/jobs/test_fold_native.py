@@ -130,3 +130,29 @@ def test_a_chain_of_sub_runs_as_deep_as_the_stream_ends_in_both_twins() -> None:
     native = compiled().SpanFold("r").apply_many(events)
     assert len(python) == len(native) == depth + 1 and python[-1].run_id == "r"
     assert compiled().encode_request(native, RESOURCE) == encode_request_python(python, RESOURCE)
+
+
+def test_more_tool_and_model_names_than_the_fold_keeps_name_every_span_as_the_twin() -> None:
+    """The compiled fold makes each ``execute_tool {tool}`` and ``chat {model}`` name once and
+    keeps it, up to a bound: 2,500 names of each (past the bound twice; some a tool's and a
+    model's both) and as many model steps (a count of 1 to 4 digits in their ids) end as the
+    Python twin's spans."""
+    events, seq = [], 0
+
+    def add(kind: str, payload: dict[str, Any]) -> None:
+        nonlocal seq
+        seq += 1
+        events.append(event("r", seq, kind, payload, second=seq / 1000))
+
+    for n in range(2_500):
+        name = f"tool-{n % 1_250}" if n % 2 else f"name-{n}"  # some repeat after the bound emptied
+        add("tool.start", {"call_id": f"c{n}", "tool": name})
+        add("tool.end", {"call_id": f"c{n}", "ok": n % 3 != 0})
+        add("x.usage", {"input_tokens": n, "output_tokens": 1, "model": name if n % 4 == 1 else f"model-{n}"})
+        add("step.boundary", {"step_index": n, "step_kind": "tool-roundtrip"})
+    add("run.lifecycle", {"state": "done"})
+    python = SpanTree("r", keep=False).apply_many(events)
+    native = compiled().SpanFold("r").apply_many(events)
+    assert len(python) == len(native) == 5_001
+    assert {span.name for span in python} >= {"execute_tool name-0", "execute_tool tool-1", "chat tool-1", "chat model-2498"}
+    assert compiled().encode_request(native, RESOURCE) == encode_request_python(python, RESOURCE)
