@@ -20,7 +20,7 @@
 static PyObject *T_text, *T_reasoning, *T_extension, *T_tool_start, *T_tool_end, *T_usage, *T_step,
     *T_spawn, *T_lifecycle;
 static PyObject *UNSET, *F_ts_ms, *F_agent_name, *F_tool_error, *F_run_error, *F_requested, *F_resolved,
-    *F_trace_id, *F_known, *TERMINAL, *MODEL_KINDS, *TS_CACHE;
+    *F_known, *TERMINAL, *MODEL_KINDS, *TS_CACHE;
 static PyObject *A_seq, *A_child_ref, *A_ext, *A_ts, *A_parent_id, *A_thread_id, *A_tenant, *A_payload,
     *A_call_id, *A_tool, *A_ok, *A_error, *A_input_tokens, *A_output_tokens, *A_model, *A_step_kind,
     *A_step_index, *A_child_id, *A_state, *A_reason;
@@ -67,7 +67,7 @@ static int load_spans_module(void) {
         {&T_step, "StepBoundary"}, {&T_spawn, "ChildSpawn"}, {&T_lifecycle, "RunLifecycle"},
         {&UNSET, "UNSET"}, {&F_ts_ms, "ts_ms"}, {&F_agent_name, "agent_name"}, {&F_tool_error, "tool_error"},
         {&F_run_error, "run_error"}, {&F_requested, "approval_requested"}, {&F_resolved, "approval_resolved"},
-        {&F_trace_id, "trace_id"}, {&F_known, "known"},
+        {&F_known, "known"},
         {&TERMINAL, "TERMINAL_STATES"}, {&MODEL_KINDS, "MODEL_STEP_KINDS"},
     };
     int failed = 0;
@@ -1070,23 +1070,18 @@ static int fold_init(Fold *f, PyObject *args, PyObject *kwargs) {
         return -1;
     }
     if (load_spans_module() < 0) return -1;
-    PyObject *trace = PyObject_CallOneArg(F_trace_id, root_id);
-    if (trace == NULL) return -1;
-    PyObject *raw = PyObject_CallMethod((PyObject *)&PyBytes_Type, "fromhex", "O", trace);
-    Py_DECREF(trace);
-    if (raw == NULL) return -1;
-    if (PyBytes_GET_SIZE(raw) != 16) {
-        Py_DECREF(raw);
-        PyErr_SetString(PyExc_ValueError, "a trace id of 16 bytes");
-        return -1;
-    }
-    memcpy(f->trace, PyBytes_AS_STRING(raw), 16);
-    Py_DECREF(raw);
-    Py_INCREF(root_id);
-    f->root_id = root_id;
     Py_ssize_t size;
     const char *root = PyUnicode_AsUTF8AndSize(root_id, &size);
     if (root == NULL) return -1;
+    Sha trace;  /* spans.trace_id: the first 16 bytes of SHA-256("runwire trace\0" root) */
+    unsigned char digest[32];
+    sha_init(&trace);
+    sha_update(&trace, (const unsigned char *)"runwire trace", 14);  /* with its NUL */
+    sha_update(&trace, (const unsigned char *)root, (size_t)size);
+    sha_final(&trace, digest);
+    memcpy(f->trace, digest, 16);
+    Py_INCREF(root_id);
+    f->root_id = root_id;
     sha_init(&f->ids);
     sha_update(&f->ids, (const unsigned char *)"runwire span", 13);  /* with its NUL */
     sha_update(&f->ids, (const unsigned char *)root, (size_t)size);
