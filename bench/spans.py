@@ -201,8 +201,8 @@ async def worker_round(events: list[Event], store_url: str, endpoint: str | None
 
 
 class Meter:
-    """The exporter's own CPU inside a live worker (``export_in_worker``): thread time in each of
-    its entry points — ``stage`` and ``offer`` as the worker calls them, each turn of the loop
+    """The exporter's own CPU inside a live worker (``export_in_worker``): thread time in its
+    making and in each of its entry points — ``stage`` and ``offer`` as the worker calls them, each turn of the loop
     its deferred fold and its task run for (not the time it waits, when other work runs), and in
     its replay-log connection's thread each call made there. The clock's own cost inside a
     window (measured at start) is taken out per window."""
@@ -220,10 +220,10 @@ class Meter:
         return self.seconds - self.windows * self.overhead
 
     def sync(self, fn: Any) -> Any:
-        def metered(*args: Any) -> Any:
+        def metered(*args: Any, **kwargs: Any) -> Any:
             began = time.thread_time()
             try:
-                return fn(*args)
+                return fn(*args, **kwargs)
             finally:
                 self.seconds += time.thread_time() - began
                 self.windows += 1
@@ -265,7 +265,7 @@ class Meter:
         calling = SQLiteLog._call
 
         def exporter_from_env(*args: Any, **kwargs: Any) -> Any:
-            exporter = made(*args, **kwargs)
+            exporter = self.sync(made)(*args, **kwargs)  # its making is its own CPU too
             if exporter is not None:
                 exporters.append((exporter, exporter.store))  # the worker's store: run opens its own
                 for name in ("stage", "offer", "_fold_offered"):
@@ -274,7 +274,7 @@ class Meter:
             return exporter
 
         async def call(store: Any, fn: Any, *args: Any) -> Any:
-            own = any(store is exporter.store and store is not worker for exporter, worker in exporters)
+            own = bool(exporters) and all(store is not worker for _, worker in exporters)  # (opening, too)
             return await calling(store, self.sync(fn) if own else fn, *args)
 
         runtime.exporter_from_env = exporter_from_env  # type: ignore[assignment]

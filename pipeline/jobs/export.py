@@ -38,7 +38,7 @@ from prometheus_client import CollectorRegistry
 
 from ..core.envelope import Event
 from ..store import ReplayLog, open_store
-from .otlp_env import OtlpSettings
+from .otlp_env import OtlpSettings, release
 from .otlp_post import ExportMetrics, Poster
 
 if TYPE_CHECKING:
@@ -391,14 +391,8 @@ def exporter_from_env(
     settings = OtlpSettings.from_env(env)
     if settings is None:
         return None
-    from importlib.metadata import PackageNotFoundError, version
-
-    try:
-        release = version("runwire")
-    except PackageNotFoundError:
-        release = ""
     log.info("exporting spans to %s as %s", settings.endpoint, settings.resource.get("service.name"))
-    return SpanExporter(store, settings, holder=holder, metrics=ExportMetrics(registry), version=release)
+    return SpanExporter(store, settings, holder=holder, metrics=ExportMetrics(registry), version=release())
 
 
 @contextlib.asynccontextmanager

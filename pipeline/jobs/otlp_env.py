@@ -12,6 +12,7 @@ variable wins over the generic one, as the OTLP exporter specification says.
 
 from __future__ import annotations
 
+import functools
 import logging
 from collections.abc import Mapping
 from urllib.parse import unquote
@@ -91,3 +92,15 @@ def resource_of(env: Mapping[str, str]) -> dict[str, str]:
     resource["service.name"] = service or resource.get("service.name") or "runwire"
     resource.setdefault("telemetry.sdk.name", "runwire")
     return resource
+
+
+@functools.cache
+def release() -> str:
+    """runwire's installed version (the exporter's ``User-Agent``): read once a process (the
+    package metadata lookup costs ~1 ms), "" when not installed."""
+    from importlib.metadata import PackageNotFoundError, version
+
+    try:
+        return version("runwire")
+    except PackageNotFoundError:
+        return ""
