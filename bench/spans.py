@@ -14,8 +14,8 @@ workload goes through:
   in the CPU's cache as they are in the worker (that encode is the worker's: not counted).
 
 In the ``worker_exporting`` round the exporter's own CPU is also metered where it runs
-(``Meter``: thread time in ``stage`` and ``offer`` as the worker calls them, in each turn of
-its deferred fold and of its task, and in its replay-log connection's thread):
+(``Meter``: thread time in its making, in ``stage`` and ``offer`` as the worker calls them, in
+each turn of its deferred fold and of its task, and in its replay-log connection's thread):
 ``export_in_worker_cpu_us_per_event``, and ``export_in_worker_share``, that over the rest of
 the same round's CPU (the worker's own). Both halves come from one round, so this share does
 not move with the machine between rounds as the difference of two rounds does.
@@ -28,9 +28,10 @@ rounds, not the 5 % of a few rounds; ``export_in_worker`` does), then both expor
 share of the worker's (``export_share``, ``export_alone_share``; the target is ≤ 0.05); spans
 sent per round. The workload is frozen out of the cyclic collector's passes (as ``runwire
 worker`` freezes what it starts with) and each part begins with a collection, so no part pays
-for a full pass over the bench's own objects or for the allocations of the part before it. Every figure is per *published* event (the log holds more: a sub-run's events
-are in its own stream and, fanned in, in its root's), and the process runs with ``runwire
-worker``'s GC settings (``workers/process.py``). ``--deltas`` text deltas per model step: the
+for a full pass over the bench's own objects or for the allocations of the part before it.
+Every figure is per *published* event (the log holds more: a sub-run's events are in its own
+stream and, fanned in, in its root's), and the process runs with ``runwire worker``'s GC
+settings (``workers/process.py``). ``--deltas`` text deltas per model step: the
 default 16 is a dense tool-calling agent (a model step and a tool call every 20 events, a span per
 10 events, as dense in spans as ``bench/workers.py``'s workload); a model streaming a 100-token
 answer a token at a time is ``--deltas 100``. A quarter-size round first warms up (imports,
@@ -202,10 +203,10 @@ async def worker_round(events: list[Event], store_url: str, endpoint: str | None
 
 class Meter:
     """The exporter's own CPU inside a live worker (``export_in_worker``): thread time in its
-    making and in each of its entry points — ``stage`` and ``offer`` as the worker calls them, each turn of the loop
-    its deferred fold and its task run for (not the time it waits, when other work runs), and in
-    its replay-log connection's thread each call made there. The clock's own cost inside a
-    window (measured at start) is taken out per window."""
+    making and in each of its entry points — ``stage`` and ``offer`` as the worker calls them,
+    each turn of the loop its deferred fold and its task run for (not the time it waits, when
+    other work runs), and each call made in its replay-log connection's thread, its opening
+    included. The clock's own cost inside a window (measured at start) is taken out per window."""
 
     def __init__(self) -> None:
         self.seconds = 0.0
