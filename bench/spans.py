@@ -359,7 +359,6 @@ async def one_round(events: list[Event], tmp: Path, endpoint: str, exporting_fir
         "worker_cpu_us_per_event": base["cpu_us_per_event"],
         "worker_exporting_cpu_us_per_event": exporting["cpu_us_per_event"],
         "export_cpu_us_per_event": export,
-        "export_share": export / base["cpu_us_per_event"],
         "export_alone_cpu_us_per_event": alone["cpu_us_per_event"],
         "export_alone_share": alone["cpu_us_per_event"] / base["cpu_us_per_event"],
         "spans_sent_exporting": exporting["spans"],
