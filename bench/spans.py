@@ -114,20 +114,21 @@ asyncio.run(main())
 """
 
 
-def workload(count: int, runs: int, deltas: int = 16) -> list[Event]:
-    """``count`` events over ``runs`` root runs (two sub-runs each), interleaved, then every end."""
+def workload(count: int, runs: int, deltas: int = 16, prefix: str = "") -> list[Event]:
+    """``count`` events over ``runs`` root runs (two sub-runs each), interleaved, then every end
+    (``prefix`` on every run and event id: a generation of runs of ``--steady``)."""
     out: list[Event] = []
     seqs: dict[str, int] = {}
     started = time.time()
     cycle = ["text.delta"] * deltas + STEP
-    members = [(f"s{r}", None) for r in range(runs)]
-    members += [(f"s{r}.c{c}", f"s{r}") for r in range(runs) for c in (1, 2)]
+    members = [(f"{prefix}s{r}", None) for r in range(runs)]
+    members += [(f"{prefix}s{r}.c{c}", f"{prefix}s{r}") for r in range(runs) for c in (1, 2)]
 
     def emit(run_id: str, parent: str | None, kind: str, payload: dict[str, Any]) -> None:
         seq = seqs[run_id] = seqs.get(run_id, 0) + 1
         links = {} if parent is None else {"parent_id": parent, "root_id": parent}
         ts = format_ts(_at(started + len(out) / 50_000))
-        out.append(make(kind, payload, id=f"evt_{len(out):020d}", ts=ts, run_id=run_id, seq=seq, **links))
+        out.append(make(kind, payload, id=f"evt_{prefix}{len(out):020d}", ts=ts, run_id=run_id, seq=seq, **links))
 
     for run_id, parent in members:
         if parent is not None:
@@ -366,6 +367,84 @@ async def one_round(events: list[Event], tmp: Path, endpoint: str, exporting_fir
     }
 
 
+async def steady(generations: list[list[Event]], tmp: Path, endpoint: str, rate: float | None) -> dict[str, float]:
+    """``--steady``: one long-lived worker exporting, as ``runwire worker`` runs, through
+    generations of runs one after another (each generation's runs begin and end; its run ids are
+    new). The first generation warms it up and is not counted; the exporter's start (its making,
+    its HTTP pool, its log connection) and its stop fall outside the counted window and are
+    reported apart, once a process. ``rate``: published at that many events a second, in chunks
+    of a tenth of a second (a worker that is not busy: smaller writes, more passes for fewer
+    events); else all at once (the worker at full speed). The window ends when every root run
+    is finished and its spans exported (the cursor at its last event): the passes the counted
+    events need are in it. The bench's own CPU in the window (publishing, sleeping, asking the
+    log whether it is done) is thread time taken out of the worker's."""
+    import sqlite3
+
+    os.environ["OTEL_EXPORTER_OTLP_ENDPOINT"] = endpoint
+    path = tmp / f"{uuid.uuid4().hex[:8]}.db"
+    meter, registry, stop = Meter(), CollectorRegistry(), asyncio.Event()
+    own = 0.0  # the bench's thread time inside the window
+    roots = 0
+
+    async def feed(events: list[Event]) -> None:
+        nonlocal own, roots
+        roots += sum(1 for event in events if event.parent_id is None and type(event).__name__ == "RunLifecycle")
+        chunk = 2000 if rate is None else max(1, int(rate / 10))
+        for start in range(0, len(events), chunk):
+            began = time.thread_time()
+            await bus.publish(events[start:start + chunk])  # (never waits: the backlog is not bounded here)
+            own += time.thread_time() - began
+            if rate is not None:
+                await asyncio.sleep(chunk / rate)
+
+    async def until(done: str) -> None:
+        """Until the log says ``done`` of every root run published (polled; its CPU the bench's)."""
+        nonlocal own
+        while True:
+            began = time.thread_time()
+            with contextlib.closing(sqlite3.connect(path, timeout=5)) as db:
+                count = db.execute(done).fetchone()[0]
+            own += time.thread_time() - began
+            if count >= roots:
+                return
+            await asyncio.sleep(0.02)
+
+    finished = "SELECT count(*) FROM runs WHERE parent_id IS NULL AND terminal = 1"
+    exported = ("SELECT count(*) FROM runs r JOIN span_exports x ON x.root_id = r.run_id"
+                " WHERE r.parent_id IS NULL AND r.terminal = 1 AND x.seq = r.last_seq")
+    async with open_bus("memory://?max_backlog=100000000") as bus, open_store(f"sqlite:///{path}") as store:
+        gc.collect()
+        with meter.installed():
+            worker = asyncio.create_task(run_worker(bus, store, group="g", name="w1", stop=stop, batch=2048,
+                                                    metrics=registry))
+            await asyncio.sleep(0.2)  # the exporter made and started: its start is metered by now
+            start = meter.cpu()
+            await feed(generations[0])
+            await until(exported)
+            gc.collect()
+            began, meter_began, wall = time.process_time(), meter.cpu(), time.monotonic()
+            await asyncio.sleep(1.0)  # the worker idle: its ticks, taken out of the window below
+            idle = (time.process_time() - began - (meter.cpu() - meter_began)) / (time.monotonic() - wall)
+            start_meter, own = meter.cpu(), 0.0
+            began, wall = time.process_time(), time.monotonic()
+            for events in generations[1:]:
+                await feed(events)
+            await until(finished)  # the worker's part ends here: what follows is the exporter's last pass
+            worker_s = time.process_time() - began - own - (meter.cpu() - start_meter) - idle * (time.monotonic() - wall)
+            await until(exported)
+            inside = meter.cpu() - start_meter
+            stop.set()
+            await worker
+        stopping = meter.cpu() - start_meter - inside
+    counted = sum(len(events) for events in generations[1:])
+    exporter = inside / counted * 1e6
+    worker_cpu = worker_s / counted * 1e6
+    return {"steady_worker_idle_ms_per_s": idle * 1e3,"steady_worker_cpu_us_per_event": worker_cpu, "steady_export_cpu_us_per_event": exporter,
+            "steady_export_share": exporter / worker_cpu, "steady_export_start_ms": start * 1e3,
+            "steady_export_stop_ms": stopping * 1e3,
+            "steady_spans_sent": registry.get_sample_value("runwire_otel_spans_exported_total") or 0.0}
+
+
 def root_streams(written: list[Any]) -> list[tuple[str, list[Event]]]:
     """The root runs' streams of each write, in order (what the exporter folds)."""
     roots: dict[str, bool] = {}
@@ -464,6 +543,20 @@ def count_instructions(args: argparse.Namespace) -> dict[str, float]:
     return out
 
 
+def run_steady(args: argparse.Namespace, generations: list[list[Event]]) -> dict[str, float]:
+    """``--steady``'s rounds (each a long-lived worker of its own), their medians."""
+    sink = subprocess.Popen([sys.executable, "-c", SINK], stdout=subprocess.PIPE, text=True)
+    try:
+        assert sink.stdout is not None
+        endpoint = f"http://127.0.0.1:{sink.stdout.readline().strip()}"
+        tmp = Path(tempfile.mkdtemp(prefix="runwire-bench-spans-"))
+        rounds = [asyncio.run(steady(generations, tmp, endpoint, args.rate)) for _ in range(args.repeat)]
+    finally:
+        sink.terminate()
+    return {"events_counted": float(sum(len(events) for events in generations[1:])),
+            **{key: statistics.median(r[key] for r in rounds) for key in rounds[0]}}
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--events", type=int, default=60_000)
@@ -471,6 +564,9 @@ def main() -> None:
     parser.add_argument("--repeat", type=int, default=3)
     parser.add_argument("--deltas", type=int, default=16, help="text deltas per model step")
     parser.add_argument("--json", action="store_true")
+    parser.add_argument("--steady", type=int, default=0, metavar="K",
+                        help="one long-lived worker through K generations of --events (after one not counted)")
+    parser.add_argument("--rate", type=float, help="with --steady: published at this many events a second")
     parser.add_argument("--instructions", action="store_true",
                         help="count instructions under callgrind (bench/callgrind.py) instead of CPU time")
     parser.add_argument("--parts", action="store_true",
@@ -483,6 +579,14 @@ def main() -> None:
         counted = count_instructions(args)
         print(json.dumps(counted, indent=2) if args.json else
               "\n".join(f"{key:40s} {value:>14,.3f}" for key, value in counted.items()))
+        return
+    if args.steady:
+        generations = [workload(args.events, args.runs, args.deltas, prefix=f"g{n}-") for n in range(args.steady + 1)]
+        gc.collect()
+        gc.freeze()
+        figures = run_steady(args, generations)
+        print(json.dumps(figures, indent=2) if args.json else
+              "\n".join(f"{key:40s} {value:>14,.3f}" for key, value in figures.items()))
         return
     events = workload(args.events, args.runs, args.deltas)
     # The workload is the bench's, not the worker's: out of the collector's passes, as `runwire

@@ -3,8 +3,11 @@
 It runs beside a worker's loop, off its delivery path: after each replay-log write the worker
 hands it what it wrote (:meth:`SpanExporter.offer`: a list append, no await), which it folds
 into each root run's span tree (:class:`~runwire.jobs.spans.SpanTree` or its compiled twin) as
-soon as the worker's task next waits; a background pass, every ``interval_s``, claims the runs,
-posts the spans that ended and moves the runs' cursors. A post that fails is
+soon as the worker's task next waits; a background pass claims the runs, posts the spans that
+ended and moves the runs' cursors: when a request's worth of spans is ready, or an ended span has
+waited ``OTEL_BSP_SCHEDULE_DELAY`` (5 s, as OpenTelemetry's SDKs), but never sooner than
+``interval_s`` after the pass before (a pass's claims, commit and posts then serve that much of
+the worker's writing: at a low rate they cost more than the fold). A post that fails is
 retried with backoff for at most ``give_up_s``; then its spans are dropped and counted
 (``runwire_otel_spans_dropped``). Nothing the worker awaits waits for the backend; what waits
 for a pass is bounded (``MAX_PENDING`` ended spans, ``MAX_BUFFERED`` events of runs not
@@ -21,6 +24,10 @@ at any point neither loses a span (its events are in the log; whoever writes the
 the sweep of runs left behind, picks it up) nor sends one twice — except when it dies between
 the backend's yes and the cursor's move: those spans are sent again with the same trace and span
 ids, which a backend that keys spans by id (Phoenix, Tempo, Jaeger's storage) keeps once.
+
+Longer than ~400 lines: the worker's side (``stage``, ``offer``) and the pass share one state —
+the trees held, the events kept, the spans pending and when a pass is due — which a split would
+spread over two modules reaching into each other.
 """
 
 from __future__ import annotations
@@ -39,7 +46,7 @@ from prometheus_client import CollectorRegistry
 from ..core.envelope import Event
 from ..store import ReplayLog, open_store
 from .otlp_env import OtlpSettings, release
-from .otlp_post import ExportMetrics, Poster
+from .otlp_post import SPANS_PER_REQUEST, ExportMetrics, Poster
 
 if TYPE_CHECKING:
     from .otlp import Fold
@@ -52,12 +59,15 @@ HOLD_S = 15.0
 """How long a run's export is held by the exporter that last claimed it: after a crash, another
 exporter takes it over this much later (the same ``--name`` at once)."""
 INTERVAL_S = 0.5
-"""Between passes: how long an ended span may wait before it is sent (the writes of that time
-are folded in one pass, their spans sent in as few requests as may be)."""
+"""The least time between passes: a pass serves at least this much of the worker's writes (its
+spans sent in as few requests as may be)."""
+
 GIVE_UP_S = 30.0
 """How long one pass retries the backend before it drops what it could not send."""
 MAX_BUFFERED = 200_000
 """Events handed over and not folded yet; past it a run's events are read back from the log."""
+READY_BUFFERED = MAX_BUFFERED // 10
+"""Events handed over and not folded yet that call a pass without waiting for the schedule delay."""
 MAX_PENDING = 100_000
 """Ended spans not sent yet (~300 bytes each; they pile up while the backend is retried); past
 it a run's tree and spans are dropped here and folded again from the log by a later pass."""
@@ -143,6 +153,8 @@ class SpanExporter:
         """Whether each run seen lately is a root (only a root's stream holds its whole tree)."""
         self.poster = Poster(settings, self.metrics, version)
         self._swept_at = 0.0
+        self._wake = asyncio.Event()
+        """Set when a pass is due before the schedule delay (:meth:`_ready`, or the stop)."""
 
     # ---- the worker's side: no await, bounded ---------------------------------
     def stage(self, run_id: str, events: Sequence[Event]) -> None:
@@ -187,6 +199,12 @@ class SpanExporter:
                     self._take(stream[0], stream[1])
                 except Exception as exc:  # the worker goes on
                     self._fold_failed(stream[0], exc)
+        if self._ready():
+            self._wake.set()
+
+    def _ready(self) -> bool:
+        """Whether a request's worth of ended spans, or of events to fold, waits for a pass."""
+        return self._pending >= SPANS_PER_REQUEST or self._buffered >= READY_BUFFERED
 
     def _fold_failed(self, run_id: str, exc: Exception) -> None:
         """A fold that raised: its tree is dropped and the run folded again from the log."""
@@ -257,12 +275,30 @@ class SpanExporter:
             if opened is not None:
                 self.store = await stack.enter_async_context(opened)
             await stack.enter_async_context(self.poster.connected())
+            woken = asyncio.create_task(self._wake_on(stop))
+            stack.callback(woken.cancel)
             while not stop.is_set():
-                with contextlib.suppress(TimeoutError):  # a pass per interval: many writes, one pass
-                    await asyncio.wait_for(stop.wait(), self.interval_s)
+                await self._until_due(stop)
                 await self._guarded(self._sweep_if_due)
                 await self._guarded(self.pass_once)
             await self._guarded(self.pass_once)
+
+    async def _wake_on(self, stop: asyncio.Event) -> None:
+        await stop.wait()
+        self._wake.set()
+
+    async def _until_due(self, stop: asyncio.Event) -> None:
+        """Wait ``interval_s``, then until a request's worth is ready (:meth:`_ready`) or the
+        schedule delay since the last pass has passed (at most a third of the hold, so that a
+        held run's claim is renewed well before it lapses)."""
+        with contextlib.suppress(TimeoutError):
+            await asyncio.wait_for(stop.wait(), self.interval_s)
+        rest = min(self.settings.delay_s, self.hold_s / 3) - self.interval_s
+        if rest <= 0 or stop.is_set() or self._ready():
+            return
+        self._wake.clear()
+        with contextlib.suppress(TimeoutError):
+            await asyncio.wait_for(self._wake.wait(), rest)
 
     def _own_store(self) -> ReplayLog | None:
         """A connection of its own to the log (a file's reads then never queue behind the worker's

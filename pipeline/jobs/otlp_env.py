@@ -5,8 +5,8 @@ What is read (docs/observability.md § Environment): ``OTEL_EXPORTER_OTLP_TRACES
 it is) or ``OTEL_EXPORTER_OTLP_ENDPOINT`` (+ ``/v1/traces``); their ``_HEADERS``, ``_TIMEOUT``
 (ms), ``_COMPRESSION`` (``gzip``/``none``), ``_CERTIFICATE`` and ``_PROTOCOL`` (only
 ``http/protobuf``); ``OTEL_TRACES_EXPORTER`` (``none`` turns export off; only ``otlp`` is
-spoken); ``OTEL_SDK_DISABLED``; ``OTEL_SERVICE_NAME`` and ``OTEL_RESOURCE_ATTRIBUTES``; and the
-content opt-in ``OTEL_INSTRUMENTATION_GENAI_CAPTURE_MESSAGE_CONTENT=true``. The trace-specific
+spoken); ``OTEL_SDK_DISABLED``; ``OTEL_SERVICE_NAME`` and ``OTEL_RESOURCE_ATTRIBUTES``;
+``OTEL_BSP_SCHEDULE_DELAY`` (ms: the longest an ended span waits to be sent); and the content opt-in ``OTEL_INSTRUMENTATION_GENAI_CAPTURE_MESSAGE_CONTENT=true``. The trace-specific
 variable wins over the generic one, as the OTLP exporter specification says.
 """
 
@@ -23,6 +23,9 @@ __all__ = ["OtlpSettings", "parse_pairs", "resource_of"]
 
 log = logging.getLogger("runwire.jobs.otlp")
 
+SCHEDULE_DELAY_S = 5.0
+"""``OTEL_BSP_SCHEDULE_DELAY``'s default, as the OpenTelemetry SDKs' batch span processor's."""
+
 
 class OtlpSettings(msgspec.Struct, kw_only=True, frozen=True):
     """Where and how spans are sent; :meth:`from_env` reads the standard variables."""
@@ -35,6 +38,8 @@ class OtlpSettings(msgspec.Struct, kw_only=True, frozen=True):
     resource: dict[str, str] = {}
     content: bool = False
     """Message content on spans (the documented opt-in)."""
+    delay_s: float = SCHEDULE_DELAY_S
+    """The longest an ended span waits for the pass that sends it (``OTEL_BSP_SCHEDULE_DELAY``)."""
 
     @classmethod
     def from_env(cls, env: Mapping[str, str]) -> OtlpSettings | None:
@@ -62,6 +67,11 @@ class OtlpSettings(msgspec.Struct, kw_only=True, frozen=True):
             log.warning("OTEL_EXPORTER_OTLP_PROTOCOL=%s: runwire speaks http/protobuf only; no spans sent", protocol)
             return None
         timeout = pick("TIMEOUT")
+        delay = env.get("OTEL_BSP_SCHEDULE_DELAY", "").strip()
+        if delay and not delay.isdigit():
+            log.warning("OTEL_BSP_SCHEDULE_DELAY=%s is not a whole number of ms; %d used", delay,
+                        SCHEDULE_DELAY_S * 1000)
+            delay = ""
         return cls(
             endpoint=endpoint,
             headers=parse_pairs(pick("HEADERS") or ""),
@@ -70,6 +80,7 @@ class OtlpSettings(msgspec.Struct, kw_only=True, frozen=True):
             certificate=pick("CERTIFICATE"),
             resource=resource_of(env),
             content=env.get("OTEL_INSTRUMENTATION_GENAI_CAPTURE_MESSAGE_CONTENT", "").strip().lower() == "true",
+            delay_s=int(delay) / 1000 if delay else SCHEDULE_DELAY_S,
         )
 
 

@@ -3,6 +3,7 @@ receiver that decodes each request with ``opentelemetry-proto``."""
 
 from __future__ import annotations
 
+import asyncio
 import tracemalloc
 from collections.abc import AsyncIterator
 from datetime import UTC, datetime
@@ -257,7 +258,8 @@ async def test_the_worker_side_goes_on_while_the_backend_is_unreachable(store: R
     backend is back, the runs written meanwhile are exported."""
     async with otlp_receiver() as receiver:  # an address where nothing answers once it stopped
         port = receiver.port
-    down = OtlpSettings.from_env({"OTEL_EXPORTER_OTLP_ENDPOINT": receiver.url, "OTEL_EXPORTER_OTLP_TIMEOUT": "500"})
+    down = OtlpSettings.from_env({"OTEL_EXPORTER_OTLP_ENDPOINT": receiver.url, "OTEL_EXPORTER_OTLP_TIMEOUT": "500",
+                                  "OTEL_BSP_SCHEDULE_DELAY": "100"})
     assert down is not None
     exporter = SpanExporter(store, down, holder="w1", interval_s=0.05, give_up_s=60.0)
     first = traced_run("trip3", child="trip3.r", grandchild="trip3.r.s")
@@ -279,6 +281,37 @@ async def test_the_worker_side_goes_on_while_the_backend_is_unreachable(store: R
     assert exporter.metrics.dropped.labels("unreachable")._value.get() == 0
 
 
+async def test_a_pass_waits_for_the_schedule_delay_unless_a_requests_worth_of_spans_is_ready(
+    store: ReplayLog,
+) -> None:
+    """OTEL_BSP_SCHEDULE_DELAY, as OpenTelemetry's batch processor: a few ended spans wait for it
+    (a pass's claims, commit and post serve more of the worker's writing), a request's worth
+    (1,000) is sent without waiting for it, and the last pass sends what is left."""
+    assert otlp_post.SPANS_PER_REQUEST == 1000
+    async with otlp_receiver() as receiver:
+        exporter = SpanExporter(store, settings(receiver, OTEL_BSP_SCHEDULE_DELAY="60000"), holder="w1",
+                                interval_s=0.05, hold_s=600)
+        async with exporting(exporter):
+            first = traced_run("few")
+            await store.append(first)
+            exporter.offer([("few", first, [], None)])
+            await until(lambda: exporter._pending == 7, what="the first run folded")
+            for _ in range(20):  # a pass every 0.05 s would send it at once; the delay (60 s) holds it
+                assert receiver.spans() == []
+                await asyncio.sleep(0.05)
+            many = [traced_run(f"many-{n}", child=f"many-{n}.r", grandchild=f"many-{n}.r.s") for n in range(142)]
+            for run in many:
+                await store.append(run)
+            exporter.offer([(run[0].run_id, run, [], None) for run in many])  # 7 + 142 × 7 = 1,001 spans
+            await until(lambda: len(receiver.spans()) == 1001, within=20, what="a request's worth sent at once")
+            last = traced_run("last", child="last.r", grandchild="last.r.s")
+            await store.append(last)
+            exporter.offer([("last", last, [], None)])
+            await until(lambda: exporter._pending == 7, what="the last run folded")
+            assert len(receiver.spans()) == 1001  # waiting for the delay again
+        assert len(receiver.spans()) == 1008  # the last pass, on leaving
+
+
 def test_the_standard_environment_decides_whether_and_where_spans_go() -> None:
     assert OtlpSettings.from_env({}) is None
     base = {"OTEL_EXPORTER_OTLP_ENDPOINT": "http://collector:4318/"}
@@ -288,6 +321,9 @@ def test_the_standard_environment_decides_whether_and_where_spans_go() -> None:
     found = OtlpSettings.from_env(base)
     assert found is not None and found.endpoint == "http://collector:4318/v1/traces"
     assert found.resource["service.name"] == "runwire" and not found.content and not found.gzip
+    assert found.delay_s == 5.0  # OTEL_BSP_SCHEDULE_DELAY's default, the OpenTelemetry SDKs'
+    assert OtlpSettings.from_env({**base, "OTEL_BSP_SCHEDULE_DELAY": "250"}).delay_s == 0.25  # type: ignore[union-attr]
+    assert OtlpSettings.from_env({**base, "OTEL_BSP_SCHEDULE_DELAY": "soon"}).delay_s == 5.0  # type: ignore[union-attr]
     found = OtlpSettings.from_env({**base, "OTEL_EXPORTER_OTLP_TRACES_ENDPOINT": "https://x.example/otel",
                                    "OTEL_EXPORTER_OTLP_TRACES_HEADERS": "a=1", "OTEL_EXPORTER_OTLP_HEADERS": "b=2",
                                    "OTEL_EXPORTER_OTLP_COMPRESSION": "gzip", "OTEL_EXPORTER_OTLP_TIMEOUT": "2500",
