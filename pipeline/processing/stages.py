@@ -65,6 +65,12 @@ unavailable, bus full) are retried without a deadline until the worker stops:
 a pause, logged once when it starts and once when it ends (:class:`Outage`)."""
 
 
+def _sub_runs_own(events: Sequence[Event]) -> bool:
+    """Whether a stream is a sub-run's own, by its first event: the run's own (not fanned in)
+    and naming a parent."""
+    return bool(events) and events[0].child_id is None and events[0].parent_id is not None
+
+
 class StageBus(IngestLog, DeliveryStreams, Protocol):
     """What a worker's stages use of the bus: the delivery streams they write, and the ingest
     log a misrouted event is published onto again."""
@@ -150,7 +156,9 @@ class Stages:
         self.on_encoded: Callable[[str, Sequence[Event]], None] | None = None
         """Told of each stream's events as they are encoded, before the log write (the span
         exporter folds them while they are in the CPU's cache; it sends nothing of them before
-        :attr:`on_logged`); must not block."""
+        :attr:`on_logged`); must not block. Not told of a sub-run's own stream (its first event
+        the sub-run's own, with a parent): only a root run's stream holds a whole span tree, and
+        at a few events a stream the call cost more than the fold."""
         self._first_batch_at: float | None = None
         self.outage = Outage(log)
         self.rebuild: set[str] = set()
@@ -257,7 +265,7 @@ class Stages:
         encoded_now = self.on_encoded
         for output in outputs.values():
             encoded = encode_lines(output.raw)
-            if encoded_now is not None:
+            if encoded_now is not None and not _sub_runs_own(output.raw):
                 encoded_now(output.run_id, output.raw)
             write.log.append((output.run_id, output.raw, encoded, output.state))
             write.raw.append(((output.run_id, "raw"), output.raw, encoded, output.state))
