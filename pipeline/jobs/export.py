@@ -44,7 +44,7 @@ from typing import TYPE_CHECKING, Any
 from prometheus_client import CollectorRegistry
 
 from ..core.envelope import Event
-from ..store import ReplayLog, open_store
+from ..store import ReplayLog
 from .otlp_env import OtlpSettings, release
 from .otlp_post import SPANS_PER_REQUEST, ExportMetrics, Poster
 
@@ -195,8 +195,11 @@ class SpanExporter:
         offered, self._offered = self._offered, []
         for streams in offered:
             for stream in streams:
+                events = stream[1]
+                if events and events[0].child_id is None and events[0].parent_id is not None:
+                    continue  # a sub-run's own stream: its spans are folded from its root's
                 try:
-                    self._take(stream[0], stream[1])
+                    self._take(stream[0], events)
                 except Exception as exc:  # the worker goes on
                     self._fold_failed(stream[0], exc)
         if self._ready():
@@ -271,7 +274,7 @@ class SpanExporter:
     async def run(self, stop: asyncio.Event) -> None:
         """Pass after pass until ``stop``; then one last pass for what was handed over."""
         async with contextlib.AsyncExitStack() as stack:
-            opened = self._own_store()
+            opened = self.store.beside()
             if opened is not None:
                 self.store = await stack.enter_async_context(opened)
             await stack.enter_async_context(self.poster.connected())
@@ -299,12 +302,6 @@ class SpanExporter:
         self._wake.clear()
         with contextlib.suppress(TimeoutError):
             await asyncio.wait_for(self._wake.wait(), rest)
-
-    def _own_store(self) -> ReplayLog | None:
-        """A connection of its own to the log (a file's reads then never queue behind the worker's
-        writes), unless the log lives in this process's memory only."""
-        url = self.store.url
-        return None if ":memory:" in url else open_store(url)
 
     @contextlib.asynccontextmanager
     async def connected(self) -> AsyncIterator[None]:

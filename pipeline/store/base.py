@@ -136,6 +136,13 @@ class ReplayLog(ConnectedResource):
     def _locate(self, location: str) -> None:
         """Set up for ``location``: the URL without its retention parameters (nothing opens yet)."""
 
+    def beside(self) -> ReplayLog | None:
+        """Another log on the same store (not yet connected), for a job beside this one's writer
+        (the span exporter): its reads never queue behind this one's writes, and it leaves the
+        store's upkeep to the writer (SQLite: the WAL's checkpoints, which copy the writer's
+        pages). None where the store lives in this process's memory only."""
+        return None if ":memory:" in self.url else type(self)(self.url, clock=self.clock)
+
     @abstractmethod
     def outbox(self) -> Outbox:
         """The deliveries kept in this log's store: webhooks, their run notices, signed HTTP

@@ -45,3 +45,27 @@ async def test_root_runs_past_their_cursor_are_behind_and_swept_runs_take_their_
         clock.advance(days=400)
         await log.sweep()
         assert await log.export_claim(["root"], "w2", 10) == {"root": 0}  # its cursor went with it
+
+
+async def test_a_log_beside_the_writer_shares_its_cursors_and_leaves_the_wal_checkpoints_to_it(
+    store_url: str, clock: Clock
+) -> None:
+    """The span exporter's own connection (``beside``): the same runs and cursors, the writer's
+    clock; on SQLite its commits never checkpoint the WAL (the writer's commits fill it)."""
+    async with open_store(store_url, clock=clock) as log:
+        side = log.beside()
+        assert side is not None
+        async with side:
+            await log.append(deltas("root", 1, 4))
+            assert await side.export_claim(["root"], "w1", 10) == {"root": 0}
+            assert await side.export_commit([("root", 0, 4)], "w1", 10) == ["root"]
+            assert await log.export_claim(["root"], "w1", 10) == {"root": 4}
+            clock.advance(seconds=11)  # the side's holds run on the writer's clock
+            assert await side.export_claim(["root"], "w2", 10) == {"root": 4}
+            if store_url.startswith("sqlite"):
+                def pages(store: object) -> int:
+                    return int(store._db.execute("PRAGMA wal_autocheckpoint").fetchone()[0])  # type: ignore[attr-defined]
+
+                assert (await log._call(pages, log), await side._call(pages, side)) == (1000, 0)  # type: ignore[attr-defined]
+    async with open_store("sqlite:///:memory:") as memory:
+        assert memory.beside() is None  # one process's memory: nothing beside it

@@ -100,6 +100,19 @@ class SQLiteLog(ReplayLog):
         self.path = _path_of(location)
         self._executor: ThreadPoolExecutor | None = None
         self._conn: sqlite3.Connection | None = None
+        self._checkpoints = True
+        """Whether this connection's commits checkpoint the WAL once it is past SQLite's 1,000
+        pages (each connection's default); a log :meth:`beside` a writer's leaves that to it."""
+
+    def beside(self) -> SQLiteLog | None:
+        """(:meth:`ReplayLog.beside`) Its commits never checkpoint the WAL: a checkpoint copies
+        the pages of the writer's commits (~5 ms of CPU a time beside a worker), and it is the
+        writer's commits that fill the WAL."""
+        side = super().beside()
+        if not isinstance(side, SQLiteLog):
+            return None
+        side._checkpoints = False
+        return side
 
     # ---- plumbing ------------------------------------------------------
     async def _call(self, fn: Callable[..., T], *args: Any) -> T:
@@ -128,6 +141,8 @@ class SQLiteLog(ReplayLog):
         switch_to_wal(conn)
         conn.execute("PRAGMA synchronous = NORMAL")
         conn.execute("PRAGMA cache_size = -65536")
+        if not self._checkpoints:
+            conn.execute("PRAGMA wal_autocheckpoint = 0")
         conn.execute("CREATE TABLE IF NOT EXISTS schema_version (version INTEGER NOT NULL)")
         version = conn.execute("SELECT max(version) FROM schema_version").fetchone()[0]
         if version is not None and version < SCHEMA_VERSION:
