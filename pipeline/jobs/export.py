@@ -4,7 +4,7 @@ It runs beside a worker's loop, off its delivery path: after each replay-log wri
 hands it what it wrote (:meth:`SpanExporter.offer`: a list append, no await), which it folds
 into each root run's span tree (:class:`~runwire.jobs.spans.SpanTree` or its compiled twin) as
 soon as the worker's task next waits; a background pass claims the runs, posts the spans that
-ended and moves the runs' cursors: when a request's worth of spans is ready, or an ended span has
+ended and moves the runs' cursors: when ``READY_SPANS`` ended spans wait for it, or an ended span has
 waited ``OTEL_BSP_SCHEDULE_DELAY`` (5 s, as OpenTelemetry's SDKs), but never sooner than
 ``interval_s`` after the pass before (a pass's claims, commit and posts then serve that much of
 the worker's writing: at a low rate they cost more than the fold). A post that fails is
@@ -46,7 +46,7 @@ from prometheus_client import CollectorRegistry
 from ..core.envelope import Event
 from ..store import ReplayLog
 from .otlp_env import OtlpSettings, release
-from .otlp_post import SPANS_PER_REQUEST, ExportMetrics, Poster
+from .otlp_post import ExportMetrics, Poster
 
 if TYPE_CHECKING:
     from .otlp import Fold
@@ -68,6 +68,10 @@ MAX_BUFFERED = 200_000
 """Events handed over and not folded yet; past it a run's events are read back from the log."""
 READY_BUFFERED = MAX_BUFFERED // 10
 """Events handed over and not folded yet that call a pass without waiting for the schedule delay."""
+READY_SPANS = 5_000
+"""Ended spans (five requests' worth, ~1.5 MB) that call a pass without waiting for the schedule
+delay. Beside its posts a pass costs ~1 ms (claims, a commit, a look at each run it holds): a
+pass a second for 1,000 spans was ~1 % of a worker's CPU at 10,000 events/s."""
 MAX_PENDING = 100_000
 """Ended spans not sent yet (~300 bytes each; they pile up while the backend is retried); past
 it a run's tree and spans are dropped here and folded again from the log by a later pass."""
@@ -155,6 +159,7 @@ class SpanExporter:
         self._swept_at = 0.0
         self._wake = asyncio.Event()
         """Set when a pass is due before the schedule delay (:meth:`_ready`, or the stop)."""
+        self.ready_spans = READY_SPANS
 
     # ---- the worker's side: no await, bounded ---------------------------------
     def stage(self, run_id: str, events: Sequence[Event]) -> None:
@@ -206,8 +211,8 @@ class SpanExporter:
             self._wake.set()
 
     def _ready(self) -> bool:
-        """Whether a request's worth of ended spans, or of events to fold, waits for a pass."""
-        return self._pending >= SPANS_PER_REQUEST or self._buffered >= READY_BUFFERED
+        """Whether enough ended spans, or events to fold, wait for a pass not to wait for the delay."""
+        return self._pending >= self.ready_spans or self._buffered >= READY_BUFFERED
 
     def _fold_failed(self, run_id: str, exc: Exception) -> None:
         """A fold that raised: its tree is dropped and the run folded again from the log."""
@@ -291,7 +296,7 @@ class SpanExporter:
         self._wake.set()
 
     async def _until_due(self, stop: asyncio.Event) -> None:
-        """Wait ``interval_s``, then until a request's worth is ready (:meth:`_ready`) or the
+        """Wait ``interval_s``, then until enough is ready (:meth:`_ready`) or the
         schedule delay since the last pass has passed (at most a third of the hold, so that a
         held run's claim is renewed well before it lapses)."""
         with contextlib.suppress(TimeoutError):

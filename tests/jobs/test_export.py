@@ -281,16 +281,15 @@ async def test_the_worker_side_goes_on_while_the_backend_is_unreachable(store: R
     assert exporter.metrics.dropped.labels("unreachable")._value.get() == 0
 
 
-async def test_a_pass_waits_for_the_schedule_delay_unless_a_requests_worth_of_spans_is_ready(
-    store: ReplayLog,
-) -> None:
+async def test_a_pass_waits_for_the_schedule_delay_unless_enough_spans_are_ready(store: ReplayLog) -> None:
     """OTEL_BSP_SCHEDULE_DELAY, as OpenTelemetry's batch processor: a few ended spans wait for it
-    (a pass's claims, commit and post serve more of the worker's writing), a request's worth
-    (1,000) is sent without waiting for it, and the last pass sends what is left."""
-    assert otlp_post.SPANS_PER_REQUEST == 1000
+    (a pass's claims, commit and look at each run serve more of the worker's writing), enough
+    (``READY_SPANS``: here 70) are sent without waiting for it, and the last pass sends what is left."""
+    assert export.READY_SPANS == 5000
     async with otlp_receiver() as receiver:
         exporter = SpanExporter(store, settings(receiver, OTEL_BSP_SCHEDULE_DELAY="60000"), holder="w1",
                                 interval_s=0.05, hold_s=600)
+        exporter.ready_spans = 70
         async with exporting(exporter):
             first = traced_run("few")
             await store.append(first)
@@ -299,17 +298,17 @@ async def test_a_pass_waits_for_the_schedule_delay_unless_a_requests_worth_of_sp
             for _ in range(20):  # a pass every 0.05 s would send it at once; the delay (60 s) holds it
                 assert receiver.spans() == []
                 await asyncio.sleep(0.05)
-            many = [traced_run(f"many-{n}", child=f"many-{n}.r", grandchild=f"many-{n}.r.s") for n in range(142)]
+            many = [traced_run(f"many-{n}", child=f"many-{n}.r", grandchild=f"many-{n}.r.s") for n in range(9)]
             for run in many:
                 await store.append(run)
-            exporter.offer([(run[0].run_id, run, [], None) for run in many])  # 7 + 142 × 7 = 1,001 spans
-            await until(lambda: len(receiver.spans()) == 1001, within=20, what="a request's worth sent at once")
+            exporter.offer([(run[0].run_id, run, [], None) for run in many])  # 7 + 9 × 7 = 70 spans
+            await until(lambda: len(receiver.spans()) == 70, within=20, what="enough spans sent at once")
             last = traced_run("last", child="last.r", grandchild="last.r.s")
             await store.append(last)
             exporter.offer([("last", last, [], None)])
             await until(lambda: exporter._pending == 7, what="the last run folded")
-            assert len(receiver.spans()) == 1001  # waiting for the delay again
-        assert len(receiver.spans()) == 1008  # the last pass, on leaving
+            assert len(receiver.spans()) == 70  # waiting for the delay again
+        assert len(receiver.spans()) == 77  # the last pass, on leaving
 
 
 def test_the_standard_environment_decides_whether_and_where_spans_go() -> None:
