@@ -411,3 +411,18 @@ def test_batch_encoding_keeps_texts_with_newlines_on_one_line() -> None:
     lines = lines_of([text, text])
     assert len(lines.joined.split(b"\n")) == 2
     assert [envelope.decode(line) for line in lines] == [text, text]
+
+
+def test_a_sub_runs_own_stream_is_told_apart_from_one_that_holds_a_tree_of_runs() -> None:
+    """What the worker hands the span exporter as it encodes: a root's stream, own events first or
+    fanned-in ones first, and a sub-run's stream that begins with a grandchild's copy, but not a
+    sub-run's own stream (its events are fanned into its root's)."""
+    from runwire.core.events import is_sub_runs_own
+    from tests.events import event
+
+    assert not is_sub_runs_own([event("root", 1)])
+    assert not is_sub_runs_own([event("root", 2, child_id="kid"), event("root", 3)])
+    assert is_sub_runs_own([event("kid", 1, parent_id="root", root_id="root")])
+    assert not is_sub_runs_own([event("kid", 4, child_id="grandkid"), event("kid", 5, parent_id="root")])
+    assert not is_sub_runs_own([event("kid", 6, child_id="grandkid", parent_id="kid")])  # a copy, whatever its links
+    assert not is_sub_runs_own([])

@@ -30,6 +30,7 @@ or fails with ``KAI-STREAM-PROTO-0001`` naming the field.
 from __future__ import annotations
 
 import re
+from collections.abc import Sequence
 from datetime import UTC, datetime, timedelta
 from typing import Annotated, Any, ClassVar, Literal, TypeVar
 
@@ -386,6 +387,13 @@ def parse_ts(ts: str) -> datetime:
 def is_terminal(event: Event) -> bool:
     """True for a ``run.lifecycle`` event whose state ends the run."""
     return isinstance(event, RunLifecycle) and event.payload.state in TERMINAL_STATES
+
+
+def is_sub_runs_own(events: Sequence[Event]) -> bool:
+    """Whether a run's stream is a sub-run's own, by its first event: the run's own (not fanned
+    in from a sub-run of its own) and naming a parent. Only a root run's stream holds a whole
+    tree of runs; a sub-run's events are also fanned into every ancestor's."""
+    return bool(events) and events[0].child_ref in (UNSET, None) and events[0].parent_id is not None
 
 
 def replace(event: Event, **changes: Any) -> Event:

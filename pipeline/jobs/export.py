@@ -44,6 +44,7 @@ from typing import TYPE_CHECKING, Any
 from prometheus_client import CollectorRegistry
 
 from ..core.envelope import Event
+from ..core.events import is_sub_runs_own
 from ..store import ReplayLog
 from .otlp_env import OtlpSettings, release
 from .otlp_post import ExportMetrics, Poster
@@ -61,7 +62,6 @@ exporter takes it over this much later (the same ``--name`` at once)."""
 INTERVAL_S = 0.5
 """The least time between passes: a pass serves at least this much of the worker's writes (its
 spans sent in as few requests as may be)."""
-
 GIVE_UP_S = 30.0
 """How long one pass retries the backend before it drops what it could not send."""
 MAX_BUFFERED = 200_000
@@ -198,15 +198,21 @@ class SpanExporter:
     def _fold_offered(self) -> None:
         self._folding = False
         offered, self._offered = self._offered, []
+        trees, from_log, buffers = self._trees, self._from_log, self._buffers
         for streams in offered:
             for stream in streams:
-                events = stream[1]
-                if events and events[0].child_id is None and events[0].parent_id is not None:
-                    continue  # a sub-run's own stream: its spans are folded from its root's
+                run_id, events = stream[0], stream[1]
+                if not events or is_sub_runs_own(events):
+                    continue  # its spans are folded from its root's stream
+                held = trees.get(run_id)
+                if (held is not None and held.staged and events[-1].seq <= held.tree.last_seq
+                        and self._pending <= MAX_PENDING and run_id not in from_log and run_id not in buffers):
+                    self._pending += held.logged(events[-1].seq)  # folded as encoded: in the log now
+                    continue
                 try:
-                    self._take(stream[0], events)
+                    self._take(run_id, events)
                 except Exception as exc:  # the worker goes on
-                    self._fold_failed(stream[0], exc)
+                    self._fold_failed(run_id, exc)
         if self._ready():
             self._wake.set()
 

@@ -6,8 +6,9 @@ it is) or ``OTEL_EXPORTER_OTLP_ENDPOINT`` (+ ``/v1/traces``); their ``_HEADERS``
 (ms), ``_COMPRESSION`` (``gzip``/``none``), ``_CERTIFICATE`` and ``_PROTOCOL`` (only
 ``http/protobuf``); ``OTEL_TRACES_EXPORTER`` (``none`` turns export off; only ``otlp`` is
 spoken); ``OTEL_SDK_DISABLED``; ``OTEL_SERVICE_NAME`` and ``OTEL_RESOURCE_ATTRIBUTES``;
-``OTEL_BSP_SCHEDULE_DELAY`` (ms: the longest an ended span waits to be sent); and the content opt-in ``OTEL_INSTRUMENTATION_GENAI_CAPTURE_MESSAGE_CONTENT=true``. The trace-specific
-variable wins over the generic one, as the OTLP exporter specification says.
+``OTEL_BSP_SCHEDULE_DELAY`` (ms: the longest an ended span waits to be sent); and the content
+opt-in ``OTEL_INSTRUMENTATION_GENAI_CAPTURE_MESSAGE_CONTENT=true``. The trace-specific variable
+wins over the generic one, as the OTLP exporter specification says.
 """
 
 from __future__ import annotations

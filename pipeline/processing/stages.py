@@ -29,6 +29,7 @@ from ..bus.base import Fetched, each_event
 from ..bus.keys import shard_for
 from ..bus.ports import DeliveryStreams, IngestLog
 from ..core.envelope import Event
+from ..core.events import is_sub_runs_own
 from ..core.lines import encode_lines
 from ..core.retry import Outage, Retry
 from ..store.ports import RunHistory
@@ -63,12 +64,6 @@ RETRY = Retry(ExponentialWithJitterBackoff(cap=RETRY_MAX_S, base=0.025))
 """A worker's writes, loads, fetches and acks: retriable errors (bus or store
 unavailable, bus full) are retried without a deadline until the worker stops:
 a pause, logged once when it starts and once when it ends (:class:`Outage`)."""
-
-
-def _sub_runs_own(events: Sequence[Event]) -> bool:
-    """Whether a stream is a sub-run's own, by its first event: the run's own (not fanned in)
-    and naming a parent."""
-    return bool(events) and events[0].child_id is None and events[0].parent_id is not None
 
 
 class StageBus(IngestLog, DeliveryStreams, Protocol):
@@ -265,7 +260,7 @@ class Stages:
         encoded_now = self.on_encoded
         for output in outputs.values():
             encoded = encode_lines(output.raw)
-            if encoded_now is not None and not _sub_runs_own(output.raw):
+            if encoded_now is not None and not is_sub_runs_own(output.raw):
                 encoded_now(output.run_id, output.raw)
             write.log.append((output.run_id, output.raw, encoded, output.state))
             write.raw.append(((output.run_id, "raw"), output.raw, encoded, output.state))
