@@ -51,7 +51,22 @@ the worker with the exporter beside it (``live``: its passes' interval and hold 
 callgrind's ~50× slow-down, so they are as rare beside the work as at full speed), and
 ``live_export_ir_share`` is that less the worker alone, over the worker alone.
 
+``--steady K`` runs instead one long-lived worker exporting, as ``runwire worker`` runs: K
+generations of ``--events`` over ``--runs`` new root runs each, one after another (and one
+before them not counted), all at once (the worker at full speed) or, with ``--rate R``, R
+events a second in tenth-of-a-second chunks (a worker that is not busy: smaller writes, more
+passes and calls for fewer events). The exporter's start and stop (its making, its HTTP pool,
+its log connection) fall outside the counted window and are reported apart, once a process
+(``steady_export_start_ms``, ``steady_export_stop_ms``). The window ends when the log holds
+every root run finished for the worker's part, and when each run's export cursor is at its last
+event for the exporter's: the passes the counted events need are in it, the worker's idle time
+while they run is not. The worker's idle CPU (its ticks: ``steady_worker_idle_ms_per_s``,
+measured for a second before the window with nothing to do) is taken out of the worker's, and
+so is the bench's own (publishing, polling the log), so ``steady_export_share`` is over the
+worker's CPU for the events alone: the strict reading.
+
 ``python bench/spans.py [--events N] [--runs R] [--deltas D] [--repeat K] [--json] [--instructions [--parts]]``
+``python bench/spans.py --steady K [--rate R] [--events N] [--runs R] [--repeat K] [--json]``
 """
 
 from __future__ import annotations
@@ -72,6 +87,8 @@ import uuid
 from pathlib import Path
 from typing import Any
 
+import msgspec
+
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 import callgrind
 from cputime import import_code
@@ -81,7 +98,7 @@ import_code()
 from prometheus_client import CollectorRegistry  # noqa: E402
 
 from runwire.bus import Bus, open_bus  # noqa: E402 - the tree import_code() names
-from runwire.core.envelope import Event, format_ts, make  # noqa: E402
+from runwire.core.envelope import Event, RunLifecycle, format_ts, make  # noqa: E402
 from runwire.core.lines import encode_lines  # noqa: E402
 from runwire.jobs import otlp  # noqa: E402
 from runwire.jobs.export import SpanExporter  # noqa: E402
@@ -388,7 +405,7 @@ async def steady(generations: list[list[Event]], tmp: Path, endpoint: str, rate:
 
     async def feed(events: list[Event]) -> None:
         nonlocal own, roots
-        roots += sum(1 for event in events if event.parent_id is None and type(event).__name__ == "RunLifecycle")
+        roots += sum(1 for event in events if event.parent_id is None and isinstance(event, RunLifecycle))
         chunk = 2000 if rate is None else max(1, int(rate / 10))
         for start in range(0, len(events), chunk):
             began = time.thread_time()
@@ -505,6 +522,9 @@ async def counted_part(part: str, events: list[Event], endpoint: str) -> None:
             if exporter is not None:
                 exporter.interval_s *= slow_down
                 exporter.hold_s *= slow_down
+                if hasattr(exporter.settings, "delay_s"):  # (a tree before OTEL_BSP_SCHEDULE_DELAY has none)
+                    exporter.settings = msgspec.structs.replace(exporter.settings,
+                                                                delay_s=exporter.settings.delay_s * slow_down)
             return exporter
 
         runtime.exporter_from_env = scaled  # type: ignore[assignment]
