@@ -44,7 +44,6 @@ from typing import TYPE_CHECKING, Any
 from prometheus_client import CollectorRegistry
 
 from ..core.envelope import Event
-from ..core.events import is_sub_runs_own
 from ..store import ReplayLog
 from .otlp_env import OtlpSettings, release
 from .otlp_post import ExportMetrics, Poster
@@ -186,7 +185,9 @@ class SpanExporter:
         held.staged.append((events[0].seq, events[-1].seq, ended))
 
     def offer(self, streams: Sequence[tuple[Any, ...]]) -> None:
-        """The runs a worker just wrote to the log (``(run_id, events, …)`` per stream): folded as
+        """The runs a worker just wrote to the log (``(run_id, events, …)`` per stream; the worker
+        leaves out a sub-run's own, whose events are in its root's, and any left in are passed
+        over): folded as
         soon as the worker's task next waits (its views' write is on its way by then), so an
         event is held no longer than that, not until the next pass (a pass's worth is ~50,000
         events at 100 k events/s); what is kept between passes is the spans that ended."""
@@ -202,8 +203,8 @@ class SpanExporter:
         for streams in offered:
             for stream in streams:
                 run_id, events = stream[0], stream[1]
-                if not events or is_sub_runs_own(events):
-                    continue  # its spans are folded from its root's stream
+                if not events:
+                    continue
                 held = trees.get(run_id)
                 if (held is not None and held.staged and events[-1].seq <= held.tree.last_seq
                         and self._pending <= MAX_PENDING and run_id not in from_log and run_id not in buffers):
@@ -368,7 +369,12 @@ class SpanExporter:
             elif root in due or held is None:  # another exporter holds it: its spans are that one's to send
                 self._trees.pop(root, None)
                 continue
-            await self._fold(root, held, buffers.get(root, []), root in behind)
+            buffered = buffers.get(root)
+            if buffered is None and root not in behind and held.tree.last_seq >= held.cursor \
+                    and self._trees.get(root) is held:  # folded as handed over: nothing to read
+                self._trees.move_to_end(root)
+            else:
+                await self._fold(root, held, buffered or [], root in behind)
             if held.pending:  # the cursor moves only past spans sent (folding alone is redone)
                 spans += held.pending
                 held.pending = []

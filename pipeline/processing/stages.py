@@ -74,12 +74,14 @@ class StageBus(IngestLog, DeliveryStreams, Protocol):
 class EncodedWrite:
     """One write, encoded (see :meth:`Stages.encode`)."""
 
-    __slots__ = ("log", "raw", "shaped")
+    __slots__ = ("handed", "log", "raw", "shaped")
 
     def __init__(self) -> None:
         self.log: list[tuple[str, Sequence[Event], Sequence[bytes], bytes | None]] = []
         self.raw: list[Append] = []
         self.shaped: list[Append] = []
+        self.handed: list[tuple[str, Sequence[Event]]] = []
+        """The streams :attr:`Stages.on_logged` is told of (none when it is not set)."""
 
 
 class WorkerStats(msgspec.Struct, kw_only=True):
@@ -138,7 +140,7 @@ class Stages:
         stop: asyncio.Event,
         *,
         dead_letter: Callable[[Fetched, str], Awaitable[None]],
-        on_logged: Callable[[list[tuple[str, Sequence[Event], Sequence[bytes], bytes | None]]], None] | None = None,
+        on_logged: Callable[[list[tuple[str, Sequence[Event]]]], None] | None = None,
     ) -> None:
         self.bus = bus
         self.store = store
@@ -147,13 +149,14 @@ class Stages:
         self.stats = WorkerStats()
         self._dead_letter_to = dead_letter
         self.on_logged = on_logged
-        """Told of each write once it is in the replay log (the span exporter; must not block)."""
+        """Told of each write's streams (``(run_id, events)``) once they are in the replay log,
+        but not of a sub-run's own (see :attr:`on_encoded`): the span exporter; must not block."""
         self.on_encoded: Callable[[str, Sequence[Event]], None] | None = None
         """Told of each stream's events as they are encoded, before the log write (the span
         exporter folds them while they are in the CPU's cache; it sends nothing of them before
-        :attr:`on_logged`); must not block. Not told of a sub-run's own stream (its first event
-        the sub-run's own, with a parent): only a root run's stream holds a whole span tree, and
-        at a few events a stream the call cost more than the fold."""
+        :attr:`on_logged`); must not block. Neither is told of a sub-run's own stream (its first
+        event the sub-run's own, with a parent): only a root run's stream holds a whole span
+        tree, and at a few events a stream the calls cost more than the fold."""
         self._first_batch_at: float | None = None
         self.outage = Outage(log)
         self.rebuild: set[str] = set()
@@ -257,11 +260,13 @@ class Stages:
         """Take the checkpoints and encode every event once, for the log and the views alike."""
         Processor.seal(outputs)
         write = EncodedWrite()
-        encoded_now = self.on_encoded
+        encoded_now, handed = self.on_encoded, write.handed if self.on_logged is not None else None
         for output in outputs.values():
             encoded = encode_lines(output.raw)
-            if encoded_now is not None and not is_sub_runs_own(output.raw):
-                encoded_now(output.run_id, output.raw)
+            if handed is not None and not is_sub_runs_own(output.raw):
+                handed.append((output.run_id, output.raw))
+                if encoded_now is not None:
+                    encoded_now(output.run_id, output.raw)
             write.log.append((output.run_id, output.raw, encoded, output.state))
             write.raw.append(((output.run_id, "raw"), output.raw, encoded, output.state))
             if output.shaped:
@@ -273,7 +278,7 @@ class Stages:
         """The replay-log part of :meth:`write` (first)."""
         await self._append_log(write.log)
         if self.on_logged is not None:
-            self.on_logged(write.log)
+            self.on_logged(write.handed)
 
     async def write_views(self, write: EncodedWrite) -> None:
         """The delivery-stream part of :meth:`write`: shaped views, then raw views with checkpoints."""
