@@ -39,6 +39,7 @@ from collections.abc import Awaitable, Callable
 from typing import Any, cast
 
 import faust
+from aiokafka.conn import CloseReason
 from aiokafka.errors import IllegalStateError, KafkaError
 from faust.transport.consumer import CONSUMER_FETCHING
 from faust.transport.drivers import aiokafka as faust_kafka
@@ -369,6 +370,19 @@ class IngestConsumerThread(faust_kafka.AIOKafkaConsumerThread):
             await super().on_thread_stop()
         except (asyncio.CancelledError, KafkaError, OSError) as exc:
             log.warning("faust's consumer stopped with an error (%r); going on", exc)
+
+    async def _gather_remaining_tasks(self) -> None:
+        """mode's last sweep of the thread's loop (it cancels what is left), then every
+        connection of the consumer's client closed on that loop, which closes next: a task
+        that asked the broker something after the consumer stopped (a metadata refresh, a
+        coordinator request) can have opened one again, and one left open is collected later
+        with "unclosed transport" and "loop is closed" (aiokafka issues #715, #1019)."""
+        await super()._gather_remaining_tasks()
+        client = getattr(self._consumer, "_client", None)
+        for conn in list(getattr(client, "_conns", {}).values()):
+            conn.close(reason=CloseReason.SHUTDOWN)
+        for _ in range(2):  # the transports' close and the reader tasks' cancellation, on this loop
+            await asyncio.sleep(0)
 
 
 class IngestTransport(faust_kafka.Transport):
