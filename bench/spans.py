@@ -391,10 +391,11 @@ async def steady(generations: list[list[Event]], tmp: Path, endpoint: str, rate:
     its HTTP pool, its log connection) and its stop fall outside the counted window and are
     reported apart, once a process. ``rate``: published at that many events a second, in chunks
     of a tenth of a second (a worker that is not busy: smaller writes, more passes for fewer
-    events); else all at once (the worker at full speed). The window ends when every root run
-    is finished and its spans exported (the cursor at its last event): the passes the counted
-    events need are in it. The bench's own CPU in the window (publishing, sleeping, asking the
-    log whether it is done) is thread time taken out of the worker's."""
+    events); else all at once (the worker at full speed). The worker's part of the window ends
+    when the log holds every root run finished, less its idle ticks (measured for a second
+    before) and the bench's own thread time (publishing, sleeping, asking the log whether it is
+    done); the exporter's when each run's export cursor is at its last event: the passes the
+    counted events need are in it."""
     import sqlite3
 
     os.environ["OTEL_EXPORTER_OTLP_ENDPOINT"] = endpoint
@@ -407,12 +408,13 @@ async def steady(generations: list[list[Event]], tmp: Path, endpoint: str, rate:
         nonlocal own, roots
         roots += sum(1 for event in events if event.parent_id is None and isinstance(event, RunLifecycle))
         chunk = 2000 if rate is None else max(1, int(rate / 10))
+        began_at = time.monotonic()
         for start in range(0, len(events), chunk):
             began = time.thread_time()
             await bus.publish(events[start:start + chunk])  # (never waits: the backlog is not bounded here)
             own += time.thread_time() - began
-            if rate is not None:
-                await asyncio.sleep(chunk / rate)
+            if rate is not None:  # on a schedule: the rate asked, whatever each chunk took
+                await asyncio.sleep(max(0.0, began_at + (start + chunk) / rate - time.monotonic()))
 
     async def until(done: str) -> None:
         """Until the log says ``done`` of every root run published (polled; its CPU the bench's)."""
@@ -456,8 +458,9 @@ async def steady(generations: list[list[Event]], tmp: Path, endpoint: str, rate:
     counted = sum(len(events) for events in generations[1:])
     exporter = inside / counted * 1e6
     worker_cpu = worker_s / counted * 1e6
-    return {"steady_worker_idle_ms_per_s": idle * 1e3,"steady_worker_cpu_us_per_event": worker_cpu, "steady_export_cpu_us_per_event": exporter,
-            "steady_export_share": exporter / worker_cpu, "steady_export_start_ms": start * 1e3,
+    return {"steady_worker_idle_ms_per_s": idle * 1e3, "steady_worker_cpu_us_per_event": worker_cpu,
+            "steady_export_cpu_us_per_event": exporter, "steady_export_share": exporter / worker_cpu,
+            "steady_export_start_ms": start * 1e3,
             "steady_export_stop_ms": stopping * 1e3,
             "steady_spans_sent": registry.get_sample_value("runwire_otel_spans_exported_total") or 0.0}
 
