@@ -75,6 +75,7 @@ import argparse
 import asyncio
 import contextlib
 import gc
+import inspect
 import json
 import logging
 import os
@@ -336,14 +337,24 @@ async def export_alone(written: list[Any], store_url: str, endpoint: str, publis
             began = time.process_time()
             sent = 0
             worker = 0.0  # the worker's own encode, replayed (not the exporter's CPU)
+            tokens = "taken" in inspect.signature(exporter.offer).parameters  # (a tree before stage's tokens: no)
             for streams in written:
-                for stream in streams if stage is not None else ():  # as encoded, then logged
-                    if not counted:  # (instructions do not see the cache)
-                        encoding = time.process_time()
-                        encode_lines(stream[1])
-                        worker += time.process_time() - encoding
-                    stage(stream[0], stream[1])
-                exporter.offer(streams)
+                declined, taken = [], []  # what the worker hands over after the log write
+                for stream in streams:
+                    if stage is not None:  # as encoded, then logged
+                        if not counted:  # (instructions do not see the cache)
+                            encoding = time.process_time()
+                            encode_lines(stream[1])
+                            worker += time.process_time() - encoding
+                        token = stage(stream[0], stream[1])
+                        if token is None or not tokens:
+                            declined.append(stream)
+                        else:
+                            taken.append(token)
+                if tokens:
+                    exporter.offer(declined, taken)
+                else:
+                    exporter.offer(declined if stage is not None else streams)
                 sent += await exporter.pass_once()
             cpu = time.process_time() - began - worker
             if counted:

@@ -1,10 +1,13 @@
 """The span exporter: a worker's runs, as OpenTelemetry GenAI spans, sent over OTLP/HTTP.
 
-It runs beside a worker's loop, off its delivery path: after each replay-log write the worker
-hands it what it wrote (:meth:`SpanExporter.offer`: a list append, no await), which it folds
-into each root run's span tree (:class:`~runwire.jobs.spans.SpanTree` or its compiled twin) as
-soon as the worker's task next waits; a background pass claims the runs, posts the spans that
-ended and moves the runs' cursors: when ``READY_SPANS`` ended spans wait for it, or an ended span has
+It runs beside a worker's loop, off its delivery path: as the worker encodes a write it hands
+over each root run's stream (:meth:`SpanExporter.stage`: no await), which it folds into the run's
+span tree (:class:`~runwire.jobs.spans.SpanTree` or its compiled twin) at once, keeping the spans
+it ends back until the replay log holds those events. After the log write the worker says so
+(:meth:`SpanExporter.offer`: what ``stage`` returned for each stream it took, and the streams it did
+not take, such as a run it does not hold or a gap, which are folded as soon as the worker's task
+next waits). A background pass claims the runs, posts the spans that ended and moves the runs'
+cursors: when ``READY_SPANS`` ended spans wait for it, or an ended span has
 waited ``OTEL_BSP_SCHEDULE_DELAY`` (5 s, as OpenTelemetry's SDKs), but never sooner than
 ``interval_s`` after the pass before (a pass's claims, commit and posts then serve that much of
 the worker's writing: at a low rate they cost more than the fold). A post that fails is
@@ -95,7 +98,7 @@ class _Held:
     claimed or last moved: ``pending`` holds the spans ended past it not sent yet), ``until``
     (when the hold runs out, monotonic; 0 before the first claim), and ``staged``: per stretch of
     events folded as the worker encoded them, its first and last seq and the spans it ended, kept
-    back until the log write of those events is done."""
+    back until the log holds those events."""
 
     __slots__ = ("cursor", "pending", "staged", "tree", "until")
 
@@ -109,14 +112,14 @@ class _Held:
         the first staged one (a staged span is not sent yet, and may end before the tree's last)."""
         return self.staged[0][0] - 1 if self.staged else self.tree.last_seq
 
-    def logged(self, last: int) -> int:
-        """The stretches staged up to ``last``, which the log now holds, made pending; how many spans."""
-        count = 0
+    def logged(self, last: int) -> None:
+        """The stretches staged up to ``last``, which the log now holds, made pending."""
         while self.staged and self.staged[0][1] <= last:
-            ended = self.staged.pop(0)[2]
-            self.pending += ended
-            count += len(ended)
-        return count
+            self.pending += self.staged.pop(0)[2]
+
+    def unsent(self) -> int:
+        """Ended spans not sent yet: pending, or staged."""
+        return len(self.pending) + sum(len(ended) for _, _, ended in self.staged)
 
 
 class SpanExporter:
@@ -151,7 +154,8 @@ class SpanExporter:
         self._offered: list[Sequence[tuple[Any, ...]]] = []
         self._folding = False
         self._pending = 0
-        """Ended spans not sent yet, over every tree (counted as they end, recounted each pass)."""
+        """Ended spans not sent yet, staged or pending, over every tree (counted as they end,
+        recounted each pass)."""
         self._roots: OrderedDict[str, bool] = OrderedDict()
         """Whether each run seen lately is a root (only a root's stream holds its whole tree)."""
         self.poster = Poster(settings, self.metrics, version)
@@ -161,59 +165,62 @@ class SpanExporter:
         self.ready_spans = READY_SPANS
 
     # ---- the worker's side: no await, bounded ---------------------------------
-    def stage(self, run_id: str, events: Sequence[Event]) -> None:
+    def stage(self, run_id: str, events: Sequence[Event]) -> tuple[_Held, int] | None:
         """A stream's events as the worker encodes them, before its log write: a root run's that
         continue its tree here (or begin the run) are folded now, while they are in the CPU's
-        cache (20–35 % less CPU than folding them after the write); the spans they end are kept back
-        until :meth:`offer` says the write is in the log. Anything else waits for :meth:`offer`."""
+        cache (20–35 % less CPU than folding them after the write); the spans they end are kept
+        back until :meth:`offer` says the write is in the log. Returns a token when it took the
+        stream (the worker hands the token to :meth:`offer`, not the stream: no look-up a stream
+        after the write), else None (the stream is handed over after the write)."""
         if not events:
-            return
+            return None
         held = self._trees.get(run_id)
         try:
             if held is None:
                 if events[0].seq != 1 or run_id in self._from_log or run_id in self._buffers:
-                    return
+                    return None
                 if not self._is_root(run_id, events):
-                    return
+                    return None
                 held = self._hold(run_id, _Held(self._new_fold(run_id), 0, 0.0))
             if events[0].seq != held.tree.last_seq + 1 or self._pending > MAX_PENDING:
-                return
+                return None
             ended = held.tree.apply_many(events, held.cursor)
-        except Exception as exc:  # the worker goes on
+        except Exception as exc:  # the worker goes on; the run is folded again from the log
             self._fold_failed(run_id, exc)
-            return
-        held.staged.append((events[0].seq, events[-1].seq, ended))
+            return None
+        last = events[-1].seq
+        held.staged.append((events[0].seq, last, ended))
+        if ended:
+            self._pending += len(ended)
+        return held, last
 
-    def offer(self, streams: Sequence[tuple[Any, ...]]) -> None:
-        """The runs a worker just wrote to the log (``(run_id, events, …)`` per stream; the worker
-        leaves out a sub-run's own, whose events are in its root's, and any left in are passed
-        over): folded as
-        soon as the worker's task next waits (its views' write is on its way by then), so an
-        event is held no longer than that, not until the next pass (a pass's worth is ~50,000
-        events at 100 k events/s); what is kept between passes is the spans that ended."""
-        self._offered.append(streams)
-        if not self._folding:
-            self._folding = True
-            asyncio.get_running_loop().call_soon(self._fold_offered)
+    def offer(self, streams: Sequence[tuple[Any, ...]], taken: Sequence[tuple[_Held, int]] = ()) -> None:
+        """A write is in the log: ``taken``, what :meth:`stage` returned for the streams it took
+        (their spans may now be sent), and ``streams``, the write's other streams (``(run_id,
+        events, …)`` each; the worker leaves out a sub-run's own, whose events are in its root's,
+        and any left in are passed over): folded as soon as the worker's task next waits (its
+        views' write is on its way by then), so an event is held no longer than that, not until
+        the next pass (a pass's worth is ~50,000 events at 100 k events/s); what is kept between
+        passes is the spans that ended."""
+        for held, last in taken:  # (a tree dropped since is folded again from the log)
+            held.logged(last)
+        if streams:
+            self._offered.append(streams)
+            if not self._folding:
+                self._folding = True
+                asyncio.get_running_loop().call_soon(self._fold_offered)
+        elif self._ready():
+            self._wake.set()
 
     def _fold_offered(self) -> None:
         self._folding = False
         offered, self._offered = self._offered, []
-        trees, from_log, buffers = self._trees, self._from_log, self._buffers
         for streams in offered:
             for stream in streams:
-                run_id, events = stream[0], stream[1]
-                if not events:
-                    continue
-                held = trees.get(run_id)
-                if (held is not None and held.staged and events[-1].seq <= held.tree.last_seq
-                        and self._pending <= MAX_PENDING and run_id not in from_log and run_id not in buffers):
-                    self._pending += held.logged(events[-1].seq)  # folded as encoded: in the log now
-                    continue
                 try:
-                    self._take(run_id, events)
+                    self._take(stream[0], stream[1])
                 except Exception as exc:  # the worker goes on
-                    self._fold_failed(run_id, exc)
+                    self._fold_failed(stream[0], exc)
         if self._ready():
             self._wake.set()
 
@@ -252,7 +259,7 @@ class SpanExporter:
                 self._from_log.add(run_id)
                 return
             if held is not None:
-                self._pending += held.logged(events[-1].seq)  # folded as encoded: in the log now, to send
+                held.logged(events[-1].seq)  # folded as encoded: in the log now, to send
                 last = held.tree.last_seq
                 if events[-1].seq <= last:  # folded already: as encoded, or read from the log by a pass
                     return
@@ -279,7 +286,9 @@ class SpanExporter:
         self._trees[root] = held
         self._trees.move_to_end(root)
         while len(self._trees) > MAX_TREES:  # one evicted is folded again from the log
-            self._trees.popitem(last=False)
+            evicted, dropped = self._trees.popitem(last=False)
+            if dropped.staged or dropped.pending:
+                self._from_log.add(evicted)
         return held
 
     # ---- the background side ---------------------------------------------------
@@ -382,7 +391,7 @@ class SpanExporter:
                 taken[root] = held
             if not held.tree.is_open and not held.staged:
                 self._trees.pop(root, None)
-        self._pending = sum(len(held.pending) for held in self._trees.values())
+        self._pending = sum(held.unsent() for held in self._trees.values())
         sent = await self.poster.send(spans, time.monotonic() + self.give_up_s) if spans else 0
         moved = set(await self.store.export_commit(moves, self.holder, self.hold_s))
         for root, _, after in moves:

@@ -19,7 +19,7 @@ import logging
 import time
 from collections.abc import Awaitable, Callable, Sequence
 from datetime import UTC, datetime, timedelta
-from typing import Protocol, TypeVar
+from typing import Any, Protocol, TypeVar
 
 import msgspec
 from redis.backoff import ExponentialWithJitterBackoff
@@ -74,7 +74,7 @@ class StageBus(IngestLog, DeliveryStreams, Protocol):
 class EncodedWrite:
     """One write, encoded (see :meth:`Stages.encode`)."""
 
-    __slots__ = ("handed", "log", "raw", "shaped")
+    __slots__ = ("handed", "log", "raw", "shaped", "taken")
 
     def __init__(self) -> None:
         self.log: list[tuple[str, Sequence[Event], Sequence[bytes], bytes | None]] = []
@@ -82,6 +82,8 @@ class EncodedWrite:
         self.shaped: list[Append] = []
         self.handed: list[tuple[str, Sequence[Event]]] = []
         """The streams :attr:`Stages.on_logged` is told of (none when it is not set)."""
+        self.taken: list[Any] = []
+        """What :attr:`Stages.on_encoded` returned for the streams it took."""
 
 
 class WorkerStats(msgspec.Struct, kw_only=True):
@@ -140,7 +142,7 @@ class Stages:
         stop: asyncio.Event,
         *,
         dead_letter: Callable[[Fetched, str], Awaitable[None]],
-        on_logged: Callable[[list[tuple[str, Sequence[Event]]]], None] | None = None,
+        on_logged: Callable[[list[tuple[str, Sequence[Event]]], list[Any]], None] | None = None,
     ) -> None:
         self.bus = bus
         self.store = store
@@ -149,14 +151,16 @@ class Stages:
         self.stats = WorkerStats()
         self._dead_letter_to = dead_letter
         self.on_logged = on_logged
-        """Told of each write's streams (``(run_id, events)``) once they are in the replay log,
-        but not of a sub-run's own (see :attr:`on_encoded`): the span exporter; must not block."""
-        self.on_encoded: Callable[[str, Sequence[Event]], None] | None = None
+        """Told once each write is in the replay log: of its streams (``(run_id, events)``) but
+        not of a sub-run's own, nor of one :attr:`on_encoded` took, and of what it returned for
+        those (``taken``): the span exporter; must not block."""
+        self.on_encoded: Callable[[str, Sequence[Event]], Any] | None = None
         """Told of each stream's events as they are encoded, before the log write (the span
-        exporter folds them while they are in the CPU's cache; it sends nothing of them before
-        :attr:`on_logged`); must not block. Neither is told of a sub-run's own stream (its first
-        event the sub-run's own, with a parent): only a root run's stream holds a whole span
-        tree, and at a few events a stream the calls cost more than the fold."""
+        exporter folds them while they are in the CPU's cache, and sends nothing of them before
+        :attr:`on_logged`); returns a token if it took them, else None; must not block. Neither
+        is told of a sub-run's own stream (its first event the sub-run's own, with a parent):
+        only a root run's stream holds a whole span tree, and at a few events a stream the calls
+        cost more than the fold."""
         self._first_batch_at: float | None = None
         self.outage = Outage(log)
         self.rebuild: set[str] = set()
@@ -264,9 +268,11 @@ class Stages:
         for output in outputs.values():
             encoded = encode_lines(output.raw)
             if handed is not None and not is_sub_runs_own(output.raw):
-                handed.append((output.run_id, output.raw))
-                if encoded_now is not None:
-                    encoded_now(output.run_id, output.raw)
+                token = None if encoded_now is None else encoded_now(output.run_id, output.raw)
+                if token is None:
+                    handed.append((output.run_id, output.raw))
+                else:
+                    write.taken.append(token)
             write.log.append((output.run_id, output.raw, encoded, output.state))
             write.raw.append(((output.run_id, "raw"), output.raw, encoded, output.state))
             if output.shaped:
@@ -278,7 +284,7 @@ class Stages:
         """The replay-log part of :meth:`write` (first)."""
         await self._append_log(write.log)
         if self.on_logged is not None:
-            self.on_logged(write.handed)
+            self.on_logged(write.handed, write.taken)
 
     async def write_views(self, write: EncodedWrite) -> None:
         """The delivery-stream part of :meth:`write`: shaped views, then raw views with checkpoints."""

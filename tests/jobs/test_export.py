@@ -161,18 +161,21 @@ async def test_spans_past_the_bound_kept_between_passes_are_folded_again_from_th
 
 async def test_spans_folded_as_the_worker_encodes_wait_for_the_log_write(store: ReplayLog, clock: Clock) -> None:
     """The worker hands a stream over as it encodes it (``stage``), before its log write: the
-    spans those events end are sent only once the write is in the log (``offer``), and the cursor
-    never passes them before. A worker killed between the two loses none: whoever writes the
-    events next exports them, and nothing is sent twice."""
+    spans those events end are sent only once the write is in the log (``offer``, told what
+    ``stage`` returned: the stream itself is not handed over again), and the cursor never passes
+    them before. A stream that does not continue the tree is not taken. A worker killed between
+    the two loses none: whoever writes the events next exports them, and nothing is sent twice."""
     events = traced_run()
     async with otlp_receiver() as receiver:
         first = SpanExporter(store, settings(receiver), holder="w1", hold_s=15)
         async with first.connected():
-            first.stage(ROOT, events[:10])
+            token = first.stage(ROOT, events[:10])
+            assert token is not None
             assert await first.pass_once() == 0  # not in the log yet
             await store.append(events[:10])
-            first.offer([(ROOT, events[:10], [], None)])
-            first.stage(ROOT, events[10:])  # encoded; its log write never happens (killed)
+            first.offer([], [token])
+            assert first.stage(ROOT, events[11:]) is None  # a gap: handed over after its write instead
+            assert first.stage(ROOT, events[10:]) is not None  # encoded; its log write never happens (killed)
             assert await first.pass_once() == 3
             assert await first.pass_once() == 0
         assert len(receiver.spans()) == 3
