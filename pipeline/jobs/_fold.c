@@ -1009,18 +1009,10 @@ static int apply(Fold *f, PyObject *event, long long seq) {
     return failed ? -1 : 0;
 }
 
-static PyObject *apply_many(Fold *f, PyObject *args, PyObject *kwargs) {
-    static char *names[] = {"events", "past", NULL};
-    PyObject *events;
-    long long past = 0;
-    if (!PyArg_ParseTupleAndKeywords(args, kwargs, "O|L:apply_many", names, &events, &past)) return NULL;
-    PyObject *items = PySequence_Fast(events, "events are a sequence");
-    if (items == NULL) return NULL;
+/* apply_many's work over ``items`` (a PySequence_Fast of the events): the spans they ended past ``past`` */
+static PyObject *fold_apply(Fold *f, PyObject *items, long long past) {
     PyObject *ended = PyList_New(0);
-    if (ended == NULL) {
-        Py_DECREF(items);
-        return NULL;
-    }
+    if (ended == NULL) return NULL;
     f->ended = ended;
     Py_ssize_t count = PySequence_Fast_GET_SIZE(items);
     int failed = 0;
@@ -1052,11 +1044,22 @@ static PyObject *apply_many(Fold *f, PyObject *args, PyObject *kwargs) {
         if (!failed && last > f->last_seq) f->last_seq = last;
     }
     f->ended = NULL;
-    Py_DECREF(items);
     if (failed) {
         Py_DECREF(ended);
         return NULL;
     }
+    return ended;
+}
+
+static PyObject *apply_many(Fold *f, PyObject *args, PyObject *kwargs) {
+    static char *names[] = {"events", "past", NULL};
+    PyObject *events;
+    long long past = 0;
+    if (!PyArg_ParseTupleAndKeywords(args, kwargs, "O|L:apply_many", names, &events, &past)) return NULL;
+    PyObject *items = PySequence_Fast(events, "events are a sequence");
+    if (items == NULL) return NULL;
+    PyObject *ended = fold_apply(f, items, past);
+    Py_DECREF(items);
     return ended;
 }
 
@@ -1139,6 +1142,223 @@ static PyTypeObject FoldType = {
     .tp_getset = fold_getset,
 };
 
+/* ---- Staging: the exporter's fold as the worker encodes, compiled ----
+ * runwire.jobs.staging.Staging's twin (that module's docs say what it does; tests/jobs/
+ * test_staging.py checks the two call for call). Each call is made by the worker's loop for each
+ * root run's stream it encodes, and release once for each write after the log holds it: in C,
+ * not to run the Python around a run's fold a stream at a time. */
+static PyObject *S_tree, *S_cursor, *S_staged, *S_pending, *S_last_seq, *S_apply_many;
+
+typedef struct {
+    PyObject_HEAD
+    PyObject *trees, *begin, *failed;
+    Py_ssize_t pending, limit;
+} Staging;
+
+static long long seq_item(PyObject *items, Py_ssize_t index) {
+    return seq_of(PySequence_Fast_GET_ITEM(items, index));
+}
+
+/* the stream folded into ``held``'s tree and staged there: its token, or None (not taken) */
+static PyObject *stage_held(Staging *s, PyObject *held, PyObject *run_id, PyObject *events) {
+    PyObject *items = PySequence_Fast(events, "events are a sequence");
+    if (items == NULL) return NULL;
+    Py_ssize_t count = PySequence_Fast_GET_SIZE(items);
+    if (count == 0 || s->pending > s->limit) {
+        Py_DECREF(items);
+        Py_RETURN_NONE;
+    }
+    PyObject *tree = NULL, *cursor = NULL, *ended = NULL, *staged = NULL, *result = NULL;
+    long long first = -1, last = -1, tree_last = -1, past = 0;
+    int failed = (tree = get(held, S_tree)) == NULL || (cursor = get(held, S_cursor)) == NULL;
+    failed = failed || ((first = seq_item(items, 0)) == -1 && PyErr_Occurred());
+    failed = failed || ((last = seq_item(items, count - 1)) == -1 && PyErr_Occurred());
+    int native = !failed && Py_IS_TYPE(tree, &FoldType);
+    if (!failed && native) tree_last = ((Fold *)tree)->last_seq;
+    else if (!failed) {
+        PyObject *value = PyObject_GetAttr(tree, S_last_seq);
+        failed = value == NULL || ((tree_last = as_long_long(value)) == -1 && PyErr_Occurred());
+        Py_XDECREF(value);
+    }
+    if (!failed && first != tree_last + 1) {  /* not the tree's next: handed over after the write */
+        Py_DECREF(items);
+        Py_DECREF(tree);
+        Py_DECREF(cursor);
+        Py_RETURN_NONE;
+    }
+    if (!failed && native) {
+        failed = ((past = as_long_long(cursor)) == -1 && PyErr_Occurred());
+        failed = failed || (ended = fold_apply((Fold *)tree, items, past)) == NULL;
+    } else if (!failed) {
+        failed = (ended = PyObject_CallMethodObjArgs(tree, S_apply_many, events, cursor, NULL)) == NULL;
+    }
+    Py_XDECREF(tree);
+    Py_XDECREF(cursor);
+    Py_DECREF(items);
+    if (failed) {  /* the exporter drops the tree and folds the run again from the log */
+        PyObject *type, *value, *traceback;
+        PyErr_Fetch(&type, &value, &traceback);
+        PyErr_NormalizeException(&type, &value, &traceback);
+        PyObject *told = PyObject_CallFunctionObjArgs(s->failed, run_id, value ? value : Py_None, NULL);
+        Py_XDECREF(type);
+        Py_XDECREF(value);
+        Py_XDECREF(traceback);
+        if (told == NULL) return NULL;
+        Py_DECREF(told);
+        Py_RETURN_NONE;
+    }
+    Py_ssize_t size = PyList_Check(ended) ? PyList_GET_SIZE(ended) : PyObject_Size(ended);
+    PyObject *stretch = size < 0 ? NULL : Py_BuildValue("(LLO)", first, last, ended);
+    Py_DECREF(ended);
+    if (stretch != NULL && (staged = get(held, S_staged)) != NULL) {
+        if (PyList_Append(staged, stretch) == 0) {
+            s->pending += size;
+            result = Py_BuildValue("(OL)", held, last);
+        }
+        Py_DECREF(staged);
+    }
+    Py_XDECREF(stretch);
+    return result;
+}
+
+static PyObject *staging_call(Staging *s, PyObject *args, PyObject *kwargs) {
+    PyObject *run_id, *events;
+    if ((kwargs != NULL && PyDict_GET_SIZE(kwargs) > 0) || !PyArg_UnpackTuple(args, "Staging", 2, 2, &run_id, &events)) {
+        if (!PyErr_Occurred()) PyErr_SetString(PyExc_TypeError, "Staging(run_id, events) takes no keywords");
+        return NULL;
+    }
+    PyObject *held = PyDict_GetItemWithError(s->trees, run_id);
+    if (held != NULL) Py_INCREF(held);
+    else if (PyErr_Occurred() || (held = PyObject_CallFunctionObjArgs(s->begin, run_id, events, NULL)) == NULL)
+        return NULL;
+    PyObject *result = held == Py_None ? Py_NewRef(Py_None) : stage_held(s, held, run_id, events);
+    Py_DECREF(held);
+    return result;
+}
+
+static PyObject *staging_release(Staging *s, PyObject *taken) {
+    (void)s;
+    PyObject *items = PySequence_Fast(taken, "taken is a sequence");
+    if (items == NULL) return NULL;
+    int failed = 0;
+    for (Py_ssize_t i = 0; !failed && i < PySequence_Fast_GET_SIZE(items); i++) {
+        PyObject *token = PySequence_Fast_GET_ITEM(items, i), *staged = NULL, *pending = NULL;
+        if (!PyTuple_Check(token) || PyTuple_GET_SIZE(token) != 2) {
+            PyErr_SetString(PyExc_TypeError, "a token is what Staging returned: (held, last)");
+            failed = 1;
+            break;
+        }
+        PyObject *held = PyTuple_GET_ITEM(token, 0);
+        long long last = as_long_long(PyTuple_GET_ITEM(token, 1));
+        failed = (last == -1 && PyErr_Occurred()) || (staged = get(held, S_staged)) == NULL
+                 || (pending = get(held, S_pending)) == NULL;
+        if (!failed && (!PyList_CheckExact(staged) || !PyList_CheckExact(pending))) {  /* not a _Held: its own */
+            PyObject *done = PyObject_CallMethod(held, "logged", "L", last);
+            failed = done == NULL;
+            Py_XDECREF(done);
+        } else {
+            while (!failed && PyList_GET_SIZE(staged) > 0) {  /* _Held.logged(last) */
+                PyObject *stretch = PyList_GET_ITEM(staged, 0);
+                long long end = -1;
+                failed = !PyTuple_Check(stretch) || PyTuple_GET_SIZE(stretch) != 3;
+                failed = failed || ((end = as_long_long(PyTuple_GET_ITEM(stretch, 1))) == -1 && PyErr_Occurred());
+                if (failed || end > last) break;
+                Py_ssize_t at = PyList_GET_SIZE(pending);
+                failed = PyList_SetSlice(pending, at, at, PyTuple_GET_ITEM(stretch, 2)) < 0
+                         || PyList_SetSlice(staged, 0, 1, NULL) < 0;
+            }
+            if (failed && !PyErr_Occurred()) PyErr_SetString(PyExc_TypeError, "a staged stretch is (first, last, ended)");
+        }
+        Py_XDECREF(staged);
+        Py_XDECREF(pending);
+    }
+    Py_DECREF(items);
+    if (failed) return NULL;
+    Py_RETURN_NONE;
+}
+
+static int staging_init(Staging *s, PyObject *args, PyObject *kwargs) {
+    static char *names[] = {"trees", "begin", "failed", "limit", NULL};
+    PyObject *trees, *begin, *failed;
+    Py_ssize_t limit;
+    if (!PyArg_ParseTupleAndKeywords(args, kwargs, "O!OOn:Staging", names, &PyDict_Type, &trees, &begin, &failed, &limit))
+        return -1;
+    Py_INCREF(trees);
+    Py_INCREF(begin);
+    Py_INCREF(failed);
+    Py_XSETREF(s->trees, trees);
+    Py_XSETREF(s->begin, begin);
+    Py_XSETREF(s->failed, failed);
+    s->limit = limit;
+    s->pending = 0;
+    return 0;
+}
+
+static int staging_traverse(Staging *s, visitproc visit, void *arg) {
+    Py_VISIT(s->trees);
+    Py_VISIT(s->begin);
+    Py_VISIT(s->failed);
+    return 0;
+}
+
+static int staging_clear(Staging *s) {
+    Py_CLEAR(s->trees);
+    Py_CLEAR(s->begin);
+    Py_CLEAR(s->failed);
+    return 0;
+}
+
+static void staging_dealloc(Staging *s) {
+    PyObject_GC_UnTrack(s);
+    staging_clear(s);
+    Py_TYPE(s)->tp_free((PyObject *)s);
+}
+
+static PyMethodDef staging_methods[] = {
+    {"release", (PyCFunction)staging_release, METH_O,
+     "release(taken): each (held, last) a call returned, its write now in the log: held.logged(last)"},
+    {NULL, NULL, 0, NULL},
+};
+
+static PyMemberDef staging_members[] = {
+    {"pending", T_PYSSIZET, offsetof(Staging, pending), 0, "ended spans not sent yet, staged or pending"},
+    {"limit", T_PYSSIZET, offsetof(Staging, limit), 0, "past this many pending, nothing is staged"},
+    {NULL, 0, 0, 0, NULL},
+};
+
+static PyTypeObject StagingType = {
+    PyVarObject_HEAD_INIT(NULL, 0)
+    .tp_name = "runwire.jobs._otlp.Staging",
+    .tp_basicsize = sizeof(Staging),
+    .tp_flags = Py_TPFLAGS_DEFAULT | Py_TPFLAGS_HAVE_GC,
+    .tp_doc = "Staging(trees, begin, failed, limit): runwire.jobs.staging.Staging, compiled.",
+    .tp_new = PyType_GenericNew,
+    .tp_init = (initproc)staging_init,
+    .tp_dealloc = (destructor)staging_dealloc,
+    .tp_traverse = (traverseproc)staging_traverse,
+    .tp_clear = (inquiry)staging_clear,
+    .tp_call = (ternaryfunc)staging_call,
+    .tp_methods = staging_methods,
+    .tp_members = staging_members,
+};
+
+static int staging_add_type(PyObject *module) {
+    struct { PyObject **slot; const char *text; } names[] = {
+        {&S_tree, "tree"}, {&S_cursor, "cursor"}, {&S_staged, "staged"}, {&S_pending, "pending"},
+        {&S_last_seq, "last_seq"}, {&S_apply_many, "apply_many"},
+    };
+    for (size_t i = 0; i < sizeof(names) / sizeof(names[0]); i++) {
+        if ((*names[i].slot = PyUnicode_InternFromString(names[i].text)) == NULL) return -1;
+    }
+    if (PyType_Ready(&StagingType) < 0) return -1;
+    Py_INCREF(&StagingType);
+    if (PyModule_AddObject(module, "Staging", (PyObject *)&StagingType) < 0) {
+        Py_DECREF(&StagingType);
+        return -1;
+    }
+    return 0;
+}
+
 static PyObject *sha_accelerated(PyObject *module, PyObject *args) {
     (void)module;
     int wanted = -1;
@@ -1164,5 +1384,5 @@ int fold_add_type(PyObject *module) {
         Py_DECREF(&FoldType);
         return -1;
     }
-    return 0;
+    return staging_add_type(module);
 }
