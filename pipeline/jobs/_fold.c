@@ -1,4 +1,5 @@
-/* runwire.jobs._otlp.SpanFold: runwire.jobs.spans.SpanTree's fold, compiled, for the exporter.
+/* runwire.jobs._otlp.SpanFold: runwire.jobs.spans.SpanTree's fold, compiled, for the exporter
+ * (and, at the end, runwire.jobs._otlp.Staging: runwire.jobs.staging.Staging, compiled).
  *
  * SpanFold(root_id) folds a root run's stream as SpanTree(root_id, keep=False) does (content off:
  * with the content opt-in the exporter folds with SpanTree), and apply_many(events, past) returns
