@@ -1,9 +1,11 @@
 """The compiled twins of pure-Python hot paths, and which of the two a process runs.
 
-A compiled twin (``runwire.jobs._otlp``: the OTLP request writer of :mod:`runwire.jobs.otlp`) is
-built from C at install where a compiler is (``setup.py``: an optional extension) and writes
-exactly what its Python twin writes: a test checks the two against each other over generated
-input (``tests/jobs/test_otlp_native.py``), and the tests that reach a twin run on both
+A compiled twin (``runwire.jobs._otlp``: the OTLP request writer of :mod:`runwire.jobs.otlp` and
+the span fold; ``runwire.processing._core``: the worker's per-event path of
+:mod:`runwire.processing.processor`) is built from C at install where a compiler is
+(``setup.py``: an optional extension) and does exactly what its Python twin does: a test checks
+the two against each other over generated input (``tests/jobs/test_otlp_native.py``,
+``tests/workers/test_core.py``), and the tests that reach a twin run on both
 (``scripts/test``: the whole suite as installed, then those again with ``RUNWIRE_PURE=1``).
 Where it was not built, the Python twin runs and the process says so once, in one log line.
 ``RUNWIRE_PURE=1`` asks for the Python twins everywhere (to compare, or to rule the compiled

@@ -42,21 +42,25 @@ import msgspec
 from msgspec import UNSET
 from msgspec.structs import replace as replace_struct
 
+from ..core import native
 from ..core.envelope import (
     ChildSpawn,
     Event,
+    ReasoningDelta,
     RunLifecycle,
     RunLifecyclePayload,
+    TextDelta,
     format_ts,
     is_terminal,
     ts_ms,
 )
 from ..core.errors import WriteRefused
+from ..core.events import _TS_CACHE
 from ..core.ulid import MonotonicULID
 from .checkpoint import Checkpoint, decode_checkpoint, encode_checkpoint
 from .fanin import ANY_TENANT, Misrooted, ParentMap
 from .sequencing import Sequencer, SequencerState, owns
-from .shaping import WINDOW_MS, DeltaCoalescer
+from .shaping import _KEY_SUFFIX, WINDOW_MS, DeltaCoalescer, Window, format_millis
 
 DEFAULT_SILENCE_S = 300.0
 _NONE: list[str] = []
@@ -91,6 +95,22 @@ class StreamOutput(msgspec.Struct, kw_only=True):
     """The stream's checkpoint after this batch (store it with the raw append)."""
     stream: Any = None
     """The in-memory stream, while ``state`` is not taken yet (see :meth:`Processor.seal`)."""
+
+
+def _load_core() -> Any:
+    """The compiled per-event path (``runwire.processing._core``), told once of the types and
+    functions it calls; None where it was not built (or ``RUNWIRE_PURE=1``): this module's
+    Python, its twin, runs (docs/workers.md § The compiled core)."""
+    core = native.load("processing._core", "worker's per-event path")
+    if core is not None:
+        core.setup(output=StreamOutput, window=Window, text_delta=TextDelta, reasoning_delta=ReasoningDelta,
+                   child_spawn=ChildSpawn, run_lifecycle=RunLifecycle, unset=UNSET, replace=replace_struct,
+                   is_terminal=is_terminal, format_millis=format_millis, ts_cache=_TS_CACHE,
+                   text_suffix=_KEY_SUFFIX[TextDelta], reasoning_suffix=_KEY_SUFFIX[ReasoningDelta])
+    return core
+
+
+CORE = _load_core()
 
 
 class ProcessorStats(msgspec.Struct, kw_only=True):
@@ -144,7 +164,11 @@ class Processor:
         grace_ms: int = DEFAULT_GRACE_MS,
         quiet_s: float = DEFAULT_QUIET_S,
         clock: Callable[[], float] = time.time,
+        core: Any = CORE,
     ) -> None:
+        self.core = core
+        """The compiled per-event path :meth:`process_each` runs, or None: this class's Python
+        (its twin: ``tests/workers/test_core.py``)."""
         self.silence_s = silence_s
         self.window_ms = window_ms
         self.grace_ms = grace_ms
@@ -255,11 +279,14 @@ class Processor:
         self.stats.events += len(events)
         self._in_place = owned
         try:
-            for index, event in enumerate(events):
-                try:
-                    one(event, outputs, now)
-                except Exception as error:  # isolate one poison event
-                    failures.append((index, error))
+            if self.core is not None:  # (the same steps: the usual case of each compiled)
+                failures = self.core.process(self, events, outputs, now, owned)
+            else:
+                for index, event in enumerate(events):
+                    try:
+                        one(event, outputs, now)
+                    except Exception as error:  # isolate one poison event
+                        failures.append((index, error))
         finally:
             self._in_place = False
         for _, failure in failures:

@@ -1,0 +1,507 @@
+/* runwire.processing._core: the worker's per-event path (fan-in, sequencing, shaping's windows),
+ * compiled, for runwire.processing.processor.Processor.process_each.
+ *
+ * process(processor, events, outputs, now, in_place) does what process_each's loop does — for
+ * each event Processor._one(event, outputs, now), an event that raises reported as
+ * (index, error) — and returns the failures. It runs the usual case of each step here and hands
+ * any other case to the step's Python code (the same objects' methods) before it has changed
+ * anything that step changes:
+ *
+ * - an event (Processor._one): its run's stream loaded and owned by the event's tenant, no
+ *   child_ref, not a child.spawn, and a child's links those its run's last event stated (the
+ *   stream's kept route, every ancestor owned by the same tenant); else Processor._one;
+ * - each admission into a stream (Processor._admit): the stream's run not ended, the publisher's
+ *   seq 0 or its source's next; else Processor._admit (a duplicate, a gap, an ended run);
+ * - the shaping of what was admitted (DeltaCoalescer.feed_into): no hole in the input; for a
+ *   delta no window due to close, none closed and held, no closes to replay, its ts read before
+ *   (ts_ms's cache); for any other event no window open or held and no closes; else
+ *   DeltaCoalescer.feed_into.
+ *
+ * Its twin is that Python code run alone (Processor(core=None), or RUNWIRE_PURE=1):
+ * tests/workers/test_core.py processes generated runs with both and compares every output,
+ * checkpoint, failure and counter. Fields are read and written straight in their slots (a
+ * msgspec Struct's field, a __slots__ attribute: a member descriptor's offset, looked up once per
+ * type and name), as runwire.jobs._otlp's fold reads them.
+ */
+#define PY_SSIZE_T_CLEAN
+#include <Python.h>
+#include <stdint.h>
+#include <structmember.h>
+
+/* ---- what runwire.processing.processor hands over, once (setup) ---- */
+static PyObject *T_output, *T_window, *T_text, *T_reasoning, *T_spawn, *T_lifecycle;
+static PyObject *UNSET, *F_replace, *F_is_terminal, *F_format_millis, *TS_CACHE, *S_text, *S_reasoning;
+static PyObject *A_run_id, *A_tenant, *A_state, *A_owned, *A_child_ref, *A_parent_id, *A_root_id,
+    *A_route, *A_version, *A_ancestors, *A_seq, *A_terminal, *A_output, *A_sources, *A_last_activity,
+    *A_last_seq, *A_coalescer, *A_raw, *A_shaped, *A_fed, *A_floor, *A_windows, *A_held, *A_closes,
+    *A_clock, *A_first_end, *A_window_ms, *A_texts, *A_ts, *A_payload, *A_text, *A_first_seq,
+    *A_end_ms, *A_stream, *A_streams, *A_parents, *A_ended, *M_admit, *M_one, *M_feed_into, *ZERO;
+/* keyword names of the calls made: StreamOutput(run_id, stream), Window(first_seq, last_seq,
+ * end_ms, ts), replace(event, seq, run_id, child_ref, parent_id, root_id), replace(event, seq) */
+static PyObject *KW_output, *KW_window, *KW_copy, *KW_seq;
+
+static int intern_all(void) {
+    struct { PyObject **slot; const char *text; } names[] = {
+        {&A_run_id, "run_id"}, {&A_tenant, "tenant"}, {&A_state, "state"}, {&A_owned, "owned"},
+        {&A_child_ref, "child_ref"}, {&A_parent_id, "parent_id"}, {&A_root_id, "root_id"},
+        {&A_route, "route"}, {&A_version, "version"}, {&A_ancestors, "ancestors"}, {&A_seq, "seq"},
+        {&A_terminal, "terminal"}, {&A_output, "output"}, {&A_sources, "sources"},
+        {&A_last_activity, "last_activity"}, {&A_last_seq, "last_seq"}, {&A_coalescer, "coalescer"},
+        {&A_raw, "raw"}, {&A_shaped, "shaped"}, {&A_fed, "fed"}, {&A_floor, "floor"},
+        {&A_windows, "windows"}, {&A_held, "held"}, {&A_closes, "closes"}, {&A_clock, "clock"},
+        {&A_first_end, "_first_end"}, {&A_window_ms, "window_ms"}, {&A_texts, "texts"}, {&A_ts, "ts"},
+        {&A_payload, "payload"}, {&A_text, "text"}, {&A_first_seq, "first_seq"}, {&A_end_ms, "end_ms"},
+        {&A_stream, "stream"}, {&A_streams, "_streams"}, {&A_parents, "parents"}, {&A_ended, "_ended"},
+        {&M_admit, "_admit"}, {&M_one, "_one"}, {&M_feed_into, "feed_into"},
+    };
+    for (size_t i = 0; i < sizeof(names) / sizeof(names[0]); i++) {
+        if ((*names[i].slot = PyUnicode_InternFromString(names[i].text)) == NULL) return -1;
+    }
+    if ((ZERO = PyLong_FromLong(0)) == NULL) return -1;
+    KW_output = PyTuple_Pack(2, A_run_id, A_stream);
+    KW_window = PyTuple_Pack(4, A_first_seq, A_last_seq, A_end_ms, A_ts);
+    KW_copy = PyTuple_Pack(5, A_seq, A_run_id, A_child_ref, A_parent_id, A_root_id);
+    KW_seq = PyTuple_Pack(1, A_seq);
+    return KW_output && KW_window && KW_copy && KW_seq ? 0 : -1;
+}
+
+/* ---- a field in its slot ----
+ * A msgspec Struct's field and a __slots__ attribute are member descriptors over an object slot;
+ * the offset, looked up once per (type, name), reads and writes it as GetAttr and SetAttr would,
+ * without the look-up through the type's MRO each time. Anything else goes through GetAttr and
+ * SetAttr. A write of an object the collector tracks also goes through SetAttr: msgspec starts
+ * tracking a Struct that comes to hold one. */
+typedef struct { PyTypeObject *type; PyObject *name; Py_ssize_t offset; } Slot;
+static Slot SLOTS[1024];
+
+static inline Slot *slot_of(PyObject *obj, PyObject *name) {
+    PyTypeObject *t = Py_TYPE(obj);
+    uint64_t mixed = ((uint64_t)(uintptr_t)t ^ ((uint64_t)(uintptr_t)name << 1)) * 0x9E3779B97F4A7C15ULL;
+    Slot *e = &SLOTS[mixed >> 54];  /* (the top 10 bits of a Fibonacci hash: 1,024 entries) */
+    if (e->type != t || e->name != name) {
+        Py_ssize_t offset = -1;
+        PyObject *d = t->tp_getattro == PyObject_GenericGetAttr ? _PyType_Lookup(t, name) : NULL;
+        if (d != NULL && Py_IS_TYPE(d, &PyMemberDescr_Type)) {
+            PyMemberDef *m = ((PyMemberDescrObject *)d)->d_member;
+            if (m->type == T_OBJECT_EX && !(m->flags & READONLY)) offset = m->offset;
+        }
+        Py_INCREF(t);  /* kept while its entry is: an address reused by another type never matches */
+        Py_XDECREF(e->type);
+        e->type = t, e->name = name, e->offset = offset;
+    }
+    return e;
+}
+
+static PyObject *get(PyObject *obj, PyObject *name) {  /* a new reference */
+    Slot *e = slot_of(obj, name);
+    if (e->offset >= 0) {
+        PyObject *value = *(PyObject **)((char *)obj + e->offset);
+        if (value != NULL) return Py_NewRef(value);
+    }
+    return PyObject_GetAttr(obj, name);
+}
+
+static int set(PyObject *obj, PyObject *name, PyObject *value) {
+    Slot *e = slot_of(obj, name);
+    if (e->offset >= 0 && !PyObject_IS_GC(value)) {
+        PyObject **where = (PyObject **)((char *)obj + e->offset);
+        PyObject *old = *where;
+        *where = Py_NewRef(value);
+        Py_XDECREF(old);
+        return 0;
+    }
+    return PyObject_SetAttr(obj, name, value);
+}
+
+/* An int field as a C integer; -1 with an error set (not an int, or past 64 bits) */
+static int get_long(PyObject *obj, PyObject *name, long long *out) {
+    PyObject *value = get(obj, name);
+    if (value == NULL) return -1;
+    int overflow = 0;
+    *out = PyLong_Check(value) ? PyLong_AsLongLongAndOverflow(value, &overflow) : -1;
+    int failed = !PyLong_Check(value) || overflow || (*out == -1 && PyErr_Occurred());
+    Py_DECREF(value);
+    if (failed && !PyErr_Occurred()) PyErr_SetString(PyExc_OverflowError, "not a 64-bit int");
+    return failed ? -1 : 0;
+}
+
+static int equal(PyObject *a, PyObject *b) {
+    return a == b ? 1 : PyObject_RichCompareBool(a, b, Py_EQ);
+}
+
+/* A container's size, truthiness as Python reads it (a dict or a list) */
+static inline Py_ssize_t size_of(PyObject *container) {
+    return PyDict_CheckExact(container) ? PyDict_GET_SIZE(container)
+           : PyList_CheckExact(container) ? PyList_GET_SIZE(container) : PyObject_Length(container);
+}
+
+/* ---- the steps: each returns 0 done here, 1 left to its Python code (nothing changed), -1 error */
+
+/* DeltaCoalescer.feed_into(event, out), its usual cases */
+static int feed(PyObject *co, PyObject *event, PyObject *out, long long seq, PyObject *seq_obj) {
+    PyObject *state = NULL, *fed = NULL, *windows = NULL, *held = NULL, *closes = NULL, *ts = NULL,
+             *window = NULL, *key = NULL, *child = NULL, *texts = NULL, *list = NULL, *payload = NULL,
+             *text = NULL;
+    int rc = -1;
+    if ((state = get(co, A_state)) == NULL || (fed = get(co, A_fed)) == NULL) goto done;
+    long long fed_n = 0;
+    if (fed != Py_None) {
+        int overflow = 0;
+        fed_n = PyLong_AsLongLongAndOverflow(fed, &overflow);
+        if (overflow || (fed_n == -1 && PyErr_Occurred()) || seq > fed_n + 1) { PyErr_Clear(); rc = 1; goto done; }
+    }
+    PyTypeObject *type = Py_TYPE(event);
+    PyObject *suffix = type == (PyTypeObject *)T_text ? S_text : type == (PyTypeObject *)T_reasoning ? S_reasoning : NULL;
+    if ((windows = get(state, A_windows)) == NULL || (held = get(state, A_held)) == NULL
+        || (closes = get(state, A_closes)) == NULL) goto done;
+    Py_ssize_t open = size_of(windows), waiting = size_of(held), replays = size_of(closes);
+    if (open < 0 || waiting < 0 || replays < 0) goto done;
+    if (suffix == NULL) {  /* not a delta (§4 R3): the event itself */
+        if (open || waiting || replays) { rc = 1; goto done; }
+        if (fed != Py_None && set(co, A_fed, seq_obj) < 0) goto done;
+        if (set(state, A_clock, ZERO) < 0) goto done;
+        long long floor;
+        if (get_long(co, A_floor, &floor) < 0) goto done;
+        if (seq > floor && (PyList_Append(out, event) < 0 || set(co, A_floor, seq_obj) < 0)) goto done;
+        rc = 0;
+        goto done;
+    }
+    if (waiting || replays) { rc = 1; goto done; }
+    if ((ts = get(event, A_ts)) == NULL) goto done;
+    PyObject *millis = PyUnicode_CheckExact(ts) ? PyDict_GetItemWithError(TS_CACHE, ts) : NULL;
+    if (millis == NULL) {  /* (ts_ms parses it, or says why not) */
+        if (PyErr_Occurred()) goto done;
+        rc = 1;
+        goto done;
+    }
+    long long now, clock, first_end, window_ms;
+    int overflow = 0;
+    now = PyLong_AsLongLongAndOverflow(millis, &overflow);
+    if (overflow || (now == -1 && PyErr_Occurred())) { PyErr_Clear(); rc = 1; goto done; }
+    if (get_long(state, A_clock, &clock) < 0 || get_long(co, A_first_end, &first_end) < 0) goto done;
+    if (now > clock) clock = now;
+    if (first_end <= clock) { rc = 1; goto done; }  /* a window is due to close */
+    /* from here on it is this step's */
+    if (fed != Py_None && set(co, A_fed, seq_obj) < 0) goto done;
+    if (clock == now && set(state, A_clock, millis) < 0) goto done;
+    if ((child = get(event, A_child_ref)) == NULL) goto done;
+    int named = child != UNSET && child != Py_None && PyObject_IsTrue(child);
+    if (named < 0) goto done;
+    key = named ? PyUnicode_Concat(child, suffix) : Py_NewRef(suffix);
+    if (key == NULL) goto done;
+    if ((texts = get(co, A_texts)) == NULL || (payload = get(event, A_payload)) == NULL
+        || (text = get(payload, A_text)) == NULL) goto done;
+    window = PyDict_CheckExact(windows) ? Py_XNewRef(PyDict_GetItemWithError(windows, key)) : NULL;
+    if (window == NULL && PyErr_Occurred()) goto done;
+    if (window == NULL) {
+        if (get_long(co, A_window_ms, &window_ms) < 0) goto done;
+        long long end_ms = clock + window_ms;
+        PyObject *opened_ts = now == clock ? Py_NewRef(ts) : NULL;
+        if (opened_ts == NULL) {
+            PyObject *at = PyLong_FromLongLong(clock);
+            opened_ts = at == NULL ? NULL : PyObject_CallOneArg(F_format_millis, at);
+            Py_XDECREF(at);
+            if (opened_ts == NULL) goto done;
+        }
+        PyObject *end = PyLong_FromLongLong(end_ms);
+        if (end == NULL) { Py_DECREF(opened_ts); goto done; }
+        PyObject *args[] = {seq_obj, seq_obj, end, opened_ts};
+        window = PyObject_Vectorcall(T_window, args, 0, KW_window);
+        Py_DECREF(opened_ts);
+        if (window == NULL || PyDict_SetItem(windows, key, window) < 0) { Py_DECREF(end); goto done; }
+        list = PyList_New(2);
+        if (list == NULL) { Py_DECREF(end); goto done; }
+        PyList_SET_ITEM(list, 0, Py_NewRef(event));
+        PyList_SET_ITEM(list, 1, Py_NewRef(text));
+        int failed = PyDict_SetItem(texts, seq_obj, list) < 0 || (end_ms < first_end && set(co, A_first_end, end) < 0);
+        Py_DECREF(end);
+        if (failed) goto done;
+    } else {
+        if (set(window, A_last_seq, seq_obj) < 0) goto done;
+        PyObject *first = get(window, A_first_seq);
+        if (first == NULL) goto done;
+        list = PyObject_GetItem(texts, first);
+        Py_DECREF(first);
+        if (list == NULL) goto done;
+        if (!PyList_CheckExact(list) || PyList_GET_SIZE(list) < 1) {
+            PyErr_SetString(PyExc_TypeError, "a window's texts are a list, its newest delta first");
+            goto done;
+        }
+        Py_SETREF(PyList_GET_ITEM(list, 0), Py_NewRef(event));  /* (a list's item: SETREF keeps the count) */
+        if (PyList_Append(list, text) < 0) goto done;
+    }
+    rc = 0;
+done:
+    Py_XDECREF(state), Py_XDECREF(fed), Py_XDECREF(windows), Py_XDECREF(held), Py_XDECREF(closes);
+    Py_XDECREF(ts), Py_XDECREF(window), Py_XDECREF(key), Py_XDECREF(child), Py_XDECREF(texts);
+    Py_XDECREF(list), Py_XDECREF(payload), Py_XDECREF(text);
+    return rc;
+}
+
+typedef struct {
+    PyObject *processor, *outputs, *now;
+    int in_place;
+} Batch;
+
+/* Processor._admit(stream, event, published, source, outputs, now, parent_id, root_id, copy) */
+static int admit(Batch *b, PyObject *stream, PyObject *event, PyObject *published, long long published_n,
+                 PyObject *source, PyObject *parent_id, PyObject *root_id, int copy) {
+    PyObject *state = NULL, *terminal = NULL, *run_id = NULL, *output = NULL, *sources = NULL,
+             *seq_obj = NULL, *admitted = NULL, *raw = NULL, *shaped = NULL, *co = NULL;
+    int rc = -1, python = 0;
+    if ((state = get(stream, A_state)) == NULL || (terminal = get(state, A_terminal)) == NULL) goto done;
+    if (terminal != Py_False) { python = 1; goto done; }
+    if ((run_id = get(stream, A_run_id)) == NULL || (output = get(stream, A_output)) == NULL) goto done;
+    if (output == Py_None) {
+        Py_DECREF(output);
+        PyObject *args[] = {run_id, stream};
+        if ((output = PyObject_Vectorcall(T_output, args, 0, KW_output)) == NULL) goto done;
+        if (set(stream, A_output, output) < 0 || PyDict_SetItem(b->outputs, run_id, output) < 0) goto done;
+    }
+    if (published_n) {
+        if ((sources = get(state, A_sources)) == NULL) goto done;
+        if (!PyDict_CheckExact(sources)) { python = 1; goto done; }
+        PyObject *last = PyDict_GetItemWithError(sources, source);
+        long long last_n = 0;
+        if (last == NULL && PyErr_Occurred()) goto done;
+        if (last != NULL) {
+            int overflow = 0;
+            last_n = PyLong_Check(last) ? PyLong_AsLongLongAndOverflow(last, &overflow) : -1;
+            if (!PyLong_Check(last) || overflow || (last_n == -1 && PyErr_Occurred())) {
+                PyErr_Clear();
+                python = 1;
+                goto done;
+            }
+        }
+        if (published_n != last_n + 1) { python = 1; goto done; }  /* a duplicate or a gap */
+        if (PyDict_SetItem(sources, source, published) < 0) goto done;
+    }
+    if (set(stream, A_last_activity, b->now) < 0) goto done;
+    long long seq;
+    if (get_long(state, A_last_seq, &seq) < 0) goto done;
+    if ((seq_obj = PyLong_FromLongLong(++seq)) == NULL || set(state, A_last_seq, seq_obj) < 0) goto done;
+    if (copy) {
+        PyObject *args[] = {event, seq_obj, run_id, source, parent_id, root_id};
+        admitted = PyObject_Vectorcall(F_replace, args, 1, KW_copy);
+    } else if (b->in_place) {
+        admitted = set(event, A_seq, seq_obj) < 0 ? NULL : Py_NewRef(event);
+    } else {
+        PyObject *args[] = {event, seq_obj};
+        admitted = PyObject_Vectorcall(F_replace, args, 1, KW_seq);
+    }
+    if (admitted == NULL || (raw = get(output, A_raw)) == NULL || PyList_Append(raw, admitted) < 0) goto done;
+    if ((shaped = get(output, A_shaped)) == NULL || (co = get(stream, A_coalescer)) == NULL) goto done;
+    if (!PyList_CheckExact(shaped)) {
+        PyErr_SetString(PyExc_TypeError, "a stream output's shaped events are a list");
+        goto done;
+    }
+    int fed = feed(co, admitted, shaped, seq, seq_obj);
+    if (fed == 1) {
+        PyObject *r = PyObject_CallMethodObjArgs(co, M_feed_into, admitted, shaped, NULL);
+        fed = r == NULL ? -1 : 0;
+        Py_XDECREF(r);
+    }
+    rc = fed;
+done:
+    if (python) {
+        PyObject *r = PyObject_CallMethodObjArgs(b->processor, M_admit, stream, event, published, source,
+                                                 b->outputs, b->now, parent_id, root_id,
+                                                 copy ? Py_True : Py_False, NULL);
+        rc = r == NULL ? -1 : 0;
+        Py_XDECREF(r);
+    }
+    Py_XDECREF(state), Py_XDECREF(terminal), Py_XDECREF(run_id), Py_XDECREF(output), Py_XDECREF(sources);
+    Py_XDECREF(seq_obj), Py_XDECREF(admitted), Py_XDECREF(raw), Py_XDECREF(shaped), Py_XDECREF(co);
+    return rc;
+}
+
+/* A stream's state owned by this tenant: 1 yes, 0 no (or unknown), -1 error */
+static int owned_by(PyObject *state, PyObject *tenant) {
+    PyObject *owned = get(state, A_owned);
+    if (owned == NULL) return -1;
+    int yes = owned == Py_True;
+    Py_DECREF(owned);
+    if (!yes) return 0;
+    PyObject *theirs = get(state, A_tenant);
+    if (theirs == NULL) return -1;
+    int same = equal(theirs, tenant);
+    Py_DECREF(theirs);
+    return same;
+}
+
+/* Processor._one(event, outputs, now) */
+static int one(Batch *b, PyObject *streams, PyObject *parents, PyObject *event) {
+    PyObject *run_id = NULL, *own = NULL, *tenant = NULL, *state = NULL, *ref = NULL, *parent = NULL,
+             *route = NULL, *version = NULL, *root_id = NULL, *ancestors = NULL, *held = NULL,
+             *published = NULL;
+    int rc = -1, python = 0;
+    PyTypeObject *type = Py_TYPE(event);
+    if (type == (PyTypeObject *)T_spawn) { python = 1; goto done; }
+    if ((run_id = get(event, A_run_id)) == NULL) goto done;
+    own = PyDict_GetItemWithError(streams, run_id);
+    if (own == NULL) {
+        if (PyErr_Occurred()) goto done;
+        python = 1;  /* (not loaded: _one says so) */
+        goto done;
+    }
+    Py_INCREF(own);
+    if ((tenant = get(event, A_tenant)) == NULL || (state = get(own, A_state)) == NULL) goto done;
+    int owner = owned_by(state, tenant);
+    if (owner <= 0) { python = owner == 0; goto done; }
+    if ((ref = get(event, A_child_ref)) == NULL || (parent = get(event, A_parent_id)) == NULL) goto done;
+    if (ref != UNSET && ref != Py_None) { python = 1; goto done; }
+    if (parent != Py_None) {
+        if ((route = get(own, A_route)) == NULL) goto done;
+        if (!PyTuple_CheckExact(route) || PyTuple_GET_SIZE(route) != 5) { python = 1; goto done; }
+        if ((version = get(parents, A_version)) == NULL || (root_id = get(event, A_root_id)) == NULL) goto done;
+        int same = equal(PyTuple_GET_ITEM(route, 3), version);
+        if (same > 0) same = equal(PyTuple_GET_ITEM(route, 0), parent);
+        if (same > 0) same = equal(PyTuple_GET_ITEM(route, 1), root_id);
+        if (same > 0) same = equal(PyTuple_GET_ITEM(route, 2), tenant);
+        if (same <= 0) { python = same == 0; goto done; }
+        ancestors = Py_NewRef(PyTuple_GET_ITEM(route, 4));
+        if (!PyList_CheckExact(ancestors)) { python = 1; goto done; }
+        for (Py_ssize_t i = 0; i < PyList_GET_SIZE(ancestors); i++) {
+            PyObject *above = PyDict_GetItemWithError(streams, PyList_GET_ITEM(ancestors, i));
+            if (above == NULL) {
+                if (PyErr_Occurred()) goto done;
+                python = 1;
+                goto done;
+            }
+            PyObject *above_state = get(above, A_state);
+            if (above_state == NULL) goto done;
+            int theirs = owned_by(above_state, tenant);
+            Py_DECREF(above_state);
+            if (theirs <= 0) { python = theirs == 0; goto done; }
+        }
+        if (PyList_GET_SIZE(ancestors)) {
+            if ((held = get(state, A_ancestors)) == NULL) goto done;
+            int same_chain = equal(held, ancestors);
+            if (same_chain < 0 || (!same_chain && set(state, A_ancestors, ancestors) < 0)) goto done;
+        }
+    }
+    /* from here on it is this step's: each admission its own, or _admit's */
+    long long published_n;
+    if ((published = get(event, A_seq)) == NULL) goto done;
+    int overflow = 0;
+    published_n = PyLong_Check(published) ? PyLong_AsLongLongAndOverflow(published, &overflow) : -1;
+    if (!PyLong_Check(published) || overflow || (published_n == -1 && PyErr_Occurred())) {
+        PyErr_Clear();
+        PyErr_SetString(PyExc_OverflowError, "a publisher seq past 64 bits");
+        goto done;
+    }
+    Py_ssize_t count = ancestors == NULL ? 0 : PyList_GET_SIZE(ancestors);
+    if (count) {
+        PyObject *root = PyList_GET_ITEM(ancestors, count - 1);
+        for (Py_ssize_t i = 0; i < count; i++) {
+            PyObject *stream = PyDict_GetItemWithError(streams, PyList_GET_ITEM(ancestors, i));
+            if (stream == NULL) {
+                if (!PyErr_Occurred()) PyErr_SetObject(PyExc_KeyError, PyList_GET_ITEM(ancestors, i));
+                goto done;
+            }
+            Py_INCREF(stream);
+            int last = i == count - 1;
+            int r = admit(b, stream, event, published, published_n, run_id,
+                          last ? Py_None : PyList_GET_ITEM(ancestors, i + 1), last ? Py_None : root, 1);
+            Py_DECREF(stream);
+            if (r < 0) goto done;
+        }
+    }
+    if (admit(b, own, event, published, published_n, run_id, Py_None, Py_None, 0) < 0) goto done;
+    if (type == (PyTypeObject *)T_lifecycle) {
+        PyObject *ends = PyObject_CallOneArg(F_is_terminal, event);
+        if (ends == NULL) goto done;
+        int yes = PyObject_IsTrue(ends);
+        Py_DECREF(ends);
+        if (yes < 0) goto done;
+        if (yes) {
+            PyObject *ended = get(b->processor, A_ended);
+            int failed = ended == NULL || set(state, A_terminal, Py_True) < 0 || PyList_Append(ended, own) < 0;
+            Py_XDECREF(ended);
+            if (failed) goto done;
+        }
+    }
+    rc = 0;
+done:
+    if (python) {
+        PyObject *r = PyObject_CallMethodObjArgs(b->processor, M_one, event, b->outputs, b->now, NULL);
+        rc = r == NULL ? -1 : 0;
+        Py_XDECREF(r);
+    }
+    Py_XDECREF(run_id), Py_XDECREF(own), Py_XDECREF(tenant), Py_XDECREF(state), Py_XDECREF(ref);
+    Py_XDECREF(parent), Py_XDECREF(route), Py_XDECREF(version), Py_XDECREF(root_id);
+    Py_XDECREF(ancestors), Py_XDECREF(held), Py_XDECREF(published);
+    return rc;
+}
+
+static PyObject *process(PyObject *module, PyObject *const *args, Py_ssize_t nargs) {
+    if (T_output == NULL) {
+        PyErr_SetString(PyExc_RuntimeError, "runwire.processing._core.setup() was not called");
+        return NULL;
+    }
+    if (nargs != 5) {
+        PyErr_SetString(PyExc_TypeError, "process(processor, events, outputs, now, in_place)");
+        return NULL;
+    }
+    Batch b = {args[0], args[2], args[3], PyObject_IsTrue(args[4])};
+    if (b.in_place < 0) return NULL;
+    if (!PyDict_CheckExact(b.outputs)) {
+        PyErr_SetString(PyExc_TypeError, "outputs is a dict");
+        return NULL;
+    }
+    PyObject *events = PySequence_Fast(args[1], "events is a sequence");
+    PyObject *streams = get(b.processor, A_streams), *parents = get(b.processor, A_parents);
+    PyObject *failures = PyList_New(0);
+    if (events == NULL || streams == NULL || parents == NULL || failures == NULL) goto fail;
+    if (!PyDict_CheckExact(streams)) {
+        PyErr_SetString(PyExc_TypeError, "the processor's streams are a dict");
+        goto fail;
+    }
+    for (Py_ssize_t i = 0; i < PySequence_Fast_GET_SIZE(events); i++) {
+        if (one(&b, streams, parents, PySequence_Fast_GET_ITEM(events, i)) == 0) continue;
+        if (!PyErr_ExceptionMatches(PyExc_Exception)) goto fail;  /* (KeyboardInterrupt and the like go on up) */
+        PyObject *kind, *error, *trace;
+        PyErr_Fetch(&kind, &error, &trace);
+        PyErr_NormalizeException(&kind, &error, &trace);
+        if (trace != NULL) PyException_SetTraceback(error, trace);
+        Py_XDECREF(kind), Py_XDECREF(trace);
+        PyObject *failure = Py_BuildValue("(nN)", i, error);
+        if (failure == NULL || PyList_Append(failures, failure) < 0) { Py_XDECREF(failure); goto fail; }
+        Py_DECREF(failure);
+    }
+    Py_DECREF(events), Py_DECREF(streams), Py_DECREF(parents);
+    return failures;
+fail:
+    Py_XDECREF(events), Py_XDECREF(streams), Py_XDECREF(parents), Py_XDECREF(failures);
+    return NULL;
+}
+
+static PyObject *setup(PyObject *module, PyObject *args, PyObject *kwargs) {
+    static char *names[] = {"output", "window", "text_delta", "reasoning_delta", "child_spawn",
+                            "run_lifecycle", "unset", "replace", "is_terminal", "format_millis",
+                            "ts_cache", "text_suffix", "reasoning_suffix", NULL};
+    PyObject *given[13];
+    if (!PyArg_ParseTupleAndKeywords(args, kwargs, "$OOOOOOOOOOO!UU", names, &given[0], &given[1],
+                                     &given[2], &given[3], &given[4], &given[5], &given[6], &given[7],
+                                     &given[8], &given[9], &PyDict_Type, &given[10], &given[11], &given[12]))
+        return NULL;
+    PyObject **slots[] = {&T_output, &T_window, &T_text, &T_reasoning, &T_spawn, &T_lifecycle, &UNSET,
+                          &F_replace, &F_is_terminal, &F_format_millis, &TS_CACHE, &S_text, &S_reasoning};
+    for (int i = 0; i < 13; i++) Py_XSETREF(*slots[i], Py_NewRef(given[i]));
+    Py_RETURN_NONE;
+}
+
+static PyMethodDef methods[] = {
+    {"process", (PyCFunction)(void (*)(void))process, METH_FASTCALL,
+     "process(processor, events, outputs, now, in_place) -> [(index, error)]: Processor.process_each's loop."},
+    {"setup", (PyCFunction)(void (*)(void))setup, METH_VARARGS | METH_KEYWORDS,
+     "setup(**types and functions of runwire.processing): once, before process()."},
+    {NULL, NULL, 0, NULL},
+};
+
+static struct PyModuleDef module = {PyModuleDef_HEAD_INIT, "_core", NULL, 0, methods};
+
+PyMODINIT_FUNC PyInit__core(void) {
+    if (intern_all() < 0) return NULL;
+    return PyModule_Create(&module);
+}
