@@ -30,6 +30,7 @@
 
 /* ---- what runwire.processing.processor hands over, once (setup) ---- */
 static PyObject *T_output, *T_window, *T_text, *T_reasoning, *T_spawn, *T_lifecycle;
+static PyObject *T_text_payload, *NO_END, *F_last_seq, *EMPTY, *M_sort;
 static PyObject *UNSET, *F_replace, *F_is_terminal, *F_format_millis, *TS_CACHE, *S_text, *S_reasoning;
 static PyObject *A_run_id, *A_tenant, *A_state, *A_owned, *A_child_ref, *A_parent_id, *A_root_id,
     *A_route, *A_version, *A_ancestors, *A_seq, *A_terminal, *A_output, *A_sources, *A_last_activity,
@@ -38,7 +39,7 @@ static PyObject *A_run_id, *A_tenant, *A_state, *A_owned, *A_child_ref, *A_paren
     *A_end_ms, *A_stream, *A_streams, *A_parents, *A_ended, *M_admit, *M_one, *M_feed_into, *ZERO;
 /* keyword names of the calls made: StreamOutput(run_id, stream), Window(first_seq, last_seq,
  * end_ms, ts), replace(event, seq, run_id, child_ref, parent_id, root_id), replace(event, seq) */
-static PyObject *KW_output, *KW_window, *KW_copy, *KW_seq;
+static PyObject *KW_output, *KW_window, *KW_copy, *KW_seq, *KW_key, *KW_text, *KW_shaped;
 
 static int intern_all(void) {
     struct { PyObject **slot; const char *text; } names[] = {
@@ -52,7 +53,8 @@ static int intern_all(void) {
         {&A_first_end, "_first_end"}, {&A_window_ms, "window_ms"}, {&A_texts, "texts"}, {&A_ts, "ts"},
         {&A_payload, "payload"}, {&A_text, "text"}, {&A_first_seq, "first_seq"}, {&A_end_ms, "end_ms"},
         {&A_stream, "stream"}, {&A_streams, "_streams"}, {&A_parents, "parents"}, {&A_ended, "_ended"},
-        {&M_admit, "_admit"}, {&M_one, "_one"}, {&M_feed_into, "feed_into"},
+        {&M_admit, "_admit"}, {&M_one, "_one"}, {&M_feed_into, "feed_into"}, {&M_sort, "sort"},
+        {&EMPTY, ""},
     };
     for (size_t i = 0; i < sizeof(names) / sizeof(names[0]); i++) {
         if ((*names[i].slot = PyUnicode_InternFromString(names[i].text)) == NULL) return -1;
@@ -62,60 +64,68 @@ static int intern_all(void) {
     KW_window = PyTuple_Pack(4, A_first_seq, A_last_seq, A_end_ms, A_ts);
     KW_copy = PyTuple_Pack(5, A_seq, A_run_id, A_child_ref, A_parent_id, A_root_id);
     KW_seq = PyTuple_Pack(1, A_seq);
-    return KW_output && KW_window && KW_copy && KW_seq ? 0 : -1;
+    PyObject *key = PyUnicode_InternFromString("key"), *span = PyUnicode_InternFromString("span");
+    KW_key = key == NULL ? NULL : PyTuple_Pack(1, key);
+    KW_text = PyTuple_Pack(1, A_text);
+    KW_shaped = span == NULL ? NULL : PyTuple_Pack(3, A_ts, A_payload, span);
+    Py_XDECREF(key), Py_XDECREF(span);
+    return KW_output && KW_window && KW_copy && KW_seq && KW_key && KW_text && KW_shaped ? 0 : -1;
 }
 
 /* ---- a field in its slot ----
- * A msgspec Struct's field and a __slots__ attribute are member descriptors over an object slot;
- * the offset, looked up once per (type, name), reads and writes it as GetAttr and SetAttr would,
- * without the look-up through the type's MRO each time. Anything else goes through GetAttr and
- * SetAttr. A write of an object the collector tracks also goes through SetAttr: msgspec starts
- * tracking a Struct that comes to hold one. */
-typedef struct { PyTypeObject *type; PyObject *name; Py_ssize_t offset; } Slot;
-static Slot SLOTS[1024];
+ * A msgspec Struct's field and a __slots__ attribute are member descriptors over an object slot.
+ * Each field read here is a Field: its name, the type it belongs to (an event's: Envelope, which
+ * every event type extends) and its offset there, found once (setup). An object of that type is
+ * read and written in the slot, without the look-up through its type's MRO; anything else (or an
+ * empty slot) goes through GetAttr and SetAttr. A write of an object the collector tracks also goes
+ * through SetAttr: msgspec starts tracking a Struct that comes to hold one. */
+typedef struct { PyObject **name; PyTypeObject *type; Py_ssize_t offset; int exact; } Field;
+static Field TD_payload = {&A_payload}, RD_payload = {&A_payload}, PL_text = {&A_text};
+static Field CO_fed = {&A_fed}, CO_first_end = {&A_first_end}, CO_floor = {&A_floor},
+    CO_state = {&A_state}, CO_texts = {&A_texts}, CO_window_ms = {&A_window_ms},
+    EV_child_ref = {&A_child_ref}, EV_parent_id = {&A_parent_id},
+    EV_root_id = {&A_root_id}, EV_run_id = {&A_run_id}, EV_seq = {&A_seq}, EV_tenant = {&A_tenant},
+    EV_ts = {&A_ts}, OUT_raw = {&A_raw}, OUT_shaped = {&A_shaped}, SH_clock = {&A_clock},
+    SH_closes = {&A_closes}, SH_held = {&A_held}, SH_windows = {&A_windows},
+    SS_ancestors = {&A_ancestors}, SS_last_seq = {&A_last_seq}, SS_owned = {&A_owned},
+    SS_sources = {&A_sources}, SS_tenant = {&A_tenant}, SS_terminal = {&A_terminal},
+    ST_coalescer = {&A_coalescer}, ST_last_activity = {&A_last_activity}, ST_output = {&A_output},
+    ST_route = {&A_route}, ST_run_id = {&A_run_id}, ST_state = {&A_state},
+    WIN_end_ms = {&A_end_ms}, WIN_first_seq = {&A_first_seq}, WIN_last_seq = {&A_last_seq},
+    WIN_ts = {&A_ts};
 
-static inline Slot *slot_of(PyObject *obj, PyObject *name) {
+static inline PyObject **slot(PyObject *obj, const Field *f) {
     PyTypeObject *t = Py_TYPE(obj);
-    uint64_t mixed = ((uint64_t)(uintptr_t)t ^ ((uint64_t)(uintptr_t)name << 1)) * 0x9E3779B97F4A7C15ULL;
-    Slot *e = &SLOTS[mixed >> 54];  /* (the top 10 bits of a Fibonacci hash: 1,024 entries) */
-    if (e->type != t || e->name != name) {
-        Py_ssize_t offset = -1;
-        PyObject *d = t->tp_getattro == PyObject_GenericGetAttr ? _PyType_Lookup(t, name) : NULL;
-        if (d != NULL && Py_IS_TYPE(d, &PyMemberDescr_Type)) {
-            PyMemberDef *m = ((PyMemberDescrObject *)d)->d_member;
-            if (m->type == T_OBJECT_EX && !(m->flags & READONLY)) offset = m->offset;
-        }
-        Py_INCREF(t);  /* kept while its entry is: an address reused by another type never matches */
-        Py_XDECREF(e->type);
-        e->type = t, e->name = name, e->offset = offset;
-    }
-    return e;
+    if (f->offset < 0 || (t != f->type && (f->exact || (t->tp_base != f->type && !PyType_IsSubtype(t, f->type)))))
+        return NULL;
+    return (PyObject **)((char *)obj + f->offset);
 }
 
-static PyObject *get(PyObject *obj, PyObject *name) {  /* a new reference */
-    Slot *e = slot_of(obj, name);
-    if (e->offset >= 0) {
-        PyObject *value = *(PyObject **)((char *)obj + e->offset);
-        if (value != NULL) return Py_NewRef(value);
-    }
-    return PyObject_GetAttr(obj, name);
+static inline PyObject *get(PyObject *obj, const Field *f) {  /* a new reference */
+    PyObject **where = slot(obj, f);
+    if (where != NULL && *where != NULL) return Py_NewRef(*where);
+    return PyObject_GetAttr(obj, *f->name);
 }
 
-static int set(PyObject *obj, PyObject *name, PyObject *value) {
-    Slot *e = slot_of(obj, name);
-    if (e->offset >= 0 && !PyObject_IS_GC(value)) {
-        PyObject **where = (PyObject **)((char *)obj + e->offset);
+static int set(PyObject *obj, const Field *f, PyObject *value) {
+    PyObject **where = slot(obj, f);
+    if (where != NULL && !PyObject_IS_GC(value)) {
         PyObject *old = *where;
         *where = Py_NewRef(value);
         Py_XDECREF(old);
         return 0;
     }
-    return PyObject_SetAttr(obj, name, value);
+    return PyObject_SetAttr(obj, *f->name, value);
+}
+
+static PyObject *attr(PyObject *obj, PyObject *name) {  /* any other attribute (a new reference) */
+    return PyObject_GetAttr(obj, name);
 }
 
 /* An int field as a C integer; -1 with an error set (not an int, or past 64 bits) */
-static int get_long(PyObject *obj, PyObject *name, long long *out) {
-    PyObject *value = get(obj, name);
+static int get_long(PyObject *obj, const Field *f, long long *out) {
+    PyObject **where = slot(obj, f);
+    PyObject *value = where != NULL && *where != NULL ? Py_NewRef(*where) : PyObject_GetAttr(obj, *f->name);
     if (value == NULL) return -1;
     int overflow = 0;
     *out = PyLong_Check(value) ? PyLong_AsLongLongAndOverflow(value, &overflow) : -1;
@@ -123,6 +133,71 @@ static int get_long(PyObject *obj, PyObject *name, long long *out) {
     Py_DECREF(value);
     if (failed && !PyErr_Occurred()) PyErr_SetString(PyExc_OverflowError, "not a 64-bit int");
     return failed ? -1 : 0;
+}
+
+/* Each Field's type and offset, from the types setup() is given */
+static int find_fields(PyObject *types) {
+    struct { Field *field; const char *type; int exact; } all[] = {
+        {&CO_fed, "coalescer", 1},
+        {&CO_first_end, "coalescer", 1},
+        {&CO_floor, "coalescer", 1},
+        {&CO_state, "coalescer", 1},
+        {&CO_texts, "coalescer", 1},
+        {&CO_window_ms, "coalescer", 1},
+        {&EV_child_ref, "envelope", 0},
+        {&EV_parent_id, "envelope", 0},
+        {&TD_payload, "text_delta", 1},
+        {&RD_payload, "reasoning_delta", 1},
+        {&PL_text, "text_payload", 1},
+        {&EV_root_id, "envelope", 0},
+        {&EV_run_id, "envelope", 0},
+        {&EV_seq, "envelope", 0},
+        {&EV_tenant, "envelope", 0},
+        {&EV_ts, "envelope", 0},
+        {&OUT_raw, "output", 1},
+        {&OUT_shaped, "output", 1},
+        {&SH_clock, "shaper_state", 1},
+        {&SH_closes, "shaper_state", 1},
+        {&SH_held, "shaper_state", 1},
+        {&SH_windows, "shaper_state", 1},
+        {&SS_ancestors, "sequencer_state", 1},
+        {&SS_last_seq, "sequencer_state", 1},
+        {&SS_owned, "sequencer_state", 1},
+        {&SS_sources, "sequencer_state", 1},
+        {&SS_tenant, "sequencer_state", 1},
+        {&SS_terminal, "sequencer_state", 1},
+        {&ST_coalescer, "stream", 1},
+        {&ST_last_activity, "stream", 1},
+        {&ST_output, "stream", 1},
+        {&ST_route, "stream", 1},
+        {&ST_run_id, "stream", 1},
+        {&ST_state, "stream", 1},
+        {&WIN_end_ms, "window", 1},
+        {&WIN_first_seq, "window", 1},
+        {&WIN_last_seq, "window", 1},
+        {&WIN_ts, "window", 1},
+    };
+    for (size_t i = 0; i < sizeof(all) / sizeof(all[0]); i++) {
+        Field *f = all[i].field;
+        PyObject *type = PyDict_GetItemString(types, all[i].type);
+        if (type == NULL || !PyType_Check(type)) {
+            PyErr_Format(PyExc_TypeError, "setup() names the type %s", all[i].type);
+            return -1;
+        }
+        PyObject *d = _PyType_Lookup((PyTypeObject *)type, *f->name);
+        f->offset = -1;
+        if (d != NULL && Py_IS_TYPE(d, &PyMemberDescr_Type)) {
+            PyMemberDef *m = ((PyMemberDescrObject *)d)->d_member;
+            if (m->type == T_OBJECT_EX && !(m->flags & READONLY)) f->offset = m->offset;
+        }
+        if (f->offset < 0 || ((PyTypeObject *)type)->tp_getattro != PyObject_GenericGetAttr) {
+            PyErr_Format(PyExc_TypeError, "%s.%U is not a field in a slot", all[i].type, *f->name);
+            return -1;
+        }
+        Py_XSETREF(f->type, (PyTypeObject *)Py_NewRef(type));
+        f->exact = all[i].exact;
+    }
+    return 0;
 }
 
 static int equal(PyObject *a, PyObject *b) {
@@ -137,37 +212,208 @@ static inline Py_ssize_t size_of(PyObject *container) {
 
 /* ---- the steps: each returns 0 done here, 1 left to its Python code (nothing changed), -1 error */
 
-/* DeltaCoalescer.feed_into(event, out), its usual cases */
+/* ---- shaping's windows (DeltaCoalescer) ---- */
+
+/* list.sort(key=last_seq), in place: Python's own (stable) sort */
+static int sort_by_last_seq(PyObject *list) {
+    PyObject *args[] = {list, F_last_seq};
+    PyObject *r = PyObject_VectorcallMethod(M_sort, args, 1, KW_key);
+    Py_XDECREF(r);
+    return r == NULL ? -1 : 0;
+}
+
+/* The earliest end of the open windows (_first_end) */
+static PyObject *first_end_of(PyObject *windows) {
+    PyObject *key, *window, *best = NULL;
+    long long least = 0;
+    Py_ssize_t pos = 0;
+    while (PyDict_Next(windows, &pos, &key, &window)) {
+        long long end;
+        if (get_long(window, &WIN_end_ms, &end) < 0) { Py_XDECREF(best); return NULL; }
+        if (best == NULL || end < least) {
+            Py_XSETREF(best, get(window, &WIN_end_ms));
+            if (best == NULL) return NULL;
+            least = end;
+        }
+    }
+    return best == NULL ? Py_NewRef(NO_END) : best;
+}
+
+/* _send (and _shaped): a window's shaped event, out unless the shaped view has it */
+static int send(PyObject *co, PyObject *window, PyObject *out) {
+    PyObject *first = NULL, *texts = NULL, *list = NULL, *last = NULL, *last_seq = NULL, *text = NULL,
+             *ts = NULL, *payload = NULL, *span = NULL, *shaped = NULL, *start = NULL;
+    int rc = -1;
+    if ((first = get(window, &WIN_first_seq)) == NULL || (texts = get(co, &CO_texts)) == NULL) goto done;
+    if ((list = PyObject_GetItem(texts, first)) == NULL || PyObject_DelItem(texts, first) < 0) goto done;
+    long long window_last, floor;
+    if (get_long(window, &WIN_last_seq, &window_last) < 0 || get_long(co, &CO_floor, &floor) < 0) goto done;
+    if (window_last <= floor) { rc = 0; goto done; }  /* (a successor's replay: sent before) */
+    if (!PyList_CheckExact(list) || PyList_GET_SIZE(list) < 2) {
+        PyErr_SetString(PyExc_TypeError, "a window's texts are its newest delta and its texts");
+        goto done;
+    }
+    last = Py_NewRef(PyList_GET_ITEM(list, 0));
+    if (PyList_GET_SIZE(list) == 2) {
+        text = Py_NewRef(PyList_GET_ITEM(list, 1));
+    } else {
+        PyObject *parts = PyList_GetSlice(list, 1, PyList_GET_SIZE(list));
+        text = parts == NULL ? NULL : PyUnicode_Join(EMPTY, parts);
+        Py_XDECREF(parts);
+        if (text == NULL) goto done;
+    }
+    if ((start = PyLong_FromLongLong(floor + 1)) == NULL || (last_seq = get(last, &EV_seq)) == NULL
+        || set(co, &CO_floor, last_seq) < 0) goto done;
+    if ((ts = get(window, &WIN_ts)) == NULL) goto done;
+    int opened = PyObject_IsTrue(ts);
+    if (opened < 0) goto done;
+    if (!opened) {
+        Py_SETREF(ts, get(last, &EV_ts));
+        if (ts == NULL) goto done;
+    }
+    PyObject *payload_args[] = {text};
+    if ((payload = PyObject_Vectorcall(T_text_payload, payload_args, 0, KW_text)) == NULL) goto done;
+    if ((span = PyTuple_Pack(2, start, last_seq)) == NULL) goto done;
+    PyObject *args[] = {last, ts, payload, span};
+    if ((shaped = PyObject_Vectorcall(F_replace, args, 1, KW_shaped)) == NULL) goto done;
+    rc = PyList_Append(out, shaped);
+done:
+    Py_XDECREF(first), Py_XDECREF(texts), Py_XDECREF(list), Py_XDECREF(last), Py_XDECREF(last_seq);
+    Py_XDECREF(text), Py_XDECREF(ts), Py_XDECREF(payload), Py_XDECREF(span), Py_XDECREF(shaped);
+    Py_XDECREF(start);
+    return rc;
+}
+
+/* _expire: the open windows that end by clock move to held, in last-seq order */
+static int expire(PyObject *co, PyObject *windows, PyObject *held, long long clock) {
+    PyObject *due = PyList_New(0), *key, *window;
+    if (due == NULL) return -1;
+    Py_ssize_t pos = 0;
+    int rc = -1;
+    while (PyDict_Next(windows, &pos, &key, &window)) {
+        long long end;
+        if (get_long(window, &WIN_end_ms, &end) < 0) goto done;
+        if (end <= clock && PyList_Append(due, key) < 0) goto done;
+    }
+    if (PyList_GET_SIZE(due) == 0) { rc = 0; goto done; }
+    for (Py_ssize_t i = 0; i < PyList_GET_SIZE(due); i++) {
+        PyObject *closed = PyObject_GetItem(windows, PyList_GET_ITEM(due, i));
+        int failed = closed == NULL || PyObject_DelItem(windows, PyList_GET_ITEM(due, i)) < 0
+                     || PyList_Append(held, closed) < 0;
+        Py_XDECREF(closed);
+        if (failed) goto done;
+    }
+    if (sort_by_last_seq(held) < 0) goto done;
+    PyObject *first = first_end_of(windows);
+    rc = first == NULL ? -1 : set(co, &CO_first_end, first);
+    Py_XDECREF(first);
+done:
+    Py_DECREF(due);
+    return rc;
+}
+
+/* _release: the held windows that end before every open one, sent (so seq keeps increasing) */
+static int release(PyObject *co, PyObject *windows, PyObject *held, PyObject *out) {
+    PyObject *key, *window;
+    Py_ssize_t pos = 0, count = 0;
+    long long bound = 0;
+    int bounded = 0;
+    while (PyDict_Next(windows, &pos, &key, &window)) {
+        long long last;
+        if (get_long(window, &WIN_last_seq, &last) < 0) return -1;
+        if (!bounded || last < bound) bound = last, bounded = 1;
+    }
+    if (!bounded) {
+        count = PyList_GET_SIZE(held);
+    } else {
+        for (; count < PyList_GET_SIZE(held); count++) {
+            long long last;
+            if (get_long(PyList_GET_ITEM(held, count), &WIN_last_seq, &last) < 0) return -1;
+            if (last >= bound) break;
+        }
+    }
+    if (count == 0) return 0;
+    PyObject *sending = PyList_GetSlice(held, 0, count);
+    if (sending == NULL) return -1;
+    int rc = 0;
+    for (Py_ssize_t i = 0; rc == 0 && i < count; i++) rc = send(co, PyList_GET_ITEM(sending, i), out);
+    Py_DECREF(sending);
+    return rc < 0 ? -1 : PyList_SetSlice(held, 0, count, NULL);
+}
+
+/* _emit_all: every window, held or open, sent in last-seq order */
+static int emit_all(PyObject *co, PyObject *state, PyObject *windows, PyObject *held, PyObject *out) {
+    PyObject *closing = PyList_GetSlice(held, 0, PyList_GET_SIZE(held)), *values = NULL, *fresh_held = NULL,
+             *fresh_windows = NULL;
+    int rc = -1;
+    if (closing == NULL || (values = PyDict_Values(windows)) == NULL) goto done;
+    if (PyList_SetSlice(closing, PyList_GET_SIZE(closing), PyList_GET_SIZE(closing), values) < 0) goto done;
+    if (sort_by_last_seq(closing) < 0) goto done;
+    if ((fresh_held = PyList_New(0)) == NULL || (fresh_windows = PyDict_New()) == NULL) goto done;
+    if (set(state, &SH_held, fresh_held) < 0 || set(state, &SH_windows, fresh_windows) < 0
+        || set(co, &CO_first_end, NO_END) < 0) goto done;
+    for (Py_ssize_t i = 0; i < PyList_GET_SIZE(closing); i++) {
+        if (send(co, PyList_GET_ITEM(closing, i), out) < 0) goto done;
+    }
+    rc = 0;
+done:
+    Py_XDECREF(closing), Py_XDECREF(values), Py_XDECREF(fresh_held), Py_XDECREF(fresh_windows);
+    return rc;
+}
+
+/* windows.get(child + suffix) (child NULL: suffix), without making the key: a stream has a
+ * window or a few open, whose keys are compared in place (0, *window a new reference or NULL) */
+static int window_of(PyObject *windows, PyObject *child, PyObject *suffix, PyObject **window) {
+    PyObject *key, *value;
+    Py_ssize_t pos = 0, head = child == NULL ? 0 : PyUnicode_GET_LENGTH(child);
+    Py_ssize_t length = head + PyUnicode_GET_LENGTH(suffix);
+    *window = NULL;
+    if (child != NULL && !PyUnicode_CheckExact(child)) {
+        PyErr_SetString(PyExc_TypeError, "a child_ref is a str");
+        return -1;
+    }
+    while (PyDict_Next(windows, &pos, &key, &value)) {
+        if (!PyUnicode_CheckExact(key) || PyUnicode_GET_LENGTH(key) != length) continue;
+        Py_ssize_t same = key == suffix ? 1 : PyUnicode_Tailmatch(key, suffix, head, length, 1);
+        if (same > 0 && child != NULL) same = PyUnicode_Tailmatch(key, child, 0, head, -1);
+        if (same < 0) return -1;
+        if (same) {
+            *window = Py_NewRef(value);
+            return 0;
+        }
+    }
+    return 0;
+}
+
+/* DeltaCoalescer.feed_into(event, out), but for a hole in the input or closes to replay */
 static int feed(PyObject *co, PyObject *event, PyObject *out, long long seq, PyObject *seq_obj) {
     PyObject *state = NULL, *fed = NULL, *windows = NULL, *held = NULL, *closes = NULL, *ts = NULL,
              *window = NULL, *key = NULL, *child = NULL, *texts = NULL, *list = NULL, *payload = NULL,
              *text = NULL;
     int rc = -1;
-    if ((state = get(co, A_state)) == NULL || (fed = get(co, A_fed)) == NULL) goto done;
-    long long fed_n = 0;
+    if ((state = get(co, &CO_state)) == NULL || (fed = get(co, &CO_fed)) == NULL) goto done;
     if (fed != Py_None) {
         int overflow = 0;
-        fed_n = PyLong_AsLongLongAndOverflow(fed, &overflow);
+        long long fed_n = PyLong_AsLongLongAndOverflow(fed, &overflow);
         if (overflow || (fed_n == -1 && PyErr_Occurred()) || seq > fed_n + 1) { PyErr_Clear(); rc = 1; goto done; }
     }
     PyTypeObject *type = Py_TYPE(event);
     PyObject *suffix = type == (PyTypeObject *)T_text ? S_text : type == (PyTypeObject *)T_reasoning ? S_reasoning : NULL;
-    if ((windows = get(state, A_windows)) == NULL || (held = get(state, A_held)) == NULL
-        || (closes = get(state, A_closes)) == NULL) goto done;
-    Py_ssize_t open = size_of(windows), waiting = size_of(held), replays = size_of(closes);
-    if (open < 0 || waiting < 0 || replays < 0) goto done;
-    if (suffix == NULL) {  /* not a delta (§4 R3): the event itself */
-        if (open || waiting || replays) { rc = 1; goto done; }
-        if (fed != Py_None && set(co, A_fed, seq_obj) < 0) goto done;
-        if (set(state, A_clock, ZERO) < 0) goto done;
+    if ((windows = get(state, &SH_windows)) == NULL || (held = get(state, &SH_held)) == NULL
+        || (closes = get(state, &SH_closes)) == NULL) goto done;
+    if (!PyDict_CheckExact(windows) || !PyList_CheckExact(held) || !PyDict_CheckExact(closes)
+        || PyDict_GET_SIZE(closes)) { rc = 1; goto done; }  /* (closes to replay: feed_into's) */
+    if (suffix == NULL) {  /* not a delta (§4 R3): flush, then the event itself */
+        if (fed != Py_None && set(co, &CO_fed, seq_obj) < 0) goto done;
+        if ((PyDict_GET_SIZE(windows) || PyList_GET_SIZE(held)) && emit_all(co, state, windows, held, out) < 0) goto done;
+        if (set(state, &SH_clock, ZERO) < 0) goto done;
         long long floor;
-        if (get_long(co, A_floor, &floor) < 0) goto done;
-        if (seq > floor && (PyList_Append(out, event) < 0 || set(co, A_floor, seq_obj) < 0)) goto done;
+        if (get_long(co, &CO_floor, &floor) < 0) goto done;
+        if (seq > floor && (PyList_Append(out, event) < 0 || set(co, &CO_floor, seq_obj) < 0)) goto done;
         rc = 0;
         goto done;
     }
-    if (waiting || replays) { rc = 1; goto done; }
-    if ((ts = get(event, A_ts)) == NULL) goto done;
+    if ((ts = get(event, &EV_ts)) == NULL) goto done;
     PyObject *millis = PyUnicode_CheckExact(ts) ? PyDict_GetItemWithError(TS_CACHE, ts) : NULL;
     if (millis == NULL) {  /* (ts_ms parses it, or says why not) */
         if (PyErr_Occurred()) goto done;
@@ -178,23 +424,28 @@ static int feed(PyObject *co, PyObject *event, PyObject *out, long long seq, PyO
     int overflow = 0;
     now = PyLong_AsLongLongAndOverflow(millis, &overflow);
     if (overflow || (now == -1 && PyErr_Occurred())) { PyErr_Clear(); rc = 1; goto done; }
-    if (get_long(state, A_clock, &clock) < 0 || get_long(co, A_first_end, &first_end) < 0) goto done;
-    if (now > clock) clock = now;
-    if (first_end <= clock) { rc = 1; goto done; }  /* a window is due to close */
+    if (get_long(state, &SH_clock, &clock) < 0) goto done;
     /* from here on it is this step's */
-    if (fed != Py_None && set(co, A_fed, seq_obj) < 0) goto done;
-    if (clock == now && set(state, A_clock, millis) < 0) goto done;
-    if ((child = get(event, A_child_ref)) == NULL) goto done;
+    if (fed != Py_None && set(co, &CO_fed, seq_obj) < 0) goto done;
+    if (now > clock) {
+        clock = now;
+        if (set(state, &SH_clock, millis) < 0) goto done;
+    }
+    if (get_long(co, &CO_first_end, &first_end) < 0) goto done;
+    if (first_end <= clock) {
+        if (expire(co, windows, held, clock) < 0 || get_long(co, &CO_first_end, &first_end) < 0) goto done;
+    }
+    if ((child = get(event, &EV_child_ref)) == NULL) goto done;
     int named = child != UNSET && child != Py_None && PyObject_IsTrue(child);
     if (named < 0) goto done;
-    key = named ? PyUnicode_Concat(child, suffix) : Py_NewRef(suffix);
-    if (key == NULL) goto done;
-    if ((texts = get(co, A_texts)) == NULL || (payload = get(event, A_payload)) == NULL
-        || (text = get(payload, A_text)) == NULL) goto done;
-    window = PyDict_CheckExact(windows) ? Py_XNewRef(PyDict_GetItemWithError(windows, key)) : NULL;
-    if (window == NULL && PyErr_Occurred()) goto done;
+    if ((texts = get(co, &CO_texts)) == NULL
+        || (payload = get(event, suffix == S_text ? &TD_payload : &RD_payload)) == NULL
+        || (text = get(payload, &PL_text)) == NULL) goto done;
+    if (window_of(windows, named ? child : NULL, suffix, &window) < 0) goto done;
     if (window == NULL) {
-        if (get_long(co, A_window_ms, &window_ms) < 0) goto done;
+        key = named ? PyUnicode_Concat(child, suffix) : Py_NewRef(suffix);
+        if (key == NULL) goto done;
+        if (get_long(co, &CO_window_ms, &window_ms) < 0) goto done;
         long long end_ms = clock + window_ms;
         PyObject *opened_ts = now == clock ? Py_NewRef(ts) : NULL;
         if (opened_ts == NULL) {
@@ -213,12 +464,12 @@ static int feed(PyObject *co, PyObject *event, PyObject *out, long long seq, PyO
         if (list == NULL) { Py_DECREF(end); goto done; }
         PyList_SET_ITEM(list, 0, Py_NewRef(event));
         PyList_SET_ITEM(list, 1, Py_NewRef(text));
-        int failed = PyDict_SetItem(texts, seq_obj, list) < 0 || (end_ms < first_end && set(co, A_first_end, end) < 0);
+        int failed = PyDict_SetItem(texts, seq_obj, list) < 0 || (end_ms < first_end && set(co, &CO_first_end, end) < 0);
         Py_DECREF(end);
         if (failed) goto done;
     } else {
-        if (set(window, A_last_seq, seq_obj) < 0) goto done;
-        PyObject *first = get(window, A_first_seq);
+        if (set(window, &WIN_last_seq, seq_obj) < 0) goto done;
+        PyObject *first = get(window, &WIN_first_seq);
         if (first == NULL) goto done;
         list = PyObject_GetItem(texts, first);
         Py_DECREF(first);
@@ -230,12 +481,37 @@ static int feed(PyObject *co, PyObject *event, PyObject *out, long long seq, PyO
         Py_SETREF(PyList_GET_ITEM(list, 0), Py_NewRef(event));  /* (a list's item: SETREF keeps the count) */
         if (PyList_Append(list, text) < 0) goto done;
     }
+    if (PyList_GET_SIZE(held) && release(co, windows, held, out) < 0) goto done;
     rc = 0;
 done:
     Py_XDECREF(state), Py_XDECREF(fed), Py_XDECREF(windows), Py_XDECREF(held), Py_XDECREF(closes);
     Py_XDECREF(ts), Py_XDECREF(window), Py_XDECREF(key), Py_XDECREF(child), Py_XDECREF(texts);
     Py_XDECREF(list), Py_XDECREF(payload), Py_XDECREF(text);
     return rc;
+}
+
+/* replace(event, seq=, run_id=, child_ref=, parent_id=, root_id=): a fan-in copy. msgspec's
+ * __copy__ (every slot, the collector's tracking as the event's) and the five written in their
+ * slots, none of them an object the collector tracks: what replace() makes, without its
+ * keyword matching */
+static PyCFunction COPY;
+
+static PyObject *copied(PyObject *event, PyObject *seq, PyObject *run_id, PyObject *child_ref,
+                        PyObject *parent_id, PyObject *root_id) {
+    if (COPY == NULL || slot(event, &EV_seq) == NULL) {
+        PyObject *args[] = {event, seq, run_id, child_ref, parent_id, root_id};
+        return PyObject_Vectorcall(F_replace, args, 1, KW_copy);
+    }
+    PyObject *copy = COPY(event, NULL);
+    if (copy == NULL) return NULL;
+    if (Py_TYPE(copy) != Py_TYPE(event) || set(copy, &EV_seq, seq) < 0 || set(copy, &EV_run_id, run_id) < 0
+        || set(copy, &EV_child_ref, child_ref) < 0 || set(copy, &EV_parent_id, parent_id) < 0
+        || set(copy, &EV_root_id, root_id) < 0) {
+        if (!PyErr_Occurred()) PyErr_SetString(PyExc_TypeError, "__copy__ made another type");
+        Py_DECREF(copy);
+        return NULL;
+    }
+    return copy;
 }
 
 typedef struct {
@@ -249,17 +525,17 @@ static int admit(Batch *b, PyObject *stream, PyObject *event, PyObject *publishe
     PyObject *state = NULL, *terminal = NULL, *run_id = NULL, *output = NULL, *sources = NULL,
              *seq_obj = NULL, *admitted = NULL, *raw = NULL, *shaped = NULL, *co = NULL;
     int rc = -1, python = 0;
-    if ((state = get(stream, A_state)) == NULL || (terminal = get(state, A_terminal)) == NULL) goto done;
+    if ((state = get(stream, &ST_state)) == NULL || (terminal = get(state, &SS_terminal)) == NULL) goto done;
     if (terminal != Py_False) { python = 1; goto done; }
-    if ((run_id = get(stream, A_run_id)) == NULL || (output = get(stream, A_output)) == NULL) goto done;
+    if ((run_id = get(stream, &ST_run_id)) == NULL || (output = get(stream, &ST_output)) == NULL) goto done;
     if (output == Py_None) {
         Py_DECREF(output);
         PyObject *args[] = {run_id, stream};
         if ((output = PyObject_Vectorcall(T_output, args, 0, KW_output)) == NULL) goto done;
-        if (set(stream, A_output, output) < 0 || PyDict_SetItem(b->outputs, run_id, output) < 0) goto done;
+        if (set(stream, &ST_output, output) < 0 || PyDict_SetItem(b->outputs, run_id, output) < 0) goto done;
     }
     if (published_n) {
-        if ((sources = get(state, A_sources)) == NULL) goto done;
+        if ((sources = get(state, &SS_sources)) == NULL) goto done;
         if (!PyDict_CheckExact(sources)) { python = 1; goto done; }
         PyObject *last = PyDict_GetItemWithError(sources, source);
         long long last_n = 0;
@@ -276,21 +552,20 @@ static int admit(Batch *b, PyObject *stream, PyObject *event, PyObject *publishe
         if (published_n != last_n + 1) { python = 1; goto done; }  /* a duplicate or a gap */
         if (PyDict_SetItem(sources, source, published) < 0) goto done;
     }
-    if (set(stream, A_last_activity, b->now) < 0) goto done;
+    if (set(stream, &ST_last_activity, b->now) < 0) goto done;
     long long seq;
-    if (get_long(state, A_last_seq, &seq) < 0) goto done;
-    if ((seq_obj = PyLong_FromLongLong(++seq)) == NULL || set(state, A_last_seq, seq_obj) < 0) goto done;
+    if (get_long(state, &SS_last_seq, &seq) < 0) goto done;
+    if ((seq_obj = PyLong_FromLongLong(++seq)) == NULL || set(state, &SS_last_seq, seq_obj) < 0) goto done;
     if (copy) {
-        PyObject *args[] = {event, seq_obj, run_id, source, parent_id, root_id};
-        admitted = PyObject_Vectorcall(F_replace, args, 1, KW_copy);
+        admitted = copied(event, seq_obj, run_id, source, parent_id, root_id);
     } else if (b->in_place) {
-        admitted = set(event, A_seq, seq_obj) < 0 ? NULL : Py_NewRef(event);
+        admitted = set(event, &EV_seq, seq_obj) < 0 ? NULL : Py_NewRef(event);
     } else {
         PyObject *args[] = {event, seq_obj};
         admitted = PyObject_Vectorcall(F_replace, args, 1, KW_seq);
     }
-    if (admitted == NULL || (raw = get(output, A_raw)) == NULL || PyList_Append(raw, admitted) < 0) goto done;
-    if ((shaped = get(output, A_shaped)) == NULL || (co = get(stream, A_coalescer)) == NULL) goto done;
+    if (admitted == NULL || (raw = get(output, &OUT_raw)) == NULL || PyList_Append(raw, admitted) < 0) goto done;
+    if ((shaped = get(output, &OUT_shaped)) == NULL || (co = get(stream, &ST_coalescer)) == NULL) goto done;
     if (!PyList_CheckExact(shaped)) {
         PyErr_SetString(PyExc_TypeError, "a stream output's shaped events are a list");
         goto done;
@@ -317,12 +592,12 @@ done:
 
 /* A stream's state owned by this tenant: 1 yes, 0 no (or unknown), -1 error */
 static int owned_by(PyObject *state, PyObject *tenant) {
-    PyObject *owned = get(state, A_owned);
+    PyObject *owned = get(state, &SS_owned);
     if (owned == NULL) return -1;
     int yes = owned == Py_True;
     Py_DECREF(owned);
     if (!yes) return 0;
-    PyObject *theirs = get(state, A_tenant);
+    PyObject *theirs = get(state, &SS_tenant);
     if (theirs == NULL) return -1;
     int same = equal(theirs, tenant);
     Py_DECREF(theirs);
@@ -331,13 +606,13 @@ static int owned_by(PyObject *state, PyObject *tenant) {
 
 /* Processor._one(event, outputs, now) */
 static int one(Batch *b, PyObject *streams, PyObject *parents, PyObject *event) {
-    PyObject *run_id = NULL, *own = NULL, *tenant = NULL, *state = NULL, *ref = NULL, *parent = NULL,
+    PyObject *run_id = NULL, *source = NULL, *own = NULL, *tenant = NULL, *state = NULL, *ref = NULL, *parent = NULL,
              *route = NULL, *version = NULL, *root_id = NULL, *ancestors = NULL, *held = NULL,
              *published = NULL;
     int rc = -1, python = 0;
     PyTypeObject *type = Py_TYPE(event);
     if (type == (PyTypeObject *)T_spawn) { python = 1; goto done; }
-    if ((run_id = get(event, A_run_id)) == NULL) goto done;
+    if ((run_id = get(event, &EV_run_id)) == NULL) goto done;
     own = PyDict_GetItemWithError(streams, run_id);
     if (own == NULL) {
         if (PyErr_Occurred()) goto done;
@@ -345,15 +620,16 @@ static int one(Batch *b, PyObject *streams, PyObject *parents, PyObject *event) 
         goto done;
     }
     Py_INCREF(own);
-    if ((tenant = get(event, A_tenant)) == NULL || (state = get(own, A_state)) == NULL) goto done;
+    if ((tenant = get(event, &EV_tenant)) == NULL || (state = get(own, &ST_state)) == NULL) goto done;
+    if ((source = get(own, &ST_run_id)) == NULL) goto done;  /* (the stream's own str: equal, its hash kept) */
     int owner = owned_by(state, tenant);
     if (owner <= 0) { python = owner == 0; goto done; }
-    if ((ref = get(event, A_child_ref)) == NULL || (parent = get(event, A_parent_id)) == NULL) goto done;
+    if ((ref = get(event, &EV_child_ref)) == NULL || (parent = get(event, &EV_parent_id)) == NULL) goto done;
     if (ref != UNSET && ref != Py_None) { python = 1; goto done; }
     if (parent != Py_None) {
-        if ((route = get(own, A_route)) == NULL) goto done;
+        if ((route = get(own, &ST_route)) == NULL) goto done;
         if (!PyTuple_CheckExact(route) || PyTuple_GET_SIZE(route) != 5) { python = 1; goto done; }
-        if ((version = get(parents, A_version)) == NULL || (root_id = get(event, A_root_id)) == NULL) goto done;
+        if ((version = attr(parents, A_version)) == NULL || (root_id = get(event, &EV_root_id)) == NULL) goto done;
         int same = equal(PyTuple_GET_ITEM(route, 3), version);
         if (same > 0) same = equal(PyTuple_GET_ITEM(route, 0), parent);
         if (same > 0) same = equal(PyTuple_GET_ITEM(route, 1), root_id);
@@ -368,21 +644,21 @@ static int one(Batch *b, PyObject *streams, PyObject *parents, PyObject *event) 
                 python = 1;
                 goto done;
             }
-            PyObject *above_state = get(above, A_state);
+            PyObject *above_state = get(above, &ST_state);
             if (above_state == NULL) goto done;
             int theirs = owned_by(above_state, tenant);
             Py_DECREF(above_state);
             if (theirs <= 0) { python = theirs == 0; goto done; }
         }
         if (PyList_GET_SIZE(ancestors)) {
-            if ((held = get(state, A_ancestors)) == NULL) goto done;
+            if ((held = get(state, &SS_ancestors)) == NULL) goto done;
             int same_chain = equal(held, ancestors);
-            if (same_chain < 0 || (!same_chain && set(state, A_ancestors, ancestors) < 0)) goto done;
+            if (same_chain < 0 || (!same_chain && set(state, &SS_ancestors, ancestors) < 0)) goto done;
         }
     }
     /* from here on it is this step's: each admission its own, or _admit's */
     long long published_n;
-    if ((published = get(event, A_seq)) == NULL) goto done;
+    if ((published = get(event, &EV_seq)) == NULL) goto done;
     int overflow = 0;
     published_n = PyLong_Check(published) ? PyLong_AsLongLongAndOverflow(published, &overflow) : -1;
     if (!PyLong_Check(published) || overflow || (published_n == -1 && PyErr_Occurred())) {
@@ -401,13 +677,13 @@ static int one(Batch *b, PyObject *streams, PyObject *parents, PyObject *event) 
             }
             Py_INCREF(stream);
             int last = i == count - 1;
-            int r = admit(b, stream, event, published, published_n, run_id,
+            int r = admit(b, stream, event, published, published_n, source,
                           last ? Py_None : PyList_GET_ITEM(ancestors, i + 1), last ? Py_None : root, 1);
             Py_DECREF(stream);
             if (r < 0) goto done;
         }
     }
-    if (admit(b, own, event, published, published_n, run_id, Py_None, Py_None, 0) < 0) goto done;
+    if (admit(b, own, event, published, published_n, source, Py_None, Py_None, 0) < 0) goto done;
     if (type == (PyTypeObject *)T_lifecycle) {
         PyObject *ends = PyObject_CallOneArg(F_is_terminal, event);
         if (ends == NULL) goto done;
@@ -415,8 +691,8 @@ static int one(Batch *b, PyObject *streams, PyObject *parents, PyObject *event) 
         Py_DECREF(ends);
         if (yes < 0) goto done;
         if (yes) {
-            PyObject *ended = get(b->processor, A_ended);
-            int failed = ended == NULL || set(state, A_terminal, Py_True) < 0 || PyList_Append(ended, own) < 0;
+            PyObject *ended = attr(b->processor, A_ended);
+            int failed = ended == NULL || set(state, &SS_terminal, Py_True) < 0 || PyList_Append(ended, own) < 0;
             Py_XDECREF(ended);
             if (failed) goto done;
         }
@@ -428,7 +704,7 @@ done:
         rc = r == NULL ? -1 : 0;
         Py_XDECREF(r);
     }
-    Py_XDECREF(run_id), Py_XDECREF(own), Py_XDECREF(tenant), Py_XDECREF(state), Py_XDECREF(ref);
+    Py_XDECREF(run_id), Py_XDECREF(source), Py_XDECREF(own), Py_XDECREF(tenant), Py_XDECREF(state), Py_XDECREF(ref);
     Py_XDECREF(parent), Py_XDECREF(route), Py_XDECREF(version), Py_XDECREF(root_id);
     Py_XDECREF(ancestors), Py_XDECREF(held), Py_XDECREF(published);
     return rc;
@@ -450,7 +726,7 @@ static PyObject *process(PyObject *module, PyObject *const *args, Py_ssize_t nar
         return NULL;
     }
     PyObject *events = PySequence_Fast(args[1], "events is a sequence");
-    PyObject *streams = get(b.processor, A_streams), *parents = get(b.processor, A_parents);
+    PyObject *streams = attr(b.processor, A_streams), *parents = attr(b.processor, A_parents);
     PyObject *failures = PyList_New(0);
     if (events == NULL || streams == NULL || parents == NULL || failures == NULL) goto fail;
     if (!PyDict_CheckExact(streams)) {
@@ -479,15 +755,23 @@ fail:
 static PyObject *setup(PyObject *module, PyObject *args, PyObject *kwargs) {
     static char *names[] = {"output", "window", "text_delta", "reasoning_delta", "child_spawn",
                             "run_lifecycle", "unset", "replace", "is_terminal", "format_millis",
-                            "ts_cache", "text_suffix", "reasoning_suffix", NULL};
-    PyObject *given[13];
-    if (!PyArg_ParseTupleAndKeywords(args, kwargs, "$OOOOOOOOOOO!UU", names, &given[0], &given[1],
+                            "ts_cache", "text_suffix", "reasoning_suffix", "text_payload", "no_end",
+                            "last_seq", "types", NULL};
+    PyObject *given[16], *types;
+    if (!PyArg_ParseTupleAndKeywords(args, kwargs, "$OOOOOOOOOOO!UUOOOO!", names, &given[0], &given[1],
                                      &given[2], &given[3], &given[4], &given[5], &given[6], &given[7],
-                                     &given[8], &given[9], &PyDict_Type, &given[10], &given[11], &given[12]))
+                                     &given[8], &given[9], &PyDict_Type, &given[10], &given[11], &given[12],
+                                     &given[13], &given[14], &given[15], &PyDict_Type, &types))
         return NULL;
+    if (find_fields(types) < 0) return NULL;
+    PyObject *copy = _PyType_Lookup(EV_seq.type, PyUnicode_InternFromString("__copy__"));
+    COPY = copy != NULL && Py_IS_TYPE(copy, &PyMethodDescr_Type)
+           && ((PyMethodDescrObject *)copy)->d_method->ml_flags == METH_NOARGS
+           ? ((PyMethodDescrObject *)copy)->d_method->ml_meth : NULL;
     PyObject **slots[] = {&T_output, &T_window, &T_text, &T_reasoning, &T_spawn, &T_lifecycle, &UNSET,
-                          &F_replace, &F_is_terminal, &F_format_millis, &TS_CACHE, &S_text, &S_reasoning};
-    for (int i = 0; i < 13; i++) Py_XSETREF(*slots[i], Py_NewRef(given[i]));
+                          &F_replace, &F_is_terminal, &F_format_millis, &TS_CACHE, &S_text, &S_reasoning,
+                          &T_text_payload, &NO_END, &F_last_seq};
+    for (int i = 0; i < 16; i++) Py_XSETREF(*slots[i], Py_NewRef(given[i]));
     Py_RETURN_NONE;
 }
 

@@ -45,11 +45,13 @@ from msgspec.structs import replace as replace_struct
 from ..core import native
 from ..core.envelope import (
     ChildSpawn,
+    Envelope,
     Event,
     ReasoningDelta,
     RunLifecycle,
     RunLifecyclePayload,
     TextDelta,
+    TextPayload,
     format_ts,
     is_terminal,
     ts_ms,
@@ -60,7 +62,16 @@ from ..core.ulid import MonotonicULID
 from .checkpoint import Checkpoint, decode_checkpoint, encode_checkpoint
 from .fanin import ANY_TENANT, Misrooted, ParentMap
 from .sequencing import Sequencer, SequencerState, owns
-from .shaping import _KEY_SUFFIX, WINDOW_MS, DeltaCoalescer, Window, format_millis
+from .shaping import (
+    _KEY_SUFFIX,
+    _NO_END,
+    WINDOW_MS,
+    DeltaCoalescer,
+    ShaperState,
+    Window,
+    _last_seq,
+    format_millis,
+)
 
 DEFAULT_SILENCE_S = 300.0
 _NONE: list[str] = []
@@ -106,11 +117,13 @@ def _load_core() -> Any:
         core.setup(output=StreamOutput, window=Window, text_delta=TextDelta, reasoning_delta=ReasoningDelta,
                    child_spawn=ChildSpawn, run_lifecycle=RunLifecycle, unset=UNSET, replace=replace_struct,
                    is_terminal=is_terminal, format_millis=format_millis, ts_cache=_TS_CACHE,
-                   text_suffix=_KEY_SUFFIX[TextDelta], reasoning_suffix=_KEY_SUFFIX[ReasoningDelta])
+                   text_suffix=_KEY_SUFFIX[TextDelta], reasoning_suffix=_KEY_SUFFIX[ReasoningDelta],
+                   text_payload=TextPayload, no_end=_NO_END, last_seq=_last_seq,
+                   types={"envelope": Envelope, "stream": _Stream, "sequencer_state": SequencerState,
+                          "coalescer": DeltaCoalescer, "shaper_state": ShaperState, "output": StreamOutput,
+                          "window": Window, "text_delta": TextDelta, "reasoning_delta": ReasoningDelta,
+                          "text_payload": TextPayload})
     return core
-
-
-CORE = _load_core()
 
 
 class ProcessorStats(msgspec.Struct, kw_only=True):
@@ -151,6 +164,9 @@ class _Stream:
             sequencer=self.sequencer.state, shaper=self.coalescer.state,
             shaped_seq=self.coalescer.floor,
         ))
+
+
+CORE = _load_core()
 
 
 class Processor:
