@@ -36,7 +36,7 @@ static PyObject *A_run_id, *A_tenant, *A_state, *A_owned, *A_child_ref, *A_paren
     *A_route, *A_version, *A_ancestors, *A_seq, *A_terminal, *A_output, *A_sources, *A_last_activity,
     *A_last_seq, *A_coalescer, *A_raw, *A_shaped, *A_fed, *A_floor, *A_windows, *A_held, *A_closes,
     *A_clock, *A_first_end, *A_window_ms, *A_texts, *A_ts, *A_payload, *A_text, *A_first_seq,
-    *A_end_ms, *A_stream, *A_streams, *A_parents, *A_ended, *M_admit, *M_one, *M_feed_into, *ZERO;
+    *A_end_ms, *A_stream, *A_streams, *A_parents, *A_ended, *M_admit, *M_wanted, *M_one, *M_feed_into, *ZERO;
 /* keyword names of the calls made: StreamOutput(run_id, stream), Window(first_seq, last_seq,
  * end_ms, ts), replace(event, seq, run_id, child_ref, parent_id, root_id), replace(event, seq) */
 static PyObject *KW_output, *KW_window, *KW_copy, *KW_seq, *KW_key, *KW_text, *KW_shaped;
@@ -53,7 +53,7 @@ static int intern_all(void) {
         {&A_first_end, "_first_end"}, {&A_window_ms, "window_ms"}, {&A_texts, "texts"}, {&A_ts, "ts"},
         {&A_payload, "payload"}, {&A_text, "text"}, {&A_first_seq, "first_seq"}, {&A_end_ms, "end_ms"},
         {&A_stream, "stream"}, {&A_streams, "_streams"}, {&A_parents, "parents"}, {&A_ended, "_ended"},
-        {&M_admit, "_admit"}, {&M_one, "_one"}, {&M_feed_into, "feed_into"}, {&M_sort, "sort"},
+        {&M_admit, "_admit"}, {&M_wanted, "_wanted"}, {&M_one, "_one"}, {&M_feed_into, "feed_into"}, {&M_sort, "sort"},
         {&EMPTY, ""},
     };
     for (size_t i = 0; i < sizeof(names) / sizeof(names[0]); i++) {
@@ -80,19 +80,19 @@ static int intern_all(void) {
  * empty slot) goes through GetAttr and SetAttr. A write of an object the collector tracks also goes
  * through SetAttr: msgspec starts tracking a Struct that comes to hold one. */
 typedef struct { PyObject **name; PyTypeObject *type; Py_ssize_t offset; int exact; } Field;
-static Field TD_payload = {&A_payload}, RD_payload = {&A_payload}, PL_text = {&A_text};
-static Field CO_fed = {&A_fed}, CO_first_end = {&A_first_end}, CO_floor = {&A_floor},
-    CO_state = {&A_state}, CO_texts = {&A_texts}, CO_window_ms = {&A_window_ms},
-    EV_child_ref = {&A_child_ref}, EV_parent_id = {&A_parent_id},
-    EV_root_id = {&A_root_id}, EV_run_id = {&A_run_id}, EV_seq = {&A_seq}, EV_tenant = {&A_tenant},
-    EV_ts = {&A_ts}, OUT_raw = {&A_raw}, OUT_shaped = {&A_shaped}, SH_clock = {&A_clock},
-    SH_closes = {&A_closes}, SH_held = {&A_held}, SH_windows = {&A_windows},
-    SS_ancestors = {&A_ancestors}, SS_last_seq = {&A_last_seq}, SS_owned = {&A_owned},
-    SS_sources = {&A_sources}, SS_tenant = {&A_tenant}, SS_terminal = {&A_terminal},
-    ST_coalescer = {&A_coalescer}, ST_last_activity = {&A_last_activity}, ST_output = {&A_output},
-    ST_route = {&A_route}, ST_run_id = {&A_run_id}, ST_state = {&A_state},
-    WIN_end_ms = {&A_end_ms}, WIN_first_seq = {&A_first_seq}, WIN_last_seq = {&A_last_seq},
-    WIN_ts = {&A_ts};
+static Field TD_payload = {&A_payload, NULL, -1, 0}, RD_payload = {&A_payload, NULL, -1, 0}, PL_text = {&A_text, NULL, -1, 0};
+static Field CO_fed = {&A_fed, NULL, -1, 0}, CO_first_end = {&A_first_end, NULL, -1, 0}, CO_floor = {&A_floor, NULL, -1, 0},
+    CO_state = {&A_state, NULL, -1, 0}, CO_texts = {&A_texts, NULL, -1, 0}, CO_window_ms = {&A_window_ms, NULL, -1, 0},
+    EV_child_ref = {&A_child_ref, NULL, -1, 0}, EV_parent_id = {&A_parent_id, NULL, -1, 0},
+    EV_root_id = {&A_root_id, NULL, -1, 0}, EV_run_id = {&A_run_id, NULL, -1, 0}, EV_seq = {&A_seq, NULL, -1, 0}, EV_tenant = {&A_tenant, NULL, -1, 0},
+    EV_ts = {&A_ts, NULL, -1, 0}, OUT_raw = {&A_raw, NULL, -1, 0}, OUT_shaped = {&A_shaped, NULL, -1, 0}, SH_clock = {&A_clock, NULL, -1, 0},
+    SH_closes = {&A_closes, NULL, -1, 0}, SH_held = {&A_held, NULL, -1, 0}, SH_windows = {&A_windows, NULL, -1, 0},
+    SS_ancestors = {&A_ancestors, NULL, -1, 0}, SS_last_seq = {&A_last_seq, NULL, -1, 0}, SS_owned = {&A_owned, NULL, -1, 0},
+    SS_sources = {&A_sources, NULL, -1, 0}, SS_tenant = {&A_tenant, NULL, -1, 0}, SS_terminal = {&A_terminal, NULL, -1, 0},
+    ST_coalescer = {&A_coalescer, NULL, -1, 0}, ST_last_activity = {&A_last_activity, NULL, -1, 0}, ST_output = {&A_output, NULL, -1, 0},
+    ST_route = {&A_route, NULL, -1, 0}, ST_run_id = {&A_run_id, NULL, -1, 0}, ST_state = {&A_state, NULL, -1, 0},
+    WIN_end_ms = {&A_end_ms, NULL, -1, 0}, WIN_first_seq = {&A_first_seq, NULL, -1, 0}, WIN_last_seq = {&A_last_seq, NULL, -1, 0},
+    WIN_ts = {&A_ts, NULL, -1, 0};
 
 static inline PyObject **slot(PyObject *obj, const Field *f) {
     PyTypeObject *t = Py_TYPE(obj);
@@ -752,6 +752,52 @@ fail:
     return NULL;
 }
 
+/* missing(processor, events, wanted): Processor.missing's loop; an event that states a link to
+ * learn (a child.spawn), or a child's whose streams are not both loaded, to Processor._wanted */
+static PyObject *missing(PyObject *module, PyObject *const *args, Py_ssize_t nargs) {
+    if (nargs != 3 || !PySet_Check(args[2])) {
+        PyErr_SetString(PyExc_TypeError, "missing(processor, events, wanted: set)");
+        return NULL;
+    }
+    PyObject *processor = args[0], *wanted = args[2];
+    PyObject *events = PySequence_Fast(args[1], "events is a sequence");
+    PyObject *streams = events == NULL ? NULL : attr(processor, A_streams);
+    if (streams == NULL || !PyDict_CheckExact(streams)) {
+        if (streams != NULL) PyErr_SetString(PyExc_TypeError, "the processor's streams are a dict");
+        Py_XDECREF(events), Py_XDECREF(streams);
+        return NULL;
+    }
+    int failed = 0;
+    for (Py_ssize_t i = 0; !failed && i < PySequence_Fast_GET_SIZE(events); i++) {
+        PyObject *event = PySequence_Fast_GET_ITEM(events, i);
+        PyObject *parent = NULL, *run_id = NULL, *root = NULL;
+        int general = Py_TYPE(event) == (PyTypeObject *)T_spawn;
+        if (!general) {
+            failed = (parent = get(event, &EV_parent_id)) == NULL || (run_id = get(event, &EV_run_id)) == NULL;
+            if (!failed && parent == Py_None) {  /* a root's own event: no ancestors */
+                int held = PyDict_Contains(streams, run_id);
+                failed = held < 0 || (!held && PySet_Add(wanted, run_id) < 0);
+            } else if (!failed) {  /* a child of a loaded root: both its destinations loaded */
+                failed = (root = get(event, &EV_root_id)) == NULL;
+                int loaded = failed ? -1 : equal(parent, root);
+                if (loaded > 0) loaded = PyDict_Contains(streams, parent);
+                if (loaded > 0) loaded = PyDict_Contains(streams, run_id);
+                failed = loaded < 0;
+                general = loaded == 0;
+            }
+        }
+        if (!failed && general) {
+            PyObject *r = PyObject_CallMethodObjArgs(processor, M_wanted, event, wanted, NULL);
+            failed = r == NULL;
+            Py_XDECREF(r);
+        }
+        Py_XDECREF(parent), Py_XDECREF(run_id), Py_XDECREF(root);
+    }
+    Py_DECREF(events), Py_DECREF(streams);
+    if (failed) return NULL;
+    Py_RETURN_NONE;
+}
+
 static PyObject *setup(PyObject *module, PyObject *args, PyObject *kwargs) {
     static char *names[] = {"output", "window", "text_delta", "reasoning_delta", "child_spawn",
                             "run_lifecycle", "unset", "replace", "is_terminal", "format_millis",
@@ -778,6 +824,8 @@ static PyObject *setup(PyObject *module, PyObject *args, PyObject *kwargs) {
 static PyMethodDef methods[] = {
     {"process", (PyCFunction)(void (*)(void))process, METH_FASTCALL,
      "process(processor, events, outputs, now, in_place) -> [(index, error)]: Processor.process_each's loop."},
+    {"missing", (PyCFunction)(void (*)(void))missing, METH_FASTCALL,
+     "missing(processor, events, wanted): Processor.missing's loop, adding to wanted."},
     {"setup", (PyCFunction)(void (*)(void))setup, METH_VARARGS | METH_KEYWORDS,
      "setup(**types and functions of runwire.processing): once, before process()."},
     {NULL, NULL, 0, NULL},

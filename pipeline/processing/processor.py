@@ -205,25 +205,35 @@ class Processor:
     def missing(self, events: Iterable[Event]) -> set[str]:
         """Destination streams of ``events`` whose checkpoint is not loaded yet."""
         wanted: set[str] = set()
-        streams, parents = self._streams, self.parents
+        if self.core is not None:  # (the same loop, compiled)
+            self.core.missing(self, events, wanted)
+            return wanted
+        streams = self._streams
         for event in events:
             parent = event.parent_id
-            if parent is None:  # a root's own event: no ancestors
-                if type(event) is ChildSpawn:
-                    parents.learn(event)
-                if event.run_id not in streams:
-                    wanted.add(event.run_id)
-                continue
-            if parent == event.root_id and parent in streams and event.run_id in streams \
-                    and type(event) is not ChildSpawn:
-                # a child of a loaded root (most children's events): both its destinations
-                # are loaded, and its link, to a loaded root, adds none (processing learns it)
-                continue
-            parents.learn(event)
-            for run_id in (event.run_id, *parents.ancestors(event)):
-                if run_id not in streams:
-                    wanted.add(run_id)
+            if type(event) is not ChildSpawn:
+                if parent is None:  # a root's own event: no ancestors
+                    if event.run_id not in streams:
+                        wanted.add(event.run_id)
+                    continue
+                if parent == event.root_id and parent in streams and event.run_id in streams:
+                    # a child of a loaded root (most children's events): both its destinations
+                    # are loaded, and its link, to a loaded root, adds none (processing learns it)
+                    continue
+            self._wanted(event, wanted)
         return wanted
+
+    def _wanted(self, event: Event, wanted: set[str]) -> None:
+        """:meth:`missing` of an event that states a link to learn, or a child's that is not loaded."""
+        streams, parents = self._streams, self.parents
+        parents.learn(event)
+        if event.parent_id is None:  # (a root's child.spawn)
+            if event.run_id not in streams:
+                wanted.add(event.run_id)
+            return
+        for run_id in (event.run_id, *parents.ancestors(event)):
+            if run_id not in streams:
+                wanted.add(run_id)
 
     def restore(self, run_id: str, data: bytes | None, *, raw: Sequence[Event] = (),
                 last_activity: float | None = None) -> None:

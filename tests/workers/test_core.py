@@ -79,7 +79,9 @@ def run_through(core: Any, frames: list[bytes], cuts: list[int], owned: bool, me
     pending: dict[str, StreamOutput] = {}
     for start, end in zip([0, *cuts], [*cuts, len(frames)], strict=True):
         events = decode_many(frames[start:end])
-        for run_id in sorted(processor.missing(events)):
+        missing = sorted(processor.missing(events))
+        seen.append(missing)
+        for run_id in missing:
             processor.restore(run_id, None)
         outputs, failures = processor.process_each(events, owned=owned, into=pending if merged else None)
         seen.append([(index, type(error).__name__, str(error)) for index, error in failures])
