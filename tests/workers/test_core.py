@@ -29,6 +29,9 @@ RUNS = {  # run → (parent, root)
     "q": (None, None), "q.1": ("q", "q"),
 }
 KINDS = ("text.delta", "reasoning.delta", "tool.start", "child.spawn", "run.lifecycle")
+TEXTS = st.sampled_from(("", "x", 'a "quoted" \\ line\n', "\x00\x1f\x7f\u2028é😀")) | st.text(
+    st.characters(exclude_categories=["Cs"]), max_size=12)
+"""Delta texts and thread ids: escapes, widths, empty."""
 
 
 def compiled() -> ModuleType:
@@ -59,11 +62,15 @@ def scripts(draw: Any) -> list[bytes]:
             payload = {"state": draw(st.sampled_from(("running", "done", "error")))}
         elif kind == "tool.start":
             payload = {"call_id": "c1", "tool": "browser"}
+        else:
+            payload = {"text": draw(TEXTS)}
         fields: dict[str, Any] = {}
         if parent is not None and draw(st.integers(0, 9)):  # (else: a child that names no parent)
             fields.update(parent_id=parent, root_id=root)
         if draw(st.integers(0, 24)) == 0:
             fields["tenant"] = "other"
+        if draw(st.integers(0, 9)) == 0:
+            fields["thread_id"] = draw(TEXTS)
         if kind.endswith(".delta") and draw(st.integers(0, 14)) == 0:
             fields["child_ref"] = "r.9"
         ms = max(0.0, clock) + (0.5 if draw(st.integers(0, 30)) == 0 else 0)  # (a ts of its own)
