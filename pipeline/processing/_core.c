@@ -7,9 +7,11 @@
  * any other case to the step's Python code (the same objects' methods) before it has changed
  * anything that step changes:
  *
- * - an event (Processor._one): its run's stream loaded and owned by the event's tenant, no
- *   child_ref, not a child.spawn, and a child's links those its run's last event stated (the
- *   stream's kept route, every ancestor owned by the same tenant); else Processor._one;
+ * - an event (Processor._one): its run's stream loaded and no child_ref; else Processor._one.
+ *   Its run's owner checked by Processor._check_owner where not yet decided or another tenant's,
+ *   a root's child.spawn learned by ParentMap.learn; a child's ancestors are the route its run's
+ *   last event gave while its links and the parent map are unchanged, else Processor._chain's,
+ *   cut at another tenant's run by Processor._same_tenant;
  * - each admission into a stream (Processor._admit): the stream's run not ended, the publisher's
  *   seq 0 or its source's next; else Processor._admit (a duplicate, a gap, an ended run);
  * - the shaping of what was admitted (DeltaCoalescer.feed_into): no hole in the input; for a
@@ -36,7 +38,7 @@ static PyObject *A_run_id, *A_tenant, *A_state, *A_owned, *A_child_ref, *A_paren
     *A_route, *A_version, *A_ancestors, *A_seq, *A_terminal, *A_output, *A_sources, *A_last_activity,
     *A_last_seq, *A_coalescer, *A_raw, *A_shaped, *A_fed, *A_floor, *A_windows, *A_held, *A_closes,
     *A_clock, *A_first_end, *A_window_ms, *A_texts, *A_ts, *A_payload, *A_text, *A_first_seq,
-    *A_end_ms, *A_stream, *A_streams, *A_parents, *A_ended, *M_admit, *M_wanted, *M_one, *M_feed_into, *ZERO;
+    *A_end_ms, *A_stream, *A_streams, *A_parents, *A_ended, *M_admit, *M_check_owner, *M_learn, *M_chain, *M_same_tenant, *M_wanted, *M_one, *M_feed_into, *ZERO;
 /* keyword names of the calls made: StreamOutput(run_id, stream), Window(first_seq, last_seq,
  * end_ms, ts), replace(event, seq, run_id, child_ref, parent_id, root_id), replace(event, seq) */
 static PyObject *KW_output, *KW_window, *KW_copy, *KW_seq, *KW_key, *KW_text, *KW_shaped;
@@ -53,7 +55,7 @@ static int intern_all(void) {
         {&A_first_end, "_first_end"}, {&A_window_ms, "window_ms"}, {&A_texts, "texts"}, {&A_ts, "ts"},
         {&A_payload, "payload"}, {&A_text, "text"}, {&A_first_seq, "first_seq"}, {&A_end_ms, "end_ms"},
         {&A_stream, "stream"}, {&A_streams, "_streams"}, {&A_parents, "parents"}, {&A_ended, "_ended"},
-        {&M_admit, "_admit"}, {&M_wanted, "_wanted"}, {&M_one, "_one"}, {&M_feed_into, "feed_into"}, {&M_sort, "sort"},
+        {&M_admit, "_admit"}, {&M_check_owner, "_check_owner"}, {&M_learn, "learn"}, {&M_chain, "_chain"}, {&M_same_tenant, "_same_tenant"}, {&M_wanted, "_wanted"}, {&M_one, "_one"}, {&M_feed_into, "feed_into"}, {&M_sort, "sort"},
         {&EMPTY, ""},
     };
     for (size_t i = 0; i < sizeof(names) / sizeof(names[0]); i++) {
@@ -611,7 +613,6 @@ static int one(Batch *b, PyObject *streams, PyObject *parents, PyObject *event) 
              *published = NULL;
     int rc = -1, python = 0;
     PyTypeObject *type = Py_TYPE(event);
-    if (type == (PyTypeObject *)T_spawn) { python = 1; goto done; }
     if ((run_id = get(event, &EV_run_id)) == NULL) goto done;
     own = PyDict_GetItemWithError(streams, run_id);
     if (own == NULL) {
@@ -622,33 +623,60 @@ static int one(Batch *b, PyObject *streams, PyObject *parents, PyObject *event) 
     Py_INCREF(own);
     if ((tenant = get(event, &EV_tenant)) == NULL || (state = get(own, &ST_state)) == NULL) goto done;
     if ((source = get(own, &ST_run_id)) == NULL) goto done;  /* (the stream's own str: equal, its hash kept) */
-    int owner = owned_by(state, tenant);
-    if (owner <= 0) { python = owner == 0; goto done; }
     if ((ref = get(event, &EV_child_ref)) == NULL || (parent = get(event, &EV_parent_id)) == NULL) goto done;
     if (ref != UNSET && ref != Py_None) { python = 1; goto done; }
-    if (parent != Py_None) {
+    int owner = owned_by(state, tenant);
+    if (owner < 0) goto done;
+    if (!owner) {  /* the run's first writer's tenant owns it (or the event is refused) */
+        PyObject *r = PyObject_CallMethodObjArgs(b->processor, M_check_owner, state, event, NULL);
+        if (r == NULL) goto done;
+        Py_DECREF(r);
+    }
+    if (parent == Py_None && type == (PyTypeObject *)T_spawn) {  /* a root's child.spawn: its link */
+        PyObject *r = PyObject_CallMethodObjArgs(parents, M_learn, event, NULL);
+        if (r == NULL) goto done;
+        Py_DECREF(r);
+    }
+    if (parent != Py_None) {  /* its ancestors: the route its run's last event gave, else _chain's */
         if ((route = get(own, &ST_route)) == NULL) goto done;
-        if (!PyTuple_CheckExact(route) || PyTuple_GET_SIZE(route) != 5) { python = 1; goto done; }
-        if ((version = attr(parents, A_version)) == NULL || (root_id = get(event, &EV_root_id)) == NULL) goto done;
-        int same = equal(PyTuple_GET_ITEM(route, 3), version);
-        if (same > 0) same = equal(PyTuple_GET_ITEM(route, 0), parent);
-        if (same > 0) same = equal(PyTuple_GET_ITEM(route, 1), root_id);
-        if (same > 0) same = equal(PyTuple_GET_ITEM(route, 2), tenant);
-        if (same <= 0) { python = same == 0; goto done; }
-        ancestors = Py_NewRef(PyTuple_GET_ITEM(route, 4));
-        if (!PyList_CheckExact(ancestors)) { python = 1; goto done; }
-        for (Py_ssize_t i = 0; i < PyList_GET_SIZE(ancestors); i++) {
-            PyObject *above = PyDict_GetItemWithError(streams, PyList_GET_ITEM(ancestors, i));
+        int hit = 0;
+        if (PyTuple_CheckExact(route) && PyTuple_GET_SIZE(route) == 5 && type != (PyTypeObject *)T_spawn) {
+            if ((version = attr(parents, A_version)) == NULL || (root_id = get(event, &EV_root_id)) == NULL) goto done;
+            hit = equal(PyTuple_GET_ITEM(route, 3), version);
+            if (hit > 0) hit = equal(PyTuple_GET_ITEM(route, 0), parent);
+            if (hit > 0) hit = equal(PyTuple_GET_ITEM(route, 1), root_id);
+            if (hit > 0) hit = equal(PyTuple_GET_ITEM(route, 2), tenant);
+            if (hit < 0) goto done;
+        }
+        ancestors = hit ? Py_NewRef(PyTuple_GET_ITEM(route, 4))
+                        : PyObject_CallMethodObjArgs(b->processor, M_chain, own, event, run_id, Py_False, NULL);
+        if (ancestors == NULL) goto done;
+        if (!PyList_CheckExact(ancestors)) {
+            PyErr_SetString(PyExc_TypeError, "a run's ancestors are a list");
+            goto done;
+        }
+        for (Py_ssize_t i = 0; i < PyList_GET_SIZE(ancestors); i++) {  /* all of this tenant's (the rule) */
+            PyObject *name = PyList_GET_ITEM(ancestors, i);
+            PyObject *above = PyDict_GetItemWithError(streams, name);
             if (above == NULL) {
-                if (PyErr_Occurred()) goto done;
-                python = 1;
+                if (!PyErr_Occurred()) PyErr_SetObject(PyExc_KeyError, name);
                 goto done;
             }
             PyObject *above_state = get(above, &ST_state);
             if (above_state == NULL) goto done;
             int theirs = owned_by(above_state, tenant);
             Py_DECREF(above_state);
-            if (theirs <= 0) { python = theirs == 0; goto done; }
+            if (theirs < 0) goto done;
+            if (!theirs) {
+                PyObject *kept = PyObject_CallMethodObjArgs(b->processor, M_same_tenant, ancestors, tenant, NULL);
+                if (kept == NULL) goto done;
+                Py_SETREF(ancestors, kept);
+                if (!PyList_CheckExact(ancestors)) {
+                    PyErr_SetString(PyExc_TypeError, "a run's ancestors are a list");
+                    goto done;
+                }
+                break;
+            }
         }
         if (PyList_GET_SIZE(ancestors)) {
             if ((held = get(state, &SS_ancestors)) == NULL) goto done;
