@@ -38,7 +38,7 @@ static PyObject *A_run_id, *A_tenant, *A_state, *A_owned, *A_child_ref, *A_paren
     *A_route, *A_version, *A_ancestors, *A_seq, *A_terminal, *A_output, *A_sources, *A_last_activity,
     *A_last_seq, *A_coalescer, *A_raw, *A_shaped, *A_fed, *A_floor, *A_windows, *A_held, *A_closes,
     *A_clock, *A_first_end, *A_window_ms, *A_texts, *A_ts, *A_payload, *A_text, *A_first_seq,
-    *A_end_ms, *A_stream, *A_streams, *A_parents, *A_ended, *M_admit, *M_check_owner, *M_learn, *M_chain, *M_same_tenant, *M_wanted, *M_one, *M_feed_into, *ZERO;
+    *A_end_ms, *A_thread_id, *A_summary, *A_stream, *A_streams, *A_parents, *A_ended, *M_admit, *M_check_owner, *M_learn, *M_chain, *M_same_tenant, *M_wanted, *M_one, *M_feed_into, *ZERO;
 /* keyword names of the calls made: StreamOutput(run_id, stream), Window(first_seq, last_seq,
  * end_ms, ts), replace(event, seq, run_id, child_ref, parent_id, root_id), replace(event, seq) */
 static PyObject *KW_output, *KW_window, *KW_copy, *KW_seq, *KW_key, *KW_text, *KW_shaped;
@@ -53,7 +53,7 @@ static int intern_all(void) {
         {&A_raw, "raw"}, {&A_shaped, "shaped"}, {&A_fed, "fed"}, {&A_floor, "floor"},
         {&A_windows, "windows"}, {&A_held, "held"}, {&A_closes, "closes"}, {&A_clock, "clock"},
         {&A_first_end, "_first_end"}, {&A_window_ms, "window_ms"}, {&A_texts, "texts"}, {&A_ts, "ts"},
-        {&A_payload, "payload"}, {&A_text, "text"}, {&A_first_seq, "first_seq"}, {&A_end_ms, "end_ms"},
+        {&A_payload, "payload"}, {&A_text, "text"}, {&A_first_seq, "first_seq"}, {&A_end_ms, "end_ms"}, {&A_thread_id, "thread_id"}, {&A_summary, "summary"},
         {&A_stream, "stream"}, {&A_streams, "_streams"}, {&A_parents, "parents"}, {&A_ended, "_ended"},
         {&M_admit, "_admit"}, {&M_check_owner, "_check_owner"}, {&M_learn, "learn"}, {&M_chain, "_chain"}, {&M_same_tenant, "_same_tenant"}, {&M_wanted, "_wanted"}, {&M_one, "_one"}, {&M_feed_into, "feed_into"}, {&M_sort, "sort"},
         {&EMPTY, ""},
@@ -82,6 +82,7 @@ static int intern_all(void) {
  * empty slot) goes through GetAttr and SetAttr. A write of an object the collector tracks also goes
  * through SetAttr: msgspec starts tracking a Struct that comes to hold one. */
 typedef struct { PyObject **name; PyTypeObject *type; Py_ssize_t offset; int exact; } Field;
+static Field EV_thread_id = {&A_thread_id, NULL, -1, 0}, OUT_summary = {&A_summary, NULL, -1, 0};
 static Field TD_payload = {&A_payload, NULL, -1, 0}, RD_payload = {&A_payload, NULL, -1, 0}, PL_text = {&A_text, NULL, -1, 0};
 static Field CO_fed = {&A_fed, NULL, -1, 0}, CO_first_end = {&A_first_end, NULL, -1, 0}, CO_floor = {&A_floor, NULL, -1, 0},
     CO_state = {&A_state, NULL, -1, 0}, CO_texts = {&A_texts, NULL, -1, 0}, CO_window_ms = {&A_window_ms, NULL, -1, 0},
@@ -149,6 +150,8 @@ static int find_fields(PyObject *types) {
         {&EV_child_ref, "envelope", 0},
         {&EV_parent_id, "envelope", 0},
         {&TD_payload, "text_delta", 1},
+        {&EV_thread_id, "envelope", 0},
+        {&OUT_summary, "output", 1},
         {&RD_payload, "reasoning_delta", 1},
         {&PL_text, "text_payload", 1},
         {&EV_root_id, "envelope", 0},
@@ -516,6 +519,128 @@ static PyObject *copied(PyObject *event, PyObject *seq, PyObject *run_id, PyObje
     return copy;
 }
 
+/* ---- StreamOutput.summary: what runwire.store.runmeta.summarize_run reads of raw, summed as each
+ * event is admitted, while it is in the CPU's caches (read again by the replay log's thread after
+ * the write, from memory, the same reads cost several times as much). Each admission sums the raw
+ * events not summed yet, in order: those a step in Python appended too. The replay log builds
+ * the run's delta from it (runmeta.summary_delta); tests/workers/test_core.py checks it against
+ * summarize_run for every output. */
+typedef struct {
+    PyObject_HEAD
+    Py_ssize_t count;
+    int linked;
+    PyObject *first_seq, *last_seq, *first_ts, *last_ts, *tenant, *parent_id, *root_id, *thread_id, *metered;
+} RunSummary;
+
+static void run_summary_dealloc(RunSummary *self) {
+    Py_XDECREF(self->first_seq), Py_XDECREF(self->last_seq), Py_XDECREF(self->first_ts);
+    Py_XDECREF(self->last_ts), Py_XDECREF(self->tenant), Py_XDECREF(self->parent_id);
+    Py_XDECREF(self->root_id), Py_XDECREF(self->thread_id), Py_XDECREF(self->metered);
+    Py_TYPE(self)->tp_free((PyObject *)self);
+}
+
+static PyMemberDef run_summary_members[] = {
+    {"count", T_PYSSIZET, offsetof(RunSummary, count), READONLY, "How many of raw's events are summed."},
+    {"linked", T_BOOL, offsetof(RunSummary, linked), READONLY, "Whether one of the run's own named its parent."},
+    {"first_seq", T_OBJECT, offsetof(RunSummary, first_seq), READONLY, "The first event's seq."},
+    {"last_seq", T_OBJECT, offsetof(RunSummary, last_seq), READONLY, "The last event's seq."},
+    {"first_ts", T_OBJECT, offsetof(RunSummary, first_ts), READONLY, "The least ts."},
+    {"last_ts", T_OBJECT, offsetof(RunSummary, last_ts), READONLY, "The greatest ts."},
+    {"tenant", T_OBJECT, offsetof(RunSummary, tenant), READONLY, "The first tenant named."},
+    {"parent_id", T_OBJECT, offsetof(RunSummary, parent_id), READONLY, "The parent the run's own first named."},
+    {"root_id", T_OBJECT, offsetof(RunSummary, root_id), READONLY, "Its root, then."},
+    {"thread_id", T_OBJECT, offsetof(RunSummary, thread_id), READONLY, "The thread the run's own first named."},
+    {"metered", T_OBJECT, offsetof(RunSummary, metered), READONLY, "The run's own metered events, in order."},
+    {NULL, 0, 0, 0, NULL},
+};
+
+static PyTypeObject RunSummaryType = {
+    PyVarObject_HEAD_INIT(NULL, 0)
+    .tp_name = "runwire.processing._core.RunSummary",
+    .tp_basicsize = sizeof(RunSummary),
+    .tp_dealloc = (destructor)run_summary_dealloc,
+    .tp_flags = Py_TPFLAGS_DEFAULT,
+    .tp_doc = "What the replay log's run summary reads of a stream output's raw events, summed as admitted.",
+    .tp_members = run_summary_members,
+    .tp_new = PyType_GenericNew,
+};
+
+static PyObject *METERED;  /* the types of runmeta's metered events */
+
+static int sum_event(RunSummary *acc, PyObject *event) {
+    PyObject *seq = get(event, &EV_seq), *ts = seq == NULL ? NULL : get(event, &EV_ts), *child = NULL;
+    int rc = -1;
+    if (ts == NULL) goto done;
+    if (acc->count == 0) {
+        Py_XSETREF(acc->first_seq, Py_NewRef(seq));
+        Py_XSETREF(acc->first_ts, Py_NewRef(ts));
+        Py_XSETREF(acc->last_ts, Py_NewRef(ts));
+    } else if (ts != acc->first_ts || ts != acc->last_ts) {  /* (the first of equals kept, as min and max keep it) */
+        int below = PyObject_RichCompareBool(ts, acc->first_ts, Py_LT);
+        int above = below < 0 ? -1 : PyObject_RichCompareBool(ts, acc->last_ts, Py_GT);
+        if (above < 0) goto done;
+        if (below) Py_SETREF(acc->first_ts, Py_NewRef(ts));
+        if (above) Py_SETREF(acc->last_ts, Py_NewRef(ts));
+    }
+    Py_XSETREF(acc->last_seq, Py_NewRef(seq));
+    if (acc->tenant == NULL || acc->tenant == Py_None) {
+        PyObject *tenant = get(event, &EV_tenant);
+        if (tenant == NULL) goto done;
+        Py_XSETREF(acc->tenant, tenant);
+    }
+    if ((child = get(event, &EV_child_ref)) == NULL) goto done;
+    if (child == UNSET || child == Py_None) {  /* the run's own */
+        if (!acc->linked) {
+            PyObject *parent = get(event, &EV_parent_id);
+            if (parent == NULL) goto done;
+            if (parent != Py_None) {
+                PyObject *root = get(event, &EV_root_id);
+                if (root == NULL) { Py_DECREF(parent); goto done; }
+                Py_XSETREF(acc->parent_id, parent);
+                Py_XSETREF(acc->root_id, root);
+                acc->linked = 1;
+            } else {
+                Py_DECREF(parent);
+            }
+        }
+        if (acc->thread_id == NULL || acc->thread_id == Py_None) {
+            PyObject *thread = get(event, &EV_thread_id);
+            if (thread == NULL) goto done;
+            Py_XSETREF(acc->thread_id, thread);
+        }
+        int metered = PySet_Contains(METERED, (PyObject *)Py_TYPE(event));
+        if (metered < 0) goto done;
+        if (metered) {
+            if (acc->metered == NULL && (acc->metered = PyList_New(0)) == NULL) goto done;
+            if (PyList_Append(acc->metered, event) < 0) goto done;
+        }
+    }
+    acc->count++;
+    rc = 0;
+done:
+    Py_XDECREF(seq), Py_XDECREF(ts), Py_XDECREF(child);
+    return rc;
+}
+
+/* raw's events not summed yet, summed (the output's summary made at its first) */
+static int sum_raw(PyObject *output, PyObject *raw) {
+    PyObject **where = slot(output, &OUT_summary);
+    if (where == NULL || !PyList_CheckExact(raw)) return 0;
+    RunSummary *acc = (RunSummary *)*where;
+    if ((PyObject *)acc == Py_None || acc == NULL) {
+        PyObject *made = PyType_GenericNew(&RunSummaryType, NULL, NULL);
+        if (made == NULL || set(output, &OUT_summary, made) < 0) { Py_XDECREF(made); return -1; }
+        Py_DECREF(made);
+        acc = (RunSummary *)made;
+    } else if (!Py_IS_TYPE(acc, &RunSummaryType)) {
+        return 0;
+    }
+    while (acc->count < PyList_GET_SIZE(raw)) {
+        if (sum_event(acc, PyList_GET_ITEM(raw, acc->count)) < 0) return -1;
+    }
+    return 0;
+}
+
 typedef struct {
     PyObject *processor, *outputs, *now;
     int in_place;
@@ -567,6 +692,7 @@ static int admit(Batch *b, PyObject *stream, PyObject *event, PyObject *publishe
         admitted = PyObject_Vectorcall(F_replace, args, 1, KW_seq);
     }
     if (admitted == NULL || (raw = get(output, &OUT_raw)) == NULL || PyList_Append(raw, admitted) < 0) goto done;
+    if (sum_raw(output, raw) < 0) goto done;
     if ((shaped = get(output, &OUT_shaped)) == NULL || (co = get(stream, &ST_coalescer)) == NULL) goto done;
     if (!PyList_CheckExact(shaped)) {
         PyErr_SetString(PyExc_TypeError, "a stream output's shaped events are a list");
@@ -830,12 +956,13 @@ static PyObject *setup(PyObject *module, PyObject *args, PyObject *kwargs) {
     static char *names[] = {"output", "window", "text_delta", "reasoning_delta", "child_spawn",
                             "run_lifecycle", "unset", "replace", "is_terminal", "format_millis",
                             "ts_cache", "text_suffix", "reasoning_suffix", "text_payload", "no_end",
-                            "last_seq", "types", NULL};
-    PyObject *given[16], *types;
-    if (!PyArg_ParseTupleAndKeywords(args, kwargs, "$OOOOOOOOOOO!UUOOOO!", names, &given[0], &given[1],
+                            "last_seq", "metered", "types", NULL};
+    PyObject *given[17], *types;
+    if (!PyArg_ParseTupleAndKeywords(args, kwargs, "$OOOOOOOOOOO!UUOOOO!O!", names, &given[0], &given[1],
                                      &given[2], &given[3], &given[4], &given[5], &given[6], &given[7],
                                      &given[8], &given[9], &PyDict_Type, &given[10], &given[11], &given[12],
-                                     &given[13], &given[14], &given[15], &PyDict_Type, &types))
+                                     &given[13], &given[14], &given[15], &PyFrozenSet_Type, &given[16],
+                                     &PyDict_Type, &types))
         return NULL;
     if (find_fields(types) < 0) return NULL;
     PyObject *copy = _PyType_Lookup(EV_seq.type, PyUnicode_InternFromString("__copy__"));
@@ -844,8 +971,8 @@ static PyObject *setup(PyObject *module, PyObject *args, PyObject *kwargs) {
            ? ((PyMethodDescrObject *)copy)->d_method->ml_meth : NULL;
     PyObject **slots[] = {&T_output, &T_window, &T_text, &T_reasoning, &T_spawn, &T_lifecycle, &UNSET,
                           &F_replace, &F_is_terminal, &F_format_millis, &TS_CACHE, &S_text, &S_reasoning,
-                          &T_text_payload, &NO_END, &F_last_seq};
-    for (int i = 0; i < 16; i++) Py_XSETREF(*slots[i], Py_NewRef(given[i]));
+                          &T_text_payload, &NO_END, &F_last_seq, &METERED};
+    for (int i = 0; i < 17; i++) Py_XSETREF(*slots[i], Py_NewRef(given[i]));
     Py_RETURN_NONE;
 }
 
@@ -862,6 +989,8 @@ static PyMethodDef methods[] = {
 static struct PyModuleDef module = {PyModuleDef_HEAD_INIT, "_core", NULL, 0, methods};
 
 PyMODINIT_FUNC PyInit__core(void) {
-    if (intern_all() < 0) return NULL;
-    return PyModule_Create(&module);
+    if (intern_all() < 0 || PyType_Ready(&RunSummaryType) < 0) return NULL;
+    PyObject *m = PyModule_Create(&module);
+    if (m != NULL && PyModule_AddObjectRef(m, "RunSummary", (PyObject *)&RunSummaryType) < 0) Py_CLEAR(m);
+    return m;
 }

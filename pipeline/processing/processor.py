@@ -59,6 +59,7 @@ from ..core.envelope import (
 from ..core.errors import WriteRefused
 from ..core.events import _TS_CACHE
 from ..core.ulid import MonotonicULID
+from ..store.runmeta import METERED
 from .checkpoint import Checkpoint, decode_checkpoint, encode_checkpoint
 from .fanin import ANY_TENANT, Misrooted, ParentMap
 from .sequencing import Sequencer, SequencerState, owns
@@ -106,6 +107,15 @@ class StreamOutput(msgspec.Struct, kw_only=True):
     """The stream's checkpoint after this batch (store it with the raw append)."""
     stream: Any = None
     """The in-memory stream, while ``state`` is not taken yet (see :meth:`Processor.seal`)."""
+    summary: Any = None
+    """What the replay log's run summary reads of ``raw`` (``runwire.processing._core.RunSummary``),
+    summed by the compiled path as each event is admitted, while in the CPU's caches; None on
+    the Python path (:func:`runwire.store.runmeta.summarize_run` reads the events then)."""
+
+    def raw_summary(self) -> Any:
+        """:attr:`summary` when it sums all of ``raw``, else None."""
+        summary = self.summary
+        return summary if summary is not None and summary.count == len(self.raw) else None
 
 
 def _load_core() -> Any:
@@ -118,7 +128,7 @@ def _load_core() -> Any:
                    child_spawn=ChildSpawn, run_lifecycle=RunLifecycle, unset=UNSET, replace=replace_struct,
                    is_terminal=is_terminal, format_millis=format_millis, ts_cache=_TS_CACHE,
                    text_suffix=_KEY_SUFFIX[TextDelta], reasoning_suffix=_KEY_SUFFIX[ReasoningDelta],
-                   text_payload=TextPayload, no_end=_NO_END, last_seq=_last_seq,
+                   text_payload=TextPayload, no_end=_NO_END, last_seq=_last_seq, metered=METERED,
                    types={"envelope": Envelope, "stream": _Stream, "sequencer_state": SequencerState,
                           "coalescer": DeltaCoalescer, "shaper_state": ShaperState, "output": StreamOutput,
                           "window": Window, "text_delta": TextDelta, "reasoning_delta": ReasoningDelta,

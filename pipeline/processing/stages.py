@@ -32,6 +32,7 @@ from ..core.envelope import Event
 from ..core.events import is_sub_runs_own
 from ..core.lines import encode_lines
 from ..core.retry import Outage, Retry
+from ..store.base import LogStream
 from ..store.ports import RunHistory
 from .checkpoint import decode_checkpoint, settle_windows, unsent_windows, window_span
 from .fanin import Misrooted
@@ -77,7 +78,7 @@ class EncodedWrite:
     __slots__ = ("handed", "log", "raw", "shaped", "taken")
 
     def __init__(self) -> None:
-        self.log: list[tuple[str, Sequence[Event], Sequence[bytes], bytes | None]] = []
+        self.log: list[LogStream] = []
         self.raw: list[Append] = []
         self.shaped: list[Append] = []
         self.handed: list[tuple[str, Sequence[Event]]] = []
@@ -273,7 +274,7 @@ class Stages:
                     handed.append((output.run_id, output.raw))
                 else:
                     write.taken.append(token)
-            write.log.append((output.run_id, output.raw, encoded, output.state))
+            write.log.append((output.run_id, output.raw, encoded, output.state, output.raw_summary()))
             write.raw.append(((output.run_id, "raw"), output.raw, encoded, output.state))
             if output.shaped:
                 write.shaped.append(((output.run_id, "shaped"), output.shaped,
@@ -290,13 +291,13 @@ class Stages:
         """The delivery-stream part of :meth:`write`: shaped views, then raw views with checkpoints."""
         await self._append_many(write.shaped)
         await self._append_many(write.raw)
-        self.stats.raw += sum(len(events) for _, events, _, _ in write.log)
+        self.stats.raw += sum(len(row[1]) for row in write.log)
         self.stats.shaped += sum(len(events) for _, events, _, _ in write.shaped)
 
-    async def _append_log(self, rows: list[tuple[str, Sequence[Event], Sequence[bytes], bytes | None]]) -> None:
+    async def _append_log(self, rows: list[LogStream]) -> None:
         """Each run's part carries its raw stream's checkpoint: the log keeps it as the run's
         checkpoint of record (see :meth:`_from_log`)."""
-        if any(events for _, events, _, _ in rows):
+        if any(row[1] for row in rows):
             started = time.monotonic()
             await self.retry(self._fenced(lambda: self.store.append_streams(rows)))
             self.stats.log_seconds += time.monotonic() - started

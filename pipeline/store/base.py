@@ -16,6 +16,7 @@ from __future__ import annotations
 from abc import abstractmethod
 from collections.abc import AsyncIterator, Callable, Sequence
 from datetime import datetime, timedelta
+from typing import Any
 
 import msgspec
 
@@ -79,9 +80,12 @@ class LoggedRun(RunInfo, kw_only=True):
 
 
 LogStream = (tuple[str, Sequence[Event], Sequence[bytes]]
-             | tuple[str, Sequence[Event], Sequence[bytes], bytes | None])
+             | tuple[str, Sequence[Event], Sequence[bytes], bytes | None]
+             | tuple[str, Sequence[Event], Sequence[bytes], bytes | None, Any])
 """One run's part of a write to the log (:meth:`ReplayLog.append_streams`): ``(run_id, events,
-encoded)``, optionally with the checkpoint of the run's raw delivery stream after these events."""
+encoded)``, optionally with the checkpoint of the run's raw delivery stream after these events,
+and what the worker summed of the events as it admitted them (``runwire.processing._core.RunSummary``,
+or None: :func:`runwire.store.runmeta.stream_summary`)."""
 
 
 def stream_checkpoint(stream: LogStream) -> bytes | None:

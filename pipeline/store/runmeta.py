@@ -17,7 +17,7 @@ from typing import Any
 import msgspec
 
 from ..core.envelope import INT64_MAX, TERMINAL_STATES, Event, Gap, RunLifecycle, Usage
-from .base import LoggedRun, RunFields, RunInfo
+from .base import LoggedRun, LogStream, RunFields, RunInfo
 from .outbox_schema import AWAITING_APPROVAL, FINISHED, Notice
 
 
@@ -38,7 +38,8 @@ class RunDelta(RunFields, kw_only=True):
         return self.state in TERMINAL_STATES
 
 
-_METERED: frozenset[type] = frozenset({RunLifecycle, Usage, Gap})
+METERED: frozenset[type] = frozenset({RunLifecycle, Usage, Gap})
+"""The events that move a run's state, tokens and drops (:func:`_meter`)."""
 
 
 def _meter(delta: RunDelta, event: Event) -> None:
@@ -76,6 +77,32 @@ def _add(total: int, more: int) -> int:
     return min(INT64_MAX, total + max(0, more))
 
 
+def stream_summary(stream: LogStream) -> RunDelta:
+    """The metadata delta of a write's part for one run, all of whose events are newly stored and
+    ascending: from what the worker summed as it admitted them (:func:`summary_delta`) when
+    the part carries it, else read from the events (:func:`summarize_run`)."""
+    summary = stream[4] if len(stream) > 4 else None
+    if summary is None:
+        return summarize_run(stream[0], stream[1], ascending=True)
+    return summary_delta(stream[0], summary)
+
+
+def summary_delta(run_id: str, summary: Any) -> RunDelta:
+    """:func:`summarize_run` of a run's ascending events, from what was summed of them as they were
+    admitted (``runwire.processing._core.RunSummary``: the same reads, in the same order)."""
+    delta = RunDelta(run_id=run_id, events=summary.count, first_seq=summary.first_seq,
+                     last_seq=summary.last_seq, first_ts=summary.first_ts, last_ts=summary.last_ts)
+    if summary.tenant is not None:
+        delta.tenant = summary.tenant
+    if summary.linked:
+        delta.parent_id, delta.root_id = summary.parent_id, summary.root_id
+    if summary.thread_id is not None:
+        delta.thread_id = summary.thread_id
+    for event in summary.metered or ():
+        _meter(delta, event)
+    return delta
+
+
 def summarize_run(run_id: str, events: Sequence[Event], *, ascending: bool = False) -> RunDelta:
     """The metadata delta of one run's newly stored events (any order, at least one;
     ``ascending``: in seq order, as a caller that checked it says).
@@ -107,9 +134,9 @@ def summarize_run(run_id: str, events: Sequence[Event], *, ascending: bool = Fal
         if event.thread_id is not None and event.child_id is None:
             delta.thread_id = event.thread_id
             break
-    if not _METERED.isdisjoint(map(type, events)):
+    if not METERED.isdisjoint(map(type, events)):
         for event in events:
-            if type(event) in _METERED and event.child_id is None:
+            if type(event) in METERED and event.child_id is None:
                 _meter(delta, event)
     return delta
 

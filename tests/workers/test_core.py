@@ -5,7 +5,8 @@ trees — roots, children and grandchildren fanned in, deltas of both kinds with
 mid-run, a run that ends and gets more, publisher seqs repeated, skipped or 0, another tenant's
 events, an event for a run not loaded, a ts not parsed before — processed by both, in place or
 not, merged into one write or not, then ticked, give the same raw and shaped events, the same
-checkpoints, the same failures and the same counters."""
+checkpoints, the same run summaries for the replay log (summed as admitted by the compiled path,
+read from the events on the Python one), the same failures and the same counters."""
 
 from __future__ import annotations
 
@@ -20,6 +21,7 @@ from hypothesis import strategies as st
 
 from runwire.core.envelope import Event, decode_many, encode
 from runwire.processing.processor import Processor, StreamOutput
+from runwire.store.runmeta import stream_summary
 from tests.events import event
 from tests.jobs.test_otlp_native import HINT
 from tests.workers.events import at
@@ -104,7 +106,11 @@ def run_through(core: Any, frames: list[bytes], cuts: list[int], owned: bool, me
 def written(outputs: dict[str, StreamOutput]) -> list[Any]:
     def lines(events: list[Event]) -> list[bytes]:
         return [encode(event) for event in events]
-    return [(run_id, lines(output.raw), lines(output.shaped), output.state) for run_id, output in outputs.items()]
+    def summary(run_id: str, output: StreamOutput) -> Any:
+        # what the replay log's row of the run gets: summed as admitted (compiled), or read now
+        return stream_summary((run_id, output.raw, [], None, output.raw_summary())) if output.raw else None
+    return [(run_id, lines(output.raw), lines(output.shaped), output.state, summary(run_id, output))
+            for run_id, output in outputs.items()]
 
 
 @settings(max_examples=300, deadline=None)
@@ -147,3 +153,9 @@ def test_a_busy_tree_takes_the_compiled_path_and_matches_its_twin() -> None:
         globals()["Processor"] = original
     assert compiled_run == run_through(None, frames, cuts, True, True)
     assert calls == []
+    processor = Processor(core=compiled())
+    events = decode_many(frames)
+    for run_id in sorted(processor.missing(events)):
+        processor.restore(run_id, None)
+    outputs, _ = processor.process_each(events, owned=True)
+    assert all(output.raw_summary() is not None for output in outputs.values())  # (the log reads none)

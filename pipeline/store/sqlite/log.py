@@ -44,6 +44,7 @@ from ..runmeta import (
     RunDelta,
     logged_run,
     run_info,
+    stream_summary,
     summarize_run,
     with_checkpoint,
 )
@@ -223,16 +224,17 @@ class SQLiteLog(ReplayLog):
         with transaction(db):
             plan = ascending_segments(streams)
             checkpoints = checkpoints_of(streams, ascending=plan is not None)
-            fresh: Sequence[tuple[str, Sequence[Event]]]
             if plan is not None and db.execute(STORED_PAST, (ids_json.encode(plan[1]),)).fetchone() is None:
                 execute_rows(db, INSERT_SEGMENTS, 4, plan[0])
-                fresh = [(stream[0], stream[1]) for stream in streams if stream[1]]
+                stored = [stream for stream in streams if stream[1]]
+                deltas = [stream_summary(stream) for stream in stored]
             else:
                 fresh = self._insert_new(streams)
-            self._merge_runs([with_checkpoint(summarize_run(run_id, events, ascending=True),
-                                              *checkpoints.get(run_id, NO_CHECKPOINT))
-                              for run_id, events in fresh], now)
-        return sum(len(events) for _, events in fresh)
+                stored = fresh  # type: ignore[assignment]
+                deltas = [summarize_run(run_id, events, ascending=True) for run_id, events in fresh]
+            self._merge_runs([with_checkpoint(delta, *checkpoints.get(delta.run_id, NO_CHECKPOINT))
+                              for delta in deltas], now)
+        return sum(len(stream[1]) for stream in stored)
 
     def _insert_new(self, streams: Sequence[LogStream]) -> list[tuple[str, list[Event]]]:
         """Store the events whose ``(run_id, seq)`` is neither stored nor earlier in ``streams``.
