@@ -952,6 +952,214 @@ static PyObject *missing(PyObject *module, PyObject *const *args, Py_ssize_t nar
     Py_RETURN_NONE;
 }
 
+/* ---- a worker's write to Redis delivery streams, as RESP: runwire.bus.redis.entries.pack_append_many ----
+ * Byte for byte its Python twin's (tests/bus/test_pack_native.py): the EVALSHA of APPEND_MANY,
+ * each stream's keys (keys_of), its state, whether it ends its run, its entries; a stream of one
+ * entry of contiguous seqs encoded as Lines (the worker's usual append) is read here, any other
+ * through entry_args and ends_run's Python. Two passes: the sizes, then one bytes object written
+ * in place (each event's line copied once, as b"".join copies it). */
+static PyObject *P_entry_args, *P_ends_run, *P_lines, *P_lifecycle;
+static Py_ssize_t P_entry_events;
+
+typedef struct {
+    PyObject *keys, *state, *joined, *entries;  /* joined: the one entry's lines; else entries */
+    char spec[48];
+    int spec_len, ends;
+} Packed;
+
+static Py_ssize_t digits_of(unsigned long long n) {
+    Py_ssize_t d = 1;
+    while (n >= 10) n /= 10, d++;
+    return d;
+}
+
+static char *put_uint(char *at, unsigned long long n) {
+    Py_ssize_t d = digits_of(n);
+    for (Py_ssize_t i = d - 1; i >= 0; i--) at[i] = (char)('0' + n % 10), n /= 10;
+    return at + d;
+}
+
+static Py_ssize_t bulk_size(Py_ssize_t n) { return 1 + digits_of((unsigned long long)n) + 2 + n + 2; }
+
+static char *put_bulk(char *at, const char *data, Py_ssize_t n) {
+    *at++ = '$';
+    at = put_uint(at, (unsigned long long)n);
+    *at++ = '\r', *at++ = '\n';
+    memcpy(at, data, n);
+    at += n;
+    *at++ = '\r', *at++ = '\n';
+    return at;
+}
+
+static char *put_bulk_int(char *at, unsigned long long value) {
+    char digits[24];
+    Py_ssize_t d = put_uint(digits, value) - digits;
+    return put_bulk(at, digits, d);
+}
+
+static Py_ssize_t bulk_int_size(unsigned long long value) { return bulk_size(digits_of(value)); }
+
+/* One stream's entries: its one entry read here (1), or entry_args's list (0); -1 an error */
+static int pack_one(Packed *p, PyObject *events, PyObject *encoded) {
+    Py_ssize_t n = PyList_CheckExact(events) ? PyList_GET_SIZE(events) : -1;
+    if (n > 0 && n <= P_entry_events && Py_IS_TYPE(encoded, (PyTypeObject *)P_lines)
+        && PyObject_Length(encoded) == n) {
+        long long first, last;
+        if (get_long(PyList_GET_ITEM(events, 0), &EV_seq, &first) < 0
+            || get_long(PyList_GET_ITEM(events, n - 1), &EV_seq, &last) < 0) return -1;
+        if (first >= 0 && last - first == n - 1) {
+            PyObject *joined = PyObject_GetAttrString(encoded, "joined");
+            if (joined == NULL) return -1;
+            if (PyBytes_CheckExact(joined)) {
+                p->joined = joined;
+                p->spec_len = snprintf(p->spec, sizeof(p->spec), "%lld+%zd", first, n);
+                return 1;
+            }
+            Py_DECREF(joined);
+        }
+    }
+    if (PyErr_Occurred()) return -1;
+    p->entries = PyObject_CallFunctionObjArgs(P_entry_args, events, encoded, NULL);
+    if (p->entries == NULL) return -1;
+    if (!PyList_CheckExact(p->entries)) {
+        PyErr_SetString(PyExc_TypeError, "entry_args gives a list");
+        return -1;
+    }
+    for (Py_ssize_t i = 0; i < PyList_GET_SIZE(p->entries); i++) {
+        if (!PyBytes_Check(PyList_GET_ITEM(p->entries, i))) {
+            PyErr_SetString(PyExc_TypeError, "an entry's parts are bytes");
+            return -1;
+        }
+    }
+    return 0;
+}
+
+/* ends_run(events): no run.lifecycle among them (most appends), else its Python */
+static int ends_of(PyObject *events) {
+    if (PyList_CheckExact(events)) {
+        int any = 0;
+        for (Py_ssize_t i = 0; !any && i < PyList_GET_SIZE(events); i++)
+            any = Py_TYPE(PyList_GET_ITEM(events, i)) == (PyTypeObject *)P_lifecycle;
+        if (!any) return 0;
+    }
+    PyObject *r = PyObject_CallOneArg(P_ends_run, events);
+    if (r == NULL) return -1;
+    int yes = PyObject_IsTrue(r);
+    Py_DECREF(r);
+    return yes;
+}
+
+static PyObject *pack_append_many(PyObject *module, PyObject *const *args, Py_ssize_t nargs) {
+    if (P_entry_args == NULL || nargs != 4 || !PyBytes_CheckExact(args[0]) || !PyBytes_CheckExact(args[1])) {
+        PyErr_SetString(PyExc_TypeError, P_entry_args == NULL ? "setup_pack() was not called"
+                        : "pack_append_many(framed_sha: bytes, head: bytes, appends, keys_of)");
+        return NULL;
+    }
+    PyObject *sha = args[0], *head = args[1], *keys_of = args[3];
+    PyObject *appends = PySequence_Fast(args[2], "appends is a sequence");
+    if (appends == NULL) return NULL;
+    Py_ssize_t count = PySequence_Fast_GET_SIZE(appends), arguments = 3, size = 0, done = 0;
+    Packed *packed = PyMem_Calloc(count ? count : 1, sizeof(Packed));
+    PyObject *result = NULL;
+    if (packed == NULL) { PyErr_NoMemory(); goto finish; }
+    for (; done < count; done++) {
+        Packed *p = &packed[done];
+        PyObject *item = PySequence_Fast_GET_ITEM(appends, done);
+        if (!PyTuple_CheckExact(item) || PyTuple_GET_SIZE(item) != 4) {
+            PyErr_SetString(PyExc_TypeError, "an append is (key, events, encoded, state)");
+            goto finish;
+        }
+        PyObject *key = PyTuple_GET_ITEM(item, 0), *events = PyTuple_GET_ITEM(item, 1),
+                 *encoded = PyTuple_GET_ITEM(item, 2), *state = PyTuple_GET_ITEM(item, 3);
+        if ((p->keys = PyObject_CallOneArg(keys_of, key)) == NULL) goto finish;
+        if (!PyBytes_CheckExact(p->keys) || (state != Py_None && !PyBytes_CheckExact(state))) {
+            PyErr_SetString(PyExc_TypeError, "framed keys and a state are bytes");
+            goto finish;
+        }
+        p->state = Py_NewRef(state);
+        int one = pack_one(p, events, encoded);
+        if (one < 0 || (p->ends = ends_of(events)) < 0) goto finish;
+        Py_ssize_t entries = one ? 2 : PyList_GET_SIZE(p->entries);
+        arguments += 4 + entries;
+        size += PyBytes_GET_SIZE(p->keys);
+        size += state == Py_None ? 13 : 7 + bulk_size(PyBytes_GET_SIZE(state));
+        size += 7 + bulk_int_size((unsigned long long)(entries / 2));
+        if (one) {
+            size += bulk_size(p->spec_len) + bulk_size(PyBytes_GET_SIZE(p->joined));
+        } else {
+            for (Py_ssize_t i = 0; i < entries; i++) size += bulk_size(PyBytes_GET_SIZE(PyList_GET_ITEM(p->entries, i)));
+        }
+    }
+    Py_ssize_t keys = count * 3, total = 3 + keys + arguments;
+    size += 1 + digits_of((unsigned long long)total) + 2 + 13 + PyBytes_GET_SIZE(sha)
+            + bulk_int_size((unsigned long long)keys) + PyBytes_GET_SIZE(head);
+    if ((result = PyBytes_FromStringAndSize(NULL, size)) == NULL) goto finish;
+    char *at = PyBytes_AS_STRING(result);
+    *at++ = '*';
+    at = put_uint(at, (unsigned long long)total);
+    memcpy(at, "\r\n$7\r\nEVALSHA\r\n", 15);
+    at += 15;
+    memcpy(at, PyBytes_AS_STRING(sha), PyBytes_GET_SIZE(sha));
+    at += PyBytes_GET_SIZE(sha);
+    at = put_bulk_int(at, (unsigned long long)keys);
+    for (Py_ssize_t i = 0; i < count; i++) {
+        memcpy(at, PyBytes_AS_STRING(packed[i].keys), PyBytes_GET_SIZE(packed[i].keys));
+        at += PyBytes_GET_SIZE(packed[i].keys);
+    }
+    memcpy(at, PyBytes_AS_STRING(head), PyBytes_GET_SIZE(head));
+    at += PyBytes_GET_SIZE(head);
+    for (Py_ssize_t i = 0; i < count; i++) {
+        Packed *p = &packed[i];
+        if (p->state == Py_None) {
+            memcpy(at, "$1\r\n0\r\n$0\r\n\r\n", 13);
+            at += 13;
+        } else {
+            memcpy(at, "$1\r\n1\r\n", 7);
+            at = put_bulk(at + 7, PyBytes_AS_STRING(p->state), PyBytes_GET_SIZE(p->state));
+        }
+        memcpy(at, p->ends ? "$1\r\n1\r\n" : "$1\r\n0\r\n", 7);
+        at += 7;
+        if (p->joined != NULL) {
+            at = put_bulk_int(at, 1);
+            at = put_bulk(at, p->spec, p->spec_len);
+            at = put_bulk(at, PyBytes_AS_STRING(p->joined), PyBytes_GET_SIZE(p->joined));
+        } else {
+            at = put_bulk_int(at, (unsigned long long)(PyList_GET_SIZE(p->entries) / 2));
+            for (Py_ssize_t j = 0; j < PyList_GET_SIZE(p->entries); j++) {
+                PyObject *part = PyList_GET_ITEM(p->entries, j);
+                at = put_bulk(at, PyBytes_AS_STRING(part), PyBytes_GET_SIZE(part));
+            }
+        }
+    }
+    if (at != PyBytes_AS_STRING(result) + size) {
+        PyErr_SetString(PyExc_SystemError, "pack_append_many: the sizes did not add up");
+        Py_CLEAR(result);
+    }
+finish:
+    for (Py_ssize_t i = 0; packed != NULL && i < count && i <= done; i++) {
+        Py_XDECREF(packed[i].keys), Py_XDECREF(packed[i].state), Py_XDECREF(packed[i].joined);
+        Py_XDECREF(packed[i].entries);
+    }
+    PyMem_Free(packed);
+    Py_DECREF(appends);
+    return result;
+}
+
+static PyObject *setup_pack(PyObject *module, PyObject *args, PyObject *kwargs) {
+    static char *names[] = {"entry_args", "ends_run", "lines", "run_lifecycle", "entry_events", NULL};
+    PyObject *entry_args, *ends_run, *lines, *lifecycle;
+    Py_ssize_t entry_events;
+    if (!PyArg_ParseTupleAndKeywords(args, kwargs, "$OOO!O!n", names, &entry_args, &ends_run, &PyType_Type, &lines,
+                                     &PyType_Type, &lifecycle, &entry_events))
+        return NULL;
+    Py_XSETREF(P_entry_args, Py_NewRef(entry_args));
+    Py_XSETREF(P_ends_run, Py_NewRef(ends_run));
+    Py_XSETREF(P_lines, Py_NewRef(lines));
+    Py_XSETREF(P_lifecycle, Py_NewRef(lifecycle));
+    P_entry_events = entry_events;
+    Py_RETURN_NONE;
+}
+
 static PyObject *setup(PyObject *module, PyObject *args, PyObject *kwargs) {
     static char *names[] = {"output", "window", "text_delta", "reasoning_delta", "child_spawn",
                             "run_lifecycle", "unset", "replace", "is_terminal", "format_millis",
@@ -979,6 +1187,10 @@ static PyObject *setup(PyObject *module, PyObject *args, PyObject *kwargs) {
 static PyMethodDef methods[] = {
     {"process", (PyCFunction)(void (*)(void))process, METH_FASTCALL,
      "process(processor, events, outputs, now, in_place) -> [(index, error)]: Processor.process_each's loop."},
+    {"pack_append_many", (PyCFunction)(void (*)(void))pack_append_many, METH_FASTCALL,
+     "pack_append_many(framed_sha, head, appends, keys_of) -> bytes: runwire.bus.redis.entries'."},
+    {"setup_pack", (PyCFunction)(void (*)(void))setup_pack, METH_VARARGS | METH_KEYWORDS,
+     "setup_pack(entry_args, ends_run, lines, run_lifecycle, entry_events): once, before pack_append_many()."},
     {"missing", (PyCFunction)(void (*)(void))missing, METH_FASTCALL,
      "missing(processor, events, wanted): Processor.missing's loop, adding to wanted."},
     {"setup", (PyCFunction)(void (*)(void))setup, METH_VARARGS | METH_KEYWORDS,

@@ -29,9 +29,10 @@ from collections.abc import Callable, Iterable, Sequence
 from operator import attrgetter
 from typing import Any
 
-from ...core.envelope import Event, decode_many
+from ...core import native
+from ...core.envelope import Event, RunLifecycle, decode_many
 from ...core.errors import ProtocolError
-from ...core.lines import join_lines
+from ...core.lines import Lines, join_lines
 from ..base import StreamKey, ends_run
 from ..ingest_entries import chunks, join
 
@@ -237,8 +238,18 @@ def pack_append_many(
 
     A worker's write of a few events to each of hundreds of streams pays per stream
     here, not per event: each stream's keys come framed from ``keys_of`` and each
-    argument is framed once (docs/workers.md § Throughput).
+    argument is framed once (docs/workers.md § Throughput). Compiled where it was built
+    (``runwire.processing._core``), its twin :func:`pack_append_many_python`.
     """
+    if _CORE is not None:
+        return _CORE.pack_append_many(_frame(sha.encode()), head, appends, keys_of)  # type: ignore[no-any-return]
+    return pack_append_many_python(sha, head, appends, keys_of)
+
+
+def pack_append_many_python(
+    sha: str, head: bytes, appends: Sequence[EncodedAppend], keys_of: Callable[[StreamKey], bytes]
+) -> bytes:
+    """:func:`pack_append_many`'s Python twin (``tests/bus/test_pack_native.py``)."""
     keys_out: list[bytes] = []
     args_out: list[bytes] = []
     arguments = 3  # maxlen, ttl, grace; then per stream: state given, state, ends, entries
@@ -256,3 +267,14 @@ def pack_append_many(
     count = len(keys_out) * 3
     return b"".join([b"*%d\r\n$7\r\nEVALSHA\r\n" % (3 + count + arguments),
                      _frame(sha.encode()), frame_ints(count), *keys_out, head, *args_out])
+
+
+def _load_core() -> Any:
+    core = native.load("processing._core", "Redis write's packing")
+    if core is not None:
+        core.setup_pack(entry_args=entry_args, ends_run=ends_run, lines=Lines, run_lifecycle=RunLifecycle,
+                        entry_events=ENTRY_EVENTS)
+    return core
+
+
+_CORE = _load_core()
