@@ -125,13 +125,30 @@ static PyObject *attr(PyObject *obj, PyObject *name) {  /* any other attribute (
     return PyObject_GetAttr(obj, name);
 }
 
+/* An int as a C integer, as PyLong_AsLongLongAndOverflow gives it (overflow set past 64 bits),
+ * an int of one or two digits read in place (CPython before 3.12 keeps its sign in ob_size) */
+static inline long long as_long(PyObject *value, int *overflow) {
+#if PY_VERSION_HEX < 0x030C0000
+    if (PyLong_CheckExact(value)) {
+        Py_ssize_t size = Py_SIZE(value);
+        const digit *d = ((PyLongObject *)value)->ob_digit;
+        *overflow = 0;
+        if (size == 0) return 0;
+        if (size == 1) return (long long)d[0];
+        if (size == -1) return -(long long)d[0];
+        if (size == 2) return (long long)d[0] | ((long long)d[1] << PyLong_SHIFT);
+    }
+#endif
+    return PyLong_AsLongLongAndOverflow(value, overflow);
+}
+
 /* An int field as a C integer; -1 with an error set (not an int, or past 64 bits) */
 static int get_long(PyObject *obj, const Field *f, long long *out) {
     PyObject **where = slot(obj, f);
     PyObject *value = where != NULL && *where != NULL ? Py_NewRef(*where) : PyObject_GetAttr(obj, *f->name);
     if (value == NULL) return -1;
     int overflow = 0;
-    *out = PyLong_Check(value) ? PyLong_AsLongLongAndOverflow(value, &overflow) : -1;
+    *out = PyLong_Check(value) ? as_long(value, &overflow) : -1;
     int failed = !PyLong_Check(value) || overflow || (*out == -1 && PyErr_Occurred());
     Py_DECREF(value);
     if (failed && !PyErr_Occurred()) PyErr_SetString(PyExc_OverflowError, "not a 64-bit int");
@@ -366,6 +383,14 @@ done:
     return rc;
 }
 
+/* Whether key holds part at start (1, 0; -1 an error): ASCII compared in place, else Tailmatch */
+static inline Py_ssize_t part_at(PyObject *key, PyObject *part, Py_ssize_t start) {
+    Py_ssize_t n = PyUnicode_GET_LENGTH(part);
+    if (PyUnicode_IS_ASCII(key) && PyUnicode_IS_ASCII(part))
+        return memcmp((const char *)PyUnicode_DATA(key) + start, PyUnicode_DATA(part), n) == 0;
+    return PyUnicode_Tailmatch(key, part, start, start + n, start ? 1 : -1);
+}
+
 /* windows.get(child + suffix) (child NULL: suffix), without making the key: a stream has a
  * window or a few open, whose keys are compared in place (0, *window a new reference or NULL) */
 static int window_of(PyObject *windows, PyObject *child, PyObject *suffix, PyObject **window) {
@@ -379,8 +404,8 @@ static int window_of(PyObject *windows, PyObject *child, PyObject *suffix, PyObj
     }
     while (PyDict_Next(windows, &pos, &key, &value)) {
         if (!PyUnicode_CheckExact(key) || PyUnicode_GET_LENGTH(key) != length) continue;
-        Py_ssize_t same = key == suffix ? 1 : PyUnicode_Tailmatch(key, suffix, head, length, 1);
-        if (same > 0 && child != NULL) same = PyUnicode_Tailmatch(key, child, 0, head, -1);
+        Py_ssize_t same = key == suffix ? 1 : part_at(key, suffix, head);
+        if (same > 0 && child != NULL) same = part_at(key, child, 0);
         if (same < 0) return -1;
         if (same) {
             *window = Py_NewRef(value);
@@ -399,7 +424,7 @@ static int feed(PyObject *co, PyObject *event, PyObject *out, long long seq, PyO
     if ((state = get(co, &CO_state)) == NULL || (fed = get(co, &CO_fed)) == NULL) goto done;
     if (fed != Py_None) {
         int overflow = 0;
-        long long fed_n = PyLong_AsLongLongAndOverflow(fed, &overflow);
+        long long fed_n = as_long(fed, &overflow);
         if (overflow || (fed_n == -1 && PyErr_Occurred()) || seq > fed_n + 1) { PyErr_Clear(); rc = 1; goto done; }
     }
     PyTypeObject *type = Py_TYPE(event);
@@ -427,7 +452,7 @@ static int feed(PyObject *co, PyObject *event, PyObject *out, long long seq, PyO
     }
     long long now, clock, first_end, window_ms;
     int overflow = 0;
-    now = PyLong_AsLongLongAndOverflow(millis, &overflow);
+    now = as_long(millis, &overflow);
     if (overflow || (now == -1 && PyErr_Occurred())) { PyErr_Clear(); rc = 1; goto done; }
     if (get_long(state, &SH_clock, &clock) < 0) goto done;
     /* from here on it is this step's */
@@ -567,6 +592,21 @@ static PyTypeObject RunSummaryType = {
 
 static PyObject *METERED;  /* the types of runmeta's metered events */
 
+/* a against b: -1, 0, 1 (-2 an error); two ASCII strs compared in place */
+static int str_order(PyObject *a, PyObject *b) {
+    if (a == b) return 0;
+    if (PyUnicode_CheckExact(a) && PyUnicode_CheckExact(b) && PyUnicode_IS_ASCII(a) && PyUnicode_IS_ASCII(b)) {
+        Py_ssize_t na = PyUnicode_GET_LENGTH(a), nb = PyUnicode_GET_LENGTH(b);
+        int c = memcmp(PyUnicode_DATA(a), PyUnicode_DATA(b), na < nb ? na : nb);
+        if (c == 0) c = na < nb ? -1 : na > nb;
+        return c < 0 ? -1 : c > 0;
+    }
+    int less = PyObject_RichCompareBool(a, b, Py_LT);
+    if (less) return less < 0 ? -2 : -1;
+    int more = PyObject_RichCompareBool(a, b, Py_GT);
+    return more < 0 ? -2 : more;
+}
+
 static int sum_event(RunSummary *acc, PyObject *event) {
     PyObject *seq = get(event, &EV_seq), *ts = seq == NULL ? NULL : get(event, &EV_ts), *child = NULL;
     int rc = -1;
@@ -575,12 +615,16 @@ static int sum_event(RunSummary *acc, PyObject *event) {
         Py_XSETREF(acc->first_seq, Py_NewRef(seq));
         Py_XSETREF(acc->first_ts, Py_NewRef(ts));
         Py_XSETREF(acc->last_ts, Py_NewRef(ts));
-    } else if (ts != acc->first_ts || ts != acc->last_ts) {  /* (the first of equals kept, as min and max keep it) */
-        int below = PyObject_RichCompareBool(ts, acc->first_ts, Py_LT);
-        int above = below < 0 ? -1 : PyObject_RichCompareBool(ts, acc->last_ts, Py_GT);
-        if (above < 0) goto done;
-        if (below) Py_SETREF(acc->first_ts, Py_NewRef(ts));
-        if (above) Py_SETREF(acc->last_ts, Py_NewRef(ts));
+    } else {  /* (the first of equals kept, as min and max keep it; past the greatest, not below the least) */
+        int above = str_order(ts, acc->last_ts);
+        if (above == -2) goto done;
+        if (above > 0) {
+            Py_SETREF(acc->last_ts, Py_NewRef(ts));
+        } else if (above < 0) {
+            int below = str_order(ts, acc->first_ts);
+            if (below == -2) goto done;
+            if (below < 0) Py_SETREF(acc->first_ts, Py_NewRef(ts));
+        }
     }
     Py_XSETREF(acc->last_seq, Py_NewRef(seq));
     if (acc->tenant == NULL || acc->tenant == Py_None) {
@@ -669,7 +713,7 @@ static int admit(Batch *b, PyObject *stream, PyObject *event, PyObject *publishe
         if (last == NULL && PyErr_Occurred()) goto done;
         if (last != NULL) {
             int overflow = 0;
-            last_n = PyLong_Check(last) ? PyLong_AsLongLongAndOverflow(last, &overflow) : -1;
+            last_n = PyLong_Check(last) ? as_long(last, &overflow) : -1;
             if (!PyLong_Check(last) || overflow || (last_n == -1 && PyErr_Occurred())) {
                 PyErr_Clear();
                 python = 1;
@@ -814,7 +858,7 @@ static int one(Batch *b, PyObject *streams, PyObject *parents, PyObject *event) 
     long long published_n;
     if ((published = get(event, &EV_seq)) == NULL) goto done;
     int overflow = 0;
-    published_n = PyLong_Check(published) ? PyLong_AsLongLongAndOverflow(published, &overflow) : -1;
+    published_n = PyLong_Check(published) ? as_long(published, &overflow) : -1;
     if (!PyLong_Check(published) || overflow || (published_n == -1 && PyErr_Occurred())) {
         PyErr_Clear();
         PyErr_SetString(PyExc_OverflowError, "a publisher seq past 64 bits");

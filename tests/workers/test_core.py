@@ -74,7 +74,7 @@ def scripts(draw: Any) -> list[bytes]:
         if draw(st.integers(0, 9)) == 0:
             fields["thread_id"] = draw(TEXTS)
         if kind.endswith(".delta") and draw(st.integers(0, 14)) == 0:
-            fields["child_ref"] = "r.9"
+            fields["child_ref"] = draw(st.sampled_from(("r.9", "r.é", "é")))
         ms = max(0.0, clock) + (0.5 if draw(st.integers(0, 30)) == 0 else 0)  # (a ts of its own)
         frames.append(encode(event(run_id, seq, kind, payload, ts=at(ms), **fields)))
     return frames
