@@ -98,10 +98,10 @@ static Field CO_fed = {&A_fed, NULL, -1, 0}, CO_first_end = {&A_first_end, NULL,
     WIN_ts = {&A_ts, NULL, -1, 0};
 
 static inline PyObject **slot(PyObject *obj, const Field *f) {
-    PyTypeObject *t = Py_TYPE(obj);
-    if (f->offset < 0 || (t != f->type && (f->exact || (t->tp_base != f->type && !PyType_IsSubtype(t, f->type)))))
-        return NULL;
-    return (PyObject **)((char *)obj + f->offset);
+    PyTypeObject *t = Py_TYPE(obj);  /* (a field's type is set, with its offset, or NULL) */
+    if (t == f->type || (!f->exact && f->type != NULL && (t->tp_base == f->type || PyType_IsSubtype(t, f->type))))
+        return (PyObject **)((char *)obj + f->offset);
+    return NULL;
 }
 
 static inline PyObject *get(PyObject *obj, const Field *f) {  /* a new reference */
@@ -207,6 +207,7 @@ static int find_fields(PyObject *types) {
             return -1;
         }
         PyObject *d = _PyType_Lookup((PyTypeObject *)type, *f->name);
+        Py_CLEAR(f->type);  /* (no type: never read in a slot, whatever the offset) */
         f->offset = -1;
         if (d != NULL && Py_IS_TYPE(d, &PyMemberDescr_Type)) {
             PyMemberDef *m = ((PyMemberDescrObject *)d)->d_member;
@@ -216,8 +217,8 @@ static int find_fields(PyObject *types) {
             PyErr_Format(PyExc_TypeError, "%s.%U is not a field in a slot", all[i].type, *f->name);
             return -1;
         }
-        Py_XSETREF(f->type, (PyTypeObject *)Py_NewRef(type));
         f->exact = all[i].exact;
+        f->type = (PyTypeObject *)Py_NewRef(type);
     }
     return 0;
 }
