@@ -227,12 +227,6 @@ static int equal(PyObject *a, PyObject *b) {
     return a == b ? 1 : PyObject_RichCompareBool(a, b, Py_EQ);
 }
 
-/* A container's size, truthiness as Python reads it (a dict or a list) */
-static inline Py_ssize_t size_of(PyObject *container) {
-    return PyDict_CheckExact(container) ? PyDict_GET_SIZE(container)
-           : PyList_CheckExact(container) ? PyList_GET_SIZE(container) : PyObject_Length(container);
-}
-
 /* ---- the steps: each returns 0 done here, 1 left to its Python code (nothing changed), -1 error */
 
 /* ---- shaping's windows (DeltaCoalescer) ---- */
