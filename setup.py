@@ -7,6 +7,6 @@ from setuptools import Extension, setup
 setup(ext_modules=[
     Extension("runwire.jobs._otlp", ["pipeline/jobs/_otlp.c", "pipeline/jobs/_fold.c"],
               depends=["pipeline/jobs/_wire.h"], optional=True, extra_compile_args=["-O2"]),
-    Extension("runwire.processing._core", ["pipeline/processing/_core.c"], optional=True,
+    Extension("runwire.core._native", ["pipeline/core/_native.c"], optional=True,
               extra_compile_args=["-O2"]),
 ])

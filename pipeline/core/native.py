@@ -1,7 +1,7 @@
 """The compiled twins of pure-Python hot paths, and which of the two a process runs.
 
 A compiled twin (``runwire.jobs._otlp``: the OTLP request writer of :mod:`runwire.jobs.otlp` and
-the span fold; ``runwire.processing._core``: the worker's per-event path of
+the span fold; ``runwire.core._native``: the worker's per-event path of
 :mod:`runwire.processing.processor`) is built from C at install where a compiler is
 (``setup.py``: an optional extension) and does exactly what its Python twin does: a test checks
 the two against each other over generated input (``tests/jobs/test_otlp_native.py``,

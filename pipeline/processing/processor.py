@@ -108,7 +108,7 @@ class StreamOutput(msgspec.Struct, kw_only=True):
     stream: Any = None
     """The in-memory stream, while ``state`` is not taken yet (see :meth:`Processor.seal`)."""
     summary: Any = None
-    """What the replay log's run summary reads of ``raw`` (``runwire.processing._core.RunSummary``),
+    """What the replay log's run summary reads of ``raw`` (``runwire.core._native.RunSummary``),
     summed by the compiled path as each event is admitted, while in the CPU's caches; None on
     the Python path (:func:`runwire.store.runmeta.summarize_run` reads the events then)."""
 
@@ -119,10 +119,10 @@ class StreamOutput(msgspec.Struct, kw_only=True):
 
 
 def _load_core() -> Any:
-    """The compiled per-event path (``runwire.processing._core``), told once of the types and
+    """The compiled per-event path (``runwire.core._native``), told once of the types and
     functions it calls; None where it was not built (or ``RUNWIRE_PURE=1``): this module's
     Python, its twin, runs (docs/workers.md § The compiled core)."""
-    core = native.load("processing._core", "worker's per-event path")
+    core = native.load("core._native", "worker's per-event path")
     if core is not None:
         core.setup(output=StreamOutput, window=Window, text_delta=TextDelta, reasoning_delta=ReasoningDelta,
                    child_spawn=ChildSpawn, run_lifecycle=RunLifecycle, unset=UNSET, replace=replace_struct,

@@ -84,7 +84,7 @@ LogStream = (tuple[str, Sequence[Event], Sequence[bytes]]
              | tuple[str, Sequence[Event], Sequence[bytes], bytes | None, Any])
 """One run's part of a write to the log (:meth:`ReplayLog.append_streams`): ``(run_id, events,
 encoded)``, optionally with the checkpoint of the run's raw delivery stream after these events,
-and what the worker summed of the events as it admitted them (``runwire.processing._core.RunSummary``,
+and what the worker summed of the events as it admitted them (``runwire.core._native.RunSummary``,
 or None: :func:`runwire.store.runmeta.stream_summary`)."""
 
 

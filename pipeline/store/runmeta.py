@@ -89,7 +89,7 @@ def stream_summary(stream: LogStream) -> RunDelta:
 
 def summary_delta(run_id: str, summary: Any) -> RunDelta:
     """:func:`summarize_run` of a run's ascending events, from what was summed of them as they were
-    admitted (``runwire.processing._core.RunSummary``: the same reads, in the same order)."""
+    admitted (``runwire.core._native.RunSummary``: the same reads, in the same order)."""
     delta = RunDelta(run_id=run_id, events=summary.count, first_seq=summary.first_seq,
                      last_seq=summary.last_seq, first_ts=summary.first_ts, last_ts=summary.last_ts)
     if summary.tenant is not None:

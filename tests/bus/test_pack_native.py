@@ -1,4 +1,4 @@
-"""The compiled packing of a worker's Redis write (``runwire.processing._core.pack_append_many``)
+"""The compiled packing of a worker's Redis write (``runwire.core._native.pack_append_many``)
 and its Python twin (``runwire.bus.redis.entries.pack_append_many_python``) write the same bytes:
 generated writes — streams of one entry or several (past ``ENTRY_EVENTS``), contiguous seqs or
 not, encoded as ``Lines`` or as a list, with and without a checkpoint, holding the run's own end,

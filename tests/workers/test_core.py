@@ -1,4 +1,4 @@
-"""The compiled per-event path (``runwire.processing._core``) and its Python twin
+"""The compiled per-event path (``runwire.core._native``) and its Python twin
 (``Processor``'s own methods, ``Processor(core=None)``) process the same: generated batches of run
 trees — roots, children and grandchildren fanned in, deltas of both kinds with and without
 ``child_ref``, windows that close by event time, tool calls between them, a child.spawn learned
@@ -38,7 +38,7 @@ TEXTS = st.sampled_from(("", "x", 'a "quoted" \\ line\n', "\x00\x1f\x7f\u2028é�
 
 def compiled() -> ModuleType:
     try:
-        return importlib.import_module("runwire.processing._core")
+        return importlib.import_module("runwire.core._native")
     except ImportError:
         pytest.fail(HINT, pytrace=False)
 

@@ -239,7 +239,7 @@ def pack_append_many(
     A worker's write of a few events to each of hundreds of streams pays per stream
     here, not per event: each stream's keys come framed from ``keys_of`` and each
     argument is framed once (docs/workers.md § Throughput). Compiled where it was built
-    (``runwire.processing._core``), its twin :func:`pack_append_many_python`.
+    (``runwire.core._native``), its twin :func:`pack_append_many_python`.
     """
     if _CORE is not None:
         return _CORE.pack_append_many(_frame(sha.encode()), head, appends, keys_of)  # type: ignore[no-any-return]
@@ -270,7 +270,7 @@ def pack_append_many_python(
 
 
 def _load_core() -> Any:
-    core = native.load("processing._core", "Redis write's packing")
+    core = native.load("core._native", "Redis write's packing")
     if core is not None:
         core.setup_pack(entry_args=entry_args, ends_run=ends_run, lines=Lines, run_lifecycle=RunLifecycle,
                         entry_events=ENTRY_EVENTS)

@@ -1,4 +1,4 @@
-/* runwire.processing._core: the worker's per-event path (fan-in, sequencing, shaping's windows),
+/* runwire.core._native: the worker's per-event path (fan-in, sequencing, shaping's windows),
  * compiled, for runwire.processing.processor.Processor.process_each.
  *
  * process(processor, events, outputs, now, in_place) does what process_each's loop does — for
@@ -576,7 +576,7 @@ static PyMemberDef run_summary_members[] = {
 
 static PyTypeObject RunSummaryType = {
     PyVarObject_HEAD_INIT(NULL, 0)
-    .tp_name = "runwire.processing._core.RunSummary",
+    .tp_name = "runwire.core._native.RunSummary",
     .tp_basicsize = sizeof(RunSummary),
     .tp_dealloc = (destructor)run_summary_dealloc,
     .tp_flags = Py_TPFLAGS_DEFAULT,
@@ -905,7 +905,7 @@ done:
 
 static PyObject *process(PyObject *module, PyObject *const *args, Py_ssize_t nargs) {
     if (T_output == NULL) {
-        PyErr_SetString(PyExc_RuntimeError, "runwire.processing._core.setup() was not called");
+        PyErr_SetString(PyExc_RuntimeError, "runwire.core._native.setup() was not called");
         return NULL;
     }
     if (nargs != 5) {
@@ -1237,9 +1237,9 @@ static PyMethodDef methods[] = {
     {NULL, NULL, 0, NULL},
 };
 
-static struct PyModuleDef module = {PyModuleDef_HEAD_INIT, "_core", NULL, 0, methods};
+static struct PyModuleDef module = {PyModuleDef_HEAD_INIT, "_native", NULL, 0, methods};
 
-PyMODINIT_FUNC PyInit__core(void) {
+PyMODINIT_FUNC PyInit__native(void) {
     if (intern_all() < 0 || PyType_Ready(&RunSummaryType) < 0) return NULL;
     PyObject *m = PyModule_Create(&module);
     if (m != NULL && PyModule_AddObjectRef(m, "RunSummary", (PyObject *)&RunSummaryType) < 0) Py_CLEAR(m);
