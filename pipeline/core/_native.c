@@ -155,6 +155,24 @@ static int get_long(PyObject *obj, const Field *f, long long *out) {
     return failed ? -1 : 0;
 }
 
+/* A Field's type and offset: the member descriptor of its name on ``type`` */
+static int find_field(Field *f, PyTypeObject *type, int exact) {
+    PyObject *d = _PyType_Lookup(type, *f->name);
+    Py_CLEAR(f->type);  /* (no type: never read in a slot, whatever the offset) */
+    f->offset = -1;
+    if (d != NULL && Py_IS_TYPE(d, &PyMemberDescr_Type)) {
+        PyMemberDef *m = ((PyMemberDescrObject *)d)->d_member;
+        if (m->type == T_OBJECT_EX && !(m->flags & READONLY)) f->offset = m->offset;
+    }
+    if (f->offset < 0 || type->tp_getattro != PyObject_GenericGetAttr) {
+        PyErr_Format(PyExc_TypeError, "%s.%U is not a field in a slot", type->tp_name, *f->name);
+        return -1;
+    }
+    f->exact = exact;
+    f->type = (PyTypeObject *)Py_NewRef(type);
+    return 0;
+}
+
 /* Each Field's type and offset, from the types setup() is given */
 static int find_fields(PyObject *types) {
     struct { Field *field; const char *type; int exact; } all[] = {
@@ -200,25 +218,12 @@ static int find_fields(PyObject *types) {
         {&WIN_ts, "window", 1},
     };
     for (size_t i = 0; i < sizeof(all) / sizeof(all[0]); i++) {
-        Field *f = all[i].field;
         PyObject *type = PyDict_GetItemString(types, all[i].type);
         if (type == NULL || !PyType_Check(type)) {
             PyErr_Format(PyExc_TypeError, "setup() names the type %s", all[i].type);
             return -1;
         }
-        PyObject *d = _PyType_Lookup((PyTypeObject *)type, *f->name);
-        Py_CLEAR(f->type);  /* (no type: never read in a slot, whatever the offset) */
-        f->offset = -1;
-        if (d != NULL && Py_IS_TYPE(d, &PyMemberDescr_Type)) {
-            PyMemberDef *m = ((PyMemberDescrObject *)d)->d_member;
-            if (m->type == T_OBJECT_EX && !(m->flags & READONLY)) f->offset = m->offset;
-        }
-        if (f->offset < 0 || ((PyTypeObject *)type)->tp_getattro != PyObject_GenericGetAttr) {
-            PyErr_Format(PyExc_TypeError, "%s.%U is not a field in a slot", all[i].type, *f->name);
-            return -1;
-        }
-        f->exact = all[i].exact;
-        f->type = (PyTypeObject *)Py_NewRef(type);
+        if (find_field(all[i].field, (PyTypeObject *)type, all[i].exact) < 0) return -1;
     }
     return 0;
 }
@@ -1184,6 +1189,65 @@ finish:
     return result;
 }
 
+
+/* ---- runwire.core.envelope's timestamp check (events.py's _TS_PATTERN, re.ASCII) ----
+ * ^\d{4}-\d{2}-\d{2}[Tt ]\d{2}:\d{2}:\d{2}(\.\d{1,9})?([Zz]|[+-]\d{2}:\d{2})\Z, ASCII digits only;
+ * its twin is the regex (tests/core/test_ts_native.py compares them over generated strings). */
+static inline int digits(const char *s, Py_ssize_t n) {
+    for (Py_ssize_t i = 0; i < n; i++) if (s[i] < '0' || s[i] > '9') return 0;
+    return 1;
+}
+
+static int ts_matches(PyObject *value) {
+    if (!PyUnicode_Check(value) || PyUnicode_READY(value) < 0 || !PyUnicode_IS_ASCII(value)) return 0;
+    const char *s = (const char *)PyUnicode_DATA(value);
+    Py_ssize_t n = PyUnicode_GET_LENGTH(value), i = 19;
+    if (n < 20 || !digits(s, 4) || s[4] != '-' || !digits(s + 5, 2) || s[7] != '-' || !digits(s + 8, 2)
+        || (s[10] != 'T' && s[10] != 't' && s[10] != ' ') || !digits(s + 11, 2) || s[13] != ':'
+        || !digits(s + 14, 2) || s[16] != ':' || !digits(s + 17, 2))
+        return 0;
+    if (s[i] == '.') {
+        Py_ssize_t start = ++i;
+        while (i < n && s[i] >= '0' && s[i] <= '9') i++;
+        if (i == start || i - start > 9) return 0;
+    }
+    if (i < n && (s[i] == 'Z' || s[i] == 'z')) return i + 1 == n;
+    return i + 6 == n && (s[i] == '+' || s[i] == '-') && digits(s + i + 1, 2) && s[i + 3] == ':'
+           && digits(s + i + 4, 2);
+}
+
+/* ts_all_match(events) -> bool: whether every event's ts matches (setup_ts first) */
+static PyObject *ts_all_match(PyObject *module, PyObject *events) {
+    if (!PyList_Check(events)) {
+        PyErr_SetString(PyExc_TypeError, "ts_all_match() takes a list of events");
+        return NULL;
+    }
+    PyObject *last = NULL;  /* (neighbours often share a ts: the same str, checked once) */
+    for (Py_ssize_t i = 0; i < PyList_GET_SIZE(events); i++) {
+        PyObject *ts = get(PyList_GET_ITEM(events, i), &EV_ts);
+        if (ts == NULL) return NULL;
+        int ok = ts == last || ts_matches(ts);
+        Py_DECREF(ts);  /* (the event holds it while the list does) */
+        if (!ok) Py_RETURN_FALSE;
+        last = ts;
+    }
+    Py_RETURN_TRUE;
+}
+
+/* ts_matches(value) -> bool: one value (the twin test's) */
+static PyObject *ts_matches_py(PyObject *module, PyObject *value) {
+    return PyBool_FromLong(ts_matches(value));
+}
+
+static PyObject *setup_ts(PyObject *module, PyObject *envelope) {
+    if (!PyType_Check(envelope)) {
+        PyErr_SetString(PyExc_TypeError, "setup_ts() takes the Envelope type");
+        return NULL;
+    }
+    if (find_field(&EV_ts, (PyTypeObject *)envelope, 0) < 0) return NULL;
+    Py_RETURN_NONE;
+}
+
 static PyObject *setup_pack(PyObject *module, PyObject *args, PyObject *kwargs) {
     static char *names[] = {"entry_args", "ends_run", "lines", "run_lifecycle", "entry_events", NULL};
     PyObject *entry_args, *ends_run, *lines, *lifecycle;
@@ -1232,6 +1296,10 @@ static PyMethodDef methods[] = {
      "setup_pack(entry_args, ends_run, lines, run_lifecycle, entry_events): once, before pack_append_many()."},
     {"missing", (PyCFunction)(void (*)(void))missing, METH_FASTCALL,
      "missing(processor, events, wanted): Processor.missing's loop, adding to wanted."},
+    {"ts_all_match", ts_all_match, METH_O,
+     "ts_all_match(events) -> bool: whether every event's ts is an RFC 3339 timestamp (setup_ts first)."},
+    {"ts_matches", ts_matches_py, METH_O, "ts_matches(value) -> bool: events.py's _TS_RE.match, for one value."},
+    {"setup_ts", setup_ts, METH_O, "setup_ts(Envelope): once, before ts_all_match()."},
     {"setup", (PyCFunction)(void (*)(void))setup, METH_VARARGS | METH_KEYWORDS,
      "setup(**types and functions of runwire.processing): once, before process()."},
     {NULL, NULL, 0, NULL},

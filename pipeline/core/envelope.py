@@ -66,6 +66,7 @@ from .events import (
     Usage,
     UsagePayload,
     _TypedEvent,
+    all_ts_match,
     format_ts,
     is_extension_type,
     is_terminal,
@@ -102,8 +103,6 @@ _ext_decoder = msgspec.json.Decoder(Extension)
 _many_decoder = msgspec.json.Decoder(list[_TypedEvent])
 _encoder = msgspec.json.Encoder()
 _type_probe = msgspec.json.Decoder(dict[str, Any])
-
-
 _NAMED_FIELD_RE = re.compile(r"^Object (?:missing required|contains unknown) field `([^`]*)`")
 
 
@@ -331,7 +330,7 @@ def decode_joined(
         events = cast("list[Event | ProtocolError]", _decoder.decode_lines(joined))
     except (msgspec.ValidationError, msgspec.DecodeError, RecursionError):
         return None
-    if len(events) != count or not all(map(_TS_RE.match, {event.ts for event in events})):  # type: ignore[union-attr]
+    if len(events) != count or not all_ts_match(events):
         return None
     if max_depth is not None:
         candidates = _deep_candidates(events)

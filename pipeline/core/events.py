@@ -30,7 +30,7 @@ or fails with ``KAI-STREAM-PROTO-0001`` naming the field.
 from __future__ import annotations
 
 import re
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from datetime import UTC, datetime, timedelta
 from typing import Annotated, Any, ClassVar, Literal, TypeVar
 
@@ -39,6 +39,7 @@ from msgspec import UNSET, UnsetType
 
 from . import limits
 from .errors import MalformedFrame
+from .native import load
 
 MAX_FRAME_BYTES = limits.FRAME_BYTES
 """Default size limit of one encoded frame (1 MiB)."""
@@ -273,14 +274,7 @@ class Extension(
 
 
 CORE_TYPES: tuple[type[Envelope], ...] = (
-    ReasoningDelta,
-    TextDelta,
-    ToolStart,
-    ToolEnd,
-    StepBoundary,
-    ChildSpawn,
-    PlanProposal,
-    RunLifecycle,
+    ReasoningDelta, TextDelta, ToolStart, ToolEnd, StepBoundary, ChildSpawn, PlanProposal, RunLifecycle
 )
 TYPED: tuple[type[Envelope], ...] = (*CORE_TYPES, Usage, Gap)
 for _cls in TYPED:
@@ -308,16 +302,8 @@ Event = (
 """Any event runwire carries."""
 
 _TypedEvent = (
-    ReasoningDelta
-    | TextDelta
-    | ToolStart
-    | ToolEnd
-    | StepBoundary
-    | ChildSpawn
-    | PlanProposal
-    | RunLifecycle
-    | Usage
-    | Gap
+    ReasoningDelta | TextDelta | ToolStart | ToolEnd | StepBoundary | ChildSpawn | PlanProposal
+    | RunLifecycle | Usage | Gap
 )
 
 
@@ -377,6 +363,18 @@ def _parse_ms(ts: str) -> int:
     except ValueError as error:  # the pattern admits month 13
         raise MalformedFrame(f"ts {ts!r} is not a valid instant: {error}", field="$.ts") from None
     return (moment - _EPOCH) // _MS
+
+
+def _all_ts_match(events: list[Any]) -> bool:
+    return all(map(_TS_RE.match, {event.ts for event in events}))
+
+
+_NATIVE = load("core._native", "batch's timestamp check")
+if _NATIVE is not None:
+    _NATIVE.setup_ts(Envelope)
+all_ts_match: Callable[[list[Any]], bool] = _all_ts_match if _NATIVE is None else _NATIVE.ts_all_match
+"""Whether every decoded event's ``ts`` matches the RFC 3339 pattern (a batch's check after
+msgspec's pass; compiled where built: ``runwire.core._native.ts_all_match``)."""
 
 
 def parse_ts(ts: str) -> datetime:

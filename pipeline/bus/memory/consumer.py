@@ -145,8 +145,7 @@ class MemoryConsumer(Consumer):
 
     def _redeliver(self, shard: int, entry_id: int, now: float) -> Delivery | None:
         group_shard = self._group.shards[shard]
-        pending = group_shard.pending[entry_id]
-        group_shard.move(entry_id, pending, self.name, now)
+        pending = group_shard.move(entry_id, group_shard.pending[entry_id], self.name, now)
         data = self.state.shards[shard].get(entry_id)
         if data is None:  # cannot happen while unacked; drop the stale reference
             group_shard.release([entry_id])

@@ -7,8 +7,9 @@ from __future__ import annotations
 
 import asyncio
 import time
-from collections import OrderedDict, deque
+from collections import Counter, OrderedDict, deque
 from collections.abc import Iterable
+from itertools import repeat
 
 import msgspec
 
@@ -49,8 +50,9 @@ class Notifier:
                 self._waiters.remove(fut)
 
 
-class Pending(msgspec.Struct, gc=False):
-    """A delivered, unacked entry (untracked by the collector: it holds no containers)."""
+class Pending(msgspec.Struct, gc=False, eq=False):
+    """A delivered, unacked entry (untracked by the collector: it holds no containers; hashed and
+    compared as itself: a delivery's entries share one)."""
 
     consumer: str
     delivered_ms: float
@@ -118,30 +120,31 @@ class _GroupShard:
         self.low = 1
 
     def hold(self, first: int, count: int, consumer: str, now: float) -> None:
-        """Record the first delivery of entries ``first`` … ``first + count - 1`` (the next ones)."""
+        """Record the first delivery of entries ``first`` … ``first + count - 1`` (the next ones).
+
+        The entries of one delivery share one :class:`Pending` (never changed: a redelivery
+        gives its entry a new one), so that holding and releasing them cost C-level passes."""
         if not self.pending:
             self.low = first
-        self.pending.update(
-            (entry_id, Pending(consumer, now, 1)) for entry_id in range(first, first + count))
+        self.pending.update(dict.fromkeys(range(first, first + count), Pending(consumer, now, 1)))
         self.held[consumer] = self.held.get(consumer, 0) + count
         self.last_delivered = first + count - 1
 
-    def move(self, entry_id: int, pending: Pending, consumer: str, now: float) -> None:
-        """Record a redelivery of a pending entry to ``consumer``."""
+    def move(self, entry_id: int, pending: Pending, consumer: str, now: float) -> Pending:
+        """Record a redelivery of a pending entry to ``consumer``: its new :class:`Pending`."""
         self._forget_holder(pending.consumer)
         self.held[consumer] = self.held.get(consumer, 0) + 1
-        pending.consumer, pending.delivered_ms = consumer, now
-        pending.count += 1
+        moved = self.pending[entry_id] = Pending(consumer, now, pending.count + 1)
         self.pending.move_to_end(entry_id)
+        return moved
 
     def release(self, entry_ids: Iterable[int]) -> bool:
         """Forget acked (or dead-lettered) entries; False if none of them was pending."""
-        pop, holders = self.pending.pop, self.held
         released: dict[str, int] = {}
-        for entry_id in entry_ids:
-            pending = pop(entry_id, None)
+        for pending, count in Counter(map(self.pending.pop, entry_ids, repeat(None))).items():
             if pending is not None:
-                released[pending.consumer] = released.get(pending.consumer, 0) + 1
+                released[pending.consumer] = released.get(pending.consumer, 0) + count
+        holders = self.held
         for consumer, count in released.items():
             left = holders[consumer] - count
             if left:
