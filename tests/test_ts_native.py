@@ -16,7 +16,6 @@ from tests.events import event
 from tests.workers.test_core import compiled
 
 
-
 def _digits(count: int) -> st.SearchStrategy[str]:
     return st.text("0123456789", min_size=count, max_size=count)
 
@@ -74,6 +73,18 @@ def test_a_batch_passes_only_when_every_ts_does(stamps: list[str]) -> None:
     if not expected:  # what a worker reads: the batch decoded frame by frame, the bad ones refused
         results = decode_many(frames)
         assert [isinstance(result, Exception) for result in results] == [not _TS_RE.match(ts) for ts in stamps]
+
+
+@settings(max_examples=300, deadline=None)
+@given(st.lists(st.sampled_from(range(6)), max_size=30), st.sets(st.sampled_from(range(6))))
+def test_what_is_left_to_read_of_a_batchs_ts_is_each_new_one_once_in_order(picks: list[int],
+                                                                           read: set[int]) -> None:
+    stamps = [f"2026-01-01T00:00:0{i}Z" for i in range(6)]
+    batch = [event("r", n + 1, text="x", ts="".join(stamps[pick])) for n, pick in enumerate(picks)]  # (each its own str)
+    cache = {stamps[i]: i for i in read}
+    expected = [stamps[pick] for pick in dict.fromkeys(picks) if pick not in read]
+    assert compiled().ts_new(batch, cache) == expected
+    assert events_module._new_timestamps(batch, cache) == expected
 
 
 def test_the_compiled_check_is_what_runs_where_built() -> None:

@@ -1234,6 +1234,37 @@ static PyObject *ts_all_match(PyObject *module, PyObject *events) {
     Py_RETURN_TRUE;
 }
 
+/* ts_new(events, cache) -> [ts]: the events' distinct ts not in cache (a dict), in order */
+static PyObject *ts_new(PyObject *module, PyObject *const *args, Py_ssize_t nargs) {
+    if (nargs != 2 || !PyList_Check(args[0]) || !PyDict_Check(args[1])) {
+        PyErr_SetString(PyExc_TypeError, "ts_new(events, cache) takes a list and a dict");
+        return NULL;
+    }
+    PyObject *events = args[0], *cache = args[1], *out = PyList_New(0), *seen = NULL, *last = NULL;
+    if (out == NULL) return NULL;
+    for (Py_ssize_t i = 0; i < PyList_GET_SIZE(events); i++) {
+        PyObject *ts = get(PyList_GET_ITEM(events, i), &EV_ts);
+        if (ts == NULL) goto failed;
+        int skip = ts == last;  /* (neighbours often share a ts: the same str) */
+        last = ts;
+        if (!skip) skip = PyDict_Contains(cache, ts);
+        if (!skip && seen != NULL) skip = PySet_Contains(seen, ts);
+        if (skip == 0) {
+            if ((seen == NULL && (seen = PySet_New(NULL)) == NULL) || PySet_Add(seen, ts) < 0
+                || PyList_Append(out, ts) < 0)
+                skip = -1;
+        }
+        Py_DECREF(ts);  /* (the event holds it while the list does) */
+        if (skip < 0) goto failed;
+    }
+    Py_XDECREF(seen);
+    return out;
+failed:
+    Py_XDECREF(seen);
+    Py_DECREF(out);
+    return NULL;
+}
+
 /* ts_matches(value) -> bool: one value (the twin test's) */
 static PyObject *ts_matches_py(PyObject *module, PyObject *value) {
     return PyBool_FromLong(ts_matches(value));
@@ -1298,6 +1329,8 @@ static PyMethodDef methods[] = {
      "missing(processor, events, wanted): Processor.missing's loop, adding to wanted."},
     {"ts_all_match", ts_all_match, METH_O,
      "ts_all_match(events) -> bool: whether every event's ts is an RFC 3339 timestamp (setup_ts first)."},
+    {"ts_new", (PyCFunction)(void (*)(void))ts_new, METH_FASTCALL,
+     "ts_new(events, cache) -> [ts]: the events' distinct ts not in cache, in order (setup_ts first)."},
     {"ts_matches", ts_matches_py, METH_O, "ts_matches(value) -> bool: events.py's _TS_RE.match, for one value."},
     {"setup_ts", setup_ts, METH_O, "setup_ts(Envelope): once, before ts_all_match()."},
     {"setup", (PyCFunction)(void (*)(void))setup, METH_VARARGS | METH_KEYWORDS,

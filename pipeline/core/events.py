@@ -287,17 +287,8 @@ PAYLOAD_CLASSES: dict[str, type[msgspec.Struct]] = {
 DELTA_TYPES: frozenset[str] = frozenset({"reasoning.delta", "text.delta"})
 
 Event = (
-    ReasoningDelta
-    | TextDelta
-    | ToolStart
-    | ToolEnd
-    | StepBoundary
-    | ChildSpawn
-    | PlanProposal
-    | RunLifecycle
-    | Usage
-    | Gap
-    | Extension
+    ReasoningDelta | TextDelta | ToolStart | ToolEnd | StepBoundary | ChildSpawn | PlanProposal
+    | RunLifecycle | Usage | Gap | Extension
 )
 """Any event runwire carries."""
 
@@ -375,6 +366,20 @@ if _NATIVE is not None:
 all_ts_match: Callable[[list[Any]], bool] = _all_ts_match if _NATIVE is None else _NATIVE.ts_all_match
 """Whether every decoded event's ``ts`` matches the RFC 3339 pattern (a batch's check after
 msgspec's pass; compiled where built: ``runwire.core._native.ts_all_match``)."""
+
+
+def new_timestamps(events: list[Any], cache: dict[str, int] = _TS_CACHE) -> list[str]:
+    """The events' distinct ``ts`` that :func:`ts_ms` has not read yet (not in its ``cache``), in
+    order: what is left to check of a batch's ``ts`` (compiled where built:
+    ``runwire.core._native.ts_new``)."""
+    if _NATIVE is not None:
+        found: list[str] = _NATIVE.ts_new(events, cache)
+        return found
+    return _new_timestamps(events, cache)
+
+
+def _new_timestamps(events: list[Any], cache: dict[str, int]) -> list[str]:
+    return [ts for ts in dict.fromkeys(event.ts for event in events) if ts not in cache]
 
 
 def parse_ts(ts: str) -> datetime:

@@ -16,6 +16,7 @@ from operator import attrgetter
 from ..bus.base import Fetched, each_event, event_count
 from ..core.envelope import MAX_FRAME_BYTES, Event, decode_joined, decode_many, ts_ms
 from ..core.errors import ProtocolError
+from ..core.events import new_timestamps
 from .processor import validate
 
 _DATA = attrgetter("data")
@@ -58,12 +59,12 @@ def decode_batch(
     return good, events, poison, False
 
 
-def _all_valid(results: Sequence[Event | ProtocolError]) -> bool:
+def _all_valid(results: list[Event | ProtocolError]) -> bool:
     """Whether every result is an event :func:`validate` accepts (each distinct ``ts`` read once)."""
     if any(issubclass(kind, ProtocolError) for kind in set(map(type, results))):
         return False
     try:
-        for ts in {event.ts for event in results}:  # type: ignore[union-attr]
+        for ts in new_timestamps(results):  # (a ts read before is a valid one)
             ts_ms(ts)
     except ProtocolError:
         return False
