@@ -1,5 +1,7 @@
 /* runwire.core._native: the worker's per-event path (fan-in, sequencing, shaping's windows),
- * compiled, for runwire.processing.processor.Processor.process_each.
+ * compiled, for runwire.processing.processor.Processor.process_each; and beside it the Redis
+ * write's packing (runwire.bus.redis.entries) and a decoded batch's timestamp check
+ * (runwire.core.events), each with its twin named where it is defined below.
  *
  * process(processor, events, outputs, now, in_place) does what process_each's loop does — for
  * each event Processor._one(event, outputs, now), an event that raises reported as
@@ -1192,7 +1194,7 @@ finish:
 
 /* ---- runwire.core.envelope's timestamp check (events.py's _TS_PATTERN, re.ASCII) ----
  * ^\d{4}-\d{2}-\d{2}[Tt ]\d{2}:\d{2}:\d{2}(\.\d{1,9})?([Zz]|[+-]\d{2}:\d{2})\Z, ASCII digits only;
- * its twin is the regex (tests/core/test_ts_native.py compares them over generated strings). */
+ * its twin is the regex (tests/test_ts_native.py compares them over generated strings). */
 static inline int digits(const char *s, Py_ssize_t n) {
     for (Py_ssize_t i = 0; i < n; i++) if (s[i] < '0' || s[i] > '9') return 0;
     return 1;
