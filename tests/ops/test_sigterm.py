@@ -172,10 +172,14 @@ def test_sigterm_mid_load_on_kafka_loses_and_duplicates_nothing(
     db = tmp_path / "replay.db"
     store = f"sqlite:///{db}"
 
+    async def slice_by_slice() -> None:  # one publisher, as an agent's process: a bus opened and
+        async with Publisher.connect(bus) as publisher:  # closed per slice waited for a group
+            for part in slices[1:]:  # to read its batches each time (close_wait_ms), ~5 s a slice
+                await publisher.publish_events(part)
+                await asyncio.sleep(0.1)
+
     def publish_the_rest() -> None:
-        for part in slices[1:]:
-            asyncio.run(publish(bus, part))
-            time.sleep(0.05)
+        asyncio.run(slice_by_slice())
 
     first = start_worker(bus, store, "w1")
     until_logged(db, 0, first)  # the app is up and working
