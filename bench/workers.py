@@ -221,6 +221,8 @@ def main() -> None:
     events = workload(args.events, args.runs)
     if hasattr(worker_command, "tune_gc"):  # the process set up as `runwire worker` sets it up
         worker_command.tune_gc()
+    if hasattr(worker_command, "tune_switch_interval"):
+        worker_command.tune_switch_interval()
     tmp = Path(tempfile.mkdtemp(prefix="runwire-bench-"))
     counter = iter(range(1_000_000))
 

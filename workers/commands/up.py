@@ -45,7 +45,7 @@ from runwire.store import ReplayLog, RetentionPolicy, open_store
 from runwire.workers.commands.edge import check_grpc_available, start_grpc_or_exit
 from runwire.workers.config import absolute_dir, absolute_store
 from runwire.workers.deliveries import allow_private_option, edge_deliveries
-from runwire.workers.process import raise_file_limit
+from runwire.workers.process import raise_file_limit, tune_switch_interval
 from runwire.workers.runtime import run_worker
 
 log = logging.getLogger("runwire.up")
@@ -262,6 +262,7 @@ async def serve(settings: UpSettings) -> None:
     """Run until SIGINT/SIGTERM (or until a part fails), then drain and return."""
     sock = listen(settings.host, settings.port)
     raise_file_limit()  # each client is a descriptor (docs/edge.md § Performance)
+    tune_switch_interval()  # it runs a worker (docs/workers.md § Throughput)
     stop = asyncio.Event()
     _install_signal_handlers(stop)
     async with open_bus(settings.bus) as bus, open_store(settings.store, **settings.store_options()) as store:

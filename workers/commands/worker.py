@@ -24,7 +24,7 @@ from runwire.core.redaction import redact_logs
 from runwire.processing.stages import WorkerStats
 from runwire.workers.config import absolute_store, split_addr
 from runwire.workers.deliveries import allow_private_option, deliveries
-from runwire.workers.process import tune_gc
+from runwire.workers.process import tune_gc, tune_switch_interval
 
 
 def default_name() -> str:
@@ -84,6 +84,7 @@ def worker(
     if os.environ.get("RUNWIRE_DEBUG"):
         logging.getLogger("runwire").setLevel(logging.DEBUG)
     tune_gc()
+    tune_switch_interval()
     metrics = serve_metrics(metrics_addr)
     if bus.startswith("kafka://"):
         from runwire.processing.faust.seam import FaustCrashed
