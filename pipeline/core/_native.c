@@ -30,6 +30,7 @@
 #define PY_SSIZE_T_CLEAN
 #include <Python.h>
 #include <stdint.h>
+#include <string.h>
 #include <structmember.h>
 
 /* ---- what runwire.processing.processor hands over, once (setup) ---- */
@@ -1267,6 +1268,61 @@ failed:
     return NULL;
 }
 
+/* deep_lines(joined, count, indexes, limit) -> [index] | None: runwire.core.joined's twin. Of the
+ * lines of `joined` (split at each '\n'), those at `indexes` (ascending) whose '{' and '[' number
+ * more than `limit`; None when `joined` is not `count` lines. One pass, no line copied. */
+static PyObject *deep_lines(PyObject *module, PyObject *const *args, Py_ssize_t nargs) {
+    Py_ssize_t count, limit;
+    if (nargs != 4 || !PyBytes_Check(args[0]) || !PyList_Check(args[2])
+        || (count = PyLong_AsSsize_t(args[1])) < 0 || (limit = PyLong_AsSsize_t(args[3])) < 0) {
+        if (!PyErr_Occurred() || PyErr_ExceptionMatches(PyExc_TypeError) || PyErr_ExceptionMatches(PyExc_OverflowError)) {
+            PyErr_Clear();
+            PyErr_SetString(PyExc_TypeError, "deep_lines(joined: bytes, count >= 0, indexes: list, limit >= 0)");
+        }
+        return NULL;
+    }
+    const char *at = PyBytes_AS_STRING(args[0]), *end = at + PyBytes_GET_SIZE(args[0]);
+    PyObject *indexes = args[2], *out = PyList_New(0);
+    if (out == NULL) return NULL;
+    Py_ssize_t line = 0, next = 0, wanted = -1, last = -1;
+    for (Py_ssize_t i = 0; i < PyList_GET_SIZE(indexes); i++) {
+        Py_ssize_t index = PyLong_AsSsize_t(PyList_GET_ITEM(indexes, i));
+        if (index == -1 && PyErr_Occurred()) goto failed;
+        if (index <= last || index >= count) {
+            PyErr_SetString(PyExc_ValueError, "deep_lines() takes ascending indexes below count");
+            goto failed;
+        }
+        last = index;
+    }
+    for (;;) {
+        if (wanted < 0 && next < PyList_GET_SIZE(indexes))
+            wanted = PyLong_AsSsize_t(PyList_GET_ITEM(indexes, next++));
+        const char *nl = memchr(at, '\n', (size_t)(end - at));
+        const char *stop = nl == NULL ? end : nl;
+        if (line == wanted) {
+            Py_ssize_t brackets = 0;
+            for (const char *c = at; c < stop; c++) brackets += *c == '{' || *c == '[';
+            if (brackets > limit) {
+                PyObject *index = PyLong_FromSsize_t(line);
+                if (index == NULL || PyList_Append(out, index) < 0) { Py_XDECREF(index); goto failed; }
+                Py_DECREF(index);
+            }
+            wanted = -1;
+        }
+        line++;
+        if (nl == NULL) break;
+        at = nl + 1;
+    }
+    if (line != count || wanted >= 0) {
+        Py_DECREF(out);
+        Py_RETURN_NONE;
+    }
+    return out;
+failed:
+    Py_DECREF(out);
+    return NULL;
+}
+
 /* ts_matches(value) -> bool: one value (the twin test's) */
 static PyObject *ts_matches_py(PyObject *module, PyObject *value) {
     return PyBool_FromLong(ts_matches(value));
@@ -1331,6 +1387,9 @@ static PyMethodDef methods[] = {
      "missing(processor, events, wanted): Processor.missing's loop, adding to wanted."},
     {"ts_all_match", ts_all_match, METH_O,
      "ts_all_match(events) -> bool: whether every event's ts is an RFC 3339 timestamp (setup_ts first)."},
+    {"deep_lines", (PyCFunction)(void (*)(void))deep_lines, METH_FASTCALL,
+     "deep_lines(joined, count, indexes, limit) -> [index] | None: the lines at indexes with more than limit "
+     "brackets; None when joined is not count lines."},
     {"ts_new", (PyCFunction)(void (*)(void))ts_new, METH_FASTCALL,
      "ts_new(events, cache) -> [ts]: the events' distinct ts not in cache, in order (setup_ts first)."},
     {"ts_matches", ts_matches_py, METH_O, "ts_matches(value) -> bool: events.py's _TS_RE.match, for one value."},

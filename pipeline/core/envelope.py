@@ -77,6 +77,7 @@ from .events import (
     to_builtins,
     ts_ms,
 )
+from .joined import deep_lines, may_be_deep
 
 __all__ = [
     "CORE_TYPES", "ChildSpawn", "ChildSpawnPayload", "Count", "DELTA_TYPES", "EVENT_CLASSES",
@@ -169,10 +170,7 @@ def _too_deep(limit: int = MAX_DEPTH) -> MalformedFrame:
 
 
 def _may_be_deep(frame: bytes | str, limit: int = MAX_DEPTH) -> bool:
-    """False when a frame has too few brackets to nest deeper than ``limit`` (C speed)."""
-    if isinstance(frame, str):
-        return frame.count("{") + frame.count("[") > limit
-    return frame.count(b"{") + frame.count(b"[") > limit
+    return may_be_deep(frame, limit)
 
 
 def _check_depth(event: _E, frame: bytes | str, limit: int | None) -> _E:
@@ -324,23 +322,24 @@ def decode_joined(
     limit: the caller checks; ``frames``, when the caller has them apart), in one msgspec call;
     a too-deep event's result is its error. None when the frames need decoding one by one
     (not ``count`` lines, or one fails)."""
-    if joined.count(b"\n") != count - 1:
-        return None
     try:
         events = cast("list[Event | ProtocolError]", _decoder.decode_lines(joined))
     except (msgspec.ValidationError, msgspec.DecodeError, RecursionError):
         return None
     if len(events) != count or not all_ts_match(events):
         return None
-    if max_depth is not None:
-        candidates = _deep_candidates(events)
-        if candidates and frames is None:
-            frames = joined.split(b"\n")
-        for index in candidates:
-            if _may_be_deep(frames[index], max_depth) and is_too_deep(  # type: ignore[index]
-                events[index], max_depth  # type: ignore[arg-type]
-            ):
-                events[index] = _too_deep(max_depth)
+    candidates = [] if max_depth is None else _deep_candidates(events)
+    if frames is None:  # (one pass over the lines: as many as the events, and which may be deep)
+        deep = deep_lines(joined, count, candidates, max_depth or 0)
+        if deep is None:
+            return None
+    elif len(frames) != count or joined.count(b"\n") != count - 1:
+        return None
+    else:
+        deep = [index for index in candidates if _may_be_deep(frames[index], max_depth or 0)]
+    for index in deep:
+        if is_too_deep(events[index], max_depth):  # type: ignore[arg-type]
+            events[index] = _too_deep(max_depth)  # type: ignore[arg-type]
     return events
 
 

@@ -8,11 +8,10 @@ while the demo runs, so its data stays bounded (about 40 MB at the default rate)
 pydantic-ai installed (``scripts/run`` installs it), a real framework agent runs beside them every
 30 s (``runwire.integrations.demo``).
 
-SIGINT/SIGTERM drain: the demo ends its open runs (as aborted), the edge
-stops accepting and closes its streams (clients resume elsewhere), the
-worker finishes and acks its batch, and — on the in-process bus, which
-dies with the process — what is still queued is processed into the replay
-log before exit.
+SIGINT/SIGTERM drain: the demo ends its open runs (as aborted), the edge stops accepting and
+closes its streams (clients resume elsewhere), the worker finishes and acks its batch, and — on
+the in-process bus, which dies with the process — what is still queued is processed into the
+replay log before exit.
 """
 
 from __future__ import annotations
