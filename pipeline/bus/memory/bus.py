@@ -24,6 +24,8 @@ rather than growing the process. Delivery streams keep their last
 from __future__ import annotations
 
 from collections.abc import AsyncIterator, Mapping, Sequence
+from itertools import islice
+from operator import attrgetter, lt
 from typing import Any
 
 from ...core.envelope import Event
@@ -33,6 +35,7 @@ from ..options import split_url
 from .consumer import MemoryConsumer
 from .state import ControlChannel, DeliveryStream, MemoryState, now_ms
 
+_SEQ = attrgetter("seq")
 ACCEPTED_OPTIONS = (
     "shards", "maxlen", "ttl", "claim_idle_ms", "lease_ms", "max_deliveries", "max_backlog",
     "dead_letter_maxlen",
@@ -138,12 +141,17 @@ class MemoryBus(Bus):
     ) -> int:
         stream = self._stream(key, create=True)
         assert stream is not None
-        appended = 0
-        for event in events:
-            if event.seq > stream.last:
-                stream.events.append(event)
-                stream.last = event.seq
-                appended += 1
+        seqs = list(map(_SEQ, events))
+        if seqs and seqs[0] > stream.last and all(map(lt, seqs, islice(seqs, 1, None))):
+            stream.events.extend(events)  # (a worker's write: its seqs ascending, past the last)
+            stream.last, appended = seqs[-1], len(seqs)
+        else:
+            appended = 0
+            for event in events:
+                if event.seq > stream.last:
+                    stream.events.append(event)
+                    stream.last = event.seq
+                    appended += 1
         if state is not None:
             stream.state = state
         stream.expires_ms = now_ms() + self.options.ttl * 1000
