@@ -28,6 +28,7 @@ import msgspec
 
 from ..core.envelope import Event, RunLifecycle, encode, is_terminal
 from ..core.lifecycle import AsyncResource
+from ..core.native import load
 from .ingest_entries import split
 from .keys import shard_for
 
@@ -128,13 +129,22 @@ def ends_run(events: Sequence[Event]) -> bool:
 
 
 _SEQ = attrgetter("seq")
+_NATIVE = load("core._native", "append's order check")
+_INT64 = 1 << 63
 
 
 def ascending_past(events: Sequence[Event], last: int) -> bool:
     """Whether every one of ``events`` is past ``last`` in ascending seq order (a writer's usual
-    append: each is new, in order). The check costs about what a loop over the seqs would; what
-    a caller saves is the per-event work it then skips (its bytes indexed one by one, each event
-    checked for a run's end)."""
+    append: each is new, in order), so that a caller skips its per-event work (its bytes indexed
+    one by one, each event checked for a run's end). A list is checked in C where built
+    (``runwire.core._native.ascending_past``, each seq read in its slot: 2.6 ns an event where
+    reading them with ``attrgetter`` took 31); ``tests/bus/test_kafka_hot.py`` checks the two."""
+    if _NATIVE is not None and type(events) is list and -_INT64 <= last < _INT64:
+        return _NATIVE.ascending_past(events, last)  # type: ignore[no-any-return]
+    return _ascending_past(events, last)
+
+
+def _ascending_past(events: Sequence[Event], last: int) -> bool:
     if not events or events[0].seq <= last:
         return False
     seqs = list(map(_SEQ, events))

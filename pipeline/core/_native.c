@@ -1323,6 +1323,32 @@ failed:
     return NULL;
 }
 
+/* ascending_past(events, last) -> bool: runwire.bus.base's twin. Whether the list holds events
+ * whose seqs are each above `last` and the one before (setup_ts first: the seq read in its slot) */
+static PyObject *ascending_past(PyObject *module, PyObject *const *args, Py_ssize_t nargs) {
+    long long prev;
+    if (nargs != 2 || !PyList_Check(args[0]) || !PyLong_Check(args[1])) {
+        PyErr_SetString(PyExc_TypeError, "ascending_past(events: list, last: int)");
+        return NULL;
+    }
+    int overflow = 0;
+    prev = as_long(args[1], &overflow);
+    if (overflow || (prev == -1 && PyErr_Occurred())) {
+        PyErr_Clear();
+        PyErr_SetString(PyExc_OverflowError, "ascending_past(): last is past 64 bits");
+        return NULL;
+    }
+    PyObject *events = args[0];
+    if (PyList_GET_SIZE(events) == 0) Py_RETURN_FALSE;
+    for (Py_ssize_t i = 0; i < PyList_GET_SIZE(events); i++) {
+        long long seq;
+        if (get_long(PyList_GET_ITEM(events, i), &EV_seq, &seq) < 0) return NULL;
+        if (seq <= prev) Py_RETURN_FALSE;
+        prev = seq;
+    }
+    Py_RETURN_TRUE;
+}
+
 /* ts_matches(value) -> bool: one value (the twin test's) */
 static PyObject *ts_matches_py(PyObject *module, PyObject *value) {
     return PyBool_FromLong(ts_matches(value));
@@ -1333,7 +1359,8 @@ static PyObject *setup_ts(PyObject *module, PyObject *envelope) {
         PyErr_SetString(PyExc_TypeError, "setup_ts() takes the Envelope type");
         return NULL;
     }
-    if (find_field(&EV_ts, (PyTypeObject *)envelope, 0) < 0) return NULL;
+    if (find_field(&EV_ts, (PyTypeObject *)envelope, 0) < 0 || find_field(&EV_seq, (PyTypeObject *)envelope, 0) < 0)
+        return NULL;
     Py_RETURN_NONE;
 }
 
@@ -1393,7 +1420,9 @@ static PyMethodDef methods[] = {
     {"ts_new", (PyCFunction)(void (*)(void))ts_new, METH_FASTCALL,
      "ts_new(events, cache) -> [ts]: the events' distinct ts not in cache, in order (setup_ts first)."},
     {"ts_matches", ts_matches_py, METH_O, "ts_matches(value) -> bool: events.py's _TS_RE.match, for one value."},
-    {"setup_ts", setup_ts, METH_O, "setup_ts(Envelope): once, before ts_all_match()."},
+    {"setup_ts", setup_ts, METH_O, "setup_ts(Envelope): once, before ts_all_match(), ts_new() and ascending_past()."},
+    {"ascending_past", (PyCFunction)(void (*)(void))ascending_past, METH_FASTCALL,
+     "ascending_past(events, last) -> bool: whether each event's seq is above last and the one before (setup_ts first)."},
     {"setup", (PyCFunction)(void (*)(void))setup, METH_VARARGS | METH_KEYWORDS,
      "setup(**types and functions of runwire.processing): once, before process()."},
     {NULL, NULL, 0, NULL},

@@ -3,11 +3,12 @@
 A compiled twin (``runwire.jobs._otlp``: the OTLP request writer of :mod:`runwire.jobs.otlp` and
 the span fold; ``runwire.core._native``: the worker's per-event path of
 :mod:`runwire.processing.processor`, the Redis write's packing and a decoded batch's
-timestamp and line checks) is built from C at install where a compiler is
+timestamp and line checks, an append's order check) is built from C at install where a compiler is
 (``setup.py``: an optional extension) and does exactly what its Python twin does: a test checks
 the two against each other over generated input (``tests/jobs/test_otlp_native.py``,
 ``tests/workers/test_core.py``, ``tests/bus/test_pack_native.py``,
-``tests/test_ts_native.py``, ``tests/test_joined_native.py``), and the tests that reach a twin run on both
+``tests/test_ts_native.py``, ``tests/test_joined_native.py``,
+``tests/bus/test_kafka_hot.py``), and the tests that reach a twin run on both
 (``scripts/test``: the whole suite as installed, then those again with ``RUNWIRE_PURE=1``).
 Where it was not built, the Python twin runs and the process says so once, in one log line.
 ``RUNWIRE_PURE=1`` asks for the Python twins everywhere (to compare, or to rule the compiled

@@ -9,13 +9,17 @@ from __future__ import annotations
 import time
 
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
+from runwire.bus import base
 from runwire.bus.base import StreamKey, ascending_past
 from runwire.bus.kafka.hot import HotStreams
 from runwire.bus.kafka.io import RECORD_EVENTS, event_records
 from runwire.core.envelope import Event, encode
 from runwire.core.lines import encode_lines
 from tests.events import deltas, event
+from tests.workers.test_core import compiled
 
 KEY: StreamKey = ("run-h", "raw")
 
@@ -82,6 +86,17 @@ def test_ascending_past_is_every_event_new_and_in_order() -> None:
     assert not ascending_past([events[1], events[0]], 0)
     assert not ascending_past([events[0], events[0]], 0)
     assert not ascending_past([], 0)
+
+
+@settings(max_examples=500, deadline=None)
+@given(st.lists(st.integers(1, 2**63 - 1) | st.integers(1, 6), max_size=8),
+       st.integers(-(2**63), 2**63 - 1) | st.integers(0, 6))
+def test_the_compiled_order_check_gives_the_twins_verdict(seqs: list[int], last: int) -> None:
+    events = [event("run-h", seq, text="x") for seq in seqs]
+    expected = base._ascending_past(events, last)
+    assert compiled().ascending_past(events, last) is expected
+    assert ascending_past(events, last) is expected  # (what runs: compiled where built)
+    assert expected is (bool(seqs) and all(b > a for a, b in zip([last, *seqs], seqs, strict=False)))
 
 
 @pytest.mark.parametrize("count", [1, 40, RECORD_EVENTS, RECORD_EVENTS + 1, 1300])

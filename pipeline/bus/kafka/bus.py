@@ -416,7 +416,7 @@ class KafkaBus(Bus):
             if not fresh and state is None:
                 counts.append(0)
                 continue
-            counts.append(tail.streams.add(key, fresh))
+            counts.append(tail.streams.add(key, fresh, ascending=True))  # (_past's: in order)
             if state is not None:
                 tail.streams.set_state(key, state)
                 if self._epoch:

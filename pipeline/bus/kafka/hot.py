@@ -101,13 +101,17 @@ class HotStreams:
         stream = self._live(key)
         return None if stream is None else stream.state
 
-    def add(self, key: StreamKey, events: Iterable[Event], at: float | None = None) -> int:
+    def add(self, key: StreamKey, events: Iterable[Event], at: float | None = None, *,
+            ascending: bool = False) -> int:
         """Add events above the stream's last seq; returns how many were new.
 
-        ``at``: when they were appended (epoch seconds; default now), for the age bound.
+        ``at``: when they were appended (epoch seconds; default now), for the age bound;
+        ``ascending``: the caller's word that ``events`` is a list in ascending seq order (an
+        append's events past the last seq it knew of), so that only the first is compared.
         """
         stream = self._stream(key, at)
-        if type(events) is list and ascending_past(events, stream.last):  # a writer's usual append
+        if type(events) is list and (events[0].seq > stream.last if ascending and events
+                                     else ascending_past(events, stream.last)):  # a writer's usual append
             return self._add_all(key, stream, events, at)
         added = 0
         for event in events:

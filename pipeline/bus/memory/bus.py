@@ -24,18 +24,24 @@ rather than growing the process. Delivery streams keep their last
 from __future__ import annotations
 
 from collections.abc import AsyncIterator, Mapping, Sequence
-from itertools import islice
-from operator import attrgetter, lt
 from typing import Any
 
 from ...core.envelope import Event
-from ..base import Bus, Consumer, ControlCommand, DeadLetter, Routed, StreamKey, encoded
+from ..base import (
+    Bus,
+    Consumer,
+    ControlCommand,
+    DeadLetter,
+    Routed,
+    StreamKey,
+    ascending_past,
+    encoded,
+)
 from ..keys import shard_for
 from ..options import split_url
 from .consumer import MemoryConsumer
 from .state import ControlChannel, DeliveryStream, MemoryState, now_ms
 
-_SEQ = attrgetter("seq")
 ACCEPTED_OPTIONS = (
     "shards", "maxlen", "ttl", "claim_idle_ms", "lease_ms", "max_deliveries", "max_backlog",
     "dead_letter_maxlen",
@@ -141,10 +147,9 @@ class MemoryBus(Bus):
     ) -> int:
         stream = self._stream(key, create=True)
         assert stream is not None
-        seqs = list(map(_SEQ, events))
-        if seqs and seqs[0] > stream.last and all(map(lt, seqs, islice(seqs, 1, None))):
-            stream.events.extend(events)  # (a worker's write: its seqs ascending, past the last)
-            stream.last, appended = seqs[-1], len(seqs)
+        if ascending_past(events, stream.last):  # a worker's write: all new, in order
+            stream.events.extend(events)
+            stream.last, appended = events[-1].seq, len(events)
         else:
             appended = 0
             for event in events:
