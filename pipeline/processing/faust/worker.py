@@ -39,9 +39,9 @@ from typing import Any
 
 from ...bus import DeadLetter, Delivery
 from ...bus import keys as bus_keys
-from ...bus.base import Fetched
+from ...bus.base import Entry, Fetched, event_count
 from ...bus.kafka.bus import KafkaBus
-from ...bus.kafka.io import ingest_events
+from ...bus.kafka.io import ingest_event_count, ingest_events
 from ...store.ports import RunHistory
 from ..processor import DEFAULT_QUIET_S, DEFAULT_SILENCE_S, Processor, StreamOutput
 from ..stages import BATCH, TICK_S, Stages, WorkerStats
@@ -177,11 +177,13 @@ class FaustWorker:
     async def _process(self, messages: list[Any]) -> int:
         """Process a batch into the pending write; returns how many events it took.
 
-        One delivery per event of each record (:mod:`runwire.bus.ingest_entries`); a
-        poison event is dead-lettered alone, and the record is acked after its batch's
-        writes like any other.
+        A record of several events (:mod:`runwire.bus.ingest_entries`) is one whole
+        :class:`~runwire.bus.base.Entry`, decoded with the batch's others in one pass, as a
+        Redis fetch's are; a poison event is dead-lettered alone (its record then split into
+        one delivery per event), and the record is acked after its batch's writes like any
+        other.
         """
-        by_partition: dict[int, list[Delivery]] = defaultdict(list)
+        by_partition: dict[int, list[Fetched]] = defaultdict(list)
         taken: list[Any] = []
         for partition in {message.partition for message in messages}:
             await self.partitions.learn_start(partition)
@@ -196,15 +198,12 @@ class FaustWorker:
             if headers and not life.is_current(headers) and await life.of_former_life(headers):
                 continue
             entry_id = f"{partition}:{offset}"
-            events = ingest_events(message.value, headers) if headers else [
-                message.value]
-            if len(events) == 1:
-                by_partition[partition].append(
-                    Delivery(entry_id=entry_id, shard=partition, data=events[0]))
+            count = ingest_event_count(message.value, headers) if headers else 1
+            if count > 1:  # a record of several events: decoded whole (split only for a poison one)
+                by_partition[partition].append(Entry(entry_id, partition, message.value, count))
             else:
-                by_partition[partition] += [
-                    Delivery(entry_id=entry_id, shard=partition, data=data, part=part)
-                    for part, data in enumerate(events)]
+                data = ingest_events(message.value, headers)[0] if headers else message.value
+                by_partition[partition].append(Delivery(entry_id=entry_id, shard=partition, data=data))
         self.partitions.processed(list(by_partition))
         # Partitions hold disjoint run trees, so their entries are processed concurrently.
         prepared = await asyncio.gather(*(
@@ -213,12 +212,12 @@ class FaustWorker:
         ))
         for partition, outputs in zip(by_partition, prepared, strict=True):
             self._merge(outputs, partition)
-        taken_events = sum(len(deliveries) for deliveries in by_partition.values())
+        taken_events = sum(map(event_count, by_partition.values()))
         self.writes.add(taken, taken_events)
         return taken_events
 
     async def _prepare_partition(
-        self, partition: int, deliveries: list[Delivery]
+        self, partition: int, deliveries: list[Fetched]
     ) -> dict[str, StreamOutput]:
         log.debug("%s: partition %d entries %s..%s", self.name, partition,
                   deliveries[0].entry_id, deliveries[-1].entry_id)
