@@ -10,6 +10,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from runwire.core import envelope as envelope_module
 from runwire.core import joined, native
 from runwire.core.envelope import MAX_DEPTH, decode_joined
 from runwire.core.errors import MalformedFrame
@@ -33,6 +34,25 @@ def test_the_compiled_check_gives_the_twins_verdict(lines: list[bytes], off: int
     if expected is not None:
         assert expected == [i for i in indexes if buffer.split(b"\n")[i].count(b"{")
                             + buffer.split(b"\n")[i].count(b"[") > limit]
+
+
+KINDS = st.sampled_from([
+    lambda n, ext: event("r", n, text="x", ext=ext),
+    lambda n, ext: event("r", n, "tool.start", {"call_id": "c", "tool": "t", "input": {"a": 1}}, ext=ext),
+    lambda n, ext: event("r", n, "tool.end", {"call_id": "c", "ok": True, "output": [1]}, ext=ext),
+    lambda n, ext: event("r", n, "step.boundary", {"step_index": 1, "step_kind": "plan"}, ext=ext),
+    lambda n, ext: event("r", n, "x.acme.thing", {"deep": {"er": 1}}),
+])
+
+
+@settings(max_examples=500, deadline=None)
+@given(st.lists(st.tuples(KINDS, st.sampled_from([None, None, None, {"k": [1]}])), max_size=10))
+def test_the_compiled_candidates_are_the_twins(kinds: list[tuple[object, object]]) -> None:
+    events = [make(n + 1, ext) for n, (make, ext) in enumerate(kinds)]  # type: ignore[operator]
+    free_form = envelope_module._FREE_FORM_TYPES
+    expected = joined._deep_candidates(events, free_form)
+    assert compiled().deep_candidates(events, free_form) == expected
+    assert expected == [n for n, e in enumerate(events) if type(e) in free_form or getattr(e, "ext", None)]
 
 
 def test_indexes_out_of_order_or_range_are_an_error_not_a_verdict() -> None:
@@ -67,6 +87,7 @@ def test_a_batch_that_is_not_one_line_an_event_is_decoded_frame_by_frame() -> No
     assert decode_joined(b"\n".join(frames) + b"\n", 3) is None
 
 
-def test_the_compiled_check_is_what_runs_where_built() -> None:
-    expected = joined._deep_lines if native.pure_requested() else compiled().deep_lines
-    assert joined.deep_lines is expected
+def test_the_compiled_checks_are_what_runs_where_built() -> None:
+    pure = native.pure_requested()
+    assert joined.deep_lines is (joined._deep_lines if pure else compiled().deep_lines)
+    assert joined.deep_candidates is (joined._deep_candidates if pure else compiled().deep_candidates)

@@ -41,7 +41,7 @@ static PyObject *A_run_id, *A_tenant, *A_state, *A_owned, *A_child_ref, *A_paren
     *A_route, *A_version, *A_ancestors, *A_seq, *A_terminal, *A_output, *A_sources, *A_last_activity,
     *A_last_seq, *A_coalescer, *A_raw, *A_shaped, *A_fed, *A_floor, *A_windows, *A_held, *A_closes,
     *A_clock, *A_first_end, *A_window_ms, *A_texts, *A_ts, *A_payload, *A_text, *A_first_seq,
-    *A_end_ms, *A_thread_id, *A_summary, *A_stream, *A_streams, *A_parents, *A_ended, *M_admit, *M_check_owner, *M_learn, *M_chain, *M_same_tenant, *M_wanted, *M_one, *M_feed_into, *ZERO;
+    *A_end_ms, *A_thread_id, *A_ext, *A_summary, *A_stream, *A_streams, *A_parents, *A_ended, *M_admit, *M_check_owner, *M_learn, *M_chain, *M_same_tenant, *M_wanted, *M_one, *M_feed_into, *ZERO;
 /* keyword names of the calls made: StreamOutput(run_id, stream), Window(first_seq, last_seq,
  * end_ms, ts), replace(event, seq, run_id, child_ref, parent_id, root_id), replace(event, seq) */
 static PyObject *KW_output, *KW_window, *KW_copy, *KW_seq, *KW_key, *KW_text, *KW_shaped;
@@ -56,7 +56,7 @@ static int intern_all(void) {
         {&A_raw, "raw"}, {&A_shaped, "shaped"}, {&A_fed, "fed"}, {&A_floor, "floor"},
         {&A_windows, "windows"}, {&A_held, "held"}, {&A_closes, "closes"}, {&A_clock, "clock"},
         {&A_first_end, "_first_end"}, {&A_window_ms, "window_ms"}, {&A_texts, "texts"}, {&A_ts, "ts"},
-        {&A_payload, "payload"}, {&A_text, "text"}, {&A_first_seq, "first_seq"}, {&A_end_ms, "end_ms"}, {&A_thread_id, "thread_id"}, {&A_summary, "summary"},
+        {&A_payload, "payload"}, {&A_text, "text"}, {&A_first_seq, "first_seq"}, {&A_end_ms, "end_ms"}, {&A_thread_id, "thread_id"}, {&A_ext, "ext"}, {&A_summary, "summary"},
         {&A_stream, "stream"}, {&A_streams, "_streams"}, {&A_parents, "parents"}, {&A_ended, "_ended"},
         {&M_admit, "_admit"}, {&M_check_owner, "_check_owner"}, {&M_learn, "learn"}, {&M_chain, "_chain"}, {&M_same_tenant, "_same_tenant"}, {&M_wanted, "_wanted"}, {&M_one, "_one"}, {&M_feed_into, "feed_into"}, {&M_sort, "sort"},
         {&EMPTY, ""},
@@ -86,6 +86,7 @@ static int intern_all(void) {
  * through SetAttr: msgspec starts tracking a Struct that comes to hold one. */
 typedef struct { PyObject **name; PyTypeObject *type; Py_ssize_t offset; int exact; } Field;
 static Field EV_thread_id = {&A_thread_id, NULL, -1, 0}, OUT_summary = {&A_summary, NULL, -1, 0};
+static Field EV_ext = {&A_ext, NULL, -1, 0};
 static Field TD_payload = {&A_payload, NULL, -1, 0}, RD_payload = {&A_payload, NULL, -1, 0}, PL_text = {&A_text, NULL, -1, 0};
 static Field CO_fed = {&A_fed, NULL, -1, 0}, CO_first_end = {&A_first_end, NULL, -1, 0}, CO_floor = {&A_floor, NULL, -1, 0},
     CO_state = {&A_state, NULL, -1, 0}, CO_texts = {&A_texts, NULL, -1, 0}, CO_window_ms = {&A_window_ms, NULL, -1, 0},
@@ -1349,6 +1350,35 @@ static PyObject *ascending_past(PyObject *module, PyObject *const *args, Py_ssiz
     Py_RETURN_TRUE;
 }
 
+/* deep_candidates(events, free_form) -> [index]: runwire.core.envelope's twin. The indexes of the
+ * events of a type in the tuple `free_form`, or with an `ext` that is not None (setup_ts first) */
+static PyObject *deep_candidates(PyObject *module, PyObject *const *args, Py_ssize_t nargs) {
+    if (nargs != 2 || !PyList_Check(args[0]) || !PyTuple_Check(args[1])) {
+        PyErr_SetString(PyExc_TypeError, "deep_candidates(events: list, free_form: tuple)");
+        return NULL;
+    }
+    PyObject *events = args[0], *types = args[1], *out = PyList_New(0);
+    if (out == NULL) return NULL;
+    for (Py_ssize_t i = 0; i < PyList_GET_SIZE(events); i++) {
+        PyObject *event = PyList_GET_ITEM(events, i);
+        int found = 0;
+        for (Py_ssize_t t = 0; t < PyTuple_GET_SIZE(types) && !found; t++)
+            found = (PyObject *)Py_TYPE(event) == PyTuple_GET_ITEM(types, t);
+        if (!found) {
+            PyObject *ext = get(event, &EV_ext);
+            if (ext == NULL) { Py_DECREF(out); return NULL; }
+            found = ext != Py_None;
+            Py_DECREF(ext);
+        }
+        if (found) {
+            PyObject *index = PyLong_FromSsize_t(i);
+            if (index == NULL || PyList_Append(out, index) < 0) { Py_XDECREF(index); Py_DECREF(out); return NULL; }
+            Py_DECREF(index);
+        }
+    }
+    return out;
+}
+
 /* ts_matches(value) -> bool: one value (the twin test's) */
 static PyObject *ts_matches_py(PyObject *module, PyObject *value) {
     return PyBool_FromLong(ts_matches(value));
@@ -1359,7 +1389,8 @@ static PyObject *setup_ts(PyObject *module, PyObject *envelope) {
         PyErr_SetString(PyExc_TypeError, "setup_ts() takes the Envelope type");
         return NULL;
     }
-    if (find_field(&EV_ts, (PyTypeObject *)envelope, 0) < 0 || find_field(&EV_seq, (PyTypeObject *)envelope, 0) < 0)
+    if (find_field(&EV_ts, (PyTypeObject *)envelope, 0) < 0 || find_field(&EV_seq, (PyTypeObject *)envelope, 0) < 0
+        || find_field(&EV_ext, (PyTypeObject *)envelope, 0) < 0)
         return NULL;
     Py_RETURN_NONE;
 }
@@ -1420,7 +1451,9 @@ static PyMethodDef methods[] = {
     {"ts_new", (PyCFunction)(void (*)(void))ts_new, METH_FASTCALL,
      "ts_new(events, cache) -> [ts]: the events' distinct ts not in cache, in order (setup_ts first)."},
     {"ts_matches", ts_matches_py, METH_O, "ts_matches(value) -> bool: events.py's _TS_RE.match, for one value."},
-    {"setup_ts", setup_ts, METH_O, "setup_ts(Envelope): once, before ts_all_match(), ts_new() and ascending_past()."},
+    {"setup_ts", setup_ts, METH_O, "setup_ts(Envelope): once, before ts_all_match(), ts_new(), ascending_past() and deep_candidates()."},
+    {"deep_candidates", (PyCFunction)(void (*)(void))deep_candidates, METH_FASTCALL,
+     "deep_candidates(events, free_form) -> [index]: the events of a free_form type or with an ext (setup_ts first)."},
     {"ascending_past", (PyCFunction)(void (*)(void))ascending_past, METH_FASTCALL,
      "ascending_past(events, last) -> bool: whether each event's seq is above last and the one before (setup_ts first)."},
     {"setup", (PyCFunction)(void (*)(void))setup, METH_VARARGS | METH_KEYWORDS,

@@ -12,8 +12,6 @@ from __future__ import annotations
 
 import re
 from collections.abc import Mapping, Sequence
-from itertools import compress
-from operator import attrgetter
 from typing import Any, TypeVar, cast
 
 import msgspec
@@ -77,7 +75,7 @@ from .events import (
     to_builtins,
     ts_ms,
 )
-from .joined import deep_lines, may_be_deep
+from .joined import deep_candidates, deep_lines, may_be_deep
 
 __all__ = [
     "CORE_TYPES", "ChildSpawn", "ChildSpawnPayload", "Count", "DELTA_TYPES", "EVENT_CLASSES",
@@ -92,12 +90,12 @@ __all__ = [
     "make", "now_ts", "parse_ts", "replace", "to_builtins", "ts_ms",
 ]
 
-_FREE_FORM: frozenset[type] = frozenset({ToolStart, ToolEnd, Extension})
+_FREE_FORM_TYPES = (ToolStart, ToolEnd, Extension)
+_FREE_FORM: frozenset[type] = frozenset(_FREE_FORM_TYPES)
 """Event types with free-form JSON in their payload (besides ``ext``, which any event may have)."""
 FREE_FORM = _FREE_FORM
 """The same, for the publisher: without ``ext``, no other event can be too deep, so
 :func:`check_encoded` of any other is only its size check."""
-_ext_of = attrgetter("ext")
 
 _decoder = msgspec.json.Decoder(_TypedEvent)
 _ext_decoder = msgspec.json.Decoder(Extension)
@@ -180,15 +178,8 @@ def _check_depth(event: _E, frame: bytes | str, limit: int | None) -> _E:
 
 
 def _deep_candidates(events: list[Any]) -> list[int]:
-    """Indexes of events with free-form JSON fields (the only ones that can nest deeply).
-
-    Two C-level passes over the batch: most batches are deltas and need no more.
-    """
-    indexes = range(len(events))
-    found = list(compress(indexes, map(_FREE_FORM.__contains__, map(type, events))))
-    if any(map(_ext_of, events)):  # rare: an ingest codec's leftovers
-        found = sorted({*found, *compress(indexes, map(_ext_of, events))})
-    return found
+    """Indexes of events with free-form JSON fields (the only ones that can nest deeply)."""
+    return deep_candidates(events, _FREE_FORM_TYPES)
 
 
 def _deeper_than(value: Any, depth: int, limit: int) -> bool:
