@@ -128,7 +128,7 @@ class _GroupShard:
         gives its entry a new one), so that holding and releasing them cost C-level passes."""
         if not self.pending:
             self.low = first
-        self.pending.update(dict.fromkeys(range(first, first + count), Pending(consumer, now, 1)))
+        self.pending.update(zip(range(first, first + count), repeat(Pending(consumer, now, 1))))
         self.held[consumer] = self.held.get(consumer, 0) + count
         self.last_delivered = first + count - 1
 
@@ -143,9 +143,13 @@ class _GroupShard:
     def release(self, entry_ids: Iterable[int]) -> bool:
         """Forget acked (or dead-lettered) entries; False if none of them was pending."""
         released: dict[str, int] = {}
-        for pending, count in Counter(map(self.pending.pop, entry_ids, repeat(None))).items():
-            if pending is not None:
-                released[pending.consumer] = released.get(pending.consumer, 0) + count
+        popped = list(map(self.pending.pop, entry_ids, repeat(None)))
+        if popped and popped[0] is not None and popped.count(popped[0]) == len(popped):
+            released[popped[0].consumer] = len(popped)  # (one delivery's entries: one Pending)
+        else:
+            for pending, count in Counter(popped).items():
+                if pending is not None:
+                    released[pending.consumer] = released.get(pending.consumer, 0) + count
         holders = self.held
         for consumer, count in released.items():
             left = holders[consumer] - count
@@ -174,8 +178,8 @@ class _GroupShard:
         pending, low, last = self.pending, self.low, self.last_delivered
         if not pending:
             return last
-        while low <= last and low not in pending:
-            low += 1
+        # the first id from low that is still pending (a C-level scan; none: all acked up to last)
+        low = next(filter(pending.__contains__, range(low, last + 1)), last + 1)
         self.low = low
         return low - 1
 
